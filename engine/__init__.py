@@ -1,0 +1,1 @@
+"""Tune Studio engine: UI-free GGUF loading, tokenization, forward/backward and training."""

@@ -1,0 +1,1 @@
+"""Tune Studio desktop app (PySide6)."""
