@@ -1,0 +1,277 @@
+"""A GGUF model in memory and its forward pass, as llama.cpp computes it.
+
+`Model.load(path)` reads the hyperparameters (`engine.archs`), checks that every
+tensor the architecture needs is present with the right shape, and dequantizes
+the frozen weights to float32 (float16 to halve memory, float64 for tests).
+`Model.forward(tokens, ...)` returns logits for every position, optionally with
+a LoRA adapter applied and a KV cache extended (for generation).
+
+Weights are NumPy arrays in GGUF's NumPy layout: a linear weight is
+(n_out, n_in) and y = x @ W.T; expert stacks are (E, n_out, n_in).
+Training-time caches and backward passes live elsewhere; this module is the
+inference path and the definition of what the model computes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import ops
+from .archs import ModelConfig
+from .errors import ModelError
+from .gguf_file import GGUFFile, TensorInfo
+from .ops import LoraTerm
+
+log = logging.getLogger(__name__)
+
+# Per-layer tensor kinds, by the GGUF short name (blk.N.<kind>.weight).
+ATTN_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output")
+DENSE_FFN_KINDS = ("ffn_gate", "ffn_up", "ffn_down")
+EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+SHARED_EXPERT_KINDS = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+NORM_KINDS = ("attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm")
+
+
+def layer_name(i: int, kind: str, suffix: str = "weight") -> str:
+    return f"blk.{i}.{kind}.{suffix}"
+
+
+def _expected_shapes(cfg: ModelConfig, i: int, moe: bool) -> dict[str, tuple[int, ...]]:
+    """NumPy shapes of the tensors layer i must have."""
+    C, HS = cfg.C, cfg.HS
+    q_out, kv_out = cfg.NH * HS, cfg.NKV * HS
+    shapes = {
+        "attn_norm": (C,),
+        "attn_q": (q_out, C),
+        "attn_k": (kv_out, C),
+        "attn_v": (kv_out, C),
+        "attn_output": (C, q_out),
+        "ffn_norm": (C,),
+    }
+    if cfg.qk_norm == "head":
+        shapes["attn_q_norm"] = (HS,)
+        shapes["attn_k_norm"] = (HS,)
+    elif cfg.qk_norm == "full":
+        shapes["attn_q_norm"] = (q_out,)
+        shapes["attn_k_norm"] = (kv_out,)
+    if moe:
+        E, Fe = cfg.E, cfg.F_exp
+        shapes["ffn_gate_inp"] = (E, C)
+        shapes["ffn_gate_exps"] = (E, Fe, C)
+        shapes["ffn_up_exps"] = (E, Fe, C)
+        shapes["ffn_down_exps"] = (E, C, Fe)
+        if cfg.F_shexp:
+            Fs = cfg.F_shexp
+            shapes["ffn_gate_shexp"] = (Fs, C)
+            shapes["ffn_up_shexp"] = (Fs, C)
+            shapes["ffn_down_shexp"] = (C, Fs)
+            shapes["ffn_gate_inp_shexp"] = (C,)
+    else:
+        shapes["ffn_gate"] = (cfg.F, C)
+        shapes["ffn_up"] = (cfg.F, C)
+        shapes["ffn_down"] = (C, cfg.F)
+    return shapes
+
+
+@dataclass
+class KVCache:
+    """Keys (after RoPE) and values of every layer for B sequences, grown as tokens are decoded."""
+
+    k: list[np.ndarray]  # per layer (B, S_max, NKV, HS)
+    v: list[np.ndarray]
+    pos: np.ndarray  # (B, S_max) position of each cached slot
+    length: int = 0  # slots filled
+
+    @classmethod
+    def empty(cls, cfg: ModelConfig, B: int, S_max: int, dtype) -> KVCache:
+        shape = (B, S_max, cfg.NKV, cfg.HS)
+        return cls(
+            [np.zeros(shape, dtype) for _ in range(cfg.L)],
+            [np.zeros(shape, dtype) for _ in range(cfg.L)],
+            np.zeros((B, S_max), np.int64),
+        )
+
+    @property
+    def capacity(self) -> int:
+        return self.pos.shape[1]
+
+
+@dataclass
+class Model:
+    """Config, dequantized frozen weights, and the file's tensor directory."""
+
+    config: ModelConfig
+    weights: dict[str, np.ndarray]  # GGUF name -> array (NumPy layout)
+    tensors: dict[str, TensorInfo]  # GGUF name -> type, shape, bytes on disk
+    metadata: dict = field(repr=False)  # the file's metadata (tokenizer, template, ...)
+    path: str = ""
+    moe_layers: tuple[bool, ...] = ()  # per layer: routed experts (True) or dense FFN
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], dtype=np.float32) -> Model:
+        """Read and check a model file; dequantize its weights to `dtype`. Raises ModelError."""
+        f = GGUFFile(path)
+        cfg = ModelConfig.from_gguf(f)
+        names = set(f.tensors)
+        moe_layers = []
+        expected: dict[str, tuple[int, ...]] = {}
+        for i in range(cfg.L):
+            moe = layer_name(i, "ffn_gate_inp") in names
+            if moe and not cfg.E:
+                raise ModelError(f"{f.path}: layer {i} has a router but expert_count is not set")
+            if cfg.E and not moe:
+                raise ModelError(f"{f.path}: layer {i} has no router (blk.{i}.ffn_gate_inp.weight)")
+            moe_layers.append(moe)
+            for kind, shape in _expected_shapes(cfg, i, moe).items():
+                expected[layer_name(i, kind)] = shape
+            for kind in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                bias = layer_name(i, kind, "bias")
+                if bias in names:
+                    expected[bias] = (expected[layer_name(i, kind)][0],)
+        expected["token_embd.weight"] = (cfg.V, cfg.C)
+        expected["output_norm.weight"] = (cfg.C,)
+        if "output.weight" in names:
+            expected["output.weight"] = (cfg.V, cfg.C)
+        if "rope_freqs.weight" in names:
+            expected["rope_freqs.weight"] = (cfg.n_rot // 2,)
+        for name, shape in expected.items():
+            info = f.tensors.get(name)
+            if info is None:
+                raise ModelError(f"{f.path}: tensor {name!r} is missing (needed by {cfg.arch})")
+            if info.shape != shape:
+                raise ModelError(f"{f.path}: tensor {name!r} has shape {info.shape}, expected {shape}")
+        unused = sorted(names - set(expected))
+        if unused:
+            log.warning("%s: %d tensors not used by the %s graph: %s", f.path, len(unused), cfg.arch, unused[:5])
+        weights = {name: f.load(name, dtype) for name in expected}
+        return cls(cfg, weights, dict(f.tensors), dict(f.metadata), f.path, tuple(moe_layers))
+
+    # --- facts ----------------------------------------------------------------------------------
+    @property
+    def dtype(self):
+        return self.weights["token_embd.weight"].dtype
+
+    @property
+    def n_params(self) -> int:
+        return int(sum(t.n_elements for t in self.tensors.values()))
+
+    @property
+    def output_name(self) -> str:
+        """The output projection's tensor: output.weight, or token_embd.weight when tied."""
+        return "output.weight" if "output.weight" in self.weights else "token_embd.weight"
+
+    def new_cache(self, B: int, S_max: int) -> KVCache:
+        return KVCache.empty(self.config, B, S_max, self.dtype)
+
+    # --- forward --------------------------------------------------------------------------------
+    def forward(
+        self,
+        tokens: np.ndarray,
+        *,
+        lora: Mapping[str, LoraTerm] | None = None,
+        cache: KVCache | None = None,
+        positions: np.ndarray | None = None,
+        last_only: bool = False,
+    ) -> np.ndarray:
+        """Logits (B, T, V) for tokens (B, T) (or (T,) giving (T, V)).
+
+        positions default to 0..T-1, or continue the cache. With `cache`, the new keys and
+        values are appended to it. `last_only` computes the output projection for the last
+        position only (generation), giving (B, 1, V).
+        """
+        squeeze = tokens.ndim == 1
+        if squeeze:
+            tokens = tokens[None]
+        tokens = np.asarray(tokens, dtype=np.int64)
+        B, T = tokens.shape
+        cfg, W = self.config, self.weights
+        lora = lora or {}
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.V):
+            raise ModelError(f"token id out of range 0..{cfg.V - 1}: {int(tokens.min())}..{int(tokens.max())}")
+        if positions is None:
+            start = cache.length if cache is not None else 0
+            positions = np.broadcast_to(np.arange(start, start + T, dtype=np.int64), (B, T))
+        if cache is not None:
+            if cache.length + T > cache.capacity:
+                raise ModelError(f"KV cache full: {cache.length} + {T} tokens > {cache.capacity}")
+            cache.pos[:, cache.length : cache.length + T] = positions
+            k_pos = cache.pos[:, : cache.length + T]
+        else:
+            k_pos = positions
+        mask = ops.attention_mask(positions, k_pos)
+        cos, sin = ops.rope_angles(
+            positions, cfg.n_rot, cfg.rope_base, cfg.rope_scale, W.get("rope_freqs.weight"), self.dtype
+        )
+        x, _ = ops.embedding_forward(W["token_embd.weight"], tokens, lora.get("token_embd.weight"))
+        for i in range(cfg.L):
+            x = self._layer(i, x, cos, sin, mask, lora, cache)
+        if cache is not None:
+            cache.length += T
+        if last_only:
+            x = x[:, -1:]
+        h, _ = ops.rmsnorm_forward(x, W["output_norm.weight"], cfg.rms_eps)
+        logits, _ = ops.linear_forward(h, W[self.output_name], None, lora.get("output.weight"))
+        return logits[0] if squeeze else logits
+
+    def _linear(self, x, i: int, kind: str, lora: Mapping[str, LoraTerm]) -> np.ndarray:
+        name = layer_name(i, kind)
+        y, _ = ops.linear_forward(x, self.weights[name], self.weights.get(layer_name(i, kind, "bias")), lora.get(name))
+        return y
+
+    def _layer(self, i, x, cos, sin, mask, lora, cache: KVCache | None) -> np.ndarray:
+        cfg, W = self.config, self.weights
+        B, T, C = x.shape
+        eps = cfg.rms_eps
+        # attention block: x += attn_output(attn(rmsnorm(x) * attn_norm))
+        h, _ = ops.rmsnorm_forward(x, W[layer_name(i, "attn_norm")], eps)
+        q = self._linear(h, i, "attn_q", lora)  # (B, T, NH*HS)
+        k = self._linear(h, i, "attn_k", lora)  # (B, T, NKV*HS)
+        v = self._linear(h, i, "attn_v", lora)
+        if cfg.qk_norm == "full":
+            q, _ = ops.rmsnorm_forward(q, W[layer_name(i, "attn_q_norm")], eps)
+            k, _ = ops.rmsnorm_forward(k, W[layer_name(i, "attn_k_norm")], eps)
+        q = q.reshape(B, T, cfg.NH, cfg.HS)
+        k = k.reshape(B, T, cfg.NKV, cfg.HS)
+        v = v.reshape(B, T, cfg.NKV, cfg.HS)
+        if cfg.qk_norm == "head":
+            q, _ = ops.rmsnorm_forward(q, W[layer_name(i, "attn_q_norm")], eps)
+            k, _ = ops.rmsnorm_forward(k, W[layer_name(i, "attn_k_norm")], eps)
+        q, _ = ops.rope_forward(q, cos, sin, cfg.rope)
+        k, _ = ops.rope_forward(k, cos, sin, cfg.rope)
+        if cache is not None:
+            n = cache.length
+            cache.k[i][:, n : n + T] = k
+            cache.v[i][:, n : n + T] = v
+            k, v = cache.k[i][:, : n + T], cache.v[i][:, : n + T]
+        a, _ = ops.attention_forward(q, k, v, mask, cfg.attn_scale)  # (B, T, NH*HS)
+        x = x + self._linear(a, i, "attn_output", lora)
+        # feed-forward block: x += ffn(rmsnorm(x) * ffn_norm)
+        h, _ = ops.rmsnorm_forward(x, W[layer_name(i, "ffn_norm")], eps)
+        if self.moe_layers[i]:
+            y = self._moe(i, h.reshape(B * T, C), lora).reshape(B, T, C)
+        else:
+            y = self._dense_ffn(i, h, lora, ("ffn_gate", "ffn_up", "ffn_down"))
+        return x + y
+
+    def _dense_ffn(self, i, h, lora, kinds) -> np.ndarray:
+        gate, up, down = kinds
+        act, _ = ops.swiglu_forward(self._linear(h, i, gate, lora), self._linear(h, i, up, lora))
+        return self._linear(act, i, down, lora)
+
+    def _moe(self, i, h, lora) -> np.ndarray:
+        cfg, W = self.config, self.weights
+        logits = self._linear(h, i, "ffn_gate_inp", lora)  # (N, E)
+        routing, _ = ops.route_forward(logits, cfg.K, cfg.moe_renorm)
+        names = [layer_name(i, k) for k in EXPERT_KINDS]
+        y, _ = ops.experts_forward(h, routing, *(W[n] for n in names), *(lora.get(n) for n in names))
+        if cfg.F_shexp:
+            shared = self._dense_ffn(i, h, lora, SHARED_EXPERT_KINDS)
+            z = h @ W[layer_name(i, "ffn_gate_inp_shexp")]  # (N,)
+            gate = 1.0 / (1.0 + np.exp(-z))
+            y = y + shared * gate[:, None]
+        return y
