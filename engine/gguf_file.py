@@ -90,6 +90,15 @@ class _Cursor:
         self.pos += n
         return out
 
+    def peek_item_type(self) -> GGUFValueType | None:
+        """The item type of the array whose header starts here, without consuming it."""
+        if self.pos + 4 > len(self.buf):
+            return None
+        try:
+            return GGUFValueType(struct.unpack_from("<I", self.buf, self.pos)[0])
+        except ValueError:
+            return None
+
     def u32(self) -> int:
         return struct.unpack_from("<I", self.take(4))[0]
 
@@ -158,9 +167,14 @@ class GGUFFile:
         if n_tensors > 1 << 24 or n_kv > 1 << 24:
             raise ModelError(f"{self.path}: implausible header ({n_tensors} tensors, {n_kv} keys): corrupt file")
         self.metadata: dict[str, Any] = {}
+        # value type per key, and the item type for arrays, so that a file can be re-written exactly
+        self.metadata_types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}
         for _ in range(n_kv):
             key = cur.string()
-            self.metadata[key] = cur.value(cur.u32())
+            vtype = cur.u32()
+            sub = cur.peek_item_type() if vtype == GGUFValueType.ARRAY else None
+            self.metadata[key] = cur.value(vtype)
+            self.metadata_types[key] = (GGUFValueType(vtype), sub)
         infos = []
         for _ in range(n_tensors):
             name = cur.string()

@@ -1,0 +1,277 @@
+"""Synthetic GGUF models and adapters with random weights, for tests, benchmarks and demos.
+
+`SynthSpec.for_arch("qwen2moe", C=64, ...)` describes a model of any supported
+architecture; `write_model(path, spec)` writes it as a real GGUF file (any
+weight type `engine.quantize` can write) with a real SentencePiece-style
+vocabulary (byte fallback, ChatML control tokens, a chat template), so that
+every part of the engine can be exercised on it. `write_adapter` writes a
+random LoRA adapter in llama.cpp's layout. Nothing here is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .archs import ARCHS
+from .errors import ModelError
+from .gguf_write import write_gguf
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# Words whose "▁"-prefixed prefixes make up the text pieces of the synthetic vocabulary.
+_WORDS = (
+    "the of and to in is you that it he was for on are as with his they at be this have from or one had by "
+    "word but not what all were we when your can said there use an each which she do how their if will up "
+    "other about out many then them these so some her would make like him into time has look two more write "
+    "go see number no way could people my than first water been call who oil its now find long down day did "
+    "get come made may part hello world quick brown fox jumps over lazy dog answer question yes"
+).split()
+
+SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
+CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
+
+
+def spm_vocab(V: int) -> tuple[list[str], list[float], list[int]]:
+    """tokens, scores and token types of a SentencePiece-style vocabulary of exactly V entries.
+
+    0 <unk>, 1 <s>, 2 </s>, 3-258 the byte tokens <0x00>..<0xFF>, then <|im_start|>, <|im_end|>,
+    then "▁" and letters, then prefixes of common words (each prefix before its extension, so
+    every piece is reachable by merges); padded with unused tokens when V is larger.
+    """
+    tokens = list(SPECIAL_TOKENS) + [f"<0x{b:02X}>" for b in range(256)] + list(CHAT_TOKENS)
+    types = [2, 3, 3] + [6] * 256 + [3, 3]
+    scores = [0.0] * len(tokens)
+    minimum = len(tokens) + 1
+    if V < minimum:
+        raise ModelError(f"a synthetic vocabulary needs at least {minimum} tokens, got V={V}")
+    pieces: list[str] = ["▁"] + [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    seen = set(pieces)
+    for w in _WORDS:
+        w = "▁" + w
+        for n in range(2, len(w) + 1):
+            if w[:n] not in seen:
+                seen.add(w[:n])
+                pieces.append(w[:n])
+    for p in pieces:
+        if len(tokens) == V:
+            break
+        tokens.append(p)
+        types.append(1)
+        scores.append(-float(len(tokens)) / 100.0 + 0.5 * len(p))  # longer pieces merge first
+    while len(tokens) < V:
+        tokens.append(f"<unused{len(tokens)}>")
+        types.append(5)
+        scores.append(-1e9)
+    return tokens, scores, types
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    """Shape and storage of a synthetic model."""
+
+    arch: str = "llama"  # any of engine.archs.ARCHS
+    V: int = 300  # vocabulary size (>= 262)
+    C: int = 64  # embedding width
+    L: int = 2  # layers
+    NH: int = 4  # query heads
+    NKV: int = 2  # key/value heads
+    HS: int = 16  # head size
+    F: int = 128  # dense FFN width
+    E: int = 0  # routed experts (0: dense)
+    K: int = 0  # experts per token
+    F_exp: int = 32  # expert FFN width
+    F_shexp: int = 0  # shared expert width (qwen2moe)
+    qkv_bias: bool = False  # q/k/v biases (qwen2, qwen2moe)
+    tied: bool = False  # no output.weight: the output projection reuses token_embd
+    rope_freqs: bool = False  # write a rope_freqs.weight tensor of frequency factors (llama 3.1 style)
+    qtype: str = "F32"  # type of the 2-D/3-D matmul weights (norms stay F32)
+    n_ctx: int = 256  # context_length
+    rope_base: float = 10000.0
+    eps: float = 1e-5
+    seed: int = 0
+    name: str = "synthetic"
+
+    @classmethod
+    def for_arch(cls, arch: str, **overrides) -> SynthSpec:
+        """A tiny model with the features that characterise `arch` switched on."""
+        if arch not in ARCHS:
+            raise ModelError(f"unknown architecture {arch!r}; supported: {', '.join(sorted(ARCHS))}")
+        spec = ARCHS[arch]
+        base = dict(arch=arch)
+        if spec.moe_only:
+            base.update(E=4, K=2, F=0)
+        if arch in ("qwen2", "qwen2moe"):
+            base.update(qkv_bias=True, rope_base=1e6)
+        if arch in ("qwen3", "qwen3moe"):
+            base.update(HS=32, rope_base=1e6)  # NH*HS != C, as in the real models
+        if spec.shared_expert:
+            base.update(F_shexp=64)
+        if arch == "qwen2":
+            base.update(tied=True)
+        base.update(overrides)
+        return cls(**base)
+
+
+def random_weights(spec: SynthSpec, dtype=np.float32) -> dict[str, np.ndarray]:
+    """Random weights in NumPy layout, scaled so that activations stay O(1) through the layers."""
+    rng = np.random.default_rng(spec.seed)
+    arch = ARCHS[spec.arch]
+    C, HS = spec.C, spec.HS
+    q_out, kv_out = spec.NH * HS, spec.NKV * HS
+
+    def lin(n_out: int, n_in: int, *lead: int) -> np.ndarray:
+        return (rng.standard_normal((*lead, n_out, n_in)) / np.sqrt(n_in)).astype(dtype)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(dtype)
+
+    w: dict[str, np.ndarray] = {"token_embd.weight": rng.standard_normal((spec.V, C)).astype(dtype)}
+    for i in range(spec.L):
+        p = f"blk.{i}."
+        w[p + "attn_norm.weight"] = norm(C)
+        w[p + "attn_q.weight"] = lin(q_out, C)
+        w[p + "attn_k.weight"] = lin(kv_out, C)
+        w[p + "attn_v.weight"] = lin(kv_out, C)
+        w[p + "attn_output.weight"] = lin(C, q_out)
+        if spec.qkv_bias:
+            w[p + "attn_q.bias"] = (0.1 * rng.standard_normal(q_out)).astype(dtype)
+            w[p + "attn_k.bias"] = (0.1 * rng.standard_normal(kv_out)).astype(dtype)
+            w[p + "attn_v.bias"] = (0.1 * rng.standard_normal(kv_out)).astype(dtype)
+        if arch.qk_norm == "head":
+            w[p + "attn_q_norm.weight"] = norm(HS)
+            w[p + "attn_k_norm.weight"] = norm(HS)
+        elif arch.qk_norm == "full":
+            w[p + "attn_q_norm.weight"] = norm(q_out)
+            w[p + "attn_k_norm.weight"] = norm(kv_out)
+        w[p + "ffn_norm.weight"] = norm(C)
+        if spec.E:
+            w[p + "ffn_gate_inp.weight"] = (3.0 * lin(spec.E, C))  # wide router margins
+            w[p + "ffn_gate_exps.weight"] = lin(spec.F_exp, C, spec.E)
+            w[p + "ffn_up_exps.weight"] = lin(spec.F_exp, C, spec.E)
+            w[p + "ffn_down_exps.weight"] = lin(C, spec.F_exp, spec.E)
+            if spec.F_shexp:
+                w[p + "ffn_gate_shexp.weight"] = lin(spec.F_shexp, C)
+                w[p + "ffn_up_shexp.weight"] = lin(spec.F_shexp, C)
+                w[p + "ffn_down_shexp.weight"] = lin(C, spec.F_shexp)
+                w[p + "ffn_gate_inp_shexp.weight"] = (rng.standard_normal(C) / np.sqrt(C)).astype(dtype)
+        else:
+            w[p + "ffn_gate.weight"] = lin(spec.F, C)
+            w[p + "ffn_up.weight"] = lin(spec.F, C)
+            w[p + "ffn_down.weight"] = lin(C, spec.F)
+    w["output_norm.weight"] = norm(C)
+    if not spec.tied:
+        w["output.weight"] = lin(spec.V, C)
+    if spec.rope_freqs:
+        w["rope_freqs.weight"] = (1.0 + np.arange(HS // 2) / 4.0).astype(dtype)
+    return w
+
+
+def model_metadata(spec: SynthSpec) -> dict:
+    a = spec.arch
+    tokens, scores, types = spm_vocab(spec.V)
+    md = {
+        "general.name": spec.name,
+        "general.type": "model",
+        f"{a}.context_length": spec.n_ctx,
+        f"{a}.embedding_length": spec.C,
+        f"{a}.block_count": spec.L,
+        f"{a}.attention.head_count": spec.NH,
+        f"{a}.attention.head_count_kv": spec.NKV,
+        f"{a}.attention.key_length": spec.HS,
+        f"{a}.attention.value_length": spec.HS,
+        f"{a}.rope.dimension_count": spec.HS,
+        f"{a}.rope.freq_base": float(spec.rope_base),
+        f"{a}.attention.layer_norm_rms_epsilon": float(spec.eps),
+        f"{a}.vocab_size": spec.V,
+    }
+    if spec.F:
+        md[f"{a}.feed_forward_length"] = spec.F
+    if spec.E:
+        md[f"{a}.expert_count"] = spec.E
+        md[f"{a}.expert_used_count"] = spec.K
+        md[f"{a}.expert_feed_forward_length"] = spec.F_exp
+    if spec.F_shexp:
+        md[f"{a}.expert_shared_feed_forward_length"] = spec.F_shexp
+    md.update({
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.pre": "default",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.unknown_token_id": 0,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "tokenizer.ggml.eot_token_id": tokens.index("<|im_end|>"),
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.ggml.add_eos_token": False,
+        "tokenizer.chat_template": CHATML,
+    })
+    return md
+
+
+def _storage_type(name: str, array: np.ndarray, qtype: str) -> str:
+    """Matmul weights get `qtype`; vectors (norms, biases) stay F32, as llama-quantize does."""
+    return qtype if array.ndim >= 2 else "F32"
+
+
+def write_model(
+    path: str | os.PathLike[str],
+    spec: SynthSpec,
+    weights: dict[str, np.ndarray] | None = None,
+    metadata: dict | None = None,
+) -> str:
+    """Write a synthetic model file; returns its path. `weights`/`metadata` override the random ones."""
+    weights = weights if weights is not None else random_weights(spec)
+    md = model_metadata(spec)
+    md.update(metadata or {})
+    tensors = {n: (a, _storage_type(n, a, spec.qtype)) for n, a in weights.items()}
+    return write_gguf(path, spec.arch, md, tensors)
+
+
+def adapter_metadata(arch: str, alpha: float) -> dict:
+    return {"general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": float(alpha)}
+
+
+def random_adapter(
+    model, targets: list[str], rank: int = 4, seed: int = 0, std: float = 0.1
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Random non-zero LoRA pairs for the named tensors of a loaded `engine.model.Model`."""
+    from .lora import lora_shapes  # local: lora imports ops only, but keep synth light to import
+
+    rng = np.random.default_rng(seed)
+    pairs = {}
+    for name in targets:
+        shape_a, shape_b = lora_shapes(name, model.tensors[name].shape, rank)
+        pairs[name] = (
+            (std * rng.standard_normal(shape_a)).astype(np.float32),
+            (std * rng.standard_normal(shape_b)).astype(np.float32),
+        )
+    return pairs
+
+
+def write_adapter(
+    path: str | os.PathLike[str],
+    arch: str,
+    pairs: dict[str, tuple[np.ndarray, np.ndarray]],
+    alpha: float,
+    qtype: str = "F32",
+    metadata: dict | None = None,
+) -> str:
+    """Write LoRA pairs (base name -> (A, B), NumPy layout) as a llama.cpp adapter GGUF."""
+    md = adapter_metadata(arch, alpha)
+    md.update(metadata or {})
+    tensors = {}
+    for base, (A, B) in pairs.items():
+        tensors[base + ".lora_a"] = (A, qtype)
+        tensors[base + ".lora_b"] = (B, qtype)
+    return write_gguf(path, arch, md, tensors)
+
+
+def with_qtype(spec: SynthSpec, qtype: str) -> SynthSpec:
+    return replace(spec, qtype=qtype)
