@@ -24,7 +24,7 @@ import numpy as np
 from . import ops
 from .archs import ModelConfig
 from .errors import ModelError
-from .gguf_file import GGUFFile, TensorInfo
+from .gguf_file import GGUFFile, TensorInfo, dequantizable_types
 from .ops import LoraTerm
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,47 @@ def _expected_shapes(cfg: ModelConfig, i: int, moe: bool) -> dict[str, tuple[int
     return shapes
 
 
+def check_tensors(f: GGUFFile, cfg: ModelConfig) -> tuple[dict[str, tuple[int, ...]], tuple[bool, ...]]:
+    """The tensors the graph uses with their shapes, and which layers are MoE; ModelError if any is off."""
+    names = set(f.tensors)
+    moe_layers = []
+    expected: dict[str, tuple[int, ...]] = {}
+    for i in range(cfg.L):
+        moe = layer_name(i, "ffn_gate_inp") in names
+        if moe and not cfg.E:
+            raise ModelError(f"{f.path}: layer {i} has a router but expert_count is not set")
+        if cfg.E and not moe:
+            raise ModelError(f"{f.path}: layer {i} has no router (blk.{i}.ffn_gate_inp.weight)")
+        moe_layers.append(moe)
+        for kind, shape in _expected_shapes(cfg, i, moe).items():
+            expected[layer_name(i, kind)] = shape
+        for kind in ATTN_KINDS:
+            bias = layer_name(i, kind, "bias")
+            if bias in names:
+                expected[bias] = (expected[layer_name(i, kind)][0],)
+    expected["token_embd.weight"] = (cfg.V, cfg.C)
+    expected["output_norm.weight"] = (cfg.C,)
+    if "output.weight" in names:
+        expected["output.weight"] = (cfg.V, cfg.C)
+    if "rope_freqs.weight" in names:
+        expected["rope_freqs.weight"] = (cfg.n_rot // 2,)
+    for name, shape in expected.items():
+        info = f.tensors.get(name)
+        if info is None:
+            raise ModelError(f"{f.path}: tensor {name!r} is missing (needed by {cfg.arch})")
+        if info.shape != shape:
+            raise ModelError(f"{f.path}: tensor {name!r} has shape {info.shape}, expected {shape}")
+        if info.qtype not in dequantizable_types():
+            raise ModelError(
+                f"{f.path}: tensor {name!r} has type {info.qtype}, which cannot be dequantized; "
+                f"supported: {', '.join(sorted(dequantizable_types()))}"
+            )
+    unused = sorted(names - set(expected))
+    if unused:
+        log.warning("%s: %d tensors not used by the %s graph: %s", f.path, len(unused), cfg.arch, unused[:5])
+    return expected, tuple(moe_layers)
+
+
 @dataclass
 class KVCache:
     """Keys (after RoPE) and values of every layer for B sequences, grown as tokens are decoded."""
@@ -117,39 +158,9 @@ class Model:
         """Read and check a model file; dequantize its weights to `dtype`. Raises ModelError."""
         f = GGUFFile(path)
         cfg = ModelConfig.from_gguf(f)
-        names = set(f.tensors)
-        moe_layers = []
-        expected: dict[str, tuple[int, ...]] = {}
-        for i in range(cfg.L):
-            moe = layer_name(i, "ffn_gate_inp") in names
-            if moe and not cfg.E:
-                raise ModelError(f"{f.path}: layer {i} has a router but expert_count is not set")
-            if cfg.E and not moe:
-                raise ModelError(f"{f.path}: layer {i} has no router (blk.{i}.ffn_gate_inp.weight)")
-            moe_layers.append(moe)
-            for kind, shape in _expected_shapes(cfg, i, moe).items():
-                expected[layer_name(i, kind)] = shape
-            for kind in ("attn_q", "attn_k", "attn_v", "attn_output"):
-                bias = layer_name(i, kind, "bias")
-                if bias in names:
-                    expected[bias] = (expected[layer_name(i, kind)][0],)
-        expected["token_embd.weight"] = (cfg.V, cfg.C)
-        expected["output_norm.weight"] = (cfg.C,)
-        if "output.weight" in names:
-            expected["output.weight"] = (cfg.V, cfg.C)
-        if "rope_freqs.weight" in names:
-            expected["rope_freqs.weight"] = (cfg.n_rot // 2,)
-        for name, shape in expected.items():
-            info = f.tensors.get(name)
-            if info is None:
-                raise ModelError(f"{f.path}: tensor {name!r} is missing (needed by {cfg.arch})")
-            if info.shape != shape:
-                raise ModelError(f"{f.path}: tensor {name!r} has shape {info.shape}, expected {shape}")
-        unused = sorted(names - set(expected))
-        if unused:
-            log.warning("%s: %d tensors not used by the %s graph: %s", f.path, len(unused), cfg.arch, unused[:5])
+        expected, moe_layers = check_tensors(f, cfg)
         weights = {name: f.load(name, dtype) for name in expected}
-        return cls(cfg, weights, dict(f.tensors), dict(f.metadata), f.path, tuple(moe_layers))
+        return cls(cfg, weights, dict(f.tensors), dict(f.metadata), f.path, moe_layers)
 
     # --- facts ----------------------------------------------------------------------------------
     @property
@@ -216,6 +227,10 @@ class Model:
             x = x[:, -1:]
         h, _ = ops.rmsnorm_forward(x, W["output_norm.weight"], cfg.rms_eps)
         logits, _ = ops.linear_forward(h, W[self.output_name], None, lora.get("output.weight"))
+        emb = lora.get("token_embd.weight")
+        if emb is not None and self.output_name == "token_embd.weight":
+            # tied output: the embedding adapter W + s A B^T (V, C) also acts on logits = h W^T
+            logits = logits + emb.s * ((h @ emb.B) @ emb.A.T)
         return logits[0] if squeeze else logits
 
     def _linear(self, x, i: int, kind: str, lora: Mapping[str, LoraTerm]) -> np.ndarray:

@@ -91,7 +91,11 @@ def quantizable_types() -> tuple[str, ...]:
 
 
 def quantize(x: np.ndarray, qtype: str) -> np.ndarray:
-    """Float array -> the bytes of `qtype` blocks, shape (*rows, bytes per row). ExportError if unsupported."""
+    """Float array -> the bytes of `qtype` blocks, shape (*rows, bytes per row); F32/F16 stay float arrays."""
+    if qtype == "F32":
+        return np.ascontiguousarray(x, dtype=np.float32)
+    if qtype == "F16":
+        return np.ascontiguousarray(x, dtype=np.float16)
     if qtype in _OWN:
         return _OWN[qtype](np.asarray(x, np.float32))
     if qtype not in _GGUF_PY:

@@ -1,0 +1,48 @@
+"""Shared fixtures: paths of the bundled golden data and tiny GGUF models written by the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+DATA = Path(__file__).parent / "data"
+GOLDEN_MODELS = DATA / "models"
+ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe")
+
+
+def golden_cases() -> list[dict]:
+    return json.loads((GOLDEN_MODELS / "manifest.json").read_text())["cases"]
+
+
+@pytest.fixture(scope="session")
+def synth_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("synth")
+
+
+@pytest.fixture(scope="session")
+def synth_model(synth_dir):
+    """synth_model(arch, **spec_overrides) -> path of a tiny model written once per session."""
+    from engine.synth import SynthSpec, write_model
+
+    made: dict[tuple, str] = {}
+
+    def make(arch: str, **overrides) -> str:
+        key = (arch, tuple(sorted(overrides.items())))
+        if key not in made:
+            spec = SynthSpec.for_arch(arch, **overrides)
+            name = "-".join([arch] + [f"{k}{v}" for k, v in sorted(overrides.items())]) + ".gguf"
+            made[key] = write_model(synth_dir / name, spec)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(1234)
