@@ -16,17 +16,43 @@ from engine.synth import SynthSpec
 SHAPES = {
     # Qwen2.5-0.5B: 24 layers, 896 wide, 14 query / 2 KV heads of 64, FFN 4864, vocab 151936, tied output
     "qwen2.5-0.5b": SynthSpec.for_arch(
-        "qwen2", V=151936, C=896, L=24, NH=14, NKV=2, HS=64, F=4864, tied=True, qtype="F16", n_ctx=4096,
-        name="qwen2.5-0.5b-shaped"),
+        "qwen2",
+        V=151936,
+        C=896,
+        L=24,
+        NH=14,
+        NKV=2,
+        HS=64,
+        F=4864,
+        tied=True,
+        qtype="F16",
+        n_ctx=4096,
+        name="qwen2.5-0.5b-shaped",
+    ),
     # OLMoE-1B-7B: 16 layers, 2048 wide, 16 heads of 128, 64 experts (8 used) of width 1024, vocab 50304.
     # Scaled down: 4 layers, 1024 wide, 8 heads of 128, experts of width 512; expert count and top-k kept.
     "olmoe-1b-7b-scaled": SynthSpec.for_arch(
-        "olmoe", V=50304, C=1024, L=4, NH=8, NKV=8, HS=128, E=64, K=8, F_exp=512, qtype="F16", n_ctx=4096,
-        name="olmoe-1b-7b-scaled"),
+        "olmoe",
+        V=50304,
+        C=1024,
+        L=4,
+        NH=8,
+        NKV=8,
+        HS=128,
+        E=64,
+        K=8,
+        F_exp=512,
+        qtype="F16",
+        n_ctx=4096,
+        name="olmoe-1b-7b-scaled",
+    ),
     # small shapes for a quick look (--quick)
-    "qwen2-tiny": SynthSpec.for_arch("qwen2", V=4096, C=256, L=4, NH=4, NKV=2, HS=64, F=768, tied=True, n_ctx=1024),
-    "olmoe-tiny": SynthSpec.for_arch("olmoe", V=4096, C=256, L=4, NH=4, NKV=4, HS=64, E=16, K=4, F_exp=128,
-                                     n_ctx=1024),
+    "qwen2-tiny": SynthSpec.for_arch(
+        "qwen2", V=4096, C=256, L=4, NH=4, NKV=2, HS=64, F=768, tied=True, n_ctx=1024
+    ),
+    "olmoe-tiny": SynthSpec.for_arch(
+        "olmoe", V=4096, C=256, L=4, NH=4, NKV=4, HS=64, E=16, K=4, F_exp=128, n_ctx=1024
+    ),
 }
 
 
@@ -45,7 +71,7 @@ def matmul_rate(n: int = 2048, repeats: int = 5, dtype=np.float32) -> float:
 
 
 def matmul_params_per_token(cfg: ModelConfig) -> int:
-    """Weights every token multiplies with: attention, dense FFN or K routed experts + shared, router, output."""
+    """Weights each token multiplies with: attention, FFN (or K experts, shared expert, router), output."""
     attn = cfg.C * cfg.NH * cfg.HS * 2 + cfg.C * cfg.NKV * cfg.HS * 2
     if cfg.is_moe:
         ffn = cfg.K * 3 * cfg.C * cfg.F_exp + cfg.E * cfg.C + 3 * cfg.C * cfg.F_shexp

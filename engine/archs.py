@@ -32,18 +32,43 @@ class ArchSpec:
 
 
 ARCHS: dict[str, ArchSpec] = {
-    "llama": ArchSpec("llama", "norm", None, True, False, False, False,
-                      "Llama / Mistral; Mixtral when ffn_*_exps tensors are present"),
-    "qwen2": ArchSpec("qwen2", "neox", None, False, False, False, True,
-                      "Qwen2 / Qwen2.5 (attention biases)"),
-    "qwen3": ArchSpec("qwen3", "neox", "head", False, False, False, True,
-                      "Qwen3 dense (per-head q/k RMSNorm)"),
-    "qwen2moe": ArchSpec("qwen2moe", "neox", None, False, True, True, False,
-                         "Qwen1.5-MoE / Qwen2-MoE (shared expert with sigmoid gate)"),
-    "qwen3moe": ArchSpec("qwen3moe", "neox", "head", True, False, True, False,
-                         "Qwen3-MoE (per-head q/k RMSNorm, renormalised top-k)"),
-    "olmoe": ArchSpec("olmoe", "neox", "full", False, False, True, False,
-                      "OLMoE (q/k RMSNorm over the whole projection)"),
+    "llama": ArchSpec(
+        "llama",
+        "norm",
+        None,
+        True,
+        False,
+        False,
+        False,
+        "Llama / Mistral; Mixtral when ffn_*_exps tensors are present",
+    ),
+    "qwen2": ArchSpec("qwen2", "neox", None, False, False, False, True, "Qwen2 / Qwen2.5 (attention biases)"),
+    "qwen3": ArchSpec(
+        "qwen3", "neox", "head", False, False, False, True, "Qwen3 dense (per-head q/k RMSNorm)"
+    ),
+    "qwen2moe": ArchSpec(
+        "qwen2moe",
+        "neox",
+        None,
+        False,
+        True,
+        True,
+        False,
+        "Qwen1.5-MoE / Qwen2-MoE (shared expert with sigmoid gate)",
+    ),
+    "qwen3moe": ArchSpec(
+        "qwen3moe",
+        "neox",
+        "head",
+        True,
+        False,
+        True,
+        False,
+        "Qwen3-MoE (per-head q/k RMSNorm, renormalised top-k)",
+    ),
+    "olmoe": ArchSpec(
+        "olmoe", "neox", "full", False, False, True, False, "OLMoE (q/k RMSNorm over the whole projection)"
+    ),
 }
 
 
@@ -108,7 +133,8 @@ class ModelConfig:
             raise ModelError(f"{path}: is a LoRA adapter (general.type = adapter), not a model")
         if arch not in ARCHS:
             raise ModelError(
-                f"{path}: architecture {arch!r} is not supported; supported: {', '.join(supported_architectures())}"
+                f"{path}: architecture {arch!r} is not supported; "
+                f"supported: {', '.join(supported_architectures())}"
             )
         spec = ARCHS[arch]
 
@@ -139,7 +165,9 @@ class ModelConfig:
         if spec.dense_only and E:
             raise ModelError(f"{path}: {arch} models are dense, but the file has expert_count = {E}")
         if spec.moe_only and not E:
-            raise ModelError(f"{path}: {arch} models are Mixture-of-Experts, but expert_count is missing or 0")
+            raise ModelError(
+                f"{path}: {arch} models are Mixture-of-Experts, but expert_count is missing or 0"
+            )
         if E and not 0 < K <= E:
             raise ModelError(f"{path}: expert_used_count {K} must be in 1..{E}")
         F = int(key("feed_forward_length", 0))

@@ -136,4 +136,4 @@ def generate(
             break
         logits = model.forward(nxt[:, None], lora=lora, cache=cache)[:, -1]
     final = "length" if budget == sampling.max_new_tokens else "context"
-    return [Generation(tuple(toks), r or final) for toks, r in zip(out, reason)]
+    return [Generation(tuple(toks), r or final) for toks, r in zip(out, reason, strict=True)]

@@ -30,7 +30,6 @@ from .errors import ModelError
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor's directory entry."""
@@ -67,10 +66,17 @@ def dequantizable_types() -> frozenset[str]:
 
 
 _SCALAR = {
-    GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1", GGUFValueType.UINT16: "<u2",
-    GGUFValueType.INT16: "<i2", GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4",
-    GGUFValueType.FLOAT32: "<f4", GGUFValueType.BOOL: "<u1", GGUFValueType.UINT64: "<u8",
-    GGUFValueType.INT64: "<i8", GGUFValueType.FLOAT64: "<f8",
+    GGUFValueType.UINT8: "<u1",
+    GGUFValueType.INT8: "<i1",
+    GGUFValueType.UINT16: "<u2",
+    GGUFValueType.INT16: "<i2",
+    GGUFValueType.UINT32: "<u4",
+    GGUFValueType.INT32: "<i4",
+    GGUFValueType.FLOAT32: "<f4",
+    GGUFValueType.BOOL: "<u1",
+    GGUFValueType.UINT64: "<u8",
+    GGUFValueType.INT64: "<i8",
+    GGUFValueType.FLOAT64: "<f8",
 }
 
 
@@ -117,7 +123,9 @@ class _Cursor:
         try:
             t = GGUFValueType(vtype)
         except ValueError as exc:
-            raise ModelError(f"{self.path}: unknown metadata value type {vtype} at offset {self.pos}") from exc
+            raise ModelError(
+                f"{self.path}: unknown metadata value type {vtype} at offset {self.pos}"
+            ) from exc
         if t == GGUFValueType.STRING:
             return self.string()
         if t == GGUFValueType.ARRAY:
@@ -151,9 +159,7 @@ class GGUFFile:
         with open(self.path, "rb") as f:
             magic = f.read(4)
         if magic != b"GGUF":
-            raise ModelError(
-                f"{self.path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')"
-            )
+            raise ModelError(f"{self.path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
         try:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         except (OSError, ValueError) as exc:
@@ -165,7 +171,9 @@ class GGUFFile:
             raise ModelError(f"{self.path}: GGUF version {self.version} is not supported (2 and 3 are)")
         n_tensors, n_kv = cur.u64(), cur.u64()
         if n_tensors > 1 << 24 or n_kv > 1 << 24:
-            raise ModelError(f"{self.path}: implausible header ({n_tensors} tensors, {n_kv} keys): corrupt file")
+            raise ModelError(
+                f"{self.path}: implausible header ({n_tensors} tensors, {n_kv} keys): corrupt file"
+            )
         self.metadata: dict[str, Any] = {}
         # value type per key, and the item type for arrays, so that a file can be re-written exactly
         self.metadata_types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}

@@ -96,5 +96,7 @@ def write_gguf(
     except Exception as exc:  # noqa: BLE001 - OSError (disk full), ValueError from gguf-py
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise ExportError(f"{path}: could not be written ({type(exc).__name__}: {exc}); no file was changed") from exc
+        raise ExportError(
+            f"{path}: could not be written ({type(exc).__name__}: {exc}); no file was changed"
+        ) from exc
     return path

@@ -27,8 +27,10 @@ SUFFIX_A = ".lora_a"
 SUFFIX_B = ".lora_b"
 
 
-def lora_shapes(base_name: str, base_shape: tuple[int, ...], r: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The NumPy shapes of A and B for a rank-r adapter on a base tensor, or ModelError if it cannot take one."""
+def lora_shapes(
+    base_name: str, base_shape: tuple[int, ...], r: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """NumPy shapes of A and B for a rank-r adapter on a base tensor; ModelError if it cannot take one."""
     if base_name == "token_embd.weight" and len(base_shape) == 2:
         V, C = base_shape
         return (V, r), (C, r)
@@ -38,7 +40,9 @@ def lora_shapes(base_name: str, base_shape: tuple[int, ...], r: int) -> tuple[tu
     if len(base_shape) == 3:
         E, n_out, n_in = base_shape
         return (E, r, n_in), (E, n_out, r)
-    raise ModelError(f"{base_name}: a tensor of shape {base_shape} cannot take a LoRA adapter (needs 2-D or 3-D)")
+    raise ModelError(
+        f"{base_name}: a tensor of shape {base_shape} cannot take a LoRA adapter (needs 2-D or 3-D)"
+    )
 
 
 def effective_scale(alpha: float, r: int, scale: float = 1.0) -> float:
@@ -62,7 +66,10 @@ class LoraAdapter:
 
     def terms(self, scale: float = 1.0) -> dict[str, LoraTerm]:
         """The factor pairs with their effective scale, as the forward pass takes them."""
-        return {n: LoraTerm(A, B, effective_scale(self.alpha, self.rank(n), scale)) for n, (A, B) in self.pairs.items()}
+        return {
+            n: LoraTerm(A, B, effective_scale(self.alpha, self.rank(n), scale))
+            for n, (A, B) in self.pairs.items()
+        }
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], model=None, dtype=None) -> LoraAdapter:
@@ -87,7 +94,9 @@ class LoraAdapter:
         for base, have in sorted(bases.items()):
             if have != {SUFFIX_A, SUFFIX_B}:
                 missing = ({SUFFIX_A, SUFFIX_B} - have).pop()
-                raise ModelError(f"{f.path}: {base}{missing} is missing (each adapted tensor needs lora_a and lora_b)")
+                raise ModelError(
+                    f"{f.path}: {base}{missing} is missing (each adapted tensor needs lora_a and lora_b)"
+                )
             A = f.load(base + SUFFIX_A, dtype)
             B = f.load(base + SUFFIX_B, dtype)
             pairs[base] = (A, B)
@@ -100,7 +109,9 @@ class LoraAdapter:
         """ModelError unless every pair fits a tensor of `model` (architecture, name, shapes)."""
         where = self.path or "adapter"
         if self.arch and self.arch != model.config.arch:
-            raise ModelError(f"{where}: adapter is for architecture {self.arch!r}, model is {model.config.arch!r}")
+            raise ModelError(
+                f"{where}: adapter is for architecture {self.arch!r}, model is {model.config.arch!r}"
+            )
         for base, (A, B) in self.pairs.items():
             info = model.tensors.get(base)
             if info is None:

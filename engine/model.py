@@ -203,7 +203,9 @@ class Model:
         cfg, W = self.config, self.weights
         lora = lora or {}
         if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.V):
-            raise ModelError(f"token id out of range 0..{cfg.V - 1}: {int(tokens.min())}..{int(tokens.max())}")
+            raise ModelError(
+                f"token id out of range 0..{cfg.V - 1}: {int(tokens.min())}..{int(tokens.max())}"
+            )
         if positions is None:
             start = cache.length if cache is not None else 0
             positions = np.broadcast_to(np.arange(start, start + T, dtype=np.int64), (B, T))
@@ -235,7 +237,9 @@ class Model:
 
     def _linear(self, x, i: int, kind: str, lora: Mapping[str, LoraTerm]) -> np.ndarray:
         name = layer_name(i, kind)
-        y, _ = ops.linear_forward(x, self.weights[name], self.weights.get(layer_name(i, kind, "bias")), lora.get(name))
+        y, _ = ops.linear_forward(
+            x, self.weights[name], self.weights.get(layer_name(i, kind, "bias")), lora.get(name)
+        )
         return y
 
     def _layer(self, i, x, cos, sin, mask, lora, cache: KVCache | None) -> np.ndarray:

@@ -127,7 +127,7 @@ def attention_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndar
     Query head h reads key/value head h // (NH / NKV). Returns (B, T, NH*HS).
     """
     B, T, NH, HS = q.shape
-    S, NKV = k.shape[1], k.shape[2]
+    NKV = k.shape[2]
     G = NH // NKV
     qg = q.reshape(B, T, NKV, G, HS).transpose(0, 2, 3, 1, 4)  # (B, NKV, G, T, HS)
     kt = k.transpose(0, 2, 3, 1)[:, :, None]  # (B, NKV, 1, HS, S)

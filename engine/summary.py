@@ -62,14 +62,16 @@ def summarize(path: str | os.PathLike[str]) -> ModelSummary:
         groups.setdefault(_LAYER.sub("", info.name), []).append(info)
     kinds = []
     for kind, infos in groups.items():
-        kinds.append(TensorKind(
-            kind=kind,
-            count=len(infos),
-            types=dict(Counter(i.qtype for i in infos)),
-            shape=infos[0].shape,
-            n_params=sum(i.n_elements for i in infos),
-            n_bytes=sum(i.n_bytes for i in infos),
-        ))
+        kinds.append(
+            TensorKind(
+                kind=kind,
+                count=len(infos),
+                types=dict(Counter(i.qtype for i in infos)),
+                shape=infos[0].shape,
+                n_params=sum(i.n_elements for i in infos),
+                n_bytes=sum(i.n_bytes for i in infos),
+            )
+        )
     matmul_types = Counter()
     for info in f.tensors.values():
         if len(info.shape) >= 2:

@@ -20,7 +20,8 @@ from .errors import ModelError
 from .gguf_write import write_gguf
 
 CHATML = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
@@ -151,7 +152,7 @@ def random_weights(spec: SynthSpec, dtype=np.float32) -> dict[str, np.ndarray]:
             w[p + "attn_k_norm.weight"] = norm(kv_out)
         w[p + "ffn_norm.weight"] = norm(C)
         if spec.E:
-            w[p + "ffn_gate_inp.weight"] = (3.0 * lin(spec.E, C))  # wide router margins
+            w[p + "ffn_gate_inp.weight"] = 3.0 * lin(spec.E, C)  # wide router margins
             w[p + "ffn_gate_exps.weight"] = lin(spec.F_exp, C, spec.E)
             w[p + "ffn_up_exps.weight"] = lin(spec.F_exp, C, spec.E)
             w[p + "ffn_down_exps.weight"] = lin(C, spec.F_exp, spec.E)
@@ -198,20 +199,22 @@ def model_metadata(spec: SynthSpec) -> dict:
         md[f"{a}.expert_feed_forward_length"] = spec.F_exp
     if spec.F_shexp:
         md[f"{a}.expert_shared_feed_forward_length"] = spec.F_shexp
-    md.update({
-        "tokenizer.ggml.model": "llama",
-        "tokenizer.ggml.pre": "default",
-        "tokenizer.ggml.tokens": tokens,
-        "tokenizer.ggml.scores": scores,
-        "tokenizer.ggml.token_type": types,
-        "tokenizer.ggml.unknown_token_id": 0,
-        "tokenizer.ggml.bos_token_id": 1,
-        "tokenizer.ggml.eos_token_id": 2,
-        "tokenizer.ggml.eot_token_id": tokens.index("<|im_end|>"),
-        "tokenizer.ggml.add_bos_token": True,
-        "tokenizer.ggml.add_eos_token": False,
-        "tokenizer.chat_template": CHATML,
-    })
+    md.update(
+        {
+            "tokenizer.ggml.model": "llama",
+            "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": tokens,
+            "tokenizer.ggml.scores": scores,
+            "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.unknown_token_id": 0,
+            "tokenizer.ggml.bos_token_id": 1,
+            "tokenizer.ggml.eos_token_id": 2,
+            "tokenizer.ggml.eot_token_id": tokens.index("<|im_end|>"),
+            "tokenizer.ggml.add_bos_token": True,
+            "tokenizer.ggml.add_eos_token": False,
+            "tokenizer.chat_template": CHATML,
+        }
+    )
     return md
 
 

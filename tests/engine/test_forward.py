@@ -64,7 +64,9 @@ def test_lora_on_every_tensor_kind_equals_merged_weights(arch, synth_model, tmp_
     assert all(t.s == pytest.approx(0.5 * 6.0 / 3) for t in terms.values())
     tokens = np.array([[1, 280, 290, 270, 300 - 1, 7, 260, 265]])
     with_lora = model.forward(tokens, lora=terms)
-    merged = Model(model.config, _merged(model, terms), model.tensors, model.metadata, model.path, model.moe_layers)
+    merged = Model(
+        model.config, _merged(model, terms), model.tensors, model.metadata, model.path, model.moe_layers
+    )
     reference = merged.forward(tokens)
     base = model.forward(tokens)
     assert np.abs(with_lora - base).max() > 1e-2, "the adapter must change the output"
@@ -101,22 +103,34 @@ def test_quantized_model_computes_with_exactly_dequantized_weights(qtype, tmp_pa
     assert qmodel.tensors["blk.0.attn_norm.weight"].qtype == "F32"
     # the same weights written as F32 after dequantization must give the same logits
     deq = {n: qmodel.weights[n] for n in qmodel.weights}
-    fmodel = Model.load(write_model(tmp_path / "f.gguf", spec.__class__(**{**spec.__dict__, "qtype": "F32"}),
-                                    weights={n: a.astype(np.float32) for n, a in deq.items()}), dtype=np.float64)
+    fmodel = Model.load(
+        write_model(
+            tmp_path / "f.gguf",
+            spec.__class__(**{**spec.__dict__, "qtype": "F32"}),
+            weights={n: a.astype(np.float32) for n, a in deq.items()},
+        ),
+        dtype=np.float64,
+    )
     tokens = np.array([1, 270, 280, 290, 5, 6, 7])
     np.testing.assert_allclose(qmodel.forward(tokens), fmodel.forward(tokens), atol=1e-6)
     # and stay close to the unquantized random weights
-    exact = Model.load(write_model(tmp_path / "x.gguf", spec.__class__(**{**spec.__dict__, "qtype": "F32"})),
-                       dtype=np.float64)
+    exact = Model.load(
+        write_model(tmp_path / "x.gguf", spec.__class__(**{**spec.__dict__, "qtype": "F32"})),
+        dtype=np.float64,
+    )
     ref = exact.forward(tokens)
     drift = np.linalg.norm(qmodel.forward(tokens) - ref) / np.linalg.norm(ref)
-    assert drift < {"F16": 0.002, "BF16": 0.01, "Q8_0": 0.02, "Q6_K": 0.08, "Q5_1": 0.15}.get(qtype, 0.3), drift
+    assert drift < {"F16": 0.002, "BF16": 0.01, "Q8_0": 0.02, "Q6_K": 0.08, "Q5_1": 0.15}.get(qtype, 0.3), (
+        drift
+    )
 
 
 def test_float16_storage_halves_memory_and_stays_close(synth_model):
     m32 = Model.load(synth_model("qwen3moe"), dtype=np.float32)
     m16 = Model.load(synth_model("qwen3moe"), dtype=np.float16)
-    assert m16.weights["blk.0.ffn_up_exps.weight"].nbytes * 2 == m32.weights["blk.0.ffn_up_exps.weight"].nbytes
+    assert (
+        m16.weights["blk.0.ffn_up_exps.weight"].nbytes * 2 == m32.weights["blk.0.ffn_up_exps.weight"].nbytes
+    )
     tokens = np.array([1, 270, 280, 290])
     assert np.abs(m16.forward(tokens).astype(np.float32) - m32.forward(tokens)).max() < 0.1
 
@@ -136,8 +150,9 @@ def test_rope_freq_factors_of_one_change_nothing_and_others_do(tmp_path):
 
 def test_rope_angles_formula():
     pos = np.array([[0, 1, 5]])
-    cos, sin = ops.rope_angles(pos, n_rot=8, base=100.0, scale=2.0, freq_factors=np.array([1, 2, 1, 1.0]),
-                               dtype=np.float64)
+    cos, sin = ops.rope_angles(
+        pos, n_rot=8, base=100.0, scale=2.0, freq_factors=np.array([1, 2, 1, 1.0]), dtype=np.float64
+    )
     theta = (5 / 2.0) * 100.0 ** (-2 * 1 / 8) / 2.0  # position 5, pair 1, factor 2
     assert cos[0, 2, 1] == pytest.approx(np.cos(theta)) and sin[0, 2, 1] == pytest.approx(np.sin(theta))
 

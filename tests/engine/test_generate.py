@@ -21,7 +21,7 @@ def _greedy_without_cache(model, prompt, n):
     seq = list(prompt)
     for _ in range(n):
         seq.append(int(model.forward(np.array(seq))[-1].argmax()))
-    return seq[len(prompt):]
+    return seq[len(prompt) :]
 
 
 def test_greedy_with_cache_equals_recomputing_everything(moe_model):
@@ -63,8 +63,13 @@ def test_should_stop_interrupts(moe_model):
 
 def test_streams_every_token(moe_model):
     seen = []
-    out = generate(moe_model, [1, 270], n_samples=2,
-                   sampling=SamplingConfig(seed=0, max_new_tokens=6), on_token=lambda b, t: seen.append((b, t)))
+    out = generate(
+        moe_model,
+        [1, 270],
+        n_samples=2,
+        sampling=SamplingConfig(seed=0, max_new_tokens=6),
+        on_token=lambda b, t: seen.append((b, t)),
+    )
     for b, g in enumerate(out):
         assert [t for s, t in seen if s == b] == list(g.tokens)
 
@@ -73,8 +78,10 @@ def test_sampling_filters():
     rng = np.random.default_rng(0)
     probs = np.array([0.5, 0.3, 0.15, 0.05])
     logits = np.log(probs)[None]
+
     def draws(cfg, n=4000):
         return np.bincount([int(sample_next(logits, cfg, rng)[0]) for _ in range(n)], minlength=4) / n
+
     # top-k = 2 keeps the two best tokens, renormalised
     f = draws(SamplingConfig(temperature=1.0, top_k=2, top_p=1.0, min_p=0.0))
     assert f[2] == f[3] == 0 and f[0] == pytest.approx(0.5 / 0.8, abs=0.03)

@@ -27,13 +27,19 @@ def test_metadata_and_tensors_match_gguf_py_reader():
         if name.startswith("GGUF."):
             continue
         want = field.contents()
-        assert ours.metadata[name] == pytest.approx(want) if isinstance(want, float) else ours.metadata[name] == want
+        assert (
+            ours.metadata[name] == pytest.approx(want)
+            if isinstance(want, float)
+            else ours.metadata[name] == want
+        )
     assert len(ours.tensors) == len(ref.tensors)
     for t in ref.tensors:
         info = ours.tensors[t.name]
         assert info.qtype == t.tensor_type.name
         assert info.shape == tuple(reversed(t.shape.tolist()))
-        np.testing.assert_array_equal(ours.load(t.name), dequantize(t.data, t.tensor_type).reshape(info.shape))
+        np.testing.assert_array_equal(
+            ours.load(t.name), dequantize(t.data, t.tensor_type).reshape(info.shape)
+        )
 
 
 @pytest.mark.parametrize("qtype", [q for q in quantizable_types() if q not in ("F32", "F16")])
@@ -54,8 +60,16 @@ def test_quantize_unsupported_type_is_export_error(rng):
 
 
 def test_write_then_read_keeps_metadata_types_and_values(tmp_path, rng):
-    md = {"a.u32": 7, "a.neg": -3, "a.f": 0.5, "a.s": "héllo", "a.b": True, "a.list": [1, 2, 3],
-          "a.strs": ["x", "▁y"], "a.floats": [0.25, -1.0]}
+    md = {
+        "a.u32": 7,
+        "a.neg": -3,
+        "a.f": 0.5,
+        "a.s": "héllo",
+        "a.b": True,
+        "a.list": [1, 2, 3],
+        "a.strs": ["x", "▁y"],
+        "a.floats": [0.25, -1.0],
+    }
     t = rng.standard_normal((3, 32)).astype(np.float32)
     p = write_gguf(tmp_path / "m.gguf", "llama", md, {"w": (t, "F32"), "q": (t, "Q8_0")})
     f = GGUFFile(p)
@@ -82,8 +96,23 @@ def test_failed_write_leaves_existing_file_untouched(tmp_path, rng):
 
 def test_every_dequantizable_type_named():
     types = dequantizable_types()
-    for t in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
-              "IQ4_NL", "IQ4_XS"):
+    for t in (
+        "F32",
+        "F16",
+        "BF16",
+        "Q4_0",
+        "Q4_1",
+        "Q5_0",
+        "Q5_1",
+        "Q8_0",
+        "Q2_K",
+        "Q3_K",
+        "Q4_K",
+        "Q5_K",
+        "Q6_K",
+        "IQ4_NL",
+        "IQ4_XS",
+    ):
         assert t in types
 
 

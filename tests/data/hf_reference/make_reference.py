@@ -55,20 +55,51 @@ class Case:
 
 
 CASES = [
-    Case("qwen2", "qwen2", "Qwen2ForCausalLM", seed=11,
-         what="q/k/v biases, tied output = token_embd, NEOX RoPE base 1e6"),
-    Case("qwen3", "qwen3", "Qwen3ForCausalLM", seed=12,
-         what="per-head q/k RMSNorm, head_dim 32 (NH*HS != C), NEOX RoPE base 1e6"),
-    Case("qwen2moe", "qwen2moe", "Qwen2MoeForCausalLM", seed=13,
-         what="q/k/v biases, 4 experts top-2 without renormalisation, "
-              "shared expert scaled by sigmoid(h . ffn_gate_inp_shexp)"),
-    Case("olmoe", "olmoe", "OlmoeForCausalLM", seed=14,
-         what="q/k RMSNorm over the whole projection, 4 experts top-2 without renormalisation"),
-    Case("mixtral", "llama", "MixtralForCausalLM", dict(E=4, K=2, F=0), seed=15,
-         what="llama with experts (Mixtral): adjacent-pair RoPE, 4 experts top-2 renormalised"),
-    Case("qwen3moe", "qwen3moe", "Qwen3MoeForCausalLM", seed=16,
-         what="sanity check of the method (llama.cpp golden data exists): per-head q/k norm, "
-              "renormalised top-2"),
+    Case(
+        "qwen2",
+        "qwen2",
+        "Qwen2ForCausalLM",
+        seed=11,
+        what="q/k/v biases, tied output = token_embd, NEOX RoPE base 1e6",
+    ),
+    Case(
+        "qwen3",
+        "qwen3",
+        "Qwen3ForCausalLM",
+        seed=12,
+        what="per-head q/k RMSNorm, head_dim 32 (NH*HS != C), NEOX RoPE base 1e6",
+    ),
+    Case(
+        "qwen2moe",
+        "qwen2moe",
+        "Qwen2MoeForCausalLM",
+        seed=13,
+        what="q/k/v biases, 4 experts top-2 without renormalisation, "
+        "shared expert scaled by sigmoid(h . ffn_gate_inp_shexp)",
+    ),
+    Case(
+        "olmoe",
+        "olmoe",
+        "OlmoeForCausalLM",
+        seed=14,
+        what="q/k RMSNorm over the whole projection, 4 experts top-2 without renormalisation",
+    ),
+    Case(
+        "mixtral",
+        "llama",
+        "MixtralForCausalLM",
+        dict(E=4, K=2, F=0),
+        seed=15,
+        what="llama with experts (Mixtral): adjacent-pair RoPE, 4 experts top-2 renormalised",
+    ),
+    Case(
+        "qwen3moe",
+        "qwen3moe",
+        "Qwen3MoeForCausalLM",
+        seed=16,
+        what="sanity check of the method (llama.cpp golden data exists): per-head q/k norm, "
+        "renormalised top-2",
+    ),
 ]
 
 
@@ -99,31 +130,57 @@ def hf_config(case: Case, spec: SynthSpec):
         cfg = transformers.Qwen2Config(intermediate_size=spec.F, use_sliding_window=False, **common)
     elif case.hf_class == "Qwen3ForCausalLM":
         cfg = transformers.Qwen3Config(
-            intermediate_size=spec.F, head_dim=spec.HS, attention_bias=spec.qkv_bias,
-            use_sliding_window=False, **common,
+            intermediate_size=spec.F,
+            head_dim=spec.HS,
+            attention_bias=spec.qkv_bias,
+            use_sliding_window=False,
+            **common,
         )
     elif case.hf_class == "Qwen2MoeForCausalLM":
         cfg = transformers.Qwen2MoeConfig(
-            intermediate_size=spec.F_shexp, shared_expert_intermediate_size=spec.F_shexp,
-            qkv_bias=spec.qkv_bias, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
-            use_sliding_window=False, output_router_logits=False, **moe, **common,
+            intermediate_size=spec.F_shexp,
+            shared_expert_intermediate_size=spec.F_shexp,
+            qkv_bias=spec.qkv_bias,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            use_sliding_window=False,
+            output_router_logits=False,
+            **moe,
+            **common,
         )
     elif case.hf_class == "OlmoeForCausalLM":
         cfg = transformers.OlmoeConfig(
-            intermediate_size=spec.F_exp, attention_bias=spec.qkv_bias, clip_qkv=None,
-            norm_topk_prob=False, output_router_logits=False, **moe, **common,
+            intermediate_size=spec.F_exp,
+            attention_bias=spec.qkv_bias,
+            clip_qkv=None,
+            norm_topk_prob=False,
+            output_router_logits=False,
+            **moe,
+            **common,
         )
     elif case.hf_class == "MixtralForCausalLM":
         cfg = transformers.MixtralConfig(
-            intermediate_size=spec.F_exp, head_dim=spec.HS, num_local_experts=spec.E,
-            num_experts_per_tok=spec.K, router_jitter_noise=0.0, sliding_window=None,
-            output_router_logits=False, **common,
+            intermediate_size=spec.F_exp,
+            head_dim=spec.HS,
+            num_local_experts=spec.E,
+            num_experts_per_tok=spec.K,
+            router_jitter_noise=0.0,
+            sliding_window=None,
+            output_router_logits=False,
+            **common,
         )
     elif case.hf_class == "Qwen3MoeForCausalLM":
         cfg = transformers.Qwen3MoeConfig(
-            intermediate_size=spec.F_exp, attention_bias=spec.qkv_bias, norm_topk_prob=True,
-            decoder_sparse_step=1, mlp_only_layers=[], use_sliding_window=False,
-            output_router_logits=False, **moe, **common,
+            intermediate_size=spec.F_exp,
+            attention_bias=spec.qkv_bias,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            use_sliding_window=False,
+            output_router_logits=False,
+            **moe,
+            **common,
         )
         cfg.head_dim = spec.HS  # Qwen3MoeConfig takes no head_dim argument; the modules read the attribute
     else:
@@ -159,8 +216,12 @@ def hf_state_dict(case: Case, spec: SynthSpec, w: dict[str, np.ndarray]) -> dict
         p, h = f"blk.{i}.", f"model.layers.{i}."
         sd[h + "input_layernorm.weight"] = w[p + "attn_norm.weight"]
         sd[h + "post_attention_layernorm.weight"] = w[p + "ffn_norm.weight"]
-        for ours, theirs, n_head in (("attn_q", "q_proj", spec.NH), ("attn_k", "k_proj", spec.NKV),
-                                     ("attn_v", "v_proj", 0), ("attn_output", "o_proj", 0)):
+        for ours, theirs, n_head in (
+            ("attn_q", "q_proj", spec.NH),
+            ("attn_k", "k_proj", spec.NKV),
+            ("attn_v", "v_proj", 0),
+            ("attn_output", "o_proj", 0),
+        ):
             for suffix in ("weight", "bias"):
                 name = f"{p}{ours}.{suffix}"
                 if name in w:
@@ -197,11 +258,16 @@ def build_hf_model(case: Case, spec: SynthSpec, w: dict[str, np.ndarray], dtype:
     torch.manual_seed(0)
     model = getattr(transformers, case.hf_class)(cfg)
     model = model.to(dtype).eval()
-    sd = {k: torch.from_numpy(np.ascontiguousarray(v)).to(dtype)
-          for k, v in hf_state_dict(case, spec, w).items()}
+    sd = {
+        k: torch.from_numpy(np.ascontiguousarray(v)).to(dtype)
+        for k, v in hf_state_dict(case, spec, w).items()
+    }
     expected = model.state_dict()
-    shapes_bad = {k: (tuple(sd[k].shape), tuple(expected[k].shape))
-                  for k in sd.keys() & expected.keys() if sd[k].shape != expected[k].shape}
+    shapes_bad = {
+        k: (tuple(sd[k].shape), tuple(expected[k].shape))
+        for k in sd.keys() & expected.keys()
+        if sd[k].shape != expected[k].shape
+    }
     if shapes_bad:
         raise RuntimeError(f"{case.name}: shape mismatches {shapes_bad}")
     model.load_state_dict(sd, strict=True)  # nothing left at its random initialisation
@@ -277,8 +343,10 @@ def main() -> None:
     }
     (HERE / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     for e in entries:
-        print(f"{e['case']:10s} {e['arch']:9s} {e['hf_class']:22s} max|logit| {e['max_abs_logit']:.3f} "
-              f"hf f32-f64 {e['hf_float32_vs_float64_max_abs_diff']:.2e} {e['gguf_bytes']} bytes")
+        print(
+            f"{e['case']:10s} {e['arch']:9s} {e['hf_class']:22s} max|logit| {e['max_abs_logit']:.3f} "
+            f"hf f32-f64 {e['hf_float32_vs_float64_max_abs_diff']:.2e} {e['gguf_bytes']} bytes"
+        )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,800 @@
+"""A tokenizer built from a GGUF file's metadata that gives llama.cpp's token ids.
+
+Two kinds are supported, as `tokenizer.ggml.model` names them:
+
+- ``"llama"`` (SentencePiece, kind ``"spm"``): a `tokenizers` BPE model whose merges
+  are derived from the piece scores the way transformers' `LlamaConverter` does,
+  with byte fallback to ``<0xNN>`` tokens and the ``▁`` space prefix.
+- ``"gpt2"`` (byte-level BPE, kind ``"bpe"``): a `tokenizers` BPE model over
+  `tokenizer.ggml.tokens` and `tokenizer.ggml.merges`, pre-split by the regular
+  expressions that llama.cpp's `llama-vocab.cpp` selects for `tokenizer.ggml.pre`.
+
+Special tokens follow llama.cpp's `tokenizer_st_partition`: user-defined tokens are
+always split out of the text, control and unknown tokens only with
+``parse_special=True``. Token attributes, end-of-generation ids and the add-BOS
+defaults follow `llama_vocab::impl::load`, including its detection of special
+tokens by their text.
+
+This module is not a general HF tokenizer loader: WordPiece (``bert``), Unigram
+(``t5``), RWKV and PLaMo vocabularies are refused with a `TokenizerError`, and so are
+the pre-tokenizers that llama.cpp implements partly in code (kimi-k2, afmoe, gemma4,
+sarvam-moe, whitespace, superbpe), those of embedding models (jina-*, roberta-bpe,
+modern-bert, granite-embed-multi-*) and two whose regexes could not be checked here
+(tiny_aya, youtu): never approximated. A file without `tokenizer.ggml.pre` gets
+llama.cpp's "default" regexes, with a warning, as llama.cpp does.
+
+It does no chat templating (see `engine.chat_template`). `decode` is lossless: it
+does not apply llama.cpp's ``clean_spaces`` pass (which removes the space in " ,"
+or " 's" for some BPE vocabularies), so concatenated `token_bytes` equal `decode`.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import types
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tokenizers import AddedToken, Regex, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+from tokenizers.models import BPE
+
+from .errors import TokenizerError
+from .gguf_file import GGUFFile
+
+log = logging.getLogger(__name__)
+
+# -- llama.cpp constants ------------------------------------------------------
+
+# tokenizer.ggml.token_type values (llama_token_type)
+TOKEN_TYPE_UNDEFINED = 0
+TOKEN_TYPE_NORMAL = 1
+TOKEN_TYPE_UNKNOWN = 2
+TOKEN_TYPE_CONTROL = 3
+TOKEN_TYPE_USER_DEFINED = 4
+TOKEN_TYPE_UNUSED = 5
+TOKEN_TYPE_BYTE = 6
+
+# llama_token_attr bits (a token's attributes after llama.cpp's load-time fix-ups)
+_ATTR_UNKNOWN = 1 << 0
+_ATTR_UNUSED = 1 << 1
+_ATTR_NORMAL = 1 << 2
+_ATTR_CONTROL = 1 << 3
+_ATTR_USER_DEFINED = 1 << 4
+_ATTR_BYTE = 1 << 5
+_ATTR_RSTRIP = 1 << 8
+
+_ATTR_OF_TYPE = types.MappingProxyType(
+    {
+        TOKEN_TYPE_NORMAL: _ATTR_NORMAL,
+        TOKEN_TYPE_UNKNOWN: _ATTR_UNKNOWN,
+        TOKEN_TYPE_CONTROL: _ATTR_CONTROL,
+        TOKEN_TYPE_USER_DEFINED: _ATTR_USER_DEFINED,
+        TOKEN_TYPE_UNUSED: _ATTR_UNUSED,
+        TOKEN_TYPE_BYTE: _ATTR_BYTE,
+    }
+)
+_ATTR_SPECIAL = _ATTR_UNKNOWN | _ATTR_CONTROL  # hidden unless asked for, split only with parse_special
+
+_MODELS = types.MappingProxyType({"llama": "spm", "gpt2": "bpe"})
+
+_SPACE_MARK = "\u2581"  # "▁", SentencePiece's escaped space
+
+# Metadata keys of the special token ids, by llama.cpp's name (later keys are deprecated spellings)
+_ID_KEYS = types.MappingProxyType(
+    {
+        "bos": ("tokenizer.ggml.bos_token_id",),
+        "eos": ("tokenizer.ggml.eos_token_id",),
+        "eot": ("tokenizer.ggml.eot_token_id",),
+        "eom": ("tokenizer.ggml.eom_token_id",),
+        "unk": ("tokenizer.ggml.unknown_token_id",),
+        "sep": ("tokenizer.ggml.seperator_token_id",),
+        "pad": ("tokenizer.ggml.padding_token_id",),
+        "mask": ("tokenizer.ggml.mask_token_id",),
+        "fim_pre": ("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id"),
+        "fim_suf": ("tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id"),
+        "fim_mid": ("tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id"),
+        "fim_pad": ("tokenizer.ggml.fim_pad_token_id",),
+        "fim_rep": ("tokenizer.ggml.fim_rep_token_id",),
+        "fim_sep": ("tokenizer.ggml.fim_sep_token_id",),
+    }
+)
+
+# Texts that llama.cpp recognises as special tokens when the metadata does not name them
+# (llama_vocab::impl::load, "auto-detect special tokens by text"). Each detection also
+# marks the token CONTROL.
+_EOT_TEXTS = (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+    "<EOT>", "_<EOT>", "[EOT]", "<\uff5cend\u2581of\u2581sentence\uff5c>", "<end_of_utterance>",
+)  # fmt: skip
+_EOM_TEXTS = ("<|eom_id|>",)
+_FIM_TEXTS = types.MappingProxyType({
+    "fim_pre": (
+        "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>",
+        "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>",
+    ),
+    "fim_suf": (
+        "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>",
+        "\u2581<SUF>", "<|code_suffix|>", "<|suffix|>",
+    ),
+    "fim_mid": (
+        "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>",
+        "\u2581<MID>", "<|code_middle|>", "<|middle|>",
+    ),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+})  # fmt: skip
+# Token texts that end generation (the special_eog_ids loop).
+_EOG_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
+})  # fmt: skip
+# gpt-oss: always rendered, so llama.cpp forces them USER_DEFINED.
+_FORCED_USER_DEFINED = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
+
+# -- pre-tokenizer regexes, verbatim from llama.cpp's llm_tokenizer_bpe ---------------
+# Each entry is applied in order to the pieces the previous one produced (llama.cpp's
+# unicode_regex_split; a Sequence of isolated Splits in `tokenizers`).
+
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+_CJK_KANA = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
+_PUNCT_WORDS = r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
+_PORO = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
+# cased letters (\p{LC}) as deepseek-llm's tokenizer.json spells them out
+_DEEPSEEK_LETTERS = (
+    "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
+    "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5"
+    "\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba"
+    "\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45"
+    "\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe"
+    "\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc"
+    "\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
+    "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3"
+    "\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06"
+    "\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+    "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
+    "\U0001e900-\U0001e943]+"
+)
+_UPPER_LOWER = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+)
+
+_GPT2_BUILTIN = None  # marker: the gpt-2 regex built into the ByteLevel pre-tokenizer (use_regex=True)
+
+_REGEXES: Mapping[str, tuple[str, ...] | None] = types.MappingProxyType({
+    "DEFAULT": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"),
+    "GPT2": _GPT2_BUILTIN,
+    "LLAMA3": (_LLAMA3,),
+    "JAIS2": (
+        _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+        r"|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)"
+        r"|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}",
+    ),
+    "DEEPSEEK_LLM": (
+        "[\r\n]",
+        _DEEPSEEK_LETTERS,
+        "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+        r"\s+$",
+        _CJK,
+        r"\p{N}+",
+    ),
+    "DEEPSEEK3_LLM": (
+        r"\p{N}{1,3}",
+        _CJK_KANA,
+        _PUNCT_WORDS + r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+    "SPARK2_5": (
+        r"\p{N}{1,3}",
+        _CJK_KANA,
+        _PUNCT_WORDS + r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+",
+        r"\p{N}",
+    ),
+    "DEEPSEEK_CODER": ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
+    "FALCON": (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"),
+    "STARCODER": (r"\p{N}", _GPT2),
+    "QWEN2": (_QWEN2,),
+    "QWEN35": (
+        _CONTRACTIONS
+        + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+    "PORO": (_PORO,),
+    "VIKING": (_PORO, r"\p{N}"),
+    "TEKKEN": (_UPPER_LOWER + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
+    "CHAMELEON": (
+        "<sentinel:[0-9]+>",
+        "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
+        "([\\t\\n]|    |  )",
+        r"\p{N}",
+        r"[\p{P}!-/:-@\[-`{-~]",
+        _GPT2,
+    ),
+    "GPT4O": (
+        r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS + "?"
+        r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS + "?"
+        r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+    "BAILINGMOE": (
+        r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
+    ),
+    "SEED_CODER": (
+        _CONTRACTIONS
+        + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+    "UFAKZEKA": (r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
+    "LAGUNA": (r"[^\n]+|[\n]+", _QWEN2),
+    "EXAONE_MOE": (
+        _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
+        r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+",
+    ),
+    "MINICPM5": (
+        r"\p{N}{1,3}",
+        _CONTRACTIONS
+        + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    ),
+})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _PreSpec:
+    """What a `tokenizer.ggml.pre` name selects in llama.cpp."""
+
+    regexes: str  # key into _REGEXES (llama.cpp's LLAMA_VOCAB_PRE_TYPE_*)
+    ignore_merges: bool = False  # a whole pre-token found in the vocabulary is taken as is
+    add_bos: bool = False  # default of tokenizer.ggml.add_bos_token
+    no_default_bos: bool = False  # llama.cpp clears the default BOS id (chatglm)
+
+
+def _pre_table() -> Mapping[str, _PreSpec]:
+    llama3 = _PreSpec("LLAMA3", ignore_merges=True, add_bos=True)
+    groups: list[tuple[_PreSpec, tuple[str, ...]]] = [
+        (_PreSpec("DEFAULT"), ("default",)),
+        (llama3, ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2")),
+        (_PreSpec("LLAMA3"), ("dbrx", "smaug-bpe")),
+        (_PreSpec("JAIS2"), ("jais-2",)),
+        (_PreSpec("DEEPSEEK_LLM"), ("deepseek-llm",)),
+        (_PreSpec("DEEPSEEK_CODER"), ("deepseek-coder",)),
+        (_PreSpec("DEEPSEEK3_LLM"), ("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4")),
+        (_PreSpec("SPARK2_5"), ("spark2_5",)),
+        (_PreSpec("FALCON"), ("falcon",)),
+        (
+            _PreSpec("GPT2"),
+            ("gpt-2", "phi-2", "gigachat", "a.x-4.0", "mellum", "exaone4", "mpt", "olmo", "jais", "trillion",
+             "granite-docling"),
+        ),
+        (
+            _PreSpec("STARCODER"),
+            ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"),
+        ),
+        (
+            _PreSpec("QWEN2"),
+            ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open",
+             "grok-2"),
+        ),
+        (_PreSpec("QWEN35"), ("qwen35",)),
+        (_PreSpec("PORO"), ("poro-chat", "bloom", "gpt3-finnish")),
+        (_PreSpec("LLAMA3", no_default_bos=True), ("glm4", "chatglm-bpe")),
+        (_PreSpec("VIKING"), ("viking",)),
+        (_PreSpec("TEKKEN", ignore_merges=True, add_bos=True), ("tekken",)),
+        (_PreSpec("CHAMELEON", add_bos=True), ("chameleon",)),
+        (_PreSpec("GPT4O"), ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2")),
+        (_PreSpec("BAILINGMOE"), ("bailingmoe", "bailingmoe2", "llada-moe")),
+        (_PreSpec("SEED_CODER"), ("seed-coder",)),
+        (_PreSpec("UFAKZEKA"), ("ufakzeka",)),
+        (_PreSpec("LAGUNA"), ("laguna",)),
+        (_PreSpec("EXAONE_MOE"), ("exaone-moe",)),
+        (_PreSpec("MINICPM5", ignore_merges=True), ("minicpm5",)),
+    ]  # fmt: skip
+    return types.MappingProxyType({name: spec for spec, names in groups for name in names})
+
+
+# tokenizer.ggml.pre names that llama.cpp supports and this module builds
+PRE_TOKENIZERS: Mapping[str, _PreSpec] = _pre_table()
+
+
+def _byte_level_tables() -> tuple[Mapping[int, str], Mapping[int, int]]:
+    """GPT-2's byte <-> printable character map, and its inverse as a str.translate table."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    cs = list(bs)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    byte_to_char = {b: chr(c) for b, c in zip(bs, cs, strict=True)}
+    char_to_byte = {c: b for b, c in zip(bs, cs, strict=True)}
+    return types.MappingProxyType(byte_to_char), types.MappingProxyType(char_to_byte)
+
+
+_BYTE_TO_CHAR, _CHAR_TO_BYTE = _byte_level_tables()
+
+
+# -- metadata helpers ------------------------------------------------------------
+
+
+def _opt_int(md: Mapping[str, Any], key: str, source: str) -> int | None:
+    value = md.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TokenizerError(f"{source}: {key} is {value!r}; expected a token id (an integer)")
+    return value
+
+
+def _opt_bool(md: Mapping[str, Any], key: str, source: str) -> bool | None:
+    value = md.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, (bool, int)):
+        raise TokenizerError(f"{source}: {key} is {value!r}; expected true or false")
+    return bool(value)
+
+
+def _opt_list(
+    md: Mapping[str, Any], key: str, source: str, n: int | None, kinds: tuple[type, ...]
+) -> list | None:
+    """The array at `key` (its first `n` entries, all of them if n is None) after checking its type."""
+    value = md.get(key)
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TokenizerError(f"{source}: {key} is a {type(value).__name__}; expected an array")
+    if n is not None and len(value) < n:
+        raise TokenizerError(f"{source}: {key} has {len(value)} entries for {n} tokens")
+    value = list(value if n is None else value[:n])
+    if not set(map(type, value)) <= set(kinds):  # exact types: a bool is not an int here
+        bad = next(v for v in value if type(v) not in kinds)
+        raise TokenizerError(
+            f"{source}: {key} holds {bad!r}; expected {' or '.join(k.__name__ for k in kinds)} values"
+        )
+    return value
+
+
+def _spm_merges(
+    tokens: Sequence[str], scores: Sequence[float], vocab: Mapping[str, int]
+) -> list[tuple[str, str]]:
+    """Merges for a SentencePiece vocabulary, ranked by the merged piece's score.
+
+    As transformers' `SentencePieceExtractor`: every split of a piece into two pieces
+    of the vocabulary is a merge; within a piece, splits are ordered by the ids of
+    their halves; overall, higher scores first and ties in vocabulary order.
+    """
+    ranked: list[tuple[float, str, str]] = []
+    for piece, score in zip(tokens, scores, strict=True):
+        local = []
+        for k in range(1, len(piece)):
+            left, right = piece[:k], piece[k:]
+            il, ir = vocab.get(left), vocab.get(right)
+            if il is not None and ir is not None:
+                local.append((il, ir, left, right))
+        if local:
+            local.sort()
+            ranked.extend((score, left, right) for _, _, left, right in local)
+    ranked.sort(key=lambda m: m[0], reverse=True)  # stable: ties keep vocabulary order
+    return [(left, right) for _, left, right in ranked]
+
+
+class Tokenizer:
+    """Text <-> token ids for one GGUF vocabulary, as llama.cpp tokenizes it.
+
+    Build with `Tokenizer.from_gguf(path)` or `Tokenizer.from_metadata(metadata)`.
+    Instances are immutable after construction and safe to share between threads.
+    """
+
+    kind: str  # "spm" (SentencePiece) or "bpe" (byte-level BPE)
+    pre: str | None  # tokenizer.ggml.pre for bpe; None for spm
+    n_vocab: int  # number of tokens (V)
+    bos_id: int | None  # beginning-of-sequence token
+    eos_id: int | None  # end-of-sequence token
+    pad_id: int | None  # padding token, if the file names one
+    unk_id: int | None  # unknown token
+    eot_ids: frozenset[int]  # every end-of-generation id (llama.cpp's special_eog_ids)
+    add_bos: bool  # encode(add_special=True) prepends bos_id
+    add_eos: bool  # encode(add_special=True) appends eos_id
+    add_space_prefix: bool  # spm: text gets a leading "▁"; decode drops one leading space
+
+    def __init__(self, metadata: Mapping[str, Any], source: str = "model"):
+        if not isinstance(metadata, Mapping):
+            raise TokenizerError(f"{source}: metadata is a {type(metadata).__name__}, expected a mapping")
+        self._source = source
+        md = metadata
+
+        model = md.get("tokenizer.ggml.model")
+        if model is None:
+            raise TokenizerError(f"{source}: tokenizer.ggml.model is missing; the file has no tokenizer")
+        if model not in _MODELS:
+            supported = ", ".join(f"{k!r} ({v})" for k, v in _MODELS.items())
+            raise TokenizerError(
+                f"{source}: tokenizer.ggml.model {model!r} is not supported; supported: {supported}"
+            )
+        self.kind = _MODELS[model]
+
+        tokens = _opt_list(md, "tokenizer.ggml.tokens", source, None, (str,))
+        if not tokens:
+            what = "missing" if tokens is None else "empty"
+            raise TokenizerError(f"{source}: tokenizer.ggml.tokens is {what}; the file has no vocabulary")
+        n = len(tokens)
+        for i, t in enumerate(tokens):
+            if not t:  # llama.cpp renames empty tokens so that they stay unique
+                log.warning("%s: empty token at index %d", source, i)
+                tokens[i] = f"[EMPTY_{i}]"
+        vocab = {t: i for i, t in enumerate(tokens)}
+        if len(vocab) != n:
+            seen: dict[str, int] = {}
+            for i, t in enumerate(tokens):
+                if t in seen:
+                    raise TokenizerError(
+                        f"{source}: duplicate token in tokenizer.ggml.tokens: {t!r} has ids {seen[t]} and {i}"
+                    )
+                seen[t] = i
+        self.n_vocab = n
+        self._tokens: list[str] = tokens
+
+        scores = _opt_list(md, "tokenizer.ggml.scores", source, n, (float, int))
+        types_ = _opt_list(md, "tokenizer.ggml.token_type", source, n, (int,))
+        attrs = [_ATTR_NORMAL] * n if types_ is None else [_ATTR_OF_TYPE.get(t, 0) for t in types_]
+
+        # flags and default special ids, as llama_vocab::impl::load sets them per model type
+        if self.kind == "spm":
+            self.pre = None
+            spec = None
+            add_bos, add_space_prefix = True, True
+            default_ids = {"bos": 1, "eos": 2, "unk": 0}
+        else:
+            pre = md.get("tokenizer.ggml.pre")
+            if pre is None or pre == "":
+                log.warning(
+                    "%s: tokenizer.ggml.pre is missing; using llama.cpp's 'default' pre-tokenizer", source
+                )
+                pre = "default"
+            if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
+                raise TokenizerError(
+                    f"{source}: tokenizer.ggml.pre {pre!r} is not supported; supported: "
+                    + ", ".join(sorted(PRE_TOKENIZERS))
+                )
+            self.pre = pre
+            spec = PRE_TOKENIZERS[pre]
+            add_bos, add_space_prefix = spec.add_bos, False
+            default_ids = {"bos": None if spec.no_default_bos else 11, "eos": 11, "unk": None}
+        add_eos = False
+        flag = _opt_bool(md, "tokenizer.ggml.add_space_prefix", source)
+        if flag is not None:
+            add_space_prefix = flag
+
+        ids: dict[str, int | None] = {}
+        for name in _ID_KEYS:
+            default = default_ids.get(name)
+            if default is not None and default >= n:
+                log.warning(
+                    "%s: default %s token id %d is out of the vocabulary, disabling", source, name, default
+                )
+                default = None
+            for key in _ID_KEYS[name]:
+                value = _opt_int(md, key, source)
+                if value is None:
+                    continue
+                if not 0 <= value < n:
+                    log.warning(
+                        "%s: %s = %d is out of the vocabulary (%d tokens), ignored", source, key, value, n
+                    )
+                    continue
+                default = value
+            ids[name] = default
+
+        flag = _opt_bool(md, "tokenizer.ggml.add_bos_token", source)
+        if flag is not None:
+            add_bos = flag
+        flag = _opt_bool(md, "tokenizer.ggml.add_eos_token", source)
+        if flag is not None:
+            add_eos = flag
+        if add_bos and ids["bos"] is None:
+            raise TokenizerError(f"{source}: tokenizer.ggml.add_bos_token is true but no BOS token id is set")
+        if add_eos and ids["eos"] is None:
+            raise TokenizerError(f"{source}: tokenizer.ggml.add_eos_token is true but no EOS token id is set")
+
+        self.eot_ids = frozenset(self._find_special_tokens(ids, attrs, vocab))
+        self._phi3_rstrip(md, attrs, vocab)
+
+        self.bos_id, self.eos_id, self.pad_id, self.unk_id = ids["bos"], ids["eos"], ids["pad"], ids["unk"]
+        self.add_bos, self.add_eos, self.add_space_prefix = add_bos, add_eos, add_space_prefix
+        self._attrs: list[int] = attrs
+        self._pieces: list[bytes] | None = None  # token_bytes table, built on first use
+
+        try:
+            if self.kind == "spm":
+                model_ = self._spm_model(tokens, scores, vocab, ids["unk"])
+            else:
+                assert spec is not None
+                model_ = self._bpe_model(md, vocab, spec)
+            self._plain = self._hf_tokenizer(model_, spec, encode_special_tokens=True)
+            self._special = self._hf_tokenizer(model_, spec, encode_special_tokens=False)
+        except TokenizerError:
+            raise
+        except Exception as exc:  # the tokenizers library rejects the vocabulary or merges
+            raise TokenizerError(
+                f"{source}: the tokenizer cannot be built from this vocabulary: {exc}"
+            ) from exc
+
+    # -- construction ---------------------------------------------------------------
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any], source: str = "model") -> Tokenizer:
+        """Build from GGUF metadata (plain Python values); `source` names it in error messages."""
+        return cls(metadata, source)
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike[str]) -> Tokenizer:
+        """Build from a GGUF file's metadata; file errors surface as `ModelError`."""
+        with GGUFFile(path) as f:
+            metadata = f.metadata
+        return cls(metadata, os.fspath(path))
+
+    def _find_special_tokens(
+        self, ids: dict[str, int | None], attrs: list[int], vocab: Mapping[str, int]
+    ) -> set[int]:
+        """llama.cpp's detection of special tokens by text; returns the end-of-generation ids.
+
+        Fills ids["eot"], ids["eom"] and the FIM ids when the metadata does not name them and
+        marks every detected token CONTROL, as `llama_vocab::impl::load` does.
+        """
+        tokens = self._tokens
+
+        def detect(name: str, texts: Iterable[str]) -> None:
+            if ids[name] is not None:  # named by the metadata: no detection, no fix-up
+                return
+            found = [vocab[t] for t in texts if t in vocab]
+            if found:
+                i = min(found)  # llama.cpp takes whichever its hash map yields first
+                ids[name] = i
+                attrs[i] |= _ATTR_CONTROL
+
+        detect("eot", _EOT_TEXTS)
+        detect("eom", _EOM_TEXTS)
+        for name, texts in _FIM_TEXTS.items():
+            detect(name, texts)
+
+        eog = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] is not None}
+        for text in _EOG_TEXTS:
+            i = vocab.get(text)
+            if i is not None:
+                eog.add(i)
+                attrs[i] |= _ATTR_CONTROL
+        for text in _FORCED_USER_DEFINED:
+            if text in vocab:
+                attrs[vocab[text]] = _ATTR_USER_DEFINED
+        for name in ("eos", "eot", "eom"):
+            i = ids[name]
+            if i is not None and i not in eog:
+                log.info(
+                    "%s: %s token %d (%r) is not an end-of-generation text", self._source, name, i, tokens[i]
+                )
+                eog.add(i)
+
+        # o200k_harmony / solar-open: "<|end|>" ends a message there, not the generation
+        texts = {tokens[i] for i in eog}
+        if "<|end|>" in texts and (
+            ("<|return|>" in texts and texts & {"<|call|>", "<|calls|>"})
+            or ("<|flush|>" in texts and texts & {"<|call|>", "<|calls|>"})
+        ):
+            i = vocab["<|end|>"]
+            eog.discard(i)
+            attrs[i] = _ATTR_USER_DEFINED
+        # gemma4 / paddleocr: "</s>" is not an end of generation there
+        if "<|tool_response>" in texts and "</s>" in texts:
+            i = vocab["</s>"]
+            eog.discard(i)
+            attrs[i] = _ATTR_NORMAL
+        return eog
+
+    def _phi3_rstrip(self, md: Mapping[str, Any], attrs: list[int], vocab: Mapping[str, int]) -> None:
+        """Phi-3: special tokens swallow the whitespace after them (llama.cpp's per-model attributes)."""
+        name = md.get("general.name")
+        if not isinstance(name, str) or not any(s in name.lower() for s in ("phi-3", "phi3")):
+            return
+        for i, a in enumerate(attrs):
+            if a & (_ATTR_CONTROL | _ATTR_USER_DEFINED | _ATTR_UNKNOWN):
+                attrs[i] |= _ATTR_RSTRIP
+        if "</s>" in vocab:
+            attrs[vocab["</s>"]] |= _ATTR_RSTRIP
+        for text in ("<unk>", "<s>", "<|endoftext|>"):
+            if text in vocab:
+                attrs[vocab[text]] &= ~_ATTR_RSTRIP
+
+    def _spm_model(
+        self, tokens: list[str], scores: list | None, vocab: dict[str, int], unk_id: int | None
+    ) -> BPE:
+        merges = _spm_merges(tokens, scores if scores is not None else [0.0] * len(tokens), vocab)
+        unk = tokens[unk_id] if unk_id is not None else None
+        return BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
+
+    def _bpe_model(self, md: Mapping[str, Any], vocab: dict[str, int], spec: _PreSpec) -> BPE:
+        merges_list = _opt_list(md, "tokenizer.ggml.merges", self._source, None, (str,))
+        if merges_list is None:
+            raise TokenizerError(
+                f"{self._source}: tokenizer.ggml.merges is missing; a gpt2 tokenizer needs merges"
+            )
+        merges: list[tuple[str, str]] = []
+        for m in merges_list:
+            pos = m.find(" ", 1)  # llama.cpp: a token may start with a space, never contain one later
+            if pos < 0:
+                raise TokenizerError(
+                    f"{self._source}: merge {m!r} in tokenizer.ggml.merges is not 'left right'"
+                )
+            merges.append((m[:pos], m[pos + 1 :]))
+        try:
+            return BPE(vocab, merges, ignore_merges=spec.ignore_merges)
+        except Exception:  # a merge names a token missing from the vocabulary
+            pass
+        # llama.cpp keeps such merges, but they only matter for a broken vocabulary; drop them
+        kept = [(a, b) for a, b in merges if a in vocab and b in vocab and a + b in vocab]
+        log.warning(
+            "%s: %d merges use tokens missing from the vocabulary and are ignored",
+            self._source, len(merges) - len(kept),
+        )  # fmt: skip
+        return BPE(vocab, kept, ignore_merges=spec.ignore_merges)
+
+    def _hf_tokenizer(self, model: BPE, spec: _PreSpec | None, *, encode_special_tokens: bool) -> HFTokenizer:
+        tk = HFTokenizer(model)  # the model (vocabulary and merges) is shared, not copied
+        if spec is None:  # spm: "▁" prefix and spaces as "▁", as HF's LlamaTokenizerFast (legacy)
+            steps = [normalizers.Replace(" ", _SPACE_MARK)]
+            if self.add_space_prefix:
+                steps.insert(0, normalizers.Prepend(_SPACE_MARK))
+            tk.normalizer = normalizers.Sequence(steps)
+        else:
+            regexes = _REGEXES[spec.regexes]
+            if regexes is None:
+                tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+            else:
+                splits = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
+                tk.pre_tokenizer = pre_tokenizers.Sequence(
+                    [*splits, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+                )
+        added = []
+        for i, a in enumerate(self._attrs):
+            if a & (_ATTR_SPECIAL | _ATTR_USER_DEFINED):
+                added.append(
+                    AddedToken(
+                        self._tokens[i], special=bool(a & _ATTR_SPECIAL), normalized=False,
+                        rstrip=bool(a & _ATTR_RSTRIP), lstrip=False, single_word=False,
+                    )
+                )  # fmt: skip
+        if added:
+            tk.add_tokens(added)
+        tk.encode_special_tokens = encode_special_tokens
+        return tk
+
+    # -- encoding -------------------------------------------------------------------
+
+    def encode(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids of `text`, as llama.cpp's `common_tokenize(ctx, text, add_special, parse_special)`.
+
+        add_special: prepend BOS if `add_bos`, append EOS if `add_eos`.
+        parse_special: control tokens written in the text ("<|im_start|>") become their ids;
+        otherwise they are tokenized as plain text. User-defined tokens are always matched.
+        """
+        if not isinstance(text, str):
+            raise TokenizerError(f"{self._source}: cannot tokenize a {type(text).__name__}; expected str")
+        tk = self._special if parse_special else self._plain
+        ids = tk.encode(text, add_special_tokens=False).ids
+        return self._add_special(ids) if add_special else ids
+
+    def encode_batch(
+        self, texts: Sequence[str], *, add_special: bool = True, parse_special: bool = False
+    ) -> list[list[int]]:
+        """`encode` for many texts at once (the tokenizers library spreads them over threads)."""
+        for t in texts:
+            if not isinstance(t, str):
+                raise TokenizerError(f"{self._source}: cannot tokenize a {type(t).__name__}; expected str")
+        tk = self._special if parse_special else self._plain
+        out = [e.ids for e in tk.encode_batch(list(texts), add_special_tokens=False)]
+        return [self._add_special(ids) for ids in out] if add_special else out
+
+    def _add_special(self, ids: list[int]) -> list[int]:
+        if self.add_bos:
+            assert self.bos_id is not None
+            ids = [self.bos_id, *ids]
+        if self.add_eos:
+            assert self.eos_id is not None
+            ids.append(self.eos_id)
+        return ids
+
+    # -- decoding -------------------------------------------------------------------
+
+    def _piece_table(self) -> list[bytes]:
+        if self._pieces is None:
+            self._pieces = [self._piece(i) for i in range(self.n_vocab)]
+        return self._pieces
+
+    def _piece(self, i: int) -> bytes:
+        """llama.cpp's token_to_piece(special=True), before any leading-space removal."""
+        text, a = self._tokens[i], self._attrs[i]
+        if a & (_ATTR_SPECIAL | _ATTR_USER_DEFINED):
+            return text.encode("utf-8")
+        if a & _ATTR_NORMAL:
+            if self.kind == "spm":
+                return text.replace(_SPACE_MARK, " ").encode("utf-8")
+            try:
+                return text.translate(_CHAR_TO_BYTE).encode("latin-1")
+            except UnicodeEncodeError:  # a character outside GPT-2's byte map: keep it as UTF-8
+                return b"".join(
+                    bytes([_CHAR_TO_BYTE[ord(c)]]) if ord(c) in _CHAR_TO_BYTE else c.encode("utf-8")
+                    for c in text
+                )
+        if a & _ATTR_BYTE:
+            if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+                try:
+                    return bytes([int(text[3:5], 16)])
+                except ValueError:
+                    pass
+            return text.encode("utf-8")
+        return b""  # unused and undefined tokens render as nothing, as in llama.cpp
+
+    def _check_id(self, token_id: int) -> int:
+        try:
+            i = operator.index(token_id)  # int or NumPy integer, never a float or a str
+        except TypeError:
+            i = -1
+        if isinstance(token_id, bool) or not 0 <= i < self.n_vocab:
+            raise TokenizerError(
+                f"{self._source}: token id {token_id!r} is outside the vocabulary (0..{self.n_vocab - 1})"
+            )
+        return i
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes this token adds to the text: byte tokens give their byte, "▁" a space (spm),
+        byte-level characters their bytes (bpe), control and user-defined tokens their text.
+
+        For spm vocabularies (`add_space_prefix`), the first token of a text carries the
+        prefix space that `decode` drops; a streaming decoder drops it the same way.
+        """
+        return self._piece_table()[self._check_id(token_id)]
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        """Text of `ids`: llama.cpp's `llama_detokenize(remove_special=false,
+        unparse_special=not skip_special)` without its clean_spaces pass.
+
+        The first token loses one leading space when `add_space_prefix` (the space that
+        encode prepended), whatever that token is: decode([BOS, "▁Hi"]) is " Hi" with
+        skip_special and "<s> Hi" without. skip_special drops control and unknown tokens.
+        Invalid UTF-8 (a partial multi-byte character) becomes U+FFFD.
+        """
+        pieces = self._piece_table()
+        attrs = self._attrs
+        out = bytearray()
+        for k, token_id in enumerate(ids):
+            i = self._check_id(token_id)
+            piece = b"" if skip_special and attrs[i] & _ATTR_SPECIAL else pieces[i]
+            if k == 0 and self.add_space_prefix and piece[:1] == b" ":
+                piece = piece[1:]
+            out += piece
+        return out.decode("utf-8", errors="replace")
+
+    # -- token properties -------------------------------------------------------------
+
+    def token_text(self, token_id: int) -> str:
+        """The token's string as stored in tokenizer.ggml.tokens."""
+        return self._tokens[self._check_id(token_id)]
+
+    def is_control(self, token_id: int) -> bool:
+        """True for control tokens (after llama.cpp's fix-ups), which plain text never produces."""
+        return bool(self._attrs[self._check_id(token_id)] & _ATTR_CONTROL)
+
+    def __repr__(self) -> str:
+        return (
+            f"Tokenizer(kind={self.kind!r}, pre={self.pre!r}, n_vocab={self.n_vocab}, bos_id={self.bos_id}, "
+            f"eos_id={self.eos_id}, eot_ids={sorted(self.eot_ids)}, add_bos={self.add_bos})"
+        )

@@ -1,0 +1,44 @@
+"""Project-level rules: layer contracts, the README's commands, the CLI's entry points."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_import_contracts_hold():
+    """engine never imports Qt, pyqtgraph or studio; studio uses engine's public names (pyproject.toml)."""
+    lint = Path(sys.executable).parent / "lint-imports"
+    result = subprocess.run([str(lint)], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Contracts: 2 kept, 0 broken" in result.stdout
+
+
+def test_engine_imports_without_qt():
+    code = (
+        "import sys, engine; "
+        "print([m for m in sys.modules if m.split('.')[0] in ('PySide6', 'pyqtgraph', 'studio')])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_ci_runs_the_readme_commands():
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    test_cmd = next(b.strip() for b in blocks if "pytest" in b)
+    assert test_cmd in ci
+    assert any("tune-studio --demo" in b for b in blocks)
+
+
+def test_ruff_lint_is_clean():
+    ruff = Path(sys.executable).parent / "ruff"
+    result = subprocess.run(
+        [str(ruff), "check", "engine", "studio", "tests", "bench", "resources"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout
