@@ -38,7 +38,6 @@ def test_ci_runs_the_readme_commands():
 
 def test_ruff_lint_is_clean():
     ruff = Path(sys.executable).parent / "ruff"
-    result = subprocess.run(
-        [str(ruff), "check", "engine", "studio", "tests", "bench", "resources"], cwd=ROOT, capture_output=True, text=True
-    )
+    paths = ["engine", "studio", "tests", "bench", "resources"]
+    result = subprocess.run([str(ruff), "check", *paths], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
