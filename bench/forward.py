@@ -20,7 +20,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import SHAPES, fmt_rate, forward_flops, matmul_rate  # noqa: E402
+from bench.common import (  # noqa: E402
+    SHAPES,
+    fmt_rate,
+    forward_flops,
+    matmul_params_per_token,
+    matmul_rate,
+)
 from engine.generate import GREEDY, SamplingConfig, generate  # noqa: E402
 from engine.model import Model  # noqa: E402
 from engine.synth import write_model  # noqa: E402
@@ -54,6 +60,8 @@ def bench_shape(name: str, prefill: int, decode: int, peak: float, folder: str) 
     t_prompt = time.perf_counter() - t
     t_decode = max(t_gen - t_prompt, 1e-9)
     n_dec = len(g.tokens)
+    # decode is bound by memory: every step streams the weights a token touches (float32 in memory)
+    weight_bytes = 4 * matmul_params_per_token(cfg)
     decode_flops = sum(forward_flops(cfg, 1, 32 + i) for i in range(n_dec - 1))
     print(
         f"\n{name}: {cfg.arch}, {n_params / 1e6:.0f}M parameters, L={cfg.L} C={cfg.C} NH={cfg.NH} "
@@ -71,7 +79,8 @@ def bench_shape(name: str, prefill: int, decode: int, peak: float, folder: str) 
     )
     print(
         f"  decode   {n_dec:5d} tokens: {(n_dec - 1) / t_decode:8.1f} tokens/s  "
-        f"{fmt_rate(decode_flops / t_decode):>14}  MFU {decode_flops / t_decode / peak:6.1%}"
+        f"{fmt_rate(decode_flops / t_decode):>14}  MFU {decode_flops / t_decode / peak:6.1%}  "
+        f"weights read {weight_bytes * (n_dec - 1) / t_decode / 1e9:5.1f} GB/s"
     )
     del model
     os.unlink(path)
