@@ -127,6 +127,14 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, f: GGUFFile) -> ModelConfig:
+        """The hyperparameters of a model file; ModelError naming the key that is missing or wrong."""
+        try:
+            return cls._from_gguf(f)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ModelError(f"{f.path}: malformed hyperparameter metadata ({exc})") from exc
+
+    @classmethod
+    def _from_gguf(cls, f: GGUFFile) -> ModelConfig:
         path = f.path
         arch = f.architecture
         if f.get("general.type") == "adapter":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.shape)) if self.shape else 1
+        return math.prod(self.shape)
 
 
 @functools.lru_cache(maxsize=1)
@@ -203,7 +204,7 @@ class GGUFFile:
                 raise ModelError(f"{self.path}: tensor {name!r} has unknown ggml type id {type_id}") from exc
             shape = tuple(int(d) for d in reversed(ne))
             block_size, type_size = GGML_QUANT_SIZES[qtype]
-            n_elem = int(np.prod(shape)) if shape else 1
+            n_elem = math.prod(shape)  # exact: a corrupt dimension must not wrap around
             if shape and shape[-1] % block_size:
                 raise ModelError(
                     f"{self.path}: tensor {name!r} ({qtype.name}) has rows of {shape[-1]} values, "

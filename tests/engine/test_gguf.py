@@ -231,3 +231,36 @@ def test_summary_of_quantized_moe_model(tmp_path):
     assert s.file_type == "Q8_0"
     assert s.n_params == sum(int(np.prod(a.shape)) for a in random_weights(spec).values())
     assert s.has_chat_template and s.tokenizer_model == "llama"
+
+
+def test_random_header_corruption_only_ever_raises_model_error(tmp_path):
+    """Flip bytes in the header and tensor directory of a real model: load, summary and tokenizer either
+    work or raise an EngineError subclass; nothing else escapes (400 corrupted files)."""
+    from engine.errors import EngineError
+    from engine.tokenizer import Tokenizer
+
+    data = (GOLDEN_MODELS / "qwen3moe.gguf").read_bytes()
+    header_end = 40000  # metadata (vocabulary) and tensor directory of this file
+    rng = np.random.default_rng(0)
+    path = tmp_path / "fuzz.gguf"
+    for _ in range(400):
+        b = bytearray(data)
+        for _ in range(int(rng.integers(1, 4))):
+            b[int(rng.integers(4, header_end))] = int(rng.integers(0, 256))
+        path.write_bytes(bytes(b))
+        for load in (Model.load, summarize, Tokenizer.from_gguf):
+            try:
+                load(path)
+            except EngineError:
+                pass
+
+
+def test_dimension_overflow_is_caught(tmp_path, synth_model):
+    data = bytearray(open(synth_model("llama"), "rb").read())
+    name = b"output_norm.weight"
+    at = data.index(name) + len(name) + 4  # first dimension of the tensor
+    data[at : at + 8] = (2**62 + 2**61).to_bytes(8, "little")
+    p = tmp_path / "huge.gguf"
+    p.write_bytes(bytes(data))
+    with pytest.raises(ModelError, match="truncated"):
+        GGUFFile(p)
