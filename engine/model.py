@@ -25,20 +25,14 @@ from . import ops
 from .archs import ModelConfig
 from .errors import ModelError
 from .gguf_file import GGUFFile, TensorInfo, dequantizable_types
+from .layers import block_forward, layer_name
 from .ops import LoraTerm
 
 log = logging.getLogger(__name__)
 
 # Per-layer tensor kinds, by the GGUF short name (blk.N.<kind>.weight).
 ATTN_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output")
-DENSE_FFN_KINDS = ("ffn_gate", "ffn_up", "ffn_down")
-EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-SHARED_EXPERT_KINDS = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 NORM_KINDS = ("attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm")
-
-
-def layer_name(i: int, kind: str, suffix: str = "weight") -> str:
-    return f"blk.{i}.{kind}.{suffix}"
 
 
 def _expected_shapes(cfg: ModelConfig, i: int, moe: bool) -> dict[str, tuple[int, ...]]:
@@ -222,7 +216,7 @@ class Model:
         )
         x, _ = ops.embedding_forward(W["token_embd.weight"], tokens, lora.get("token_embd.weight"))
         for i in range(cfg.L):
-            x = self._layer(i, x, cos, sin, mask, lora, cache)
+            x, _ = block_forward(cfg, W, lora, i, self.moe_layers[i], x, cos, sin, mask, kv=cache)
         if cache is not None:
             cache.length += T
         if last_only:
@@ -234,63 +228,3 @@ class Model:
             # tied output: the embedding adapter W + s A B^T (V, C) also acts on logits = h W^T
             logits = logits + emb.s * ((h @ emb.B) @ emb.A.T)
         return logits[0] if squeeze else logits
-
-    def _linear(self, x, i: int, kind: str, lora: Mapping[str, LoraTerm]) -> np.ndarray:
-        name = layer_name(i, kind)
-        y, _ = ops.linear_forward(
-            x, self.weights[name], self.weights.get(layer_name(i, kind, "bias")), lora.get(name)
-        )
-        return y
-
-    def _layer(self, i, x, cos, sin, mask, lora, cache: KVCache | None) -> np.ndarray:
-        cfg, W = self.config, self.weights
-        B, T, C = x.shape
-        eps = cfg.rms_eps
-        # attention block: x += attn_output(attn(rmsnorm(x) * attn_norm))
-        h, _ = ops.rmsnorm_forward(x, W[layer_name(i, "attn_norm")], eps)
-        q = self._linear(h, i, "attn_q", lora)  # (B, T, NH*HS)
-        k = self._linear(h, i, "attn_k", lora)  # (B, T, NKV*HS)
-        v = self._linear(h, i, "attn_v", lora)
-        if cfg.qk_norm == "full":
-            q, _ = ops.rmsnorm_forward(q, W[layer_name(i, "attn_q_norm")], eps)
-            k, _ = ops.rmsnorm_forward(k, W[layer_name(i, "attn_k_norm")], eps)
-        q = q.reshape(B, T, cfg.NH, cfg.HS)
-        k = k.reshape(B, T, cfg.NKV, cfg.HS)
-        v = v.reshape(B, T, cfg.NKV, cfg.HS)
-        if cfg.qk_norm == "head":
-            q, _ = ops.rmsnorm_forward(q, W[layer_name(i, "attn_q_norm")], eps)
-            k, _ = ops.rmsnorm_forward(k, W[layer_name(i, "attn_k_norm")], eps)
-        q, _ = ops.rope_forward(q, cos, sin, cfg.rope)
-        k, _ = ops.rope_forward(k, cos, sin, cfg.rope)
-        if cache is not None:
-            n = cache.length
-            cache.k[i][:, n : n + T] = k
-            cache.v[i][:, n : n + T] = v
-            k, v = cache.k[i][:, : n + T], cache.v[i][:, : n + T]
-        a, _ = ops.attention_forward(q, k, v, mask, cfg.attn_scale)  # (B, T, NH*HS)
-        x = x + self._linear(a, i, "attn_output", lora)
-        # feed-forward block: x += ffn(rmsnorm(x) * ffn_norm)
-        h, _ = ops.rmsnorm_forward(x, W[layer_name(i, "ffn_norm")], eps)
-        if self.moe_layers[i]:
-            y = self._moe(i, h.reshape(B * T, C), lora).reshape(B, T, C)
-        else:
-            y = self._dense_ffn(i, h, lora, ("ffn_gate", "ffn_up", "ffn_down"))
-        return x + y
-
-    def _dense_ffn(self, i, h, lora, kinds) -> np.ndarray:
-        gate, up, down = kinds
-        act, _ = ops.swiglu_forward(self._linear(h, i, gate, lora), self._linear(h, i, up, lora))
-        return self._linear(act, i, down, lora)
-
-    def _moe(self, i, h, lora) -> np.ndarray:
-        cfg, W = self.config, self.weights
-        logits = self._linear(h, i, "ffn_gate_inp", lora)  # (N, E)
-        routing, _ = ops.route_forward(logits, cfg.K, cfg.moe_renorm)
-        names = [layer_name(i, k) for k in EXPERT_KINDS]
-        y, _ = ops.experts_forward(h, routing, *(W[n] for n in names), *(lora.get(n) for n in names))
-        if cfg.F_shexp:
-            shared = self._dense_ffn(i, h, lora, SHARED_EXPERT_KINDS)
-            z = h @ W[layer_name(i, "ffn_gate_inp_shexp")]  # (N,)
-            gate = 1.0 / (1.0 + np.exp(-z))
-            y = y + shared * gate[:, None]
-        return y

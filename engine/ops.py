@@ -425,13 +425,15 @@ def lm_head_loss(
     chunk: int = 256,
     ref_logits=None,
     kl_coef: float = 0.0,
+    backward: bool = True,
 ):
     """Output projection fused with cross-entropy, in chunks of rows (full logits are never stored).
 
     forward: z = h W^T (+ s (h A^T) B^T; + s (h B) A^T for a tied token_embd adapter);
     loss = sum_t weights_t * (-log softmax(z_t)[targets_t])  (+ kl_coef * sum_t |w_t| KL(p_t || q_t)).
     Only rows with targets >= 0 are computed. `ref_logits(rows) -> z_ref` gives a reference model's
-    logits for those rows (for the KL term). Returns (loss, stats, dh, grads) where grads holds
+    logits for those rows (for the KL term). With backward=False only the loss is computed (dh and
+    grads come back as zeros/None). Returns (loss, stats, dh, grads) where grads holds
     "W" (when need_dw), "lora" (dA, dB) and "tied_lora" (dA, dB); stats = (sum of ce, label tokens).
     """
     N, C = h.shape
@@ -460,8 +462,6 @@ def lm_head_loss(
         loss += float((wt * ce).sum())
         ce_sum += float(ce.sum())
         p = np.exp(logp)
-        dz = p * wt[:, None]
-        dz[np.arange(rows.size), tgt] -= wt
         if kl_coef and ref_logits is not None:
             zr = ref_logits(rows)
             zr = zr - zr.max(axis=-1, keepdims=True)
@@ -469,6 +469,11 @@ def lm_head_loss(
             kl = (p * (logp - logq)).sum(axis=-1)  # (n,)
             aw = np.abs(wt)
             loss += kl_coef * float((aw * kl).sum())
+        if not backward:
+            continue
+        dz = p * wt[:, None]
+        dz[np.arange(rows.size), tgt] -= wt
+        if kl_coef and ref_logits is not None:
             # d KL(p||q) / dz = p * (log p - log q - KL)
             dz += (kl_coef * aw)[:, None] * p * (logp - logq - kl[:, None])
         dhc = dz @ w

@@ -1,0 +1,424 @@
+"""AdamW, gradient clipping, learning-rate schedules and gradient accumulation, in NumPy.
+
+Parameters are a plain dict `name -> np.ndarray` (the float32 master copies the
+trainer owns); `AdamW.step` updates them in place from a dict of gradients with
+the same names and shapes. The update is torch.optim.AdamW's (decoupled weight
+decay, bias-corrected moments, eps outside the square root), with the moments
+kept in each parameter's own dtype; norms are summed in float64.
+
+Per step, in order:
+
+1. grad_norm = ||g||_2 over every given gradient. Non-finite: nothing changes.
+2. element-wise clip g = clamp(g, -gclip, gclip) when gclip > 0;
+3. global clip g *= max_grad_norm / ||g|| when max_grad_norm > 0 and ||g|| exceeds it;
+4. for each parameter that has a gradient, with t its own count of updates:
+   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+   p -= lr_t * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps) + lr_t * wd * p   (wd only where decayed)
+
+Weight decay applies to parameters with `ndim >= decay_min_ndim` (ggml's rule,
+and nanoGPT's `p.dim() >= 2`): LoRA A/B factors and weight matrices decay;
+norm weights and biases (1-D) do not.
+
+This module holds no model knowledge and never touches files: the trainer
+saves `state_dict()` wherever it saves checkpoints.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+SCHEDULES = ("constant", "linear", "cosine")
+STATE_KIND = "adamw"
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Hyperparameters of AdamW and of its learning-rate schedule."""
+
+    lr: float = 2e-4  # peak learning rate, reached at the end of warmup
+    betas: tuple[float, float] = (0.9, 0.999)  # decay rates of the first and second moment averages
+    eps: float = 1e-8  # added to sqrt(v_hat) in the denominator (outside the root, as torch)
+    weight_decay: float = 0.0  # decoupled (AdamW): p -= lr_t * weight_decay * p on decayed params
+    gclip: float = 0.0  # element-wise gradient clip to [-gclip, gclip]; 0 = off
+    max_grad_norm: float = 1.0  # global L2-norm clip over all gradients (after gclip); 0 = off
+    schedule: str = "cosine"  # "constant" | "linear" | "cosine" decay after warmup
+    warmup_steps: int = 0  # linear warmup from 0 to lr over this many optimizer steps
+    total_steps: int = 1  # optimizer steps the schedule spans, warmup included
+    min_lr_ratio: float = 0.0  # floor of the linear/cosine decay, as a fraction of lr
+    decay_min_ndim: int = 2  # weight decay applies to params with ndim >= this (0 = all, 99 = none)
+
+    def __post_init__(self) -> None:
+        betas = tuple(float(b) for b in self.betas)
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        object.__setattr__(self, "betas", betas)
+        for name in ("lr", "weight_decay", "gclip", "max_grad_norm"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not (math.isfinite(self.eps) and self.eps > 0.0):
+            raise ValueError(f"eps must be a finite number > 0, got {self.eps!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {self.schedule!r}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps!r}")
+        if self.total_steps < 1:
+            raise ValueError(f"total_steps must be >= 1, got {self.total_steps!r}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+        if self.decay_min_ndim < 0:
+            raise ValueError(f"decay_min_ndim must be >= 0, got {self.decay_min_ndim!r}")
+
+
+def lr_at(cfg: OptimConfig, step: int) -> float:
+    """Learning rate for the optimizer step taken after `step` steps (0-based), as HF's schedules.
+
+    With W = warmup_steps, N = total_steps, r = min_lr_ratio:
+
+    - warmup, step < W:  lr * step / W  (so the very first step runs at lr 0 when W > 0)
+    - after, progress = clamp((step - W) / max(1, N - W), 0, 1):
+      - constant: lr
+      - linear:   lr * (r + (1 - r) * (1 - progress))
+      - cosine:   lr * (r + (1 - r) * 0.5 * (1 + cos(pi * progress)))
+
+    With r = 0 these are transformers' get_constant_schedule_with_warmup,
+    get_linear_schedule_with_warmup and get_cosine_schedule_with_warmup; with r > 0
+    cosine is get_cosine_with_min_lr_schedule_with_warmup (min_lr_rate = r). Unlike
+    HF's cosine, steps past N stay at the floor instead of climbing back up.
+    """
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step!r}")
+    W, N, r = cfg.warmup_steps, cfg.total_steps, cfg.min_lr_ratio
+    if step < W:
+        return cfg.lr * step / W
+    if cfg.schedule == "constant":
+        return cfg.lr
+    progress = min(1.0, (step - W) / max(1, N - W))
+    if cfg.schedule == "linear":
+        decay = 1.0 - progress
+    else:
+        decay = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.lr * (r + (1.0 - r) * decay)
+
+
+def _sumsq(a: np.ndarray) -> float:
+    """sum(a^2) accumulated in float64 without a float64 copy of `a`."""
+    flat = a.reshape(-1)
+    return float(np.einsum("i,i->", flat, flat, dtype=np.float64))
+
+
+def _exceeds(g: np.ndarray, bound: float) -> bool:
+    """Whether any element of g lies outside [-bound, bound] (two reductions, no temporary)."""
+    return g.size > 0 and (float(g.max()) > bound or float(g.min()) < -bound)
+
+
+def _clip_scale(norm: float, max_norm: float) -> float:
+    """Factor that brings a gradient of L2 norm `norm` down to exactly `max_norm` (1.0 when within)."""
+    if max_norm > 0.0 and norm > max_norm:
+        return max_norm / norm
+    return 1.0
+
+
+def clip_grads(
+    grads: Mapping[str, np.ndarray], gclip: float, max_norm: float
+) -> tuple[dict[str, np.ndarray], float, bool]:
+    """Clip gradients element-wise to [-gclip, gclip], then to a global L2 norm of at most `max_norm`.
+
+    Returns (clipped grads, L2 norm of the grads before any clipping, whether anything was clipped).
+    0 turns either clip off. The inputs are never modified: an array that needs no
+    change is returned as is, others as new arrays. A non-finite norm returns the
+    grads unchanged with clipped False, so the caller can skip the step.
+    """
+    grad_norm = math.sqrt(sum(_sumsq(g) for g in grads.values()))
+    out = dict(grads)
+    if not math.isfinite(grad_norm):
+        return out, grad_norm, False
+    clipped = False
+    if gclip > 0.0:
+        for name, g in grads.items():
+            if _exceeds(g, gclip):
+                out[name] = np.clip(g, -gclip, gclip)
+                clipped = True
+    norm = math.sqrt(sum(_sumsq(g) for g in out.values())) if clipped else grad_norm
+    scale = _clip_scale(norm, max_norm)
+    if scale != 1.0:
+        out = {name: g * np.asarray(scale, dtype=g.dtype) for name, g in out.items()}
+        clipped = True
+    return out, grad_norm, clipped
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """What one `AdamW.step` did; a non-finite grad_norm means the step was skipped."""
+
+    lr: float  # learning rate the step ran at (lr_at(cfg, step_count before the step))
+    grad_norm: float  # global L2 norm of the gradients before any clipping
+    clipped: bool  # whether element-wise or global-norm clipping changed the gradients
+    update_norm: float  # global L2 norm of the change applied to the params (0 when skipped)
+    param_norm: float  # global L2 norm of all params after the step
+
+
+class AdamW:
+    """AdamW over a dict of parameters, updated in place; see the module docstring for the update.
+
+    `step_count` counts the steps taken (it drives the schedule); each parameter
+    also counts its own updates for bias correction, as torch does, so a
+    parameter that got no gradient for a while is corrected for what it has seen.
+    """
+
+    def __init__(self, params: Mapping[str, np.ndarray], cfg: OptimConfig) -> None:
+        for name, p in params.items():
+            if not isinstance(p, np.ndarray) or not np.issubdtype(p.dtype, np.floating):
+                raise ValueError(
+                    f"param {name!r} must be a floating-point np.ndarray, got {type(p).__name__}"
+                )
+            if not p.flags.writeable:
+                raise ValueError(f"param {name!r} must be writeable: the optimizer updates it in place")
+        self.params = dict(params)
+        self.cfg = cfg
+        self.step_count = 0
+        self._m = {name: np.zeros_like(p) for name, p in self.params.items()}
+        self._v = {name: np.zeros_like(p) for name, p in self.params.items()}
+        self._t = dict.fromkeys(self.params, 0)
+        # Two flat scratch buffers per dtype, as large as the largest param: the hot loop's only temporaries.
+        self._scratch: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
+        for p in self.params.values():
+            size = max(p.size, self._scratch[p.dtype][0].size if p.dtype in self._scratch else 0)
+            self._scratch[p.dtype] = (np.empty(size, p.dtype), np.empty(size, p.dtype))
+
+    def decays(self, name: str) -> bool:
+        """Whether weight decay applies to param `name` (ndim >= cfg.decay_min_ndim)."""
+        return self.params[name].ndim >= self.cfg.decay_min_ndim
+
+    def _buffers(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        a, b = self._scratch[p.dtype]
+        return a[: p.size].reshape(p.shape), b[: p.size].reshape(p.shape)
+
+    def _param_norm(self) -> float:
+        return math.sqrt(sum(_sumsq(p) for p in self.params.values()))
+
+    def step(self, grads: Mapping[str, np.ndarray]) -> StepStats:
+        """One update from `grads`; params missing from `grads` are left alone (params and moments).
+
+        A gradient named after no param, or shaped unlike its param, raises
+        ValueError. Non-finite gradients change nothing, not even step_count, and
+        return stats whose grad_norm is nan or inf for the trainer to report.
+        """
+        for name, g in grads.items():
+            if name not in self.params:
+                raise ValueError(f"gradient {name!r} names no parameter of this optimizer")
+            if g.shape != self.params[name].shape:
+                raise ValueError(
+                    f"gradient {name!r} has shape {g.shape}, its parameter {self.params[name].shape}"
+                )
+        cfg = self.cfg
+        lr = lr_at(cfg, self.step_count)
+        names = [name for name in self.params if name in grads]
+
+        # Pass 1: norms before and after element-wise clipping, for the global-norm clip.
+        grad_norm = math.sqrt(sum(_sumsq(grads[name]) for name in names))
+        if not math.isfinite(grad_norm):
+            logger.warning(
+                "non-finite gradient norm %s at step %d: update skipped", grad_norm, self.step_count
+            )
+            return StepStats(lr, grad_norm, False, 0.0, self._param_norm())
+        clipped = False
+        norm = grad_norm
+        if cfg.gclip > 0.0:
+            sumsq = 0.0
+            for name in names:
+                g, _ = self._buffers(self.params[name])
+                clipped = clipped or _exceeds(grads[name], cfg.gclip)
+                np.clip(grads[name], -cfg.gclip, cfg.gclip, out=g, casting="same_kind")
+                sumsq += _sumsq(g)
+            norm = math.sqrt(sumsq)
+        scale = _clip_scale(norm, cfg.max_grad_norm)
+        clipped = clipped or scale != 1.0
+
+        # Pass 2: per param, clipped grad -> moments -> update, in two scratch buffers.
+        b1, b2 = cfg.betas
+        update_sumsq = 0.0
+        for name in names:
+            p, m, v = self.params[name], self._m[name], self._v[name]
+            g, tmp = self._buffers(p)
+            if cfg.gclip > 0.0:
+                np.clip(grads[name], -cfg.gclip, cfg.gclip, out=g, casting="same_kind")
+            else:
+                np.copyto(g, grads[name], casting="same_kind")
+            if scale != 1.0:
+                g *= scale
+            self._t[name] += 1
+            t = self._t[name]
+            m *= b1  # m = b1 m + (1 - b1) g
+            np.multiply(g, 1.0 - b1, out=tmp)
+            m += tmp
+            v *= b2  # v = b2 v + (1 - b2) g^2
+            np.multiply(g, g, out=tmp)
+            tmp *= 1.0 - b2
+            v += tmp
+            np.sqrt(v, out=tmp)  # tmp = sqrt(v_hat) + eps
+            tmp /= math.sqrt(1.0 - b2**t)
+            tmp += cfg.eps
+            np.divide(m, tmp, out=tmp)  # tmp = lr * m_hat / (sqrt(v_hat) + eps)
+            tmp *= lr / (1.0 - b1**t)
+            delta = g  # g is spent; reuse it for the whole update
+            if cfg.weight_decay > 0.0 and self.decays(name):
+                np.multiply(p, lr * cfg.weight_decay, out=delta)
+                delta += tmp
+            else:
+                np.copyto(delta, tmp)
+            p -= delta
+            update_sumsq += _sumsq(delta)
+
+        self.step_count += 1
+        return StepStats(lr, grad_norm, clipped, math.sqrt(update_sumsq), self._param_norm())
+
+    def state_dict(self) -> dict[str, np.ndarray | int | float | str]:
+        """Everything needed to resume exactly: moments, update counts, step count and config.
+
+        Keys: "kind" ("adamw"), "step_count", "cfg.<field>" (betas as "cfg.beta1" and
+        "cfg.beta2"), and per param "m.<name>", "v.<name>" (copies) and "t.<name>".
+        Values are plain ints, floats, strings and arrays, so the dict can go into an
+        .npz file or a GGUF as it is.
+        """
+        state: dict[str, np.ndarray | int | float | str] = {"kind": STATE_KIND, "step_count": self.step_count}
+        state.update(_config_to_state(self.cfg))
+        for name in self.params:
+            state[f"m.{name}"] = self._m[name].copy()
+            state[f"v.{name}"] = self._v[name].copy()
+            state[f"t.{name}"] = self._t[name]
+        return state
+
+    def load_state_dict(self, state: Mapping[str, object]) -> None:
+        """Restore moments, counts and config saved by `state_dict` (0-d arrays accepted for scalars).
+
+        The saved config replaces `self.cfg`, so a resumed run follows the same
+        trajectory; to change hyperparameters on resume, assign
+        `dataclasses.replace(opt.cfg, ...)` afterwards. Everything is checked before
+        anything changes: a missing, unexpected or wrongly shaped entry raises
+        ValueError naming the param or key.
+        """
+        kind = _scalar(state, "kind", str)
+        if kind != STATE_KIND:
+            raise ValueError(f"state kind is {kind!r}, expected {STATE_KIND!r}")
+        cfg = _config_from_state(state)
+        step_count = _scalar(state, "step_count", int)
+        known = {"kind", "step_count"} | set(_config_to_state(cfg))
+        for name, p in self.params.items():
+            for prefix in ("m.", "v."):
+                key = prefix + name
+                if key not in state:
+                    raise ValueError(f"optimizer state has no {key!r} for param {name!r}")
+                arr = np.asarray(state[key])
+                if arr.shape != p.shape:
+                    raise ValueError(
+                        f"optimizer state {key!r} has shape {arr.shape}, param {name!r} {p.shape}"
+                    )
+            _scalar(state, f"t.{name}", int)
+            known |= {f"m.{name}", f"v.{name}", f"t.{name}"}
+        unexpected = sorted(set(state) - known)
+        if unexpected:
+            raise ValueError(
+                f"optimizer state has {unexpected[0]!r}, which names no param of this optimizer "
+                f"({len(unexpected)} unexpected keys in all)"
+            )
+        for name in self.params:
+            np.copyto(self._m[name], np.asarray(state[f"m.{name}"]), casting="same_kind")
+            np.copyto(self._v[name], np.asarray(state[f"v.{name}"]), casting="same_kind")
+            self._t[name] = _scalar(state, f"t.{name}", int)
+        self.step_count = step_count
+        self.cfg = cfg
+
+
+def _config_to_state(cfg: OptimConfig) -> dict[str, int | float | str]:
+    out: dict[str, int | float | str] = {}
+    for f in fields(cfg):
+        if f.name == "betas":
+            out["cfg.beta1"], out["cfg.beta2"] = cfg.betas
+        else:
+            out[f"cfg.{f.name}"] = getattr(cfg, f.name)
+    return out
+
+
+def _config_from_state(state: Mapping[str, object]) -> OptimConfig:
+    kwargs: dict[str, object] = {}
+    for f in fields(OptimConfig):
+        if f.name == "betas":
+            kwargs["betas"] = (_scalar(state, "cfg.beta1", float), _scalar(state, "cfg.beta2", float))
+        else:
+            kwargs[f.name] = _scalar(state, f"cfg.{f.name}", type(f.default))
+    return OptimConfig(**kwargs)
+
+
+def _scalar(state: Mapping[str, object], key: str, kind: type):
+    """state[key] as a plain int, float or str; accepts 0-d arrays (what an .npz gives back)."""
+    if key not in state:
+        raise ValueError(f"optimizer state has no {key!r}")
+    value = state[key]
+    if isinstance(value, np.ndarray):
+        if value.ndim != 0:
+            raise ValueError(f"optimizer state {key!r} must be a scalar, got shape {value.shape}")
+        value = value.item()
+    if kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"optimizer state {key!r} must be a string, got {value!r}")
+        return value
+    if isinstance(value, (bool, str)) or not isinstance(value, (int, float, np.number)):
+        raise ValueError(f"optimizer state {key!r} must be a number, got {value!r}")
+    if kind is int and float(value) != int(value):
+        raise ValueError(f"optimizer state {key!r} must be an integer, got {value!r}")
+    return kind(value)
+
+
+class GradAccumulator:
+    """Sums micro-batch gradients and averages them over the number of micro-batches.
+
+    `mean()` is sum_i(scale_i * g_i) / n, where n counts `add` calls since the last
+    `reset`; a name missing from a micro-batch counts as a zero gradient there.
+    Sums are kept in each gradient's dtype, in buffers reused across resets.
+    """
+
+    def __init__(self) -> None:
+        self.n = 0
+        self._sum: dict[str, np.ndarray] = {}
+        self._live: dict[str, None] = {}  # names added since the last reset, in order
+
+    def add(self, grads: Mapping[str, np.ndarray], scale: float = 1.0) -> None:
+        """Add one micro-batch's gradients, multiplied by `scale`; a shape change raises ValueError."""
+        for name, g in grads.items():
+            if name in self._live and g.shape != self._sum[name].shape:
+                raise ValueError(
+                    f"gradient {name!r} has shape {g.shape}, earlier micro-batches {self._sum[name].shape}"
+                )
+        for name, g in grads.items():
+            buf = self._sum.get(name)
+            if name not in self._live:
+                if buf is None or buf.shape != g.shape or buf.dtype != g.dtype:
+                    buf = self._sum[name] = np.empty_like(g)
+                np.multiply(g, scale, out=buf, casting="same_kind")
+                self._live[name] = None
+            elif scale == 1.0:
+                buf += g
+            else:
+                buf += g * np.asarray(scale, dtype=buf.dtype)
+        self.n += 1
+
+    def mean(self) -> dict[str, np.ndarray]:
+        """The averaged gradients, as new arrays; ValueError when nothing was added."""
+        if self.n == 0:
+            raise ValueError("no micro-batch gradients to average: call add() first")
+        return {
+            name: self._sum[name] / np.asarray(self.n, dtype=self._sum[name].dtype) for name in self._live
+        }
+
+    def reset(self) -> None:
+        """Forget the sums (the buffers stay for the next accumulation)."""
+        self.n = 0
+        self._live.clear()

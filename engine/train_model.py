@@ -1,0 +1,242 @@
+"""The trainable part of a run and the whole-model loss with its gradients.
+
+`Trainable` holds the LoRA factor pairs (float master copies, B = 0 at the start) and the
+full-weight copies of tensors trained in full; `Trainable.params()` is the flat name -> array view
+the optimizer updates in place (`<base>.lora_a`, `<base>.lora_b`, `<base>`).
+
+`loss_and_grads(model, trainable, batch)` runs the forward pass over a packed batch (positions
+restarting per sample, attention kept inside each sample), the fused output projection and
+cross-entropy, and the backward pass through every block, returning the gradients of exactly the
+trainable parameters. Frozen weights get no gradient computed. With `checkpoint=True` only each
+block's input is kept and the block is recomputed during the backward pass.
+"""
+
+from __future__ import annotations
+
+from collections import ChainMap
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import ops
+from .errors import ModelError
+from .layers import add_grad, add_lora_grads, block_backward, block_forward, expert_counts
+from .lora import LoraAdapter, effective_scale, lora_shapes
+from .ops import LoraTerm
+
+TOKEN_EMBD = "token_embd.weight"
+
+
+@dataclass
+class Trainable:
+    """LoRA pairs and full-weight tensors being trained, with one rank and alpha for the adapter."""
+
+    rank: int  # LoRA rank r
+    alpha: float  # LoRA alpha; the adapter's scale is alpha / r
+    pairs: dict[str, tuple[np.ndarray, np.ndarray]]  # base name -> (A, B), NumPy layouts of engine.lora
+    full: dict[str, np.ndarray]  # base name -> trainable copy of the whole tensor
+
+    @classmethod
+    def init(
+        cls,
+        model,
+        targets: list[str],
+        rank: int = 16,
+        alpha: float = 32.0,
+        full: list[str] = (),
+        seed: int = 0,
+        init: str = "kaiming",
+    ) -> Trainable:
+        """Fresh adapter: B = 0 so the model starts unchanged; A random.
+
+        init "kaiming": A ~ U(-1/sqrt(n_in), 1/sqrt(n_in)), as PEFT, so the adapter's effective step
+        size does not grow with the layer width; "gaussian": A ~ N(0, (1/sqrt(r))^2) (DESIGN §2.4).
+        For token_embd (A (V, r), B (C, r)) A ~ N(0, 1) as PEFT's embedding LoRA.
+        """
+        if rank < 1:
+            raise ModelError(f"LoRA rank must be >= 1, got {rank}")
+        rng = np.random.default_rng(seed)
+        dtype = model.dtype if model.dtype != np.float16 else np.float32
+        pairs = {}
+        for name in targets:
+            info = model.tensors.get(name)
+            if info is None:
+                raise ModelError(f"LoRA target {name!r} is not a tensor of this model")
+            shape_a, shape_b = lora_shapes(name, info.shape, rank)
+            if name == TOKEN_EMBD:
+                A = rng.standard_normal(shape_a)
+            elif init == "gaussian":
+                A = rng.standard_normal(shape_a) / np.sqrt(rank)
+            elif init == "kaiming":
+                bound = 1.0 / np.sqrt(shape_a[-1])
+                A = rng.uniform(-bound, bound, shape_a)
+            else:
+                raise ModelError(f"unknown LoRA init {init!r} (kaiming, gaussian)")
+            pairs[name] = (A.astype(dtype), np.zeros(shape_b, dtype))
+        full_copies = {}
+        for name in full:
+            if name not in model.weights:
+                raise ModelError(f"full-weight tensor {name!r} is not used by this model")
+            full_copies[name] = model.weights[name].astype(dtype, copy=True)
+        return cls(rank, float(alpha), pairs, full_copies)
+
+    @classmethod
+    def from_adapter(cls, adapter: LoraAdapter, model) -> Trainable:
+        """Continue training an adapter file (ranks must agree across its tensors)."""
+        adapter.check(model)
+        ranks = {adapter.rank(n) for n in adapter.pairs}
+        if len(ranks) != 1:
+            raise ModelError(
+                f"{adapter.path}: tensors have different ranks {sorted(ranks)}; one rank is needed"
+            )
+        dtype = model.dtype if model.dtype != np.float16 else np.float32
+        pairs = {
+            n: (A.astype(dtype, copy=True), B.astype(dtype, copy=True)) for n, (A, B) in adapter.pairs.items()
+        }
+        return cls(ranks.pop(), adapter.alpha, pairs, {})
+
+    @property
+    def scale(self) -> float:
+        return effective_scale(self.alpha, self.rank)
+
+    def terms(self, scale: float = 1.0) -> dict[str, LoraTerm]:
+        s = effective_scale(self.alpha, self.rank, scale)
+        return {n: LoraTerm(A, B, s) for n, (A, B) in self.pairs.items()}
+
+    def params(self) -> dict[str, np.ndarray]:
+        """Flat view for the optimizer: the same arrays, updated in place."""
+        out: dict[str, np.ndarray] = {}
+        for n, (A, B) in self.pairs.items():
+            out[n + ".lora_a"] = A
+            out[n + ".lora_b"] = B
+        out.update(self.full)
+        return out
+
+    @property
+    def n_params(self) -> int:
+        return int(sum(a.size for a in self.params().values()))
+
+    def to_adapter(self, arch: str, metadata: Mapping | None = None) -> LoraAdapter:
+        pairs = {n: (A.astype(np.float32), B.astype(np.float32)) for n, (A, B) in self.pairs.items()}
+        return LoraAdapter(self.alpha, pairs, arch, dict(metadata or {}))
+
+
+@dataclass(frozen=True)
+class LossResult:
+    """One batch's objective, its plain cross-entropy, and gradients."""
+
+    loss: float  # the optimised objective: sum(weights * ce) (+ KL term)
+    ce_sum: float  # sum of cross-entropy over label tokens (unweighted)
+    n_tokens: int  # label tokens
+    grads: dict[str, np.ndarray] | None  # name -> gradient, for every trainable parameter
+    expert_counts: np.ndarray | None  # (L, E) tokens routed to each expert, MoE models only
+
+    @property
+    def mean_ce(self) -> float:
+        return self.ce_sum / max(1, self.n_tokens)
+
+
+def _inputs(model, batch):
+    cfg = model.config
+    tokens = np.asarray(batch.tokens, dtype=np.int64)
+    positions = np.asarray(batch.positions, dtype=np.int64)
+    segments = np.asarray(batch.segments, dtype=np.int64)
+    mask = ops.attention_mask(positions, positions, segments, segments)
+    W = model.weights
+    cos, sin = ops.rope_angles(
+        positions, cfg.n_rot, cfg.rope_base, cfg.rope_scale, W.get("rope_freqs.weight"), W[TOKEN_EMBD].dtype
+    )
+    return tokens, mask, cos, sin
+
+
+def final_hidden(model, batch, lora: Mapping[str, LoraTerm] | None = None, weights=None) -> np.ndarray:
+    """Normalised final hidden states (B*T, C) without caches (the reference model for a KL term)."""
+    cfg = model.config
+    W = weights if weights is not None else model.weights
+    lora = lora or {}
+    tokens, mask, cos, sin = _inputs(model, batch)
+    x, _ = ops.embedding_forward(W[TOKEN_EMBD], tokens, lora.get(TOKEN_EMBD))
+    for i in range(cfg.L):
+        x, _ = block_forward(cfg, W, lora, i, model.moe_layers[i], x, cos, sin, mask)
+    h, _ = ops.rmsnorm_forward(x, W["output_norm.weight"], cfg.rms_eps)
+    return h.reshape(-1, cfg.C)
+
+
+def loss_and_grads(
+    model,
+    trainable: Trainable,
+    batch,
+    *,
+    backward: bool = True,
+    checkpoint: bool = False,
+    kl_coef: float = 0.0,
+) -> LossResult:
+    """Forward (and backward) over one packed batch; gradients of the trainable parameters only."""
+    cfg = model.config
+    B, T = batch.tokens.shape
+    W = ChainMap(trainable.full, model.weights)
+    lora = trainable.terms()
+    need = set(trainable.full)
+    tokens, mask, cos, sin = _inputs(model, batch)
+
+    x, c_emb = ops.embedding_forward(W[TOKEN_EMBD], tokens, lora.get(TOKEN_EMBD))
+    kept = []  # per block: its cache, or its input when checkpointing
+    counts = []
+    for i in range(cfg.L):
+        x_in = x
+        x, cache = block_forward(cfg, W, lora, i, model.moe_layers[i], x, cos, sin, mask)
+        n = expert_counts(cache, cfg.E)
+        if n is not None:
+            counts.append(n)
+        kept.append(x_in if (checkpoint or not backward) else cache)
+        del cache
+    h, c_fn = ops.rmsnorm_forward(x, W["output_norm.weight"], cfg.rms_eps)
+    out_name = "output.weight" if "output.weight" in W else TOKEN_EMBD
+    tied_lora = lora.get(TOKEN_EMBD) if out_name == TOKEN_EMBD else None
+    ref_logits = None
+    if kl_coef:
+        # the reference is the base model: adapter off, full-weight tensors at their original values
+        h_ref = final_hidden(model, batch)
+        w_ref = model.weights[out_name]
+        ref_logits = lambda rows: h_ref[rows] @ w_ref.T  # noqa: E731
+    loss, (ce_sum, n_tok), dh, g_head = ops.lm_head_loss(
+        h.reshape(-1, cfg.C),
+        W[out_name],
+        np.asarray(batch.targets).reshape(-1),
+        np.asarray(batch.weights).reshape(-1),
+        lora=lora.get("output.weight"),
+        tied_lora=tied_lora,
+        need_dw=out_name in need,
+        ref_logits=ref_logits,
+        kl_coef=kl_coef,
+        backward=backward,
+    )
+    expert = np.stack(counts) if counts else None
+    if not backward:
+        return LossResult(loss, ce_sum, n_tok, None, expert)
+
+    grads: dict[str, np.ndarray] = {}
+    add_grad(grads, out_name, g_head["W"])
+    if g_head["lora"] is not None:
+        add_lora_grads(grads, "output.weight", *g_head["lora"])
+    if g_head["tied_lora"] is not None:
+        add_lora_grads(grads, TOKEN_EMBD, *g_head["tied_lora"])
+    dx, dw = ops.rmsnorm_backward(dh.reshape(B, T, cfg.C), c_fn)
+    if "output_norm.weight" in need:
+        add_grad(grads, "output_norm.weight", dw)
+    for i in reversed(range(cfg.L)):
+        cache = kept[i]
+        if checkpoint:
+            _, cache = block_forward(cfg, W, lora, i, model.moe_layers[i], cache, cos, sin, mask)
+        dx = block_backward(cfg, W, lora, i, model.moe_layers[i], dx, cache, need, grads)
+        kept[i] = None
+    dW, dA, dB = ops.embedding_backward(dx, c_emb, need_dw=TOKEN_EMBD in need)
+    add_grad(grads, TOKEN_EMBD, dW)
+    if TOKEN_EMBD in trainable.pairs:
+        add_lora_grads(grads, TOKEN_EMBD, dA, dB)
+    params = trainable.params()
+    missing = set(params) - set(grads)
+    for name in missing:  # a parameter the batch did not reach (e.g. an expert no token was routed to)
+        grads[name] = np.zeros_like(params[name])
+    return LossResult(loss, ce_sum, n_tok, grads, expert)
