@@ -57,7 +57,7 @@ class Candidate:
 
 
 def split_name(name: str) -> tuple[int | None, str]:
-    """(layer, kind) of a tensor name: blk.3.attn_q.weight -> (3, "attn_q"); output.weight -> (None, "output")."""
+    """(layer, kind) of a name: blk.3.attn_q.weight -> (3, "attn_q"); output.weight -> (None, "output")."""
     m = _LAYER.match(name)
     if m:
         kind = m.group(2) + ("" if m.group(3) == "weight" else ".bias")
@@ -146,7 +146,8 @@ def select_targets(tensors: Mapping[str, TensorInfo], spec: TargetSpec, n_layers
         chosen = {n: c for n, c in chosen.items() if c.layer is None or c.layer in layers}
     if not chosen:
         raise ModelError(
-            f"no tensor selected (preset {spec.preset!r}, patterns {list(spec.patterns)}, layers {spec.layers!r}); "
+            f"no tensor selected (preset {spec.preset!r}, patterns {list(spec.patterns)}, "
+            f"layers {spec.layers!r}); "
             "this model has: " + ", ".join(sorted({c.kind for c in cands if c.lora_ok}))
         )
     return [c.name for c in cands if c.name in chosen]
@@ -155,7 +156,7 @@ def select_targets(tensors: Mapping[str, TensorInfo], spec: TargetSpec, n_layers
 def select_full(
     tensors: Mapping[str, TensorInfo], patterns: tuple[str, ...], n_layers: int, layers: str | None = None
 ) -> list[str]:
-    """Tensors trained in full (float32 master copies): names/globs/kinds, e.g. ('attn_norm', 'ffn_gate_inp')."""
+    """Tensors trained in full (float32 master copies), by names, globs or kinds ('attn_norm', ...)."""
     if not patterns:
         return []
     sel = parse_layers(layers, n_layers)
