@@ -2,8 +2,8 @@
 
 Each subcommand parses its arguments, calls the engine, and prints. Errors the
 engine reports (`EngineError`) and unreadable inputs become one line on stderr
-and exit code 2, never a traceback. Training, rewards, export and norms
-subcommands join here as the engine grows them.
+and exit code 2, never a traceback. `norms` and `export` live in
+`engine.cli_tools`; the reward subcommand joins as the engine grows it.
 """
 
 from __future__ import annotations
@@ -221,6 +221,116 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- train -------------------------------------------------------------------------------------
+
+
+def _fmt_time(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
+        else (f"{seconds // 60}:{seconds % 60:02d}")
+    )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from . import events as ev
+    from .targets import TargetSpec
+    from .trainer import TrainConfig, Trainer
+
+    if args.epochs is not None and args.steps is not None:
+        raise CliError("give --epochs or --steps, not both")
+    out = args.out
+    ckpt_dir = args.checkpoint_dir or (
+        os.path.splitext(out)[0] + ".checkpoints" if args.checkpoint_every else None
+    )
+    config = TrainConfig(
+        targets=TargetSpec(
+            preset=args.preset or ("none" if args.targets and not args.preset else "attention"),
+            patterns=tuple(p for p in (args.targets or "").split(",") if p),
+            layers=args.layers,
+        ),
+        rank=args.rank, alpha=args.alpha if args.alpha is not None else 2.0 * args.rank,
+        full=tuple(p for p in (args.full or "").split(",") if p),
+        n_ctx=args.ctx, batch_size=args.batch, grad_accum=args.grad_accum,
+        epochs=args.epochs if args.epochs is not None else 1.0, steps=args.steps or 0,
+        val_split=args.val_split, train_on_prompt=args.train_on_prompt, seed=args.seed,
+        lr=args.lr, schedule=args.schedule, warmup_steps=args.warmup, weight_decay=args.weight_decay,
+        gclip=args.gclip, max_grad_norm=args.max_grad_norm,
+        reward_mode=args.reward_mode, kl_coef=args.kl,
+        checkpoint_layers=args.checkpoint_layers, checkpoint_every=args.checkpoint_every or 0,
+        checkpoint_dir=ckpt_dir, eval_every=args.eval_every, out=out, out_type=args.out_type,
+    )  # fmt: skip
+    tty = sys.stderr.isatty()
+    events_file = None
+    if args.events:
+        try:
+            events_file = open(args.events, "w", encoding="utf-8")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise CliError(f"{args.events}: cannot be written ({exc})") from exc
+    stop = {"requested": False}
+
+    def on_event(e) -> None:
+        if events_file is not None:
+            events_file.write(ev.event_to_json(e) + "\n")
+            events_file.flush()
+        if isinstance(e, ev.Started):
+            p = e.plan
+            print(f"training {len(p.lora_targets)} LoRA targets + {len(p.full_tensors)} full tensors "
+                  f"({p.trainable_params:,} parameters) on {p.n_train} samples ({p.n_val} validation), "
+                  f"{p.total_steps} steps; memory estimate {p.memory_bytes['total'] / 2**20:.0f} MiB",
+                  file=sys.stderr)  # fmt: skip
+            for problem in p.problems[:20]:
+                print(f"  {problem}", file=sys.stderr)
+            if len(p.problems) > 20:
+                print(f"  ... and {len(p.problems) - 20} more problems", file=sys.stderr)
+        elif isinstance(e, ev.Step):
+            line = (f"step {e.step}/{e.total_steps}  loss {e.mean_ce:.4f}  lr {e.lr:.2e}  "
+                    f"grad {e.grad_norm:.3f}  {e.tokens_per_s:.0f} tok/s  elapsed {_fmt_time(e.elapsed_s)}  "
+                    f"eta {_fmt_time(e.eta_s)}")  # fmt: skip
+            if tty:
+                width = 24
+                done = int(width * e.step / e.total_steps)
+                print(f"\r[{'#' * done}{'.' * (width - done)}] {line}", end="", file=sys.stderr, flush=True)
+            elif e.step == e.total_steps or e.step % max(1, e.total_steps // 20) == 0 or e.step == 1:
+                print(line, file=sys.stderr)
+        elif isinstance(e, ev.Eval):
+            print(f"{chr(10) if tty else ''}eval at step {e.step}: loss {e.mean_ce:.4f} "
+                  f"(perplexity {e.perplexity:.2f}, {e.n_tokens} tokens)", file=sys.stderr)  # fmt: skip
+        elif isinstance(e, ev.Checkpoint):
+            print(f"{chr(10) if tty else ''}checkpoint: {e.path}", file=sys.stderr)
+
+    import signal
+
+    def on_sigint(signum, frame) -> None:
+        if stop["requested"]:
+            raise KeyboardInterrupt
+        stop["requested"] = True
+        print("\nstopping after this step (Ctrl-C again to abort)", file=sys.stderr)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        trainer = Trainer(args.model, args.data, config, template=args.template_file, resume=args.resume,
+                          init_adapter=args.init_adapter)  # fmt: skip
+        result = trainer.run(on_event, lambda: stop["requested"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if events_file is not None:
+            events_file.close()
+    if tty:
+        print(file=sys.stderr)
+    if isinstance(result, ev.Failed):
+        raise CliError(result.message)
+    what = "stopped" if result.stopped else "finished"
+    loss = f", loss {result.final_loss:.4f}" if result.final_loss is not None else ""
+    print(f"{what} after {result.step} steps{loss}")
+    for label, path in (("adapter", result.adapter_path), ("model", result.merged_path),
+                        ("checkpoint", result.checkpoint_path)):  # fmt: skip
+        if path:
+            print(f"{label}: {path}")
+    return 0
+
+
 # --- main ----------------------------------------------------------------------------------------
 
 
@@ -284,6 +394,72 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lora", help="LoRA adapter GGUF to apply")
     s.add_argument("--lora-scale", type=float, default=1.0)
     s.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("train", help="fine-tune with LoRA (and/or full-weight tensors) on a JSONL dataset")
+    s.add_argument("model")
+    s.add_argument("data", help="JSONL: messages, prompt/response or text samples, optional reward")
+    s.add_argument(
+        "--out", required=True, help="adapter GGUF to write (runs with --full also write OUT.model.gguf)"
+    )
+    s.add_argument(
+        "--out-type", default="F32", choices=("F32", "F16", "Q8_0"), help="adapter tensor type (F32)"
+    )
+    s.add_argument(
+        "--preset",
+        choices=("attention", "mlp", "experts", "router", "all", "none"),
+        help="LoRA target preset (default attention)",
+    )
+    s.add_argument(
+        "--targets", help="extra LoRA targets: comma-separated names, globs or kinds (output, attn_q, ...)"
+    )
+    s.add_argument("--layers", help="layer range of the targets, e.g. 0-11 or 0,2,4")
+    s.add_argument("--rank", type=int, default=16, help="LoRA rank (default 16)")
+    s.add_argument("--alpha", type=float, help="LoRA alpha (default 2 x rank)")
+    s.add_argument("--full", help="tensors trained in full: comma-separated names/globs/kinds, or 'all'")
+    s.add_argument("--lr", type=float, default=2e-4, help="peak learning rate (default 2e-4)")
+    s.add_argument(
+        "--schedule", default="cosine", choices=("constant", "linear", "cosine"), help="default cosine"
+    )
+    s.add_argument("--warmup", type=int, default=0, help="warm-up steps (default 0)")
+    s.add_argument("--weight-decay", type=float, default=0.0, help="decoupled weight decay (default 0)")
+    s.add_argument("--gclip", type=float, default=0.0, help="element-wise gradient clipping; 0 = off")
+    s.add_argument("--max-grad-norm", type=float, default=1.0, help="global gradient-norm clipping; 0 = off")
+    s.add_argument("--epochs", type=float, help="passes over the data (default 1)")
+    s.add_argument("--steps", type=int, help="optimizer steps (instead of --epochs)")
+    s.add_argument("--ctx", type=int, default=512, help="packed window length in tokens (default 512)")
+    s.add_argument("--batch", type=int, default=1, help="windows per micro-batch (default 1)")
+    s.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (default 1)")
+    s.add_argument(
+        "--val-split", type=float, default=0.0, help="fraction held out for validation (default 0)"
+    )
+    s.add_argument(
+        "--eval-every", type=int, default=0, help="steps between validation passes; 0 = at the end"
+    )
+    s.add_argument("--train-on-prompt", action="store_true", help="loss on prompt tokens too")
+    s.add_argument(
+        "--reward-mode",
+        default="none",
+        choices=("none", "weighted", "group"),
+        help="use sample rewards: reward-weighted SFT or group-relative (default none)",
+    )
+    s.add_argument(
+        "--kl", type=float, default=0.0, help="group mode: KL penalty to the base model (default 0)"
+    )
+    s.add_argument(
+        "--checkpoint-layers", action="store_true", help="recompute layers in the backward (less memory)"
+    )
+    s.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
+    s.add_argument("--checkpoint-dir", help="checkpoint folder (default OUT.checkpoints)")
+    s.add_argument("--resume", help="checkpoint folder to continue from")
+    s.add_argument("--init-adapter", help="adapter GGUF to continue training")
+    s.add_argument("--template-file", help="Jinja chat template overriding the model's")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--events", help="write every event as one JSON line to this file")
+    s.set_defaults(func=cmd_train)
+
+    from .cli_tools import add_commands
+
+    add_commands(sub)
     return p
 
 

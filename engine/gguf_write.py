@@ -1,25 +1,53 @@
 """Writing GGUF files atomically: models, adapters, merged models.
 
 `write_gguf` takes metadata (with explicit or inferred value types) and tensors
-(float arrays, written as F32/F16/BF16 or quantized with `engine.quantize`),
-writes them to a temporary file beside the target and renames it into place,
-so a failure (full disk, bad tensor) never leaves a half-written file or
-damages an existing one. This module does not decide what goes in a file.
+and writes them to a temporary file beside the target, then renames it into
+place, so a failure (full disk, bad tensor, cancellation) never leaves a
+half-written file or damages an existing one. A tensor is given as
+
+- a float array, written as F32/F16 or quantized with `engine.quantize`;
+- the bytes of an already-quantized tensor (a uint8 array of shape
+  (*rows, bytes per row), as `GGUFFile.raw` returns it), written as they are;
+- a `LazyTensor`, produced only when its turn comes, so that a file larger
+  than memory (a merged model) is written one tensor at a time.
+
+This module does not decide what goes in a file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf.quants import quant_shape_from_byte_shape
 
 from .errors import ExportError
-from .quantize import quantize
+from .quantize import quantizable_types, quantize
+
+
+@dataclass(frozen=True)
+class LazyTensor:
+    """A tensor whose data is made only when it is written (one tensor in memory at a time)."""
+
+    shape: tuple[int, ...]  # NumPy shape of the values (not of the stored bytes)
+    make: Callable[[], np.ndarray]  # -> float values of `shape`, or the stored bytes (uint8) of the type
+
+
+class _Writer(GGUFWriter):
+    """gguf-py's writer, but an empty array is written (GGUF allows them; gguf-py raises)."""
+
+    def _pack_val(self, val: Any, vtype: GGUFValueType, add_vtype: bool, sub_type=None) -> bytes:
+        if vtype == GGUFValueType.ARRAY and len(val) == 0:
+            head = self._pack("I", vtype) if add_vtype else b""
+            return head + self._pack("I", sub_type or GGUFValueType.INT32) + self._pack("Q", 0)
+        return super()._pack_val(val, vtype, add_vtype, sub_type)
 
 
 def _infer_type(key: str, value: Any) -> tuple[GGUFValueType, GGUFValueType | None]:
@@ -47,27 +75,131 @@ def _infer_type(key: str, value: Any) -> tuple[GGUFValueType, GGUFValueType | No
     raise ExportError(f"metadata {key!r}: cannot store a value of type {type(value).__name__}")
 
 
+def _ggml_type(name: str, qtype: str) -> GGMLQuantizationType:
+    try:
+        qt = GGMLQuantizationType[qtype]
+    except KeyError:
+        qt = None
+    if qt is None or qt not in GGML_QUANT_SIZES:
+        raise ExportError(
+            f"tensor {name!r}: unknown ggml type {qtype!r}; writable: {', '.join(quantizable_types())}"
+        )
+    return qt
+
+
+@dataclass
+class _Plan:
+    """One tensor as it will be written: header facts now, data on demand."""
+
+    name: str
+    qt: GGMLQuantizationType
+    shape: tuple[int, ...]  # NumPy shape of the values
+    n_bytes: int
+    data: Any  # ndarray or LazyTensor
+
+    def stored(self) -> np.ndarray:
+        """The tensor's bytes in the file's layout: float32/float16 values, or uint8 blocks."""
+        data = self.data.make() if isinstance(self.data, LazyTensor) else self.data
+        data = np.asarray(data)
+        qt = self.qt
+        if data.dtype == np.uint8 and qt not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+            out = data  # already in the type's block layout
+        elif tuple(data.shape) != self.shape:
+            raise ExportError(f"tensor {self.name!r}: made shape {data.shape}, announced {self.shape}")
+        elif qt == GGMLQuantizationType.F32:
+            out = np.ascontiguousarray(data, dtype=np.float32)
+        elif qt == GGMLQuantizationType.F16:
+            out = np.ascontiguousarray(data, dtype=np.float16)
+        else:
+            out = quantize(np.asarray(data, dtype=np.float32), qt.name)
+        if out.nbytes != self.n_bytes:
+            raise ExportError(
+                f"tensor {self.name!r}: {out.nbytes} bytes of {qt.name} data for shape {self.shape}, "
+                f"expected {self.n_bytes}"
+            )
+        return np.ascontiguousarray(out)
+
+
+def _plan(name: str, data: Any, qtype: str) -> _Plan:
+    qt = _ggml_type(name, qtype)
+    block, type_size = GGML_QUANT_SIZES[qt]
+    raw = (
+        isinstance(data, np.ndarray)
+        and data.dtype == np.uint8
+        and qt not in (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
+    )
+    if isinstance(data, LazyTensor):
+        shape = tuple(int(d) for d in data.shape)
+    elif raw:
+        if data.ndim == 0 or data.shape[-1] % type_size:
+            raise ExportError(
+                f"tensor {name!r}: {data.shape} bytes are not whole {qtype} blocks of {type_size} bytes"
+            )
+        shape = tuple(int(d) for d in quant_shape_from_byte_shape(data.shape, qt))
+    else:
+        data = np.asarray(data)
+        shape = tuple(int(d) for d in data.shape)
+        if qtype not in quantizable_types():
+            raise ExportError(
+                f"tensor {name!r}: cannot quantize float values to {qtype}; "
+                f"supported: {', '.join(quantizable_types())} (or pass the already-quantized bytes)"
+            )
+    if shape and shape[-1] % block:
+        raise ExportError(
+            f"tensor {name!r}: {qtype} needs rows that are a multiple of {block} values, got {shape[-1]}"
+        )
+    return _Plan(name, qt, shape, math.prod(shape) // block * type_size, data)
+
+
+def tensor_bytes(shape: tuple[int, ...], qtype: str) -> int:
+    """Bytes that a tensor of NumPy `shape` takes when stored as `qtype` (rows must be whole blocks)."""
+    block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+    return math.prod(shape) // block * type_size
+
+
+def _file_mode(path: str) -> int:
+    """The mode the written file gets: the replaced file's, else 0o666 less the umask (mkstemp uses 0o600)."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def write_gguf(
     path: str | os.PathLike[str],
     arch: str,
     metadata: Mapping[str, Any],
-    tensors: Mapping[str, tuple[np.ndarray, str]],
+    tensors: Mapping[str, tuple[Any, str]],
     types: Mapping[str, tuple[GGUFValueType, GGUFValueType | None]] | None = None,
+    on_tensor: Callable[[int, int], None] | None = None,
 ) -> str:
-    """Write a GGUF file atomically. `tensors` maps name -> (float array in NumPy layout, ggml type name).
+    """Write a GGUF file atomically; returns its path.
 
-    `general.architecture` is set from `arch`; `types` may give the exact value type of keys
-    (as read by `GGUFFile.metadata_types`); other keys get a type inferred from the value.
+    `tensors` maps name -> (data, ggml type name), in file order; data is a float array in NumPy
+    layout, the stored bytes of a block type (uint8, as `GGUFFile.raw` gives them), or a
+    `LazyTensor`. `general.architecture` is set from `arch`; `types` may give the exact value type
+    of keys (as read by `GGUFFile.metadata_types`); other keys get a type inferred from the value.
+    `general.alignment`, when present, sets the data alignment. `on_tensor(done, total)` is called
+    after each tensor is written; an `ExportError` it raises stops the write (nothing is changed).
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise ExportError(f"{path}: folder {folder} does not exist")
+    if os.path.isdir(path):
+        raise ExportError(f"{path}: is a folder; give a file name ending in .gguf")
     types = types or {}
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".gguf", dir=folder)
-    os.close(fd)
+    plans = [_plan(name, data, qtype) for name, (data, qtype) in tensors.items()]
     try:
-        w = GGUFWriter(tmp, arch)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".gguf", dir=folder)
+    except OSError as exc:
+        raise ExportError(f"{path}: cannot create a file in {folder} ({exc.strerror or exc})") from exc
+    os.close(fd)
+    w: GGUFWriter | None = None
+    try:
+        w = _Writer(tmp, arch)
         for key, value in metadata.items():
             if key == "general.architecture":
                 continue
@@ -76,27 +208,38 @@ def write_gguf(
                 w.add_key_value(key, list(value), vtype, sub_type=sub)
             else:
                 w.add_key_value(key, value, vtype)
-        for name, (array, qtype) in tensors.items():
-            qt = GGMLQuantizationType[qtype]
-            if qt == GGMLQuantizationType.F32:
-                w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
-            elif qt == GGMLQuantizationType.F16:
-                w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float16))
-            else:
-                w.add_tensor(name, quantize(np.asarray(array, dtype=np.float32), qtype), raw_dtype=qt)
+        if "general.alignment" in metadata:
+            w.data_alignment = int(metadata["general.alignment"])
+        for p in plans:
+            w.add_tensor_info(p.name, p.shape, np.dtype(np.float32), p.n_bytes, raw_dtype=p.qt)
         w.write_header_to_file()
         w.write_kv_data_to_file()
-        w.write_tensors_to_file()
+        w.write_ti_data_to_file()
+        for i, p in enumerate(plans):
+            w.write_tensor_data(p.stored())
+            if on_tensor is not None:
+                on_tensor(i + 1, len(plans))
+        w.flush()
+        assert w.fout is not None
+        for fout in w.fout:
+            os.fsync(fout.fileno())
         w.close()
+        os.chmod(tmp, _file_mode(path))
         os.replace(tmp, path)
-    except ExportError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    except Exception as exc:  # noqa: BLE001 - OSError (disk full), ValueError from gguf-py
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+    except BaseException as exc:  # KeyboardInterrupt too: never leave the temporary file behind
+        _discard(w, tmp)
+        if isinstance(exc, ExportError) or not isinstance(exc, Exception):
+            raise
+        # OSError (disk full), ValueError from gguf-py
         raise ExportError(
             f"{path}: could not be written ({type(exc).__name__}: {exc}); no file was changed"
         ) from exc
     return path
+
+
+def _discard(w: GGUFWriter | None, tmp: str) -> None:
+    if w is not None:
+        with contextlib.suppress(Exception):
+            w.close()
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)

@@ -703,6 +703,39 @@ class Tokenizer:
         out = [e.ids for e in tk.encode_batch(list(texts), add_special_tokens=False)]
         return [self._add_special(ids) for ids in out] if add_special else out
 
+    def encode_with_offsets(
+        self, text: str, *, parse_special: bool = True
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids of `text` (no BOS/EOS added) and, per token, the [start, end) characters it came from.
+
+        The ids equal `encode(text, add_special=False, parse_special=parse_special)`. The offsets
+        index `text` as a Python string (code points) and tile it: the first starts at 0, each
+        starts where the previous one ends, the last ends at len(text). A character belongs to
+        the last token that holds some of its bytes: the byte tokens of a multi-byte character,
+        and spm's inserted "▁" prefix, before the token that completes it get empty spans at its
+        start. Characters that give no token (whitespace a special token strips) go to the token
+        before them. So a token is part of a character range [a, b) when its span overlaps it,
+        or, for an empty span at s, when a <= s < b.
+        """
+        if not isinstance(text, str):
+            raise TokenizerError(f"{self._source}: cannot tokenize a {type(text).__name__}; expected str")
+        tk = self._special if parse_special else self._plain
+        encoding = tk.encode(text, add_special_tokens=False)
+        ids = encoding.ids
+        if not ids:
+            return ids, []
+        # The tokenizers library gives each token the characters of the normalized/pre-tokenized
+        # piece it came from, mapped back to `text`: byte tokens of one character, and spm's
+        # prepended "▁", repeat the span of the character they belong to. Keep only the starts,
+        # made non-decreasing, and let each token end where the next one starts.
+        starts = [start for start, _ in encoding.offsets]
+        starts[0] = 0
+        for k in range(1, len(starts)):
+            if starts[k] < starts[k - 1]:
+                starts[k] = starts[k - 1]
+        ends = [*starts[1:], len(text)]
+        return ids, list(zip(starts, ends, strict=True))
+
     def _add_special(self, ids: list[int]) -> list[int]:
         if self.add_bos:
             assert self.bos_id is not None

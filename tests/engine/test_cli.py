@@ -186,3 +186,52 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     r = _run("chat-template", model, "--messages", str(tmp_path / "missing.json"))
     assert r.returncode == 2 and "cannot be read" in r.stderr
     assert not (tmp_path / "x.npy").exists()
+
+
+def test_train_norms_export_round_trip(tmp_path, capsys):
+    from engine.lora import LoraAdapter
+    from engine.model import Model
+    from engine.synth import SynthSpec, write_model
+
+    model_path = write_model(tmp_path / "m.gguf", SynthSpec.for_arch("qwen2moe", seed=4))
+    data = DATA / "datasets" / "sample_data.jsonl"
+    out = tmp_path / "a.gguf"
+    events = tmp_path / "ev.jsonl"
+    args = ["train", model_path, str(data), "--out", str(out), "--preset", "all", "--targets", "output",
+            "--steps", "4", "--ctx", "256", "--batch", "2", "--lr", "5e-3", "--checkpoint-every", "2",
+            "--events", str(events)]  # fmt: skip
+    assert main(args) == 0
+    printed = capsys.readouterr()
+    assert "finished after 4 steps" in printed.out and "step 4/4" in printed.err
+    rows = [json.loads(line) for line in events.read_text().splitlines()]
+    kinds = [r["event"] for r in rows]
+    assert kinds[0] == "Started" and kinds[-1] == "Finished" and kinds.count("Step") == 4
+    assert kinds.count("Checkpoint") == 2 and "ExpertUsage" in kinds and "LoraNorms" in kinds
+    model = Model.load(model_path)
+    adapter = LoraAdapter.load(out, model)
+    assert "output.weight" in adapter.pairs and "blk.1.ffn_up_exps.weight" in adapter.pairs
+    assert adapter.metadata["training.steps"] == 4
+    assert main(["norms", str(out), "--model", model_path, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert len(report["tensors"]) == len(adapter.pairs)
+    merged = tmp_path / "merged.gguf"
+    assert main(["export", str(out), "--model", model_path, "--merge", "--out", str(merged)]) == 0
+    tokens = np.array([1, 270, 280, 290])
+    want = model.forward(tokens, lora=adapter.terms())
+    np.testing.assert_allclose(Model.load(merged).forward(tokens), want, atol=1e-4)
+
+
+def test_train_failure_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n")
+    r = _run(
+        "train",
+        str(GOLDEN_MODELS / "llama.gguf"),
+        str(bad),
+        "--out",
+        str(tmp_path / "a.gguf"),
+        "--steps",
+        "1",
+    )
+    assert r.returncode == 2 and "no usable sample" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "a.gguf").exists()

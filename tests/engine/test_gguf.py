@@ -264,3 +264,15 @@ def test_dimension_overflow_is_caught(tmp_path, synth_model):
     p.write_bytes(bytes(data))
     with pytest.raises(ModelError, match="truncated"):
         GGUFFile(p)
+
+
+def test_written_files_get_normal_permissions(tmp_path):
+    import os
+
+    p = write_gguf(tmp_path / "m.gguf", "llama", {}, {"w": (np.zeros((2, 32), np.float32), "F32")})
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(p).st_mode & 0o777 == 0o666 & ~umask
+    os.chmod(p, 0o640)
+    write_gguf(p, "llama", {}, {"w": (np.ones((2, 32), np.float32), "F32")})
+    assert os.stat(p).st_mode & 0o777 == 0o640  # replacing a file keeps its mode

@@ -94,7 +94,7 @@ def test_every_lora_kind_and_full_weights_match_finite_differences(arch, tmp_pat
     assert "output_norm.weight" in full and "blk.0.attn_norm.weight" in full
     tr = Trainable.init(model, targets, rank=2, alpha=4.0, full=full, seed=1)
     rng = np.random.default_rng(2)
-    for A, B in tr.pairs.values():
+    for _, B in tr.pairs.values():
         B[...] = 0.3 * rng.standard_normal(B.shape)  # non-zero B so that A gets a gradient too
     res = loss_and_grads(model, tr, batch)
     params = tr.params()

@@ -1,0 +1,162 @@
+"""`tune-engine norms` and `tune-engine export`: adapter norms, adapter re-typing, merged models.
+
+`add_commands(subparsers)` registers both subcommands on the `tune-engine` parser
+(engine/cli.py calls it). Each command parses nothing itself, calls the engine
+(`engine.norms`, `engine.export`) and prints; `EngineError`s propagate to the
+CLI's main, which turns them into one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .errors import ExportError
+from .export import ADAPTER_TYPES, adapter_tensor_types, export_adapter, export_merged, fit_problems
+from .gguf_file import GGUFFile
+from .lora import LoraAdapter
+from .norms import NormsReport, lora_norms
+from .quantize import quantizable_types
+
+
+def _num(x: float | None, width: int = 10) -> str:
+    return f"{'-':>{width}}" if x is None else f"{x:>{width}.4g}"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+# --- norms ---------------------------------------------------------------------------------------
+
+
+def format_norms(report: NormsReport, title: str = "") -> str:
+    """The norms as a text table: every tensor, then per-kind and per-layer aggregates."""
+    lines = [title] if title else []
+    lines.append(f"alpha {report.alpha:g}, scale {report.scale:g}; dW = scale * alpha / r * B A")
+    width = max([len("tensor")] + [len(t.name) for t in report.tensors])
+    lines.append(
+        f"{'tensor':<{width}}  {'rank':>4}  {'|A|':>10}  {'|B|':>10}  {'|dW|':>10}  {'|dW|/|W|':>10}"
+    )
+    for t in report.tensors:
+        lines.append(
+            f"{t.name:<{width}}  {t.rank:>4}  {_num(t.norm_a)}  {_num(t.norm_b)}  "
+            f"{_num(t.norm_delta)}  {_num(t.ratio)}"
+        )
+        if t.per_expert_delta:
+            e = t.per_expert_delta
+            lines.append(
+                f"{'':<{width}}  {len(e)} experts: |dW_e| min {min(e):.4g}, "
+                f"mean {sum(e) / len(e):.4g}, max {max(e):.4g}"
+            )
+    has_ratio = bool(report.ratio_by_kind)
+    head = f"{'|dW|':>10}" + (f"  {'mean |dW|/|W|':>14}" if has_ratio else "")
+    kw = max([len("kind")] + [len(k) for k in report.by_kind])
+    lines += ["", "by kind:", f"  {'kind':<{kw}}  {head}"]
+    for k, v in report.by_kind.items():
+        ratio = f"  {_num(report.ratio_by_kind.get(k), 14)}" if has_ratio else ""
+        lines.append(f"  {k:<{kw}}  {_num(v)}{ratio}")
+    if report.by_layer:
+        lines += ["", "by layer:", f"  {'layer':<5}  {head}"]
+        for layer, v in report.by_layer.items():
+            ratio = f"  {_num(report.ratio_by_layer.get(layer), 14)}" if has_ratio else ""
+            lines.append(f"  {layer:<5}  {_num(v)}{ratio}")
+    lines += ["", f"total |dW| {report.total_delta:.4g}"]
+    return "\n".join(lines)
+
+
+def cmd_norms(args: argparse.Namespace) -> int:
+    adapter = LoraAdapter.load(args.adapter)
+    report = lora_norms(adapter, scale=args.scale, base=args.model)
+    if args.json:
+        out = {"adapter": adapter.path, "model": args.model, **report.to_dict()}
+        print(json.dumps(out, indent=2))
+        return 0
+    title = f"adapter {adapter.path} ({adapter.arch or 'no architecture'})"
+    if args.model:
+        title += f", base {args.model}"
+    print(format_norms(report, title))
+    return 0
+
+
+# --- export --------------------------------------------------------------------------------------
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    adapter = LoraAdapter.load(args.adapter)
+    qtype = args.type.upper() if args.type else None  # q8_0 as llama.cpp's tools spell it
+    if args.merge:
+        if not args.model:
+            raise ExportError("--merge needs the base model: --model BASE.gguf")
+        scale = 1.0 if args.scale is None else args.scale
+
+        def progress(done: int, total: int) -> None:
+            if sys.stderr.isatty():
+                print(f"\rwriting tensor {done}/{total}", end="" if done < total else "\n", file=sys.stderr)
+
+        rep = export_merged(args.model, adapter, args.out, scale=scale, qtype=qtype, on_progress=progress)
+        print(
+            f"wrote {rep.path}: {rep.n_tensors} tensors, {_mib(rep.n_bytes)}; "
+            f"merged {len(rep.merged)} adapted tensors at scale {rep.scale:g}"
+        )
+        for name, (old, new) in rep.type_changes.items():
+            print(f"  {name}: {old} -> {new}")
+        if rep.file_type_dropped:
+            print("  general.file_type dropped (tensor types changed; llama.cpp guesses it from the tensors)")
+        return 0
+    if args.scale is not None:
+        raise ExportError("--scale applies to --merge only (an adapter's scale is chosen when it is loaded)")
+    qtype = qtype or "F32"
+    if args.model:
+        problems = fit_problems(adapter, GGUFFile(args.model))
+        if problems:
+            raise ExportError(f"the adapter does not fit {args.model}: {problems[0]}")
+    types = adapter_tensor_types(adapter, qtype)
+    path = export_adapter(adapter, args.out, qtype=qtype)
+    counts: dict[str, int] = {}
+    for t in types.values():
+        counts[t] = counts.get(t, 0) + 1
+    summary = ", ".join(f"{n} {t}" for t, n in sorted(counts.items()))
+    print(f"wrote {path}: {len(adapter.pairs)} adapted tensors ({summary}), {_mib(os.path.getsize(path))}")
+    fallback = [n for n, t in types.items() if t != qtype]
+    if fallback:
+        print(f"  {len(fallback)} tensors have rows that are not a multiple of 32 and were written as F16:")
+        for n in fallback:
+            print(f"    {n}")
+    return 0
+
+
+# --- registration --------------------------------------------------------------------------------
+
+
+def add_commands(subparsers) -> None:
+    """Register `norms` and `export` on the `tune-engine` subparsers."""
+    s = subparsers.add_parser("norms", help="norms of a LoRA adapter: |A|, |B|, |dW|, |dW|/|W| per tensor")
+    s.add_argument("adapter", help="LoRA adapter GGUF")
+    s.add_argument("--model", help="base model GGUF, for |W| and the relative update |dW|/|W|")
+    s.add_argument("--scale", type=float, default=1.0, help="adapter scale (default 1.0)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=cmd_norms)
+
+    s = subparsers.add_parser(
+        "export",
+        help="write an adapter in another type, or merge it into its base model",
+        description=(
+            "ADAPTER --out OUT [--type F32|F16|Q8_0]: the adapter in another tensor type. "
+            "ADAPTER --model BASE --merge --out OUT [--type T] [--scale S]: a full model with the "
+            "adapter folded in; adapted tensors keep their type unless --type is given."
+        ),
+    )
+    s.add_argument("adapter", help="LoRA adapter GGUF")
+    s.add_argument("--out", required=True, help="file to write (replaced atomically)")
+    s.add_argument("--model", help="base model GGUF (needed by --merge; otherwise checked against)")
+    s.add_argument("--merge", action="store_true", help="write the base model with the adapter merged in")
+    s.add_argument(
+        "--type",
+        help=f"adapter: {', '.join(ADAPTER_TYPES)} (default F32); merged tensors: "
+        f"{', '.join(quantizable_types())} (default: each tensor's own type)",
+    )
+    s.add_argument("--scale", type=float, default=None, help="adapter scale for --merge (default 1.0)")
+    s.set_defaults(func=cmd_export)

@@ -1,0 +1,795 @@
+"""Training data: JSON Lines samples, their token masks, packing into windows, and batches.
+
+A dataset file holds one sample per line in one of three shapes (DESIGN.md §2.5)::
+
+    {"messages": [{"role": "user", "content": "..."}, {"role": "assistant", "content": "..."}]}
+    {"prompt": "...", "response": "..."}
+    {"text": "..."}
+
+each with an optional ``"reward"`` (or ``"score"``) number. Two common shapes are read too and
+become ``"messages"`` samples: ShareGPT's ``{"conversations": [{"from", "value"}, ...]}`` and
+Alpaca's ``{"instruction", "input", "output"}``. Where a line has keys of several shapes the
+first in that order wins (messages, conversations, prompt/response, instruction/output, text);
+other keys are ignored.
+
+`load_jsonl` never stops at a bad line: it returns the samples it could read and a `Problem`
+per line it could not (an "error": the sample is skipped) or has doubts about (a "warning": the
+sample is kept). `DatasetError` only when the file cannot be read at all.
+
+`encode_samples` turns samples into tokens and a per-token "trained" mask: the tokens the model
+must learn to produce. Conversations go through the model's chat template; a token is trained
+when its characters overlap an assistant reply as `ChatTemplate.render_with_spans` locates it
+(the reply and its end-of-turn marker). Prompt/response samples are a user and an assistant
+message ("chat") or the prompt, the response and EOS tokenized one after the other, as
+llama.cpp's finetune-qlora does ("raw"). Text samples train every token after BOS and an EOS
+appended. Control tokens written in the data ("<|im_end|>") are parsed as control tokens.
+
+`pack` puts whole samples into windows of `n_ctx` tokens (first-fit decreasing) and
+`make_batches` lays the windows out as (B, T) arrays with positions restarting at 0 for each
+sample and a segment number per sample, so that attention can be kept inside each sample.
+
+What this module is not: it does not tokenize lazily or stream files larger than memory, it
+does not decide reward weights (see `engine.rewards`), and it does not split samples longer
+than `n_ctx` into several windows: they are truncated and reported.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import logging
+import math
+import operator
+import os
+import stat
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .errors import DatasetError, TemplateError, TokenizerError
+
+if TYPE_CHECKING:
+    from .chat_template import ChatTemplate
+    from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+ERROR = "error"  # the sample is skipped
+WARNING = "warning"  # the sample is kept
+
+ROLES = ("system", "user", "assistant", "tool")
+_SHAREGPT_ROLES = {"human": "user", "gpt": "assistant", "system": "system", "user": "user"}
+_SHAREGPT_ROLES.update({"assistant": "assistant", "tool": "tool", "function_response": "tool"})
+_SHAPES = (
+    'the accepted shapes are {"messages": [{"role": ..., "content": ...}, ...]}, '
+    '{"prompt": ..., "response": ...} and {"text": ...} (also ShareGPT {"conversations": [...]} '
+    'and Alpaca {"instruction": ..., "input": ..., "output": ...})'
+)
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+
+
+# -- samples ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something wrong with one line (or in-memory sample) of a dataset."""
+
+    line: int  # 1-based line in the file; 0 for a sample made in memory
+    message: str  # what is wrong and what would be accepted
+    severity: str  # "error" (the sample is skipped) or "warning" (it is kept)
+
+    def __str__(self) -> str:
+        where = f"line {self.line}" if self.line else "sample"
+        return f"{where}: {self.severity}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training example, as read from a dataset line (comparable; not hashable: messages are dicts)."""
+
+    line: int  # 1-based line in the file (0 if made in memory)
+    kind: str  # "messages" | "prompt" | "text"
+    messages: tuple[dict, ...]  # role/content dicts; for "prompt" the derived user and assistant pair
+    prompt: str | None  # "prompt" samples only
+    response: str | None  # "prompt" samples only
+    text: str | None  # "text" samples only
+    reward: float | None  # from "reward" (or "score"); None when the line has none
+    group: str  # samples answering the same prompt share it ("" for text samples)
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return "a number"
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _group_key(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The conversation before its last assistant message, as canonical JSON."""
+    last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    return json.dumps(list(messages[:last]), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def _parse_messages(value: Any, key: str, problems: list[Problem], line: int) -> tuple[dict, ...] | None:
+    """Validated copies of `messages`, or None (with error problems) if unusable."""
+    if not isinstance(value, list):
+        problems.append(Problem(line, f'"{key}" must be a list of messages, got {_json_type(value)}', ERROR))
+        return None
+    out: list[dict] = []
+    ok = True
+    for i, m in enumerate(value):
+        where = f"{key}[{i}]"
+        if not isinstance(m, dict):
+            problems.append(Problem(line, f"{where} must be an object, got {_json_type(m)}", ERROR))
+            ok = False
+            continue
+        role, content = m.get("role"), m.get("content")
+        if "role" not in m:
+            problems.append(Problem(line, f'{where} has no "role" (one of {", ".join(ROLES)})', ERROR))
+            ok = False
+            continue
+        if role not in ROLES:
+            problems.append(
+                Problem(line, f"{where} has unknown role {_short(role)}; accepted: {', '.join(ROLES)}", ERROR)
+            )
+            ok = False
+            continue
+        if content is None and role == "assistant" and m.get("tool_calls"):
+            content = ""  # an assistant turn that only calls tools
+        elif "content" not in m:
+            problems.append(Problem(line, f'{where} ({role}) has no "content"', ERROR))
+            ok = False
+            continue
+        elif not isinstance(content, str):
+            problems.append(
+                Problem(
+                    line, f'{where} ({role}): "content" must be a string, got {_json_type(content)}', ERROR
+                )
+            )
+            ok = False
+            continue
+        if not content.strip() and not m.get("tool_calls"):
+            problems.append(Problem(line, f"{where} ({role}) has empty content", WARNING))
+        out.append({**m, "role": role, "content": content})
+    if not ok:
+        return None
+    if not any(m["role"] == "assistant" for m in out):
+        problems.append(Problem(line, f'"{key}" has no assistant message: nothing to learn', ERROR))
+        return None
+    return tuple(out)
+
+
+def _parse_sharegpt(value: Any, problems: list[Problem], line: int) -> tuple[dict, ...] | None:
+    """ShareGPT turns ({"from": "human"|"gpt"|"system", "value": ...}) as role/content messages."""
+    if not isinstance(value, list):
+        problems.append(
+            Problem(line, f'"conversations" must be a list of turns, got {_json_type(value)}', ERROR)
+        )
+        return None
+    converted: list[Any] = []
+    for i, turn in enumerate(value):
+        if not isinstance(turn, dict) or "from" not in turn or "value" not in turn:
+            problems.append(
+                Problem(line, f'conversations[{i}] must be an object with "from" and "value"', ERROR)
+            )
+            return None
+        role = _SHAREGPT_ROLES.get(turn["from"]) if isinstance(turn["from"], str) else None
+        if role is None:
+            accepted = ", ".join(sorted(_SHAREGPT_ROLES))
+            problems.append(
+                Problem(
+                    line,
+                    f'conversations[{i}] has unknown "from" {_short(turn["from"])}; accepted: {accepted}',
+                    ERROR,
+                )
+            )
+            return None
+        converted.append({"role": role, "content": turn["value"]})
+    return _parse_messages(converted, "conversations", problems, line)
+
+
+def _parse_alpaca(obj: Mapping[str, Any], problems: list[Problem], line: int) -> tuple[dict, ...] | None:
+    """Alpaca's instruction (+ input) and output as a user and an assistant message."""
+    fields = {k: obj.get(k) for k in ("instruction", "input", "output", "system")}
+    for k, v in fields.items():
+        if not isinstance(v, str) and (v is not None or k in ("instruction", "output")):
+            problems.append(Problem(line, f'"{k}" must be a string, got {_json_type(v)}', ERROR))
+            return None
+    user = fields["instruction"] or ""
+    if fields["input"]:
+        user = f"{user}\n\n{fields['input']}" if user else fields["input"]
+    messages = [{"role": "user", "content": user}, {"role": "assistant", "content": fields["output"] or ""}]
+    if fields["system"]:
+        messages.insert(0, {"role": "system", "content": fields["system"]})
+    return _parse_messages(messages, "messages", problems, line)
+
+
+def _parse_reward(obj: Mapping[str, Any], problems: list[Problem], line: int) -> tuple[bool, float | None]:
+    """(ok, reward) from "reward", else "score"; null counts as no reward."""
+    key = "reward" if "reward" in obj else "score" if "score" in obj else None
+    if key is None or obj[key] is None:
+        return True, None
+    value = obj[key]
+    try:
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    except OverflowError:  # an integer too large for a float
+        number = None
+    if number is None or not math.isfinite(number):
+        problems.append(Problem(line, f'"{key}" must be a finite number, got {_short(value)}', ERROR))
+        return False, None
+    return True, number
+
+
+def parse_sample(obj: Any, line: int = 0) -> tuple[Sample | None, list[Problem]]:
+    """A `Sample` from one decoded JSON value, or None and the reasons (error problems) why not.
+
+    Warnings (an empty reply, ...) come back with a sample. `line` is recorded in the sample and
+    the problems (0 for a sample made in memory).
+    """
+    problems: list[Problem] = []
+    if not isinstance(obj, dict):
+        problems.append(Problem(line, f"expected a JSON object, got {_json_type(obj)}", ERROR))
+        return None, problems
+    ok, reward = _parse_reward(obj, problems, line)
+
+    kind = "messages"
+    prompt = response = text = None
+    messages: tuple[dict, ...] | None = ()
+    if "messages" in obj:
+        messages = _parse_messages(obj["messages"], "messages", problems, line)
+    elif "conversations" in obj:
+        messages = _parse_sharegpt(obj["conversations"], problems, line)
+    elif "prompt" in obj and "response" in obj:
+        kind, prompt, response = "prompt", obj["prompt"], obj["response"]
+        for key, value in (("prompt", prompt), ("response", response)):
+            if not isinstance(value, str):
+                problems.append(Problem(line, f'"{key}" must be a string, got {_json_type(value)}', ERROR))
+                messages = None
+        if messages is not None:
+            assert isinstance(prompt, str) and isinstance(response, str)
+            if not response.strip():
+                problems.append(Problem(line, "the response is empty", WARNING))
+            messages = ({"role": "user", "content": prompt}, {"role": "assistant", "content": response})
+    elif "instruction" in obj and "output" in obj:
+        messages = _parse_alpaca(obj, problems, line)
+    elif "text" in obj:
+        kind, text = "text", obj["text"]
+        if not isinstance(text, str):
+            problems.append(Problem(line, f'"text" must be a string, got {_json_type(text)}', ERROR))
+            messages = None
+        elif not text.strip():
+            problems.append(Problem(line, '"text" is empty: nothing to learn', ERROR))
+            messages = None
+    else:
+        keys = ", ".join(f'"{k}"' for k in obj) or "none"
+        hint = ""
+        for have, need in (("prompt", "response"), ("response", "prompt"), ("instruction", "output")):
+            if have in obj and need not in obj:
+                hint = f' ("{have}" needs "{need}")'
+                break
+        problems.append(
+            Problem(line, f"no recognised sample shape{hint}: keys found: {keys}; {_SHAPES}", ERROR)
+        )
+        return None, problems
+
+    if messages is None or not ok:
+        return None, problems
+    if kind == "prompt":
+        group = prompt
+    elif kind == "text":
+        group = ""
+    else:
+        group = _group_key(messages)
+    assert group is not None
+    return Sample(line, kind, messages, prompt, response, text, reward, group), problems
+
+
+def sample_to_json(sample: Sample) -> dict[str, Any]:
+    """The JSON object that `parse_sample` reads back as `sample` (line aside)."""
+    if sample.kind == "text":
+        obj: dict[str, Any] = {"text": sample.text}
+    elif sample.kind == "prompt":
+        obj = {"prompt": sample.prompt, "response": sample.response}
+    elif sample.kind == "messages":
+        obj = {"messages": [dict(m) for m in sample.messages]}
+    else:
+        raise ValueError(f"sample kind {sample.kind!r} is not one of messages, prompt, text")
+    if sample.reward is not None:
+        obj["reward"] = sample.reward
+    return obj
+
+
+# -- files --------------------------------------------------------------------------------------
+
+
+def _read_text(path: Path) -> str:
+    if path.is_dir():
+        raise DatasetError(f"{path} is a folder; expected a JSON Lines file (.jsonl)")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise DatasetError(f"{path} cannot be read: {exc.strerror or exc}") from exc
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise DatasetError(f"{path} is UTF-16 text; save it as UTF-8 (JSON Lines files are UTF-8)")
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise DatasetError(
+            f"{path} is not UTF-8 text: byte 0x{data[exc.start]:02x} on line {line} is invalid "
+            "(JSON Lines files are UTF-8; is it a binary file or another encoding?)"
+        ) from None
+
+
+def _canonical(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def load_jsonl(path: str | os.PathLike[str]) -> tuple[list[Sample], list[Problem]]:
+    """The samples of a JSON Lines file and the problems found, in line order.
+
+    Blank lines are skipped, a UTF-8 byte order mark is accepted, and a line repeating an
+    earlier sample exactly is kept with a warning. `DatasetError` only when the file cannot
+    be read at all (missing, a folder, not UTF-8).
+    """
+    path = Path(path)
+    text = _read_text(path)
+    samples: list[Sample] = []
+    problems: list[Problem] = []
+    seen: dict[str, int] = {}
+    # split on "\n" only: str.splitlines would also split at U+2028 and others, which JSON
+    # allows unescaped inside strings
+    for number, raw in enumerate(text.split("\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            obj = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            problems.append(Problem(number, f"invalid JSON at column {exc.colno}: {exc.msg}", ERROR))
+            continue
+        except RecursionError:
+            problems.append(Problem(number, "invalid JSON: nested too deeply", ERROR))
+            continue
+        sample, found = parse_sample(obj, number)
+        problems.extend(found)
+        if sample is None:
+            continue
+        key = _canonical(obj)
+        if key in seen:
+            problems.append(
+                Problem(number, f"duplicate of line {seen[key]} (the same sample twice)", WARNING)
+            )
+        else:
+            seen[key] = number
+        samples.append(sample)
+    return samples, problems
+
+
+def _json_lines(samples: Sequence[Sample]) -> str:
+    lines = []
+    for i, s in enumerate(samples):
+        try:
+            lines.append(json.dumps(sample_to_json(s), ensure_ascii=False, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise DatasetError(f"sample {i} (line {s.line}) cannot be written as JSON: {exc}") from exc
+    return "".join(line + "\n" for line in lines)
+
+
+def save_jsonl(path: str | os.PathLike[str], samples: Sequence[Sample]) -> None:
+    """Write `samples` as JSON Lines, replacing `path` atomically.
+
+    The lines go to a temporary file in the same folder, which then replaces `path`
+    (`os.replace`), so a failure at any point leaves the previous file as it was. The file
+    keeps its permissions. `load_jsonl` reads the samples back equal (line numbers aside);
+    ShareGPT and Alpaca samples are written as "messages".
+    """
+    path = Path(path)
+    content = _json_lines(samples)  # before touching the disk: an unserialisable sample changes nothing
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = 0o644
+    except OSError as exc:
+        raise DatasetError(f"{path} cannot be written: {exc.strerror or exc}") from exc
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError as exc:
+        raise DatasetError(f"{path} cannot be written: {exc.strerror or exc}") from exc
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                log.warning("could not remove the temporary file %s", tmp)
+
+
+def append_jsonl(path: str | os.PathLike[str], samples: Sequence[Sample]) -> None:
+    """Append `samples` to a JSON Lines file (created if missing), flushed to disk before returning.
+
+    For records that must not be lost (rated answers): earlier lines are never rewritten.
+    """
+    path = Path(path)
+    content = _json_lines(samples)
+    try:
+        with open(path, "a+b") as f:
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    content = "\n" + content
+            f.write(content.encode("utf-8"))
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as exc:
+        raise DatasetError(f"{path} cannot be appended to: {exc.strerror or exc}") from exc
+
+
+# -- encoding -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """How samples become tokens."""
+
+    n_ctx: int  # window length in tokens (T); longer samples are truncated
+    train_on_prompt: bool = False  # loss on every token, not only assistant/response tokens
+    prompt_format: str = "chat"  # prompt/response samples: "chat" (via the template) or "raw"
+
+    def __post_init__(self) -> None:
+        try:
+            n_ctx = operator.index(self.n_ctx)
+        except TypeError:
+            n_ctx = 0
+        if isinstance(self.n_ctx, bool) or n_ctx < 2:
+            raise ValueError(f"n_ctx must be an integer >= 2, got {self.n_ctx!r}")
+        object.__setattr__(self, "n_ctx", n_ctx)
+        if self.prompt_format not in ("chat", "raw"):
+            raise ValueError(f"prompt_format must be 'chat' or 'raw', got {self.prompt_format!r}")
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One sample as tokens, with the tokens it is trained on."""
+
+    index: int  # index of the sample in the list given to encode_samples
+    tokens: np.ndarray  # int32 (n,), with BOS first when the tokenizer adds one
+    trained: np.ndarray  # bool (n,): token i is one the model must learn to produce
+    weight: float = 1.0  # per-sample loss weight (rewards); 1.0 by default
+    truncated: bool = False  # the sample was longer than n_ctx and was cut
+
+    @property
+    def n_targets(self) -> int:
+        """Trained tokens that have a token before them: the loss terms this sample gives."""
+        return int(np.count_nonzero(self.trained[1:]))
+
+
+def _with_bos(tokenizer: Tokenizer, ids: list[int], trained: list[bool]) -> tuple[list[int], list[bool]]:
+    if tokenizer.add_bos and tokenizer.bos_id is not None and (not ids or ids[0] != tokenizer.bos_id):
+        return [tokenizer.bos_id, *ids], [False, *trained]
+    return ids, trained
+
+
+def _mask_spans(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
+    """Per token: does its character range overlap one of `spans` (an empty range at s: a <= s < b)?"""
+    if not offsets:
+        return []
+    o = np.asarray(offsets, dtype=np.int64)  # (n, 2)
+    start, end = o[:, 0], o[:, 1]
+    empty = start == end
+    mask = np.zeros(len(o), dtype=bool)
+    for a, b in spans:
+        mask |= np.where(empty, (a <= start) & (start < b), (start < b) & (end > a))
+    return mask.tolist()
+
+
+def _encode_one(
+    sample: Sample, tokenizer: Tokenizer, template: ChatTemplate | None, options: EncodeOptions
+) -> tuple[list[int], list[bool]]:
+    """Token ids and trained flags of one sample, before truncation."""
+    if sample.kind == "text":
+        assert sample.text is not None
+        ids = tokenizer.encode(sample.text, add_special=False, parse_special=True)
+        trained = [True] * len(ids)
+        ids, trained = _with_bos(tokenizer, ids, trained)
+        if tokenizer.bos_id is not None and ids and ids[0] == tokenizer.bos_id:
+            trained[0] = False
+        if tokenizer.eos_id is not None and (not ids or ids[-1] != tokenizer.eos_id):
+            ids, trained = [*ids, tokenizer.eos_id], [*trained, True]
+        return ids, trained
+    if sample.kind == "prompt" and options.prompt_format == "raw":
+        assert sample.prompt is not None and sample.response is not None
+        p = tokenizer.encode(sample.prompt, add_special=False, parse_special=True)
+        r = tokenizer.encode(sample.response, add_special=False, parse_special=True)
+        if tokenizer.eos_id is not None:
+            r.append(tokenizer.eos_id)
+        ids, trained = _with_bos(tokenizer, p + r, [options.train_on_prompt] * len(p) + [True] * len(r))
+    else:
+        if template is None:
+            raise TemplateError("a chat template is needed for conversations, and none was given")
+        text, spans = template.render_with_spans(list(sample.messages))
+        ids, offsets = tokenizer.encode_with_offsets(text, parse_special=True)
+        trained = [True] * len(ids) if options.train_on_prompt else _mask_spans(offsets, spans)
+        ids, trained = _with_bos(tokenizer, ids, trained)
+    if options.train_on_prompt and trained:
+        trained = [True] * len(trained)
+        trained[0] = not (tokenizer.bos_id is not None and ids[0] == tokenizer.bos_id)
+    return ids, trained
+
+
+def encode_samples(
+    samples: Sequence[Sample], tokenizer: Tokenizer, template: ChatTemplate | None, options: EncodeOptions
+) -> tuple[list[Encoded], list[Problem]]:
+    """Tokens and trained masks of `samples`, and the problems met (in sample order).
+
+    A sample longer than `options.n_ctx` keeps its first n_ctx tokens (a warning); one left with
+    no trained token, or that the chat template cannot render, is dropped (an error). `template`
+    may be None when no sample needs one (text samples, raw prompt/response).
+    """
+    out: list[Encoded] = []
+    problems: list[Problem] = []
+    n_ctx = options.n_ctx
+    for index, sample in enumerate(samples):
+        where = "" if sample.line else f"sample {index}: "
+        try:
+            ids, trained = _encode_one(sample, tokenizer, template, options)
+        except (TemplateError, TokenizerError) as exc:
+            problems.append(Problem(sample.line, f"{where}cannot be encoded: {exc}", ERROR))
+            continue
+        tokens = np.asarray(ids, dtype=np.int32)
+        mask = np.asarray(trained, dtype=bool)
+        n = len(tokens)
+        truncated = n > n_ctx
+        if truncated:
+            tokens, mask = tokens[:n_ctx], mask[:n_ctx]
+        if not mask[1:].any():
+            if truncated:
+                first = int(np.argmax(np.asarray(trained, dtype=bool)))
+                message = (
+                    f"{where}no trained tokens left after truncating its {n} tokens to n_ctx={n_ctx}: "
+                    f"the first trained token is token {first}; raise n_ctx or shorten the prompt"
+                )
+            else:
+                message = f"{where}has no trained tokens ({n} tokens)"
+            problems.append(Problem(sample.line, message, ERROR))
+            continue
+        if truncated:
+            cut = int(np.count_nonzero(np.asarray(trained, dtype=bool)[n_ctx:]))
+            problems.append(
+                Problem(
+                    sample.line,
+                    f"{where}{n} tokens, truncated to n_ctx={n_ctx} ({cut} trained tokens cut off)",
+                    WARNING,
+                )
+            )
+        out.append(Encoded(index, tokens, mask, 1.0, truncated))
+    return out, problems
+
+
+# -- packing and batches ------------------------------------------------------------------------
+
+
+def _first_fit(lengths: Sequence[int], capacity: int) -> list[int]:
+    """First-fit bin index per item, in the order given, with a max segment tree over free space."""
+    n = len(lengths)
+    size = 1
+    while size < max(n, 1):
+        size *= 2
+    free = np.full(2 * size, capacity, dtype=np.int64)  # free[1] root; leaves size..2*size-1 are bins
+    bins = []
+    for length in lengths:
+        node = 1
+        while node < size:
+            node = 2 * node if free[2 * node] >= length else 2 * node + 1
+        bins.append(node - size)
+        free[node] -= length
+        node //= 2
+        while node:
+            free[node] = max(free[2 * node], free[2 * node + 1])
+            node //= 2
+    return bins
+
+
+def pack(encoded: Sequence[Encoded], n_ctx: int, *, shuffle_seed: int | None = None) -> list[list[Encoded]]:
+    """Whole samples in windows of at most `n_ctx` tokens, by first-fit decreasing.
+
+    Samples are taken longest first (ties in list order, or in an order shuffled by
+    `shuffle_seed`) and each goes into the first window with room for it; a sample is never
+    split. Windows come in the order they were opened (longest samples first), or shuffled by
+    `shuffle_seed`. Every sample must already fit (`encode_samples` truncates to n_ctx).
+    """
+    for e in encoded:
+        if len(e.tokens) > n_ctx:
+            raise ValueError(f"sample {e.index} has {len(e.tokens)} tokens, more than n_ctx={n_ctx}")
+    rng = np.random.default_rng(shuffle_seed) if shuffle_seed is not None else None
+    order = list(range(len(encoded))) if rng is None else rng.permutation(len(encoded)).tolist()
+    order.sort(key=lambda i: -len(encoded[i].tokens))  # stable: ties keep the (shuffled) order
+    bins = _first_fit([len(encoded[i].tokens) for i in order], n_ctx)
+    windows: list[list[Encoded]] = [[] for _ in range(max(bins, default=-1) + 1)]
+    for i, b in zip(order, bins, strict=True):
+        windows[b].append(encoded[i])
+    if rng is not None:
+        windows = [windows[i] for i in rng.permutation(len(windows))]
+    return windows
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Packed windows as (B, T) arrays; the loss is sum(weights * cross_entropy(logits, targets))."""
+
+    tokens: np.ndarray  # (B, T) int64 input ids (padding 0)
+    targets: np.ndarray  # (B, T) int64: token t+1 of the same sample when it is trained, else -1
+    weights: np.ndarray  # (B, T) float32 loss weight per target, 0 where targets == -1
+    positions: np.ndarray  # (B, T) int64, restarting at 0 for each packed sample (padding 0)
+    segments: np.ndarray  # (B, T) int64 packed-sample number within the row; -1 for padding
+    sample_ids: np.ndarray  # (B, T) int64 index of the sample each position belongs to; -1 for padding
+    n_label_tokens: int  # count of targets >= 0
+
+    @property
+    def n_tokens(self) -> int:
+        """Positions holding a sample token (not padding)."""
+        return int(np.count_nonzero(self.segments >= 0))
+
+
+def make_batches(
+    windows: Sequence[Sequence[Encoded]], batch_size: int, n_ctx: int, *, normalize: str = "tokens"
+) -> list[Batch]:
+    """Batches of `batch_size` windows (the last may have fewer), each row n_ctx long.
+
+    normalize="tokens": weights = sample weight / n_label_tokens of the batch, so with unit
+    weights the loss is the mean cross-entropy over the batch's label tokens.
+    normalize="samples": weights = sample weight / (the sample's label tokens * samples in the
+    batch): the mean over samples of each sample's mean, for group-relative training where the
+    weight is an advantage and may be negative.
+    """
+    if normalize not in ("tokens", "samples"):
+        raise ValueError(f"normalize must be 'tokens' or 'samples', got {normalize!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    batches = []
+    for first in range(0, len(windows), batch_size):
+        rows = windows[first : first + batch_size]
+        B, T = len(rows), n_ctx
+        tokens = np.zeros((B, T), dtype=np.int64)
+        targets = np.full((B, T), -1, dtype=np.int64)
+        weights = np.zeros((B, T), dtype=np.float64)
+        positions = np.zeros((B, T), dtype=np.int64)
+        segments = np.full((B, T), -1, dtype=np.int64)
+        sample_ids = np.full((B, T), -1, dtype=np.int64)
+        placed = []  # (row, start, sample)
+        for b, row in enumerate(rows):
+            t = 0
+            for k, e in enumerate(row):
+                n = len(e.tokens)
+                if t + n > T:
+                    raise ValueError(f"window {first + b} holds {t + n} tokens, more than n_ctx={n_ctx}")
+                tokens[b, t : t + n] = e.tokens
+                targets[b, t : t + n - 1] = np.where(e.trained[1:], e.tokens[1:], -1)
+                positions[b, t : t + n] = np.arange(n)
+                segments[b, t : t + n] = k
+                sample_ids[b, t : t + n] = e.index
+                placed.append((b, t, e))
+                t += n
+        n_label = int(np.count_nonzero(targets >= 0))
+        n_samples = sum(1 for _, _, e in placed if e.n_targets > 0)
+        for b, t, e in placed:
+            sl = slice(t, t + len(e.tokens) - 1)
+            if normalize == "tokens":
+                denom = n_label
+            else:
+                denom = e.n_targets * n_samples
+            if denom:
+                weights[b, sl] = np.where(targets[b, sl] >= 0, e.weight / denom, 0.0)
+        batches.append(
+            Batch(tokens, targets, weights.astype(np.float32), positions, segments, sample_ids, n_label)
+        )
+    return batches
+
+
+def batch_encoded(
+    encoded: Sequence[Encoded],
+    n_ctx: int,
+    batch_size: int,
+    *,
+    weights: Sequence[float] | np.ndarray | None = None,
+    shuffle_seed: int | None = None,
+    normalize: str = "tokens",
+) -> list[Batch]:
+    """`pack` then `make_batches`, with `weights[e.index]` as each sample's weight when given.
+
+    `weights` is indexed like the sample list that `encode_samples` was given.
+    """
+    if weights is not None:
+        w = np.asarray(weights, dtype=np.float64)
+        if w.ndim != 1 or not np.all(np.isfinite(w)):
+            raise ValueError("weights must be a 1-D sequence of finite numbers")
+        if encoded and max(e.index for e in encoded) >= len(w):
+            raise ValueError(f"{len(w)} weights for samples indexed up to {max(e.index for e in encoded)}")
+        encoded = [replace(e, weight=float(w[e.index])) for e in encoded]
+    return make_batches(
+        pack(encoded, n_ctx, shuffle_seed=shuffle_seed), batch_size, n_ctx, normalize=normalize
+    )
+
+
+def build_batches(
+    samples: Sequence[Sample],
+    tokenizer: Tokenizer,
+    template: ChatTemplate | None,
+    options: EncodeOptions,
+    batch_size: int,
+    *,
+    weights: Sequence[float] | np.ndarray | None = None,
+    shuffle_seed: int | None = None,
+    normalize: str = "tokens",
+) -> tuple[list[Batch], list[Problem]]:
+    """One epoch's batches of `samples` and the encoding problems: `encode_samples` then `batch_encoded`.
+
+    `weights` (one per sample, e.g. `engine.rewards.reward_weights`) scale each sample's loss.
+    A trainer that runs several epochs can call `encode_samples` once and `batch_encoded` per epoch.
+    """
+    if weights is not None and len(weights) != len(samples):
+        raise ValueError(f"{len(weights)} weights for {len(samples)} samples")
+    encoded, problems = encode_samples(samples, tokenizer, template, options)
+    batches = batch_encoded(
+        encoded, options.n_ctx, batch_size, weights=weights, shuffle_seed=shuffle_seed, normalize=normalize
+    )
+    return batches, problems
+
+
+# -- validation split ---------------------------------------------------------------------------
+
+
+def split_validation(
+    samples: Sequence[Sample], fraction: float, seed: int
+) -> tuple[list[Sample], list[Sample]]:
+    """(train, validation): about `fraction` of the samples held out, whole groups at a time.
+
+    Deterministic for a seed; both lists keep the original order. Samples sharing a `group`
+    (answers to one prompt) land on the same side; text samples are groups of their own.
+    fraction 0 holds out nothing; otherwise at least one sample is held out when there are two
+    or more, and at least one stays for training. When every sample is in one group nothing
+    can be held out without splitting it, and the validation list is empty.
+    """
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"fraction must be in [0, 1), got {fraction!r}")
+    n = len(samples)
+    if fraction == 0.0 or n < 2:
+        return list(samples), []
+    groups: dict[Any, list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(s.group if s.group else ("#", i), []).append(i)
+    members = list(groups.values())
+    target = min(max(1, round(fraction * n)), n - 1)
+    shuffled = [members[g] for g in np.random.default_rng(seed).permutation(len(members))]
+    held: list[int] = []
+    for group in shuffled:
+        if len(held) + len(group) <= target:
+            held.extend(group)
+    if not held:  # every group is larger than the target: hold out the smallest that leaves some training
+        smaller = [group for group in shuffled if len(group) < n]
+        if smaller:
+            held = min(smaller, key=len)
+        else:
+            log.warning("all %d samples answer the same prompt: no validation split", n)
+    chosen = set(held)
+    train = [s for i, s in enumerate(samples) if i not in chosen]
+    return train, [s for i, s in enumerate(samples) if i in chosen]

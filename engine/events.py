@@ -1,0 +1,125 @@
+"""Events a training run reports, as frozen dataclasses holding host data only.
+
+`Trainer.run(on_event, should_stop)` emits them in this order: one `Started`, then per optimizer
+step a `Step` (and, when due, `Eval`, `LoraNorms`, `ExpertUsage`, `Checkpoint`), and finally one
+`Finished` or `Failed`. The CLI prints them and writes them as JSON lines; the studio plots them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run will do, known before the first step."""
+
+    n_train: int  # training samples (after problems were dropped)
+    n_val: int  # validation samples
+    n_windows: int  # packed windows per epoch
+    tokens_per_epoch: int  # sample tokens per epoch (no padding)
+    label_tokens_per_epoch: int  # tokens with a loss term per epoch
+    batches_per_epoch: int  # micro-batches per epoch
+    total_steps: int  # optimizer steps of the whole run
+    trainable_params: int  # LoRA factors + full-weight tensors
+    lora_targets: tuple[str, ...]  # adapted tensor names
+    full_tensors: tuple[str, ...]  # tensors trained in full
+    memory_bytes: dict[str, int]  # estimate: weights, trainable + optimizer, activations, total
+    problems: tuple[str, ...]  # dataset problems, one line each ("line 12: ...")
+    start_step: int  # 0, or the step a resumed run starts from
+
+
+@dataclass(frozen=True)
+class Started:
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class Step:
+    step: int  # optimizer steps done (1-based)
+    total_steps: int
+    epoch: float  # fractional epoch reached
+    loss: float  # objective of this step (weighted; with the KL term in group mode)
+    mean_ce: float  # plain mean cross-entropy over the step's label tokens
+    lr: float  # learning rate used for this step
+    grad_norm: float  # global gradient norm before clipping
+    tokens: int  # sample tokens processed by this step
+    tokens_per_s: float
+    elapsed_s: float  # since the run (or the resumed run) started
+    eta_s: float  # estimated seconds to the end
+
+
+@dataclass(frozen=True)
+class Eval:
+    step: int
+    mean_ce: float  # mean cross-entropy over the validation label tokens
+    n_tokens: int
+
+    @property
+    def perplexity(self) -> float:
+        return math.exp(min(self.mean_ce, 50.0))
+
+
+@dataclass(frozen=True)
+class LoraNorms:
+    step: int
+    by_kind: dict[str, float]  # tensor kind -> ||delta W||_F over the layers (root of sum of squares)
+    by_layer: dict[int, float]  # layer -> ||delta W||_F over the kinds
+    per_tensor: dict[str, float]  # tensor name -> ||delta W||_F
+
+
+@dataclass(frozen=True)
+class ExpertUsage:
+    step: int
+    counts: np.ndarray  # (L, E) tokens routed to each expert during this step
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    path: str  # checkpoint folder
+
+
+@dataclass(frozen=True)
+class Finished:
+    step: int
+    stopped: bool  # True when should_stop ended the run early
+    final_loss: float | None  # last step's mean cross-entropy
+    adapter_path: str | None  # the written adapter, when the run was given an output path
+    merged_path: str | None  # the written full model, for runs with full-weight tensors
+    checkpoint_path: str | None  # the last checkpoint
+
+
+@dataclass(frozen=True)
+class Failed:
+    step: int  # the step that failed (0: before training started)
+    message: str  # what went wrong and what to do next
+    checkpoint_path: str | None  # the last good checkpoint, untouched
+
+
+Event = Started | Step | Eval | LoraNorms | ExpertUsage | Checkpoint | Finished | Failed
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def event_to_json(event: Any) -> str:
+    """One JSON line: {"event": "Step", ...fields}."""
+    return json.dumps({"event": type(event).__name__, **_plain(event)}, ensure_ascii=False)

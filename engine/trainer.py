@@ -1,0 +1,518 @@
+"""The training loop: `Trainer.run(on_event, should_stop)`, plain Python with no UI in it.
+
+A run loads the dataset (every problem reported, never fatal), holds out a validation split,
+encodes and packs the samples, builds the trainable parameters (LoRA on the chosen targets and
+full-weight copies), then takes AdamW steps with gradient accumulation, emitting the events of
+`engine.events`. Rewards turn into per-sample weights (reward-weighted SFT) or advantages
+(group-relative, optionally with a KL term to the base model).
+
+Checkpoints are folders written atomically (temporary name, then rename) holding the adapter as a
+llama.cpp-loadable GGUF, and `state.npz` with the exact parameters, optimizer moments and the
+position in the data, so a resumed run continues the same trajectory bit for bit. A non-finite
+loss or gradient stops the run with `Failed`, leaving the last good checkpoint untouched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from . import events as ev
+from .chat_template import ChatTemplate
+from .data import EncodeOptions, Sample, batch_encoded, encode_samples, load_jsonl, split_validation
+from .errors import DatasetError, EngineError, ModelError
+from .lora import LoraAdapter
+from .model import Model
+from .optim import AdamW, GradAccumulator, OptimConfig
+from .rewards import group_advantages, reward_weights
+from .targets import TargetSpec, select_full, select_targets
+from .tokenizer import Tokenizer
+from .train_model import Trainable, loss_and_grads
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.npz"
+ADAPTER_FILE = "adapter.gguf"
+CONFIG_FILE = "trainer.json"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a run needs besides the model and the data. Defaults suit a first LoRA run."""
+
+    # adapter
+    targets: TargetSpec = field(default_factory=TargetSpec)  # which tensors get LoRA
+    rank: int = 16  # LoRA rank r
+    alpha: float = 32.0  # LoRA alpha (scale alpha / r)
+    lora_init: str = "kaiming"  # "kaiming" (PEFT) or "gaussian" (N(0, 1/r))
+    full: tuple[str, ...] = ()  # tensors trained in full: names, globs or kinds ("attn_norm", "all", ...)
+    # data
+    n_ctx: int = 512  # packed window length in tokens
+    batch_size: int = 1  # windows per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    epochs: float = 1.0  # passes over the data (used when steps is 0)
+    steps: int = 0  # optimizer steps; 0 = from epochs
+    val_split: float = 0.0  # fraction of samples held out for validation
+    train_on_prompt: bool = False  # loss on prompt tokens too
+    prompt_format: str = "chat"  # prompt/response samples: "chat" template or "raw" concatenation
+    seed: int = 0  # shuffling, validation split, LoRA init
+    # optimizer
+    lr: float = 2e-4  # peak learning rate
+    schedule: str = "cosine"  # constant | linear | cosine
+    warmup_steps: int = 0  # linear warm-up steps
+    min_lr_ratio: float = 0.0  # floor of the decay, as a fraction of lr
+    weight_decay: float = 0.0  # decoupled weight decay (matrices only)
+    gclip: float = 0.0  # element-wise gradient clipping; 0 = off
+    max_grad_norm: float = 1.0  # global gradient-norm clipping; 0 = off
+    # rewards
+    reward_mode: str = "none"  # none | weighted (reward-weighted SFT) | group (group-relative)
+    kl_coef: float = 0.0  # group mode: weight of KL(adapter || base) per label token
+    # runtime
+    checkpoint_layers: bool = False  # recompute each block in the backward pass (less memory)
+    checkpoint_every: int = 0  # steps between checkpoints; 0 = only at the end / on stop
+    checkpoint_dir: str | None = None  # folder for checkpoints (None: no checkpoints)
+    keep_checkpoints: int = 2  # newest checkpoints kept
+    eval_every: int = 0  # steps between validation passes; 0 = at the end only
+    norms_every: int = 1  # steps between LoraNorms events
+    out: str | None = None  # adapter GGUF written at the end
+    out_type: str = "F32"  # F32 | F16 | Q8_0
+
+    def optim(self, total_steps: int) -> OptimConfig:
+        return OptimConfig(
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            gclip=self.gclip,
+            max_grad_norm=self.max_grad_norm,
+            schedule=self.schedule,
+            warmup_steps=self.warmup_steps,
+            total_steps=max(1, total_steps),
+            min_lr_ratio=self.min_lr_ratio,
+        )
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["targets"] = asdict(self.targets)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> TrainConfig:
+        d = dict(d)
+        t = d.pop("targets", {})
+        t = TargetSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()})
+        d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        return cls(targets=t, **d)
+
+
+def estimate_memory(model: Model, n_trainable: int, config: TrainConfig) -> dict[str, int]:
+    """Rough bytes: frozen weights, trainable state (params, grads, two moments), activations."""
+    c = model.config
+    item = np.dtype(model.dtype).itemsize
+    weights = int(sum(a.nbytes for a in model.weights.values()))
+    trainable = n_trainable * item * 4
+    BT = config.batch_size * config.n_ctx
+    ffn = c.K * c.F_exp * 3 + c.F_shexp * 3 if c.is_moe else c.F * 3
+    per_layer = (
+        BT * (10 * c.C + 4 * c.NH * c.HS + ffn) * item + config.batch_size * c.NH * config.n_ctx**2 * item
+    )
+    layers = per_layer * (1 if config.checkpoint_layers else c.L) + (
+        BT * c.C * item * c.L if config.checkpoint_layers else 0
+    )
+    head = min(BT, 256) * c.V * item * 3
+    activations = int(layers + head)
+    return {
+        "weights": weights,
+        "trainable": int(trainable),
+        "activations": activations,
+        "total": int(weights + trainable + activations),
+    }
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Trainer:
+    """One training run of a model on a dataset. Build it, then call `run` (in a worker thread)."""
+
+    def __init__(
+        self,
+        model: Model | str,
+        data: str | list[Sample],
+        config: TrainConfig = TrainConfig(),  # noqa: B008 - frozen dataclass
+        *,
+        template: ChatTemplate | str | None = None,
+        resume: str | None = None,
+        init_adapter: str | None = None,
+    ):
+        self.config = config
+        self.model = model if isinstance(model, Model) else Model.load(model)
+        if self.model.dtype == np.float16:
+            raise ModelError(
+                "training needs float32 (or float64) weights in memory; load the model with float32"
+            )
+        self.data = data
+        self.template_arg = template
+        self.resume = resume
+        self.init_adapter = init_adapter
+        self.trainable: Trainable | None = None
+        self.optimizer: AdamW | None = None
+        self.step = 0
+
+    # --- data ---------------------------------------------------------------------------------
+    def _prepare(self):
+        cfg = self.config
+        md = self.model.metadata
+        tok = Tokenizer.from_metadata(md, self.model.path)
+        if isinstance(self.template_arg, ChatTemplate):
+            template = self.template_arg
+        elif isinstance(self.template_arg, str):
+            base = ChatTemplate.from_metadata(md)
+            try:
+                source = Path(self.template_arg).read_text(encoding="utf-8")
+            except OSError as exc:
+                raise DatasetError(f"{self.template_arg}: chat template cannot be read ({exc})") from exc
+            template = ChatTemplate(
+                source, bos_token=base.bos_token, eos_token=base.eos_token, name=self.template_arg
+            )
+        else:
+            template = ChatTemplate.from_metadata(md)
+        problems = []
+        if isinstance(self.data, str):
+            samples, problems = load_jsonl(self.data)
+            self.dataset_sha256 = file_sha256(self.data)
+        else:
+            samples = list(self.data)
+            self.dataset_sha256 = hashlib.sha256(
+                json.dumps([asdict(s) for s in samples], sort_keys=True, default=str).encode()
+            ).hexdigest()
+        if not samples:
+            raise DatasetError(
+                "the dataset has no usable sample" + (f" ({len(problems)} problems)" if problems else "")
+            )
+        train, val = split_validation(samples, cfg.val_split, cfg.seed)
+        options = EncodeOptions(
+            n_ctx=cfg.n_ctx, train_on_prompt=cfg.train_on_prompt, prompt_format=cfg.prompt_format
+        )
+        enc_train, p1 = encode_samples(train, tok, template, options)
+        enc_val, p2 = encode_samples(val, tok, template, options) if val else ([], [])
+        problems = [*problems, *p1, *p2]
+        if not enc_train:
+            raise DatasetError(
+                "no training sample is left after encoding: " + "; ".join(str(p) for p in problems[:5])
+            )
+        weights, normalize = None, "tokens"
+        rewards = [s.reward for s in train]
+        if cfg.reward_mode == "weighted":
+            weights = reward_weights(rewards)
+        elif cfg.reward_mode == "group":
+            weights = group_advantages(rewards, [s.group for s in train])
+            normalize = "samples"
+        elif cfg.reward_mode != "none":
+            raise DatasetError(f"unknown reward mode {cfg.reward_mode!r} (none, weighted, group)")
+        self.enc_train, self.weights, self.normalize = enc_train, weights, normalize
+        self.val_batches = batch_encoded(enc_val, cfg.n_ctx, cfg.batch_size) if enc_val else []
+        self.problems = problems
+        self.n_train, self.n_val = len(train), len(val)
+        self._epoch_cache: dict[int, list] = {}
+        return self.batches_for_epoch(0)
+
+    def batches_for_epoch(self, epoch: int) -> list:
+        """Deterministic batches of one epoch (shuffled by seed + epoch): the basis of exact resume."""
+        if epoch not in self._epoch_cache:
+            self._epoch_cache = {
+                epoch: batch_encoded(
+                    self.enc_train,
+                    self.config.n_ctx,
+                    self.config.batch_size,
+                    weights=self.weights,
+                    shuffle_seed=self.config.seed + epoch,
+                    normalize=self.normalize,
+                )
+            }
+        return self._epoch_cache[epoch]
+
+    # --- parameters ---------------------------------------------------------------------------
+    def _build_trainable(self) -> Trainable:
+        cfg, model = self.config, self.model
+        if self.init_adapter:
+            tr = Trainable.from_adapter(LoraAdapter.load(self.init_adapter, model), model)
+        else:
+            targets = (
+                select_targets(model.tensors, cfg.targets, model.config.L)
+                if cfg.targets.preset != "none" or cfg.targets.patterns
+                else []
+            )
+            tr = Trainable.init(model, targets, cfg.rank, cfg.alpha, (), cfg.seed, cfg.lora_init)
+        full = select_full(model.tensors, cfg.full, model.config.L) if cfg.full else []
+        tr.full = {n: model.weights[n].copy() for n in full if n in model.weights}
+        if not tr.pairs and not tr.full:
+            raise ModelError("nothing to train: choose LoRA targets or full-weight tensors")
+        return tr
+
+    # --- checkpoints --------------------------------------------------------------------------
+    def save_checkpoint(self, folder: str) -> str:
+        """Write adapter + exact state into `folder/ckpt-<step>` atomically; prune old checkpoints."""
+        from .export import export_adapter
+
+        os.makedirs(folder, exist_ok=True)
+        final = os.path.join(folder, f"ckpt-{self.step:06d}")
+        tmp = tempfile.mkdtemp(prefix=".tmp-ckpt-", dir=folder)
+        try:
+            state = {f"param.{k}": v for k, v in self.trainable.params().items()}
+            state.update({f"optim.{k}": np.asarray(v) for k, v in self.optimizer.state_dict().items()})
+            state["trainer.step"] = np.asarray(self.step)
+            np.savez(os.path.join(tmp, STATE_FILE), **state)
+            if self.trainable.pairs:
+                export_adapter(
+                    self._adapter(), os.path.join(tmp, ADAPTER_FILE), training=self._training_facts()
+                )
+            meta = {
+                "step": self.step,
+                "config": self.config.to_json(),
+                "model": self.model.path,
+                "rank": self.trainable.rank,
+                "alpha": self.trainable.alpha,
+                "lora_targets": sorted(self.trainable.pairs),
+                "full": sorted(self.trainable.full),
+            }
+            with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
+                json.dump(meta, f, indent=1)
+            if os.path.exists(final):
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        old = sorted(p for p in os.listdir(folder) if p.startswith("ckpt-"))
+        for p in old[: max(0, len(old) - self.config.keep_checkpoints)]:
+            shutil.rmtree(os.path.join(folder, p), ignore_errors=True)
+        return final
+
+    def _load_checkpoint(self, path: str) -> None:
+        try:
+            with open(os.path.join(path, CONFIG_FILE), encoding="utf-8") as f:
+                meta = json.load(f)
+            state = dict(np.load(os.path.join(path, STATE_FILE)))
+        except (OSError, ValueError, json.JSONDecodeError) as exc:
+            raise ModelError(f"{path}: not a readable checkpoint ({exc})") from exc
+        params = self.trainable.params()
+        saved = {k[len("param.") :]: v for k, v in state.items() if k.startswith("param.")}
+        if set(saved) != set(params):
+            raise ModelError(
+                f"{path}: checkpoint trains {len(saved)} tensors, this run {len(params)}; "
+                "resume with the same targets, rank and full-weight tensors"
+            )
+        for k, v in saved.items():
+            if v.shape != params[k].shape:
+                raise ModelError(f"{path}: {k} has shape {v.shape} in the checkpoint, {params[k].shape} here")
+            params[k][...] = v
+        self.optimizer.load_state_dict(
+            {k[len("optim.") :]: v for k, v in state.items() if k.startswith("optim.")}
+        )
+        self.step = int(state["trainer.step"])
+        if meta.get("step") != self.step:
+            raise ModelError(f"{path}: inconsistent checkpoint (step {meta.get('step')} vs {self.step})")
+
+    def _adapter(self) -> LoraAdapter:
+        return self.trainable.to_adapter(self.model.config.arch)
+
+    def _training_facts(self) -> dict:
+        return {
+            "training.rank": self.trainable.rank,
+            "training.targets": sorted(self.trainable.pairs),
+            "training.steps": self.step,
+            "training.final_loss": float(self.last_ce) if self.last_ce is not None else float("nan"),
+            "training.dataset_sha256": self.dataset_sha256,
+            "training.base_model": os.path.basename(self.model.path),
+            "training.reward_mode": self.config.reward_mode,
+            "training.tool": "tune-studio",
+        }
+
+    # --- the loop -----------------------------------------------------------------------------
+    def run(
+        self,
+        on_event: Callable[[object], None] = lambda e: None,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> ev.Finished | ev.Failed:
+        """Train; every outcome (including bad data or a model that cannot train) ends in an event."""
+        self.last_ce = None
+        last_ckpt: str | None = self.resume
+        try:
+            batches = self._prepare()
+            cfg = self.config
+            n_batches = len(batches)
+            total = cfg.steps or max(1, math.ceil(cfg.epochs * n_batches / cfg.grad_accum))
+            self.trainable = self._build_trainable()
+            self.optimizer = AdamW(self.trainable.params(), cfg.optim(total))
+            if self.resume:
+                self._load_checkpoint(self.resume)
+            tokens_epoch = sum(b.n_tokens for b in batches)
+            plan = ev.Plan(
+                n_train=self.n_train,
+                n_val=self.n_val,
+                n_windows=sum(b.tokens.shape[0] for b in batches),
+                tokens_per_epoch=tokens_epoch,
+                label_tokens_per_epoch=sum(b.n_label_tokens for b in batches),
+                batches_per_epoch=n_batches,
+                total_steps=total,
+                trainable_params=self.trainable.n_params,
+                lora_targets=tuple(self.trainable.pairs),
+                full_tensors=tuple(self.trainable.full),
+                memory_bytes=estimate_memory(self.model, self.trainable.n_params, cfg),
+                problems=tuple(str(p) for p in self.problems),
+                start_step=self.step,
+            )
+        except EngineError as exc:
+            failed = ev.Failed(0, str(exc), last_ckpt)
+            on_event(failed)
+            return failed
+        on_event(ev.Started(plan))
+
+        t0 = time.perf_counter()
+        start_step = self.step
+        acc = GradAccumulator()
+        while self.step < total:
+            if should_stop():
+                return self._finish(on_event, stopped=True, last_ckpt=last_ckpt)
+            t_step = time.perf_counter()
+            acc.reset()
+            loss = ce_sum = 0.0
+            n_tok = n_label = 0
+            counts = None
+            for j in range(cfg.grad_accum):
+                m = self.step * cfg.grad_accum + j  # global micro-batch index
+                batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
+                res = loss_and_grads(
+                    self.model,
+                    self.trainable,
+                    batch,
+                    checkpoint=cfg.checkpoint_layers,
+                    kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
+                )
+                acc.add(res.grads)
+                loss += res.loss / cfg.grad_accum
+                ce_sum += res.ce_sum
+                n_label += res.n_tokens
+                n_tok += batch.n_tokens
+                if res.expert_counts is not None:
+                    counts = res.expert_counts if counts is None else counts + res.expert_counts
+            if not math.isfinite(loss):
+                return self._fail(
+                    on_event,
+                    f"the loss became {loss} at step {self.step + 1}: training stopped. "
+                    "Lower the learning rate or check the data; the last good checkpoint is kept.",
+                    last_ckpt,
+                )
+            stats = self.optimizer.step(acc.mean())
+            if not math.isfinite(stats.grad_norm):
+                return self._fail(
+                    on_event,
+                    f"the gradient became {stats.grad_norm} at step {self.step + 1}: "
+                    "training stopped; lower the learning rate. The last good checkpoint is kept.",
+                    last_ckpt,
+                )
+            self.step += 1
+            self.last_ce = ce_sum / max(1, n_label)
+            now = time.perf_counter()
+            elapsed = now - t0
+            rate = n_tok / max(now - t_step, 1e-9)
+            done = self.step - start_step
+            eta = elapsed / done * (total - self.step)
+            on_event(
+                ev.Step(
+                    self.step,
+                    total,
+                    m / n_batches + 1 / n_batches,
+                    loss,
+                    self.last_ce,
+                    stats.lr,
+                    stats.grad_norm,
+                    n_tok,
+                    rate,
+                    elapsed,
+                    eta,
+                )
+            )
+            if counts is not None:
+                on_event(ev.ExpertUsage(self.step, counts))
+            if self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0:
+                on_event(self._norms_event())
+            if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
+                on_event(self.evaluate())
+            if cfg.checkpoint_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                last_ckpt = self.save_checkpoint(cfg.checkpoint_dir)
+                on_event(ev.Checkpoint(self.step, last_ckpt))
+        if self.val_batches and not (cfg.eval_every and self.step % cfg.eval_every == 0):
+            on_event(self.evaluate())
+        return self._finish(on_event, stopped=False, last_ckpt=last_ckpt)
+
+    def evaluate(self) -> ev.Eval:
+        ce = n = 0
+        for b in self.val_batches:
+            res = loss_and_grads(self.model, self.trainable, b, backward=False)
+            ce += res.ce_sum
+            n += res.n_tokens
+        return ev.Eval(self.step, ce / max(1, n), n)
+
+    def _norms_event(self) -> ev.LoraNorms:
+        from .norms import lora_norms
+
+        report = lora_norms(self._adapter())
+        return ev.LoraNorms(
+            self.step,
+            dict(report.by_kind),
+            dict(report.by_layer),
+            {t.name: t.norm_delta for t in report.tensors},
+        )
+
+    def _fail(self, on_event, message: str, last_ckpt: str | None) -> ev.Failed:
+        failed = ev.Failed(self.step + 1, message, last_ckpt)
+        on_event(failed)
+        return failed
+
+    def _finish(self, on_event, *, stopped: bool, last_ckpt: str | None) -> ev.Finished | ev.Failed:
+        from .export import export_adapter
+
+        cfg = self.config
+        try:
+            if cfg.checkpoint_dir and (not last_ckpt or not last_ckpt.endswith(f"ckpt-{self.step:06d}")):
+                last_ckpt = self.save_checkpoint(cfg.checkpoint_dir)
+                on_event(ev.Checkpoint(self.step, last_ckpt))
+            adapter_path = merged_path = None
+            if cfg.out and self.trainable.pairs:
+                adapter_path = export_adapter(
+                    self._adapter(), cfg.out, qtype=cfg.out_type, training=self._training_facts()
+                )
+            if cfg.out and self.trainable.full:
+                merged_path = self._export_full(cfg.out)
+        except (EngineError, OSError) as exc:
+            return self._fail(
+                on_event, f"training finished but the result could not be written: {exc}", last_ckpt
+            )
+        done = ev.Finished(self.step, stopped, self.last_ce, adapter_path, merged_path, last_ckpt)
+        on_event(done)
+        return done
+
+    def _export_full(self, out: str) -> str:
+        """Runs with full-weight tensors write a whole model: base + trained tensors (+ merged LoRA)."""
+        from .export import export_merged
+
+        stem = out[:-5] if out.endswith(".gguf") else out
+        path = stem + ".model.gguf" if self.trainable.pairs else out
+        export_merged(self.model.path, self._adapter(), path, replace_tensors=self.trainable.full)
+        return path

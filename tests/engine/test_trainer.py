@@ -1,0 +1,304 @@
+"""The training loop end to end on tiny models: it learns, resumes exactly, reports and stops cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from engine import events as ev
+from engine.chat_template import ChatTemplate
+from engine.data import load_jsonl
+from engine.generate import GREEDY, generate
+from engine.lora import LoraAdapter
+from engine.model import Model
+from engine.synth import SynthSpec, write_model
+from engine.targets import TargetSpec
+from engine.tokenizer import Tokenizer
+from engine.trainer import TrainConfig, Trainer
+
+CHATS = [
+    ("hello", "the quick brown fox"),
+    ("what is water", "water is one of the people"),
+    ("who are you", "my name is lazy dog"),
+]
+
+
+def write_chats(path, chats=CHATS, rewards=None):
+    with open(path, "w", encoding="utf-8") as f:
+        for i, (q, a) in enumerate(chats):
+            row = {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
+            if rewards is not None:
+                row["reward"] = rewards[i]
+            f.write(json.dumps(row) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("train")
+    return {
+        "llama": write_model(d / "llama.gguf", SynthSpec.for_arch("llama", seed=11)),
+        "qwen3moe": write_model(d / "moe.gguf", SynthSpec.for_arch("qwen3moe", seed=12)),
+    }
+
+
+def answer(model: Model, adapter_terms, question: str) -> str:
+    tok = Tokenizer.from_metadata(model.metadata)
+    tpl = ChatTemplate.from_metadata(model.metadata)
+    prompt = tok.encode(
+        tpl.render([{"role": "user", "content": question}], add_generation_prompt=True),
+        add_special=True,
+        parse_special=True,
+    )
+    [g] = generate(model, prompt, sampling=GREEDY, stop_ids=tok.eot_ids, lora=adapter_terms)
+    return tok.decode(list(g.tokens))
+
+
+def run(trainer: Trainer, stop_after: int | None = None):
+    got = []
+
+    def should_stop():
+        return stop_after is not None and sum(isinstance(e, ev.Step) for e in got) >= stop_after
+
+    result = trainer.run(got.append, should_stop)
+    return got, result
+
+
+@pytest.mark.parametrize("arch,preset,steps", [("llama", "all", 60), ("qwen3moe", "experts", 150)])
+def test_overfits_and_generation_reproduces_the_answers(models, tmp_path, arch, preset, steps):
+    data = write_chats(tmp_path / "d.jsonl")
+    out = tmp_path / "adapter.gguf"
+    cfg = TrainConfig(
+        targets=TargetSpec(preset=preset),
+        rank=8,
+        alpha=16,
+        lr=1e-2,
+        steps=steps,
+        schedule="constant",
+        n_ctx=64,
+        batch_size=3,
+        out=str(out),
+        seed=1,
+    )
+    got, result = run(Trainer(models[arch], data, cfg))
+    steps_n = steps
+    steps = [e for e in got if isinstance(e, ev.Step)]
+    assert isinstance(got[0], ev.Started) and isinstance(result, ev.Finished) and got[-1] is result
+    assert [s.step for s in steps] == list(range(1, steps_n + 1))
+    assert steps[-1].mean_ce < 0.05 * steps[0].mean_ce, (steps[0].mean_ce, steps[-1].mean_ce)
+    if arch == "qwen3moe":
+        assert all(n.endswith("_exps.weight") for n in got[0].plan.lora_targets)
+        usage = [e for e in got if isinstance(e, ev.ExpertUsage)]
+        assert len(usage) == steps_n and usage[0].counts.shape == (2, 4)
+    norms = [e for e in got if isinstance(e, ev.LoraNorms)]
+    assert norms and norms[-1].per_tensor and max(norms[-1].per_tensor.values()) > 0
+    model = Model.load(models[arch])
+    adapter = LoraAdapter.load(result.adapter_path, model)
+    for q, a in CHATS:
+        assert answer(model, adapter.terms(), q) == a
+    assert answer(model, None, "hello") != "the quick brown fox"
+
+
+def test_resume_continues_the_same_trajectory(models, tmp_path):
+    data = write_chats(tmp_path / "d.jsonl")
+    base = dict(
+        targets=TargetSpec(preset="attention"),
+        rank=4,
+        lr=5e-3,
+        steps=6,
+        n_ctx=32,
+        batch_size=1,
+        grad_accum=2,
+        seed=3,
+        schedule="cosine",
+        warmup_steps=2,
+    )
+    full_run, _ = run(Trainer(models["llama"], data, TrainConfig(**base)))
+    ckpt = tmp_path / "ckpt"
+    first, _ = run(
+        Trainer(models["llama"], data, TrainConfig(**base, checkpoint_dir=str(ckpt), checkpoint_every=3)),
+        stop_after=3,
+    )
+    saved = sorted(os.listdir(ckpt))
+    assert saved == ["ckpt-000003"]
+    second, result = run(
+        Trainer(models["llama"], data, TrainConfig(**base), resume=str(ckpt / "ckpt-000003"))
+    )
+    assert second[0].plan.start_step == 3
+    losses = [e.loss for e in full_run if isinstance(e, ev.Step)]
+    resumed = [e.loss for e in first if isinstance(e, ev.Step)] + [
+        e.loss for e in second if isinstance(e, ev.Step)
+    ]
+    assert resumed == losses  # bit for bit
+    assert result.step == 6
+
+
+def test_stop_is_graceful_and_leaves_a_consistent_checkpoint(models, tmp_path):
+    data = write_chats(tmp_path / "d.jsonl")
+    cfg = TrainConfig(
+        rank=4, steps=50, n_ctx=32, checkpoint_dir=str(tmp_path / "c"), out=str(tmp_path / "a.gguf")
+    )
+    got, result = run(Trainer(models["llama"], data, cfg), stop_after=2)
+    assert isinstance(result, ev.Finished) and result.stopped and result.step == 2
+    assert result.checkpoint_path.endswith("ckpt-000002")
+    model = Model.load(models["llama"])
+    # the checkpoint's adapter equals the adapter written at the end
+    a = LoraAdapter.load(os.path.join(result.checkpoint_path, "adapter.gguf"), model)
+    b = LoraAdapter.load(result.adapter_path, model)
+    for name in a.pairs:
+        np.testing.assert_array_equal(a.pairs[name][1], b.pairs[name][1])
+
+
+def test_non_finite_loss_fails_with_the_step_and_keeps_the_last_checkpoint(models, tmp_path):
+    data = write_chats(tmp_path / "d.jsonl")
+    ckpt = tmp_path / "c"
+    cfg = TrainConfig(
+        rank=4, steps=10, n_ctx=32, checkpoint_dir=str(ckpt), checkpoint_every=1, keep_checkpoints=5
+    )
+    trainer = Trainer(models["llama"], data, cfg)
+    got = []
+
+    def on_event(e):
+        got.append(e)
+        if isinstance(e, ev.Checkpoint) and e.step == 2:
+            next(iter(trainer.trainable.pairs.values()))[0][...] = np.nan  # poison the adapter after step 2
+
+    result = trainer.run(on_event)
+    assert isinstance(result, ev.Failed) and result.step == 3
+    assert "nan" in result.message and "step 3" in result.message
+    assert result.checkpoint_path.endswith("ckpt-000002")
+    state = np.load(os.path.join(result.checkpoint_path, "state.npz"))
+    assert all(np.isfinite(state[k]).all() for k in state.files if k.startswith("param."))
+    assert sorted(os.listdir(ckpt)) == ["ckpt-000001", "ckpt-000002"]
+
+
+def test_bad_dataset_is_a_failed_event_with_the_reason(models, tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"foo": 1}\nnot json\n', encoding="utf-8")
+    got, result = run(Trainer(models["llama"], str(p), TrainConfig(steps=2)))
+    assert isinstance(result, ev.Failed) and result.step == 0
+    assert "no usable sample" in result.message
+
+
+def test_problems_are_reported_in_the_plan(models, tmp_path):
+    p = tmp_path / "mixed.jsonl"
+    write_chats(p)
+    with open(p, "a", encoding="utf-8") as f:
+        f.write("{broken\n")
+    got, result = run(Trainer(models["llama"], str(p), TrainConfig(steps=1, n_ctx=32)))
+    assert isinstance(result, ev.Finished)
+    assert any(s.startswith("line 4") for s in got[0].plan.problems)
+    assert got[0].plan.n_train == 3
+
+
+@pytest.mark.parametrize("mode,kl", [("weighted", 0.0), ("group", 0.0), ("group", 0.1)])
+def test_reward_modes_train(models, tmp_path, mode, kl):
+    chats = [("hello", "the quick brown fox"), ("hello", "my name is lazy dog"), ("hello", "water is one")]
+    data = write_chats(tmp_path / "d.jsonl", chats, rewards=[1.0, -1.0, 0.0])
+    cfg = TrainConfig(
+        rank=4,
+        lr=5e-3,
+        steps=15,
+        n_ctx=32,
+        batch_size=3,
+        reward_mode=mode,
+        kl_coef=kl,
+        schedule="constant",
+        out=str(tmp_path / "a.gguf"),
+    )
+    got, result = run(Trainer(models["llama"], data, cfg))
+    assert isinstance(result, ev.Finished)
+    model = Model.load(models["llama"])
+    adapter = LoraAdapter.load(result.adapter_path, model).terms()
+    tok = Tokenizer.from_metadata(model.metadata)
+    tpl = ChatTemplate.from_metadata(model.metadata)
+
+    def logp(answer_text, terms):
+        msgs = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": answer_text}]
+        text, spans = tpl.render_with_spans(msgs)
+        ids, offs = tok.encode_with_offsets(text)
+        ids = [tok.bos_id] + ids
+        lp = model.forward(np.array(ids), lora=terms)
+        lp = (
+            lp
+            - np.log(np.exp(lp - lp.max(-1, keepdims=True)).sum(-1, keepdims=True))
+            - lp.max(-1, keepdims=True)
+        )
+        start = next(i for i, (a, b) in enumerate(offs) if a >= spans[0][0]) + 1
+        return float(sum(lp[t - 1, ids[t]] for t in range(start, len(ids))))
+
+    good, bad = "the quick brown fox", "my name is lazy dog"
+    assert logp(good, adapter) - logp(good, None) > logp(bad, adapter) - logp(bad, None)
+    if mode == "group":
+        assert logp(bad, adapter) < logp(bad, None)  # the bad answer is pushed down, not only the good one up
+
+
+def test_full_weight_training_of_norms_and_router(models, tmp_path):
+    data = write_chats(tmp_path / "d.jsonl")
+    cfg = TrainConfig(
+        targets=TargetSpec(preset="none"),
+        full=("attn_norm", "ffn_norm", "ffn_gate_inp"),
+        lr=3e-2,
+        steps=20,
+        n_ctx=32,
+        batch_size=3,
+        schedule="constant",
+        out=str(tmp_path / "m.gguf"),
+    )
+    got, result = run(Trainer(models["qwen3moe"], data, cfg))
+    steps = [e for e in got if isinstance(e, ev.Step)]
+    assert isinstance(result, ev.Finished) and result.adapter_path is None
+    assert steps[-1].mean_ce < 0.7 * steps[0].mean_ce
+    assert set(got[0].plan.full_tensors) >= {"blk.0.attn_norm.weight", "blk.1.ffn_gate_inp.weight"}
+    merged = Model.load(result.merged_path)
+    base = Model.load(models["qwen3moe"])
+    assert not np.array_equal(
+        merged.weights["blk.0.attn_norm.weight"], base.weights["blk.0.attn_norm.weight"]
+    )
+
+
+def test_training_continues_from_an_adapter_file(models, tmp_path):
+    data = write_chats(tmp_path / "d.jsonl")
+    first = tmp_path / "a.gguf"
+    _, r1 = run(
+        Trainer(
+            models["llama"],
+            data,
+            TrainConfig(
+                rank=4, lr=1e-2, steps=10, n_ctx=32, batch_size=3, out=str(first), schedule="constant"
+            ),
+        )
+    )
+    got, r2 = run(
+        Trainer(
+            models["llama"],
+            data,
+            TrainConfig(steps=3, n_ctx=32, batch_size=3, lr=1e-2),
+            init_adapter=str(first),
+        )
+    )
+    first_steps = [e for e in got if isinstance(e, ev.Step)]
+    assert first_steps[0].mean_ce == pytest.approx(r1.final_loss, rel=0.5)  # continues, not from scratch
+    assert first_steps[0].mean_ce < 0.5 * 5.6  # a fresh adapter starts near ln(V) = 5.7
+
+
+def test_validation_split_and_eval_events(models, tmp_path):
+    samples, _ = load_jsonl(write_chats(tmp_path / "d.jsonl", CHATS * 3))
+    got, result = run(
+        Trainer(models["llama"], samples, TrainConfig(steps=4, n_ctx=64, val_split=0.3, eval_every=2))
+    )
+    evals = [e for e in got if isinstance(e, ev.Eval)]
+    assert got[0].plan.n_val >= 1 and [e.step for e in evals] == [2, 4]
+    assert all(e.n_tokens > 0 and np.isfinite(e.mean_ce) for e in evals)
+
+
+def test_events_serialise_as_json_lines(models, tmp_path):
+    got, _ = run(
+        Trainer(models["qwen3moe"], write_chats(tmp_path / "d.jsonl"), TrainConfig(steps=1, n_ctx=32))
+    )
+    for e in got:
+        row = json.loads(ev.event_to_json(e))
+        assert row["event"] == type(e).__name__
