@@ -57,10 +57,9 @@ def random_batch(V: int, B: int, T: int, seed: int = 0) -> SimpleNamespace:
     )
 
 
-def run_shape(name: str, spec: SynthSpec, mode: str, T: int, B: int, steps: int, checkpoint: bool, q) -> None:
-    with tempfile.TemporaryDirectory() as d:
-        path = write_model(os.path.join(d, "m.gguf"), spec)
-        model = Model.load(path, dtype=np.float32)
+def run_shape(name: str, path: str, mode: str, T: int, B: int, steps: int, checkpoint: bool, q) -> None:
+    """In a fresh process, so that peak RSS is this run's: load, train `steps` steps, report."""
+    model = Model.load(path, dtype=np.float32)
     cfg = model.config
     if mode == "lora":
         targets = select_targets(model.tensors, TargetSpec(preset="all"), cfg.L)
@@ -108,11 +107,15 @@ def main() -> None:
                 ("small-dense", SMALL_DENSE, "full")]  # fmt: skip
     print(f"machine: {os.cpu_count()} cores, numpy {np.__version__}")
     ctx = mp.get_context("spawn")
+    folder = tempfile.mkdtemp(prefix="bench-train-")
     for name, spec, mode in runs:
+        path = os.path.join(folder, f"{name}.gguf")
+        if not os.path.exists(path):
+            write_model(path, spec)
         for checkpoint in (False, True) if args.checkpoint else (False,):
             peak = max(matmul_rate(), matmul_rate(n=3072, repeats=3))
             q = ctx.Queue()
-            p = ctx.Process(target=run_shape, args=(name, spec, mode, args.ctx, 1, args.steps, checkpoint, q))
+            p = ctx.Process(target=run_shape, args=(name, path, mode, args.ctx, 1, args.steps, checkpoint, q))
             p.start()
             r = q.get()
             p.join()
@@ -126,6 +129,9 @@ def main() -> None:
                   f"{r['tokens_per_s']:8.1f} tokens/s  "
                   f"{fmt_rate(r['flops_per_s'])}  MFU {r['flops_per_s'] / peak:5.1%} (of {fmt_rate(peak)})  "
                   f"peak RSS {r['peak_rss'] / 2**30:.2f} GiB")  # fmt: skip
+    for f in os.listdir(folder):
+        os.unlink(os.path.join(folder, f))
+    os.rmdir(folder)
 
 
 if __name__ == "__main__":
