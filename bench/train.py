@@ -57,6 +57,19 @@ def random_batch(V: int, B: int, T: int, seed: int = 0) -> SimpleNamespace:
     )
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory. VmHWM belongs to the address space, so it starts afresh in a
+    spawned process, where getrusage's ru_maxrss would carry over the parent's peak across fork + exec."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def run_shape(name: str, path: str, mode: str, T: int, B: int, steps: int, checkpoint: bool, q) -> None:
     """In a fresh process, so that peak RSS is this run's: load, train `steps` steps, report."""
     model = Model.load(path, dtype=np.float32)
@@ -84,7 +97,7 @@ def run_shape(name: str, path: str, mode: str, T: int, B: int, steps: int, check
     q.put(dict(
         name=name, mode=mode, arch=cfg.arch, params=model.n_params, trainable=tr.n_params, T=T, B=B,
         step_s=dt, tokens_per_s=B * T / dt, flops_per_s=flops / dt, loss=res.mean_ce,
-        peak_rss=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, checkpoint=checkpoint,
+        peak_rss=peak_rss_bytes(), checkpoint=checkpoint,
         E=cfg.E, K=cfg.K,
     ))  # fmt: skip
 
