@@ -302,3 +302,23 @@ def test_events_serialise_as_json_lines(models, tmp_path):
     for e in got:
         row = json.loads(ev.event_to_json(e))
         assert row["event"] == type(e).__name__
+
+
+@pytest.mark.parametrize("out_type,atol", [("F32", 0.0), ("F16", 2e-3), ("Q8_0", 2e-2)])
+def test_exported_adapter_reloads_with_the_trainers_logits(models, tmp_path, out_type, atol):
+    data = write_chats(tmp_path / "d.jsonl")
+    out = tmp_path / "a.gguf"
+    cfg = TrainConfig(targets=TargetSpec(preset="all", patterns=("output", "token_embd")), rank=8, lr=1e-2,
+                      steps=5, n_ctx=64, batch_size=3, out=str(out), out_type=out_type)  # fmt: skip
+    trainer = Trainer(models["qwen3moe"], data, cfg)
+    result = trainer.run()
+    assert isinstance(result, ev.Finished)
+    tokens = np.array([1, 270, 280, 290, 299, 262])
+    in_memory = trainer.model.forward(tokens, lora=trainer.trainable.terms())
+    reloaded = LoraAdapter.load(result.adapter_path, trainer.model)
+    assert reloaded.alpha == trainer.trainable.alpha and set(reloaded.pairs) == set(trainer.trainable.pairs)
+    got = trainer.model.forward(tokens, lora=reloaded.terms())
+    if atol == 0.0:
+        np.testing.assert_array_equal(got, in_memory)
+    else:
+        np.testing.assert_allclose(got, in_memory, atol=atol)
