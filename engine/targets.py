@@ -20,12 +20,14 @@ matches nothing is an error, never silently ignored.
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .errors import ModelError
 from .gguf_file import TensorInfo
+from .lora import lora_shapes
 
 PRESETS: dict[str, tuple[str, ...]] = {
     "attention": ("attn_q", "attn_k", "attn_v", "attn_output"),
@@ -171,3 +173,12 @@ def select_full(
             raise ModelError(f"full-weight pattern {pattern!r} matches no tensor of this model")
         out.update((c.name, c) for c in hits)
     return [c.name for c in cands if c.name in out and (sel is None or c.layer is None or c.layer in sel)]
+
+
+def lora_param_count(tensors: Mapping[str, TensorInfo], names: list[str], rank: int) -> int:
+    """Trainable parameters of rank-`rank` LoRA pairs on the named tensors (A and B together)."""
+    total = 0
+    for name in names:
+        shape_a, shape_b = lora_shapes(name, tensors[name].shape, rank)
+        total += math.prod(shape_a) + math.prod(shape_b)
+    return total

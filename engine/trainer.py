@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from . import events as ev
+from .archs import ModelConfig
 from .chat_template import ChatTemplate
 from .data import EncodeOptions, Sample, batch_encoded, encode_samples, load_jsonl, split_validation
 from .errors import DatasetError, EngineError, ModelError
@@ -114,28 +115,28 @@ class TrainConfig:
         return cls(targets=t, **d)
 
 
-def estimate_memory(model: Model, n_trainable: int, config: TrainConfig) -> dict[str, int]:
-    """Rough bytes: frozen weights, trainable state (params, grads, two moments), activations."""
-    c = model.config
-    item = np.dtype(model.dtype).itemsize
-    weights = int(sum(a.nbytes for a in model.weights.values()))
-    trainable = n_trainable * item * 4
-    BT = config.batch_size * config.n_ctx
-    ffn = c.K * c.F_exp * 3 + c.F_shexp * 3 if c.is_moe else c.F * 3
-    per_layer = (
-        BT * (10 * c.C + 4 * c.NH * c.HS + ffn) * item + config.batch_size * c.NH * config.n_ctx**2 * item
+def estimate_memory(
+    cfg: ModelConfig, n_weights: int, n_trainable: int, config: TrainConfig, item_bytes: int = 4
+) -> dict[str, int]:
+    """Rough bytes of a run, before loading anything: frozen weights (dequantized to `item_bytes`
+    floats), trainable state (parameters, gradients, two Adam moments), and activations kept for the
+    backward pass (every block's, or one block's plus each block input with checkpointing)."""
+    weights = n_weights * item_bytes
+    trainable = n_trainable * item_bytes * 4
+    B, T = config.batch_size, config.n_ctx
+    BT = B * T
+    c_ffn = (cfg.K * cfg.F_exp + cfg.F_shexp) * 3 if cfg.is_moe else cfg.F * 3
+    per_block = (
+        BT * (10 * cfg.C + 4 * cfg.NH * cfg.HS + c_ffn) * item_bytes + B * cfg.NH * T * T * item_bytes * 2
     )
-    layers = per_layer * (1 if config.checkpoint_layers else c.L) + (
-        BT * c.C * item * c.L if config.checkpoint_layers else 0
-    )
-    head = min(BT, 256) * c.V * item * 3
-    activations = int(layers + head)
-    return {
-        "weights": weights,
-        "trainable": int(trainable),
-        "activations": activations,
-        "total": int(weights + trainable + activations),
-    }
+    if config.checkpoint_layers:
+        kept = per_block + BT * cfg.C * item_bytes * cfg.L
+    else:
+        kept = per_block * cfg.L
+    head = min(BT, 256) * cfg.V * item_bytes * 3  # logits, probabilities and their gradient, one chunk
+    activations = int(kept + head)
+    return {"weights": int(weights), "trainable": int(trainable), "activations": activations,
+            "total": int(weights + trainable + activations)}  # fmt: skip
 
 
 def file_sha256(path: str) -> str:
@@ -373,7 +374,13 @@ class Trainer:
                 trainable_params=self.trainable.n_params,
                 lora_targets=tuple(self.trainable.pairs),
                 full_tensors=tuple(self.trainable.full),
-                memory_bytes=estimate_memory(self.model, self.trainable.n_params, cfg),
+                memory_bytes=estimate_memory(
+                    self.model.config,
+                    sum(a.size for a in self.model.weights.values()),
+                    self.trainable.n_params,
+                    cfg,
+                    np.dtype(self.model.dtype).itemsize,
+                ),
                 problems=tuple(str(p) for p in self.problems),
                 start_step=self.step,
             )
