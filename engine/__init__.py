@@ -6,7 +6,19 @@ Runs on NumPy (CPU); imports nothing from Qt. The studio and the CLI use the nam
 
 from .archs import ARCHS, ArchSpec, ModelConfig, supported_architectures
 from .chat_template import CHATML_TEMPLATE, ChatTemplate
-from .data import Batch, EncodeOptions, Problem, Sample, load_jsonl, save_jsonl
+from .data import (
+    Batch,
+    Encoded,
+    EncodeOptions,
+    Problem,
+    Sample,
+    append_jsonl,
+    encode_samples,
+    load_jsonl,
+    parse_sample,
+    sample_to_json,
+    save_jsonl,
+)
 from .errors import DatasetError, EngineError, ExportError, ModelError, TemplateError, TokenizerError
 from .events import (
     Checkpoint,
@@ -27,20 +39,33 @@ from .lora import LoraAdapter
 from .model import KVCache, Model
 from .norms import NormsReport, lora_norms
 from .ops import LoraTerm
+from .rewards import group_advantages, reward_weights
 from .summary import ModelSummary, TensorKind, summarize
 from .synth import SynthSpec, write_adapter, write_model
-from .targets import PRESETS, Candidate, TargetSpec, lora_candidates, select_targets
+from .targets import (
+    PRESETS,
+    Candidate,
+    TargetSpec,
+    lora_candidates,
+    lora_param_count,
+    parse_layers,
+    select_full,
+    select_targets,
+    split_name,
+)
 from .tokenizer import Tokenizer
-from .trainer import TrainConfig, Trainer
+from .trainer import TrainConfig, Trainer, estimate_memory
 
 __all__ = [
-    "ARCHS", "ArchSpec", "Batch", "CHATML_TEMPLATE", "Candidate", "ChatTemplate", "Checkpoint",
-    "DatasetError", "EncodeOptions", "EngineError", "Eval", "ExpertUsage", "ExportError", "Failed",
-    "Finished", "GGUFFile", "GREEDY", "Generation", "KVCache", "LoraAdapter", "LoraNorms", "LoraTerm",
-    "MergeReport", "Model", "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "PRESETS",
-    "Plan", "Problem", "Sample", "SamplingConfig", "Started", "Step", "SynthSpec", "TargetSpec",
-    "TemplateError", "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TrainConfig", "Trainer",
-    "dequantizable_types", "event_to_json", "export_adapter", "export_merged", "generate", "load_jsonl",
-    "lora_candidates", "lora_norms", "save_jsonl", "select_targets", "summarize",
-    "supported_architectures", "write_adapter", "write_model",
+    "append_jsonl", "ARCHS", "ArchSpec", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
+    "Checkpoint", "DatasetError", "dequantizable_types", "encode_samples", "Encoded", "EncodeOptions",
+    "EngineError", "estimate_memory", "Eval", "event_to_json", "ExpertUsage", "export_adapter",
+    "export_merged", "ExportError", "Failed", "Finished", "generate", "Generation", "GGUFFile", "GREEDY",
+    "group_advantages", "KVCache", "load_jsonl", "lora_candidates", "lora_norms", "lora_param_count",
+    "LoraAdapter", "LoraNorms", "LoraTerm", "MergeReport", "Model", "ModelConfig", "ModelError",
+    "ModelSummary", "NormsReport", "parse_layers", "parse_sample", "Plan", "PRESETS", "Problem",
+    "reward_weights", "Sample", "sample_to_json", "SamplingConfig", "save_jsonl", "select_full",
+    "select_targets", "split_name", "Started", "Step", "summarize", "supported_architectures",
+    "SynthSpec", "TargetSpec", "TemplateError", "TensorInfo", "TensorKind", "Tokenizer",
+    "TokenizerError", "TrainConfig", "Trainer", "write_adapter", "write_model",
 ]  # fmt: skip

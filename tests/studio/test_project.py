@@ -1,0 +1,65 @@
+"""The project state: observers hear changes, JSON round trips, bad files are clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import TargetSpec
+from studio.project import ModelInfo, Project, ProjectError
+from studio.resources import DEMO_DATASET, DEMO_MODEL
+
+
+def test_observers_hear_exactly_what_changed():
+    p = Project()
+    heard = []
+    p.subscribe(heard.append)
+    p.update(model_path="/m.gguf", dataset_path=None)
+    p.update(model_path="/m.gguf")  # no change, no notification
+    p.update_config(rank=8, lr=1e-3)
+    p.update_targets(preset="experts", layers="0-1")
+    assert heard[0] == {"model_path"}
+    assert len(heard) == 3
+    assert {"config", "config.rank", "config.lr"} == heard[1]
+    assert p.config.targets == TargetSpec(preset="experts", layers="0-1")
+    assert p.dirty
+    with pytest.raises(AttributeError, match="no field"):
+        p.update(colour="red")
+
+
+def test_save_and_load_round_trip(tmp_path):
+    p = Project()
+    p.update(model_path=str(DEMO_MODEL), dataset_path=str(DEMO_DATASET), device="cpu")
+    p.update_config(rank=4, alpha=8.0, full=("attn_norm",), targets=TargetSpec(preset="all", patterns=("output",)))
+    path = p.save(str(tmp_path / "p.tune.json"))
+    assert not p.dirty
+    q = Project()
+    heard = []
+    q.subscribe(heard.append)
+    q.load(path)
+    assert q.to_json() == p.to_json() and q.config == p.config
+    assert heard and "config" in heard[0]
+
+
+def test_bad_project_files(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{nope")
+    with pytest.raises(ProjectError, match="line 1"):
+        Project().load(str(bad))
+    bad.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(ProjectError, match="not a Tune Studio project"):
+        Project().load(str(bad))
+    bad.write_text(json.dumps({"config": {"rank": "x", "no_such_setting": 1}}))
+    with pytest.raises(ProjectError, match="not valid"):
+        Project().load(str(bad))
+    with pytest.raises(ProjectError, match="Save As"):
+        Project().save()
+
+
+def test_model_info_reads_header_tokenizer_and_template():
+    info = ModelInfo.read(str(DEMO_MODEL))
+    assert info.summary.config.arch == "llama"
+    assert "blk.0.attn_q.weight" in info.tensors
+    assert info.tokenizer.encode("hello", add_special=False)
+    assert "<|im_start|>" in info.template.render([{"role": "user", "content": "x"}])
