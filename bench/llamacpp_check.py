@@ -73,15 +73,14 @@ def main() -> None:
                     )
                     + "\n"
                 )
-        for arch, preset in (
-            ("llama", "all"),
-            ("qwen2", "all"),
-            ("qwen3", "all"),
-            ("qwen3moe", "all"),
-            ("qwen2moe", "all"),
-            ("olmoe", "all"),
-        ):
-            path = write_model(os.path.join(d, f"{arch}.gguf"), SynthSpec.for_arch(arch, seed=5))
+        cases = [
+            (a, SynthSpec.for_arch(a, seed=5))
+            for a in ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe")
+        ]
+        cases.append(("mixtral", SynthSpec.for_arch("llama", E=4, K=2, F=0, seed=5)))
+        for arch, spec in cases:
+            preset = "all"
+            path = write_model(os.path.join(d, f"{arch}.gguf"), spec)
             out = os.path.join(d, f"{arch}.lora.gguf")
             cfg = TrainConfig(
                 targets=TargetSpec(preset=preset), rank=8, lr=1e-2, steps=8, n_ctx=64, batch_size=2, out=out

@@ -111,6 +111,8 @@ class SynthSpec:
             base.update(qkv_bias=True, rope_base=1e6)
         if arch in ("qwen3", "qwen3moe"):
             base.update(HS=32, rope_base=1e6)  # NH*HS != C, as in the real models
+        if arch == "olmoe":
+            base.update(NKV=4)  # OLMoE has no grouped-query attention; llama.cpp sizes attn_k_norm as n_embd
         if spec.shared_expert:
             base.update(F_shexp=64)
         if arch == "qwen2":
@@ -193,6 +195,8 @@ def model_metadata(spec: SynthSpec) -> dict:
     }
     if spec.F:
         md[f"{a}.feed_forward_length"] = spec.F
+    elif spec.E:
+        md[f"{a}.feed_forward_length"] = spec.F_exp  # as in real OLMoE/Mixtral files: llama.cpp reads it
     if spec.E:
         md[f"{a}.expert_count"] = spec.E
         md[f"{a}.expert_used_count"] = spec.K

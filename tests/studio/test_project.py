@@ -31,7 +31,8 @@ def test_observers_hear_exactly_what_changed():
 def test_save_and_load_round_trip(tmp_path):
     p = Project()
     p.update(model_path=str(DEMO_MODEL), dataset_path=str(DEMO_DATASET), device="cpu")
-    p.update_config(rank=4, alpha=8.0, full=("attn_norm",), targets=TargetSpec(preset="all", patterns=("output",)))
+    targets = TargetSpec(preset="all", patterns=("output",))
+    p.update_config(rank=4, alpha=8.0, full=("attn_norm",), targets=targets)
     path = p.save(str(tmp_path / "p.tune.json"))
     assert not p.dirty
     q = Project()
