@@ -1,4 +1,8 @@
-"""`tune-studio`: starts the desktop app, optionally on the bundled demo model or a given file."""
+"""`tune-studio`: starts the desktop app, optionally on the bundled demo model or a given file.
+
+`--screenshot DIR` opens each page in turn, writes DIR/<page>.png, and exits; with `--demo` it
+first trains the demo for a few steps so that the Train page shows real curves.
+"""
 
 from __future__ import annotations
 
@@ -6,33 +10,81 @@ import argparse
 import sys
 from pathlib import Path
 
+DEMO_SETTINGS = dict(
+    rank=8,
+    alpha=16.0,
+    lr=2e-3,
+    steps=60,
+    n_ctx=128,
+    batch_size=4,
+    schedule="cosine",
+    warmup_steps=5,
+    norms_every=2,
+    checkpoint_every=0,
+)
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tune-studio", description="Fine-tune GGUF models on your own machine.")
-    ap.add_argument("model", nargs="?", help="a .gguf model to open")
-    ap.add_argument("--demo", action="store_true", help="open the bundled demo model")
+    ap.add_argument("path", nargs="?", help="a .gguf model, .jsonl dataset or .json project to open")
+    ap.add_argument(
+        "--demo", action="store_true", help="open the bundled demo model and dataset, ready to train"
+    )
     ap.add_argument("--screenshot", metavar="DIR", help="write DIR/<page>.png of each page and exit")
     args = ap.parse_args(argv)
 
+    from PySide6.QtCore import QEventLoop, QSettings, QStandardPaths, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from .main_window import MainWindow
-    from .resources import DEMO_MODEL
+    from engine import TargetSpec
+
+    from .main_window import PAGES, MainWindow
+    from .resources import DEMO_DATASET, DEMO_MODEL
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("Tune Studio")
-    window = MainWindow()
-    path = args.model or (str(DEMO_MODEL) if args.demo else None)
-    if path:
-        window.model_page.open_path(path)
+    app.setOrganizationName("TuneStudio")
+    settings = (
+        QSettings(str(Path(args.screenshot) / "settings.ini"), QSettings.IniFormat)
+        if args.screenshot
+        else None
+    )
+    window = MainWindow(settings)
+    if args.demo:
+        # runs of the demo go to the user's data folder (or beside the screenshots), never into the install
+        runs = (
+            Path(args.screenshot) / "runs"
+            if args.screenshot
+            else Path(QStandardPaths.writableLocation(QStandardPaths.AppLocalDataLocation)) / "demo-runs"
+        )
+        window.project.update(output_dir=str(runs))
+        window.open_model(str(DEMO_MODEL))
+        window.open_dataset(str(DEMO_DATASET))
+        window.project.update_config(targets=TargetSpec(preset="all"), **DEMO_SETTINGS)
+        window.project.dirty = False
+    if args.path:
+        window.open_any(args.path)
     window.show()
-    if args.screenshot:
-        out = Path(args.screenshot)
-        out.mkdir(parents=True, exist_ok=True)
-        app.processEvents()
-        window.grab().save(str(out / "model.png"))
-        return 0
-    return app.exec()
+    if not args.screenshot:
+        return app.exec()
+
+    out = Path(args.screenshot)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.demo:
+        loop = QEventLoop()
+        window.train_page.sig_run_finished.connect(lambda _: loop.quit())
+        window.show_page(PAGES.index("Train"))
+        if window.train_page.start():
+            QTimer.singleShot(300_000, loop.quit)  # never hang a screenshot run
+            loop.exec()
+    for i, name in enumerate(PAGES):
+        window.show_page(i)
+        for _ in range(5):
+            app.processEvents()
+        window.grab().save(str(out / f"{name.lower()}.png"))
+    window.project.dirty = False
+    window.close()
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,50 +1,384 @@
-"""The main window. For now it holds the Model page; the other pages of the design (Dataset,
-Targets, Train, Rewards, Export) join it as they are built."""
+"""The main window: one page per step of the work (Model, Dataset, Targets, Train, Rewards, Export)
+in a left navigation, the project's File menu, a status bar, and remembered state.
+
+The window owns the `Project` and the open model's `ModelInfo` and hands them to the pages; the
+pages change the project and listen to it. Window geometry, the last page and recent files are
+kept with QSettings. Files dropped anywhere on the window open by type (.gguf model, .jsonl
+dataset, .json project).
+"""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings
-from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QMainWindow
+import os
+from pathlib import Path
 
-from .model_page import ModelPage
+from PySide6.QtCore import QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QHBoxLayout,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QMainWindow,
+    QMessageBox,
+    QStackedWidget,
+    QWidget,
+)
+
+from .dataset_page import DatasetPage
+from .export_page import ExportPage
+from .model_page import ModelPage, human_bytes
+from .project import ModelInfo, Project, ProjectError
+from .rewards_page import RewardsPage
+from .targets_page import TargetsPage
+from .train_page import TrainPage
+
+PAGES = ("Model", "Dataset", "Targets", "Train", "Rewards", "Export")
+MAX_RECENT = 10
+SETTINGS_ORG, SETTINGS_APP = "TuneStudio", "TuneStudio"
+
+
+def process_memory_bytes() -> int | None:
+    """Resident memory of this process (Linux /proc), or None where unavailable."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class MainWindow(QMainWindow):
-    def __init__(self):
+    sig_model_changed = Signal(object)  # ModelInfo or None
+
+    def __init__(self, settings: QSettings | None = None):
         super().__init__()
+        self.settings = settings or QSettings(SETTINGS_ORG, SETTINGS_APP)
+        self.project = Project()
+        self.model_info: ModelInfo | None = None
+        self.confirm = self._ask  # replaced in tests: (title, text) -> bool
         self.setWindowTitle("Tune Studio")
-        self.resize(1000, 700)
-        self.model_page = ModelPage()
-        self.setCentralWidget(self.model_page)
-        self.model_page.sig_model_opened.connect(self._opened)
+        self.resize(1280, 820)
+        self.setAcceptDrops(True)
+
+        self.model_page = ModelPage(self.project)
+        self.dataset_page = DatasetPage(self.project)
+        self.targets_page = TargetsPage(self.project)
+        self.train_page = TrainPage(self.project)
+        self.rewards_page = RewardsPage(self.project)
+        self.export_page = ExportPage(self.project)
+        self.pages = [
+            self.model_page,
+            self.dataset_page,
+            self.targets_page,
+            self.train_page,
+            self.rewards_page,
+            self.export_page,
+        ]
+
+        self.nav = QListWidget()
+        self.nav.setFixedWidth(150)
+        self.nav.setSpacing(2)
+        self.nav.setStyleSheet("QListWidget { font-size: 14px; } QListWidget::item { padding: 8px 10px; }")
+        self.stack = QStackedWidget()
+        for i, (name, page) in enumerate(zip(PAGES, self.pages, strict=True)):
+            item = QListWidgetItem(f"{i + 1}  {name}")
+            item.setToolTip(f"{name} (Ctrl+{i + 1})")
+            self.nav.addItem(item)
+            self.stack.addWidget(page)
+        self.nav.currentRowChanged.connect(self.stack.setCurrentIndex)
+        central = QWidget()
+        layout = QHBoxLayout(central)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.nav)
+        layout.addWidget(self.stack, 1)
+        self.setCentralWidget(central)
+
+        self.model_page.sig_model_opened.connect(self._model_opened)
         self.model_page.sig_error.connect(
             lambda msg: self.statusBar().showMessage("Could not open the model", 8000)
         )
+        self.dataset_page.sig_modified.connect(lambda _: self._update_title())
+        self.dataset_page.sig_dataset_opened.connect(lambda p: self._add_recent("recent/datasets", p))
+        self.train_page.sig_state_changed.connect(self._training_state)
+        self.train_page.sig_run_finished.connect(self._run_finished)
+        self.project.subscribe(self._project_changed)
 
-        open_action = QAction("&Open model…", self)
-        open_action.setShortcut(QKeySequence.Open)
-        open_action.triggered.connect(self.model_page.choose_file)
-        quit_action = QAction("&Quit", self)
-        quit_action.setShortcut(QKeySequence.Quit)
-        quit_action.triggered.connect(self.close)
-        menu = self.menuBar().addMenu("&File")
-        menu.addAction(open_action)
-        menu.addSeparator()
-        menu.addAction(quit_action)
-        self.statusBar().showMessage("Device: CPU (NumPy)")
-        settings = QSettings("TuneStudio", "TuneStudio")
-        geometry = settings.value("main/geometry")
-        if geometry is not None:
-            self.restoreGeometry(geometry)
+        self._build_menus()
+        self._build_status_bar()
+        self._restore_state()
+        self._update_title()
 
-    def _opened(self, path: str) -> None:
-        s = self.model_page.summary
-        self.setWindowTitle(f"Tune Studio — {path}")
+    # --- menus and status --------------------------------------------------------------------
+    def _action(self, text: str, slot, shortcut=None, tip: str = "") -> QAction:
+        a = QAction(text, self)
+        if shortcut is not None:
+            a.setShortcut(QKeySequence(shortcut))
+        if tip:
+            a.setStatusTip(tip)
+            a.setToolTip(tip)
+        a.triggered.connect(slot)
+        return a
+
+    def _build_menus(self) -> None:
+        m = self.menuBar().addMenu("&File")
+        m.addAction(
+            self._action("&New project", self.new_project, QKeySequence.New, "Start a new, empty project")
+        )
+        m.addAction(
+            self._action(
+                "&Open project…", self.open_project_dialog, "Ctrl+Shift+P", "Open a saved project (.json)"
+            )
+        )
+        self.recent_projects_menu = m.addMenu("Recent projects")
+        m.addAction(
+            self._action(
+                "&Save", self.save_all, QKeySequence.Save, "Save the project and the dataset if it changed"
+            )
+        )
+        m.addAction(
+            self._action(
+                "Save project &as…", self.save_project_as, "Ctrl+Alt+S", "Save the project under a new name"
+            )
+        )
+        m.addSeparator()
+        m.addAction(
+            self._action("Open &model…", self.model_page.choose_file, QKeySequence.Open, "Open a .gguf model")
+        )
+        self.recent_models_menu = m.addMenu("Recent models")
+        dataset_actions = self.dataset_page.actions()
+        for action in dataset_actions:
+            if action.text().startswith("Open dataset"):
+                action.setShortcutContext(Qt.WindowShortcut)  # works from every page
+                m.addAction(action)
+        m.addSeparator()
+        m.addAction(self._action("&Quit", self.close, QKeySequence.Quit))
+        edit = self.menuBar().addMenu("&Dataset")
+        for action in dataset_actions:
+            if action.shortcut() == QKeySequence(QKeySequence.Save):
+                action.setShortcut(QKeySequence())  # File > Save (Ctrl+S) saves the dataset and the project
+            edit.addAction(action)
+        view = self.menuBar().addMenu("&View")
+        for i, name in enumerate(PAGES):
+            view.addAction(
+                self._action(
+                    name, lambda _=False, i=i: self.show_page(i), f"Ctrl+{i + 1}", f"Go to the {name} page"
+                )
+            )
+        help_menu = self.menuBar().addMenu("&Help")
+        help_menu.addAction(self._action("&About Tune Studio", self._about))
+
+    def _build_status_bar(self) -> None:
+        sb = self.statusBar()
+        self.device_label = QLabel("Device: CPU (NumPy)")
+        self.memory_label = QLabel("")
+        self.state_label = QLabel("Training: idle")
+        for w in (self.device_label, self.memory_label, self.state_label):
+            w.setContentsMargins(8, 0, 8, 0)
+            sb.addPermanentWidget(w)
+        self._memory_timer = QTimer(self)
+        self._memory_timer.timeout.connect(self._update_memory)
+        self._memory_timer.start(2000)
+        self._update_memory()
+
+    def _update_memory(self) -> None:
+        n = process_memory_bytes()
+        self.memory_label.setText(f"Memory: {human_bytes(n)}" if n is not None else "")
+
+    def _run_finished(self, result) -> None:
+        path = getattr(result, "adapter_path", None)
+        if path:
+            self.export_page.set_adapter(path)
+            self.statusBar().showMessage(f"Adapter written: {path}", 8000)
+
+    def _training_state(self, state: str) -> None:
+        self.state_label.setText(f"Training: {state}")
+
+    def show_page(self, index: int) -> None:
+        self.nav.setCurrentRow(index)
+
+    # --- model and project ---------------------------------------------------------------------
+    def open_model(self, path: str) -> bool:
+        return self.model_page.open_path(path)
+
+    def open_dataset(self, path: str) -> bool:
+        return self.dataset_page.open_path(path)
+
+    def _model_opened(self, info: ModelInfo) -> None:
+        self.model_info = info
+        for page in self.pages[1:]:
+            page.set_model_info(info)
+        self._add_recent("recent/models", info.path)
+        c = info.summary.config
         self.statusBar().showMessage(
-            f"Device: CPU (NumPy)   Model: {s.config.arch}, {s.n_params:,} parameters"
+            f"Opened {Path(info.path).name}: {c.arch}, {info.summary.n_params:,} parameters", 6000
+        )
+        self.sig_model_changed.emit(info)
+        self._update_title()
+
+    def _project_changed(self, changed: set[str]) -> None:
+        if "device" in changed:
+            self.device_label.setText(
+                f"Device: {'CPU (NumPy)' if self.project.device == 'cpu' else self.project.device}"
+            )
+        self._update_title()
+
+    def _update_title(self) -> None:
+        name = Path(self.project.path).name if self.project.path else "untitled project"
+        dirty = self.project.dirty or getattr(self.dataset_page, "is_modified", False)
+        model = f" — {Path(self.project.model_path).name}" if self.project.model_path else ""
+        self.setWindowTitle(f"Tune Studio — {name}{' *' if dirty else ''}{model}")
+
+    def new_project(self) -> None:
+        if not self._maybe_save():
+            return
+        self.project.reset()
+        self._update_title()
+
+    def open_project_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Open project", "", "Tune Studio projects (*.json);;All files (*)"
+        )
+        if path:
+            self.open_project(path)
+
+    def open_project(self, path: str) -> bool:
+        if not self._maybe_save():
+            return False
+        try:
+            self.project.load(path)
+        except ProjectError as exc:
+            QMessageBox.warning(self, "Cannot open project", f"{exc}\n\nChoose another project file.")
+            return False
+        if self.project.model_path:
+            self.open_model(self.project.model_path)
+        if self.project.dataset_path:
+            self.open_dataset(self.project.dataset_path)
+        self._add_recent("recent/projects", path)
+        self._update_title()
+        return True
+
+    def save_all(self) -> bool:
+        """Save the dataset if it changed, then the project (asking for a name the first time)."""
+        if getattr(self.dataset_page, "is_modified", False) and not self.dataset_page.save():
+            return False
+        if self.project.path:
+            return self._save_project(self.project.path)
+        return self.save_project_as()
+
+    def save_project_as(self) -> bool:
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Save project", "project.tune.json", "Tune Studio projects (*.json)"
+        )
+        return bool(path) and self._save_project(path)
+
+    def _save_project(self, path: str) -> bool:
+        try:
+            self.project.save(path)
+        except ProjectError as exc:
+            QMessageBox.warning(self, "Cannot save project", f"{exc}\n\nChoose another folder or file name.")
+            return False
+        self._add_recent("recent/projects", path)
+        self.statusBar().showMessage(f"Saved {path}", 4000)
+        self._update_title()
+        return True
+
+    def _maybe_save(self) -> bool:
+        dirty = self.project.dirty or getattr(self.dataset_page, "is_modified", False)
+        if not dirty:
+            return True
+        return self.confirm(
+            "Discard changes?", "The project or the dataset has unsaved changes. Discard them?"
         )
 
+    # --- recent files, settings ----------------------------------------------------------------
+    def _recent(self, key: str) -> list[str]:
+        value = self.settings.value(key, [])
+        if isinstance(value, str):
+            value = [value]
+        return [p for p in (value or []) if isinstance(p, str)]
+
+    def _add_recent(self, key: str, path: str) -> None:
+        path = os.path.abspath(path)
+        paths = [path] + [p for p in self._recent(key) if p != path]
+        self.settings.setValue(key, paths[:MAX_RECENT])
+        self._refresh_recent_menus()
+
+    def _refresh_recent_menus(self) -> None:
+        for menu, key, opener in (
+            (self.recent_models_menu, "recent/models", self.open_model),
+            (self.recent_projects_menu, "recent/projects", self.open_project),
+        ):
+            menu.clear()
+            paths = [p for p in self._recent(key) if os.path.exists(p)]
+            for p in paths:
+                menu.addAction(
+                    self._action(Path(p).name, lambda _=False, p=p, opener=opener: opener(p), tip=p)
+                )
+            menu.setEnabled(bool(paths))
+        self.model_page.set_recent([p for p in self._recent("recent/models") if os.path.exists(p)])
+
+    def _restore_state(self) -> None:
+        geometry = self.settings.value("main/geometry")
+        if geometry is not None:
+            self.restoreGeometry(geometry)
+        state = self.settings.value("main/state")
+        if state is not None:
+            self.restoreState(state)
+        page = self.settings.value("main/page", 0)
+        self.show_page(int(page) if str(page).isdigit() else 0)
+        self._refresh_recent_menus()
+
+    # --- drag and drop, closing ------------------------------------------------------------------
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt override
+        urls = event.mimeData().urls()
+        if urls and Path(urls[0].toLocalFile()).suffix.lower() in (".gguf", ".jsonl", ".json"):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802 - Qt override
+        for url in event.mimeData().urls():
+            self.open_any(url.toLocalFile())
+
+    def open_any(self, path: str) -> bool:
+        suffix = Path(path).suffix.lower()
+        if suffix == ".gguf":
+            ok = self.open_model(path)
+            self.show_page(0)
+        elif suffix == ".jsonl":
+            ok = self.open_dataset(path)
+            self.show_page(1)
+        elif suffix == ".json":
+            ok = self.open_project(path)
+        else:
+            self.statusBar().showMessage(
+                f"{Path(path).name}: not a .gguf model, .jsonl dataset or .json project", 6000
+            )
+            ok = False
+        return ok
+
+    def _ask(self, title: str, text: str) -> bool:
+        return QMessageBox.question(self, title, text) == QMessageBox.Yes
+
     def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        QSettings("TuneStudio", "TuneStudio").setValue("main/geometry", self.saveGeometry())
+        if self.train_page.is_running():
+            if not self.confirm(
+                "Stop training?", "Training is running. Stop it (a checkpoint is written) and quit?"
+            ):
+                event.ignore()
+                return
+            self.train_page.shutdown()
+        if not self._maybe_save():
+            event.ignore()
+            return
+        self.settings.setValue("main/geometry", self.saveGeometry())
+        self.settings.setValue("main/state", self.saveState())
+        self.settings.setValue("main/page", self.nav.currentRow())
         super().closeEvent(event)
+
+    def _about(self) -> None:
+        QMessageBox.about(
+            self,
+            "About Tune Studio",
+            "Tune Studio fine-tunes GGUF models (dense and Mixture-of-Experts) with LoRA on your own "
+            "machine, and exports adapters llama.cpp loads as they are.",
+        )

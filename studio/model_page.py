@@ -1,7 +1,8 @@
-"""The Model page: open a GGUF file and see what it is (architecture, sizes, tensor kinds, tokenizer).
+"""The Model page: open a GGUF file and see what it is; choose the device; estimate training memory.
 
-Reads the file with `engine.summarize`, which validates it without loading weights, so opening a
-multi-gigabyte model is instant. Errors are shown on the page with what to do next.
+Reads the file with `ModelInfo.read` (header, tokenizer and chat template; no weights), so opening
+a multi-gigabyte model is instant. Errors are shown on the page with what to do next. The memory
+estimate follows the project's targets and training settings live.
 """
 
 from __future__ import annotations
@@ -10,19 +11,33 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QComboBox,
     QFileDialog,
     QFormLayout,
+    QGroupBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QListWidget,
+    QListWidgetItem,
     QPushButton,
+    QSplitter,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
-from engine import EngineError, ModelSummary, summarize
+from engine import (
+    EngineError,
+    estimate_memory,
+    lora_param_count,
+    select_full,
+    select_targets,
+    supported_architectures,
+)
+
+from .project import ModelInfo, Project, ProjectError
 
 
 def human_bytes(n: float) -> str:
@@ -40,30 +55,46 @@ def human_count(n: int) -> str:
     return str(n)
 
 
-class ModelPage(QWidget):
-    """Shows one model's summary; emits sig_model_opened(path) when a file opens successfully."""
+def cuda_devices() -> list[str]:
+    """CUDA devices the engine could use, or an empty list (no CuPy, no driver, no GPU)."""
+    try:
+        import cupy  # noqa: F401 - optional dependency
 
-    sig_model_opened = Signal(str)
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - ImportError, CUDARuntimeError, ...
+        return []
+    return [f"cuda:{i}" for i in range(n)]
+
+
+class ModelPage(QWidget):
+    """Shows the open model; emits sig_model_opened(info) when a file opens successfully."""
+
+    sig_model_opened = Signal(object)  # ModelInfo
     sig_error = Signal(str)
 
-    def __init__(self, parent: QWidget | None = None):
+    def __init__(self, project: Project | None = None, parent: QWidget | None = None):
         super().__init__(parent)
-        self.summary: ModelSummary | None = None
+        self.project = project or Project()
+        self.info: ModelInfo | None = None
         self.setAcceptDrops(True)
 
         self.open_button = QPushButton("Open model…")
         self.open_button.setToolTip(
-            "Open a .gguf model file (Ctrl+O). You can also drop a file on this page."
+            "Open a .gguf model file (Ctrl+O). You can also drop a file on the window."
         )
         self.open_button.clicked.connect(self.choose_file)
         self.path_label = QLabel("No model open. Open a .gguf file or drop one here.")
         self.path_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
-        self.error_label.setStyleSheet("QLabel { color: #c0392b; font-weight: bold; }")
+        self.error_label.setStyleSheet(
+            "QLabel { color: #b03a2e; background: rgba(192, 57, 43, 0.12); border: 1px solid #c0392b;"
+            " border-radius: 4px; padding: 6px; }"
+        )
         self.error_label.hide()
 
-        self.facts = QFormLayout()
+        facts_box = QGroupBox("Model")
+        self.facts = QFormLayout(facts_box)
         self.fact_labels: dict[str, QLabel] = {}
         for key in (
             "Architecture",
@@ -78,8 +109,33 @@ class ModelPage(QWidget):
         ):
             label = QLabel("–")
             label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+            label.setWordWrap(True)
             self.fact_labels[key] = label
             self.facts.addRow(f"{key}:", label)
+
+        run_box = QGroupBox("Training on this machine")
+        run = QFormLayout(run_box)
+        self.device_combo = QComboBox()
+        self.device_combo.setToolTip(
+            "Where training and generation run. CPU uses NumPy; a CUDA GPU needs CuPy "
+            "(pip install -e '.[cuda]'). Default: CPU."
+        )
+        self.device_combo.addItem("CPU (NumPy)", "cpu")
+        devices = cuda_devices()
+        for d in devices:
+            self.device_combo.addItem(f"CUDA GPU {d}", d)
+        if not devices:
+            self.device_combo.addItem("CUDA GPU — not available (no CuPy or no GPU)", None)
+            self.device_combo.model().item(1).setEnabled(False)
+        self.device_combo.currentIndexChanged.connect(self._device_changed)
+        run.addRow("Device:", self.device_combo)
+        self.memory_label = QLabel("–")
+        self.memory_label.setWordWrap(True)
+        self.memory_label.setToolTip(
+            "Estimated memory of a training run with the current targets and settings: frozen weights in "
+            "float32, trainable parameters with their gradients and Adam moments, and activations."
+        )
+        run.addRow("Memory estimate:", self.memory_label)
 
         self.kinds = QTableWidget(0, 5)
         self.kinds.setHorizontalHeaderLabels(["Tensor kind", "Count", "Shape", "Types", "Size"])
@@ -87,15 +143,33 @@ class ModelPage(QWidget):
         self.kinds.verticalHeader().hide()
         self.kinds.setEditTriggers(QTableWidget.NoEditTriggers)
         self.kinds.setSortingEnabled(True)
+        self.kinds.setAlternatingRowColors(True)
+
+        self.recent_list = QListWidget()
+        self.recent_list.setToolTip("Recently opened models: double-click to open")
+        self.recent_list.itemActivated.connect(lambda item: self.open_path(item.data(Qt.UserRole)))
+        recent_box = QGroupBox("Recent models")
+        QVBoxLayout(recent_box).addWidget(self.recent_list)
 
         top = QHBoxLayout()
         top.addWidget(self.open_button)
         top.addWidget(self.path_label, 1)
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.setContentsMargins(0, 0, 0, 0)
+        left_layout.addWidget(facts_box)
+        left_layout.addWidget(run_box)
+        left_layout.addWidget(recent_box, 1)
+        split = QSplitter(Qt.Horizontal)
+        split.addWidget(left)
+        split.addWidget(self.kinds)
+        split.setStretchFactor(1, 1)
+        split.setSizes([420, 580])
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addWidget(self.error_label)
-        layout.addLayout(self.facts)
-        layout.addWidget(self.kinds, 1)
+        layout.addWidget(split, 1)
+        self.project.subscribe(self._project_changed)
 
     # --- opening ---------------------------------------------------------------------------------
     def choose_file(self) -> None:
@@ -108,17 +182,20 @@ class ModelPage(QWidget):
     def open_path(self, path: str | Path) -> bool:
         path = str(path)
         try:
-            summary = summarize(path)
-        except EngineError as exc:
+            info = ModelInfo.read(path, self.project.template_file)
+        except (EngineError, ProjectError) as exc:
             self.show_error(
                 f"{exc}\n\nChoose another file: Tune Studio reads GGUF models of the architectures "
-                "llama (Mixtral too), qwen2, qwen3, qwen2moe, qwen3moe and olmoe."
+                f"{', '.join(supported_architectures())} (Mixtral is llama with experts)."
             )
             return False
         self.error_label.hide()
-        self.summary = summary
-        self._fill(summary)
-        self.sig_model_opened.emit(path)
+        self.info = info
+        self._fill(info)
+        if self.project.model_path != path:
+            self.project.update(model_path=path)
+        self._update_estimate()
+        self.sig_model_opened.emit(info)
         return True
 
     def show_error(self, message: str) -> None:
@@ -126,7 +203,57 @@ class ModelPage(QWidget):
         self.error_label.show()
         self.sig_error.emit(message)
 
-    def _fill(self, s: ModelSummary) -> None:
+    def set_recent(self, paths: list[str]) -> None:
+        self.recent_list.clear()
+        for p in paths:
+            item = QListWidgetItem(Path(p).name)
+            item.setToolTip(p)
+            item.setData(Qt.UserRole, p)
+            self.recent_list.addItem(item)
+
+    def _device_changed(self) -> None:
+        device = self.device_combo.currentData()
+        if device:
+            self.project.update(device=device)
+
+    def _project_changed(self, changed: set[str]) -> None:
+        if "config" in changed:
+            self._update_estimate()
+        if "device" in changed:
+            i = self.device_combo.findData(self.project.device)
+            if i >= 0:
+                self.device_combo.setCurrentIndex(i)
+
+    def _update_estimate(self) -> None:
+        info = self.info
+        if info is None:
+            self.memory_label.setText("–")
+            return
+        cfg = self.project.config
+        c = info.summary.config
+        try:
+            names = (
+                select_targets(info.tensors, cfg.targets, c.L)
+                if cfg.targets.preset != "none" or cfg.targets.patterns
+                else []
+            )
+            full = select_full(info.tensors, cfg.full, c.L) if cfg.full else []
+        except EngineError as exc:
+            self.memory_label.setText(f"– ({exc})")
+            return
+        n_train = lora_param_count(info.tensors, names, cfg.rank) + sum(
+            info.tensors[n].n_elements for n in full
+        )
+        est = estimate_memory(c, info.summary.n_params, n_train, cfg)
+        self.memory_label.setText(
+            f"≈ {human_bytes(est['total'])} — weights {human_bytes(est['weights'])}, "
+            f"trainable {human_bytes(est['trainable'])} ({human_count(n_train)} parameters in {len(names)} "
+            f"adapted tensors), activations {human_bytes(est['activations'])} at {cfg.batch_size} × "
+            f"{cfg.n_ctx} tokens"
+        )
+
+    def _fill(self, info: ModelInfo) -> None:
+        s = info.summary
         c = s.config
         self.path_label.setText(s.path)
         f = self.fact_labels
@@ -147,7 +274,11 @@ class ModelPage(QWidget):
         f["Context"].setText(f"{c.n_ctx_train} tokens")
         pre = f", {s.tokenizer_pre}" if s.tokenizer_pre else ""
         f["Tokenizer"].setText(f"{s.tokenizer_model}{pre}, {s.vocab_size} tokens")
-        f["Chat template"].setText("from the model" if s.has_chat_template else "none (ChatML will be used)")
+        if self.project.template_file:
+            tpl = f"from {Path(self.project.template_file).name}"
+        else:
+            tpl = "from the model" if s.has_chat_template else "none in the file (ChatML is used)"
+        f["Chat template"].setText(tpl)
         f["File"].setText(human_bytes(s.file_bytes))
         self.kinds.setSortingEnabled(False)
         self.kinds.setRowCount(len(s.kinds))

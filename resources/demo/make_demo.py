@@ -129,7 +129,7 @@ def answer(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=1500, help="optimizer steps of the from-scratch training")
+    ap.add_argument("--steps", type=int, default=3000, help="optimizer steps of the from-scratch training")
     ap.add_argument("--out", default=os.path.join(HERE, "demo.gguf"))
     args = ap.parse_args()
     t0 = time.time()

@@ -1,29 +1,46 @@
-"""The Model page in a real (offscreen) window: the demo opens, a bad file shows its error."""
+"""The Model page: the demo opens with its facts and a memory estimate; a bad file shows its error."""
 
 from __future__ import annotations
 
-from studio.main_window import MainWindow
+from engine import TargetSpec
 from studio.model_page import ModelPage
+from studio.project import Project
 from studio.resources import DEMO_MODEL
 
 
 def test_demo_model_opens_and_shows_its_facts(qtbot):
-    page = ModelPage()
+    project = Project()
+    page = ModelPage(project)
     qtbot.addWidget(page)
     with qtbot.waitSignal(page.sig_model_opened) as opened:
         assert page.open_path(DEMO_MODEL)
-    assert opened.args == [str(DEMO_MODEL)]
+    assert opened.args[0].path == str(DEMO_MODEL)
+    assert project.model_path == str(DEMO_MODEL)
     assert page.fact_labels["Architecture"].text().startswith("llama")
     assert "4 layers" in page.fact_labels["Layers"].text()
+    assert page.fact_labels["Tokenizer"].text().startswith("gpt2")
     kinds = {page.kinds.item(r, 0).text() for r in range(page.kinds.rowCount())}
     assert {"attn_q.weight", "ffn_down.weight", "token_embd.weight"} <= kinds
     assert page.error_label.isHidden()
 
 
+def test_memory_estimate_follows_targets_and_settings(qtbot):
+    project = Project()
+    page = ModelPage(project)
+    qtbot.addWidget(page)
+    page.open_path(DEMO_MODEL)
+    attention = page.memory_label.text()
+    assert attention.startswith("≈") and "16 adapted tensors" in attention
+    project.update_config(targets=TargetSpec(preset="all"))
+    assert "28 adapted tensors" in page.memory_label.text()
+    project.update_config(n_ctx=2048)
+    assert "2048 tokens" in page.memory_label.text()
+
+
 def test_bad_file_shows_error_in_the_page(qtbot, tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 10)
-    page = ModelPage()
+    page = ModelPage(Project())
     qtbot.addWidget(page)
     with qtbot.waitSignal(page.sig_error):
         assert not page.open_path(bad)
@@ -31,11 +48,9 @@ def test_bad_file_shows_error_in_the_page(qtbot, tmp_path):
     assert "broken.gguf" in page.error_label.text() and "Choose another file" in page.error_label.text()
 
 
-def test_main_window_screenshot(qtbot, tmp_path):
-    window = MainWindow()
-    qtbot.addWidget(window)
-    window.model_page.open_path(DEMO_MODEL)
-    window.show()
-    assert "llama" in window.statusBar().currentMessage()
-    pixmap = window.grab()
-    assert pixmap.width() > 400 and pixmap.height() > 300
+def test_device_choice_offers_cpu_and_explains_missing_gpu(qtbot):
+    page = ModelPage(Project())
+    qtbot.addWidget(page)
+    assert page.device_combo.itemData(0) == "cpu"
+    texts = [page.device_combo.itemText(i) for i in range(page.device_combo.count())]
+    assert any("CUDA" in t for t in texts)

@@ -1,0 +1,198 @@
+"""UI responsiveness while training: the longest time the UI thread could not run.
+
+Runs a short real training in the studio's worker thread (studio.worker) with the Train page shown
+and its live plots drawing, while a QTimer on the UI thread fires every 5 ms and records the gaps
+between its timeouts (studio.train_probe.StallProbe). Prints the longest gap (the worst stall), the
+99th percentile, the longest gap per phase (loading the model, training, writing the results), the
+number of steps and the model's shape. Prints figures; never passes or fails.
+
+    python bench/ui_stall.py                          # small dense + small MoE shapes
+    python bench/ui_stall.py --shape qwen2.5-0.5b     # Qwen2.5-0.5B's shape (writes a ~1 GB file once)
+    python bench/ui_stall.py --no-page                # the worker alone: stalls from the GIL only
+    python bench/ui_stall.py --switch-ms 1            # with sys.setswitchinterval(0.001)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import SHAPES  # noqa: E402
+from engine import SynthSpec, TargetSpec, write_model  # noqa: E402
+
+SMALL = {
+    "tiny-llama": SynthSpec.for_arch("llama"),
+    "tiny-qwen3moe": SynthSpec.for_arch("qwen3moe"),
+    "small-qwen2": SynthSpec.for_arch(
+        "qwen2", V=4096, C=256, L=4, NH=4, NKV=2, HS=64, F=768, tied=True, n_ctx=1024, name="small-qwen2"
+    ),
+}
+
+
+def shape_text(spec: SynthSpec) -> str:
+    moe = f", E={spec.E} K={spec.K} F_exp={spec.F_exp}" if spec.E else f", F={spec.F}"
+    return f"{spec.arch} L={spec.L} C={spec.C} NH={spec.NH}/{spec.NKV}x{spec.HS} V={spec.V}{moe} {spec.qtype}"
+
+
+def write_dataset(path: Path, n: int = 32) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            user = f"Question {i}: what is {i} plus {i * 3}? Please answer briefly and explain."
+            answer = (
+                f"{i} plus {i * 3} is {i * 4}. Adding the two numbers gives {i * 4}, which is the answer."
+            )
+            f.write(json.dumps({"messages": [{"role": "user", "content": user},
+                                             {"role": "assistant", "content": answer}]}) + "\n")  # fmt: skip
+
+
+def measure(model_path: str, data: str, steps: int, n_ctx: int, page: bool, preset: str, out: str) -> dict:
+    """Train `steps` steps with the page (or the worker alone) and the probe running; the figures."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    from studio.project import ModelInfo, Project
+    from studio.train_probe import StallProbe
+
+    project = Project()
+    project.update(model_path=model_path, dataset_path=data, output_dir=out)
+    project.update_config(steps=steps, n_ctx=n_ctx, targets=TargetSpec(preset=preset), norms_every=1)
+    loop = QEventLoop()
+    probe = StallProbe(5)
+    seen = {"steps": 0, "t_started": None, "t_end": None}
+    t0 = time.perf_counter()
+    if page:
+        from studio.train_page import TrainPage
+
+        widget = TrainPage(project)
+        widget.set_model_info(ModelInfo.read(model_path))
+        widget.resize(1280, 820)
+        widget.show()
+        worker_source = widget
+
+        def on_state(state: str) -> None:
+            if state == "training":
+                probe.mark("training")
+                seen["t_started"] = time.perf_counter()
+
+        def on_done(result) -> None:
+            seen["steps"] = widget.last_step
+            seen["result"] = result
+            seen["t_end"] = time.perf_counter()
+            loop.quit()
+
+        widget.sig_state_changed.connect(on_state)
+        widget.sig_run_finished.connect(on_done)
+        t0 = time.perf_counter()
+        probe.start("loading")
+        widget.start()
+    else:
+        from PySide6.QtCore import QObject, Slot
+
+        from engine import Started, Step
+        from studio.worker import start_training
+
+        class Sink(QObject):
+            @Slot(object)
+            def on_event(self, e) -> None:
+                if isinstance(e, Started):
+                    probe.mark("training")
+                    seen["t_started"] = time.perf_counter()
+                elif isinstance(e, Step):
+                    seen["steps"] = e.step
+
+            @Slot(object)
+            def done(self, result) -> None:
+                seen["result"] = result
+                seen["t_end"] = time.perf_counter()
+                loop.quit()
+
+        sink = Sink()
+        thread, worker = start_training(project, start=False)
+        worker.sig_event.connect(sink.on_event)
+        worker.sig_finished.connect(sink.done)
+        worker_source = (thread, worker, sink)
+        t0 = time.perf_counter()
+        probe.start("loading")
+        thread.start()
+    QTimer.singleShot(30 * 60 * 1000, loop.quit)
+    loop.exec()
+    probe.mark("finishing")
+    # let the thread end and the last redraws happen while the probe still runs
+    end = QEventLoop()
+    QTimer.singleShot(300, end.quit)
+    end.exec()
+    probe.stop()
+    if page:
+        worker_source.shutdown()
+        worker_source.close()
+    t_train = (seen["t_end"] or time.perf_counter()) - (seen["t_started"] or t0)
+    return {
+        "max_ms": probe.max_gap_ms,
+        "p99_ms": probe.percentile(99),
+        "phases": probe.phase_max_ms(),
+        "ticks": probe.n_ticks,
+        "steps": seen["steps"],
+        "result": type(seen.get("result")).__name__,
+        "s_per_step": t_train / max(1, seen["steps"]),
+        "load_s": (seen["t_started"] or t0) - t0,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", action="append", help=f"one of {', '.join([*SMALL, *SHAPES])} (repeatable)")
+    ap.add_argument("--steps", type=int, default=0, help="optimizer steps (default: 30 small, 3 large)")
+    ap.add_argument("--n-ctx", type=int, default=0, help="context length (default: 128 small, 256 large)")
+    ap.add_argument("--preset", default="all", help="LoRA target preset (default: all)")
+    ap.add_argument("--no-page", action="store_true", help="the worker alone, without the page and plots")
+    ap.add_argument("--switch-ms", type=float, default=0.0, help="sys.setswitchinterval in ms (default 5)")
+    ap.add_argument("--models", default=os.path.join(tempfile.gettempdir(), "tune-studio-bench-models"),
+                    help="folder for the written models (kept between runs)")  # fmt: skip
+    args = ap.parse_args(argv)
+
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])  # noqa: F841 - keeps Qt alive
+    if args.switch_ms:
+        sys.setswitchinterval(args.switch_ms / 1000.0)
+    shapes = args.shape or ["tiny-llama", "tiny-qwen3moe", "small-qwen2"]
+    models = Path(args.models)
+    models.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="ui-stall-"))
+    data = work / "chats.jsonl"
+    write_dataset(data)
+    print(f"switch interval {sys.getswitchinterval() * 1000:.1f} ms, page {'off' if args.no_page else 'on'}, "
+          f"probe timer 5 ms, Qt platform {os.environ.get('QT_QPA_PLATFORM')}")  # fmt: skip
+    for name in shapes:
+        spec = SMALL.get(name) or SHAPES[name]
+        large = name in SHAPES and spec.C >= 512
+        path = models / f"{name}.gguf"
+        if not path.exists():
+            t = time.perf_counter()
+            print(f"writing {path} ...", flush=True)
+            write_model(path, spec)
+            print(f"  written in {time.perf_counter() - t:.1f} s", flush=True)
+        steps = args.steps or (3 if large else 30)
+        n_ctx = args.n_ctx or (256 if large else 128)
+        r = measure(str(path), str(data), steps, n_ctx, not args.no_page, args.preset, str(work / "out"))
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
+        print(
+            f"{name}: {shape_text(spec)}; n_ctx {n_ctx}, LoRA preset {args.preset}\n"
+            f"  {r['steps']} steps ({r['result']}), {r['s_per_step']:.3f} s/step, "
+            f"{r['load_s']:.1f} s from Start to training (model load, data)\n"
+            f"  max UI stall {r['max_ms']:.1f} ms (p99 {r['p99_ms']:.1f} ms, {r['ticks']} ticks); "
+            f"max by phase (ms): {phases}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

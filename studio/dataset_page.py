@@ -1,0 +1,965 @@
+"""The Dataset page: open, check, edit and save a JSON Lines training set.
+
+A table of the samples (sortable, searchable), the problems found in the file with their line
+numbers, an editor for the selected sample, and a token view showing which tokens the model is
+trained on, with the open model's tokenizer and chat template. Every change is undoable. Files
+are read with the engine's `load_jsonl` (a bad line is a problem, never a failure) and written
+with `save_jsonl` (a temporary file renamed into place, so a failed save leaves the file as it
+was). ShareGPT and Alpaca files open or import as conversations and are saved as "messages".
+
+The page keeps `project.dataset_path` up to date and opens the dataset a loaded project names.
+Errors are shown in the page, with what to do next, and emitted as `sig_error`.
+
+What this page is not: it does not train, split or pack (the engine does, from the saved
+file), and it keeps the dataset in memory (files of a few hundred thousand samples are fine).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from PySide6.QtCore import QEvent, QItemSelection, QItemSelectionModel, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import (
+    QAction,
+    QDragEnterEvent,
+    QDropEvent,
+    QKeySequence,
+    QUndoStack,
+)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QApplication,
+    QFileDialog,
+    QFrame,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMenu,
+    QMessageBox,
+    QSizePolicy,
+    QSplitter,
+    QStyle,
+    QTableView,
+    QToolBar,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine import ChatTemplate, DatasetError, EncodeOptions, Problem, Sample, load_jsonl, save_jsonl
+
+from .dataset_commands import EditSampleCommand, InsertSamplesCommand, MoveSampleCommand, RemoveSamplesCommand
+from .dataset_editor import SampleEditorWidget
+from .dataset_model import SampleRow, SamplesFilterModel, SamplesModel, new_sample
+from .dataset_tokens import TokenViewWidget, is_dark
+from .project import ModelInfo, Project
+
+DATASET_SUFFIXES = (".jsonl", ".json", ".ndjson")
+FILE_FILTER = "JSON Lines datasets (*.jsonl *.ndjson *.json);;All files (*)"
+
+
+class MessageBar(QFrame):
+    """A message in the page (error, warning or information) with a button to dismiss it."""
+
+    STYLES = {  # level: (light background, light border, light text, dark bg, dark border, dark text)
+        "error": ("#fdecea", "#e57373", "#7f1d1d", "#4a1f1f", "#b34a4a", "#ffd9d9"),
+        "warning": ("#fff4e0", "#e0a040", "#5c3b00", "#463618", "#b38a3a", "#ffe8bd"),
+        "info": ("#e8f1fb", "#7aa7d9", "#183a5c", "#1d3147", "#4f7fb0", "#d9eaff"),
+    }
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setObjectName("messageBar")
+        self.level = "info"
+        self._dark = False
+        self.icon = QLabel()
+        self.label = QLabel()
+        self.label.setWordWrap(True)
+        self.label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.close_button = QToolButton()
+        self.close_button.setText("✕")
+        self.close_button.setAutoRaise(True)
+        self.close_button.setToolTip("Dismiss this message")
+        self.close_button.clicked.connect(self.hide)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(8, 4, 4, 4)
+        layout.addWidget(self.icon, 0, Qt.AlignTop)
+        layout.addWidget(self.label, 1)
+        layout.addWidget(self.close_button, 0, Qt.AlignTop)
+        self.hide()
+
+    def show_message(self, level: str, text: str) -> None:
+        self.level = level
+        self.label.setText(text)
+        icon = {
+            "error": QStyle.SP_MessageBoxCritical,
+            "warning": QStyle.SP_MessageBoxWarning,
+            "info": QStyle.SP_MessageBoxInformation,
+        }[level]
+        self.icon.setPixmap(self.style().standardIcon(icon).pixmap(20, 20))
+        self._restyle()
+        self.show()
+
+    def text(self) -> str:
+        return self.label.text()
+
+    def _restyle(self) -> None:
+        light_bg, light_border, light_fg, dark_bg, dark_border, dark_fg = self.STYLES[self.level]
+        dark = is_dark(QApplication.palette())
+        self._dark = dark
+        bg, border, fg = (dark_bg, dark_border, dark_fg) if dark else (light_bg, light_border, light_fg)
+        self.setStyleSheet(
+            f"#messageBar {{ background: {bg}; border: 1px solid {border}; border-radius: 4px; }}"
+            f"#messageBar QLabel {{ color: {fg}; }}"
+        )
+
+    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        # the style sheet itself changes the palette: restyle only when light/dark flipped
+        if event.type() == QEvent.PaletteChange and self._dark != is_dark(QApplication.palette()):
+            self._restyle()
+        super().changeEvent(event)
+
+
+class DatasetPage(QWidget):
+    """The dataset editor. Public: open_path, save, save_as, import_path, set_model_info, actions(),
+    undo_stack, is_modified, path, model (SamplesModel), samples."""
+
+    sig_dataset_opened = Signal(str)  # a file was opened (its absolute path)
+    sig_modified = Signal(bool)  # the dataset now differs (True) or not (False) from the file
+    sig_error = Signal(str)  # an error, also shown in the page
+    sig_saved = Signal(str)  # the dataset was written to this path
+
+    def __init__(self, project: Project, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.project = project
+        self.path: str | None = None
+        self.model_info: ModelInfo | None = None
+        self.skipped: list[Problem] = []  # errors on lines the table does not hold
+        self._template: ChatTemplate | None = None
+        self._problem_targets: list[tuple[SampleRow | None, int]] = []  # per Problems list row
+        self._tokens_shown: tuple | None = None  # what the token view shows (not to render it twice)
+        # Questions to the person; replace them in tests or scripts.
+        # confirm(title, text) -> bool: go ahead?  ask_unsaved() -> "save" | "discard" | "cancel"
+        self.confirm: Callable[[str, str], bool] = self._confirm_dialog
+        self.ask_unsaved: Callable[[], str] = self._ask_unsaved_dialog
+        self.setAcceptDrops(True)
+
+        self._stack = QUndoStack(self)
+        self._stack.cleanChanged.connect(self._clean_changed)
+        self.model = SamplesModel(parent=self)
+        self.proxy = SamplesFilterModel(self)
+        self.proxy.setSourceModel(self.model)
+        self._refresh_timer = QTimer(self)
+        self._refresh_timer.setSingleShot(True)
+        self._refresh_timer.setInterval(120)
+        self._refresh_timer.timeout.connect(self.refresh)
+
+        self._build_actions()
+        self._build_widgets()
+        self.model.sig_changed.connect(self._model_changed)
+        # a listener that does not keep the page alive, and leaves with it
+        ref = weakref.ref(self)
+
+        def listener(changed: set[str]) -> None:
+            page = ref()
+            if page is not None:
+                page._project_changed(changed)
+
+        project.subscribe(listener)
+        self.destroyed.connect(lambda *_: project.unsubscribe(listener))
+        self._update_encoder()
+        self.refresh()
+
+    # --- building -----------------------------------------------------------------------------
+    def _action(
+        self, text: str, short: str, tip: str, slot: Callable[[], object], *keys: QKeySequence | str
+    ) -> QAction:
+        action = QAction(text, self)
+        action.setIconText(short)  # the toolbar's label
+        if keys:
+            action.setShortcuts([QKeySequence(k) for k in keys])
+            shortcut = action.shortcut().toString(QKeySequence.NativeText)
+            tip = f"{tip} ({shortcut})"
+        action.setToolTip(tip)
+        action.setStatusTip(tip)
+        action.setShortcutContext(Qt.WidgetWithChildrenShortcut)
+        action.triggered.connect(lambda _checked=False: slot())
+        self.addAction(action)
+        return action
+
+    def _build_actions(self) -> None:
+        a = self._action
+        self.action_open = a(
+            "Open dataset…", "Open…", "Open a JSON Lines dataset", self.choose_file, "Ctrl+Shift+O"
+        )
+        self.action_save = a("Save dataset", "Save", "Save the dataset to its file", self.save, "Ctrl+S")
+        self.action_save_as = a(
+            "Save dataset as…",
+            "Save as…",
+            "Save the dataset under a new name",
+            self.choose_save_as,
+            "Ctrl+Shift+S",
+        )
+        self.action_import = a(
+            "Import ShareGPT/Alpaca…",
+            "Import…",
+            "Append the samples of another file (ShareGPT conversations, Alpaca instructions or any "
+            "accepted shape) to this dataset, as conversations",
+            self.choose_import,
+        )
+        self.action_add = a(
+            "Add sample",
+            "Add",
+            "Add an empty conversation after the selected sample (the arrow: other shapes)",
+            self.add_sample,
+            "Ctrl+Shift+N",
+        )
+        self.action_duplicate = a(
+            "Duplicate", "Duplicate", "Duplicate the selected samples", self.duplicate_selected, "Ctrl+D"
+        )
+        self.action_delete = a(
+            "Delete", "Delete", "Delete the selected samples", self.delete_selected, "Delete"
+        )
+        self.action_up = a(
+            "Move up", "Up", "Move the selected sample up", lambda: self.move_current(-1), "Alt+Up"
+        )
+        self.action_down = a(
+            "Move down", "Down", "Move the selected sample down", lambda: self.move_current(1), "Alt+Down"
+        )
+        self.action_undo = self._stack.createUndoAction(self, "Undo")
+        self.action_undo.setShortcuts([QKeySequence("Ctrl+Z")])
+        self.action_redo = self._stack.createRedoAction(self, "Redo")
+        self.action_redo.setShortcuts([QKeySequence("Ctrl+Shift+Z"), QKeySequence("Ctrl+Y")])
+        undo_tips = (
+            (self.action_undo, "Undo", "Undo the last change to the dataset (Ctrl+Z)"),
+            (self.action_redo, "Redo", "Redo the change just undone (Ctrl+Shift+Z)"),
+        )
+        for action, short, tip in undo_tips:
+            action.setIconText(short)
+            action.setToolTip(tip)
+            action.setShortcutContext(Qt.WidgetWithChildrenShortcut)
+            self.addAction(action)
+        self.action_find = a("Find", "Find", "Search the samples' text", self.focus_search, "Ctrl+F")
+        self._actions = [
+            self.action_open,
+            self.action_save,
+            self.action_save_as,
+            self.action_import,
+            self.action_add,
+            self.action_duplicate,
+            self.action_delete,
+            self.action_up,
+            self.action_down,
+            self.action_undo,
+            self.action_redo,
+            self.action_find,
+        ]
+
+    def _build_widgets(self) -> None:
+        toolbar = QToolBar()
+        toolbar.setToolButtonStyle(Qt.ToolButtonTextOnly)
+        for action in (self.action_open, self.action_save, self.action_save_as, self.action_import):
+            toolbar.addAction(action)
+        toolbar.addSeparator()
+        toolbar.addAction(self.action_add)
+        add_button = toolbar.widgetForAction(self.action_add)
+        if isinstance(add_button, QToolButton):
+            menu = QMenu(add_button)
+            for kind, label in (
+                ("messages", "Conversation (messages)"),
+                ("prompt", "Prompt and response"),
+                ("text", "Plain text"),
+            ):
+                menu.addAction(label).triggered.connect(lambda _=False, kind=kind: self.add_sample(kind))
+            add_button.setMenu(menu)
+            add_button.setPopupMode(QToolButton.MenuButtonPopup)
+        for action in (self.action_duplicate, self.action_delete, self.action_up, self.action_down):
+            toolbar.addAction(action)
+        toolbar.addSeparator()
+        toolbar.addAction(self.action_undo)
+        toolbar.addAction(self.action_redo)
+
+        self.search = QLineEdit()
+        self.search.setPlaceholderText("Search samples (Ctrl+F)")
+        self.search.setClearButtonEnabled(True)
+        self.search.setToolTip(
+            "Show only the samples whose text (any turn, prompt, response or text) contains this, "
+            "ignoring case. Esc clears it"
+        )
+        self.search.setMinimumWidth(220)
+        self.search.textChanged.connect(self._search_changed)
+        self.search.returnPressed.connect(self._select_first_visible)
+
+        top = QHBoxLayout()
+        top.addWidget(toolbar, 1)
+        top.addWidget(self.search)
+
+        self.path_label = QLabel()
+        self.path_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.path_label.setToolTip("The dataset file being edited")
+        self.path_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # long paths give way
+        self.stats_label = QLabel()
+        self.stats_label.setToolTip(
+            "Samples in the dataset, how many have a reward, problems found, and tokens with the open "
+            "model (trained tokens are the ones the loss is computed on)"
+        )
+        info = QHBoxLayout()
+        info.addWidget(self.path_label, 1)
+        info.addWidget(self.stats_label)
+
+        self.message = MessageBar()
+
+        # table
+        self.table = QTableView()
+        self.table.setModel(self.proxy)
+        self.table.setSortingEnabled(True)
+        self.table.sortByColumn(SamplesModel.COL_INDEX, Qt.AscendingOrder)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.ExtendedSelection)
+        self.table.setAlternatingRowColors(True)
+        self.table.setWordWrap(False)
+        self.table.setTextElideMode(Qt.ElideRight)
+        self.table.verticalHeader().hide()
+        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)
+        self.table.setToolTip("")
+        self.table.setContextMenuPolicy(Qt.ActionsContextMenu)
+        for action in (
+            self.action_add,
+            self.action_duplicate,
+            self.action_delete,
+            self.action_up,
+            self.action_down,
+        ):
+            self.table.addAction(action)
+        header = self.table.horizontalHeader()
+        header.setHighlightSections(False)
+        fm = self.fontMetrics()
+        widths = {
+            SamplesModel.COL_INDEX: fm.horizontalAdvance("0000"),
+            SamplesModel.COL_LINE: fm.horizontalAdvance("Line0"),
+            SamplesModel.COL_SHAPE: fm.horizontalAdvance("messages0"),
+            SamplesModel.COL_REWARD: fm.horizontalAdvance("Reward0"),
+            SamplesModel.COL_TOKENS: fm.horizontalAdvance("Tokens0"),
+            SamplesModel.COL_TRAINED: fm.horizontalAdvance("Trained0"),
+            SamplesModel.COL_PROBLEMS: fm.horizontalAdvance("Problems0"),
+        }
+        for col, width in widths.items():
+            header.setSectionResizeMode(col, QHeaderView.Interactive)
+            self.table.setColumnWidth(col, width + 12)
+        header.setSectionResizeMode(SamplesModel.COL_WORDS, QHeaderView.Stretch)
+        self.table.selectionModel().currentRowChanged.connect(lambda *_: self._current_changed())
+        self.table.selectionModel().selectionChanged.connect(lambda *_: self._update_actions())
+        self.table.doubleClicked.connect(lambda _index: self.editor.focus_first_field())
+
+        # problems
+        self.problems_title = QLabel("<b>Problems</b>")
+        self.problems = QListWidget()
+        self.problems.setToolTip(
+            "Problems found when reading the file or encoding the samples. Click one to select its "
+            "sample. Errors: the sample is skipped by training; warnings: it is kept"
+        )
+        self.problems.setWordWrap(True)
+        self.problems.setUniformItemSizes(False)
+        self.problems.setIconSize(QSize(16, 16))
+        self.problems.itemClicked.connect(self.select_problem)
+        self.problems.itemActivated.connect(self.select_problem)
+        problems_box = QWidget()
+        pl = QVBoxLayout(problems_box)
+        pl.setContentsMargins(0, 4, 0, 0)
+        pl.addWidget(self.problems_title)
+        pl.addWidget(self.problems, 1)
+
+        left = QSplitter(Qt.Vertical)
+        left.addWidget(self.table)
+        left.addWidget(problems_box)
+        left.setStretchFactor(0, 3)
+        left.setStretchFactor(1, 1)
+        left.setSizes([380, 130])
+
+        # editor
+        self.editor = SampleEditorWidget(self._stack)
+        self.editor.sig_edit.connect(self._edited)
+
+        upper = QSplitter(Qt.Horizontal)
+        upper.addWidget(left)
+        upper.addWidget(self.editor)
+        upper.setStretchFactor(0, 3)
+        upper.setStretchFactor(1, 2)
+        upper.setSizes([740, 420])
+
+        self.token_view = TokenViewWidget()
+        self.splitter = QSplitter(Qt.Vertical)
+        self.splitter.addWidget(upper)
+        self.splitter.addWidget(self.token_view)
+        self.splitter.setStretchFactor(0, 3)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([520, 200])
+        self.splitter.setChildrenCollapsible(False)
+
+        layout = QVBoxLayout(self)
+        layout.addLayout(top)
+        layout.addWidget(self.message)
+        layout.addLayout(info)
+        layout.addWidget(self.splitter, 1)
+
+    # --- public API ---------------------------------------------------------------------------
+    def actions(self) -> list[QAction]:  # type: ignore[override]
+        """The page's actions, for menus: open, save, save as, import, add, duplicate, delete,
+        move up, move down, undo, redo, find. Their shortcuts work while focus is in the page."""
+        return list(self._actions)
+
+    @property
+    def undo_stack(self) -> QUndoStack:
+        return self._stack
+
+    @property
+    def is_modified(self) -> bool:
+        return not self._stack.isClean()
+
+    @property
+    def samples(self) -> list[Sample]:
+        return self.model.samples
+
+    def set_model_info(self, info: ModelInfo | None) -> None:
+        """Count and show tokens with this model's tokenizer and chat template (None: no model)."""
+        self.model_info = info
+        self._update_encoder()
+        self.refresh()
+
+    def open_path(self, path: str | os.PathLike[str]) -> bool:
+        """Open a dataset file; False (and the reason shown in the page) when it cannot be read.
+
+        Asks first when there are unsaved changes (`ask_unsaved`)."""
+        path = os.path.abspath(os.fspath(path))
+        if not self.may_discard_changes():
+            return False
+        try:
+            samples, problems = load_jsonl(path)
+        except (DatasetError, OSError) as exc:
+            self.show_error(
+                f"The dataset could not be opened: {exc}",
+                "Choose a JSON Lines file (.jsonl) saved as UTF-8 text, with one JSON object per line.",
+            )
+            return False
+        lines = {s.line for s in samples}
+        self.skipped = [p for p in problems if p.line not in lines]
+        self.path = path
+        self.proxy.set_pinned(None)
+        self.model.set_samples(samples, problems)
+        self._stack.clear()
+        self._stack.setClean()
+        self.project.update(dataset_path=path)
+        n_problems = len(problems)
+        name = Path(path).name
+        if self.skipped:
+            self.show_message(
+                "warning",
+                f"Opened {name}: {len(samples)} samples. {len(self.skipped)} line(s) could not be read and "
+                "are not in the table (see Problems). Fix them in the file, or know that saving here "
+                "drops them.",
+            )
+        elif n_problems:
+            self.show_message(
+                "warning", f"Opened {name}: {len(samples)} samples, {n_problems} warning(s) (see Problems)."
+            )
+        elif not samples:
+            self.show_message("info", f"{name} holds no samples yet: add one with Add sample (Ctrl+Shift+N).")
+        else:
+            self.message.hide()
+        self.refresh()
+        if samples:
+            self.select_rows([0])
+        self.sig_dataset_opened.emit(path)
+        return True
+
+    def save(self) -> bool:
+        """Save to the dataset's file (asks for a name when it has none)."""
+        if not self.path:
+            return self.choose_save_as()
+        return self._write(self.path)
+
+    def save_as(self, path: str | os.PathLike[str]) -> bool:
+        """Save to `path`, which becomes the dataset's file (and the project's dataset)."""
+        return self._write(os.path.abspath(os.fspath(path)))
+
+    def import_path(self, path: str | os.PathLike[str]) -> bool:
+        """Append the samples of another file (ShareGPT, Alpaca or any accepted shape) as one undoable
+        step; they are saved as conversations ("messages")."""
+        path = os.path.abspath(os.fspath(path))
+        try:
+            samples, problems = load_jsonl(path)
+        except (DatasetError, OSError) as exc:
+            self.show_error(
+                f"Nothing was imported: {exc}",
+                'Choose a JSON Lines file: ShareGPT ({"conversations": [{"from", "value"}, …]}), '
+                'Alpaca ({"instruction", "input", "output"}) or one of the dataset shapes.',
+            )
+            return False
+        name = Path(path).name
+        errors = [p for p in problems if p.severity == "error"]
+        if not samples:
+            first = f" First problem: line {errors[0].line}: {errors[0].message}" if errors else ""
+            self.show_error(
+                f"Nothing was imported: {name} has no sample that can be read.{first}",
+                "Check that it is JSON Lines (one object per line) in one of the accepted shapes.",
+            )
+            return False
+        imported = [replace(s, line=0) for s in samples]
+        row = self.model.rowCount()
+        self._stack.push(
+            InsertSamplesCommand(
+                self.model, row, imported, f"Import {len(imported)} samples from {name}", self.select_rows
+            )
+        )
+        skipped = ""
+        if errors:
+            listed = "; ".join(f"line {p.line}: {p.message}" for p in errors[:3])
+            more = f" and {len(errors) - 3} more" if len(errors) > 3 else ""
+            skipped = f" {len(errors)} line(s) could not be read and were left out ({listed}{more})."
+        self.show_message(
+            "warning" if errors else "info",
+            f"Imported {len(imported)} samples from {name} at the end of the dataset (Undo removes them)."
+            + skipped,
+        )
+        return True
+
+    def may_discard_changes(self) -> bool:
+        """True when there are no unsaved changes, or the person saved or discarded them."""
+        if not self.is_modified:
+            return True
+        answer = self.ask_unsaved()
+        if answer == "save":
+            return self.save()
+        return answer == "discard"
+
+    def show_error(self, message: str, hint: str = "") -> None:
+        """Show an error in the page (with what to do next) and emit sig_error."""
+        text = f"{message}\n{hint}" if hint else message
+        self.message.show_message("error", text)
+        self.sig_error.emit(text)
+
+    def show_message(self, level: str, text: str) -> None:
+        self.message.show_message(level, text)
+
+    # --- dialogs ------------------------------------------------------------------------------
+    def _start_dir(self) -> str:
+        anchor = self.path or self.project.dataset_path or self.project.path
+        return os.path.dirname(anchor) if anchor else ""
+
+    def choose_file(self) -> bool:
+        path, _ = QFileDialog.getOpenFileName(self, "Open dataset", self._start_dir(), FILE_FILTER)
+        return self.open_path(path) if path else False
+
+    def choose_save_as(self) -> bool:
+        start = self.path or os.path.join(self._start_dir(), "dataset.jsonl")
+        path, _ = QFileDialog.getSaveFileName(self, "Save dataset as", start, FILE_FILTER)
+        if not path:
+            return False
+        if not Path(path).suffix:
+            path += ".jsonl"
+        return self.save_as(path)
+
+    def choose_import(self) -> bool:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Import samples (ShareGPT, Alpaca, JSON Lines)", self._start_dir(), FILE_FILTER
+        )
+        return self.import_path(path) if path else False
+
+    def _confirm_dialog(self, title: str, text: str) -> bool:
+        answer = QMessageBox.question(
+            self, title, text, QMessageBox.Yes | QMessageBox.Cancel, QMessageBox.Cancel
+        )
+        return answer == QMessageBox.Yes
+
+    def _ask_unsaved_dialog(self) -> str:
+        name = Path(self.path).name if self.path else "the new dataset"
+        box = QMessageBox(self)
+        box.setIcon(QMessageBox.Warning)
+        box.setWindowTitle("Unsaved dataset changes")
+        box.setText(f"Save the changes to {name}?")
+        box.setInformativeText("If you don't save them, your changes to the dataset are lost.")
+        box.setStandardButtons(QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel)
+        box.setDefaultButton(QMessageBox.Save)
+        answer = box.exec()
+        return {QMessageBox.Save: "save", QMessageBox.Discard: "discard"}.get(answer, "cancel")
+
+    # --- saving -------------------------------------------------------------------------------
+    def _write(self, path: str) -> bool:
+        if os.path.isdir(path):
+            self.show_error(
+                f"The dataset was not saved: {path} is a folder.",
+                "Choose a file name ending in .jsonl with Save As (Ctrl+Shift+S).",
+            )
+            return False
+        same_file = self.path is not None and os.path.abspath(self.path) == path
+        if self.skipped and same_file:
+            if not self.confirm(
+                "Drop unreadable lines?",
+                f"{len(self.skipped)} line(s) of {Path(path).name} could not be read and are not in the "
+                "table. Saving replaces the file without them. Save anyway? (Use Save As to keep the "
+                "original file.)",
+            ):
+                return False
+        samples = self.model.samples
+        try:
+            save_jsonl(path, samples)
+        except (DatasetError, OSError) as exc:
+            self.show_error(
+                f"The dataset was not saved: {exc}",
+                "The file on disk was not changed. Check that the folder exists and can be written and "
+                "that the disk has room, or save somewhere else with Save As (Ctrl+Shift+S).",
+            )
+            return False
+        self.path = path
+        self.skipped = []
+        self.model.renumber_lines()
+        self._stack.setClean()
+        self.project.update(dataset_path=path)
+        errors = self.model.stats().errors
+        note = (
+            f" {errors} sample(s) have errors (see Problems): training skips them until they are fixed."
+            if errors
+            else ""
+        )
+        self.show_message("warning" if errors else "info", f"Saved {len(samples)} samples to {path}.{note}")
+        self.refresh()
+        self.sig_saved.emit(path)
+        return True
+
+    # --- editing ------------------------------------------------------------------------------
+    def current_row(self) -> int:
+        """The dataset position of the selected sample, -1 when none is."""
+        index = self.table.currentIndex()
+        if not index.isValid():
+            return -1
+        return self.proxy.mapToSource(index).row()
+
+    def selected_rows(self) -> list[int]:
+        rows = {self.proxy.mapToSource(i).row() for i in self.table.selectionModel().selectedRows()}
+        if not rows and self.current_row() >= 0:
+            rows = {self.current_row()}
+        return sorted(rows)
+
+    def select_rows(self, rows: list[int]) -> None:
+        """Select these dataset positions (the first becomes current) and scroll to it."""
+        rows = [r for r in rows if 0 <= r < self.model.rowCount()]
+        selection_model = self.table.selectionModel()
+        if not rows:
+            selection_model.clearSelection()
+            self._current_changed()
+            return
+        proxy_indexes = []
+        for r in rows:
+            index = self.proxy.mapFromSource(self.model.index(r, 0))
+            if not index.isValid():  # hidden by the search: keep it visible while it is selected
+                self.proxy.set_pinned(self.model.row_object(r), refilter=True)
+                index = self.proxy.mapFromSource(self.model.index(r, 0))
+            if index.isValid():
+                proxy_indexes.append(index)
+        if not proxy_indexes:
+            return
+        selection = QItemSelection()
+        for index in proxy_indexes:
+            selection.select(index, index.siblingAtColumn(self.proxy.columnCount() - 1))
+        first = proxy_indexes[0]
+        before = self.table.currentIndex()
+        selection_model.setCurrentIndex(first, QItemSelectionModel.NoUpdate)
+        selection_model.select(selection, QItemSelectionModel.ClearAndSelect | QItemSelectionModel.Rows)
+        self.table.scrollTo(first)
+        if before == first:  # currentRowChanged did not fire: the same row, perhaps a changed sample
+            self._sync_editor()
+            self._update_actions()
+            self._refresh_timer.start()
+
+    def add_sample(self, kind: str = "messages") -> None:
+        row = self.current_row()
+        at = row + 1 if row >= 0 else self.model.rowCount()
+        shape = {"messages": "conversation", "prompt": "prompt/response sample", "text": "text sample"}[kind]
+        self._stack.push(
+            InsertSamplesCommand(self.model, at, [new_sample(kind)], f"Add a {shape}", self.select_rows)
+        )
+        self.editor.focus_first_field()
+
+    def duplicate_selected(self) -> None:
+        rows = self.selected_rows()
+        if not rows:
+            return
+        copies = [replace(self.model.sample(r), line=0) for r in rows]
+        what = "sample" if len(rows) == 1 else f"{len(rows)} samples"
+        self._stack.push(
+            InsertSamplesCommand(self.model, rows[-1] + 1, copies, f"Duplicate {what}", self.select_rows)
+        )
+
+    def delete_selected(self) -> None:
+        rows = self.selected_rows()
+        if not rows:
+            return
+        what = "sample" if len(rows) == 1 else f"{len(rows)} samples"
+        self._stack.push(RemoveSamplesCommand(self.model, rows, f"Delete {what}", self.select_rows))
+
+    def move_current(self, step: int) -> None:
+        row = self.current_row()
+        dst = row + step
+        if row < 0 or not 0 <= dst < self.model.rowCount():
+            return
+        what = "up" if step < 0 else "down"
+        self._stack.push(MoveSampleCommand(self.model, row, dst, f"Move sample {what}", self.select_rows))
+
+    def focus_search(self) -> None:
+        self.search.setFocus()
+        self.search.selectAll()
+
+    def _edited(self, new: Sample, problems: list[Problem], key: tuple, description: str) -> None:
+        row = self.current_row()
+        if row < 0:
+            return
+        old = self.model.sample(row)
+        if new == old:
+            return
+        self._stack.push(
+            EditSampleCommand(self.model, row, old, new, problems, key, description, self.select_rows)
+        )
+
+    # --- problems -----------------------------------------------------------------------------
+    def select_problem(self, item: QListWidgetItem) -> None:
+        """Select the sample a problem is about (by its row; skipped lines have none)."""
+        # kept in a Python list, not in item data: reading item data back that holds None loses a
+        # reference to None in PySide6 6.12 (a crash after enough calls)
+        index = self.problems.row(item)
+        if not 0 <= index < len(self._problem_targets):
+            return
+        obj, line = self._problem_targets[index]
+        if isinstance(obj, SampleRow):
+            row = self.model.row_of(obj)
+            if row >= 0:
+                self.select_rows([row])
+                return
+        self.show_message(
+            "warning",
+            f"Line {line} could not be read, so it is not in the table: fix it in a text editor and open "
+            "the file again, or add the sample again here.",
+        )
+
+    def _fill_problems(self) -> None:
+        entries: list[tuple[int, int, Problem, SampleRow | None]] = [
+            (p.line, 0, p, None) for p in self.skipped
+        ]
+        for i in range(self.model.rowCount()):
+            obj = self.model.row_object(i)
+            for p in self.model.known_problems(i):
+                line = obj.sample.line
+                entries.append((line if line else 10**12 + i, i, p, obj))
+        entries.sort(key=lambda e: (e[0], e[1]))
+        style = self.style()
+        error_icon = style.standardIcon(QStyle.SP_MessageBoxCritical)
+        warning_icon = style.standardIcon(QStyle.SP_MessageBoxWarning)
+        self.problems.setUpdatesEnabled(False)
+        self.problems.clear()
+        self._problem_targets: list[tuple[SampleRow | None, int]] = []
+        for _, i, p, obj in entries:
+            if obj is None:
+                where = f"line {p.line}"
+                text = f"{where}: {p.message} (not in the table)"
+            else:
+                where = f"line {obj.sample.line}" if obj.sample.line else f"new sample #{i + 1}"
+                text = f"{where}: {p.message}"
+            item = QListWidgetItem(error_icon if p.severity == "error" else warning_icon, text)
+            item.setToolTip(f"{where}: {p.severity}: {p.message}")
+            self._problem_targets.append((obj, obj.sample.line if obj is not None else p.line))
+            self.problems.addItem(item)
+        self.problems.setUpdatesEnabled(True)
+        if not entries:
+            item = QListWidgetItem("No problems found: every line was read and every sample encodes.")
+            if self.model_info is None:
+                item.setText("No problems found in the file (open a model to check tokens too).")
+            item.setFlags(Qt.NoItemFlags)
+            self.problems.addItem(item)
+        n = len(entries)
+        self.problems_title.setText(f"<b>Problems</b> ({n})" if n else "<b>Problems</b> (none)")
+
+    # --- refreshing ---------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Update the problems list, the stats, the editor and the token view now (after an edit they
+        follow on their own, a moment later)."""
+        self._refresh_timer.stop()
+        self._fill_problems()
+        self._update_labels()
+        self._sync_editor()
+        self._refresh_tokens()
+        self._update_actions()
+
+    def _model_changed(self) -> None:
+        self._sync_editor()
+        self._update_actions()
+        self._refresh_timer.start()
+
+    def _update_labels(self) -> None:
+        if self.path:
+            mark = " (modified)" if self.is_modified else ""
+            self.path_label.setText(f"<b>{Path(self.path).name}</b>{mark} — {os.path.dirname(self.path)}")
+            self.path_label.setToolTip(f"The dataset file being edited: {self.path}")
+        else:
+            mark = " (not saved)" if self.model.rowCount() else ""
+            self.path_label.setText(
+                f"<b>New dataset</b>{mark} — open a .jsonl file (Ctrl+Shift+O), drop one here, or add samples"
+            )
+        s = self.model.stats()
+        problems = s.problems + len(self.skipped)
+        parts = [f"{s.samples:,} samples", f"{s.with_reward:,} with rewards", f"{problems:,} problems"]
+        shown = self.proxy.rowCount()
+        if self.proxy.search:
+            parts.insert(1, f"{shown:,} shown")
+        if self.model_info is None:
+            parts.append("tokens: – (no model open)")
+        elif not self.model.has_encoder():
+            parts.append("tokens: – (check n_ctx)")
+        elif s.tokens is None:
+            parts.append(f"counting tokens… {s.counted:,}/{s.samples:,}")
+        else:
+            parts.append(f"{s.tokens:,} tokens ({s.trained:,} trained)")
+        self.stats_label.setText(" · ".join(parts))
+
+    def _header_text(self, row: int) -> str:
+        s = self.model.sample(row)
+        line = f"line {s.line}" if s.line else "new (not saved yet)"
+        turns = f", {len(s.messages)} turns" if s.kind == "messages" else ""
+        return f"<b>Sample {row + 1}</b> of {self.model.rowCount()} · {line} · {s.kind}{turns}"
+
+    def _sync_editor(self) -> None:
+        row = self.current_row()
+        if row < 0:
+            self.editor.show_sample(None)
+        else:
+            self.editor.show_sample(self.model.sample(row), self._header_text(row))
+
+    def _current_changed(self) -> None:
+        row = self.current_row()
+        self.proxy.set_pinned(self.model.row_object(row) if row >= 0 else None)
+        self._sync_editor()
+        self._refresh_tokens()
+        self._update_actions()
+
+    def _refresh_tokens(self) -> None:
+        row = self.current_row()
+        shown = (
+            (self.model.row_object(row), self.model.sample(row), self.model.encoded(row))
+            if row >= 0 and self.model_info is not None and self.model.has_encoder()
+            else None
+        )
+        last = self._tokens_shown
+        if shown is not None and last is not None and all(a is b for a, b in zip(shown, last, strict=True)):
+            return  # this very sample, with these tokens, is on show already
+        self._tokens_shown = shown
+        view = self.token_view
+        if self.model_info is None:
+            view.show_message(
+                "No model is open, so there are no tokens to show. Open a .gguf model on the Model page: "
+                "this view then shows the selected sample as the model reads it, with the tokens it is "
+                "trained on in green."
+            )
+            return
+        if not self.model.has_encoder():
+            view.show_message("Tokens cannot be counted with the current settings: check n_ctx (at least 2).")
+            return
+        if row < 0:
+            view.show_message("Select a sample to see its tokens.")
+            return
+        encoded = self.model.encoded(row)
+        tokenizer = self.model.tokenizer
+        if encoded is None or tokenizer is None:
+            problems = [p for p in self.model.problems(row) if p.severity == "error"]
+            why = "; ".join(p.message for p in problems) or "the sample cannot be encoded"
+            view.show_message(f"This sample gives no tokens to train on: {why}.")
+            return
+        options = self.model.options
+        note = f"cut at n_ctx = {options.n_ctx} ✂" if encoded.truncated and options else ""
+        view.show_tokens(tokenizer, encoded, note)
+
+    def _update_actions(self) -> None:
+        row = self.current_row()
+        has = row >= 0
+        self.action_duplicate.setEnabled(has)
+        self.action_delete.setEnabled(has)
+        self.action_up.setEnabled(has and row > 0)
+        self.action_down.setEnabled(has and row < self.model.rowCount() - 1)
+
+    def _clean_changed(self, clean: bool) -> None:
+        self._update_labels()
+        self.sig_modified.emit(not clean)
+
+    def _search_changed(self, text: str) -> None:
+        self.proxy.set_search(text)
+        self._update_labels()
+
+    def _select_first_visible(self) -> None:
+        if self.proxy.rowCount():
+            self.select_rows([self.proxy.mapToSource(self.proxy.index(0, 0)).row()])
+            self.table.setFocus()
+
+    # --- model and project --------------------------------------------------------------------
+    def _encode_options(self) -> EncodeOptions | None:
+        c = self.project.config
+        try:
+            return EncodeOptions(
+                n_ctx=c.n_ctx, train_on_prompt=c.train_on_prompt, prompt_format=c.prompt_format
+            )
+        except ValueError:
+            return None
+
+    def _update_encoder(self) -> None:
+        info = self.model_info
+        options = self._encode_options() if info is not None else None
+        tokenizer = info.tokenizer if info is not None and options is not None else None
+        template = info.template if tokenizer is not None and info is not None else None
+        current = (self.model.tokenizer, self.model.options)
+        if current == (tokenizer, options) and self._template is template:
+            return
+        self._template = template
+        self.model.set_encoder(tokenizer, template, options)
+
+    def _project_changed(self, changed: set[str]) -> None:
+        if "config" in changed:
+            self._update_encoder()
+            self.refresh()
+        if "dataset_path" in changed:
+            path = self.project.dataset_path
+            if path and (self.path is None or os.path.abspath(path) != self.path):
+                self.open_path(path)
+
+    # --- drag and drop ------------------------------------------------------------------------
+    @staticmethod
+    def _dropped_file(event: QDragEnterEvent | QDropEvent) -> str | None:
+        mime = event.mimeData()
+        if not mime.hasUrls():
+            return None
+        for url in mime.urls():
+            if url.isLocalFile() and url.toLocalFile().lower().endswith(DATASET_SUFFIXES):
+                return url.toLocalFile()
+        return None
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:  # noqa: N802 - Qt override
+        if self._dropped_file(event):
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dropEvent(self, event: QDropEvent) -> None:  # noqa: N802 - Qt override
+        path = self._dropped_file(event)
+        if path:
+            event.acceptProposedAction()
+            self.open_path(path)
+
+    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        if event.type() == QEvent.PaletteChange:
+            self._refresh_tokens()
+        super().changeEvent(event)
+
+
+__all__ = ["DatasetPage", "MessageBar"]

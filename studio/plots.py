@@ -1,0 +1,631 @@
+"""Live training plots for the Train page, fed by engine events and redrawn from a timer.
+
+`TrainPlotsWidget.add_event(event)` only appends to growing NumPy buffers (cheap, so a flood of
+events from a fast run never stalls the UI thread); a QTimer at 20 Hz redraws what changed since
+the last tick with `setData` on curves created once, one plot per tick, with axis limits that change
+rarely (every change of limits re-renders an axis's text, the costliest part of a repaint).
+
+Plots: training loss (mean cross-entropy) and validation loss, learning rate, gradient norm,
+tokens/s, LoRA ‖ΔW‖ per tensor kind, a layers × kinds heatmap of the latest ‖ΔW‖ of each adapted
+tensor, and for MoE models a layers × experts heatmap of the tokens routed to each expert (summed
+since the run started, or the latest step only).
+
+It draws; it does not run training or keep anything the engine needs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QTimer
+from PySide6.QtGui import QColor, QFontMetrics, QPalette
+from PySide6.QtWidgets import QCheckBox, QGridLayout, QLabel, QSizePolicy, QTabWidget, QVBoxLayout, QWidget
+
+from engine import Eval, ExpertUsage, LoraNorms, Started, Step, split_name
+
+from .train_compat import guard_singletons
+
+guard_singletons()  # PySide6 6.12.0 on Python < 3.12: see studio/train_compat.py
+
+REDRAW_HZ = 20
+# tensor kinds in the order people read a block: attention, then the feed-forward parts
+KIND_ORDER = (
+    "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",
+    "ffn_gate_inp", "ffn_gate", "ffn_up", "ffn_down",
+    "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+    "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+)  # fmt: skip
+COLORS = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+    "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#7b4173",
+)  # fmt: skip
+
+
+def short_kind(kind: str) -> str:
+    """ "attn_q.weight" -> "attn_q" (the legend and axis labels)."""
+    return kind[: -len(".weight")] if kind.endswith(".weight") else kind
+
+
+def kind_sort_key(kind: str) -> tuple[int, str]:
+    k = short_kind(kind)
+    return (KIND_ORDER.index(k) if k in KIND_ORDER else len(KIND_ORDER), k)
+
+
+class Series:
+    """x/y values in NumPy buffers that double when full; `view()` gives the filled part."""
+
+    def __init__(self, capacity: int = 256):
+        self.x = np.empty(capacity)
+        self.y = np.empty(capacity)
+        self.n = 0
+
+    def append(self, x: float, y: float) -> None:
+        if self.n == len(self.x):
+            self.x = np.concatenate([self.x, np.empty_like(self.x)])
+            self.y = np.concatenate([self.y, np.empty_like(self.y)])
+        self.x[self.n] = x
+        self.y[self.n] = y
+        self.n += 1
+
+    def truncate_after(self, x: float) -> None:
+        """Drop the points beyond x (a run resumed from an earlier checkpoint redoes those steps)."""
+        self.n = int(np.searchsorted(self.x[: self.n], x, side="right"))
+
+    def clear(self) -> None:
+        self.n = 0
+
+    def view(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.x[: self.n], self.y[: self.n]
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def _style_plot(pw: pg.PlotWidget, title: str, left: str, bottom: str = "step") -> pg.PlotItem:
+    pal = pw.palette()
+    text = pal.color(QPalette.WindowText)
+    pw.setBackground(pal.color(QPalette.Base))
+    plot = pw.getPlotItem()
+    plot.setTitle(title, color=text.name(), size="9pt")
+    for name in ("left", "bottom"):
+        axis = plot.getAxis(name)
+        axis.setPen(pg.mkPen(text))
+        axis.setTextPen(pg.mkPen(text))
+        axis.enableAutoSIPrefix(False)  # "0.0002", not "200" with a "(x1e-06)" in the label
+    plot.setLabel("left", left, color=text.name())
+    plot.setLabel("bottom", bottom, color=text.name())
+    plot.showGrid(x=True, y=True, alpha=0.2)
+    plot.setDownsampling(auto=True, mode="peak")
+    plot.setClipToView(True)
+    pw.setMinimumSize(200, 140)
+    return plot
+
+
+def _legend(pw: pg.PlotWidget, offset: tuple[int, int], columns: int = 1) -> pg.LegendItem:
+    """A legend with the palette's text colour on a translucent background (readable over curves)."""
+    pal = pw.palette()
+    text = pal.color(QPalette.WindowText)
+    base = QColor(pal.color(QPalette.Base))
+    base.setAlpha(210)
+    return pw.getPlotItem().addLegend(
+        offset=offset, labelTextSize="8pt", labelTextColor=text, brush=pg.mkBrush(base), colCount=columns
+    )
+
+
+class HeatmapWidget(QWidget):
+    """An ImageItem in a plot with labelled axes and a colour bar; `set(values, x_labels, y_labels)`.
+
+    The caption under the plot says what is shown (`set_caption`) and, under the mouse, the value of
+    the hovered cell. Colour levels only grow to "nice" values, so the bar is not redrawn every time.
+    """
+
+    def __init__(self, title: str, x_title: str, y_title: str, unit: str, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.unit = unit
+        self.pw = pg.PlotWidget()
+        self.plot = _style_plot(self.pw, title, y_title, x_title)
+        self.plot.showGrid(x=False, y=False)
+        self.plot.invertY(True)
+        self.plot.setMouseEnabled(x=False, y=False)
+        self.plot.hideButtons()
+        self.plot.setMenuEnabled(False)
+        self.image = pg.ImageItem(axisOrder="col-major")
+        self.plot.addItem(self.image)
+        self.bar = pg.ColorBarItem(
+            values=(0, 1), colorMap=pg.colormap.get("viridis"), width=12, interactive=False
+        )
+        self.bar.setImageItem(self.image, insert_in=self.plot)
+        text = self.pw.palette().color(QPalette.WindowText)
+        self.bar.axis.setTextPen(pg.mkPen(text))
+        self.bar.axis.setPen(pg.mkPen(text))
+        self.bar.axis.setLabel(unit, color=text.name())
+        self.bar.axis.enableAutoSIPrefix(False)
+        self.caption = QLabel(" ")
+        self.caption.setWordWrap(True)
+        self.caption.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self._caption = " "
+        self.placeholder = pg.TextItem("", color=text, anchor=(0.5, 0.5))
+        self.plot.addItem(self.placeholder)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(0)
+        layout.addWidget(self.pw, 1)
+        layout.addWidget(self.caption)
+        self.values: np.ndarray | None = None
+        self.levels = (0.0, 1.0)
+        self.x_labels: list[str] = []
+        self.y_labels: list[str] = []
+        self.pw.scene().sigMouseMoved.connect(self._mouse_moved)
+        self.show_placeholder("no data yet")
+
+    def show_placeholder(self, text: str) -> None:
+        self.values = None
+        self.x_labels, self.y_labels = [], []
+        self.levels = (0.0, 1.0)
+        self.image.clear()
+        self.placeholder.setText(text)
+        self.placeholder.setPos(0.5, 0.5)
+        self.placeholder.show()
+        self.plot.getAxis("bottom").setTicks(None)
+        self.plot.getAxis("left").setTicks(None)
+        self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+        self.set_caption(" ")
+
+    def set_caption(self, text: str) -> None:
+        self._caption = text
+        self.caption.setText(text)
+
+    def set(self, values: np.ndarray, x_labels: list[str], y_labels: list[str]) -> None:
+        """values[x, y]: x along the bottom axis (layers), y down the left axis."""
+        values = np.asarray(values, dtype=np.float64)
+        shape_changed = self.values is None or self.values.shape != values.shape
+        self.values = values
+        self.placeholder.hide()
+        finite = values[np.isfinite(values)]
+        hi = float(finite.max()) if finite.size else 1.0
+        lo = min(float(finite.min()) if finite.size else 0.0, 0.0)
+        old_lo, old_hi = self.levels
+        if shape_changed or lo < old_lo or hi > old_hi or hi < 0.3 * old_hi:
+            self.levels = (lo, nice_ceil(hi) if hi > lo else lo + 1.0)
+            self.bar.setLevels(self.levels)
+            # room for the longest tick label plus the axis title (ColorBarItem fixes it to 45 px)
+            fm = QFontMetrics(self.bar.axis.style["tickFont"] or self.font())
+            longest = max(fm.horizontalAdvance(f"{v:g}") for v in (*self.levels, self.levels[1] * 0.75))
+            self.bar.axis.setWidth(longest + fm.height() + 14)
+        self.image.setImage(values, autoLevels=False, levels=self.levels)
+        if shape_changed or x_labels != self.x_labels or y_labels != self.y_labels:
+            self.x_labels, self.y_labels = list(x_labels), list(y_labels)
+            nx, ny = values.shape
+            self.image.setRect(0, 0, nx, ny)
+            self.plot.getAxis("bottom").setTicks([_ticks(x_labels, 12)])
+            left = self.plot.getAxis("left")
+            left.setTicks([_ticks(y_labels, 24)])
+            # size the axis for its longest label now: pyqtgraph would only widen it after a first
+            # paint, and meanwhile drops the labels that do not fit
+            widest = max((QFontMetrics(left.style["tickFont"] or self.font()).horizontalAdvance(t)
+                          for t in y_labels), default=0)  # fmt: skip
+            left.setWidth(widest + 30)
+            self.plot.setRange(xRange=(0, nx), yRange=(0, ny), padding=0)
+
+    def _mouse_moved(self, pos) -> None:
+        if self.values is None:
+            return
+        p = self.plot.vb.mapSceneToView(pos)
+        i, j = int(np.floor(p.x())), int(np.floor(p.y()))
+        nx, ny = self.values.shape
+        if self.plot.vb.sceneBoundingRect().contains(pos) and 0 <= i < nx and 0 <= j < ny:
+            self.caption.setText(
+                f"{self.x_labels[i]} · {self.y_labels[j]}: {_fmt(self.values[i, j])} {self.unit}"
+            )
+        else:
+            self.caption.setText(self._caption)
+
+
+def nice_ceil(v: float) -> float:
+    """The smallest of 1, 2, 2.5, 5 x 10^k that is >= v (v > 0): stable colour-bar and axis limits."""
+    if not np.isfinite(v) or v <= 0:
+        return 1.0
+    e = 10.0 ** np.floor(np.log10(v))
+    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
+        if m * e >= v * (1 - 1e-12):
+            return float(m * e)
+    return float(10 * e)
+
+
+class RangeKeeper:
+    """Axis limits for a growing curve that change rarely (each change redraws the axis's text):
+    x is fixed to [0, total steps] once known; y grows with headroom and shrinks only when the data
+    fill less than a third of it."""
+
+    def __init__(self, plot: pg.PlotItem):
+        self.plot = plot
+        plot.disableAutoRange()
+        self.x_hi = 0.0
+        self.y: tuple[float, float] | None = None
+
+    def reset(self) -> None:
+        self.x_hi = 0.0
+        self.y = None
+
+    def set_total(self, total: int) -> None:
+        if total > 0 and total != self.x_hi:
+            self.x_hi = float(total)
+            self.plot.setXRange(0, self.x_hi, padding=0.02)
+
+    def fit(self, x: np.ndarray, y: np.ndarray) -> None:
+        if not len(x):
+            return
+        if x[-1] > self.x_hi:  # total unknown (or exceeded): double
+            self.x_hi = float(max(10.0, 2 * x[-1]))
+            self.plot.setXRange(0, self.x_hi, padding=0.02)
+        finite = y[np.isfinite(y)]
+        if not finite.size:
+            return
+        lo, hi = float(finite.min()), float(finite.max())
+        span = hi - lo or abs(hi) * 0.1 or 1.0
+        if self.y is not None:
+            ylo, yhi = self.y
+            if ylo <= lo and hi <= yhi and (hi - lo) > (yhi - ylo) / 3:
+                return
+        head = 0.25 * span
+        new_lo = lo - 0.05 * span
+        if lo >= 0 and new_lo < 0:  # non-negative data: start at 0, with a sliver below it
+            new_lo = -0.03 * (hi + head)
+        self.y = (new_lo, hi + head)
+        self.plot.setYRange(*self.y, padding=0)
+
+
+def _ticks(labels: list[str], max_labels: int) -> list[tuple[float, str]]:
+    every = max(1, int(np.ceil(len(labels) / max_labels)))
+    return [(i + 0.5, s) for i, s in enumerate(labels) if i % every == 0]
+
+
+def _fmt(v: float) -> str:
+    if not np.isfinite(v):
+        return str(v)
+    if v == int(v) and abs(v) < 1e9:
+        return f"{int(v):,}"
+    return f"{v:.4g}"
+
+
+class TrainPlotsWidget(QWidget):
+    """All the live plots of a run, in two tabs: Curves, and Layers (& experts for MoE models).
+
+    Drawing is split into panels (loss, lr, grad_norm, tokens_per_s, norms, norm_map, experts);
+    `add_event` marks panels dirty, and each timer tick (20 Hz) repaints at most `panels_per_tick`
+    (1) of the dirty visible panels, round robin, so that no tick repaints everything at once: with
+    a training thread competing for the GIL, a repaint of all plots in one go stalled the UI for
+    100-250 ms, one panel per tick keeps it near 35 ms (bench/ui_stall.py). `flush()` draws all.
+    """
+
+    PANELS = ("loss", "norms", "lr", "grad_norm", "tokens_per_s", "norm_map", "experts")
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.n_layers: int | None = None  # from the model info, when known
+        self.n_experts = 0
+        self.total_steps = 0
+        self.panels_per_tick = 1
+        self._draining = False
+        self.step_series = {k: Series() for k in ("loss", "lr", "grad_norm", "tokens_per_s")}
+        self.val_series = Series()
+        self.kind_series: dict[str, Series] = {}
+        self.kind_curves: dict[str, pg.PlotDataItem] = {}
+        self.latest_norms: LoraNorms | None = None
+        self.expert_total: np.ndarray | None = None
+        self.expert_latest: np.ndarray | None = None
+        self.expert_steps = (0, 0)  # first and last step summed into expert_total
+        self._dirty: set[str] = set()
+        self._turn = 0  # round-robin start among the panels
+
+        self.loss_pw = pg.PlotWidget()
+        self.loss_plot = _style_plot(self.loss_pw, "Loss (mean cross-entropy)", "loss")
+        _legend(self.loss_pw, offset=(-10, 10))
+        self.train_curve = self.loss_plot.plot(name="training", pen=pg.mkPen(COLORS[0], width=1.5))
+        self.val_curve = self.loss_plot.plot(
+            name="validation",
+            pen=pg.mkPen(COLORS[1], width=1.5),
+            symbol="o",
+            symbolSize=6,
+            symbolBrush=COLORS[1],
+            symbolPen=None,
+        )
+        self.lr_pw = pg.PlotWidget()
+        self.lr_plot = _style_plot(self.lr_pw, "Learning rate", "lr")
+        self.lr_curve = self.lr_plot.plot(pen=pg.mkPen(COLORS[2], width=1.5))
+        self.gn_pw = pg.PlotWidget()
+        self.gn_plot = _style_plot(self.gn_pw, "Gradient norm (before clipping)", "‖g‖")
+        self.gn_curve = self.gn_plot.plot(pen=pg.mkPen(COLORS[3], width=1.5))
+        self.tps_pw = pg.PlotWidget()
+        self.tps_plot = _style_plot(self.tps_pw, "Throughput", "tokens/s")
+        self.tps_curve = self.tps_plot.plot(pen=pg.mkPen(COLORS[4], width=1.5))
+        self.norms_pw = pg.PlotWidget()
+        self.norms_plot = _style_plot(self.norms_pw, "LoRA ‖ΔW‖ per tensor kind", "‖ΔW‖_F")
+        # one curve per tensor kind: up to 14 entries, so the legend goes under the plot, not over it
+        pal = self.norms_pw.palette()
+        self.norms_legend = pg.LegendItem(
+            labelTextSize="8pt", labelTextColor=pal.color(QPalette.WindowText), colCount=3, horSpacing=10
+        )
+        self.norms_plot.layout.addItem(self.norms_legend, 5, 1)
+        self.norms_plot.legend = self.norms_legend  # plot(name=...) adds its curve here
+        self.step_curves = {
+            "loss": self.train_curve,
+            "lr": self.lr_curve,
+            "grad_norm": self.gn_curve,
+            "tokens_per_s": self.tps_curve,
+        }
+        self.ranges = {
+            "loss": RangeKeeper(self.loss_plot),
+            "lr": RangeKeeper(self.lr_plot),
+            "grad_norm": RangeKeeper(self.gn_plot),
+            "tokens_per_s": RangeKeeper(self.tps_plot),
+            "norms": RangeKeeper(self.norms_plot),
+        }
+
+        curves = QWidget()
+        grid = QGridLayout(curves)
+        grid.setContentsMargins(2, 2, 2, 2)
+        grid.setSpacing(4)
+        grid.addWidget(self.loss_pw, 0, 0, 1, 6)  # a 12-column grid: halves above, thirds below
+        grid.addWidget(self.norms_pw, 0, 6, 1, 6)
+        grid.addWidget(self.lr_pw, 1, 0, 1, 4)
+        grid.addWidget(self.gn_pw, 1, 4, 1, 4)
+        grid.addWidget(self.tps_pw, 1, 8, 1, 4)
+        grid.setRowStretch(0, 3)
+        grid.setRowStretch(1, 2)
+        for c in range(12):
+            grid.setColumnStretch(c, 1)
+
+        self.norm_map = HeatmapWidget("LoRA ‖ΔW‖ per tensor", "layer", "tensor kind", "‖ΔW‖_F")
+        self.expert_map = HeatmapWidget("Tokens routed to each expert", "layer", "expert", "tokens")
+        self.expert_latest_box = QCheckBox("Latest step only")
+        self.expert_latest_box.setToolTip(
+            "Show the tokens routed to each expert during the latest step instead of the sum since "
+            "the run started. Default: off (sum)."
+        )
+        self.expert_latest_box.toggled.connect(self._expert_mode_changed)
+        expert_panel = QWidget()
+        ev = QVBoxLayout(expert_panel)
+        ev.setContentsMargins(0, 0, 0, 0)
+        ev.addWidget(self.expert_map, 1)
+        ev.addWidget(self.expert_latest_box)
+        self.expert_panel = expert_panel
+        layers = QWidget()
+        lg = QGridLayout(layers)
+        lg.setContentsMargins(2, 2, 2, 2)
+        lg.addWidget(self.norm_map, 0, 0)
+        lg.addWidget(expert_panel, 0, 1)
+
+        self.tabs = QTabWidget()
+        self.tabs.setDocumentMode(True)
+        self.tabs.addTab(curves, "Curves")
+        self.tabs.addTab(layers, "Layers && experts")
+        self.tabs.currentChanged.connect(self._tab_changed)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.tabs)
+
+        self.panel_widgets = {
+            "loss": self.loss_pw,
+            "norms": self.norms_pw,
+            "lr": self.lr_pw,
+            "grad_norm": self.gn_pw,
+            "tokens_per_s": self.tps_pw,
+            "norm_map": self.norm_map,
+            "experts": self.expert_map,
+        }
+        self.timer = QTimer(self)
+        self.timer.setInterval(int(1000 / REDRAW_HZ))
+        self.timer.timeout.connect(self.redraw)
+        self.panel_draws = 0  # panels drawn so far (tests, diagnostics)
+        self.set_moe(0)
+
+    # --- model ------------------------------------------------------------------------------
+    def set_model_shape(self, n_layers: int | None, n_experts: int) -> None:
+        self.n_layers = n_layers
+        self.set_moe(n_experts)
+
+    def set_moe(self, n_experts: int) -> None:
+        """Show the expert heatmap for MoE models (n_experts > 0); dense models have none."""
+        self.n_experts = n_experts
+        if n_experts and self.expert_total is None:
+            self.expert_map.show_placeholder("no routing data yet")
+        self.expert_panel.setVisible(bool(n_experts))
+        self.tabs.setTabText(1, "Layers && experts" if n_experts else "Layers")
+
+    def set_total_steps(self, total: int) -> None:
+        """Fix the step axes to [0, total] (they then never rescale during the run)."""
+        self.total_steps = total
+        for keeper in self.ranges.values():
+            keeper.set_total(total)
+
+    # --- data -------------------------------------------------------------------------------
+    def clear(self) -> None:
+        for s in self.step_series.values():
+            s.clear()
+        self.val_series.clear()
+        for s in self.kind_series.values():
+            s.clear()
+        for keeper in self.ranges.values():
+            keeper.reset()
+        self.latest_norms = None
+        self.expert_total = self.expert_latest = None
+        self.expert_steps = (0, 0)
+        self.norm_map.show_placeholder("no data yet")
+        self.set_moe(self.n_experts)
+        self._dirty = {"loss", "lr", "grad_norm", "tokens_per_s", "norms"}
+        self.redraw(everything=True)
+
+    def truncate_after(self, step: int) -> None:
+        """A run resuming at `step`: forget later points of an earlier attempt."""
+        for s in (*self.step_series.values(), self.val_series, *self.kind_series.values()):
+            s.truncate_after(step)
+        self._dirty |= {"loss", "lr", "grad_norm", "tokens_per_s", "norms"}
+
+    def add_event(self, event: object) -> None:
+        """Buffer one engine event (cheap); the timer draws it."""
+        if isinstance(event, Step):
+            s = self.step_series
+            s["loss"].append(event.step, event.mean_ce)
+            s["lr"].append(event.step, event.lr)
+            s["grad_norm"].append(event.step, event.grad_norm)
+            s["tokens_per_s"].append(event.step, event.tokens_per_s)
+            self._dirty |= {"loss", "lr", "grad_norm", "tokens_per_s"}
+        elif isinstance(event, LoraNorms):
+            for kind, value in event.by_kind.items():
+                series = self.kind_series.get(kind)
+                if series is None:
+                    series = self.kind_series[kind] = Series()
+                series.append(event.step, value)
+            self.latest_norms = event
+            self._dirty |= {"norms", "norm_map"}
+        elif isinstance(event, ExpertUsage):
+            counts = np.asarray(event.counts, dtype=np.float64)
+            self.expert_latest = counts
+            if self.expert_total is None or self.expert_total.shape != counts.shape:
+                self.expert_total = counts.copy()
+                self.expert_steps = (event.step, event.step)
+            else:
+                self.expert_total += counts
+                self.expert_steps = (self.expert_steps[0], event.step)
+            if not self.n_experts:
+                self.set_moe(counts.shape[1])
+            self._dirty.add("experts")
+        elif isinstance(event, Eval):
+            self.val_series.append(event.step, event.mean_ce)
+            self._dirty.add("loss")
+        elif isinstance(event, Started):
+            self.truncate_after(event.plan.start_step)
+            self.set_total_steps(event.plan.total_steps)
+
+    # --- drawing ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._draining = False
+        self.timer.start()
+
+    def stop(self) -> None:
+        """The run ended: keep ticking until every dirty panel is drawn, then stop the timer."""
+        self._draining = True
+        if not self.timer.isActive():
+            self.timer.start()
+
+    def pending(self) -> set[str]:
+        """Panels with data not drawn yet."""
+        return set(self._dirty)
+
+    def flush(self) -> None:
+        """Draw every dirty panel now (screenshots, tests)."""
+        self.redraw(everything=True)
+
+    def redraw(self, everything: bool = False, visible_only: bool = False) -> None:
+        """Draw dirty panels. A timer tick draws the dirty hidden panels (no painting: cheap) and at
+        most `panels_per_tick` visible ones, round robin, so that one tick's repaint stays short.
+        everything=True draws all dirty panels (visible_only: all the visible ones)."""
+        if not self._dirty:
+            if getattr(self, "_draining", False):
+                self.timer.stop()
+            return
+        order = self.PANELS[self._turn :] + self.PANELS[: self._turn]
+        todo = [p for p in order if p in self._dirty]
+        if everything:
+            if visible_only:
+                todo = [p for p in todo if self.panel_widgets[p].isVisible()]
+        else:
+            visible = [p for p in todo if self.panel_widgets[p].isVisible()][: self.panels_per_tick]
+            if visible:
+                self._turn = (self.PANELS.index(visible[-1]) + 1) % len(self.PANELS)
+            todo = [p for p in todo if p in visible or not self.panel_widgets[p].isVisible()]
+        for panel in todo:
+            self._dirty.discard(panel)
+            self._draw(panel)
+            self.panel_draws += 1
+
+    def _draw(self, panel: str) -> None:
+        if panel in self.step_curves:
+            x, y = self.step_series[panel].view()
+            self.step_curves[panel].setData(x, y)
+            if panel == "loss":
+                vx, vy = self.val_series.view()
+                self.val_curve.setData(vx, vy)
+                if len(vy):
+                    y = np.concatenate([y, vy])
+            self.ranges[panel].fit(x, y)
+        elif panel == "norms":
+            ys = []
+            for kind in sorted(self.kind_series, key=kind_sort_key):
+                curve = self.kind_curves.get(kind)
+                if curve is None:
+                    color = COLORS[len(self.kind_curves) % len(COLORS)]
+                    curve = self.norms_plot.plot(name=short_kind(kind), pen=pg.mkPen(color, width=1.5))
+                    self.kind_curves[kind] = curve
+                x, y = self.kind_series[kind].view()
+                curve.setData(x, y)
+                ys.append(y)
+            if ys:
+                self.ranges["norms"].fit(x, np.concatenate(ys))
+        elif panel == "norm_map" and self.latest_norms is not None:
+            values, layers, kinds = self.norm_grid()
+            if values.size:
+                self.norm_map.set(values, layers, kinds)
+                self.norm_map.set_caption(
+                    f"Step {self.latest_norms.step}: ‖ΔW‖_F of each adapted tensor in the layers "
+                    "(hover a cell for its value)"
+                )
+        elif panel == "experts":
+            self._draw_experts()
+
+    def norm_grid(self) -> tuple[np.ndarray, list[str], list[str]]:
+        """(values (L, n_kinds), layer labels, kind labels) of the latest LoraNorms; NaN where a
+        tensor is not adapted. Tensors outside the layers (token_embd, output) are not in the grid."""
+        per = {}
+        for name, value in self.latest_norms.per_tensor.items():
+            layer, kind = split_name(name)
+            if layer is not None:
+                per[(layer, kind)] = value
+        if not per:
+            return np.zeros((0, 0)), [], []
+        kinds = sorted({k for _, k in per}, key=kind_sort_key)
+        n_layers = max(self.n_layers or 0, max(layer for layer, _ in per) + 1)
+        values = np.full((n_layers, len(kinds)), np.nan)
+        for (layer, kind), v in per.items():
+            values[layer, kinds.index(kind)] = v
+        return values, [str(i) for i in range(n_layers)], [short_kind(k) for k in kinds]
+
+    def expert_values(self) -> np.ndarray | None:
+        """The (L, E) array the expert heatmap shows: the sum since the start, or the latest step."""
+        return self.expert_latest if self.expert_latest_box.isChecked() else self.expert_total
+
+    def _draw_experts(self) -> None:
+        values = self.expert_values()
+        if values is None:
+            return
+        L, E = values.shape
+        self.expert_map.set(values, [str(i) for i in range(L)], [str(e) for e in range(E)])
+        first, last = self.expert_steps
+        if self.expert_latest_box.isChecked():
+            what = f"Tokens routed to each expert during step {last}"
+        else:
+            what = f"Tokens routed to each expert, summed over steps {first}–{last}"
+        self.expert_map.set_caption(f"{what} (hover a cell for its count)")
+
+    def _tab_changed(self, _index: int) -> None:
+        if not self.timer.isActive():  # no run: draw the newly shown panels now
+            self.redraw(everything=True, visible_only=True)
+
+    def _expert_mode_changed(self) -> None:
+        self._draw_experts()
+
+    # --- reading back (tests, screenshots) --------------------------------------------------
+    def curve_data(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """The full data each curve was given (before clipping and downsampling), by name:
+        loss, lr, grad_norm, tokens_per_s, val, and norm:<kind> per tensor kind."""
+        curves = {**self.step_curves, "val": self.val_curve}
+        curves.update({f"norm:{short_kind(k)}": c for k, c in self.kind_curves.items()})
+        out = {}
+        for name, c in curves.items():
+            x, y = c.getOriginalDataset()
+            out[name] = (np.asarray(x if x is not None else []), np.asarray(y if y is not None else []))
+        return out
+
+
+__all__ = ["HeatmapWidget", "Series", "TrainPlotsWidget", "kind_sort_key", "short_kind"]

@@ -1,0 +1,273 @@
+"""The Train page's hyperparameter form, bound both ways to `project.config` (an engine TrainConfig).
+
+Each field is one row of `FIELDS`: the TrainConfig attribute, a label, an editor kind and what the
+setting means; the tooltip adds the TrainConfig default. Editing a value calls
+`project.update_config(...)`; a change made elsewhere (a project loaded from disk) refreshes the
+editors. Rank, alpha and the targets belong to the Targets page and are not here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields
+
+from PySide6.QtGui import QValidator
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine import TrainConfig
+
+from .project import Project
+
+DEFAULTS = {f.name: getattr(TrainConfig(), f.name) for f in fields(TrainConfig)}
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str  # TrainConfig attribute
+    label: str
+    kind: str  # "int" | "float" | "sci" | "bool" | "choice"
+    meaning: str  # what it does, for the tooltip
+    lo: float = 0
+    hi: float = 1e9
+    step: float = 1
+    decimals: int = 3
+    choices: tuple[tuple[str, str], ...] = ()  # (value, shown text)
+    special: str = ""  # text shown at the minimum value ("from epochs", "off")
+
+
+GROUPS: tuple[tuple[str, tuple[Field, ...]], ...] = (
+    ("Basics", (
+        Field("lr", "Learning rate", "sci", "Peak learning rate of AdamW (after warm-up).",
+              lo=1e-8, hi=1.0),
+        Field("epochs", "Epochs", "float", "Passes over the training data; used when Steps is 0.",
+              lo=0.01, hi=1000, step=0.5, decimals=2),
+        Field("steps", "Steps", "int", "Optimizer steps of the whole run; 0 = computed from Epochs.",
+              hi=10_000_000, special="from epochs"),
+        Field("n_ctx", "Context length", "int",
+              "Window length in tokens: samples are packed whole into windows of this size; longer "
+              "samples are truncated (and reported). Memory grows with it.", lo=16, hi=131072, step=64),
+        Field("batch_size", "Batch size", "int", "Windows per micro-batch (memory grows with it).",
+              lo=1, hi=4096),
+        Field("grad_accum", "Gradient accumulation", "int",
+              "Micro-batches whose gradients are averaged into one optimizer step: a larger effective "
+              "batch without more memory.", lo=1, hi=4096),
+    )),
+    ("Optimizer", (
+        Field("schedule", "Schedule", "choice", "How the learning rate changes over the run.",
+              choices=(("cosine", "cosine"), ("linear", "linear"), ("constant", "constant"))),
+        Field("warmup_steps", "Warm-up steps", "int", "Steps of linear warm-up from 0 to the learning rate.",
+              hi=1_000_000),
+        Field("min_lr_ratio", "Minimum LR ratio", "float",
+              "Floor of the decay, as a fraction of the learning rate.", hi=1, step=0.05),
+        Field("weight_decay", "Weight decay", "float",
+              "Decoupled (AdamW) weight decay on the trained matrices; 0 = off.",
+              hi=10, step=0.01, decimals=4),
+        Field("gclip", "Element clip (gclip)", "float",
+              "Clip every gradient element to ±gclip (as llama.cpp's finetune); 0 = off.",
+              hi=1e6, step=0.1, decimals=3, special="off"),
+        Field("max_grad_norm", "Max gradient norm", "float",
+              "Scale the gradient down when its global norm exceeds this; 0 = off.",
+              hi=1e6, step=0.1, decimals=3, special="off"),
+    )),
+    ("Data", (
+        Field("val_split", "Validation split", "float",
+              "Fraction of the samples held out to measure validation loss; 0 = none.",
+              hi=0.9, step=0.05, decimals=2),
+        Field("eval_every", "Evaluate every", "int",
+              "Steps between validation passes; 0 = only at the end (needs a validation split).",
+              hi=1_000_000, special="at the end"),
+        Field("train_on_prompt", "Train on prompt", "bool",
+              "Compute the loss on prompt (system/user) tokens too, not only on the answers."),
+        Field("prompt_format", "Prompt format", "choice",
+              "How prompt/response samples become text: the model's chat template, or plain "
+              "concatenation.", choices=(("chat", "chat template"), ("raw", "raw text"))),
+        Field("seed", "Seed", "int",
+              "Seed of the shuffling, the validation split and the LoRA initialisation.", hi=2**31 - 1),
+    )),
+    ("Rewards", (
+        Field("reward_mode", "Reward mode", "choice",
+              "How sample rewards steer training: none; reward-weighted SFT (rewards clipped to [-1, 1] "
+              "and scaled to [0, 1] weights); group-relative (GRPO-style advantages per prompt).",
+              choices=(("none", "none"), ("weighted", "reward-weighted SFT"),
+                       ("group", "group-relative (GRPO)"))),
+        Field("kl_coef", "KL coefficient", "sci",
+              "Group-relative mode: weight of the KL penalty to the base model (adapter off) per "
+              "answer token; 0 = off.", lo=0.0, hi=100.0),
+    )),
+    ("Advanced", (
+        Field("checkpoint_layers", "Layer checkpointing", "bool",
+              "Recompute each block in the backward pass instead of keeping its activations: much "
+              "less memory, about a third slower."),
+        Field("checkpoint_every", "Checkpoint every", "int",
+              "Steps between checkpoints (adapter + optimizer state, for Pause/Resume); 0 = only at "
+              "the end and when paused or stopped.", hi=1_000_000, special="at the end"),
+        Field("keep_checkpoints", "Keep checkpoints", "int", "How many of the newest checkpoints to keep.",
+              lo=1, hi=1000),
+        Field("norms_every", "LoRA norms every", "int", "Steps between LoRA-norm measurements (plots).",
+              lo=1, hi=1_000_000),
+        Field("out_type", "Adapter type", "choice",
+              "Tensor type of the adapter GGUF written at the end.",
+              choices=(("F32", "F32"), ("F16", "F16"), ("Q8_0", "Q8_0"))),
+    )),
+)  # fmt: skip
+
+FIELDS: dict[str, Field] = {f.name: f for _, group in GROUPS for f in group}
+
+_NUMBER = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d*)?\s*$")
+
+
+def format_default(value) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+class SciSpinBox(QDoubleSpinBox):
+    """A spin box for small positive numbers shown as 2e-04 / 0.0002 (%g); steps multiply by 2."""
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.setDecimals(12)
+
+    def textFromValue(self, value: float) -> str:  # noqa: N802 - Qt override
+        return f"{value:g}"
+
+    def valueFromText(self, text: str) -> float:  # noqa: N802 - Qt override
+        try:
+            return float(text)
+        except ValueError:
+            return self.value()
+
+    def validate(self, text: str, pos: int):
+        if _NUMBER.match(text):
+            return QValidator.Acceptable, text, pos
+        if re.match(r"^\s*[+-]?[\d.]*([eE][+-]?)?\d*\s*$", text):
+            return QValidator.Intermediate, text, pos
+        return QValidator.Invalid, text, pos
+
+    def stepBy(self, steps: int) -> None:  # noqa: N802 - Qt override
+        v = self.value() or self.minimum() or 1e-6
+        self.setValue(v * (2.0**steps))
+
+
+class TrainSettingsWidget(QWidget):
+    """Group boxes of TrainConfig editors; `editors[name]` is the widget of each field."""
+
+    def __init__(self, project: Project, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.project = project
+        self.editors: dict[str, QWidget] = {}
+        self._updating = False
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(4)
+        self.groups: dict[str, QGroupBox] = {}
+        for title, group in GROUPS:
+            box = QGroupBox(title)
+            form = QFormLayout(box)
+            form.setContentsMargins(6, 4, 6, 4)
+            form.setVerticalSpacing(3)
+            for f in group:
+                editor = self._make_editor(f)
+                tip = f"{f.meaning}\nDefault: {format_default(DEFAULTS[f.name])}."
+                editor.setToolTip(tip)
+                self.editors[f.name] = editor
+                if f.kind == "bool":
+                    form.addRow(editor)
+                else:
+                    form.addRow(f.label + ":", editor)
+                    form.labelForField(editor).setToolTip(tip)
+            self.groups[title] = box
+            layout.addWidget(box)
+        layout.addStretch(1)
+        self.refresh()
+        project.subscribe(self._project_changed)
+        self.destroyed.connect(lambda *_: project.unsubscribe(self._project_changed))
+
+    def _make_editor(self, f: Field) -> QWidget:
+        name = f.name
+        if f.kind == "bool":
+            w = QCheckBox(f.label)
+            w.toggled.connect(lambda v: self._set(name, bool(v)))
+        elif f.kind == "choice":
+            w = QComboBox()
+            for value, text in f.choices:
+                w.addItem(text, value)
+            w.currentIndexChanged.connect(lambda i, w=w: self._set(name, w.itemData(i)))
+        elif f.kind == "int":
+            w = QSpinBox()
+            w.setRange(int(f.lo), int(min(f.hi, 2**31 - 1)))
+            w.setSingleStep(int(f.step))
+            w.valueChanged.connect(lambda v: self._set(name, int(v)))
+        elif f.kind == "sci":
+            w = SciSpinBox()
+            w.setRange(f.lo, f.hi)
+            w.valueChanged.connect(lambda v: self._set(name, float(v)))
+        else:
+            w = QDoubleSpinBox()
+            w.setDecimals(f.decimals)
+            w.setRange(f.lo, f.hi)
+            w.setSingleStep(f.step)
+            w.valueChanged.connect(lambda v: self._set(name, float(v)))
+        if isinstance(w, (QSpinBox, QDoubleSpinBox)):
+            w.setKeyboardTracking(False)
+            w.setAccelerated(True)
+            if f.special:
+                w.setSpecialValueText(f.special)
+        return w
+
+    def _set(self, name: str, value) -> None:
+        if self._updating:
+            return
+        current = getattr(self.project.config, name)
+        if isinstance(value, float) and isinstance(current, float):
+            if math.isclose(value, current, rel_tol=1e-9):
+                return
+        self.project.update_config(**{name: value})
+        self._sync_enabled()
+
+    def _project_changed(self, changed: set[str]) -> None:
+        if "config" in changed:
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Show the project's current settings (without writing them back)."""
+        self._updating = True
+        try:
+            cfg = self.project.config
+            for name, w in self.editors.items():
+                value = getattr(cfg, name)
+                if isinstance(w, QCheckBox):
+                    w.setChecked(bool(value))
+                elif isinstance(w, QComboBox):
+                    i = w.findData(value)
+                    if i < 0:  # a value this form does not list (a newer project file): show it anyway
+                        w.addItem(str(value), value)
+                        i = w.count() - 1
+                    w.setCurrentIndex(i)
+                else:
+                    w.setValue(value)
+        finally:
+            self._updating = False
+        self._sync_enabled()
+
+    def _sync_enabled(self) -> None:
+        cfg = self.project.config
+        self.editors["kl_coef"].setEnabled(cfg.reward_mode == "group")
+        self.editors["epochs"].setEnabled(cfg.steps == 0)
+        self.editors["eval_every"].setEnabled(cfg.val_split > 0)
+
+
+__all__ = ["DEFAULTS", "FIELDS", "GROUPS", "Field", "SciSpinBox", "TrainSettingsWidget"]

@@ -1,0 +1,193 @@
+"""Training off the UI thread: a `TrainWorker` QObject moved to a QThread, and `start_training`.
+
+The worker builds the engine `Trainer` inside its thread (loading a model can take seconds), runs
+it, and forwards every engine event as `sig_event(event)`; the run's outcome (engine `Finished` or
+`Failed`) arrives once as `sig_finished(result)`, always, whatever happened. An exception the engine
+did not turn into an event (a bug, or running out of memory) also emits `sig_failed(message)` with
+what to do next, and a `Failed` is made for it, so no error is ever lost. `request_stop()` may be
+called from any thread; the trainer checks it between optimizer steps and ends gracefully, writing a
+checkpoint when the run has a checkpoint folder.
+
+This module is the only place the studio runs training; it has no widgets and draws nothing. Only
+host data (the engine's frozen dataclasses, strings) crosses its signals.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import traceback
+from typing import Any
+
+from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+
+from engine import Checkpoint, EngineError, Failed, Finished, Started, Step, TrainConfig, Trainer
+
+from .project import Project
+from .train_compat import guard_singletons
+
+guard_singletons()  # PySide6 6.12.0 on Python < 3.12: see studio/train_compat.py
+log = logging.getLogger(__name__)
+
+OUT_OF_MEMORY = (
+    "out of memory: lower the context length or batch size, or enable layer checkpointing "
+    "(Train page, Advanced), or train fewer tensors"
+)
+
+
+class TrainWorker(QObject):
+    """One training run. Create it in the UI thread, move it to a QThread, connect, start the thread.
+
+    Signals (all emitted from the worker thread; connect them to QObject methods so that Qt queues
+    them to the receiver's thread):
+    - sig_event(event): every engine event as the trainer emits it (Started, Step, Eval, ...).
+    - sig_finished(result): exactly once, the run's `Finished` or `Failed`.
+    - sig_failed(str): an unexpected exception, as a message saying what went wrong and what to do.
+    """
+
+    sig_event = Signal(object)
+    sig_finished = Signal(object)
+    sig_failed = Signal(str)
+
+    def __init__(
+        self,
+        model: Any,
+        data: Any,
+        config: TrainConfig,
+        *,
+        template: Any = None,
+        resume: str | None = None,
+        init_adapter: str | None = None,
+        parent: QObject | None = None,
+    ):
+        super().__init__(parent)
+        self.model = model
+        self.data = data
+        self.config = config
+        self.template = template
+        self.resume = resume
+        self.init_adapter = init_adapter
+        self._stop = threading.Event()
+        self.result: Finished | Failed | None = None  # set just before sig_finished
+        self.traceback: str | None = None  # of an unexpected exception, for the event log
+        self._started = False
+        self._last_step = 0
+        self._last_checkpoint: str | None = resume
+
+    # --- any thread -------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Ask the run to end after the current step (thread-safe, returns at once)."""
+        self._stop.set()
+
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    # --- the worker thread ------------------------------------------------------------------
+    def _on_event(self, event: object) -> None:
+        if isinstance(event, Started):
+            self._started = True
+            self._last_step = event.plan.start_step
+        elif isinstance(event, Step):
+            self._last_step = event.step
+        elif isinstance(event, Checkpoint):
+            self._last_checkpoint = event.path
+        self.sig_event.emit(event)
+
+    @Slot()
+    def run(self) -> None:
+        """Build the trainer (loads the model) and train; always ends with sig_finished."""
+        result: Finished | Failed
+        try:
+            trainer = Trainer(
+                self.model,
+                self.data,
+                self.config,
+                template=self.template,
+                resume=self.resume,
+                init_adapter=self.init_adapter,
+            )
+            try:
+                result = trainer.run(self._on_event, self._stop.is_set)
+            finally:
+                del trainer  # free the model's memory before the UI hears the run is over
+        except EngineError as exc:
+            # expected problems outside Trainer.run (the model cannot be loaded or trained)
+            result = Failed(0, str(exc), self._last_checkpoint)
+            self.sig_event.emit(result)
+        except MemoryError:
+            self.traceback = traceback.format_exc()
+            log.error("training ran out of memory\n%s", self.traceback)
+            result = self._unexpected(OUT_OF_MEMORY)
+        except Exception as exc:  # noqa: BLE001 - every failure must reach the UI
+            self.traceback = traceback.format_exc()
+            log.error("training failed\n%s", self.traceback)
+            where = f"at step {self._last_step + 1}" if self._started else "before the first step"
+            result = self._unexpected(
+                f"training stopped {where} by an unexpected error: {type(exc).__name__}: {exc}. "
+                "This is a bug: please report it with the traceback from the event log."
+                + (" The last good checkpoint is kept; resume from it." if self._last_checkpoint else "")
+            )
+        self.result = result
+        self.sig_finished.emit(result)
+
+    def _unexpected(self, message: str) -> Failed:
+        self.sig_failed.emit(message)
+        step = self._last_step + 1 if self._started else 0
+        return Failed(step, message, self._last_checkpoint)
+
+
+# (thread, worker) pairs still running, so that neither is garbage-collected while the thread runs
+_RUNNING: set[tuple[QThread, TrainWorker]] = set()
+
+
+def start_training(
+    project: Project | None = None,
+    *,
+    model: Any = None,
+    data: Any = None,
+    config: TrainConfig | None = None,
+    template: Any = None,
+    resume: str | None = None,
+    init_adapter: str | None = None,
+    start: bool = True,
+    parent: QObject | None = None,
+) -> tuple[QThread, TrainWorker]:
+    """A TrainWorker in its own QThread, wired up and (unless start=False) started.
+
+    Arguments come from `project` (model_path, dataset_path, template_file, config) unless given
+    explicitly. With start=False, connect to the worker's signals and call `thread.start()`: signals
+    emitted before a connection exists are lost. worker.sig_finished quits the thread (a direct
+    connection: `thread.wait()` from the UI thread cannot deadlock); thread.finished deletes both.
+    """
+    if project is not None:
+        model = model if model is not None else project.model_path
+        data = data if data is not None else project.dataset_path
+        config = config if config is not None else project.config
+        template = template if template is not None else project.template_file
+    if model is None or data is None:
+        raise ValueError("start_training needs a model and a dataset (or a project that names them)")
+    worker = TrainWorker(
+        model,
+        data,
+        config or TrainConfig(),
+        template=template,
+        resume=resume,
+        init_adapter=init_adapter,
+    )
+    thread = QThread(parent)
+    thread.setObjectName("tune-studio-training")
+    worker.moveToThread(thread)
+    thread.started.connect(worker.run)
+    worker.sig_finished.connect(thread.quit, Qt.DirectConnection)
+    thread.finished.connect(worker.deleteLater)
+    thread.finished.connect(thread.deleteLater)
+    pair = (thread, worker)
+    _RUNNING.add(pair)
+    # released once Qt has deleted the thread (never while it runs: that would destroy a running QThread)
+    thread.destroyed.connect(lambda *_: _RUNNING.discard(pair))
+    if start:
+        thread.start()
+    return thread, worker
+
+
+__all__ = ["OUT_OF_MEMORY", "TrainWorker", "start_training"]

@@ -1,0 +1,120 @@
+"""The main window: pages, project files, recent files, drag and drop, closing while training, the
+--screenshot tour, and one whole flow from the demo to an exported adapter that reloads."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QSettings
+
+from engine import LoraAdapter, Model, TargetSpec
+from studio.app import DEMO_SETTINGS, main
+from studio.main_window import PAGES, MainWindow
+from studio.resources import DEMO_DATASET, DEMO_MODEL
+
+
+@pytest.fixture
+def window(qtbot, tmp_path):
+    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.IniFormat)
+    w = MainWindow(settings)
+    w.confirm = lambda title, text: True
+    w.project.update(output_dir=str(tmp_path / "runs"))
+    qtbot.addWidget(w)
+    w.show()
+    return w
+
+
+def test_pages_in_order_with_shortcuts(window):
+    assert [window.nav.item(i).text().split(maxsplit=1)[1] for i in range(window.nav.count())] == list(PAGES)
+    view = next(a for a in window.menuBar().actions() if a.text() == "&View").menu()
+    assert [a.shortcut().toString() for a in view.actions()] == [f"Ctrl+{i}" for i in range(1, 7)]
+    window.show_page(3)
+    assert window.stack.currentWidget() is window.train_page
+
+
+def test_opening_the_demo_reaches_every_page(window):
+    assert window.open_model(str(DEMO_MODEL))
+    assert window.open_dataset(str(DEMO_DATASET))
+    assert window.model_info is not None and window.targets_page.selected_names()
+    assert "demo.gguf" in window.windowTitle()
+    assert window.settings.value("recent/models")[0].endswith("demo.gguf")
+
+
+def test_project_round_trip_through_the_window(window, tmp_path, qtbot):
+    window.open_model(str(DEMO_MODEL))
+    window.open_dataset(str(DEMO_DATASET))
+    window.project.update_config(rank=4, targets=TargetSpec(preset="all"))
+    path = str(tmp_path / "p.json")
+    assert window._save_project(path)
+    other = MainWindow(QSettings(str(tmp_path / "s2.ini"), QSettings.IniFormat))
+    qtbot.addWidget(other)
+    assert other.open_project(path)
+    assert other.project.config.rank == 4 and other.project.model_path == str(DEMO_MODEL)
+    assert other.model_info is not None and other.dataset_page.path
+    assert json.loads(open(path).read())["config"]["targets"]["preset"] == "all"
+
+
+def test_files_open_by_type(window, tmp_path):
+    assert window.open_any(str(DEMO_MODEL)) and window.stack.currentWidget() is window.model_page
+    assert window.open_any(str(DEMO_DATASET)) and window.stack.currentWidget() is window.dataset_page
+    assert not window.open_any(str(tmp_path / "notes.txt"))
+    assert "not a .gguf model" in window.statusBar().currentMessage()
+
+
+def _start_demo_training(window, qtbot, steps):
+    window.open_model(str(DEMO_MODEL))
+    window.open_dataset(str(DEMO_DATASET))
+    window.project.update_config(targets=TargetSpec(preset="all"), **{**DEMO_SETTINGS, "steps": steps})
+    window.show_page(3)
+    assert window.train_page.start()
+
+
+def test_closing_during_training_asks_then_stops_cleanly(window, qtbot):
+    _start_demo_training(window, qtbot, steps=400)
+    qtbot.waitUntil(lambda: window.train_page.state == "training", timeout=30_000)
+    window.confirm = lambda title, text: False
+    assert not window.close()  # refused: still training
+    assert window.train_page.is_running()
+    window.confirm = lambda title, text: True
+    assert window.close()
+    qtbot.waitUntil(lambda: not window.train_page.is_running(), timeout=5_000)  # the thread's end is queued
+
+
+def test_whole_flow_demo_to_exported_adapter_that_reloads(window, qtbot, tmp_path):
+    _start_demo_training(window, qtbot, steps=12)
+    with qtbot.waitSignal(window.train_page.sig_run_finished, timeout=120_000) as done:
+        pass
+    result = done.args[0]
+    assert type(result).__name__ == "Finished" and result.step == 12
+    plots = window.train_page.plots
+    plots.flush()
+    x, y = plots.train_curve.getData()
+    assert len(x) == 12 and np.isfinite(y).all()
+    assert len(plots.kind_series) >= 7  # one LoRA-norm curve per tensor kind
+    assert window.export_page.adapter_edit.text() == result.adapter_path
+    window.show_page(5)
+    out = tmp_path / "exported.f16.gguf"
+    window.export_page.type_combo.setCurrentIndex(window.export_page.type_combo.findData("F16"))
+    window.export_page.out_edit.setText(str(out))
+    with qtbot.waitSignal(window.export_page.sig_exported, timeout=30_000):
+        window.export_page.export()
+    assert "reloads" in window.export_page.result_label.text()
+    model = Model.load(DEMO_MODEL)
+    trained = LoraAdapter.load(result.adapter_path, model)
+    exported = LoraAdapter.load(out, model)
+    tokens = np.array([1, 2, 3, 4, 5])
+    np.testing.assert_allclose(
+        model.forward(tokens, lora=exported.terms()), model.forward(tokens, lora=trained.terms()), atol=1e-2
+    )
+
+
+def test_screenshot_tour_writes_every_page(tmp_path):
+    assert main(["--demo", "--screenshot", str(tmp_path)]) == 0
+    for name in PAGES:
+        png = tmp_path / f"{name.lower()}.png"
+        assert png.exists() and png.stat().st_size > 10_000, name
+    assert any(
+        (tmp_path / "runs").iterdir()
+    )  # the demo run wrote beside the screenshots, not into resources/
