@@ -28,7 +28,8 @@ from PySide6.QtWidgets import (
 
 from .dataset_page import DatasetPage
 from .export_page import ExportPage
-from .model_page import ModelPage, human_bytes
+from .formatting import human_bytes
+from .model_page import ModelPage
 from .project import ModelInfo, Project, ProjectError
 from .rewards_page import RewardsPage
 from .targets_page import TargetsPage

@@ -37,22 +37,8 @@ from engine import (
     supported_architectures,
 )
 
+from .formatting import human_bytes, human_count
 from .project import ModelInfo, Project, ProjectError
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def human_count(n: int) -> str:
-    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= div:
-            return f"{n / div:.2f} {unit}"
-    return str(n)
 
 
 def cuda_devices() -> list[str]:

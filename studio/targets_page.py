@@ -37,6 +37,7 @@ from PySide6.QtWidgets import (
 
 from engine import PRESETS, ModelError, TargetSpec, parse_layers, select_full
 
+from .formatting import human_bytes, human_count
 from .project import ModelInfo, Project
 from .targets_selection import SelectionStats, TargetSelection, kind_help
 from .targets_views import GROUP_COLORS, GROUP_NAMES, TargetGridModel, TargetGridView, TargetTreeModel
@@ -55,21 +56,6 @@ PRESET_LABELS = {key: text.replace("&", "") for key, text, _ in PRESET_BUTTONS}
 ERROR_STYLE = "QLabel { color: #c0392b; font-weight: bold; }"
 WARN_STYLE = "QLabel { color: #a05a00; }"
 BAD_EDIT_STYLE = "QLineEdit { border: 1px solid #c0392b; background: #fdecea; }"
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
-def human_count(n: int) -> str:
-    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= div:
-            return f"{n:,} ({n / div:.2f} {unit})"
-    return f"{n:,}"
 
 
 def plural(n: int, word: str) -> str:
@@ -580,10 +566,12 @@ class TargetsPage(QWidget):
         lab = self.summary_labels
         experts = f", {st.n_expert_tensors} of them expert stacks" if st.n_expert_tensors else ""
         lab["Adapted tensors"].setText(f"{st.n_tensors}{experts}")
-        lab["Trainable parameters"].setText(human_count(st.trainable))
+        lab["Trainable parameters"].setText(human_count(st.trainable, exact=True))
         if st.lora_params:
             pct = 100.0 * st.expert_params / st.lora_params
-            lab["Expert parameters"].setText(f"{human_count(st.expert_params)} — {pct:.0f} % of LoRA")
+            lab["Expert parameters"].setText(
+                f"{human_count(st.expert_params, exact=True)} — {pct:.0f} % of LoRA"
+            )
         else:
             lab["Expert parameters"].setText("0")
         lab["Share of model"].setText(f"{100.0 * st.share:.3g} % of {summary.n_params:,}")
