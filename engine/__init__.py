@@ -39,6 +39,17 @@ from .lora import LoraAdapter
 from .model import KVCache, Model
 from .norms import NormsReport, lora_norms
 from .ops import LoraTerm
+from .reward_session import (
+    Answer,
+    Preview,
+    RewardConfig,
+    RewardError,
+    RewardSession,
+    RoundResult,
+    load_ratings,
+    parse_rating,
+    rating_from_stars,
+)
 from .rewards import group_advantages, reward_weights
 from .summary import ModelSummary, TensorKind, summarize
 from .synth import SynthSpec, write_adapter, write_model
@@ -57,14 +68,17 @@ from .tokenizer import Tokenizer
 from .trainer import TrainConfig, Trainer, estimate_memory
 
 __all__ = [
-    "append_jsonl", "ARCHS", "ArchSpec", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
+    "Answer", "append_jsonl", "ARCHS", "ArchSpec", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
     "Checkpoint", "DatasetError", "dequantizable_types", "encode_samples", "Encoded", "EncodeOptions",
     "EngineError", "estimate_memory", "Eval", "event_to_json", "ExpertUsage", "export_adapter",
     "export_merged", "ExportError", "Failed", "Finished", "generate", "Generation", "GGUFFile", "GREEDY",
-    "group_advantages", "KVCache", "load_jsonl", "lora_candidates", "lora_norms", "lora_param_count",
+    "group_advantages", "KVCache", "load_jsonl", "load_ratings", "lora_candidates", "lora_norms",
+    "lora_param_count",
     "LoraAdapter", "LoraNorms", "LoraTerm", "MergeReport", "Model", "ModelConfig", "ModelError",
-    "ModelSummary", "NormsReport", "parse_layers", "parse_sample", "Plan", "PRESETS", "Problem",
-    "reward_weights", "Sample", "sample_to_json", "SamplingConfig", "save_jsonl", "select_full",
+    "ModelSummary", "NormsReport", "parse_layers", "parse_rating", "parse_sample", "Plan", "PRESETS",
+    "Preview", "Problem",
+    "rating_from_stars", "reward_weights", "RewardConfig", "RewardError", "RewardSession", "RoundResult",
+    "Sample", "sample_to_json", "SamplingConfig", "save_jsonl", "select_full",
     "select_targets", "split_name", "Started", "Step", "summarize", "supported_architectures",
     "SynthSpec", "TargetSpec", "TemplateError", "TensorInfo", "TensorKind", "Tokenizer",
     "TokenizerError", "TrainConfig", "Trainer", "write_adapter", "write_model",

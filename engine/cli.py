@@ -3,7 +3,7 @@
 Each subcommand parses its arguments, calls the engine, and prints. Errors the
 engine reports (`EngineError`) and unreadable inputs become one line on stderr
 and exit code 2, never a traceback. `norms` and `export` live in
-`engine.cli_tools`; the reward subcommand joins as the engine grows it.
+`engine.cli_tools`, `reward` in `engine.cli_reward`.
 """
 
 from __future__ import annotations
@@ -457,8 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--events", help="write every event as one JSON line to this file")
     s.set_defaults(func=cmd_train)
 
+    from .cli_reward import add_command as add_reward_command
     from .cli_tools import add_commands
 
+    add_reward_command(sub)
     add_commands(sub)
     return p
 
