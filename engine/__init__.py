@@ -32,10 +32,19 @@ from .events import (
     Step,
     event_to_json,
 )
-from .export import MergeReport, export_adapter, export_merged
+from .export import (
+    ADAPTER_TYPES,
+    MergeReport,
+    adapter_tensor_types,
+    export_adapter,
+    export_merged,
+    export_size,
+    fit_problems,
+    merged_tensor_types,
+)
 from .generate import GREEDY, Generation, SamplingConfig, generate
 from .gguf_file import GGUFFile, TensorInfo, dequantizable_types
-from .lora import LoraAdapter
+from .lora import LoraAdapter, lora_shapes
 from .model import KVCache, Model
 from .norms import NormsReport, lora_norms
 from .ops import LoraTerm
@@ -68,18 +77,18 @@ from .tokenizer import Tokenizer
 from .trainer import TrainConfig, Trainer, estimate_memory
 
 __all__ = [
-    "Answer", "append_jsonl", "ARCHS", "ArchSpec", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
-    "Checkpoint", "DatasetError", "dequantizable_types", "encode_samples", "Encoded", "EncodeOptions",
-    "EngineError", "estimate_memory", "Eval", "event_to_json", "ExpertUsage", "export_adapter",
-    "export_merged", "ExportError", "Failed", "Finished", "generate", "Generation", "GGUFFile", "GREEDY",
+    "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "ARCHS", "ArchSpec", "Batch",
+    "Candidate", "CHATML_TEMPLATE", "ChatTemplate", "Checkpoint", "DatasetError", "dequantizable_types",
+    "encode_samples", "Encoded", "EncodeOptions", "EngineError", "estimate_memory", "Eval",
+    "event_to_json", "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError",
+    "Failed", "Finished", "fit_problems", "generate", "Generation", "GGUFFile", "GREEDY",
     "group_advantages", "KVCache", "load_jsonl", "load_ratings", "lora_candidates", "lora_norms",
-    "lora_param_count",
-    "LoraAdapter", "LoraNorms", "LoraTerm", "MergeReport", "Model", "ModelConfig", "ModelError",
-    "ModelSummary", "NormsReport", "parse_layers", "parse_rating", "parse_sample", "Plan", "PRESETS",
-    "Preview", "Problem",
+    "lora_param_count", "lora_shapes", "LoraAdapter", "LoraNorms", "LoraTerm", "merged_tensor_types",
+    "MergeReport", "Model", "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "parse_layers",
+    "parse_rating", "parse_sample", "Plan", "PRESETS", "Preview", "Problem", "quantizable_types",
     "rating_from_stars", "reward_weights", "RewardConfig", "RewardError", "RewardSession", "RoundResult",
-    "Sample", "sample_to_json", "SamplingConfig", "save_jsonl", "select_full",
-    "select_targets", "split_name", "Started", "Step", "summarize", "supported_architectures",
-    "SynthSpec", "TargetSpec", "TemplateError", "TensorInfo", "TensorKind", "Tokenizer",
-    "TokenizerError", "TrainConfig", "Trainer", "write_adapter", "write_model",
+    "Sample", "sample_to_json", "SamplingConfig", "save_jsonl", "select_full", "select_targets",
+    "split_name", "Started", "Step", "summarize", "supported_architectures", "SynthSpec", "TargetSpec",
+    "TemplateError", "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TrainConfig", "Trainer",
+    "write_adapter", "write_model",
 ]  # fmt: skip

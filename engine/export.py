@@ -355,6 +355,33 @@ def _merge_type(name: str, shape: tuple[int, ...], stored: str, qtype: str | Non
     return want if _rows_fit(shape, want) else "F16"
 
 
+def merged_tensor_types(adapter: LoraAdapter, base: GGUFFile, qtype: str | None = None) -> dict[str, str]:
+    """The type each adapted base tensor is written as by `export_merged`: its stored type (or `qtype`),
+    F16 where that type cannot be written or its rows are not whole blocks."""
+    return {
+        name: _merge_type(name, base.tensors[name].shape, base.tensors[name].qtype, qtype)
+        for name in adapter.pairs
+        if name in base.tensors
+    }
+
+
+def export_size(adapter: LoraAdapter, *, qtype: str | None = "F32", base: GGUFFile | None = None) -> int:
+    """About how many bytes the written file takes: the adapter alone (`qtype` F32/F16/Q8_0), or, with
+    `base`, the merged model (`qtype` None keeps each tensor's type)."""
+    if base is None:
+        types = adapter_tensor_types(adapter, qtype or "F32")
+        size = 4096 + sum(96 + len(n) for n in types)
+        for name, (A, B) in adapter.pairs.items():
+            size += _padded(tensor_bytes(np.shape(A), types[name + SUFFIX_A]))
+            size += _padded(tensor_bytes(np.shape(B), types[name + SUFFIX_B]))
+        return size
+    size = os.path.getsize(base.path)
+    for name, written in merged_tensor_types(adapter, base, qtype).items():
+        info = base.tensors[name]
+        size += _padded(tensor_bytes(info.shape, written)) - _padded(info.n_bytes)
+    return size
+
+
 def _merged_tensor(
     f: GGUFFile, name: str, pair: tuple[np.ndarray, np.ndarray] | None, s: float, w_new: np.ndarray | None
 ) -> Callable[[], np.ndarray]:

@@ -12,8 +12,16 @@ from pathlib import Path
 
 # one click trains the demo's persona in about twenty seconds on two CPU cores
 DEMO_SETTINGS = dict(
-    rank=8, alpha=16.0, lr=3e-3, steps=150, n_ctx=128, batch_size=4, schedule="cosine", warmup_steps=5,
-    norms_every=2, checkpoint_every=0,
+    rank=8,
+    alpha=16.0,
+    lr=3e-3,
+    steps=150,
+    n_ctx=128,
+    batch_size=4,
+    schedule="cosine",
+    warmup_steps=5,
+    norms_every=2,
+    checkpoint_every=0,
 )
 
 

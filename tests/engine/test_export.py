@@ -618,3 +618,21 @@ def test_cli_export_merged(tmp_path, capsys):
     assert "blk.0.attn_q.weight: F32 -> F16" in text and "general.file_type dropped" in text
     with pytest.raises(ExportError, match="--merge needs the base model"):
         _run(["export", lora, "--merge", "--out", str(tmp_path / "x.gguf")])
+
+
+def test_export_size_estimate_is_close_to_the_written_file(tmp_path):
+    from engine import LoraAdapter, Model, SynthSpec, export_size, write_model
+    from engine.gguf_file import GGUFFile
+    from engine.synth import random_adapter
+
+    base_path = write_model(tmp_path / "m.gguf", SynthSpec.for_arch("qwen3moe", qtype="Q8_0"))
+    model = Model.load(base_path)
+    names = [n for n in model.tensors if n.endswith(("attn_q.weight", "ffn_up_exps.weight"))]
+    adapter = LoraAdapter(2.0, random_adapter(model, names, rank=4), "qwen3moe")
+    for qtype in ("F32", "F16", "Q8_0"):
+        size = os.path.getsize(export_adapter(adapter, tmp_path / f"a-{qtype}.gguf", qtype=qtype))
+        # used for the free-space check: never well below the real size, at most a header's slack above
+        assert 0.95 * size <= export_size(adapter, qtype=qtype) <= 1.1 * size + 8192
+    merged = export_merged(base_path, adapter, tmp_path / "merged.gguf").path
+    estimate = export_size(adapter, qtype=None, base=GGUFFile(base_path))
+    assert abs(estimate - os.path.getsize(merged)) < 0.02 * os.path.getsize(merged)
