@@ -158,6 +158,13 @@ class ExportPage(QWidget):
             qtype=self._qtype(),
         )
 
+    def shutdown(self, timeout_ms: int = 60_000) -> None:
+        """Wait for an export in flight (the app is quitting); threads are never terminated."""
+        if self.task is not None:
+            self.task.wait(timeout_ms)
+        if self.dialog is not None:
+            self.dialog.close()  # the dialog waits for its own step to end
+
     def open_dialog(self) -> ExportDialog:
         """The export dialog for the page's adapter and settings (window-modal, not blocking).
 

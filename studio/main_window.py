@@ -371,6 +371,8 @@ class MainWindow(QMainWindow):
         if not self._maybe_save():
             event.ignore()
             return
+        self.rewards_page.shutdown()  # wait for a generation or step in flight; never leave a thread running
+        self.export_page.shutdown()
         self.settings.setValue("main/geometry", self.saveGeometry())
         self.settings.setValue("main/state", self.saveState())
         self.settings.setValue("main/page", self.nav.currentRow())

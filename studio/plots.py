@@ -23,10 +23,6 @@ from PySide6.QtWidgets import QCheckBox, QGridLayout, QLabel, QSizePolicy, QTabW
 
 from engine import Eval, ExpertUsage, LoraNorms, Started, Step, split_name
 
-from .train_compat import guard_singletons
-
-guard_singletons()  # PySide6 6.12.0 on Python < 3.12: see studio/train_compat.py
-
 REDRAW_HZ = 20
 # tensor kinds in the order people read a block: attention, then the feed-forward parts
 KIND_ORDER = (

@@ -1,37 +1,917 @@
-"""The Rewards page: rate sampled answers and train on the ratings.
+"""The Rewards page: sample answers to a prompt, rate them from the keyboard, train on the ratings.
 
-Until the reward session lands (issue: rewards and export), the page says what it will do and
-how to train on rated samples today: a dataset with "reward" fields and the reward mode on the
-Train page.
+A round: type a prompt (or take one from the dataset) and press Generate (Ctrl+Enter): N answers
+are sampled with the adapter being trained and shown as cards. Rate each card with keys 1-5
+(stars), U / D (thumbs), [ ] (fine values) or 0 / S (skip); Edit… turns an answer into a better
+one. Every rating is written to the ratings file the moment it is given. The diagnostics panel
+says what the step will do (mean, spread, the advantage or weight of each answer, "no signal"
+when all ratings are equal), and Apply (Ctrl+Shift+Enter) takes one optimizer step; the round
+joins the history table and the plots of mean reward and loss. The Side by side tab sends one
+prompt and seed through the base model and through the adapter. Save adapter… writes a LoRA GGUF.
+
+The engine's `RewardSession` does the work. It is made on the first Generate (the model loads in
+the worker) with the project's targets, rank and alpha, the ratings file
+`<output folder>/ratings.jsonl` (or one the person chose) and checkpoints in
+`<output folder>/reward-checkpoints`. Generation, Apply, Compare and saving run off the UI thread
+(`studio.tasks.run_task`), one at a time: the controls are disabled while one runs. Ratings and
+corrections are quick appends to a file and are recorded on the UI thread between tasks.
+
+What this page is not: it does not judge answers or keep ratings itself (the session and the
+ratings file do), and it takes one step per round.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QLabel, QVBoxLayout, QWidget
+import html
+import math
+import os
+import threading
+from dataclasses import replace
 
+from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal
+from PySide6.QtGui import QKeySequence
+from PySide6.QtWidgets import (
+    QFileDialog,
+    QFrame,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QMessageBox,
+    QPlainTextEdit,
+    QPushButton,
+    QScrollArea,
+    QSizePolicy,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine import Answer, EngineError, RewardConfig, RewardSession, RoundResult, load_jsonl
+
+from .dataset_page import MessageBar
 from .project import ModelInfo, Project
+from .rewards_cards import CARD_KEYS, AnswerCardWidget, AnswerGridWidget
+from .rewards_panels import (
+    DiagnosticsWidget,
+    PromptPickerDialog,
+    RewardHistoryWidget,
+    SideBySideWidget,
+    dataset_prompts,
+)
+from .rewards_settings import RewardSettingsWidget
+from .tasks import run_task
+from .train_page import writable_problem
+
+RATINGS_FILE = "ratings.jsonl"
+CHECKPOINT_FOLDER = "reward-checkpoints"
+STREAM_HZ = 10
+BUSY_TEXT = {
+    "loading": "Loading the model…",
+    "generating": "Generating…",
+    "applying": "Applying the step…",
+    "comparing": "Comparing…",
+    "saving": "Saving the adapter…",
+}
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception as the page shows it (as studio.tasks does for the ones it catches)."""
+    if isinstance(exc, MemoryError):
+        return "out of memory: close other programs or choose a smaller model or type"
+    return str(exc) or type(exc).__name__
+
+
+def _shortcut_text(seq: str) -> str:
+    return QKeySequence(seq).toString(QKeySequence.NativeText)
 
 
 class RewardsPage(QWidget):
+    """Rate sampled answers and train on the ratings; see the module docstring."""
+
+    sig_round_applied = Signal(object)  # engine RoundResult of each Apply
+    sig_adapter_saved = Signal(str)  # path of the adapter GGUF written by Save adapter…
+    sig_generated = Signal(object)  # list[Answer] of a new round (its cards are shown)
+    sig_compared = Signal(object, object)  # base Answer, adapter Answer
+    sig_busy_changed = Signal(str)  # the running task ("generating", "applying", ...) or "" when idle
+    sig_error = Signal(str)  # a problem shown in the page
+
     def __init__(self, project: Project, parent: QWidget | None = None):
         super().__init__(parent)
         self.project = project
-        text = QLabel(
-            "<h3>Rewards</h3>"
-            "<p>Generate several answers to a prompt, rate them with the keyboard, and apply a training step "
-            "on the ratings — this page is being built.</p>"
-            '<p>Today you can already train on ratings: give samples a <code>"reward"</code> in the dataset '
-            "(Dataset page) and choose a reward mode on the Train page — <i>weighted</i> (reward-weighted "
-            "fine-tuning, as llama.cpp's QLoRA work) or <i>group</i> (group-relative: answers to the same "
-            "prompt are compared, bad ones are pushed down).</p>"
-        )
-        text.setWordWrap(True)
-        text.setTextFormat(Qt.RichText)
-        text.setAlignment(Qt.AlignTop | Qt.AlignLeft)
-        layout = QVBoxLayout(self)
-        layout.addWidget(text)
-        layout.addStretch(1)
+        self.info: ModelInfo | None = None
+        self.session: RewardSession | None = None
+        self.session_model: str | None = None  # model path the session was made with
+        self.start_adapter: str | None = None  # adapter file or checkpoint folder to continue
+        self.custom_ratings_path: str | None = None  # chosen with Ratings file…; None = default
+        self.samples: list | None = None  # from set_dataset_samples; None = read the dataset file
+        self.cards: list[AnswerCardWidget] = []
+        self.busy = ""
+        self.confirm = self._ask  # (title, text) -> bool; replaced in tests
+        self._tasks: list = []  # running studio.tasks.Task handles, kept until their thread ends
+        self._stop = threading.Event()
+        self._stream: list[list[int]] = []  # tokens streamed per answer (appended by the worker)
+        self._stream_timer = QTimer(self)
+        self._stream_timer.setInterval(1000 // STREAM_HZ)
+        self._stream_timer.timeout.connect(self._show_stream)
 
+        self.banner = MessageBar()
+        settings = self._build_settings()
+        rate_tab = self._build_rate_tab()
+        self.side_by_side = SideBySideWidget()
+        self.side_by_side.sig_compare.connect(self.compare)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(rate_tab, "Rate answers")
+        self.tabs.addTab(self.side_by_side, "Side by side")
+        self.tabs.setTabToolTip(0, "Generate answers, rate them, apply a training step")
+        self.tabs.setTabToolTip(1, "The same prompt and seed through the base model and through the adapter")
+        self.tabs.currentChanged.connect(self._tab_changed)
+        right = self._build_right()
+
+        split = QSplitter(Qt.Horizontal)
+        split.addWidget(settings)
+        split.addWidget(self.tabs)
+        split.addWidget(right)
+        split.setStretchFactor(0, 0)
+        split.setStretchFactor(1, 1)
+        split.setStretchFactor(2, 0)
+        split.setSizes([215, 700, 290])
+        split.setChildrenCollapsible(False)
+        self.splitter = split
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.setSpacing(4)
+        layout.addWidget(self.banner)
+        layout.addWidget(split, 1)
+
+        project.subscribe(self._project_changed)
+        self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
+        app = QCoreApplication.instance()
+        if app is not None:
+            app.aboutToQuit.connect(self.shutdown)
+        self._show_paths()
+        self._set_busy("")
+
+    # --- building -----------------------------------------------------------------------------
+    def _build_settings(self) -> QWidget:
+        self.settings = RewardSettingsWidget(self.project)
+        self.settings.sig_mode_changed.connect(self._mode_changed)
+        self.ratings_label = QLabel()
+        self.ratings_label.setWordWrap(True)
+        self.ratings_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.ratings_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.ratings_button = QPushButton("Ratings file…")
+        self.ratings_button.setToolTip(
+            "Choose the JSON Lines file every rating and better answer is appended to (never rewritten). "
+            f"Default: {RATINGS_FILE} in the project's output folder."
+        )
+        self.ratings_button.clicked.connect(self.choose_ratings_file)
+        self.adapter_label = QLabel()
+        self.adapter_label.setWordWrap(True)
+        self.adapter_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.start_from_button = QPushButton("Start from adapter…")
+        self.start_from_button.setToolTip(
+            "Continue training an adapter GGUF (for example one from the Train page) or a reward "
+            "checkpoint folder instead of a new adapter. Default: a new adapter with the Targets page's "
+            "targets, rank and alpha."
+        )
+        self.start_from_button.clicked.connect(self.choose_start_adapter)
+        self.new_adapter_button = QPushButton("New adapter")
+        self.new_adapter_button.setToolTip("Forget the adapter trained here and start again from the model")
+        self.new_adapter_button.clicked.connect(self.new_adapter)
+        self.save_button = QPushButton("Save adapter…")
+        self.save_button.setToolTip("Write the adapter trained on this page as a llama.cpp LoRA GGUF")
+        self.save_button.clicked.connect(self.choose_save_adapter)
+        files = QGroupBox("Adapter and files")
+        fl = QVBoxLayout(files)
+        fl.setContentsMargins(6, 4, 6, 4)
+        fl.setSpacing(3)
+        fl.addWidget(self.adapter_label)
+        fl.addWidget(self.save_button)
+        fl.addWidget(self.start_from_button)
+        fl.addWidget(self.new_adapter_button)
+        fl.addSpacing(4)
+        fl.addWidget(self.ratings_label)
+        fl.addWidget(self.ratings_button)
+
+        inner = QWidget()
+        il = QVBoxLayout(inner)
+        il.setContentsMargins(0, 0, 4, 0)
+        il.setSpacing(4)
+        il.addWidget(self.settings)
+        il.addWidget(files)
+        il.addStretch(1)
+        self.settings_box = inner
+        scroll = QScrollArea()
+        scroll.setWidget(inner)
+        scroll.setWidgetResizable(True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        scroll.setFrameShape(QFrame.NoFrame)
+        scroll.setMinimumWidth(190)
+        return scroll
+
+    def _build_rate_tab(self) -> QWidget:
+        self.prompt_edit = QPlainTextEdit()
+        self.prompt_edit.setPlaceholderText("Ask the model something, e.g. What color is the sky?")
+        self.prompt_edit.setTabChangesFocus(True)
+        self.prompt_edit.setMaximumHeight(64)
+        self.prompt_edit.setToolTip(
+            f"The prompt of the round (user message). {_shortcut_text('Ctrl+Return')} generates the answers."
+        )
+        self.system_edit = QLineEdit()
+        self.system_edit.setPlaceholderText("System prompt (optional)")
+        self.system_edit.setToolTip("An optional system message before the prompt. Default: none.")
+        self.system_edit.setClearButtonEnabled(True)
+        self.dataset_button = QPushButton("From dataset…")
+        self.dataset_button.setToolTip("Take a prompt (and its system message) from the project's dataset")
+        self.dataset_button.clicked.connect(self.choose_dataset_prompt)
+        self.generate_button = QPushButton("Generate")
+        self.generate_button.setShortcut(QKeySequence("Ctrl+Return"))
+        self.generate_button.setToolTip(
+            f"Sample new answers with the adapter as it is now ({_shortcut_text('Ctrl+Return')})."
+        )
+        self.generate_button.clicked.connect(self.generate)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setShortcut(QKeySequence("Ctrl+."))
+        self.stop_button.setToolTip(f"End the answers where they are ({_shortcut_text('Ctrl+.')}).")
+        self.stop_button.clicked.connect(self.stop)
+        self.status_label = QLabel()
+        self.status_label.setObjectName("faint")
+        self.status_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        top = QHBoxLayout()
+        top.addWidget(QLabel("<b>Prompt</b>"))
+        top.addStretch(1)
+        top.addWidget(self.dataset_button)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.system_edit, 1)
+        buttons.addWidget(self.generate_button)
+        buttons.addWidget(self.stop_button)
+        self.grid = AnswerGridWidget(columns=2)
+        self.keys_label = QLabel(CARD_KEYS)
+        self.keys_label.setObjectName("faint")
+        self.keys_label.setWordWrap(True)
+        tab = QWidget()
+        tl = QVBoxLayout(tab)
+        tl.setContentsMargins(4, 4, 4, 4)
+        tl.setSpacing(4)
+        tl.addLayout(top)
+        tl.addWidget(self.prompt_edit)
+        tl.addLayout(buttons)
+        tl.addWidget(self.status_label)
+        tl.addWidget(self.grid, 1)
+        tl.addWidget(self.keys_label)
+        return tab
+
+    def _build_right(self) -> QWidget:
+        self.diagnostics = DiagnosticsWidget()
+        self.apply_button = QPushButton("Apply step")
+        self.apply_button.setShortcut(QKeySequence("Ctrl+Shift+Return"))
+        self.apply_button.setToolTip(
+            "Take one training step on this round's ratings and better answers "
+            f"({_shortcut_text('Ctrl+Shift+Return')})."
+        )
+        self.apply_button.setMinimumHeight(32)
+        font = self.apply_button.font()
+        font.setBold(True)
+        self.apply_button.setFont(font)
+        self.apply_button.clicked.connect(self.apply)
+        self.history = RewardHistoryWidget()
+        # the diagnostics scroll when a long message meets a short window; a splitter shares the height
+        scroll = QScrollArea()
+        scroll.setWidget(self.diagnostics)
+        scroll.setWidgetResizable(True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        scroll.setFrameShape(QFrame.NoFrame)
+        top = QWidget()
+        tl = QVBoxLayout(top)
+        tl.setContentsMargins(0, 0, 0, 0)
+        tl.setSpacing(4)
+        tl.addWidget(scroll, 1)
+        tl.addWidget(self.apply_button)
+        right = QSplitter(Qt.Vertical)
+        right.addWidget(top)
+        right.addWidget(self.history)
+        right.setStretchFactor(0, 0)
+        right.setStretchFactor(1, 1)
+        right.setSizes([340, 440])
+        right.setChildrenCollapsible(False)
+        right.setMinimumWidth(260)
+        faint = self.palette().color(self.palette().ColorRole.PlaceholderText).name()
+        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
+        return right
+
+    # --- public API ---------------------------------------------------------------------------
     def set_model_info(self, info: ModelInfo | None) -> None:
-        pass
+        """The open model (None: none). A different model ends the current session (it is made again on
+        the next Generate)."""
+        self.info = info
+        path = info.path if info is not None else None
+        if self.session is not None and path != self.session_model and not self.busy:
+            self._drop_session()
+        self._show_paths()
+
+    def set_dataset_samples(self, samples) -> None:
+        """The dataset's samples (engine Sample), for "From dataset…"; None: read the dataset file."""
+        self.samples = list(samples) if samples is not None else None
+
+    def set_adapter(self, path: str | None) -> None:
+        """Continue this adapter (GGUF or reward checkpoint folder) from the next new session on."""
+        self.start_adapter = path or None
+        self._show_paths()
+
+    def ratings_path(self) -> str:
+        return self.custom_ratings_path or os.path.join(self.project.output_folder(), RATINGS_FILE)
+
+    def checkpoint_dir(self) -> str:
+        return os.path.join(os.path.dirname(os.path.abspath(self.ratings_path())), CHECKPOINT_FOLDER)
+
+    def shutdown(self, timeout_ms: int = 60_000) -> None:
+        """Stop a generation and wait for the running task's thread to end (the app is quitting)."""
+        self._stop.set()
+        for task in list(self._tasks):
+            task.wait(timeout_ms)
+
+    def is_busy(self) -> bool:
+        """A task is running, or its thread has not ended yet."""
+        return bool(self.busy) or bool(self._tasks)
+
+    # --- banner -------------------------------------------------------------------------------
+    def show_error(self, text: str, level: str = "error") -> None:
+        self.banner.show_message(level, text)
+        if level == "error":
+            self.sig_error.emit(text)
+
+    def banner_text(self) -> str:
+        return self.banner.text() if not self.banner.isHidden() else ""
+
+    # --- state --------------------------------------------------------------------------------
+    def _set_busy(self, busy: str) -> None:
+        self.busy = busy
+        idle = not busy
+        for w in (
+            self.generate_button,
+            self.dataset_button,
+            self.settings_box,
+            self.side_by_side.compare_button,
+        ):
+            w.setEnabled(idle)
+        self.stop_button.setEnabled(busy in ("loading", "generating"))
+        self.save_button.setEnabled(idle and self.session is not None)
+        self.new_adapter_button.setEnabled(idle and self.session is not None)
+        for card in self.cards:
+            card.setEnabled(idle)
+        self._update_apply_enabled()
+        if busy:
+            self.status_label.setText(BUSY_TEXT.get(busy, busy))
+            self.side_by_side.status.setText(BUSY_TEXT.get(busy, busy))
+        self.sig_busy_changed.emit(busy)
+
+    def _update_apply_enabled(self) -> None:
+        s = self.session
+        pending = s is not None and bool(self.cards) and not any(c.locked for c in self.cards)
+        self.apply_button.setEnabled(not self.busy and pending)
+
+    def _run(self, kind: str, fn, on_done) -> None:
+        """Run fn() in the worker; on_done(result) or an error in the page, on the UI thread."""
+        self._set_busy(kind)
+
+        def done(result) -> None:
+            self._set_busy("")
+            on_done(result)
+
+        def failed(message: str) -> None:
+            self._set_busy("")
+            self._task_failed(kind, message)
+
+        task = run_task(self, fn, done, failed)  # callbacks run on the UI thread (studio.tasks relays them)
+        self._tasks.append(task)
+        task.sig_finished.connect(lambda: self._tasks.remove(task) if task in self._tasks else None)
+
+    def _task_failed(self, kind: str, message: str) -> None:
+        self._stream_timer.stop()
+        what_next = {
+            "loading": "Check the model on the Model page (and the adapter you chose to start from), then "
+            "press Generate again.",
+            "generating": "Check the prompt and the sampling settings, then press Generate again.",
+            "applying": "Rate the answers (or write a better one) and press Apply again; if the loss is "
+            "not finite, lower the learning rate.",
+            "comparing": "Check the prompt, then press Compare again.",
+            "saving": "Choose another file name or folder with Save adapter….",
+        }.get(kind, "")
+        verb = {"loading": "load the model", "generating": "generate answers", "applying": "apply the step",
+                "comparing": "compare the answers", "saving": "save the adapter"}.get(kind, kind)  # fmt: skip
+        self.show_error(f"Could not {verb}: {message}. {what_next}")
+        if kind in ("generating", "loading"):
+            self._show_cards(self.session.answers if self.session is not None else [])
+            self.status_label.setText("")
+        self.side_by_side.status.setText("")
+
+    def _drop_session(self) -> None:
+        self.session = None
+        self.session_model = None
+        self._show_cards([])
+        self.history.set_rounds([])
+        self.diagnostics.set_empty(self.settings.mode())
+        self.status_label.setText("")
+        self._set_busy(self.busy)
+        self._show_paths()
+
+    def _ask(self, title: str, text: str) -> bool:
+        return QMessageBox.question(self, title, text) == QMessageBox.Yes
+
+    # --- paths --------------------------------------------------------------------------------
+    def _project_changed(self, changed: set[str]) -> None:
+        if changed & {"output_dir", "path", "dataset_path", "model_path", "config"}:
+            self._show_paths()
+
+    def _show_paths(self) -> None:
+        path = self.session.ratings_path if self.session is not None else self.ratings_path()
+        self.ratings_label.setText(f"Ratings file:<br><code>{html.escape(path)}</code>")
+        self.ratings_label.setToolTip(path)
+        s = self.session
+        if s is not None:
+            what = f"Adapter trained here: <b>{s.step}</b> step{'s' if s.step != 1 else ''}"
+            if self.start_adapter:
+                what += f", started from {os.path.basename(os.path.normpath(self.start_adapter))}"
+        elif self.start_adapter:
+            what = f"Starts from <b>{os.path.basename(os.path.normpath(self.start_adapter))}</b>"
+        else:
+            c = self.project.config
+            what = (
+                f"A new adapter (rank {c.rank}, alpha {c.alpha:g}, targets: {c.targets.preset or 'custom'})"
+            )
+        self.adapter_label.setText(what)
+
+    def choose_ratings_file(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Ratings file", self.ratings_path(), "JSON Lines (*.jsonl);;All files (*)",
+            options=QFileDialog.DontConfirmOverwrite,
+        )  # fmt: skip
+        if path:
+            self.set_ratings_path(path)
+
+    def set_ratings_path(self, path: str) -> bool:
+        """Append ratings to `path` from now on; False (and why, in the page) if it cannot be written."""
+        path = os.path.abspath(path)
+        why = writable_problem(os.path.dirname(path))
+        if why is None:
+            try:
+                with open(path, "ab"):
+                    pass
+            except (OSError, ValueError) as exc:
+                why = getattr(exc, "strerror", None) or str(exc)
+        if why:
+            self.show_error(f"The ratings file {path} cannot be written ({why}). Choose another file with "
+                            "Ratings file….")  # fmt: skip
+            return False
+        self.custom_ratings_path = path
+        if self.session is not None:
+            self.session.ratings_path = path
+        self.banner.hide()
+        self._show_paths()
+        return True
+
+    def choose_start_adapter(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Start from adapter", self.project.output_folder(), "LoRA adapters (*.gguf);;All files (*)"
+        )
+        if path:
+            self.start_from(path)
+
+    def start_from(self, path: str) -> None:
+        if (
+            self.session is not None
+            and self.session.step
+            and not self.confirm(
+                "Start from another adapter",
+                f"Forget the {self.session.step} step(s) trained on this page and continue {path} instead?",
+            )
+        ):
+            return
+        self.set_adapter(path)
+        if self.session is not None:
+            self._drop_session()
+
+    def new_adapter(self) -> None:
+        if self.busy or self.session is None:
+            return
+        if self.session.step and not self.confirm(
+            "New adapter", f"Forget the {self.session.step} step(s) trained on this page (save it first with "
+            "Save adapter… to keep it)?"
+        ):  # fmt: skip
+            return
+        self.start_adapter = None
+        self._drop_session()
+
+    # --- prompts ------------------------------------------------------------------------------
+    def dataset_prompt_list(self) -> list[tuple[str, str | None]]:
+        """(prompt, system) of the dataset's samples; the page's samples, else the dataset file."""
+        samples = self.samples
+        if samples is None and self.project.dataset_path:
+            try:
+                samples, _ = load_jsonl(self.project.dataset_path)
+            except EngineError as exc:
+                self.show_error(f"The dataset cannot be read: {exc}. Open it again on the Dataset page.")
+                return []
+        return dataset_prompts(samples or [])
+
+    def choose_dataset_prompt(self) -> None:
+        prompts = self.dataset_prompt_list()
+        if not prompts:
+            if self.banner_text() == "":
+                self.show_error("The project has no dataset with prompts yet: open one on the Dataset page, "
+                                "or type a prompt.", "info")  # fmt: skip
+            return
+        dialog = PromptPickerDialog(prompts, self)
+        if dialog.exec() and dialog.chosen() is not None:
+            self.set_prompt(*dialog.chosen())
+
+    def set_prompt(self, prompt: str, system: str | None = None) -> None:
+        self.prompt_edit.setPlainText(prompt)
+        self.system_edit.setText(system or "")
+        self.prompt_edit.setFocus()
+
+    def _tab_changed(self, index: int) -> None:
+        self.side_by_side.fallback_prompt = self.prompt_edit.toPlainText()
+        if index == 1 and not self.side_by_side.prompt.toPlainText().strip():
+            self.side_by_side.prompt.setPlainText(self.prompt_edit.toPlainText())
+
+    # --- the session --------------------------------------------------------------------------
+    def _check_ready(self) -> bool:
+        model = self.info.path if self.info is not None else self.project.model_path
+        if not model:
+            self.show_error("No model is open. Open a .gguf model on the Model page, then press Generate.")
+            return False
+        if not os.path.isfile(model):
+            self.show_error(
+                f"The model file {model} does not exist any more. Open it again on the Model page."
+            )
+            return False
+        if self.session is None:
+            path = self.ratings_path()
+            why = writable_problem(os.path.dirname(os.path.abspath(path)))
+            if why:
+                self.show_error(f"The ratings file {path} cannot be written ({why}). Choose another with "
+                                "Ratings file…, or another output folder on the Train page.")  # fmt: skip
+                return False
+        return True
+
+    def _session_maker(self):
+        """A function (run in the worker) that makes the session, with everything read here."""
+        model = self.info.path if self.info is not None else self.project.model_path
+        c = self.project.config
+        kwargs = dict(
+            adapter=self.start_adapter,
+            targets=c.targets,
+            rank=c.rank,
+            alpha=c.alpha,
+            config=self.settings.reward_config(),
+            ratings_path=self.ratings_path(),
+            checkpoint_dir=self.checkpoint_dir(),
+            template=self.info.template if self.info is not None and self.project.template_file else None,
+            seed=c.seed,
+        )
+        return model, lambda: RewardSession(model, **kwargs)
+
+    def _configure(self, session: RewardSession, config: RewardConfig) -> None:
+        """Give the session the form's settings (in the worker, before it samples or steps)."""
+        if config.lr != session.config.lr:
+            # the session's AdamW took its learning rate when the session was made
+            opt = getattr(session, "optimizer", None)
+            if opt is not None and hasattr(opt, "cfg"):
+                opt.cfg = replace(opt.cfg, lr=config.lr)
+        session.config = config
+
+    # --- generate -----------------------------------------------------------------------------
+    def generate(self) -> bool:
+        """Start a new round: sample N answers in the worker; False (and why, in the page) if it cannot."""
+        if self.busy:
+            return False
+        prompt = self.prompt_edit.toPlainText().strip()
+        if not prompt:
+            self.show_error(
+                "Type a prompt first (or take one from the dataset), then press Generate.", "info"
+            )
+            self.prompt_edit.setFocus()
+            return False
+        if not self._check_ready():
+            return False
+        try:
+            config = self.settings.reward_config()
+        except EngineError as exc:
+            self.show_error(
+                f"A sampling setting is not valid: {exc}. Fix it on the left, then press Generate."
+            )
+            return False
+        self.banner.hide()
+        system = self.system_edit.text().strip() or None
+        n, seed = config.n_samples, int(self.settings.seed_spin.value())
+        session, model = self.session, None
+        maker = None
+        if session is None:
+            model, maker = self._session_maker()
+        stream: list[list[int]] = [[] for _ in range(n)]
+        self._stream = stream
+        self._stop.clear()
+        stop = self._stop
+
+        def on_token(index: int, token: int) -> None:
+            if 0 <= index < len(stream):
+                stream[index].append(token)
+
+        def job():
+            s = session if session is not None else maker()  # a failure here: the model did not load
+            try:
+                self._configure(s, config)
+                answers = s.generate(
+                    prompt, system=system, n=n, seed=seed, on_token=on_token, should_stop=stop.is_set
+                )
+            except Exception as exc:  # noqa: BLE001 - keep the loaded session; the page shows why
+                return s, None, _describe(exc)
+            return s, answers, None
+
+        self._show_placeholder_cards(n)
+        self._stream_timer.start()
+        self._run("loading" if session is None else "generating", job,
+                  lambda result: self._generated(result, model))  # fmt: skip
+        if session is None:
+            self.status_label.setText("Loading the model and generating…")
+        return True
+
+    def stop(self) -> None:
+        if self.busy == "generating" or self.busy == "loading":
+            self._stop.set()
+
+    def _show_placeholder_cards(self, n: int) -> None:
+        cards = []
+        for i in range(n):
+            card = AnswerCardWidget(i, "…")
+            card.set_locked(True)
+            card.setEnabled(False)
+            cards.append(card)
+        self.cards = cards
+        self.grid.set_cards(cards)
+
+    def _show_stream(self) -> None:
+        total = sum(len(s) for s in self._stream)
+        if self.busy in ("loading", "generating") and total:
+            self.status_label.setText(f"Generating… {total} tokens")
+        tok = self.info.tokenizer if self.info is not None else None
+        if tok is None:
+            return
+        for card, ids in zip(self.cards, self._stream, strict=False):
+            if card.locked and ids:
+                try:
+                    card.set_text(tok.decode(list(ids)))
+                except Exception:  # noqa: BLE001 - a partial token sequence may not decode; try next tick
+                    pass
+
+    def _adopt(self, session: RewardSession, model: str | None) -> None:
+        """The session a task made (the model loaded in the worker) becomes the page's."""
+        if self.session is None:
+            self.session, self.session_model = session, model
+            self._show_paths()
+            self._set_busy(self.busy)
+
+    def _generated(self, result, model: str | None) -> None:
+        self._stream_timer.stop()
+        session, answers, error = result
+        self._adopt(session, model)
+        if error is not None:
+            self._task_failed("generating", error)
+            return
+        self.status_label.setText(
+            f"Round {session.round}: {len(answers)} answers (seed {self.settings.seed_spin.value()}). "
+            "Rate them, then Apply."
+        )
+        self.settings.next_seed()
+        self._show_cards(answers)
+        self.history.set_rounds(session.history)
+        self._show_paths()
+        self._set_busy("")
+        self.grid.focus_card(0)
+        self.sig_generated.emit(list(answers))
+
+    def _show_cards(self, answers: list[Answer]) -> None:
+        cards = []
+        for a in answers:
+            card = AnswerCardWidget(a.index, a.text, len(a.tokens), a.stop_reason)
+            card.sig_rated.connect(self._card_rated)
+            card.sig_unskip.connect(self._card_unskipped)
+            card.sig_corrected.connect(self._card_corrected)
+            cards.append(card)
+        s = self.session
+        if s is not None and answers and list(answers) == list(s.answers):
+            # the session's round (shown again after a failed Generate): its ratings and corrections
+            corrections = getattr(s, "corrections", {})
+            applied = bool(s.history) and s.history[-1].round == s.round
+            for card, rating in zip(cards, s.ratings, strict=False):
+                if rating is not None:
+                    card.set_rating(rating)
+                if card.index in corrections:
+                    card.set_corrected(corrections[card.index])
+                card.set_locked(applied)
+        self.cards = cards
+        self.grid.set_cards(cards)
+        if cards:
+            self.refresh_preview()
+        else:
+            self.diagnostics.set_empty(self.settings.mode())
+        self._update_apply_enabled()
+
+    # --- rating -------------------------------------------------------------------------------
+    def _card_rated(self, index: int, value, advance: bool) -> None:
+        if self.busy or self.session is None or not (0 <= index < len(self.cards)):
+            return
+        try:
+            self.session.rate(index, value)
+        except EngineError as exc:
+            self.show_error(f"The rating was not saved: {exc}. Choose another file with Ratings file…, then "
+                            "rate again.")  # fmt: skip
+            return
+        self.cards[index].set_rating(value, skipped=value is None)
+        if self.banner.level == "error" and "rating" in self.banner_text():
+            self.banner.hide()
+        self.refresh_preview()
+        if advance:
+            self.grid.next_card(index)
+
+    def _card_unskipped(self, index: int) -> None:
+        if 0 <= index < len(self.cards):
+            self.cards[index].set_rating(None, skipped=False)
+            self.refresh_preview()
+
+    def _card_corrected(self, index: int, text: str) -> None:
+        if self.busy or self.session is None:
+            return
+        try:
+            self.session.correct(index, text)
+        except EngineError as exc:
+            self.show_error(f"The better answer was not saved: {exc}. Choose another file with Ratings "
+                            "file…, then save it again.")  # fmt: skip
+            return
+        self.cards[index].set_corrected(text)
+        self.refresh_preview()
+
+    def rate(self, index: int, value: float | None) -> None:
+        """Rate answer `index` as a card would (None = skip)."""
+        self._card_rated(index, value, False)
+
+    def refresh_preview(self) -> None:
+        """Diagnostics and each card's weight/advantage, from the session's preview()."""
+        s = self.session
+        if s is None or not self.cards:
+            self.diagnostics.set_empty(self.settings.mode())
+            return
+        if self.cards[0].locked:  # the round was applied; the panel shows what it did
+            return
+        p = s.preview()
+        mode = s.config.mode
+        kind = "advantage" if mode == "group" else "weight"
+        for card, w in zip(self.cards, p.weights, strict=False):
+            card.set_weight(w, kind)
+        self.diagnostics.set_preview(
+            p, mode, [c.state for c in self.cards], [c.rating for c in self.cards],
+            n_corrected=sum(c.corrected is not None for c in self.cards),
+        )  # fmt: skip
+        self._update_apply_enabled()
+
+    def _mode_changed(self, mode: str) -> None:
+        s = self.session
+        if s is not None and not self.busy:
+            try:
+                s.config = replace(s.config, mode=mode)
+            except EngineError:
+                return
+            self.refresh_preview()
+
+    # --- apply --------------------------------------------------------------------------------
+    def apply(self) -> bool:
+        """One training step on the round's ratings, in the worker; False (and why) if it cannot."""
+        if self.busy:
+            return False
+        s = self.session
+        if s is None or not self.cards:
+            self.show_error("There are no answers to train on: generate answers to a prompt, rate them, "
+                            "then press Apply.")  # fmt: skip
+            return False
+        if any(c.locked for c in self.cards):
+            self.show_error("This round was applied already: press Generate for new answers.", "info")
+            return False
+        if not any(c.state == "rated" or c.corrected is not None for c in self.cards):
+            self.show_error(
+                "Nothing is rated yet, so there is nothing to learn from. Rate the answers first: focus a "
+                "card and press 1–5 (or use the thumbs or the slider), or write a better answer with Edit…; "
+                "then press Apply."
+            )
+            self.grid.focus_card(0)
+            return False
+        try:
+            config = self.settings.reward_config()
+        except EngineError as exc:
+            self.show_error(f"A setting is not valid: {exc}. Fix it on the left, then press Apply.")
+            return False
+        self.banner.hide()
+
+        def job():
+            self._configure(s, config)
+            return s.apply()
+
+        self._run("applying", job, self._applied)
+        return True
+
+    def _applied(self, result: RoundResult) -> None:
+        s = self.session
+        for card in self.cards:
+            card.set_locked(True)
+        self.history.set_rounds(s.history if s is not None else [result])
+        if result.applied:
+            loss = f"{result.loss:.4f}" if math.isfinite(result.loss) else "–"
+            self.status_label.setText(f"Round {result.round} applied: step {result.step}, loss {loss}. "
+                                      "Generate again for the next round.")  # fmt: skip
+        else:
+            self.status_label.setText(
+                f"Round {result.round}: the ratings carried no signal, no step was taken."
+            )
+            self.show_error("No step was taken: all ratings were equal, so there was nothing to learn. Next "
+                            "time rate better answers higher than worse ones.", "warning")  # fmt: skip
+        self._show_paths()
+        self._update_apply_enabled()
+        self.side_by_side.set_answers(None, None)
+        self.prompt_edit.setFocus()
+        self.sig_round_applied.emit(result)
+
+    # --- side by side -------------------------------------------------------------------------
+    def compare(self, prompt: str, seed: int) -> bool:
+        """One answer from the base model and one with the adapter, same prompt and seed, in the worker."""
+        if self.busy or not self._check_ready():
+            return False
+        try:
+            config = self.settings.reward_config()
+        except EngineError as exc:
+            self.show_error(f"A sampling setting is not valid: {exc}. Fix it on the left.")
+            return False
+        self.banner.hide()
+        system = self.system_edit.text().strip() or None
+        session, model, maker = self.session, None, None
+        if session is None:
+            model, maker = self._session_maker()
+
+        def job():
+            s = session if session is not None else maker()  # a failure here: the model did not load
+            try:
+                self._configure(s, config)
+                base = s.base_answer(prompt, seed=seed, system=system)
+                adapted = s.adapter_answer(prompt, seed=seed, system=system)
+            except Exception as exc:  # noqa: BLE001 - keep the loaded session; the page shows why
+                return s, None, None, _describe(exc)
+            return s, base, adapted, None
+
+        def done(result) -> None:
+            s, base, adapted, error = result
+            self._adopt(s, model)
+            if error is not None:
+                self._task_failed("comparing", error)
+                return
+            self.side_by_side.set_answers(base, adapted, steps=s.step)
+            status = self.side_by_side.status
+            status.setText(f"Seed {seed}, the same sampling for both. {status.text()}")
+            self.sig_compared.emit(base, adapted)
+
+        self._run("loading" if session is None else "comparing", job, done)
+        return True
+
+    # --- saving -------------------------------------------------------------------------------
+    def choose_save_adapter(self) -> None:
+        if self.session is None:
+            return
+        default = os.path.join(self.project.output_folder(), f"rewards-step{self.session.step}.gguf")
+        path, _ = QFileDialog.getSaveFileName(self, "Save adapter", default, "LoRA adapters (*.gguf)")
+        if path:
+            self.save_adapter(path)
+
+    def save_adapter(self, path: str) -> bool:
+        """Write the adapter (F32 LoRA GGUF) in the worker; sig_adapter_saved(path) when it is written."""
+        if self.busy or self.session is None:
+            return False
+        if not path.endswith(".gguf"):
+            path += ".gguf"
+        why = writable_problem(os.path.dirname(os.path.abspath(path)))
+        if why:
+            self.show_error(f"The adapter cannot be written to {path} ({why}). Choose another folder with "
+                            "Save adapter….")  # fmt: skip
+            return False
+        s = self.session
+
+        def done(written: str) -> None:
+            steps = f"{s.step} step{'s' if s.step != 1 else ''}"
+            self.show_error(f"Adapter saved: {written} ({steps}). Open it on the Export page to merge it, or "
+                            "use it with llama.cpp (--lora).", "info")  # fmt: skip
+            self.sig_adapter_saved.emit(written)
+
+        self._run("saving", lambda: s.save_adapter(path), done)
+        return True
+
+
+__all__ = ["CHECKPOINT_FOLDER", "RATINGS_FILE", "RewardsPage"]

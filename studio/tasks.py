@@ -1,8 +1,10 @@
 """Running one engine function off the UI thread: a worker object moved to a QThread.
 
 `run_task(parent, fn, on_done, on_error)` calls fn() in a new thread and delivers its result (host
-data only) or its exception message back on the UI thread. The thread quits and both objects are
-deleted when it ends; callers keep the returned handle while it runs.
+data only) or its exception message to `on_done` / `on_error` on the thread of `parent` (the UI
+thread): the callbacks go through a relay object that lives there, so plain functions and closures
+are safe too. The returned `Task` keeps itself alive until its thread has ended; the thread quits
+and the worker is deleted when fn returns. Threads are never terminated.
 """
 
 from __future__ import annotations
@@ -33,20 +35,65 @@ class TaskWorker(QObject):
             self.sig_finished.emit()
 
 
+class TaskRelay(QObject):
+    """Lives in the caller's thread; the worker's signals reach these slots queued, so the callbacks
+    run there. Emits sig_finished once the task's thread has ended, then deletes itself."""
+
+    sig_finished = Signal()
+
+    def __init__(self, parent: QObject, on_done, on_error):
+        super().__init__(parent)
+        self._on_done, self._on_error = on_done, on_error
+        self.task: Task | None = None  # keeps the handle (and so the worker) alive until the thread ends
+
+    @Slot(object)
+    def done(self, result) -> None:
+        self._on_done(result)
+
+    @Slot(str)
+    def failed(self, message: str) -> None:
+        self._on_error(message)
+
+    @Slot()
+    def finish(self) -> None:
+        self.task = None
+        self.sig_finished.emit()
+        self.deleteLater()
+
+
 class Task:
-    """A running task; `thread.isRunning()` tells whether it is still at work."""
+    """A running task. `is_running()` tells whether its thread is still at work; `wait(ms)` waits."""
 
     def __init__(self, parent: QObject, fn, on_done, on_error):
+        self.relay = TaskRelay(parent, on_done, on_error)
+        self.relay.task = self
         self.thread = QThread(parent)
         self.worker = TaskWorker(fn)
         self.worker.moveToThread(self.thread)
         self.thread.started.connect(self.worker.run)
-        self.worker.sig_done.connect(on_done)
-        self.worker.sig_error.connect(on_error)
+        self.worker.sig_done.connect(self.relay.done)
+        self.worker.sig_error.connect(self.relay.failed)
         self.worker.sig_finished.connect(self.thread.quit)
         self.worker.sig_finished.connect(self.worker.deleteLater)
+        self.thread.finished.connect(self.relay.finish)
         self.thread.finished.connect(self.thread.deleteLater)
         self.thread.start()
+
+    @property
+    def sig_finished(self):
+        return self.relay.sig_finished
+
+    def is_running(self) -> bool:
+        try:
+            return self.thread.isRunning()
+        except RuntimeError:  # the thread object was already deleted: it has ended
+            return False
+
+    def wait(self, timeout_ms: int = 60_000) -> bool:
+        try:
+            return bool(self.thread.wait(timeout_ms))
+        except RuntimeError:
+            return True
 
 
 def run_task(parent: QObject, fn, on_done, on_error) -> Task:

@@ -24,9 +24,7 @@ from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
 from engine import Checkpoint, EngineError, Failed, Finished, Started, Step, TrainConfig, Trainer
 
 from .project import Project
-from .train_compat import guard_singletons
 
-guard_singletons()  # PySide6 6.12.0 on Python < 3.12: see studio/train_compat.py
 log = logging.getLogger(__name__)
 
 OUT_OF_MEMORY = (
