@@ -278,19 +278,19 @@ def export_adapter(
 # --- checks ----------------------------------------------------------------------------------------
 
 
-def fit_problems(adapter: LoraAdapter, base: GGUFFile) -> list[str]:
+def fit_problems(adapter: LoraAdapter, base: GGUFFile, *, check_arch: bool = True) -> list[str]:
     """Why `adapter` cannot be applied to the model in `base` (empty when it can).
 
-    Architecture, presence of every adapted tensor, A/B shapes for the base shape, and a base
-    type that can be dequantized; read from the file's directory, without loading weights.
+    Architecture (unless check_arch is False), presence of every adapted tensor, A/B shapes for the
+    base shape, and a base type that can be dequantized; read from the file's directory, without
+    loading weights. Every problem is listed, not only the first.
     """
     problems = []
     arch = base.get("general.architecture")
-    if adapter.arch and adapter.arch != arch:
+    if check_arch and adapter.arch and adapter.arch != arch:
         problems.append(
             f"the adapter is for architecture {adapter.arch!r}, the model {base.path} is {arch!r}"
         )
-        return problems
     for name, (A, B) in adapter.pairs.items():
         info = base.tensors.get(name)
         if info is None:

@@ -78,6 +78,19 @@ def main(argv: list[str] | None = None) -> int:
         if window.train_page.start():
             QTimer.singleShot(300_000, loop.quit)  # never hang a screenshot run
             loop.exec()
+    if args.demo:
+        # a rating round on the Rewards page: four answers to a prompt the demo answers variously
+        page = window.rewards_page
+        page.set_prompt("What does a fish say?")
+        window.show_page(PAGES.index("Rewards"))
+        loop = QEventLoop()
+        page.sig_generated.connect(lambda _: loop.quit())
+        if page.generate():
+            QTimer.singleShot(120_000, loop.quit)
+            loop.exec()
+            for i, value in enumerate((1.0, -1.0, 0.5)):
+                if i < len(page.session.answers if page.session else []):
+                    page.rate(i, value)
     for i, name in enumerate(PAGES):
         window.show_page(i)
         for _ in range(5):

@@ -260,7 +260,7 @@ def check_export(request: ExportRequest) -> CheckReport:
     if adapter is None or base is None:
         items.append(CheckItem(False, label, "needs a readable adapter and base model"))
     else:
-        problems = fit_problems(adapter, base)
+        problems = fit_problems(adapter, base, check_arch=False)  # architecture has its own line
         if problems:
             more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
             items.append(CheckItem(False, label, "; ".join(problems[:3]) + more))
@@ -1157,9 +1157,10 @@ class ExportDialog(QDialog):
             self._set_status(f"All {len(report.items)} checks passed. {what}{notes}")
         else:
             bad = report.failures()
-            lines = "".join(f"\n{BAD_MARK} {i.label}: {i.detail}" for i in bad)
+            # one wrapped paragraph: the label has room for wrapping, not for extra lines
+            lines = "; ".join(f"{BAD_MARK} {i.label}: {i.detail}" for i in bad)
             what = "1 check failed; fix it" if len(bad) == 1 else f"{len(bad)} checks failed; fix them"
-            self._set_status(f"{what} and check again:{lines}", True)
+            self._set_status(f"{what} and check again — {lines}", True)
         self._end_phase()
         self.sig_checked.emit(report)
 

@@ -103,6 +103,13 @@ class MainWindow(QMainWindow):
         self.dataset_page.sig_dataset_opened.connect(lambda p: self._add_recent("recent/datasets", p))
         self.train_page.sig_state_changed.connect(self._training_state)
         self.train_page.sig_run_finished.connect(self._run_finished)
+        # the Rewards page's "From dataset…" offers the dataset as edited, not only as saved
+        self.dataset_page.sig_modified.connect(
+            lambda _: self.rewards_page.set_dataset_samples(self.dataset_page.samples)
+        )
+        self.dataset_page.sig_dataset_opened.connect(
+            lambda _: self.rewards_page.set_dataset_samples(self.dataset_page.samples)
+        )
         self.project.subscribe(self._project_changed)
 
         self._build_menus()
@@ -190,6 +197,7 @@ class MainWindow(QMainWindow):
         path = getattr(result, "adapter_path", None)
         if path:
             self.export_page.set_adapter(path)
+            self.rewards_page.set_adapter(path)  # rating rounds continue from the trained adapter
             self.statusBar().showMessage(f"Adapter written: {path}", 8000)
 
     def _training_state(self, state: str) -> None:
