@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--screenshot", metavar="DIR", help="write DIR/<page>.png of each page and exit")
     args = ap.parse_args(argv)
 
+    from pyqtgraph.util.garbage_collector import GarbageCollector
     from PySide6.QtCore import QEventLoop, QSettings, QStandardPaths, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -43,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     from .resources import DEMO_DATASET, DEMO_MODEL
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    # Python's cyclic GC may otherwise run in a worker thread and destroy Qt objects there, which
+    # crashes Qt; collect on the UI thread from a timer instead (pyqtgraph's recipe)
+    app.gui_gc = GarbageCollector(interval=0.5)
     app.setApplicationName("Tune Studio")
     app.setOrganizationName("TuneStudio")
     settings = (

@@ -108,6 +108,13 @@ def thumb_icon(up: bool, colour: QColor, size: int = 20) -> QIcon:
     return QIcon(pm)
 
 
+def _set_style(widget, sheet: str) -> None:
+    """setStyleSheet only when it changes: each call re-polishes the widget and all its children, and
+    cards refresh on every focus change."""
+    if widget.styleSheet() != sheet:
+        widget.setStyleSheet(sheet)
+
+
 class AnswerEditWidget(QPlainTextEdit):
     """The inline editor's text box: Ctrl+Enter saves, Escape cancels (before any page shortcut)."""
 
@@ -394,7 +401,7 @@ class AnswerCardWidget(QFrame):
         gold, off = QColor("#f2b01e"), self.palette().color(QPalette.Mid)
         for i, b in enumerate(self.star_buttons, start=1):
             colour = (gold if i <= n else off).name()
-            b.setStyleSheet(f"QToolButton {{ font-size: 19px; padding: 0px; color: {colour}; }}")
+            _set_style(b, f"QToolButton {{ font-size: 19px; padding: 0px; color: {colour}; }}")
         up_on = self.state == "rated" and value is not None and value >= 0.999
         down_on = self.state == "rated" and value is not None and value <= -0.999
         self.up_button.setIcon(thumb_icon(True, QColor("#27ae60") if up_on else off))
@@ -412,9 +419,10 @@ class AnswerCardWidget(QFrame):
             badge, fg, bg = "not rated", self.palette().color(QPalette.PlaceholderText).name(), "transparent"
         self.badge.setText(badge)
         outline = band.name() if self.state != "unrated" else off.name()
-        self.badge.setStyleSheet(
+        _set_style(
+            self.badge,
             f"QLabel#ratingBadge {{ color: {fg}; background: {bg}; border-radius: 9px; padding: 1px 8px; "
-            f"font-weight: bold; border: 1px solid {outline}; }}"
+            f"font-weight: bold; border: 1px solid {outline}; }}",
         )
         focus = self.hasFocus()
         highlight = self.palette().color(QPalette.Highlight)
@@ -426,14 +434,15 @@ class AnswerCardWidget(QFrame):
         text_colour = self.palette().color(
             QPalette.PlaceholderText if self.state == "skipped" else QPalette.Text
         )
-        self.setStyleSheet(
+        _set_style(
+            self,
             f"QFrame#answerCard {{ background: {background.name()}; border: {2 if focus else 1}px solid "
             f"{border}; border-left: 7px solid {band.name() if self.state != 'unrated' else border}; "
             f"border-radius: 6px; }}"
             f"QLabel#answerText {{ font-size: 14px; color: {text_colour.name()}; }}"
             f"QLabel#cardMeta {{ color: {self.palette().color(QPalette.PlaceholderText).name()}; }}"
             f"QLabel#cardWeight {{ color: {'#9ecbff' if dark else '#1b4f72'}; }}"
-            f"QLabel#correction {{ color: {'#9be7b0' if dark else '#1e6b3a'}; }}"
+            f"QLabel#correction {{ color: {'#9be7b0' if dark else '#1e6b3a'}; }}",
         )
 
     # --- editor -----------------------------------------------------------------------------
