@@ -60,7 +60,7 @@ from .reward_session import (
     rating_from_stars,
 )
 from .rewards import group_advantages, reward_weights
-from .summary import ModelSummary, TensorKind, summarize
+from .summary import ModelSummary, TensorKind, human_bytes, human_count, summarize
 from .synth import SynthSpec, write_adapter, write_model
 from .targets import (
     PRESETS,
@@ -82,13 +82,13 @@ __all__ = [
     "encode_samples", "Encoded", "EncodeOptions", "EngineError", "estimate_memory", "Eval",
     "event_to_json", "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError",
     "Failed", "Finished", "fit_problems", "generate", "Generation", "GGUFFile", "GREEDY",
-    "group_advantages", "KVCache", "load_jsonl", "load_ratings", "lora_candidates", "lora_norms",
-    "lora_param_count", "lora_shapes", "LoraAdapter", "LoraNorms", "LoraTerm", "merged_tensor_types",
-    "MergeReport", "Model", "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "parse_layers",
-    "parse_rating", "parse_sample", "Plan", "PRESETS", "Preview", "Problem", "quantizable_types",
-    "rating_from_stars", "reward_weights", "RewardConfig", "RewardError", "RewardSession", "RoundResult",
-    "Sample", "sample_to_json", "SamplingConfig", "save_jsonl", "select_full", "select_targets",
-    "split_name", "Started", "Step", "summarize", "supported_architectures", "SynthSpec", "TargetSpec",
-    "TemplateError", "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TrainConfig", "Trainer",
-    "write_adapter", "write_model",
+    "group_advantages", "human_bytes", "human_count", "KVCache", "load_jsonl", "load_ratings",
+    "lora_candidates", "lora_norms", "lora_param_count", "lora_shapes", "LoraAdapter", "LoraNorms",
+    "LoraTerm", "merged_tensor_types", "MergeReport", "Model", "ModelConfig", "ModelError",
+    "ModelSummary", "NormsReport", "parse_layers", "parse_rating", "parse_sample", "Plan", "PRESETS",
+    "Preview", "Problem", "quantizable_types", "rating_from_stars", "reward_weights", "RewardConfig",
+    "RewardError", "RewardSession", "RoundResult", "Sample", "sample_to_json", "SamplingConfig",
+    "save_jsonl", "select_full", "select_targets", "split_name", "Started", "Step", "summarize",
+    "supported_architectures", "SynthSpec", "TargetSpec", "TemplateError", "TensorInfo", "TensorKind",
+    "Tokenizer", "TokenizerError", "TrainConfig", "Trainer", "write_adapter", "write_model",
 ]  # fmt: skip

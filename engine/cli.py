@@ -22,7 +22,7 @@ from .errors import EngineError
 from .generate import GREEDY, SamplingConfig, generate
 from .lora import LoraAdapter
 from .model import Model
-from .summary import summarize
+from .summary import human_bytes, human_count, summarize
 from .tokenizer import Tokenizer
 
 EXIT_USAGE = 2
@@ -30,21 +30,6 @@ EXIT_USAGE = 2
 
 class CliError(Exception):
     """A problem with the command's own inputs (a file that cannot be read, a bad value)."""
-
-
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
-def _human_count(n: int) -> str:
-    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= div:
-            return f"{n / div:.2f}{unit}"
-    return str(n)
 
 
 def _read_text(path: str) -> str:
@@ -64,10 +49,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(s.to_dict(), indent=2))
         return 0
     c = s.config
-    print(f"file          {s.path} ({_human_bytes(s.file_bytes)})")
+    print(f"file          {s.path} ({human_bytes(s.file_bytes)})")
     print(f"architecture  {c.arch}" + (f" ({c.name})" if c.name else ""))
     print(
-        f"parameters    {_human_count(s.n_params)} ({s.n_params}) in {s.n_tensors} tensors, "
+        f"parameters    {human_count(s.n_params)} ({s.n_params}) in {s.n_tensors} tensors, "
         f"mostly {s.file_type}"
     )
     print(f"layers        {c.L}")
@@ -88,7 +73,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     for k in sorted(s.kinds, key=lambda k: k.kind):
         types = ", ".join(f"{t}" + (f" x{n}" if n > 1 else "") for t, n in sorted(k.types.items()))
         shape = "x".join(str(d) for d in k.shape)
-        print(f"  {k.kind:<{width}}  {k.count:3d} x ({shape:>14})  {types:<14} {_human_bytes(k.n_bytes):>10}")
+        print(f"  {k.kind:<{width}}  {k.count:3d} x ({shape:>14})  {types:<14} {human_bytes(k.n_bytes):>10}")
     return 0
 
 

@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 
 # Per-layer tensor kinds, by the GGUF short name (blk.N.<kind>.weight).
 ATTN_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output")
-NORM_KINDS = ("attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm")
 
 
 def _expected_shapes(cfg: ModelConfig, i: int, moe: bool) -> dict[str, tuple[int, ...]]:

@@ -11,7 +11,7 @@ random LoRA adapter in llama.cpp's layout. Nothing here is downloaded.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -278,7 +278,3 @@ def write_adapter(
         tensors[base + ".lora_a"] = (A, qtype)
         tensors[base + ".lora_b"] = (B, qtype)
     return write_gguf(path, arch, md, tensors)
-
-
-def with_qtype(spec: SynthSpec, qtype: str) -> SynthSpec:
-    return replace(spec, qtype=qtype)

@@ -73,10 +73,10 @@ from engine import (
     export_merged,
     export_size,
     fit_problems,
+    human_bytes,
     merged_tensor_types,
 )
 
-from .formatting import human_bytes
 from .project import ModelInfo, Project
 
 ADAPTER_TYPES = ("F32", "F16", "Q8_0")

@@ -28,10 +28,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import ExportError
+from engine import ExportError, human_bytes
 
 from .export_dialog import ExportDialog, ExportRequest, check_export, suggest_out, verify_export, write_export
-from .formatting import human_bytes
 from .project import ModelInfo, Project
 from .tasks import run_task
 

@@ -26,9 +26,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine import human_bytes
+
 from .dataset_page import DatasetPage
 from .export_page import ExportPage
-from .formatting import human_bytes
 from .model_page import ModelPage
 from .project import ModelInfo, Project, ProjectError
 from .rewards_page import RewardsPage

@@ -31,13 +31,14 @@ from PySide6.QtWidgets import (
 from engine import (
     EngineError,
     estimate_memory,
+    human_bytes,
+    human_count,
     lora_param_count,
     select_full,
     select_targets,
     supported_architectures,
 )
 
-from .formatting import human_bytes, human_count
 from .project import ModelInfo, Project, ProjectError
 
 

@@ -35,9 +35,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import PRESETS, ModelError, TargetSpec, parse_layers, select_full
+from engine import PRESETS, ModelError, TargetSpec, human_bytes, human_count, parse_layers, select_full
 
-from .formatting import human_bytes, human_count
 from .project import ModelInfo, Project
 from .targets_selection import SelectionStats, TargetSelection, kind_help
 from .targets_views import GROUP_COLORS, GROUP_NAMES, TargetGridModel, TargetGridView, TargetTreeModel

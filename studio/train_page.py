@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import Checkpoint, Eval, Failed, Finished, Started, Step, TrainConfig
+from engine import Checkpoint, Eval, Failed, Finished, Started, Step, TrainConfig, human_bytes
 
 from .plots import TrainPlotsWidget
 from .project import ModelInfo, Project
@@ -59,14 +59,6 @@ BANNER_STYLES = {
     "info": "QFrame#banner { background: rgba(41, 128, 185, 0.12); border: 1px solid #2980b9; "
     "border-radius: 4px; } QLabel { color: #1b4f72; }",
 }
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def human_duration(seconds: float) -> str:

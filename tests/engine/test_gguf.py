@@ -276,3 +276,12 @@ def test_written_files_get_normal_permissions(tmp_path):
     os.chmod(p, 0o640)
     write_gguf(p, "llama", {}, {"w": (np.ones((2, 32), np.float32), "F32")})
     assert os.stat(p).st_mode & 0o777 == 0o640  # replacing a file keeps its mode
+
+
+def test_human_sizes_and_counts():
+    from engine import human_bytes, human_count
+
+    assert human_bytes(512) == "512 B" and human_bytes(1536) == "1.5 KiB"
+    assert human_bytes(3 * 2**30) == "3.0 GiB"
+    assert human_count(999) == "999" and human_count(77_824) == "77.82 K"
+    assert human_count(494_032_768, exact=True) == "494,032,768 (494.03 M)"
