@@ -55,7 +55,8 @@ def llama_logits(model_path: str, tokens: list[int], lora: str | None = None) ->
     llm = Llama(**kwargs)
     llm.eval(tokens)
     out = np.array(llm.scores[: len(tokens)], dtype=np.float32)
-    llm.close() if hasattr(llm, "close") else None
+    if hasattr(llm, "close"):  # older llama-cpp-python has no close()
+        llm.close()
     return out
 
 

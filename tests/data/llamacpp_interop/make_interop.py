@@ -22,6 +22,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(HERE))))
 
+from bench.llamacpp_check import llama_logits  # noqa: E402
 from engine import SynthSpec, TargetSpec, TrainConfig, Trainer, write_model  # noqa: E402
 
 CASES = {
@@ -34,7 +35,6 @@ SEQUENCES = [[1], [1, 270, 280, 290, 271, 299, 262, 263], [1, *range(262, 290)]]
 
 def main() -> None:
     import llama_cpp
-    from llama_cpp import Llama
 
     manifest = {"llama_cpp_python": llama_cpp.__version__, "cases": []}
     with tempfile.TemporaryDirectory() as d:
@@ -60,22 +60,8 @@ def main() -> None:
             Trainer(model, data, cfg).run()
             arrays = {}
             for i, seq in enumerate(SEQUENCES):
-                llm = Llama(
-                    model_path=model,
-                    lora_path=adapter,
-                    n_ctx=64,
-                    logits_all=True,
-                    verbose=False,
-                    n_threads=2,
-                    type_k=0,
-                    type_v=0,
-                    flash_attn=False,
-                    n_batch=64,
-                )
-                llm.eval(seq)
                 arrays[f"tokens_{i}"] = np.array(seq, dtype=np.int32)
-                arrays[f"logits_{i}"] = np.array(llm.scores[: len(seq)], dtype=np.float32)
-                llm.close()
+                arrays[f"logits_{i}"] = llama_logits(model, seq, adapter)
             np.savez(os.path.join(HERE, f"{name}.lora.cases.npz"), **arrays)
             manifest["cases"].append(
                 {
