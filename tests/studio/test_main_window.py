@@ -35,7 +35,18 @@ def test_pages_in_order_with_shortcuts(window):
 
 
 def test_opening_the_demo_reaches_every_page(window):
+    received = {}
+    for page in window.pages[1:]:
+        original = page.set_model_info
+
+        def spy(info, page=page, original=original):
+            received[type(page).__name__] = info
+            original(info)
+
+        page.set_model_info = spy
     assert window.open_model(str(DEMO_MODEL))
+    assert set(received) == {"DatasetPage", "TargetsPage", "TrainPage", "RewardsPage", "ExportPage"}
+    assert all(info is window.model_info for info in received.values())
     assert window.open_dataset(str(DEMO_DATASET))
     assert window.model_info is not None and window.targets_page.selected_names()
     assert "demo.gguf" in window.windowTitle()
