@@ -78,6 +78,7 @@ from engine import (
 )
 
 from .project import ModelInfo, Project
+from .tasks import return_to_ui_thread
 
 ADAPTER_TYPES = ("F32", "F16", "Q8_0")
 MERGE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q4_K")  # offered for merged tensors
@@ -652,6 +653,7 @@ class ExportWorker(QObject):
         except Exception as exc:  # noqa: BLE001 - every failure reaches the window
             self.sig_error.emit(str(exc) or type(exc).__name__)
         finally:
+            return_to_ui_thread(self)  # deleted there (see studio.tasks)
             self.sig_finished.emit()
 
 

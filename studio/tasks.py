@@ -4,14 +4,28 @@
 data only) or its exception message to `on_done` / `on_error` on the thread of `parent` (the UI
 thread): the callbacks go through a relay object that lives there, so plain functions and closures
 are safe too. The returned `Task` keeps itself alive until its thread has ended; the thread quits
-and the worker is deleted when fn returns. Threads are never terminated.
+and the worker is deleted once the thread has ended. Threads are never terminated.
+
+Every worker object here (and in studio.worker and studio.export_dialog) ends its run by moving
+itself back to the UI thread (`return_to_ui_thread`), so that Qt deletes it there. A Python-made
+QObject deleted in a worker thread makes that thread take the binding's wrapper lock and then the
+interpreter lock while the UI thread, holding the interpreter lock, may be creating widgets, which
+takes the wrapper lock: a deadlock (seen about once in 15 runs of the Rewards page tests).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
+
+
+def return_to_ui_thread(obj: QObject) -> None:
+    """Called by a worker from its own thread when its run is over: it then lives (and will be
+    deleted) in the application's main thread."""
+    app = QCoreApplication.instance()
+    if app is not None and obj.thread() is not app.thread():
+        obj.moveToThread(app.thread())
 
 
 class TaskWorker(QObject):
@@ -32,6 +46,7 @@ class TaskWorker(QObject):
         except Exception as exc:  # noqa: BLE001 - every failure reaches the window
             self.sig_error.emit(f"{exc}" if str(exc) else type(exc).__name__)
         finally:
+            return_to_ui_thread(self)
             self.sig_finished.emit()
 
 
@@ -74,7 +89,7 @@ class Task:
         self.worker.sig_done.connect(self.relay.done)
         self.worker.sig_error.connect(self.relay.failed)
         self.worker.sig_finished.connect(self.thread.quit)
-        self.worker.sig_finished.connect(self.worker.deleteLater)
+        self.thread.finished.connect(self.worker.deleteLater)  # the worker lives in the UI thread by then
         self.thread.finished.connect(self.relay.finish)
         self.thread.finished.connect(self.thread.deleteLater)
         self.thread.start()
