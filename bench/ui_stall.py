@@ -74,6 +74,10 @@ def measure(model_path: str, data: str, steps: int, n_ctx: int, page: bool, pres
         widget.set_model_info(ModelInfo.read(model_path))
         widget.resize(1280, 820)
         widget.show()
+        # the first paint of a newly shown window is not part of training: let it happen first
+        settle = QEventLoop()
+        QTimer.singleShot(500, settle.quit)
+        settle.exec()
         worker_source = widget
 
         def on_state(state: str) -> None:

@@ -74,11 +74,13 @@ from .targets import (
     split_name,
 )
 from .tokenizer import Tokenizer
+from .train_process import ChildDied, ChildRaised, TrainJob, TrainProcess
 from .trainer import TrainConfig, Trainer, estimate_memory
 
 __all__ = [
     "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "ARCHS", "ArchSpec", "Batch",
-    "Candidate", "CHATML_TEMPLATE", "ChatTemplate", "Checkpoint", "DatasetError", "dequantizable_types",
+    "Candidate", "CHATML_TEMPLATE", "ChatTemplate", "Checkpoint", "ChildDied", "ChildRaised",
+    "DatasetError", "dequantizable_types",
     "encode_samples", "Encoded", "EncodeOptions", "EngineError", "estimate_memory", "Eval",
     "event_to_json", "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError",
     "Failed", "Finished", "fit_problems", "generate", "Generation", "GGUFFile", "GREEDY",
@@ -90,5 +92,6 @@ __all__ = [
     "RewardError", "RewardSession", "RoundResult", "Sample", "sample_to_json", "SamplingConfig",
     "save_jsonl", "select_full", "select_targets", "split_name", "Started", "Step", "summarize",
     "supported_architectures", "SynthSpec", "TargetSpec", "TemplateError", "TensorInfo", "TensorKind",
-    "Tokenizer", "TokenizerError", "TrainConfig", "Trainer", "write_adapter", "write_model",
+    "Tokenizer", "TokenizerError", "TrainConfig", "Trainer", "TrainJob", "TrainProcess", "write_adapter",
+    "write_model",
 ]  # fmt: skip

@@ -41,10 +41,10 @@ MAX_RECENT = 10
 SETTINGS_ORG, SETTINGS_APP = "TuneStudio", "TuneStudio"
 
 
-def process_memory_bytes() -> int | None:
-    """Resident memory of this process (Linux /proc), or None where unavailable."""
+def process_memory_bytes(pid: int | str = "self") -> int | None:
+    """Resident memory of a process (this one by default; Linux /proc), or None where unavailable."""
     try:
-        with open("/proc/self/statm", encoding="ascii") as f:
+        with open(f"/proc/{pid}/statm", encoding="ascii") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
@@ -192,7 +192,12 @@ class MainWindow(QMainWindow):
 
     def _update_memory(self) -> None:
         n = process_memory_bytes()
-        self.memory_label.setText(f"Memory: {human_bytes(n)}" if n is not None else "")
+        text = f"Memory: {human_bytes(n)}" if n is not None else ""
+        pid = self.train_page.training_pid()
+        child = process_memory_bytes(pid) if pid is not None else None
+        if child is not None:  # training runs in its own process: show its share too
+            text += f" + training {human_bytes(child)}"
+        self.memory_label.setText(text)
 
     def _run_finished(self, result) -> None:
         path = getattr(result, "adapter_path", None)

@@ -631,15 +631,25 @@ class TrainPage(QWidget):
     def is_running(self) -> bool:
         return self._thread is not None
 
+    def training_pid(self) -> int | None:
+        """The process id of the run's training process while it runs (None: none, or in-thread)."""
+        worker = self._worker
+        process = getattr(worker, "process", None) if worker is not None else None
+        return process.pid if process is not None and process.is_alive() else None
+
     def shutdown(self, timeout_ms: int = 60_000) -> bool:
         """Ask a running run to stop (it writes a checkpoint) and wait for its thread; True when no
-        thread is left. Call before the window closes; the thread is never terminated."""
+        thread is left. Call before the window closes. A run in a child process that has not
+        stopped by then is killed (its last checkpoint stays); a thread is never terminated."""
         thread, worker = self._thread, self._worker
         if thread is None:
             return True
         if worker is not None:
             worker.request_stop()
         done = thread.wait(timeout_ms)
+        if not done and worker is not None and worker.isolate:
+            worker.kill()
+            done = thread.wait(10_000)
         self.plots.timer.stop()
         return bool(done)
 

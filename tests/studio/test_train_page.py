@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -14,11 +13,13 @@ import pytest
 from PySide6.QtWidgets import QCheckBox, QComboBox
 
 import studio.worker as worker_module
-from engine import Failed, Finished, Step, TargetSpec
+from engine import Failed, Finished, TargetSpec
+from studio.main_window import process_memory_bytes
 from studio.project import ModelInfo, Project
 from studio.train_page import TrainPage, latest_checkpoint
 from studio.train_probe import StallProbe
 from studio.train_settings import FIELDS
+from tests import child_trainers
 
 TIMEOUT_MS = 20_000
 SHOTS = Path(os.environ.get("TUNE_STUDIO_SHOTS", "")) if os.environ.get("TUNE_STUDIO_SHOTS") else None
@@ -64,23 +65,25 @@ def settle(qtbot, page: TrainPage) -> None:
 
 
 class Gate:
-    """Holds the worker thread right after it emitted Step `step`, until `release()` (a test's way
-    to press Pause or Stop at a known step of a run that would otherwise finish in milliseconds)."""
+    """Holds the run (in its child process) right after it emitted Step `step`, until `release()`:
+    a test's way to press Pause or Stop at a known step of a run that would otherwise finish in
+    milliseconds (tests/child_trainers.gated)."""
 
-    def __init__(self, monkeypatch, step: int):
-        self.step, self.reached, self.go = step, threading.Event(), threading.Event()
-        real = worker_module.TrainWorker._on_event
+    def __init__(self, monkeypatch, tmp_path, step: int):
+        self.step = step
+        self.dir = tmp_path / f"gate-{step}"
+        self.dir.mkdir()
+        monkeypatch.setattr(
+            worker_module,
+            "CHILD_TRAINER",
+            ("tests.child_trainers:gated", {"gate": str(self.dir), "step": step}),
+        )
 
-        def on_event(worker, event):
-            real(worker, event)
-            if isinstance(event, Step) and event.step == self.step and not self.reached.is_set():
-                self.reached.set()
-                self.go.wait(10)
-
-        monkeypatch.setattr(worker_module.TrainWorker, "_on_event", on_event)
+    def reached(self) -> bool:
+        return child_trainers.reached(str(self.dir))
 
     def release(self) -> None:
-        self.go.set()
+        child_trainers.release(str(self.dir))
 
 
 # --- settings ---------------------------------------------------------------------------------
@@ -194,18 +197,21 @@ def test_moe_run_shows_the_layers_by_experts_heatmap(qtbot, tmp_path, synth_mode
 # --- pause, resume, stop ----------------------------------------------------------------------
 def test_pause_then_resume_continues_from_the_checkpoint(qtbot, monkeypatch, tmp_path, synth_model, chats):
     page = make_page(qtbot, tmp_path, synth_model("llama"), chats, steps=10, eval_every=0, val_split=0.0)
-    gate = Gate(monkeypatch, step=4)
+    gate = Gate(monkeypatch, tmp_path, step=4)
     states = []
     page.sig_state_changed.connect(states.append)
     with qtbot.waitSignal(page.sig_run_finished, timeout=TIMEOUT_MS) as paused:
         page.start()
         qtbot.waitUntil(lambda: page.last_step == 4, timeout=TIMEOUT_MS)  # the UI saw step 4
         assert page.state == "training" and page.pause_button.isEnabled()
+        pid = page.training_pid()  # the run trains in its own process, which the status bar measures
+        assert pid is not None and pid != os.getpid() and process_memory_bytes(pid) > 10 * 2**20
         page.pause()
         assert page.state == "pausing" and not page.pause_button.isEnabled()
         gate.release()
     result = paused.args[0]
     assert isinstance(result, Finished) and result.stopped and result.step == 4
+    qtbot.waitUntil(lambda: page.training_pid() is None, timeout=TIMEOUT_MS)
     assert page.state == "paused" and page.resume_button.isEnabled() and page.stop_button.isEnabled()
     assert result.checkpoint_path.endswith("ckpt-000004")
     assert latest_checkpoint(page.paths.checkpoint_dir) == result.checkpoint_path
@@ -225,7 +231,7 @@ def test_pause_then_resume_continues_from_the_checkpoint(qtbot, monkeypatch, tmp
 
 def test_stop_ends_gracefully_without_asking(qtbot, monkeypatch, tmp_path, synth_model, chats):
     page = make_page(qtbot, tmp_path, synth_model("llama"), chats, steps=50, eval_every=0, val_split=0.0)
-    gate = Gate(monkeypatch, step=2)
+    gate = Gate(monkeypatch, tmp_path, step=2)
     with qtbot.waitSignal(page.sig_run_finished, timeout=TIMEOUT_MS) as stopped:
         page.start()
         qtbot.waitUntil(lambda: page.last_step == 2, timeout=TIMEOUT_MS)
@@ -275,12 +281,14 @@ def test_failed_run_shows_a_banner_with_what_to_do(qtbot, tmp_path, synth_model)
 
 
 def test_unexpected_error_in_the_worker_reaches_the_banner(qtbot, monkeypatch, tmp_path, synth_model, chats):
-    import engine
-
-    def broken(*args, **kwargs):
-        raise ValueError("shapes do not match")
-
-    monkeypatch.setattr(engine.trainer, "loss_and_grads", broken)
+    monkeypatch.setattr(
+        worker_module,
+        "CHILD_TRAINER",
+        (
+            "tests.child_trainers:failing_at",
+            {"step": 1, "error": "ValueError", "message": "shapes do not match"},
+        ),
+    )
     page = make_page(qtbot, tmp_path, synth_model("llama"), chats)
     result = run(qtbot, page)
     settle(qtbot, page)
@@ -288,6 +296,24 @@ def test_unexpected_error_in_the_worker_reaches_the_banner(qtbot, monkeypatch, t
     assert "ValueError: shapes do not match" in page.banner_text()
     log = page.log.toPlainText()
     assert "ERROR:" in log and "Traceback" in log and "shapes do not match" in log
+
+
+def test_a_killed_training_process_leaves_the_window_working(
+    qtbot, monkeypatch, tmp_path, synth_model, chats
+):
+    """The system's out-of-memory killer ends the training process: the page says so, points at the
+    last checkpoint, and can start again."""
+    monkeypatch.setattr(worker_module, "CHILD_TRAINER", ("tests.child_trainers:dying_at", {"step": 3}))
+    page = make_page(qtbot, tmp_path, synth_model("llama"), chats, steps=6, checkpoint_every=1, eval_every=0)
+    result = run(qtbot, page)
+    settle(qtbot, page)
+    assert isinstance(result, Failed) and result.step == 3 and page.state == "failed"
+    banner = page.banner_text()
+    assert "killed (SIGKILL)" in banner and "memory runs out" in banner
+    assert "ckpt-000002" in banner and "Resume" in banner
+    monkeypatch.setattr(worker_module, "CHILD_TRAINER", ("engine.trainer:Trainer", {}))
+    assert isinstance(run(qtbot, page), Finished)  # the same window trains again
+    settle(qtbot, page)
 
 
 def test_missing_model_dataset_or_output_folder_shows_a_banner(qtbot, tmp_path, synth_model, chats):
@@ -347,7 +373,7 @@ def test_screenshots_mid_run_and_finished(qtbot, monkeypatch, tmp_path, synth_mo
     page = make_page(qtbot, tmp_path, synth_model(arch), chats, steps=24, eval_every=4)
     page.show()
     qtbot.waitExposed(page)
-    gate = Gate(monkeypatch, step=12)
+    gate = Gate(monkeypatch, tmp_path, step=12)
     with qtbot.waitSignal(page.sig_run_finished, timeout=TIMEOUT_MS):
         page.start()
         qtbot.waitUntil(lambda: page.last_step == 12, timeout=TIMEOUT_MS)

@@ -1,10 +1,14 @@
-"""The training worker's lifecycle in a real QThread: events in order, graceful stop, failures that
-always reach the UI (as sig_finished(Failed), plus sig_failed for unexpected exceptions), and a
-thread that ends and is deleted (never destroyed while running)."""
+"""The training worker's lifecycle in a real QThread, with the trainer in a child process (the
+default) and in the thread itself: events in order, graceful stop, failures that always reach the
+UI (as sig_finished(Failed), plus sig_failed for unexpected exceptions and a killed child), and a
+thread that ends and is deleted (never destroyed while running).
+
+Faults in the child come from tests/child_trainers.py (a child does not see monkeypatching)."""
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import pytest
@@ -16,8 +20,14 @@ import studio.worker as worker_module
 from engine import Checkpoint, Failed, Finished, Started, Step, TrainConfig
 from studio.project import Project
 from studio.worker import OUT_OF_MEMORY, TrainWorker, start_training
+from tests import child_trainers
 
-TIMEOUT_MS = 15_000
+TIMEOUT_MS = 30_000
+MODES = [pytest.param(True, id="child-process"), pytest.param(False, id="thread")]
+
+
+def child_trainer(monkeypatch, name: str, **kwargs) -> None:
+    monkeypatch.setattr(worker_module, "CHILD_TRAINER", (f"tests.child_trainers:{name}", kwargs))
 
 
 @pytest.fixture
@@ -87,8 +97,12 @@ def assert_thread_gone(qtbot, thread) -> None:
     qtbot.waitUntil(lambda: not worker_module._RUNNING, timeout=TIMEOUT_MS)
 
 
-def test_three_steps_started_first_then_finished(qtbot, qtlog, tmp_path, llama, chats):
-    thread, worker = start_training(model=llama, data=chats, config=config(tmp_path), start=False)
+@pytest.mark.parametrize("isolate", MODES)
+def test_three_steps_started_first_then_finished(qtbot, qtlog, tmp_path, llama, chats, isolate):
+    thread, worker = start_training(
+        model=llama, data=chats, config=config(tmp_path), isolate=isolate, start=False
+    )
+    assert worker.isolate is isolate
     seen = record(worker)
     run_to_end(qtbot, thread, worker)
     kinds = [type(e) for e in seen["events"]]
@@ -103,10 +117,23 @@ def test_three_steps_started_first_then_finished(qtbot, qtlog, tmp_path, llama, 
     assert worker.result is result
     assert_thread_gone(qtbot, thread)
     assert not [r for r in qtlog.records if "QThread" in r.message]
+    if isolate:  # the run happened in another process, which has ended
+        assert worker.process.pid != os.getpid() and worker.process.exitcode == 0
+
+
+def test_a_model_object_trains_in_the_thread(qtbot, tmp_path, llama, chats):
+    model = engine.Model.load(llama)
+    thread, worker = start_training(model=model, data=chats, config=config(tmp_path, steps=1), start=False)
+    assert not worker.isolate  # a loaded model does not cross to a child process
+    seen = record(worker)
+    run_to_end(qtbot, thread, worker)
+    assert isinstance(seen["finished"][0], Finished) and worker.process is None
 
 
 def test_request_stop_mid_run_ends_gracefully(qtbot, tmp_path, llama, chats):
-    thread, worker = start_training(model=llama, data=chats, config=config(tmp_path, steps=500), start=False)
+    thread, worker = start_training(
+        model=llama, data=chats, config=config(tmp_path, steps=500), isolate=False, start=False
+    )
     seen = record(worker)
     at_step_2 = threading.Event()
     go_on = threading.Event()
@@ -129,10 +156,29 @@ def test_request_stop_mid_run_ends_gracefully(qtbot, tmp_path, llama, chats):
     assert_thread_gone(qtbot, thread)
 
 
-def test_bad_dataset_finishes_with_a_readable_failure(qtbot, tmp_path, llama):
+def test_request_stop_reaches_the_child_process(qtbot, monkeypatch, tmp_path, llama, chats):
+    gate = str(tmp_path)
+    child_trainer(monkeypatch, "gated", gate=gate, step=2)
+    thread, worker = start_training(model=llama, data=chats, config=config(tmp_path, steps=500), start=False)
+    seen = record(worker)
+    with qtbot.waitSignal(worker.sig_finished, timeout=TIMEOUT_MS):
+        thread.start()
+        qtbot.waitUntil(lambda: child_trainers.reached(gate), timeout=TIMEOUT_MS)
+        worker.request_stop()  # from the UI thread, while the child is held after step 2
+        child_trainers.release(gate)
+    [result] = seen["finished"]
+    assert isinstance(result, Finished) and result.stopped and result.step == 2
+    assert result.checkpoint_path.endswith("ckpt-000002")  # stopping writes a checkpoint
+    assert_thread_gone(qtbot, thread)
+
+
+@pytest.mark.parametrize("isolate", MODES)
+def test_bad_dataset_finishes_with_a_readable_failure(qtbot, tmp_path, llama, isolate):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('not json at all\n{"neither": "a sample"}\n', encoding="utf-8")
-    thread, worker = start_training(model=llama, data=str(bad), config=config(tmp_path), start=False)
+    thread, worker = start_training(
+        model=llama, data=str(bad), config=config(tmp_path), isolate=isolate, start=False
+    )
     seen = record(worker)
     run_to_end(qtbot, thread, worker)
     [result] = seen["finished"]
@@ -142,9 +188,12 @@ def test_bad_dataset_finishes_with_a_readable_failure(qtbot, tmp_path, llama):
     assert_thread_gone(qtbot, thread)
 
 
-def test_model_that_cannot_load_fails_without_sig_failed(qtbot, tmp_path, chats):
+@pytest.mark.parametrize("isolate", MODES)
+def test_model_that_cannot_load_fails_without_sig_failed(qtbot, tmp_path, chats, isolate):
     missing = str(tmp_path / "missing.gguf")
-    thread, worker = start_training(model=missing, data=chats, config=config(tmp_path), start=False)
+    thread, worker = start_training(
+        model=missing, data=chats, config=config(tmp_path), isolate=isolate, start=False
+    )
     seen = record(worker)
     run_to_end(qtbot, thread, worker)
     [result] = seen["finished"]
@@ -167,7 +216,9 @@ def test_exception_inside_the_trainer_becomes_sig_failed(qtbot, monkeypatch, tmp
         return real(*args, **kwargs)
 
     monkeypatch.setattr(engine.trainer, "loss_and_grads", flaky)
-    thread, worker = start_training(model=llama, data=chats, config=config(tmp_path, steps=5), start=False)
+    thread, worker = start_training(
+        model=llama, data=chats, config=config(tmp_path, steps=5), isolate=False, start=False
+    )
     seen = record(worker)
     with qtbot.waitSignals([worker.sig_failed, worker.sig_finished], order="strict", timeout=TIMEOUT_MS):
         thread.start()
@@ -185,13 +236,61 @@ def test_out_of_memory_says_what_to_do(qtbot, monkeypatch, tmp_path, llama, chat
         raise MemoryError()
 
     monkeypatch.setattr(engine.trainer, "loss_and_grads", no_memory)
-    thread, worker = start_training(model=llama, data=chats, config=config(tmp_path), start=False)
+    thread, worker = start_training(
+        model=llama, data=chats, config=config(tmp_path), isolate=False, start=False
+    )
     seen = record(worker)
     run_to_end(qtbot, thread, worker)
     assert seen["failed"] == [OUT_OF_MEMORY]
     assert "lower the context length or batch size, or enable layer checkpointing" in OUT_OF_MEMORY
     [result] = seen["finished"]
     assert isinstance(result, Failed) and result.message == OUT_OF_MEMORY and result.step == 1
+    assert_thread_gone(qtbot, thread)
+
+
+def test_exception_in_the_child_becomes_sig_failed_with_its_traceback(
+    qtbot, monkeypatch, tmp_path, llama, chats
+):
+    child_trainer(monkeypatch, "failing_at", step=2, message="boom in step two")
+    thread, worker = start_training(model=llama, data=chats, config=config(tmp_path, steps=5), start=False)
+    seen = record(worker)
+    with qtbot.waitSignals([worker.sig_failed, worker.sig_finished], order="strict", timeout=TIMEOUT_MS):
+        thread.start()
+    [message] = seen["failed"]
+    assert "RuntimeError: boom in step two" in message and "at step 2" in message and "report" in message
+    [result] = seen["finished"]
+    assert isinstance(result, Failed) and result.step == 2 and result.message == message
+    assert "boom in step two" in worker.traceback and "child_trainers.py" in worker.traceback
+    assert [e.step for e in seen["events"] if isinstance(e, Step)] == [1]
+    assert_thread_gone(qtbot, thread)
+
+
+def test_out_of_memory_in_the_child_says_what_to_do(qtbot, monkeypatch, tmp_path, llama, chats):
+    child_trainer(monkeypatch, "failing_at", step=1, error="MemoryError")
+    thread, worker = start_training(model=llama, data=chats, config=config(tmp_path), start=False)
+    seen = record(worker)
+    run_to_end(qtbot, thread, worker)
+    assert seen["failed"] == [OUT_OF_MEMORY]
+    [result] = seen["finished"]
+    assert isinstance(result, Failed) and result.message == OUT_OF_MEMORY and result.step == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "kill") or os.name == "nt", reason="SIGKILL is POSIX")
+def test_a_killed_child_is_reported_and_the_checkpoint_kept(qtbot, monkeypatch, tmp_path, llama, chats):
+    """The kernel's out-of-memory killer ends the child with SIGKILL: the window survives, says so,
+    and points at the last checkpoint."""
+    child_trainer(monkeypatch, "dying_at", step=3)
+    cfg = config(tmp_path, steps=5, checkpoint_every=1)
+    thread, worker = start_training(model=llama, data=chats, config=cfg, start=False)
+    seen = record(worker)
+    run_to_end(qtbot, thread, worker)
+    [message] = seen["failed"]
+    assert "killed (SIGKILL)" in message and "memory runs out" in message and "at step 3" in message
+    assert "resume from it" in message
+    [result] = seen["finished"]
+    assert isinstance(result, Failed) and result.step == 3
+    assert result.checkpoint_path.endswith("ckpt-000002")
+    assert worker.process.exitcode == -9
     assert_thread_gone(qtbot, thread)
 
 

@@ -1,0 +1,74 @@
+"""Trainers for child-process runs in tests (studio.worker.CHILD_TRAINER names one of these).
+
+A child process does not see a test's monkeypatching, so faults and pauses travel as a factory the
+child imports by name, with picklable keyword arguments:
+- `gated`: holds the run right after it emitted Step `step` (touches `<gate>/reached`, then waits for
+  `<gate>/go`), so a test can press Pause or Stop at a known step of a run that takes milliseconds.
+- `failing_at`: the loss of step `step` raises `error(message)` (a builtin exception's name,
+  RuntimeError by default; or MemoryError) in the child.
+- `dying_at`: the child kills itself with SIGKILL at step `step`, as the kernel's OOM killer would.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import signal
+import time
+from pathlib import Path
+
+import engine.trainer
+from engine import Step, Trainer
+
+
+def gated(model, data, config, *, gate: str, step: int, **kwargs):
+    trainer = Trainer(model, data, config, **kwargs)
+    real_run = trainer.run
+
+    def run(on_event, should_stop):
+        def hold(event):
+            on_event(event)
+            if isinstance(event, Step) and event.step == step:
+                Path(gate, "reached").touch()
+                deadline = time.monotonic() + 30
+                while not Path(gate, "go").exists() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+
+        return real_run(hold, should_stop)
+
+    trainer.run = run
+    return trainer
+
+
+def _patch_loss(step: int, action) -> None:
+    real = engine.trainer.loss_and_grads
+    calls = []
+
+    def patched(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == step:
+            action()
+        return real(*args, **kwargs)
+
+    engine.trainer.loss_and_grads = patched
+
+
+def failing_at(model, data, config, *, step: int, message: str = "", error: str = "RuntimeError", **kwargs):
+    def fail():
+        raise getattr(builtins, error)(message)
+
+    _patch_loss(step, fail)
+    return Trainer(model, data, config, **kwargs)
+
+
+def dying_at(model, data, config, *, step: int, **kwargs):
+    _patch_loss(step, lambda: os.kill(os.getpid(), signal.SIGKILL))
+    return Trainer(model, data, config, **kwargs)
+
+
+def release(gate: str) -> None:
+    Path(gate, "go").touch()
+
+
+def reached(gate: str) -> bool:
+    return Path(gate, "reached").exists()
