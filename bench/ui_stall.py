@@ -10,6 +10,11 @@ number of steps and the model's shape. Prints figures; never passes or fails.
     python bench/ui_stall.py --shape qwen2.5-0.5b     # Qwen2.5-0.5B's shape (writes a ~1 GB file once)
     python bench/ui_stall.py --no-page                # the worker alone: stalls from the GIL only
     python bench/ui_stall.py --switch-ms 1            # with sys.setswitchinterval(0.001)
+    python bench/ui_stall.py --model resources/demo/demo.gguf --data resources/demo/dataset.jsonl --steps 150
+                                                      # any model and dataset (here: the demo's one-click run)
+
+Training runs in its own process (studio.worker, engine.TrainProcess), so the stall left is the UI
+thread's own work: receiving events, redrawing one plot panel per tick, the event log.
 """
 
 from __future__ import annotations
@@ -149,12 +154,26 @@ def measure(model_path: str, data: str, steps: int, n_ctx: int, page: bool, pres
     }
 
 
+def report(name: str, what: str, n_ctx: int, preset: str, r: dict) -> None:
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
+    print(
+        f"{name}: {what}; n_ctx {n_ctx}, LoRA preset {preset}\n"
+        f"  {r['steps']} steps ({r['result']}), {r['s_per_step']:.3f} s/step, "
+        f"{r['load_s']:.1f} s from Start to training (model load, data)\n"
+        f"  max UI stall {r['max_ms']:.1f} ms (p99 {r['p99_ms']:.1f} ms, {r['ticks']} ticks); "
+        f"max by phase (ms): {phases}",
+        flush=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", action="append", help=f"one of {', '.join([*SMALL, *SHAPES])} (repeatable)")
     ap.add_argument("--steps", type=int, default=0, help="optimizer steps (default: 30 small, 3 large)")
     ap.add_argument("--n-ctx", type=int, default=0, help="context length (default: 128 small, 256 large)")
     ap.add_argument("--preset", default="all", help="LoRA target preset (default: all)")
+    ap.add_argument("--model", help="a GGUF model to train instead of the synthetic shapes")
+    ap.add_argument("--data", help="the dataset for --model (default: a generated chat set)")
     ap.add_argument("--no-page", action="store_true", help="the worker alone, without the page and plots")
     ap.add_argument("--switch-ms", type=float, default=0.0, help="sys.setswitchinterval in ms (default 5)")
     ap.add_argument("--models", default=os.path.join(tempfile.gettempdir(), "tune-studio-bench-models"),
@@ -172,8 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="ui-stall-"))
     data = work / "chats.jsonl"
     write_dataset(data)
+    if args.data:
+        data = Path(args.data)
     print(f"switch interval {sys.getswitchinterval() * 1000:.1f} ms, page {'off' if args.no_page else 'on'}, "
           f"probe timer 5 ms, Qt platform {os.environ.get('QT_QPA_PLATFORM')}")  # fmt: skip
+    if args.model:
+        steps, n_ctx = args.steps or 30, args.n_ctx or 128
+        r = measure(args.model, str(data), steps, n_ctx, not args.no_page, args.preset, str(work / "out"))
+        report(os.path.basename(args.model), f"{args.model}, data {data}", n_ctx, args.preset, r)
+        return 0
     for name in shapes:
         spec = SMALL.get(name) or SHAPES[name]
         large = name in SHAPES and spec.C >= 512
@@ -186,15 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         steps = args.steps or (3 if large else 30)
         n_ctx = args.n_ctx or (256 if large else 128)
         r = measure(str(path), str(data), steps, n_ctx, not args.no_page, args.preset, str(work / "out"))
-        phases = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
-        print(
-            f"{name}: {shape_text(spec)}; n_ctx {n_ctx}, LoRA preset {args.preset}\n"
-            f"  {r['steps']} steps ({r['result']}), {r['s_per_step']:.3f} s/step, "
-            f"{r['load_s']:.1f} s from Start to training (model load, data)\n"
-            f"  max UI stall {r['max_ms']:.1f} ms (p99 {r['p99_ms']:.1f} ms, {r['ticks']} ticks); "
-            f"max by phase (ms): {phases}",
-            flush=True,
-        )
+        report(name, shape_text(spec), n_ctx, args.preset, r)
     return 0
 
 
