@@ -3,7 +3,8 @@
 A child process does not see a test's monkeypatching, so faults and pauses travel as a factory the
 child imports by name, with picklable keyword arguments:
 - `gated`: holds the run right after it emitted Step `step` (touches `<gate>/reached`, then waits for
-  `<gate>/go`), so a test can press Pause or Stop at a known step of a run that takes milliseconds.
+  `<gate>/go`, see `release`), so a test can press Pause or Stop at a known step of a run that takes
+  milliseconds.
 - `failing_at`: the loss of step `step` raises `error(message)` (a builtin exception's name,
   RuntimeError by default; or MemoryError) in the child.
 - `dying_at`: the child kills itself with SIGKILL at step `step`, as the kernel's OOM killer would.
@@ -30,9 +31,13 @@ def gated(model, data, config, *, gate: str, step: int, **kwargs):
             on_event(event)
             if isinstance(event, Step) and event.step == step:
                 Path(gate, "reached").touch()
+                go = Path(gate, "go")
                 deadline = time.monotonic() + 30
-                while not Path(gate, "go").exists() and time.monotonic() < deadline:
+                while not go.exists() and time.monotonic() < deadline:
                     time.sleep(0.01)
+                if go.exists() and go.read_text() == "stop":  # the test asked to stop first: wait
+                    while not should_stop() and time.monotonic() < deadline:  # until it arrived
+                        time.sleep(0.01)
 
         return real_run(hold, should_stop)
 
@@ -66,8 +71,10 @@ def dying_at(model, data, config, *, step: int, **kwargs):
     return Trainer(model, data, config, **kwargs)
 
 
-def release(gate: str) -> None:
-    Path(gate, "go").touch()
+def release(gate: str, stopping: bool = False) -> None:
+    """Let a gated run go on; stopping=True: the test has asked it to stop, so the run waits until
+    that request has reached it (a stop travels to the child asynchronously)."""
+    Path(gate, "go").write_text("stop" if stopping else "")
 
 
 def reached(gate: str) -> bool:

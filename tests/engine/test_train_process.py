@@ -83,7 +83,7 @@ def test_stop_is_graceful_and_writes_a_checkpoint(tmp_path, synth_model, chats):
             steps.append(e.step)
             if e.step == 3:  # the child waits at the gate: ask it to stop, then let it go
                 proc.request_stop()
-                child_trainers.release(gate)
+                child_trainers.release(gate, stopping=True)
 
     result = proc.run(on_event)
     assert isinstance(result, Finished) and result.stopped and result.step == 3

@@ -82,8 +82,8 @@ class Gate:
     def reached(self) -> bool:
         return child_trainers.reached(str(self.dir))
 
-    def release(self) -> None:
-        child_trainers.release(str(self.dir))
+    def release(self, stopping: bool = False) -> None:
+        child_trainers.release(str(self.dir), stopping)
 
 
 # --- settings ---------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ def test_pause_then_resume_continues_from_the_checkpoint(qtbot, monkeypatch, tmp
         assert pid is not None and pid != os.getpid() and process_memory_bytes(pid) > 10 * 2**20
         page.pause()
         assert page.state == "pausing" and not page.pause_button.isEnabled()
-        gate.release()
+        gate.release(stopping=True)
     result = paused.args[0]
     assert isinstance(result, Finished) and result.stopped and result.step == 4
     qtbot.waitUntil(lambda: page.training_pid() is None, timeout=TIMEOUT_MS)
@@ -237,7 +237,7 @@ def test_stop_ends_gracefully_without_asking(qtbot, monkeypatch, tmp_path, synth
         qtbot.waitUntil(lambda: page.last_step == 2, timeout=TIMEOUT_MS)
         page.stop_button.click()  # no dialog: the test would hang on one
         assert page.state == "stopping"
-        gate.release()
+        gate.release(stopping=True)
     result = stopped.args[0]
     assert isinstance(result, Finished) and result.stopped and result.step == 2
     assert Path(result.adapter_path).exists() and result.checkpoint_path.endswith("ckpt-000002")

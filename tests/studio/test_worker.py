@@ -165,7 +165,7 @@ def test_request_stop_reaches_the_child_process(qtbot, monkeypatch, tmp_path, ll
         thread.start()
         qtbot.waitUntil(lambda: child_trainers.reached(gate), timeout=TIMEOUT_MS)
         worker.request_stop()  # from the UI thread, while the child is held after step 2
-        child_trainers.release(gate)
+        child_trainers.release(gate, stopping=True)
     [result] = seen["finished"]
     assert isinstance(result, Finished) and result.stopped and result.step == 2
     assert result.checkpoint_path.endswith("ckpt-000002")  # stopping writes a checkpoint
