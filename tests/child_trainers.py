@@ -45,7 +45,8 @@ def gated(model, data, config, *, gate: str, step: int, **kwargs):
     return trainer
 
 
-def _patch_loss(step: int, action) -> None:
+def failing_loss(step: int, action):
+    """engine.trainer.loss_and_grads, except that its call number `step` runs action() first."""
     real = engine.trainer.loss_and_grads
     calls = []
 
@@ -55,19 +56,25 @@ def _patch_loss(step: int, action) -> None:
             action()
         return real(*args, **kwargs)
 
-    engine.trainer.loss_and_grads = patched
+    return patched
 
 
-def failing_at(model, data, config, *, step: int, message: str = "", error: str = "RuntimeError", **kwargs):
+def raiser(error: str = "RuntimeError", message: str = ""):
+    """A function that raises the builtin exception named `error` with `message`."""
+
     def fail():
         raise getattr(builtins, error)(message)
 
-    _patch_loss(step, fail)
+    return fail
+
+
+def failing_at(model, data, config, *, step: int, message: str = "", error: str = "RuntimeError", **kwargs):
+    engine.trainer.loss_and_grads = failing_loss(step, raiser(error, message))  # this child's only run
     return Trainer(model, data, config, **kwargs)
 
 
 def dying_at(model, data, config, *, step: int, **kwargs):
-    _patch_loss(step, lambda: os.kill(os.getpid(), signal.SIGKILL))
+    engine.trainer.loss_and_grads = failing_loss(step, lambda: os.kill(os.getpid(), signal.SIGKILL))
     return Trainer(model, data, config, **kwargs)
 
 

@@ -46,3 +46,17 @@ def synth_model(synth_dir):
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
+
+
+@pytest.fixture
+def chats(tmp_path):
+    """A JSONL file of 8 short chats (user question, assistant answer); modules may define their own."""
+    path = tmp_path / "chats.jsonl"
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(8):
+            turns = [
+                {"role": "user", "content": f"What is {i} plus {i}?"},
+                {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
+            ]
+            f.write(json.dumps({"messages": turns}) + "\n")
+    return str(path)

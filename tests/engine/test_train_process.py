@@ -4,7 +4,6 @@ what happened (the trainer's exception with its traceback, a killed process, a b
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -29,24 +28,22 @@ from engine.train_process import describe_exit
 from tests import child_trainers
 
 
-@pytest.fixture
-def chats(tmp_path):
-    path = tmp_path / "chats.jsonl"
-    with open(path, "w", encoding="utf-8") as f:
-        for i in range(8):
-            turns = [
-                {"role": "user", "content": f"What is {i} times two?"},
-                {"role": "assistant", "content": f"{i} times two is {2 * i}."},
-            ]
-            f.write(json.dumps({"messages": turns}) + "\n")
-    return str(path)
-
-
 def cfg(tmp_path, name: str, **kw) -> TrainConfig:
     base = dict(
         steps=4, n_ctx=64, checkpoint_dir=str(tmp_path / f"{name}-ckpt"), out=str(tmp_path / f"{name}.gguf")
     )
     return TrainConfig(**{**base, **kw})
+
+
+def gated_job(tmp_path, model: str, chats: str, step: int) -> TrainJob:
+    """A 500-step run that waits after Step `step` until child_trainers.release(str(tmp_path))."""
+    return TrainJob(
+        model=model,
+        data=chats,
+        config=cfg(tmp_path, "run", steps=500),
+        trainer="tests.child_trainers:gated",
+        trainer_kwargs={"gate": str(tmp_path), "step": step},
+    )
 
 
 def test_a_child_run_equals_the_same_run_here(tmp_path, synth_model, chats):
@@ -68,14 +65,7 @@ def test_a_child_run_equals_the_same_run_here(tmp_path, synth_model, chats):
 
 def test_stop_is_graceful_and_writes_a_checkpoint(tmp_path, synth_model, chats):
     gate = str(tmp_path)
-    job = TrainJob(
-        model=synth_model("llama"),
-        data=chats,
-        config=cfg(tmp_path, "run", steps=500),
-        trainer="tests.child_trainers:gated",
-        trainer_kwargs={"gate": gate, "step": 3},
-    )
-    proc = TrainProcess(job)
+    proc = TrainProcess(gated_job(tmp_path, synth_model("llama"), chats, 3))
     steps: list[int] = []
 
     def on_event(e) -> None:
@@ -161,15 +151,7 @@ def test_a_killed_child_is_reported_with_the_signal(tmp_path, synth_model, chats
 
 
 def test_kill_ends_a_run_that_is_held(tmp_path, synth_model, chats):
-    gate = str(tmp_path)
-    job = TrainJob(
-        model=synth_model("llama"),
-        data=chats,
-        config=cfg(tmp_path, "run", steps=500),
-        trainer="tests.child_trainers:gated",
-        trainer_kwargs={"gate": gate, "step": 1},
-    )
-    proc = TrainProcess(job)
+    proc = TrainProcess(gated_job(tmp_path, synth_model("llama"), chats, 1))
 
     def on_event(e) -> None:
         if isinstance(e, Step):

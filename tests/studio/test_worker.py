@@ -7,7 +7,6 @@ Faults in the child come from tests/child_trainers.py (a child does not see monk
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 
@@ -28,19 +27,6 @@ MODES = [pytest.param(True, id="child-process"), pytest.param(False, id="thread"
 
 def child_trainer(monkeypatch, name: str, **kwargs) -> None:
     monkeypatch.setattr(worker_module, "CHILD_TRAINER", (f"tests.child_trainers:{name}", kwargs))
-
-
-@pytest.fixture
-def chats(tmp_path):
-    path = tmp_path / "chats.jsonl"
-    with open(path, "w", encoding="utf-8") as f:
-        for i in range(8):
-            turns = [
-                {"role": "user", "content": f"What is {i} plus {i}?"},
-                {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
-            ]
-            f.write(json.dumps({"messages": turns}) + "\n")
-    return str(path)
 
 
 @pytest.fixture
@@ -205,19 +191,20 @@ def test_model_that_cannot_load_fails_without_sig_failed(qtbot, tmp_path, chats,
     assert_thread_gone(qtbot, thread)
 
 
-def test_exception_inside_the_trainer_becomes_sig_failed(qtbot, monkeypatch, tmp_path, llama, chats):
-    real = engine.trainer.loss_and_grads
-    calls = []
+def fail_at(monkeypatch, isolate: bool, step: int, error: str, message: str = "") -> None:
+    """The loss of call `step` raises `error(message)`, in the child process or in this one."""
+    if isolate:
+        child_trainer(monkeypatch, "failing_at", step=step, error=error, message=message)
+    else:
+        failing = child_trainers.failing_loss(step, child_trainers.raiser(error, message))
+        monkeypatch.setattr(engine.trainer, "loss_and_grads", failing)
 
-    def flaky(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("boom in step two")
-        return real(*args, **kwargs)
 
-    monkeypatch.setattr(engine.trainer, "loss_and_grads", flaky)
+@pytest.mark.parametrize("isolate", MODES)
+def test_exception_inside_the_trainer_becomes_sig_failed(qtbot, monkeypatch, tmp_path, llama, chats, isolate):
+    fail_at(monkeypatch, isolate, 2, "RuntimeError", "boom in step two")
     thread, worker = start_training(
-        model=llama, data=chats, config=config(tmp_path, steps=5), isolate=False, start=False
+        model=llama, data=chats, config=config(tmp_path, steps=5), isolate=isolate, start=False
     )
     seen = record(worker)
     with qtbot.waitSignals([worker.sig_failed, worker.sig_finished], order="strict", timeout=TIMEOUT_MS):
@@ -226,18 +213,17 @@ def test_exception_inside_the_trainer_becomes_sig_failed(qtbot, monkeypatch, tmp
     assert "RuntimeError: boom in step two" in message and "at step 2" in message and "report" in message
     [result] = seen["finished"]
     assert isinstance(result, Failed) and result.step == 2 and result.message == message
-    assert "boom in step two" in worker.traceback and "Traceback" in worker.traceback
+    # the traceback of where it was raised, in whichever process that was
+    assert "boom in step two" in worker.traceback and "child_trainers.py" in worker.traceback
     assert [e.step for e in seen["events"] if isinstance(e, Step)] == [1]
     assert_thread_gone(qtbot, thread)
 
 
-def test_out_of_memory_says_what_to_do(qtbot, monkeypatch, tmp_path, llama, chats):
-    def no_memory(*args, **kwargs):
-        raise MemoryError()
-
-    monkeypatch.setattr(engine.trainer, "loss_and_grads", no_memory)
+@pytest.mark.parametrize("isolate", MODES)
+def test_out_of_memory_says_what_to_do(qtbot, monkeypatch, tmp_path, llama, chats, isolate):
+    fail_at(monkeypatch, isolate, 1, "MemoryError")
     thread, worker = start_training(
-        model=llama, data=chats, config=config(tmp_path), isolate=False, start=False
+        model=llama, data=chats, config=config(tmp_path), isolate=isolate, start=False
     )
     seen = record(worker)
     run_to_end(qtbot, thread, worker)
@@ -246,33 +232,6 @@ def test_out_of_memory_says_what_to_do(qtbot, monkeypatch, tmp_path, llama, chat
     [result] = seen["finished"]
     assert isinstance(result, Failed) and result.message == OUT_OF_MEMORY and result.step == 1
     assert_thread_gone(qtbot, thread)
-
-
-def test_exception_in_the_child_becomes_sig_failed_with_its_traceback(
-    qtbot, monkeypatch, tmp_path, llama, chats
-):
-    child_trainer(monkeypatch, "failing_at", step=2, message="boom in step two")
-    thread, worker = start_training(model=llama, data=chats, config=config(tmp_path, steps=5), start=False)
-    seen = record(worker)
-    with qtbot.waitSignals([worker.sig_failed, worker.sig_finished], order="strict", timeout=TIMEOUT_MS):
-        thread.start()
-    [message] = seen["failed"]
-    assert "RuntimeError: boom in step two" in message and "at step 2" in message and "report" in message
-    [result] = seen["finished"]
-    assert isinstance(result, Failed) and result.step == 2 and result.message == message
-    assert "boom in step two" in worker.traceback and "child_trainers.py" in worker.traceback
-    assert [e.step for e in seen["events"] if isinstance(e, Step)] == [1]
-    assert_thread_gone(qtbot, thread)
-
-
-def test_out_of_memory_in_the_child_says_what_to_do(qtbot, monkeypatch, tmp_path, llama, chats):
-    child_trainer(monkeypatch, "failing_at", step=1, error="MemoryError")
-    thread, worker = start_training(model=llama, data=chats, config=config(tmp_path), start=False)
-    seen = record(worker)
-    run_to_end(qtbot, thread, worker)
-    assert seen["failed"] == [OUT_OF_MEMORY]
-    [result] = seen["finished"]
-    assert isinstance(result, Failed) and result.message == OUT_OF_MEMORY and result.step == 1
 
 
 @pytest.mark.skipif(not hasattr(os, "kill") or os.name == "nt", reason="SIGKILL is POSIX")
