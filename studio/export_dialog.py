@@ -78,7 +78,7 @@ from engine import (
 )
 
 from .project import ModelInfo, Project
-from .tasks import return_to_ui_thread
+from .tasks import return_to_ui_thread, start_in_thread
 
 ADAPTER_TYPES = ("F32", "F16", "Q8_0")
 MERGE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q4_K")  # offered for merged tensors
@@ -657,31 +657,14 @@ class ExportWorker(QObject):
             self.sig_finished.emit()
 
 
-_RUNNING: set[tuple[QThread, ExportWorker]] = set()  # kept alive until Qt deletes the thread
-
-
-def running_workers() -> int:
-    """Worker threads not yet deleted (tests wait for 0 before they end)."""
-    return len(_RUNNING)
-
-
 def start_worker(fn, stop: threading.Event, on_done, on_error, on_progress=None) -> QThread:
-    """An ExportWorker in its own QThread, connected and started (see worker.start_training)."""
+    """An ExportWorker in its own QThread (studio.tasks.start_in_thread), connected and started."""
     worker = ExportWorker(fn, stop)
-    thread = QThread()
-    thread.setObjectName("tune-studio-export")
-    worker.moveToThread(thread)
-    thread.started.connect(worker.run)
+    thread = start_in_thread(worker, "tune-studio-export", start=False)
     worker.sig_done.connect(on_done)
     worker.sig_error.connect(on_error)
     if on_progress is not None:
         worker.sig_progress.connect(on_progress)
-    worker.sig_finished.connect(thread.quit, Qt.DirectConnection)
-    thread.finished.connect(worker.deleteLater)
-    thread.finished.connect(thread.deleteLater)
-    pair = (thread, worker)
-    _RUNNING.add(pair)
-    thread.destroyed.connect(lambda *_: _RUNNING.discard(pair))
     thread.start()
     return thread
 

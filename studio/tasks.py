@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QObject, Qt, QThread, Signal, Slot
 
 
 def return_to_ui_thread(obj: QObject) -> None:
@@ -26,6 +26,37 @@ def return_to_ui_thread(obj: QObject) -> None:
     app = QCoreApplication.instance()
     if app is not None and obj.thread() is not app.thread():
         obj.moveToThread(app.thread())
+
+
+# (thread, worker) pairs not yet deleted: neither may be garbage-collected while the thread runs
+_RUNNING: set[tuple[QThread, QObject]] = set()
+
+
+def running_threads() -> int:
+    """Worker threads started by `start_in_thread` that Qt has not deleted yet (tests wait for 0)."""
+    return len(_RUNNING)
+
+
+def start_in_thread(worker: QObject, name: str, parent: QObject | None = None, start: bool = True) -> QThread:
+    """Move `worker` (a QObject with a `run` slot and a `sig_finished` signal, emitted once at the
+    end of run, after `return_to_ui_thread`) to a new QThread and wire its lifetime: run when the
+    thread starts, quit when it finishes (a direct connection: `thread.wait()` from the UI thread
+    cannot deadlock), both deleted after the thread has ended. With start=False, connect to the
+    worker's signals first, then call `thread.start()`."""
+    thread = QThread(parent)
+    thread.setObjectName(name)
+    worker.moveToThread(thread)
+    thread.started.connect(worker.run)
+    worker.sig_finished.connect(thread.quit, Qt.DirectConnection)
+    thread.finished.connect(worker.deleteLater)  # the worker lives in the UI thread by then
+    thread.finished.connect(thread.deleteLater)
+    pair = (thread, worker)
+    _RUNNING.add(pair)
+    # released once Qt has deleted the thread (never while it runs: that would destroy a running QThread)
+    thread.destroyed.connect(lambda *_: _RUNNING.discard(pair))
+    if start:
+        thread.start()
+    return thread
 
 
 class TaskWorker(QObject):
@@ -82,6 +113,8 @@ class Task:
     def __init__(self, parent: QObject, fn, on_done, on_error):
         self.relay = TaskRelay(parent, on_done, on_error)
         self.relay.task = self
+        # not start_in_thread: its direct quit made the Rewards page tests fail (focus not on the first
+        # answer card after generating); here the quit is queued to the UI thread, as before
         self.thread = QThread(parent)
         self.worker = TaskWorker(fn)
         self.worker.moveToThread(self.thread)

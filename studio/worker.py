@@ -26,7 +26,7 @@ import threading
 import traceback
 from typing import Any
 
-from PySide6.QtCore import QObject, Qt, QThread, Signal, Slot
+from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from engine import (
     Checkpoint,
@@ -44,7 +44,7 @@ from engine import (
 )
 
 from .project import Project
-from .tasks import return_to_ui_thread
+from .tasks import return_to_ui_thread, start_in_thread
 
 log = logging.getLogger(__name__)
 
@@ -222,10 +222,6 @@ class TrainWorker(QObject):
         return Failed(step, message, self._last_checkpoint)
 
 
-# (thread, worker) pairs still running, so that neither is garbage-collected while the thread runs
-_RUNNING: set[tuple[QThread, TrainWorker]] = set()
-
-
 def start_training(
     project: Project | None = None,
     *,
@@ -243,8 +239,7 @@ def start_training(
 
     Arguments come from `project` (model_path, dataset_path, template_file, config) unless given
     explicitly. With start=False, connect to the worker's signals and call `thread.start()`: signals
-    emitted before a connection exists are lost. worker.sig_finished quits the thread (a direct
-    connection: `thread.wait()` from the UI thread cannot deadlock); thread.finished deletes both.
+    emitted before a connection exists are lost. The thread's lifetime: studio.tasks.start_in_thread.
     """
     if project is not None:
         model = model if model is not None else project.model_path
@@ -262,19 +257,7 @@ def start_training(
         init_adapter=init_adapter,
         isolate=isolate,
     )
-    thread = QThread(parent)
-    thread.setObjectName("tune-studio-training")
-    worker.moveToThread(thread)
-    thread.started.connect(worker.run)
-    worker.sig_finished.connect(thread.quit, Qt.DirectConnection)
-    thread.finished.connect(worker.deleteLater)
-    thread.finished.connect(thread.deleteLater)
-    pair = (thread, worker)
-    _RUNNING.add(pair)
-    # released once Qt has deleted the thread (never while it runs: that would destroy a running QThread)
-    thread.destroyed.connect(lambda *_: _RUNNING.discard(pair))
-    if start:
-        thread.start()
+    thread = start_in_thread(worker, "tune-studio-training", parent, start=start)
     return thread, worker
 
 

@@ -30,6 +30,7 @@ from engine import (
     write_adapter,
     write_model,
 )
+from studio import tasks
 from studio.export_dialog import ExportDialog, find_checkpoints
 from studio.export_page import ExportPage
 from studio.project import ModelInfo, Project
@@ -80,7 +81,7 @@ def make_dialog(qtbot, files, tmp_path):
     yield make
     for dlg in made:  # never leave a worker thread behind
         qtbot.waitUntil(lambda dlg=dlg: not dlg.is_busy(), timeout=TIMEOUT_MS)
-    qtbot.waitUntil(lambda: export_dialog.running_workers() == 0, timeout=TIMEOUT_MS)
+    qtbot.waitUntil(lambda: tasks.running_threads() == 0, timeout=TIMEOUT_MS)
 
 
 def check(qtbot, dlg):
@@ -398,4 +399,4 @@ def test_export_page_checks_writes_and_verifies_inline_and_opens_the_dialog(qtbo
     qtbot.waitUntil(lambda: dlg.verify_report is not None and not dlg.is_busy(), timeout=TIMEOUT_MS)
     assert "Wrote" in page.result_label.text()
     dlg.close()
-    qtbot.waitUntil(lambda: export_dialog.running_workers() == 0, timeout=TIMEOUT_MS)
+    qtbot.waitUntil(lambda: tasks.running_threads() == 0, timeout=TIMEOUT_MS)

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QCheckBox, QComboBox
 
 import studio.worker as worker_module
 from engine import Failed, Finished, TargetSpec
+from studio import tasks
 from studio.main_window import process_memory_bytes
 from studio.project import ModelInfo, Project
 from studio.train_page import TrainPage, latest_checkpoint
@@ -60,7 +61,7 @@ def run(qtbot, page: TrainPage, action=None) -> object:
 def settle(qtbot, page: TrainPage) -> None:
     """The worker thread is gone and every plot panel is drawn."""
     qtbot.waitUntil(lambda: not page.is_running(), timeout=TIMEOUT_MS)
-    qtbot.waitUntil(lambda: not worker_module._RUNNING, timeout=TIMEOUT_MS)
+    qtbot.waitUntil(lambda: not tasks.running_threads(), timeout=TIMEOUT_MS)
     page.plots.flush()
 
 

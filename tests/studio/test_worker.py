@@ -17,6 +17,7 @@ from PySide6.QtCore import QObject, Signal, Slot
 import engine
 import studio.worker as worker_module
 from engine import Checkpoint, Failed, Finished, Started, Step, TrainConfig
+from studio import tasks
 from studio.project import Project
 from studio.worker import OUT_OF_MEMORY, TrainWorker, start_training
 from tests import child_trainers
@@ -80,7 +81,7 @@ def assert_thread_gone(qtbot, thread) -> None:
     if shiboken6.isValid(thread):
         assert not thread.isRunning()
     qtbot.waitUntil(lambda: not shiboken6.isValid(thread), timeout=TIMEOUT_MS)
-    qtbot.waitUntil(lambda: not worker_module._RUNNING, timeout=TIMEOUT_MS)
+    qtbot.waitUntil(lambda: not tasks.running_threads(), timeout=TIMEOUT_MS)
 
 
 @pytest.mark.parametrize("isolate", MODES)
