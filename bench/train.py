@@ -30,11 +30,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import SHAPES, fmt_rate, forward_flops, matmul_rate  # noqa: E402
-from engine.model import Model  # noqa: E402
-from engine.optim import AdamW, OptimConfig  # noqa: E402
-from engine.synth import SynthSpec, write_model  # noqa: E402
-from engine.targets import TargetSpec, select_full, select_targets  # noqa: E402
-from engine.train_model import Trainable, loss_and_grads  # noqa: E402
+from engine.io.synth import SynthSpec, write_model  # noqa: E402
+from engine.model.model import Model  # noqa: E402
+from engine.model.targets import TargetSpec, select_full, select_targets  # noqa: E402
+from engine.train.optim import AdamW, OptimConfig  # noqa: E402
+from engine.train.train_model import Trainable, loss_and_grads  # noqa: E402
 
 SMALL_DENSE = SynthSpec.for_arch(
     "qwen2", V=8192, C=512, L=8, NH=8, NKV=2, HS=64, F=1536, tied=True, n_ctx=2048, name="small-dense"

@@ -4,9 +4,39 @@ training, generation, export.
 Runs on NumPy (CPU); imports nothing from Qt. The studio and the CLI use the names exported here.
 """
 
-from .archs import ARCHS, ArchSpec, ModelConfig, supported_architectures
-from .chat_template import CHATML_TEMPLATE, ChatTemplate
-from .data import (
+from .errors import DatasetError, EngineError, ExportError, ModelError, TemplateError, TokenizerError
+from .io.export import (
+    ADAPTER_TYPES,
+    MergeReport,
+    adapter_tensor_types,
+    export_adapter,
+    export_merged,
+    export_size,
+    fit_problems,
+    merged_tensor_types,
+)
+from .io.gguf_file import GGUFFile, TensorInfo, dequantizable_types
+from .io.synth import SynthSpec, write_adapter, write_model
+from .model.archs import ARCHS, ArchSpec, ModelConfig, supported_architectures
+from .model.generate import GREEDY, Generation, SamplingConfig, generate
+from .model.lora import LoraAdapter, lora_shapes
+from .model.model import KVCache, Model
+from .model.ops import LoraTerm
+from .model.summary import ModelSummary, TensorKind, human_bytes, human_count, summarize
+from .model.targets import (
+    PRESETS,
+    Candidate,
+    TargetSpec,
+    lora_candidates,
+    lora_param_count,
+    parse_layers,
+    select_full,
+    select_targets,
+    split_name,
+)
+from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
+from .text.tokenizer import Tokenizer
+from .train.data import (
     Batch,
     Encoded,
     EncodeOptions,
@@ -19,8 +49,7 @@ from .data import (
     sample_to_json,
     save_jsonl,
 )
-from .errors import DatasetError, EngineError, ExportError, ModelError, TemplateError, TokenizerError
-from .events import (
+from .train.events import (
     Checkpoint,
     Eval,
     ExpertUsage,
@@ -32,23 +61,8 @@ from .events import (
     Step,
     event_to_json,
 )
-from .export import (
-    ADAPTER_TYPES,
-    MergeReport,
-    adapter_tensor_types,
-    export_adapter,
-    export_merged,
-    export_size,
-    fit_problems,
-    merged_tensor_types,
-)
-from .generate import GREEDY, Generation, SamplingConfig, generate
-from .gguf_file import GGUFFile, TensorInfo, dequantizable_types
-from .lora import LoraAdapter, lora_shapes
-from .model import KVCache, Model
-from .norms import NormsReport, lora_norms
-from .ops import LoraTerm
-from .reward_session import (
+from .train.norms import NormsReport, lora_norms
+from .train.reward_session import (
     Answer,
     Preview,
     RewardConfig,
@@ -59,23 +73,9 @@ from .reward_session import (
     parse_rating,
     rating_from_stars,
 )
-from .rewards import group_advantages, reward_weights
-from .summary import ModelSummary, TensorKind, human_bytes, human_count, summarize
-from .synth import SynthSpec, write_adapter, write_model
-from .targets import (
-    PRESETS,
-    Candidate,
-    TargetSpec,
-    lora_candidates,
-    lora_param_count,
-    parse_layers,
-    select_full,
-    select_targets,
-    split_name,
-)
-from .tokenizer import Tokenizer
-from .train_process import ChildDied, ChildRaised, TrainJob, TrainProcess
-from .trainer import TrainConfig, Trainer, estimate_memory
+from .train.rewards import group_advantages, reward_weights
+from .train.train_process import ChildDied, ChildRaised, TrainJob, TrainProcess
+from .train.trainer import TrainConfig, Trainer, estimate_memory
 
 __all__ = [
     "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "ARCHS", "ArchSpec", "Batch",

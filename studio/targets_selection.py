@@ -104,7 +104,7 @@ def shape_text(shape: tuple[int, ...]) -> str:
 
 
 def ab_shapes(c: Candidate, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """NumPy shapes of the A and B factors (for display; engine.lora is the authority)."""
+    """NumPy shapes of the A and B factors (for display; engine.model.lora is the authority)."""
     if c.name == "token_embd.weight":
         V, C = c.shape
         return (V, rank), (C, rank)

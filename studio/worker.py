@@ -54,7 +54,7 @@ OUT_OF_MEMORY = (
 )
 # what builds the trainer in a child process ("module:attribute" and keyword arguments); tests
 # replace it to inject faults or hold a run at a known step
-CHILD_TRAINER: tuple[str, dict] = ("engine.trainer:Trainer", {})
+CHILD_TRAINER: tuple[str, dict] = ("engine.train.trainer:Trainer", {})
 
 
 class TrainWorker(QObject):

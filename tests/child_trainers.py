@@ -18,7 +18,7 @@ import signal
 import time
 from pathlib import Path
 
-import engine.trainer
+import engine.train.trainer
 from engine import Step, Trainer
 
 
@@ -46,8 +46,8 @@ def gated(model, data, config, *, gate: str, step: int, **kwargs):
 
 
 def failing_loss(step: int, action):
-    """engine.trainer.loss_and_grads, except that its call number `step` runs action() first."""
-    real = engine.trainer.loss_and_grads
+    """engine.train.trainer.loss_and_grads, except that its call number `step` runs action() first."""
+    real = engine.train.trainer.loss_and_grads
     calls = []
 
     def patched(*args, **kwargs):
@@ -69,12 +69,12 @@ def raiser(error: str = "RuntimeError", message: str = ""):
 
 
 def failing_at(model, data, config, *, step: int, message: str = "", error: str = "RuntimeError", **kwargs):
-    engine.trainer.loss_and_grads = failing_loss(step, raiser(error, message))  # this child's only run
+    engine.train.trainer.loss_and_grads = failing_loss(step, raiser(error, message))  # this child's only run
     return Trainer(model, data, config, **kwargs)
 
 
 def dying_at(model, data, config, *, step: int, **kwargs):
-    engine.trainer.loss_and_grads = failing_loss(step, lambda: os.kill(os.getpid(), signal.SIGKILL))
+    engine.train.trainer.loss_and_grads = failing_loss(step, lambda: os.kill(os.getpid(), signal.SIGKILL))
     return Trainer(model, data, config, **kwargs)
 
 

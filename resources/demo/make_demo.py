@@ -45,8 +45,8 @@ from engine import (  # noqa: E402
     generate,
     write_model,
 )
-from engine.gguf_write import write_gguf  # noqa: E402
-from engine.synth import CHATML, random_weights  # noqa: E402
+from engine.io.gguf_write import write_gguf  # noqa: E402
+from engine.io.synth import CHATML, random_weights  # noqa: E402
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 SPEC = SynthSpec.for_arch(

@@ -16,9 +16,9 @@ from typing import Any
 import gguf
 import pytest
 
-from engine.chat_template import CHATML_TEMPLATE, ChatTemplate
 from engine.errors import ModelError, TemplateError
-from engine.gguf_file import GGUFFile
+from engine.io.gguf_file import GGUFFile
+from engine.text.chat_template import CHATML_TEMPLATE, ChatTemplate
 
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "data" / "templates"
 EXPECTED = json.loads((TEMPLATE_DIR / "expected.json").read_text(encoding="utf-8"))

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from engine.cli import main
+from engine.cli.main import main
 from tests.conftest import DATA, GOLDEN_MODELS, golden_cases
 
 MODELS = sorted({c["model_file"] for c in golden_cases()})
@@ -189,9 +189,9 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
 
 
 def test_train_norms_export_round_trip(tmp_path, capsys):
-    from engine.lora import LoraAdapter
-    from engine.model import Model
-    from engine.synth import SynthSpec, write_model
+    from engine.io.synth import SynthSpec, write_model
+    from engine.model.lora import LoraAdapter
+    from engine.model.model import Model
 
     model_path = write_model(tmp_path / "m.gguf", SynthSpec.for_arch("qwen2moe", seed=4))
     data = DATA / "datasets" / "sample_data.jsonl"

@@ -10,9 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import data
-from engine.chat_template import ChatTemplate
-from engine.data import (
+from engine.errors import DatasetError
+from engine.io.gguf_file import GGUFFile
+from engine.text.chat_template import ChatTemplate
+from engine.text.tokenizer import Tokenizer
+from engine.train import data
+from engine.train.data import (
     Encoded,
     EncodeOptions,
     Problem,
@@ -28,9 +31,6 @@ from engine.data import (
     save_jsonl,
     split_validation,
 )
-from engine.errors import DatasetError
-from engine.gguf_file import GGUFFile
-from engine.tokenizer import Tokenizer
 from tests.conftest import DATA
 
 DATASETS = DATA / "datasets"

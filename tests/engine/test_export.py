@@ -13,22 +13,22 @@ import pytest
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import dequantize
 
-from engine import export as export_mod
-from engine.cli_tools import add_commands
+from engine.cli.tools import add_commands
 from engine.errors import ExportError
-from engine.export import (
+from engine.io import export as export_mod
+from engine.io.export import (
     MergeReport,
     adapter_tensor_types,
     export_adapter,
     export_merged,
     training_metadata,
 )
-from engine.gguf_file import GGUFFile
-from engine.gguf_write import LazyTensor, write_gguf
-from engine.lora import LoraAdapter
-from engine.model import Model
-from engine.quantize import quantize
-from engine.synth import SynthSpec, random_adapter, write_model
+from engine.io.gguf_file import GGUFFile
+from engine.io.gguf_write import LazyTensor, write_gguf
+from engine.io.quantize import quantize
+from engine.io.synth import SynthSpec, random_adapter, write_model
+from engine.model.lora import LoraAdapter
+from engine.model.model import Model
 from tests.conftest import GOLDEN_MODELS
 
 TOKENS = np.array([1, 280, 290, 270, 299, 7, 260, 265, 3, 300 - 2])
@@ -118,7 +118,7 @@ def test_q8_0_writes_f16_for_rows_that_are_not_whole_blocks(synth_model, tmp_pat
         "blk.1.ffn_up_exps.weight.lora_a": "Q8_0",
         "blk.1.ffn_up_exps.weight.lora_b": "F16",
     }
-    with caplog.at_level(logging.WARNING, logger="engine.export"):
+    with caplog.at_level(logging.WARNING, logger="engine.io.export"):
         path = export_adapter(adapter, tmp_path / "a.gguf", qtype="Q8_0")
     assert "blk.0.attn_q.weight.lora_b" in caplog.text and "F16" in caplog.text
     assert {n: t.qtype for n, t in GGUFFile(path).tensors.items()} == plan
@@ -394,7 +394,7 @@ def test_merged_f32_model_equals_runtime_adapter(arch, synth_model, tmp_path):
 
 
 def _iq4_nl_bytes(rows: int, cols: int, rng) -> np.ndarray:
-    """Valid IQ4_NL blocks (a type engine.quantize cannot write): fp16 scale + 16 bytes of 4-bit indices."""
+    """Valid IQ4_NL blocks (engine.io.quantize cannot write them): fp16 scale + 16 bytes of 4-bit indices."""
     blocks = np.zeros((rows, cols // 32, 18), np.uint8)
     blocks[..., :2] = np.float16(0.01).reshape(1).view(np.uint8)
     blocks[..., 2:] = rng.integers(0, 256, (rows, cols // 32, 16), dtype=np.uint8)
@@ -622,8 +622,8 @@ def test_cli_export_merged(tmp_path, capsys):
 
 def test_export_size_estimate_is_close_to_the_written_file(tmp_path):
     from engine import LoraAdapter, Model, SynthSpec, export_size, write_model
-    from engine.gguf_file import GGUFFile
-    from engine.synth import random_adapter
+    from engine.io.gguf_file import GGUFFile
+    from engine.io.synth import random_adapter
 
     base_path = write_model(tmp_path / "m.gguf", SynthSpec.for_arch("qwen3moe", qtype="Q8_0"))
     model = Model.load(base_path)

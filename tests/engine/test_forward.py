@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import ops
 from engine.errors import ModelError
-from engine.lora import LoraAdapter, effective_scale
-from engine.model import Model
-from engine.synth import SynthSpec, random_adapter, random_weights, write_adapter, write_model
+from engine.io.synth import SynthSpec, random_adapter, random_weights, write_adapter, write_model
+from engine.model import ops
+from engine.model.lora import LoraAdapter, effective_scale
+from engine.model.model import Model
 from tests.conftest import ARCHS, GOLDEN_MODELS, golden_cases
 
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from engine.errors import ModelError
-from engine.generate import GREEDY, SamplingConfig, generate, sample_next
-from engine.model import Model
-from engine.synth import SynthSpec, write_model
+from engine.io.synth import SynthSpec, write_model
+from engine.model.generate import GREEDY, SamplingConfig, generate, sample_next
+from engine.model.model import Model
 
 
 @pytest.fixture(scope="module")

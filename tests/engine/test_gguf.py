@@ -10,12 +10,12 @@ from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from engine.errors import ExportError, ModelError
-from engine.gguf_file import GGUFFile, dequantizable_types
-from engine.gguf_write import write_gguf
-from engine.model import Model
-from engine.quantize import quantizable_types, quantize
-from engine.summary import summarize
-from engine.synth import SynthSpec, random_weights, write_model
+from engine.io.gguf_file import GGUFFile, dequantizable_types
+from engine.io.gguf_write import write_gguf
+from engine.io.quantize import quantizable_types, quantize
+from engine.io.synth import SynthSpec, random_weights, write_model
+from engine.model.model import Model
+from engine.model.summary import summarize
 from tests.conftest import GOLDEN_MODELS
 
 
@@ -237,7 +237,7 @@ def test_random_header_corruption_only_ever_raises_model_error(tmp_path):
     """Flip bytes in the header and tensor directory of a real model: load, summary and tokenizer either
     work or raise an EngineError subclass; nothing else escapes (400 corrupted files)."""
     from engine.errors import EngineError
-    from engine.tokenizer import Tokenizer
+    from engine.text.tokenizer import Tokenizer
 
     data = (GOLDEN_MODELS / "qwen3moe.gguf").read_bytes()
     header_end = 40000  # metadata (vocabulary) and tensor directory of this file

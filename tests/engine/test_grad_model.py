@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.model import Model
-from engine.synth import SynthSpec, write_model
-from engine.targets import TargetSpec, lora_candidates, select_full, select_targets, split_name
-from engine.train_model import Trainable, loss_and_grads
+from engine.io.synth import SynthSpec, write_model
+from engine.model.model import Model
+from engine.model.targets import TargetSpec, lora_candidates, select_full, select_targets, split_name
+from engine.train.train_model import Trainable, loss_and_grads
 from tests.conftest import ARCHS
 from tests.gradcheck import assert_grads_close, check_grads
 
@@ -42,7 +42,7 @@ def _model(tmp_path, arch, seed=3):
 
 def _router_margin(model, batch) -> float:
     """Smallest gap between the k-th and (k+1)-th router logit, so finite differences keep the routing."""
-    from engine import layers
+    from engine.model import layers
 
     gaps = []
     orig = layers.ops.route_forward

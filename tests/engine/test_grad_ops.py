@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import ops
-from engine.ops import LoraTerm
+from engine.model import ops
+from engine.model.ops import LoraTerm
 from tests.gradcheck import assert_grads_close, check_grads
 
 

@@ -1,6 +1,6 @@
 """The forward pass against Hugging Face transformers on architectures without llama.cpp golden data.
 
-tests/data/hf_reference holds tiny random GGUF models written by engine.synth and the logits that
+tests/data/hf_reference holds tiny random GGUF models written by engine.io.synth and the logits that
 transformers' implementation of each architecture computes for the same weights (in float64); see
 make_reference.py there for how they were made. Nothing here needs torch or transformers.
 """
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.gguf_file import GGUFFile
-from engine.model import Model
+from engine.io.gguf_file import GGUFFile
+from engine.model.model import Model
 
 HF_REFERENCE = Path(__file__).resolve().parents[1] / "data" / "hf_reference"
 TOLERANCE = 1e-4  # max |logit difference|; measured differences are about 1e-5 or less

@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from engine.cli_tools import add_commands
+from engine.cli.tools import add_commands
 from engine.errors import ModelError
-from engine.export import export_adapter
-from engine.gguf_file import GGUFFile
-from engine.lora import LoraAdapter, effective_scale
-from engine.model import Model
-from engine.norms import delta_norms_squared, kind_and_layer, lora_norms
-from engine.synth import SynthSpec, random_adapter, write_model
+from engine.io.export import export_adapter
+from engine.io.gguf_file import GGUFFile
+from engine.io.synth import SynthSpec, random_adapter, write_model
+from engine.model.lora import LoraAdapter, effective_scale
+from engine.model.model import Model
+from engine.train.norms import delta_norms_squared, kind_and_layer, lora_norms
 from tests.conftest import GOLDEN_MODELS
 
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.optim import AdamW, GradAccumulator, OptimConfig, clip_grads, lr_at
+from engine.train.optim import AdamW, GradAccumulator, OptimConfig, clip_grads, lr_at
 
 # LoRA-shaped (decayed, ndim >= 2), an expert stack (decayed) and a norm weight (not decayed).
 SHAPES = {

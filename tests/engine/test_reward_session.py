@@ -28,8 +28,8 @@ from engine import (
     load_jsonl,
     parse_sample,
 )
-from engine.gguf_file import GGUFFile
-from engine.reward_session import (
+from engine.io.gguf_file import GGUFFile
+from engine.train.reward_session import (
     RewardConfig,
     RewardError,
     RewardSession,
@@ -37,8 +37,8 @@ from engine.reward_session import (
     parse_rating,
     rating_from_stars,
 )
-from engine.rewards import group_advantages, reward_weights
-from engine.trainer import TrainConfig, Trainer
+from engine.train.rewards import group_advantages, reward_weights
+from engine.train.trainer import TrainConfig, Trainer
 
 DEMO = Path(__file__).parents[2] / "resources/demo/demo.gguf"
 ROOT = Path(__file__).parents[2]
@@ -287,7 +287,7 @@ def test_a_session_killed_mid_round_loses_no_rating(tmp_path):
     path = tmp_path / "rated.jsonl"
     script = textwrap.dedent(f"""
         import os, signal
-        from engine.reward_session import RewardSession
+        from engine.train.reward_session import RewardSession
         s = RewardSession({str(DEMO)!r}, ratings_path={str(path)!r})
         s.generate({OPEN!r}, seed=0)
         s.rate(0, 1.0)
@@ -366,7 +366,7 @@ def test_corrections_teach_the_demo_model_a_new_answer(model, tmp_path):
 
 
 def run_cli(monkeypatch, capsys, argv: list[str], stdin: str) -> tuple[int, str, str]:
-    from engine.cli_reward import add_command
+    from engine.cli.reward import add_command
 
     parser = argparse.ArgumentParser(prog="tune-engine")
     add_command(parser.add_subparsers(dest="command", required=True))
@@ -419,7 +419,7 @@ def test_cli_end_of_input_writes_what_was_applied(model, tmp_path, monkeypatch, 
 
 def test_cli_options_and_defaults():
     # engine/cli.py belongs to the CLI; this only checks that add_command builds a working parser
-    from engine.cli_reward import add_command
+    from engine.cli.reward import add_command
 
     parser = argparse.ArgumentParser()
     add_command(parser.add_subparsers(dest="command"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.rewards import group_advantages, reward_weights
+from engine.train.rewards import group_advantages, reward_weights
 
 
 def test_reward_weights_clip_then_min_max_scale():

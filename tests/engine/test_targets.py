@@ -5,13 +5,20 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import ModelError
-from engine.gguf_file import GGUFFile
-from engine.targets import TargetSpec, lora_candidates, parse_layers, select_full, select_targets, split_name
+from engine.io.gguf_file import GGUFFile
+from engine.model.targets import (
+    TargetSpec,
+    lora_candidates,
+    parse_layers,
+    select_full,
+    select_targets,
+    split_name,
+)
 
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
-    from engine.synth import SynthSpec, write_model
+    from engine.io.synth import SynthSpec, write_model
 
     path = write_model(tmp_path_factory.mktemp("t") / "m.gguf", SynthSpec.for_arch("qwen2moe", L=4))
     return GGUFFile(path).tensors
@@ -105,10 +112,10 @@ def test_full_weight_selection(moe):
 
 
 def test_lora_param_count_equals_what_training_allocates(tmp_path):
-    from engine.model import Model
-    from engine.synth import SynthSpec, write_model
-    from engine.targets import lora_param_count
-    from engine.train_model import Trainable
+    from engine.io.synth import SynthSpec, write_model
+    from engine.model.model import Model
+    from engine.model.targets import lora_param_count
+    from engine.train.train_model import Trainable
 
     model = Model.load(write_model(tmp_path / "m.gguf", SynthSpec.for_arch("qwen2moe")))
     names = select_targets(model.tensors, TargetSpec(preset="all", patterns=("output", "token_embd")), 2)
@@ -116,9 +123,9 @@ def test_lora_param_count_equals_what_training_allocates(tmp_path):
 
 
 def test_memory_estimate_shrinks_with_checkpointing_and_grows_with_context():
-    from engine.archs import ModelConfig
-    from engine.gguf_file import GGUFFile
-    from engine.trainer import TrainConfig, estimate_memory
+    from engine.io.gguf_file import GGUFFile
+    from engine.model.archs import ModelConfig
+    from engine.train.trainer import TrainConfig, estimate_memory
     from tests.conftest import GOLDEN_MODELS
 
     f = GGUFFile(GOLDEN_MODELS / "qwen3moe.gguf")

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from engine.errors import TokenizerError
-from engine.gguf_file import GGUFFile
-from engine.tokenizer import PRE_TOKENIZERS, Tokenizer
+from engine.io.gguf_file import GGUFFile
+from engine.text.tokenizer import PRE_TOKENIZERS, Tokenizer
 from tests.conftest import DATA
 
 VOCAB = DATA / "vocab"

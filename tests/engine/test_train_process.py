@@ -23,7 +23,7 @@ from engine import (
     TrainJob,
     TrainProcess,
 )
-from engine.train_process import DEFAULT_NICE, describe_exit
+from engine.train.train_process import DEFAULT_NICE, describe_exit
 from tests import child_trainers
 
 

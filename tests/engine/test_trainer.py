@@ -8,16 +8,16 @@ import os
 import numpy as np
 import pytest
 
-from engine import events as ev
-from engine.chat_template import ChatTemplate
-from engine.data import load_jsonl
-from engine.generate import GREEDY, generate
-from engine.lora import LoraAdapter
-from engine.model import Model
-from engine.synth import SynthSpec, write_model
-from engine.targets import TargetSpec
-from engine.tokenizer import Tokenizer
-from engine.trainer import TrainConfig, Trainer
+from engine.io.synth import SynthSpec, write_model
+from engine.model.generate import GREEDY, generate
+from engine.model.lora import LoraAdapter
+from engine.model.model import Model
+from engine.model.targets import TargetSpec
+from engine.text.chat_template import ChatTemplate
+from engine.text.tokenizer import Tokenizer
+from engine.train import events as ev
+from engine.train.data import load_jsonl
+from engine.train.trainer import TrainConfig, Trainer
 
 CHATS = [
     ("hello", "the quick brown fox"),

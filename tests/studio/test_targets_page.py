@@ -23,7 +23,7 @@ from engine import (
     select_targets,
     split_name,
 )
-from engine.train_model import Trainable  # not exported: the test checks the studio against it
+from engine.train.train_model import Trainable  # not exported: the test checks the studio against it
 from studio.project import ModelInfo, Project
 from studio.targets_page import TargetsPage
 

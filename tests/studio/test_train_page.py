@@ -312,7 +312,7 @@ def test_a_killed_training_process_leaves_the_window_working(
     banner = page.banner_text()
     assert "killed (SIGKILL)" in banner and "memory runs out" in banner
     assert "ckpt-000002" in banner and "Resume" in banner
-    monkeypatch.setattr(worker_module, "CHILD_TRAINER", ("engine.trainer:Trainer", {}))
+    monkeypatch.setattr(worker_module, "CHILD_TRAINER", ("engine.train.trainer:Trainer", {}))
     assert isinstance(run(qtbot, page), Finished)  # the same window trains again
     settle(qtbot, page)
 

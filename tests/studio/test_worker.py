@@ -198,7 +198,7 @@ def fail_at(monkeypatch, isolate: bool, step: int, error: str, message: str = ""
         child_trainer(monkeypatch, "failing_at", step=step, error=error, message=message)
     else:
         failing = child_trainers.failing_loss(step, child_trainers.raiser(error, message))
-        monkeypatch.setattr(engine.trainer, "loss_and_grads", failing)
+        monkeypatch.setattr(engine.train.trainer, "loss_and_grads", failing)
 
 
 @pytest.mark.parametrize("isolate", MODES)

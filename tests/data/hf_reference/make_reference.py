@@ -1,11 +1,11 @@
 """Regenerate the Hugging Face transformers reference cases in this folder.
 
 For each case a tiny model with random weights is made with our own generator
-(`engine.synth`), written as `<case>.gguf`, and the same weights are loaded (strict)
+(`engine.io.synth`), written as `<case>.gguf`, and the same weights are loaded (strict)
 into the transformers implementation of the architecture; the logits that
 transformers computes for three token sequences are saved as `<case>.npz`
 (`tokens_i` int32, `logits_i` float64 for i = 0..2), and `manifest.json` describes
-every case. `tests/engine/test_hf_reference.py` compares `engine.model` against them.
+every case. `tests/engine/test_hf_reference.py` compares `engine.model.model` against them.
 
 This is an independent reference for architectures without llama.cpp golden data:
 the GGUF side is only our writer, the computation side is transformers' modeling code.
@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine.synth import SynthSpec, random_weights, write_model  # noqa: E402
+from engine.io.synth import SynthSpec, random_weights, write_model  # noqa: E402
 
 LENGTHS = (1, 9, 20)
 BOS = 1
@@ -333,7 +333,7 @@ def make_case(case: Case) -> dict:
 def main() -> None:
     entries = [make_case(c) for c in CASES]
     manifest = {
-        "description": "Hugging Face transformers logits for tiny random GGUF models written by engine.synth",
+        "description": "Hugging Face transformers logits for tiny random GGUF models (engine.io.synth)",
         "generator": "tests/data/hf_reference/make_reference.py",
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,

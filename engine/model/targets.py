@@ -25,8 +25,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .errors import ModelError
-from .gguf_file import TensorInfo
+from ..errors import ModelError
+from ..io.gguf_file import TensorInfo
 from .lora import lora_shapes
 
 PRESETS: dict[str, tuple[str, ...]] = {

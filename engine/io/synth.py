@@ -2,7 +2,7 @@
 
 `SynthSpec.for_arch("qwen2moe", C=64, ...)` describes a model of any supported
 architecture; `write_model(path, spec)` writes it as a real GGUF file (any
-weight type `engine.quantize` can write) with a real SentencePiece-style
+weight type `engine.io.quantize` can write) with a real SentencePiece-style
 vocabulary (byte fallback, ChatML control tokens, a chat template), so that
 every part of the engine can be exercised on it. `write_adapter` writes a
 random LoRA adapter in llama.cpp's layout. Nothing here is downloaded.
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .archs import ARCHS
-from .errors import ModelError
+from ..errors import ModelError
+from ..model.archs import ARCHS
 from .gguf_write import write_gguf
 
 CHATML = (
@@ -249,7 +249,7 @@ def random_adapter(
     model, targets: list[str], rank: int = 4, seed: int = 0, std: float = 0.1
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Random non-zero LoRA pairs for the named tensors of a loaded `engine.model.Model`."""
-    from .lora import lora_shapes  # local: lora imports ops only, but keep synth light to import
+    from ..model.lora import lora_shapes  # local: lora imports ops only, but keep synth light to import
 
     rng = np.random.default_rng(seed)
     pairs = {}

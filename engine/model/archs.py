@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ModelError
-from .gguf_file import GGUFFile
+from ..errors import ModelError
+from ..io.gguf_file import GGUFFile
 
 
 @dataclass(frozen=True)

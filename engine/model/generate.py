@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ModelError
+from ..errors import ModelError
 from .ops import LoraTerm
 
 log = logging.getLogger(__name__)

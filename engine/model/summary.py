@@ -11,8 +11,8 @@ import re
 from collections import Counter
 from dataclasses import asdict, dataclass
 
+from ..io.gguf_file import GGUFFile
 from .archs import ModelConfig
-from .gguf_file import GGUFFile
 from .model import check_tensors
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ModelError
-from .gguf_file import GGUFFile
+from ..errors import ModelError
+from ..io.gguf_file import GGUFFile
 from .ops import LoraTerm
 
 SUFFIX_A = ".lora_a"

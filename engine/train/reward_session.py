@@ -4,12 +4,12 @@
 checkpoint) and an AdamW optimizer with a constant learning rate. A round goes:
 
 1. `generate(prompt)`: N answers with the adapter's current weights, as one batch sharing the
-   prompt's KV cache, with the session's sampling settings (`engine.generate`);
+   prompt's KV cache, with the session's sampling settings (`engine.model.generate`);
 2. `rate(i, reward)` per answer (a reward in [-1, 1]; `rating_from_stars` maps 1-5 stars), and
    optionally `correct(i, text)` to turn an answer into a better one;
 3. `preview()`: what a step would do with the ratings so far; `apply()`: one optimizer step.
 
-Two ways to turn ratings into a step (DESIGN.md §2.7, `engine.rewards`):
+Two ways to turn ratings into a step (DESIGN.md §2.7, `engine.train.rewards`):
 
 - "weighted" (reward-weighted SFT, as llama.cpp's QLoRA example): the round's rewards are clipped
   to [-1, 1] and min-max scaled to [0, 1]; each answer's cross-entropy is weighted by its weight
@@ -64,17 +64,17 @@ from typing import Any
 
 import numpy as np
 
-from .chat_template import ChatTemplate
+from ..errors import EngineError, ModelError
+from ..model.generate import SamplingConfig
+from ..model.generate import generate as generate_tokens
+from ..model.lora import LoraAdapter
+from ..model.model import Model
+from ..model.targets import TargetSpec, select_targets
+from ..text.chat_template import ChatTemplate
+from ..text.tokenizer import Tokenizer
 from .data import EncodeOptions, Problem, Sample, batch_encoded, encode_samples, load_jsonl, parse_sample
-from .errors import EngineError, ModelError
-from .generate import SamplingConfig
-from .generate import generate as generate_tokens
-from .lora import LoraAdapter
-from .model import Model
 from .optim import AdamW, OptimConfig
 from .rewards import group_advantages, reward_weights
-from .targets import TargetSpec, select_targets
-from .tokenizer import Tokenizer
 from .train_model import Trainable, loss_and_grads
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ CORRECTION_REWARD = 1.0  # the reward a correction carries: the top of the scale
 ADAPTER_FILE = "adapter.gguf"  # inside a checkpoint folder
 STATE_FILE = "state.npz"  # parameters and optimizer moments, exactly
 SESSION_FILE = "session.json"  # counters and settings, for people and for resuming
-_FLAT = 1e-6  # ratings whose range is at or below this carry no signal (engine.rewards' rule)
+_FLAT = 1e-6  # ratings whose range is at or below this carry no signal (engine.train.rewards' rule)
 _GROUP_EPS = 1e-6  # eps of (r - mean) / (std + eps)
 _STARS = re.compile(r"[1-5]")
 
@@ -624,7 +624,7 @@ class RewardSession:
 
     def save_adapter(self, path: str, qtype: str = "F32") -> str:
         """Write the adapter as a llama.cpp LoRA GGUF with training.* facts; returns the path."""
-        from .export import export_adapter
+        from ..io.export import export_adapter
 
         adapter = self.trainable.to_adapter(self.model.config.arch)
         return export_adapter(adapter, path, qtype=qtype, training=self._training_facts())

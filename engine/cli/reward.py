@@ -21,8 +21,8 @@ import argparse
 import math
 import sys
 
-from .reward_session import MODES, RewardConfig, RewardError, RewardSession, parse_rating
-from .targets import PRESETS, TargetSpec
+from ..model.targets import PRESETS, TargetSpec
+from ..train.reward_session import MODES, RewardConfig, RewardError, RewardSession, parse_rating
 
 
 def read_prompts(path: str) -> list[str]:

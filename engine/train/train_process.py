@@ -5,7 +5,7 @@ A `Trainer` running in a thread of the studio's process holds the GIL for most o
 engine's Python between NumPy calls), so every time the UI thread re-enters Python (a slot, a paint
 override) it waits for the interpreter's switch interval; with dozens of re-entries per repaint the
 window froze for 50-100 ms at a time. `TrainProcess` runs the trainer in a separate interpreter
-(`python -m engine.train_child`, the same on Linux, macOS and Windows), at a lower CPU priority,
+(`python -m engine.train.train_child`, the same on Linux, macOS and Windows), at a lower CPU priority,
 and streams its events back; the caller reads them in any thread. A crash of the run (a segfault,
 the kernel's out-of-memory killer) ends the child, not the caller.
 
@@ -38,7 +38,7 @@ from typing import Any
 from .events import Failed, Finished
 from .trainer import TrainConfig
 
-DEFAULT_TRAINER = "engine.trainer:Trainer"
+DEFAULT_TRAINER = "engine.train.trainer:Trainer"
 DEFAULT_NICE = 10  # below the desktop's own processes: the window stays responsive while training
 
 
@@ -253,7 +253,7 @@ class TrainProcess:
     def _start(self) -> subprocess.Popen:
         flags = getattr(subprocess, "BELOW_NORMAL_PRIORITY_CLASS", 0)  # Windows' lower priority
         process = subprocess.Popen(
-            [sys.executable, "-m", "engine.train_child"],
+            [sys.executable, "-m", "engine.train.train_child"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             creationflags=flags,

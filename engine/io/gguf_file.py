@@ -5,7 +5,7 @@ object per string and needs seconds for a 150k-token vocabulary); tensor data
 is memory-mapped and dequantized with `gguf.quants`. Every failure, whether a
 missing file, a truncated download, a corrupt header or a tensor type that
 cannot be dequantized, surfaces as a `ModelError` naming what was wrong. It
-knows nothing about model architectures; `engine.archs` and `engine.model`
+knows nothing about model architectures; `engine.model.archs` and `engine.model.model`
 interpret the names and shapes.
 
 Shapes are NumPy order, the reverse of ggml's `ne`: a weight with
@@ -26,7 +26,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf import quants as gguf_quants
 
-from .errors import ModelError
+from ..errors import ModelError
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 A run loads the dataset (every problem reported, never fatal), holds out a validation split,
 encodes and packs the samples, builds the trainable parameters (LoRA on the chosen targets and
 full-weight copies), then takes AdamW steps with gradient accumulation, emitting the events of
-`engine.events`. Rewards turn into per-sample weights (reward-weighted SFT) or advantages
+`engine.train.events`. Rewards turn into per-sample weights (reward-weighted SFT) or advantages
 (group-relative, optionally with a KL term to the base model).
 
 Checkpoints are folders written atomically (temporary name, then rename) holding the adapter as a
@@ -28,17 +28,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import DatasetError, EngineError, ModelError
+from ..model.archs import ModelConfig
+from ..model.lora import LoraAdapter
+from ..model.model import Model
+from ..model.targets import TargetSpec, select_full, select_targets
+from ..text.chat_template import ChatTemplate
+from ..text.tokenizer import Tokenizer
 from . import events as ev
-from .archs import ModelConfig
-from .chat_template import ChatTemplate
 from .data import EncodeOptions, Sample, batch_encoded, encode_samples, load_jsonl, split_validation
-from .errors import DatasetError, EngineError, ModelError
-from .lora import LoraAdapter
-from .model import Model
 from .optim import AdamW, GradAccumulator, OptimConfig
 from .rewards import group_advantages, reward_weights
-from .targets import TargetSpec, select_full, select_targets
-from .tokenizer import Tokenizer
 from .train_model import Trainable, loss_and_grads
 
 log = logging.getLogger(__name__)
@@ -268,7 +268,7 @@ class Trainer:
     # --- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, folder: str) -> str:
         """Write adapter + exact state into `folder/ckpt-<step>` atomically; prune old checkpoints."""
-        from .export import export_adapter
+        from ..io.export import export_adapter
 
         os.makedirs(folder, exist_ok=True)
         final = os.path.join(folder, f"ckpt-{self.step:06d}")
@@ -493,7 +493,7 @@ class Trainer:
         return failed
 
     def _finish(self, on_event, *, stopped: bool, last_ckpt: str | None) -> ev.Finished | ev.Failed:
-        from .export import export_adapter
+        from ..io.export import export_adapter
 
         cfg = self.config
         try:
@@ -517,7 +517,7 @@ class Trainer:
 
     def _export_full(self, out: str) -> str:
         """Runs with full-weight tensors write a whole model: base + trained tensors (+ merged LoRA)."""
-        from .export import export_merged
+        from ..io.export import export_merged
 
         stem = out[:-5] if out.endswith(".gguf") else out
         path = stem + ".model.gguf" if self.trainable.pairs else out

@@ -11,7 +11,7 @@ violation or any other failure while rendering becomes a `TemplateError`.
 `render_with_spans` also says where each assistant reply lies in the rendered
 text, which is what loss masking needs (DESIGN.md §2.5).
 
-What it is not: a tokenizer (the text goes to `engine.tokenizer`), a dataset
+What it is not: a tokenizer (the text goes to `engine.text.tokenizer`), a dataset
 loader, or a complete copy of `apply_chat_template`: tools must already be JSON
 schemas (no conversion of Python functions), and `continue_final_message` and
 control-token sanitising are not offered. The sandbox stops templates from
@@ -36,7 +36,7 @@ import jinja2.utils
 import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import ModelError, TemplateError
+from ..errors import ModelError, TemplateError
 
 __all__ = ["CHATML_TEMPLATE", "ChatTemplate"]
 

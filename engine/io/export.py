@@ -4,7 +4,7 @@
 (src/llama-adapter.cpp): `general.type = "adapter"`, `general.architecture` = the
 base model's, `adapter.type = "lora"`, `adapter.lora.alpha` (FLOAT32), and for
 each adapted base tensor `<name>.lora_a` / `<name>.lora_b` in the layouts of
-`engine.lora`. The loader puts no constraint on the tensor types; ggml's matmul
+`engine.model.lora`. The loader puts no constraint on the tensor types; ggml's matmul
 and get_rows need rows that are whole blocks. So:
 
 - F32 (default) and F16 are written as asked.
@@ -27,7 +27,7 @@ Training facts go in `training.*` keys, typed from their Python values (see
   template included);
 - every tensor that is not adapted is copied byte for byte in its stored type;
 - an adapted tensor is dequantized, merged in float32 and re-quantized to its
-  own type when `engine.quantize` can write it (else F16), or to `qtype` when
+  own type when `engine.io.quantize` can write it (else F16), or to `qtype` when
   one is given (F16 where its rows are not whole blocks of that type); every
   change of type is listed in `MergeReport.type_changes`;
 - `replace_tensors` (weights trained in full) stand in for base tensors the
@@ -40,7 +40,7 @@ Training facts go in `training.*` keys, typed from their Python values (see
 
 Tensors are produced and written one at a time, so memory holds one tensor
 and its merge, never the model. Every file goes to a temporary name first
-(`engine.gguf_write`): a failed or cancelled export leaves the target as it
+(`engine.io.gguf_write`): a failed or cancelled export leaves the target as it
 was. This module writes files; it does not train, load models or evaluate.
 """
 
@@ -58,10 +58,10 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from .errors import ExportError, ModelError
+from ..errors import ExportError, ModelError
+from ..model.lora import SUFFIX_A, SUFFIX_B, LoraAdapter, effective_scale, lora_shapes
 from .gguf_file import GGUFFile, dequantizable_types
 from .gguf_write import LazyTensor, tensor_bytes, write_gguf
-from .lora import SUFFIX_A, SUFFIX_B, LoraAdapter, effective_scale, lora_shapes
 from .quantize import quantizable_types
 
 log = logging.getLogger(__name__)

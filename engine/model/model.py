@@ -1,6 +1,6 @@
 """A GGUF model in memory and its forward pass, as llama.cpp computes it.
 
-`Model.load(path)` reads the hyperparameters (`engine.archs`), checks that every
+`Model.load(path)` reads the hyperparameters (`engine.model.archs`), checks that every
 tensor the architecture needs is present with the right shape, and dequantizes
 the frozen weights to float32 (float16 to halve memory, float64 for tests).
 `Model.forward(tokens, ...)` returns logits for every position, optionally with
@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import ModelError
+from ..io.gguf_file import GGUFFile, TensorInfo, dequantizable_types
 from . import ops
 from .archs import ModelConfig
-from .errors import ModelError
-from .gguf_file import GGUFFile, TensorInfo, dequantizable_types
 from .layers import block_forward, layer_name
 from .ops import LoraTerm
 

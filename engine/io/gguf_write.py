@@ -5,7 +5,7 @@ and writes them to a temporary file beside the target, then renames it into
 place, so a failure (full disk, bad tensor, cancellation) never leaves a
 half-written file or damages an existing one. A tensor is given as
 
-- a float array, written as F32/F16 or quantized with `engine.quantize`;
+- a float array, written as F32/F16 or quantized with `engine.io.quantize`;
 - the bytes of an already-quantized tensor (a uint8 array of shape
   (*rows, bytes per row), as `GGUFFile.raw` returns it), written as they are;
 - a `LazyTensor`, produced only when its turn comes, so that a file larger
@@ -28,7 +28,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
 from gguf.quants import quant_shape_from_byte_shape
 
-from .errors import ExportError
+from ..errors import ExportError
 from .quantize import quantizable_types, quantize
 
 

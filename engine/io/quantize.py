@@ -15,7 +15,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from .errors import ExportError
+from ..errors import ExportError
 
 QK_K = 256
 

@@ -23,7 +23,7 @@ modern-bert, granite-embed-multi-*) and two whose regexes could not be checked h
 (tiny_aya, youtu): never approximated. A file without `tokenizer.ggml.pre` gets
 llama.cpp's "default" regexes, with a warning, as llama.cpp does.
 
-It does no chat templating (see `engine.chat_template`). `decode` is lossless: it
+It does no chat templating (see `engine.text.chat_template`). `decode` is lossless: it
 does not apply llama.cpp's ``clean_spaces`` pass (which removes the space in " ,"
 or " 's" for some BPE vocabularies), so concatenated `token_bytes` equal `decode`.
 """
@@ -42,8 +42,8 @@ from tokenizers import AddedToken, Regex, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers.models import BPE
 
-from .errors import TokenizerError
-from .gguf_file import GGUFFile
+from ..errors import TokenizerError
+from ..io.gguf_file import GGUFFile
 
 log = logging.getLogger(__name__)
 

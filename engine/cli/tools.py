@@ -2,7 +2,7 @@
 
 `add_commands(subparsers)` registers both subcommands on the `tune-engine` parser
 (engine/cli.py calls it). Each command parses nothing itself, calls the engine
-(`engine.norms`, `engine.export`) and prints; `EngineError`s propagate to the
+(`engine.train.norms`, `engine.io.export`) and prints; `EngineError`s propagate to the
 CLI's main, which turns them into one line and exit code 2.
 """
 
@@ -13,12 +13,12 @@ import json
 import os
 import sys
 
-from .errors import ExportError
-from .export import ADAPTER_TYPES, adapter_tensor_types, export_adapter, export_merged, fit_problems
-from .gguf_file import GGUFFile
-from .lora import LoraAdapter
-from .norms import NormsReport, lora_norms
-from .quantize import quantizable_types
+from ..errors import ExportError
+from ..io.export import ADAPTER_TYPES, adapter_tensor_types, export_adapter, export_merged, fit_problems
+from ..io.gguf_file import GGUFFile
+from ..io.quantize import quantizable_types
+from ..model.lora import LoraAdapter
+from ..train.norms import NormsReport, lora_norms
 
 
 def _num(x: float | None, width: int = 10) -> str:

@@ -7,7 +7,7 @@ vocabulary (B batch, T tokens, C channels, NH/NKV heads, HS head size, E
 experts, K experts per token, F ffn width, r LoRA rank). The functions work in
 whatever float dtype they are given (float32 in use, float64 in tests).
 
-This module knows no GGUF names and holds no state; `engine.model` wires the
+This module knows no GGUF names and holds no state; `engine.model.model` wires the
 ops into whole architectures.
 """
 

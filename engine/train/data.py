@@ -29,7 +29,7 @@ appended. Control tokens written in the data ("<|im_end|>") are parsed as contro
 sample and a segment number per sample, so that attention can be kept inside each sample.
 
 What this module is not: it does not tokenize lazily or stream files larger than memory, it
-does not decide reward weights (see `engine.rewards`), and it does not split samples longer
+does not decide reward weights (see `engine.train.rewards`), and it does not split samples longer
 than `n_ctx` into several windows: they are truncated and reported.
 """
 
@@ -50,11 +50,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import DatasetError, TemplateError, TokenizerError
+from ..errors import DatasetError, TemplateError, TokenizerError
 
 if TYPE_CHECKING:
-    from .chat_template import ChatTemplate
-    from .tokenizer import Tokenizer
+    from ..text.chat_template import ChatTemplate
+    from ..text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ModelError
-from .export import fit_problems
-from .gguf_file import GGUFFile
-from .lora import LoraAdapter, effective_scale
+from ..errors import ModelError
+from ..io.export import fit_problems
+from ..io.gguf_file import GGUFFile
+from ..model.lora import LoraAdapter, effective_scale
 
 _LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 _CHUNK = 1 << 22  # values per chunk when summing squares of a base tensor

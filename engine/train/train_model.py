@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import ops
-from .errors import ModelError
-from .layers import add_grad, add_lora_grads, block_backward, block_forward, expert_counts
-from .lora import LoraAdapter, effective_scale, lora_shapes
-from .ops import LoraTerm
+from ..errors import ModelError
+from ..model import ops
+from ..model.layers import add_grad, add_lora_grads, block_backward, block_forward, expert_counts
+from ..model.lora import LoraAdapter, effective_scale, lora_shapes
+from ..model.ops import LoraTerm
 
 TOKEN_EMBD = "token_embd.weight"
 
@@ -34,7 +34,7 @@ class Trainable:
 
     rank: int  # LoRA rank r
     alpha: float  # LoRA alpha; the adapter's scale is alpha / r
-    pairs: dict[str, tuple[np.ndarray, np.ndarray]]  # base name -> (A, B), NumPy layouts of engine.lora
+    pairs: dict[str, tuple[np.ndarray, np.ndarray]]  # base name -> (A, B), NumPy layouts of engine.model.lora
     full: dict[str, np.ndarray]  # base name -> trainable copy of the whole tensor
 
     @classmethod

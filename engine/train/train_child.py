@@ -1,9 +1,9 @@
-"""The child process of `engine.TrainProcess`: `python -m engine.train_child` (see train_process)."""
+"""The child process of `engine.TrainProcess`: `python -m engine.train.train_child` (see train_process)."""
 
 import os
 import sys
 
-from engine.train_process import child_main
+from engine.train.train_process import child_main
 
 if __name__ == "__main__":
     child_main()

@@ -3,7 +3,7 @@
 Each subcommand parses its arguments, calls the engine, and prints. Errors the
 engine reports (`EngineError`) and unreadable inputs become one line on stderr
 and exit code 2, never a traceback. `norms` and `export` live in
-`engine.cli_tools`, `reward` in `engine.cli_reward`.
+`engine.cli.tools`, `reward` in `engine.cli.reward`.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .chat_template import ChatTemplate
-from .errors import EngineError
-from .generate import GREEDY, SamplingConfig, generate
-from .lora import LoraAdapter
-from .model import Model
-from .summary import human_bytes, human_count, summarize
-from .tokenizer import Tokenizer
+from ..errors import EngineError
+from ..model.generate import GREEDY, SamplingConfig, generate
+from ..model.lora import LoraAdapter
+from ..model.model import Model
+from ..model.summary import human_bytes, human_count, summarize
+from ..text.chat_template import ChatTemplate
+from ..text.tokenizer import Tokenizer
 
 EXIT_USAGE = 2
 
@@ -142,7 +142,7 @@ def _load_messages(path: str) -> list[dict]:
 
 
 def cmd_chat_template(args: argparse.Namespace) -> int:
-    from .gguf_file import GGUFFile
+    from ..io.gguf_file import GGUFFile
 
     tpl = _template(GGUFFile(args.model).metadata, args.template_file)
     text = tpl.render(_load_messages(args.messages), add_generation_prompt=args.add_generation_prompt)
@@ -219,9 +219,9 @@ def _fmt_time(seconds: float) -> str:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from . import events as ev
-    from .targets import TargetSpec
-    from .trainer import TrainConfig, Trainer
+    from ..model.targets import TargetSpec
+    from ..train import events as ev
+    from ..train.trainer import TrainConfig, Trainer
 
     if args.epochs is not None and args.steps is not None:
         raise CliError("give --epochs or --steps, not both")
@@ -442,8 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--events", help="write every event as one JSON line to this file")
     s.set_defaults(func=cmd_train)
 
-    from .cli_reward import add_command as add_reward_command
-    from .cli_tools import add_commands
+    from .reward import add_command as add_reward_command
+    from .tools import add_commands
 
     add_reward_command(sub)
     add_commands(sub)

@@ -1,0 +1,5 @@
+"""`tune-engine`, the headless command line."""
+
+from .main import main
+
+__all__ = ["main"]

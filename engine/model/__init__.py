@@ -1,0 +1,1 @@
+"""Models: the architecture table, the block, the model-level forward, LoRA, targets, generation."""

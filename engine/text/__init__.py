@@ -1,0 +1,1 @@
+"""Text: tokenizers and chat templates built from a GGUF file's metadata."""

@@ -1,0 +1,1 @@
+"""Training: datasets, the optimizer, the trainer, rewards, checkpoints, LoRA norms."""
