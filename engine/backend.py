@@ -1,0 +1,206 @@
+"""Where the engine computes: NumPy on the CPU or CuPy on a CUDA GPU, chosen once per session.
+
+`select_backend("auto" | "cpu" | "cuda:N")` returns a `Backend`: the array module `xp` that model
+code is written against, and the few operations that cross the host/device boundary
+(`asarray`, `to_host`, `synchronize`). `available_devices()` lists every device with whether it is
+usable and, when it is not, why (CuPy not installed, no driver, no GPU, GPU too old), so the app
+and the CLI can say it in plain words.
+
+"auto" picks the first usable GPU, else the CPU. Asking for a GPU explicitly never falls back to
+the CPU silently: an unusable device is an `EngineError` naming the reason. CuPy is optional:
+this module imports on any machine, and a CuPy that imports without a driver or GPU means CPU.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from .errors import EngineError
+
+log = logging.getLogger(__name__)
+
+MIN_COMPUTE_CAPABILITY = (8, 0)  # bf16 tensor cores (Ampere and newer)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One place the engine could run, and whether it can."""
+
+    name: str  # "cpu" or "cuda:N"
+    label: str  # for people: "CPU (NumPy)", "NVIDIA H100 80GB HBM3 (79.1 GiB)"
+    usable: bool  # False: `reason` says why
+    reason: str = ""  # why it cannot be used ("" when usable)
+    memory_bytes: int = 0  # total device memory (0 for the CPU)
+    compute_capability: tuple[int, int] | None = None  # CUDA only
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The array module of one session and the host/device crossings."""
+
+    device: str  # "cpu" or "cuda:N"
+    xp: ModuleType  # numpy or cupy
+    reason: str = ""  # why this device was chosen ("auto" resolved to the CPU: why no GPU)
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.device != "cpu"
+
+    @property
+    def device_index(self) -> int | None:
+        return int(self.device.split(":")[1]) if self.is_gpu else None
+
+    def asarray(self, a: Any, dtype: Any = None):
+        """`a` on this backend's device (no copy when it is already there with that dtype)."""
+        if self.is_gpu:
+            with self.xp.cuda.Device(self.device_index):
+                return self.xp.asarray(a, dtype=dtype)
+        return np.asarray(a, dtype=dtype)
+
+    def to_host(self, a: Any) -> np.ndarray:
+        """A NumPy array of `a` (a device array is copied to the host)."""
+        return to_host(a)
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (a no-op on the CPU)."""
+        if self.is_gpu:
+            with self.xp.cuda.Device(self.device_index):
+                self.xp.cuda.get_current_stream().synchronize()
+
+
+CPU = Backend("cpu", np)
+
+
+def to_host(a: Any) -> np.ndarray:
+    """A NumPy array of any array (CuPy arrays are copied to the host), or of a Python scalar."""
+    get = getattr(a, "get", None)
+    if get is not None and type(a).__module__.startswith("cupy"):
+        return get()
+    return np.asarray(a)
+
+
+def array_module(a: Any) -> ModuleType:
+    """numpy or cupy, whichever `a` belongs to (cupy.get_array_module without importing CuPy)."""
+    if type(a).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _import_cupy() -> tuple[ModuleType | None, str]:
+    try:
+        import cupy
+    except ImportError:
+        return None, "CuPy is not installed (pip install -e '.[cuda]')"
+    except Exception as exc:  # noqa: BLE001 - a broken CUDA install can raise anything at import
+        return None, f"CuPy cannot be imported ({type(exc).__name__}: {exc})"
+    return cupy, ""
+
+
+@functools.lru_cache(maxsize=1)
+def available_devices() -> tuple[Device, ...]:
+    """The CPU and every CUDA device, each with whether it is usable and why not."""
+    cpu = Device("cpu", "CPU (NumPy)", True)
+    cupy, why = _import_cupy()
+    if cupy is None:
+        return (cpu, Device("cuda:0", "CUDA GPU", False, why))
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - CUDARuntimeError without a driver, ...
+        reason = _plain_cuda_error(exc)
+        return (cpu, Device("cuda:0", "CUDA GPU", False, reason))
+    if n == 0:
+        return (cpu, Device("cuda:0", "CUDA GPU", False, "no CUDA GPU is present"))
+    out = [cpu]
+    for i in range(n):
+        try:
+            props = cupy.cuda.runtime.getDeviceProperties(i)
+            name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+            cc = (int(props["major"]), int(props["minor"]))
+            mem = int(props["totalGlobalMem"])
+        except Exception as exc:  # noqa: BLE001
+            out.append(Device(f"cuda:{i}", f"CUDA GPU {i}", False, _plain_cuda_error(exc)))
+            continue
+        label = f"{name} ({mem / 2**30:.1f} GiB)"
+        if cc < MIN_COMPUTE_CAPABILITY:
+            reason = (
+                f"compute capability {cc[0]}.{cc[1]} is below the {MIN_COMPUTE_CAPABILITY[0]}."
+                f"{MIN_COMPUTE_CAPABILITY[1]} the bf16 kernels need"
+            )
+            out.append(Device(f"cuda:{i}", label, False, reason, mem, cc))
+        else:
+            out.append(Device(f"cuda:{i}", label, True, "", mem, cc))
+    return tuple(out)
+
+
+def _plain_cuda_error(exc: Exception) -> str:
+    text = str(exc)
+    if "cudaErrorInsufficientDriver" in text or "CUDA driver version is insufficient" in text:
+        return "the NVIDIA driver is older than this CuPy's CUDA version"
+    if "cudaErrorNoDevice" in text or "no CUDA-capable device" in text:
+        return "no CUDA GPU is present"
+    if re.search(r"libcuda|cudaErrorInitializationError|driver", text, re.I):
+        return f"no usable NVIDIA driver ({text})"
+    return f"CUDA is not usable ({type(exc).__name__}: {text})"
+
+
+def parse_device(device: str) -> str:
+    """'auto', 'cpu' or 'cuda:N' (also 'cuda', 'gpu' for cuda:0); EngineError otherwise."""
+    d = (device or "auto").strip().lower()
+    if d in ("auto", "cpu"):
+        return d
+    if d in ("cuda", "gpu"):
+        return "cuda:0"
+    if re.fullmatch(r"cuda:\d{1,3}", d):
+        return d
+    raise EngineError(f"unknown device {device!r}; use auto, cpu or cuda:N (e.g. cuda:0)")
+
+
+def select_backend(device: str = "auto") -> Backend:
+    """The backend for `device`. 'auto': the first usable GPU, else the CPU (with the reason)."""
+    d = parse_device(device)
+    if d == "cpu":
+        return CPU
+    devices = available_devices()
+    gpus = [x for x in devices if x.name != "cpu"]
+    if d == "auto":
+        for x in gpus:
+            if x.usable and gpu_training_available():
+                return _cuda_backend(x)
+        reasons = "; ".join(f"{x.name}: {x.reason}" for x in gpus if not x.usable)
+        if not reasons and gpus:
+            reasons = gpu_unavailable_reason()
+        log.info("device auto -> cpu (%s)", reasons or "no GPU")
+        return Backend("cpu", np, reasons or "no GPU")
+    match = [x for x in gpus if x.name == d]
+    if not match:
+        have = ", ".join(x.name for x in gpus if x.usable) or "none"
+        raise EngineError(f"device {d} does not exist (usable CUDA devices: {have})")
+    if not match[0].usable:
+        raise EngineError(f"device {d} cannot be used: {match[0].reason}")
+    if not gpu_training_available():
+        raise EngineError(f"device {d} cannot be used: {gpu_unavailable_reason()}")
+    return _cuda_backend(match[0])
+
+
+def gpu_training_available() -> bool:
+    """Whether the engine's GPU path exists in this build (the kernels of engine.kernels)."""
+    return False
+
+
+def gpu_unavailable_reason() -> str:
+    return "GPU training is not available in this version yet; choose cpu"
+
+
+def _cuda_backend(dev: Device) -> Backend:
+    import cupy
+
+    return Backend(dev.name, cupy, "")
