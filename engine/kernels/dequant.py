@@ -1,0 +1,697 @@
+"""Dequantization: raw GGUF blocks to float32 (or bfloat16), the NumPy reference and the CUDA kernels.
+
+`dequant_ref(raw, qtype)` is the specification: `gguf.quants.dequantize`, on the raw layout that
+`GGUFFile.raw()` gives (uint8 `(..., row_bytes)`, or float16/float32 values for F16/F32), every type
+gguf-py can dequantize. `dequant(raw_dev, qtype, out=None, dtype="float32")` is its CuPy twin for the
+weight store: raw blocks already in device memory become float32 values bit-for-bit equal to the
+reference (the kernels round every multiply and add separately, as NumPy does, and never flush
+subnormals), or bfloat16 values that are exactly the reference rounded to nearest-even. One call
+dequantizes one layer, or one expert group: an (E, n_out, row_bytes) stack, whole or gathered by
+expert ids (`rows=`), into a reusable `out` buffer.
+
+GPU types: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
+IQ4_XS, MXFP4 (`GPU_TYPES`). Every other type (the IQ1/IQ2/IQ3 families, TQ1_0/TQ2_0, NVFP4, ...)
+has no kernel: the weight store dequantizes such a tensor once on the host with `dequant_ref` and
+keeps the result.
+
+Not here: choosing what to dequantize when, caching, or memory budgets (the weight store's work).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+from ..backend import array_module
+from .cuda import KernelSource, get_kernel
+
+# the types with a CUDA kernel, in the order of the kernel source
+GPU_TYPES = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q2_K",
+    "Q3_K",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+    "IQ4_NL",
+    "IQ4_XS",
+    "MXFP4",
+)
+OUT_DTYPES = ("float32", "bfloat16")
+
+THREADS = 256  # threads per CUDA block, for every type
+VALUES_PER_THREAD = 8  # each thread writes 8 consecutive values: 2 float4 stores, or 1 16-byte bf16 store
+TILE_VALUES = THREADS * VALUES_PER_THREAD  # values per CUDA block (2048)
+
+# 4-bit codebooks, as in gguf-py (a test holds these equal to gguf.quants)
+IQ4_NL_KVALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+MXFP4_KVALUES = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)  # e2m1, doubled
+
+
+def block_geometry(qtype: str) -> tuple[int, int]:
+    """(values per block, bytes per block) of a ggml type name; ValueError for an unknown name."""
+    return GGML_QUANT_SIZES[_ggml_type(qtype)]
+
+
+def _ggml_type(qtype: str) -> GGMLQuantizationType:
+    try:
+        return GGMLQuantizationType[qtype]
+    except KeyError:
+        names = ", ".join(t.name for t in GGMLQuantizationType)
+        raise ValueError(f"unknown ggml type {qtype!r}; known: {names}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# reference
+
+
+def dequant_ref(raw: np.ndarray, qtype: str, rows: Any = None) -> np.ndarray:
+    """float32 values of raw GGUF data (`gguf.quants.dequantize`): shape (..., n_values_per_row).
+
+    `raw` is uint8 (..., row_bytes) as `GGUFFile.raw()` gives it, or float16/float32 values for
+    F16/F32. `rows` (optional) picks entries of the first axis first, as `raw[rows]`: the experts
+    of an (E, n_out, row_bytes) stack.
+    """
+    q = _ggml_type(qtype)
+    data = np.asarray(raw)
+    if rows is not None:
+        data = data[np.asarray(rows, dtype=np.intp)]
+    data = np.ascontiguousarray(data)
+    if data.ndim == 0:
+        raise ValueError(f"raw data for {qtype} must have at least one axis, got a scalar")
+    out = gguf_quants.dequantize(data, q)
+    return np.array(out, dtype=np.float32, copy=True) if q == GGMLQuantizationType.F32 else out
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA
+#
+# Design (memory-bound: the floor is bytes read + bytes written over bandwidth; the output
+# dominates, 4 bytes per float32 value against 0.53..1.06 bytes per quantized value):
+# - One CUDA block of 256 threads owns a tile of 2048 consecutive output values of one slice
+#   (a whole tensor, or one gathered expert). Its raw bytes are a contiguous run of whole blocks,
+#   2048 / QK blocks of TS bytes, which the threads copy into shared memory with 16-byte loads
+#   (`uint4`), coalesced: consecutive threads read consecutive 16-byte words. Most block sizes are
+#   not multiples of 16 bytes (Q4_0 18, Q8_0 34, MXFP4 17, Q6_K 210), so loading whole blocks per
+#   thread could not use 16-byte loads; staging the tile can, from the 16-byte boundary at or below
+#   its first byte (`shift`), whatever the alignment of a gathered expert or row.
+# - Then each thread decodes 8 consecutive values of the tile from shared memory and writes them
+#   with 16-byte stores (two float4, or one uint4 of 8 bf16), coalesced across the warp; a thread
+#   whose 8 values end the slice, or whose address is not 16-byte aligned, stores one by one.
+#   8 values never straddle a sub-block: every scale and bit position is fixed per thread.
+# - Per type, the tile is (QK values, TS bytes per block; tile bytes; 16-byte loads per thread):
+#     F32   1, 4:   8192 B, 2    F16/BF16 1, 2: 4096 B, 1
+#     Q8_0  32, 34: 2176 B, 0.53 Q4_0/IQ4_NL 32, 18: 1152 B, 0.28   Q4_1 32, 20: 1280 B, 0.31
+#     Q5_0  32, 22: 1408 B, 0.34 Q5_1 32, 24: 1536 B, 0.38          MXFP4 32, 17: 1088 B, 0.27
+#     Q2_K 256, 84:  672 B, 0.16 Q3_K 256, 110: 880 B, 0.21         Q4_K 256, 144: 1152 B, 0.28
+#     Q5_K 256, 176: 1408 B, 0.34 Q6_K 256, 210: 1680 B, 0.41       IQ4_XS 256, 136: 1088 B, 0.27
+#   Every tile is a whole number of 16-byte words, so aligned slices need no extra word. 2048
+#   values per block keep the grid large (a 4096 x 4096 layer is 8192 blocks over 132 SMs) and
+#   the shared stage at most 8 KB. ptxas (NVRTC 13.5, sm_80 and sm_90) gives every kernel 40
+#   registers, no stack and no spills: 6 blocks (1536 threads) per SM; capping at 32 registers
+#   (8 blocks) spilled 24 bytes, so there is no cap.
+# - Grid: one dimension, n_slices * tiles_per_slice blocks; block b is tile b % tiles_per_slice
+#   of slice b // tiles_per_slice, whose source is ids[slice] when gathering. An id outside
+#   [0, n_src_slices) writes NaN over its slice instead of reading out of bounds (no host sync).
+# - Exactness: f16 scales are converted exactly, and each operation follows gguf-py's order
+#   (e.g. Q4_K: (d * sc) * q - (dmin * m)). Products and sums use __fmul_rn/__fadd_rn/__fsub_rn,
+#   so NVRTC never contracts `a * b - c` into one FMA where NumPy rounds twice. (Today every
+#   product that a sum follows is exact anyway, at most 11 + 6 + 5 significant bits, so an FMA
+#   would round the same; the intrinsics keep that true by construction, not by arithmetic.)
+#   Compiled without -ftz, so subnormals survive: MXFP4 scale bytes 0 and 1, F32/BF16 inputs.
+# The floor, e.g. a 4096 x 4096 Q4_K layer: 9.4 MB read + 67 MB written (float32) at ~3.35 TB/s
+# on an H100 is ~23 us; to bfloat16, 9.4 + 33.5 MB, ~13 us. Not yet timed: no version has run
+# on a GPU so far.
+
+_CUDA_SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#define THREADS @THREADS@
+#define VALUES_PER_THREAD @VPT@
+#define TILE_VALUES (THREADS * VALUES_PER_THREAD)
+
+typedef unsigned char u8;
+typedef unsigned int u32;
+typedef long long i64;
+
+// ---- helpers ------------------------------------------------------------------------------------
+
+__device__ __forceinline__ float f16_at(const u8* p) {  // little-endian IEEE half at any byte address
+    return __half2float(__ushort_as_half((unsigned short)(p[0] | (p[1] << 8))));
+}
+__device__ __forceinline__ u32 u32_at(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+// NumPy rounds a product and a following sum separately: never let them become one FMA
+__device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float mul_add(float a, float b, float c) { return __fadd_rn(__fmul_rn(a, b), c); }
+__device__ __forceinline__ float mul_sub(float a, float b, float c) { return __fsub_rn(__fmul_rn(a, b), c); }
+
+// signed byte idx (0..15) of a 16-entry table packed little-endian into 4 words, without memory
+__device__ __forceinline__ int table16(uint4 t, int idx) {
+    const u32 lo = __byte_perm(t.x, t.y, idx & 7);
+    const u32 hi = __byte_perm(t.z, t.w, idx & 7);
+    return (int)(signed char)(((idx & 8) ? hi : lo) & 0xffu);
+}
+#define KV_IQ4NL make_uint4(@IQ4NL@)
+#define KV_MXFP4 make_uint4(@MXFP4@)
+
+// ---- one struct per type: QK values in TS bytes; decode8 gives values j..j+7 of the block at p ----
+// (j is a multiple of 8; for the 1-value types p points at value j and j is 0)
+
+struct TF32 {
+    static constexpr int QK = 1, TS = 4;
+    static __device__ __forceinline__ void decode8(const u8* p, int, float (&v)[8]) {
+        if (((size_t)p & 15) == 0) {
+            const uint4 a = ((const uint4*)p)[0], b = ((const uint4*)p)[1];
+            v[0] = __uint_as_float(a.x); v[1] = __uint_as_float(a.y);
+            v[2] = __uint_as_float(a.z); v[3] = __uint_as_float(a.w);
+            v[4] = __uint_as_float(b.x); v[5] = __uint_as_float(b.y);
+            v[6] = __uint_as_float(b.z); v[7] = __uint_as_float(b.w);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = __uint_as_float(u32_at(p + 4 * i));
+        }
+    }
+};
+
+__device__ __forceinline__ void words8(const u8* p, u32 (&w)[4]) {  // 16 bytes at p, any alignment
+    if (((size_t)p & 15) == 0) {
+        const uint4 a = *(const uint4*)p;
+        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[k] = u32_at(p + 4 * k);
+    }
+}
+
+struct TF16 {
+    static constexpr int QK = 1, TS = 2;
+    static __device__ __forceinline__ void decode8(const u8* p, int, float (&v)[8]) {
+        u32 w[4];
+        words8(p, w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            v[2 * k] = __half2float(__ushort_as_half((unsigned short)(w[k] & 0xffffu)));
+            v[2 * k + 1] = __half2float(__ushort_as_half((unsigned short)(w[k] >> 16)));
+        }
+    }
+};
+
+struct TBF16 {  // reference: (int16 -> int32) << 16, viewed as float32
+    static constexpr int QK = 1, TS = 2;
+    static __device__ __forceinline__ void decode8(const u8* p, int, float (&v)[8]) {
+        u32 w[4];
+        words8(p, w);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            v[2 * k] = __uint_as_float(w[k] << 16);
+            v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        }
+    }
+};
+
+struct TQ8_0 {  // d: f16, qs: 32 x int8; x * d
+    static constexpr int QK = 32, TS = 34;
+    static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
+        const float d = f16_at(p);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul((float)(signed char)p[2 + j + i], d);
+    }
+};
+
+// 32 4-bit values in 16 bytes: value o < 16 is the low nibble of byte o, value o >= 16 the high
+// nibble of byte o - 16; a group of 8 lies in one half
+#define NIBBLES32(qs, j) const u8* q = (qs) + ((j) & 15); const int sh = ((j) & 16) ? 4 : 0;
+
+struct TQ4_0 {  // d: f16, qs[16]; d * (q - 8)
+    static constexpr int QK = 32, TS = 18;
+    static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
+        const float d = f16_at(p);
+        NIBBLES32(p + 2, j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul(d, (float)(((q[i] >> sh) & 15) - 8));
+    }
+};
+
+struct TQ4_1 {  // d, m: f16, qs[16]; (d * q) + m
+    static constexpr int QK = 32, TS = 20;
+    static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
+        const float d = f16_at(p), m = f16_at(p + 2);
+        NIBBLES32(p + 4, j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul_add(d, (float)((q[i] >> sh) & 15), m);
+    }
+};
+
+struct TQ5_0 {  // d: f16, qh: u32 (bit o = 5th bit of value o), qs[16]; d * (q - 16)
+    static constexpr int QK = 32, TS = 22;
+    static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
+        const float d = f16_at(p);
+        const u32 qh = u32_at(p + 2) >> j;
+        NIBBLES32(p + 6, j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            v[i] = mul(d, (float)((int)(((q[i] >> sh) & 15) | (((qh >> i) & 1) << 4)) - 16));
+    }
+};
+
+struct TQ5_1 {  // d, m: f16, qh: u32, qs[16]; (d * q) + m
+    static constexpr int QK = 32, TS = 24;
+    static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
+        const float d = f16_at(p), m = f16_at(p + 2);
+        const u32 qh = u32_at(p + 4) >> j;
+        NIBBLES32(p + 8, j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            v[i] = mul_add(d, (float)(((q[i] >> sh) & 15) | (((qh >> i) & 1) << 4)), m);
+    }
+};
+
+struct TIQ4_NL {  // d: f16, qs[16]; d * kvalues[q]
+    static constexpr int QK = 32, TS = 18;
+    static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
+        const float d = f16_at(p);
+        const uint4 t = KV_IQ4NL;
+        NIBBLES32(p + 2, j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul(d, (float)table16(t, (q[i] >> sh) & 15));
+    }
+};
+
+struct TMXFP4 {  // e: e8m0 (as ggml_e8m0_to_fp32_half), qs[16]; d * kvalues[q]
+    static constexpr int QK = 32, TS = 17;
+    static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
+        const u32 e = p[0];
+        const float d = __uint_as_float(e < 2 ? (0x00200000u << e) : ((e - 1) << 23));
+        const uint4 t = KV_MXFP4;
+        NIBBLES32(p + 1, j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul(d, (float)table16(t, (q[i] >> sh) & 15));
+    }
+};
+
+// K-quants: 256 values in sub-blocks of 16 (Q2_K, Q3_K, Q6_K) or 32 (Q4_K, Q5_K, IQ4_XS)
+
+struct TQ2_K {  // scales[16], qs[64], d, dmin; dl * q - ml
+    static constexpr int QK = 256, TS = 84;
+    static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
+        const float d = f16_at(p + 80), dmin = f16_at(p + 82);
+        const int sc = p[j >> 4];
+        const float dl = mul(d, (float)(sc & 15)), ml = mul(dmin, (float)(sc >> 4));
+        const u8* q = p + 16 + (j >> 7) * 32 + (j & 31);
+        const int sh = ((j >> 5) & 3) * 2;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul_sub(dl, (float)((q[i] >> sh) & 3), ml);
+    }
+};
+
+struct TQ3_K {  // hmask[32], qs[64], scales[12] (6-bit, packed), d; (d * scale) * q
+    static constexpr int QK = 256, TS = 110;
+    static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
+        const u8* s = p + 96;
+        const float d = f16_at(p + 108);
+        const int g = j >> 4;
+        const int lo = g < 8 ? (s[g] & 15) : (s[g - 8] >> 4);
+        const int hi = (s[8 + (g & 3)] >> (2 * (g >> 2))) & 3;
+        const float dl = mul(d, (float)((lo | (hi << 4)) - 32));
+        const int l = j & 31, k = j >> 5;
+        const u8* q = p + 32 + (j >> 7) * 32 + l;
+        const u8* hm = p + l;
+        const int sh = (k & 3) * 2;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            v[i] = mul(dl, (float)(((q[i] >> sh) & 3) - ((((hm[i] >> k) & 1) ^ 1) << 2)));
+    }
+};
+
+// Q4_K/Q5_K: 8 6-bit scales and mins packed in 12 bytes (gguf-py Q4_K.get_scale_min)
+__device__ __forceinline__ void scale_min_k4(const u8* s, int sub, int& sc, int& m) {
+    if (sub < 4) {
+        sc = s[sub] & 63;
+        m = s[sub + 4] & 63;
+    } else {
+        sc = (s[sub + 4] & 15) | ((s[sub - 4] >> 2) & 0x30);
+        m = (s[sub + 4] >> 4) | ((s[sub] >> 2) & 0x30);
+    }
+}
+
+struct TQ4_K {  // d, dmin, scales[12], qs[128]; (d * sc) * q - (dmin * m)
+    static constexpr int QK = 256, TS = 144;
+    static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
+        const float d = f16_at(p), dmin = f16_at(p + 2);
+        const int sub = j >> 5;
+        int sc, m;
+        scale_min_k4(p + 4, sub, sc, m);
+        const float ds = mul(d, (float)sc), dm = mul(dmin, (float)m);
+        const u8* q = p + 16 + (sub >> 1) * 32 + (j & 31);
+        const int sh = (sub & 1) * 4;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul_sub(ds, (float)((q[i] >> sh) & 15), dm);
+    }
+};
+
+struct TQ5_K {  // d, dmin, scales[12], qh[32], qs[128]; (d * sc) * q - (dmin * m)
+    static constexpr int QK = 256, TS = 176;
+    static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
+        const float d = f16_at(p), dmin = f16_at(p + 2);
+        const int sub = j >> 5;
+        int sc, m;
+        scale_min_k4(p + 4, sub, sc, m);
+        const float ds = mul(d, (float)sc), dm = mul(dmin, (float)m);
+        const u8* q = p + 48 + (sub >> 1) * 32 + (j & 31);
+        const u8* qh = p + 16 + (j & 31);
+        const int sh = (sub & 1) * 4;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            v[i] = mul_sub(ds, (float)(((q[i] >> sh) & 15) | (((qh[i] >> sub) & 1) << 4)), dm);
+    }
+};
+
+struct TQ6_K {  // ql[128], qh[64], scales[16] (int8), d; (d * scale) * (q - 32)
+    static constexpr int QK = 256, TS = 210;
+    static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
+        const float d = f16_at(p + 208);
+        const float ds = mul(d, (float)(signed char)p[192 + (j >> 4)]);
+        const int h = j >> 7, r = j & 127;
+        const u8* lo = p + h * 64 + (r & 63);
+        const u8* hi = p + 128 + h * 32 + (r & 31);
+        const int lsh = (r >> 6) * 4, hsh = (r >> 5) * 2;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            v[i] = mul(ds, (float)((int)(((lo[i] >> lsh) & 15) | (((hi[i] >> hsh) & 3) << 4)) - 32));
+    }
+};
+
+struct TIQ4_XS {  // d, scales_h: u16, scales_l[4], qs[128]; (d * (scale - 32)) * kvalues[q]
+    static constexpr int QK = 256, TS = 136;
+    static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
+        const float d = f16_at(p);
+        const u32 scales_h = (u32)p[2] | ((u32)p[3] << 8);
+        const int ib = j >> 5;
+        const int lo = (p[4 + (ib >> 1)] >> (4 * (ib & 1))) & 15;
+        const int hi = (scales_h >> (2 * ib)) & 3;
+        const float dl = mul(d, (float)((lo | (hi << 4)) - 32));
+        const uint4 t = KV_IQ4NL;
+        const int r = j & 31;
+        const u8* q = p + 8 + ib * 16 + (r & 15);
+        const int sh = (r >> 4) * 4;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = mul(dl, (float)table16(t, (q[i] >> sh) & 15));
+    }
+};
+
+// ---- stores -------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void store8(float* out, const float (&v)[8], int n) {
+    // __stwb: a plain (write-back) 16-byte store the compiler cannot split into scalar stores
+    if (n >= 8 && ((size_t)out & 15) == 0) {
+        __stwb((float4*)out, make_float4(v[0], v[1], v[2], v[3]));
+        __stwb((float4*)out + 1, make_float4(v[4], v[5], v[6], v[7]));
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            if (i < n) out[i] = v[i];
+    }
+}
+
+__device__ __forceinline__ u32 bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+
+__device__ __forceinline__ void store8(unsigned short* out, const float (&v)[8], int n) {  // bf16 bits
+    if (n >= 8 && ((size_t)out & 15) == 0) {
+        uint4 w;
+        w.x = bf16_bits(v[0]) | (bf16_bits(v[1]) << 16);
+        w.y = bf16_bits(v[2]) | (bf16_bits(v[3]) << 16);
+        w.z = bf16_bits(v[4]) | (bf16_bits(v[5]) << 16);
+        w.w = bf16_bits(v[6]) | (bf16_bits(v[7]) << 16);
+        __stwb((uint4*)out, w);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+            if (i < n) out[i] = (unsigned short)bf16_bits(v[i]);
+    }
+}
+
+__device__ __forceinline__ void poison(float* out, int i) { out[i] = __uint_as_float(0x7fc00000u); }
+__device__ __forceinline__ void poison(unsigned short* out, int i) { out[i] = 0x7fc0; }
+
+// ---- the kernel body ----------------------------------------------------------------------------
+// src: n_src_slices slices of src_slice_bytes raw bytes; dst: n_slices slices of slice_values
+// values; slice s of dst is slice ids[s] of src (or slice s when ids is null)
+
+template <class Q, class OutT>
+__device__ __forceinline__ void dequant_tile(const u8* __restrict__ src, i64 src_slice_bytes,
+                                             const int* __restrict__ ids, int n_src_slices,
+                                             i64 slice_values, int tiles_per_slice, OutT* __restrict__ dst) {
+    constexpr int TILE_BYTES = TILE_VALUES / Q::QK * Q::TS;
+    static_assert(TILE_VALUES % Q::QK == 0, "a tile holds whole blocks");
+    __shared__ uint4 stage[TILE_BYTES / 16 + 2];  // +2: the misaligned head and the rounded-up tail
+
+    const int slice = blockIdx.x / tiles_per_slice;
+    const int tile = blockIdx.x - slice * tiles_per_slice;
+    const i64 v0 = (i64)tile * TILE_VALUES;
+    const int nv = (int)min((i64)TILE_VALUES, slice_values - v0);  // values in this tile (mult. of QK)
+    OutT* out = dst + (i64)slice * slice_values + v0;
+    const int from = ids ? ids[slice] : slice;
+    if (from < 0 || from >= n_src_slices) {  // a bad expert id: say so in the output, read nothing
+        for (int i = threadIdx.x; i < nv; i += THREADS) poison(out, i);
+        return;
+    }
+
+    // stage the tile's bytes with 16-byte loads from the 16-byte boundary at or below its start
+    const u8* bytes = src + (i64)from * src_slice_bytes + v0 / Q::QK * Q::TS;
+    const int nbytes = nv / Q::QK * Q::TS;
+    const int shift = (int)((size_t)bytes & 15);
+    const uint4* words = (const uint4*)(bytes - shift);
+    const int n_words = (shift + nbytes + 15) >> 4;
+    for (int i = threadIdx.x; i < n_words; i += THREADS) stage[i] = __ldg(words + i);
+    __syncthreads();
+
+    const int j0 = threadIdx.x * VALUES_PER_THREAD;
+    if (j0 >= nv) return;
+    const u8* tile_bytes = (const u8*)stage + shift;
+    float v[8];
+    Q::decode8(tile_bytes + (j0 / Q::QK) * Q::TS, j0 % Q::QK, v);
+    store8(out + j0, v, nv - j0);
+}
+
+#define DEQUANT_KERNELS(NAME, Q)                                                                       \
+    extern "C" __global__ void __launch_bounds__(THREADS) dequant_##NAME##_f32(                       \
+        const u8* __restrict__ src, i64 src_slice_bytes, const int* __restrict__ ids, int n_src_slices, \
+        i64 slice_values, int tiles_per_slice, float* __restrict__ dst) {                             \
+        dequant_tile<Q>(src, src_slice_bytes, ids, n_src_slices, slice_values, tiles_per_slice, dst); \
+    }                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(THREADS) dequant_##NAME##_bf16(                      \
+        const u8* __restrict__ src, i64 src_slice_bytes, const int* __restrict__ ids, int n_src_slices, \
+        i64 slice_values, int tiles_per_slice, unsigned short* __restrict__ dst) {                    \
+        dequant_tile<Q>(src, src_slice_bytes, ids, n_src_slices, slice_values, tiles_per_slice, dst); \
+    }
+
+DEQUANT_KERNELS(f32, TF32)
+DEQUANT_KERNELS(f16, TF16)
+DEQUANT_KERNELS(bf16, TBF16)
+DEQUANT_KERNELS(q8_0, TQ8_0)
+DEQUANT_KERNELS(q4_0, TQ4_0)
+DEQUANT_KERNELS(q4_1, TQ4_1)
+DEQUANT_KERNELS(q5_0, TQ5_0)
+DEQUANT_KERNELS(q5_1, TQ5_1)
+DEQUANT_KERNELS(q2_k, TQ2_K)
+DEQUANT_KERNELS(q3_k, TQ3_K)
+DEQUANT_KERNELS(q4_k, TQ4_K)
+DEQUANT_KERNELS(q5_k, TQ5_K)
+DEQUANT_KERNELS(q6_k, TQ6_K)
+DEQUANT_KERNELS(iq4_nl, TIQ4_NL)
+DEQUANT_KERNELS(iq4_xs, TIQ4_XS)
+DEQUANT_KERNELS(mxfp4, TMXFP4)
+"""
+
+
+def _table_words(values: tuple[int, ...]) -> str:
+    """16 signed bytes as the 4 little-endian words of a `make_uint4(...)`."""
+    raw = np.array(values, dtype=np.int8).view(np.uint8)
+    return ", ".join(f"0x{int(w):08x}u" for w in raw.view("<u4"))
+
+
+def kernel_name(qtype: str, dtype: str) -> str:
+    """The CUDA kernel for one type and output dtype, e.g. dequant_q4_k_bf16."""
+    return f"dequant_{qtype.lower()}_{'f32' if dtype == 'float32' else 'bf16'}"
+
+
+SOURCE = KernelSource(
+    name="dequant",
+    code=(
+        _CUDA_SOURCE.replace("@THREADS@", str(THREADS))
+        .replace("@VPT@", str(VALUES_PER_THREAD))
+        .replace("@IQ4NL@", _table_words(IQ4_NL_KVALUES))
+        .replace("@MXFP4@", _table_words(MXFP4_KVALUES))
+    ),
+    kernels=tuple(kernel_name(t, d) for t in GPU_TYPES for d in OUT_DTYPES),
+)
+SOURCES = (SOURCE,)
+
+
+@dataclass(frozen=True)
+class DequantPlan:
+    """The launch of one `dequant` call, worked out on the host from shapes alone."""
+
+    shape: tuple[int, ...]  # the output's shape
+    n_src: int  # slices of the raw data (experts when gathering, else 1)
+    n_slices: int  # slices of the output (len(rows) when gathering, else 1)
+    slice_values: int  # values per output slice
+    src_slice_bytes: int  # raw bytes per source slice
+    tiles: int  # CUDA blocks per slice, TILE_VALUES values each (the last may be partial)
+
+    @property
+    def grid(self) -> int:
+        return self.n_slices * self.tiles
+
+
+def dequant_plan(raw_shape: tuple[int, ...], qtype: str, n_rows: int | None = None) -> DequantPlan:
+    """The launch for raw bytes of `raw_shape` (uint8, (..., row_bytes)), gathering `n_rows` slices of
+    the first axis when given; ValueError when the rows are not whole blocks."""
+    qk, ts = block_geometry(qtype)
+    if not raw_shape or raw_shape[-1] % ts:
+        raise ValueError(
+            f"{qtype} rows must be whole {ts}-byte blocks; raw data of shape {raw_shape} "
+            f"has rows of {raw_shape[-1] if raw_shape else 0} bytes"
+        )
+    n_cols = raw_shape[-1] // ts * qk
+    if n_rows is None:
+        shape, n_src, n_slices = (*raw_shape[:-1], n_cols), 1, 1
+    else:
+        if len(raw_shape) < 2:
+            raise ValueError(f"rows= picks along the first axis; raw data of shape {raw_shape} has one axis")
+        shape, n_src, n_slices = (n_rows, *raw_shape[1:-1], n_cols), raw_shape[0], n_rows
+    slice_values = math.prod(shape[1:]) if n_rows is not None else math.prod(shape)
+    plan = DequantPlan(
+        shape=shape,
+        n_src=n_src,
+        n_slices=n_slices,
+        slice_values=slice_values,
+        src_slice_bytes=math.prod(raw_shape) // max(n_src, 1),
+        tiles=-(-slice_values // TILE_VALUES),
+    )
+    if plan.grid > 2**31 - 1:
+        raise ValueError(f"{math.prod(shape)} values is too many for one launch; dequantize in parts")
+    return plan
+
+
+def dequant(
+    raw_dev: Any,
+    qtype: str,
+    out: Any = None,
+    dtype: str = "float32",
+    rows: Any = None,
+) -> Any:
+    """Dequantize raw GGUF data in device memory (a CuPy array) on its GPU; returns `out`.
+
+    raw_dev: C-contiguous uint8 (..., row_bytes) as `GGUFFile.raw()` lays it out (float16 or float32
+        values are accepted for F16/F32), e.g. one layer (n_out, row_bytes) or an expert stack
+        (E, n_out, row_bytes).
+    qtype: a ggml type name from GPU_TYPES.
+    out: a C-contiguous CuPy array of the result shape to reuse, or None to allocate one. float32 for
+        dtype "float32"; for "bfloat16", 2-byte elements (uint16, as CuPy has no bfloat16 dtype)
+        holding bf16 bit patterns.
+    rows: None, or 1-D integer indices into the first axis of raw_dev (expert ids): only those
+        slices are dequantized, in that order, so the result has len(rows) as its first axis.
+        Host indices are checked here; a device array of ids is not read back (no host sync), and
+        an id outside [0, E) fills its slice of `out` with NaN.
+    Float32 results equal `dequant_ref` bit for bit; bfloat16 results are those rounded to nearest-even.
+    Runs on the current stream of raw_dev's device, asynchronously.
+    """
+    if dtype not in OUT_DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(OUT_DTYPES)}")
+    if qtype not in GPU_TYPES:
+        raise ValueError(
+            f"no CUDA kernel dequantizes {qtype!r}; kernels exist for {', '.join(GPU_TYPES)}; "
+            "dequantize other types once on the host with dequant_ref"
+        )
+    xp = array_module(raw_dev)
+    if xp is np:
+        raise TypeError(
+            f"dequant runs on CuPy arrays, got {type(raw_dev).__name__}; use dequant_ref for NumPy arrays"
+        )
+    if raw_dev.ndim == 0:
+        raise ValueError("raw_dev must have at least one axis, got a scalar")
+    if not raw_dev.flags.c_contiguous:
+        raise ValueError(f"raw_dev must be C-contiguous (shape {raw_dev.shape}, strides {raw_dev.strides})")
+    raw_u8 = raw_dev.view(xp.uint8)
+
+    with raw_dev.device:
+        if rows is not None and raw_u8.ndim < 2:
+            raise ValueError(
+                f"rows= picks along the first axis; raw_dev of shape {raw_dev.shape} has one axis"
+            )
+        ids = None if rows is None else _device_ids(rows, raw_u8.shape[0], xp)
+        plan = dequant_plan(tuple(raw_u8.shape), qtype, None if ids is None else int(ids.size))
+        out = _check_out(out, plan.shape, dtype, raw_dev, xp)
+        if plan.grid == 0:
+            return out
+        kernel = get_kernel(SOURCE, kernel_name(qtype, dtype))
+        kernel((plan.grid,), (THREADS,), kernel_args(plan, raw_u8, ids, out))
+    return out
+
+
+def kernel_args(plan: DequantPlan, src: Any, ids: Any, out: Any) -> tuple:
+    """The kernel's arguments, in its parameter order and C types (pointers: arrays or None)."""
+    return (
+        src,
+        np.int64(plan.src_slice_bytes),
+        ids,
+        np.int32(plan.n_src),
+        np.int64(plan.slice_values),
+        np.int32(plan.tiles),
+        out,
+    )
+
+
+def _device_ids(rows: Any, n_src: int, xp: Any) -> Any:
+    """rows as a contiguous int32 device vector; host rows are range-checked first."""
+    if array_module(rows) is np:
+        host = np.asarray(rows)
+        if host.ndim != 1 or (host.size and host.dtype.kind not in "iu"):
+            raise ValueError(
+                f"rows must be a 1-D array of integer ids, got {host.dtype} of shape {host.shape}"
+            )
+        bad = host[(host < 0) | (host >= n_src)]
+        if bad.size:
+            raise IndexError(
+                f"row id {int(bad[0])} is out of range for a stack of {n_src} (valid: 0..{n_src - 1})"
+            )
+        return xp.asarray(host.astype(np.int32))
+    if rows.ndim != 1 or rows.dtype.kind not in "iu":
+        raise ValueError(f"rows must be a 1-D array of integer ids, got {rows.dtype} of shape {rows.shape}")
+    return xp.ascontiguousarray(rows, dtype=xp.int32)
+
+
+def _check_out(out: Any, shape: tuple[int, ...], dtype: str, raw_dev: Any, xp: Any) -> Any:
+    if out is None:
+        return xp.empty(shape, dtype=xp.float32 if dtype == "float32" else xp.uint16)
+    if array_module(out) is np:
+        raise TypeError(f"out must be a CuPy array on the raw data's device, got {type(out).__name__}")
+    if tuple(out.shape) != shape:
+        raise ValueError(f"out has shape {tuple(out.shape)}; this call writes {shape}")
+    if dtype == "float32" and out.dtype != np.float32:
+        raise ValueError(f"out has dtype {out.dtype}; dtype='float32' writes float32")
+    if dtype == "bfloat16" and not (out.dtype in (np.uint16, np.int16) or out.dtype.name == "bfloat16"):
+        raise ValueError(
+            f"out has dtype {out.dtype}; dtype='bfloat16' writes 2-byte bf16 bit patterns (uint16)"
+        )
+    if not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous (shape {out.shape}, strides {out.strides})")
+    if out.device.id != raw_dev.device.id:
+        raise ValueError(f"out is on cuda:{out.device.id}, the raw data on cuda:{raw_dev.device.id}")
+    return out
