@@ -71,7 +71,8 @@ def bench_shape(name: str, prefill: int, decode: int, peak: float, folder: str) 
     )
     print(
         f"  write {t_write:.1f} s, load+dequantize {t_load:.1f} s, "
-        f"weights in memory {sum(a.nbytes for a in model.weights.values()) / 2**30:.2f} GiB"
+        f"weights stored {model.weights.stored_bytes / 2**30:.2f} GiB, "
+        f"dequantized {model.weights.dequantized_bytes / 2**30:.2f} GiB"
     )
     print(
         f"  prefill  {prefill:5d} tokens: {prefill / t_prefill:8.1f} tokens/s  "

@@ -4,6 +4,7 @@ training, generation, export.
 Runs on NumPy (CPU); imports nothing from Qt. The studio and the CLI use the names exported here.
 """
 
+from .backend import Backend, Device, available_devices, select_backend
 from .errors import DatasetError, EngineError, ExportError, ModelError, TemplateError, TokenizerError
 from .io.export import (
     ADAPTER_TYPES,
@@ -61,6 +62,7 @@ from .train.events import (
     Step,
     event_to_json,
 )
+from .train.memory import MemoryEstimate, estimate_memory
 from .train.norms import NormsReport, lora_norms
 from .train.reward_session import (
     Answer,
@@ -75,23 +77,22 @@ from .train.reward_session import (
 )
 from .train.rewards import group_advantages, reward_weights
 from .train.train_process import ChildDied, ChildRaised, TrainJob, TrainProcess
-from .train.trainer import TrainConfig, Trainer, estimate_memory
+from .train.trainer import TrainConfig, Trainer
 
 __all__ = [
-    "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "ARCHS", "ArchSpec", "Batch",
-    "Candidate", "CHATML_TEMPLATE", "ChatTemplate", "Checkpoint", "ChildDied", "ChildRaised",
-    "DatasetError", "dequantizable_types",
-    "encode_samples", "Encoded", "EncodeOptions", "EngineError", "estimate_memory", "Eval",
-    "event_to_json", "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError",
-    "Failed", "Finished", "fit_problems", "generate", "Generation", "GGUFFile", "GREEDY",
-    "group_advantages", "human_bytes", "human_count", "KVCache", "load_jsonl", "load_ratings",
-    "lora_candidates", "lora_norms", "lora_param_count", "lora_shapes", "LoraAdapter", "LoraNorms",
-    "LoraTerm", "merged_tensor_types", "MergeReport", "Model", "ModelConfig", "ModelError",
-    "ModelSummary", "NormsReport", "parse_layers", "parse_rating", "parse_sample", "Plan", "PRESETS",
-    "Preview", "Problem", "quantizable_types", "rating_from_stars", "reward_weights", "RewardConfig",
-    "RewardError", "RewardSession", "RoundResult", "Sample", "sample_to_json", "SamplingConfig",
-    "save_jsonl", "select_full", "select_targets", "split_name", "Started", "Step", "summarize",
-    "supported_architectures", "SynthSpec", "TargetSpec", "TemplateError", "TensorInfo", "TensorKind",
-    "Tokenizer", "TokenizerError", "TrainConfig", "Trainer", "TrainJob", "TrainProcess", "write_adapter",
-    "write_model",
+    "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "ARCHS", "ArchSpec",
+    "available_devices", "Backend", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate", "Checkpoint",
+    "ChildDied", "ChildRaised", "DatasetError", "dequantizable_types", "Device", "encode_samples",
+    "Encoded", "EncodeOptions", "EngineError", "estimate_memory", "Eval", "event_to_json", "ExpertUsage",
+    "export_adapter", "export_merged", "export_size", "ExportError", "Failed", "Finished", "fit_problems",
+    "generate", "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count",
+    "KVCache", "load_jsonl", "load_ratings", "lora_candidates", "lora_norms", "lora_param_count",
+    "lora_shapes", "LoraAdapter", "LoraNorms", "LoraTerm", "MemoryEstimate", "merged_tensor_types",
+    "MergeReport", "Model", "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "parse_layers",
+    "parse_rating", "parse_sample", "Plan", "PRESETS", "Preview", "Problem", "quantizable_types",
+    "rating_from_stars", "reward_weights", "RewardConfig", "RewardError", "RewardSession", "RoundResult",
+    "Sample", "sample_to_json", "SamplingConfig", "save_jsonl", "select_backend", "select_full",
+    "select_targets", "split_name", "Started", "Step", "summarize", "supported_architectures", "SynthSpec",
+    "TargetSpec", "TemplateError", "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TrainConfig",
+    "Trainer", "TrainJob", "TrainProcess", "write_adapter", "write_model"
 ]  # fmt: skip

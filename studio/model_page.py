@@ -30,6 +30,7 @@ from PySide6.QtWidgets import (
 
 from engine import (
     EngineError,
+    available_devices,
     estimate_memory,
     human_bytes,
     human_count,
@@ -40,17 +41,6 @@ from engine import (
 )
 
 from .project import ModelInfo, Project, ProjectError
-
-
-def cuda_devices() -> list[str]:
-    """CUDA devices the engine could use, or an empty list (no CuPy, no driver, no GPU)."""
-    try:
-        import cupy  # noqa: F401 - optional dependency
-
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # noqa: BLE001 - ImportError, CUDARuntimeError, ...
-        return []
-    return [f"cuda:{i}" for i in range(n)]
 
 
 class ModelPage(QWidget):
@@ -107,20 +97,21 @@ class ModelPage(QWidget):
             "Where training and generation run. CPU uses NumPy; a CUDA GPU needs CuPy "
             "(pip install -e '.[cuda]'). Default: CPU."
         )
-        self.device_combo.addItem("CPU (NumPy)", "cpu")
-        devices = cuda_devices()
-        for d in devices:
-            self.device_combo.addItem(f"CUDA GPU {d}", d)
-        if not devices:
-            self.device_combo.addItem("CUDA GPU — not available (no CuPy or no GPU)", None)
-            self.device_combo.model().item(1).setEnabled(False)
+        for i, d in enumerate(available_devices()):
+            if d.usable:
+                self.device_combo.addItem(d.label if d.name == "cpu" else f"{d.name}: {d.label}", d.name)
+            else:
+                self.device_combo.addItem(f"CUDA GPU ({d.name}) — not available: {d.reason}", None)
+                self.device_combo.model().item(i).setEnabled(False)
+                self.device_combo.setItemData(i, d.reason, Qt.ToolTipRole)
         self.device_combo.currentIndexChanged.connect(self._device_changed)
         run.addRow("Device:", self.device_combo)
         self.memory_label = QLabel("–")
         self.memory_label.setWordWrap(True)
         self.memory_label.setToolTip(
-            "Estimated memory of a training run with the current targets and settings: frozen weights in "
-            "float32, trainable parameters with their gradients and Adam moments, and activations."
+            "Estimated peak memory of a training run with the current targets and settings: the model "
+            "file (weights stay quantized), the cache of dequantized weights (Train page: cache budget), "
+            "trainable parameters with their gradients and Adam moments, activations and the output head."
         )
         run.addRow("Memory estimate:", self.memory_label)
 
@@ -231,13 +222,14 @@ class ModelPage(QWidget):
         n_train = lora_param_count(info.tensors, names, cfg.rank) + sum(
             info.tensors[n].n_elements for n in full
         )
-        est = estimate_memory(c, info.summary.n_params, n_train, cfg)
-        self.memory_label.setText(
-            f"≈ {human_bytes(est['total'])} — weights {human_bytes(est['weights'])}, "
-            f"trainable {human_bytes(est['trainable'])} ({human_count(n_train)} parameters in {len(names)} "
-            f"adapted tensors), activations {human_bytes(est['activations'])} at {cfg.batch_size} × "
-            f"{cfg.n_ctx} tokens"
+        est = estimate_memory(c, info.tensors, n_train, cfg, lora_targets=names)
+        text = (
+            f"{est.describe(cfg)}; {human_count(n_train)} trainable parameters in {len(names)} "
+            "adapted tensors"
         )
+        if not est.fits():
+            text += f". Does not fit: {est.advice(cfg)}"
+        self.memory_label.setText(text)
 
     def _fill(self, info: ModelInfo) -> None:
         s = info.summary

@@ -83,11 +83,19 @@ class Project:
         self.dataset_path: str | None = None
         self.template_file: str | None = None  # overrides the model's chat template
         self.output_dir: str | None = None  # adapters and checkpoints; default: beside the project/dataset
-        self.device: str = "cpu"  # "cpu", or "cuda:N" where the engine can use one
-        self.config: TrainConfig = TrainConfig()
+        self.config: TrainConfig = TrainConfig()  # its `device` is the project's device
         self.path: str | None = None
         self.dirty = False
         self._listeners: list[Listener] = []
+
+    @property
+    def device(self) -> str:
+        """"cpu", or "cuda:N" where the engine can use one: travels to the engine in the TrainConfig."""
+        return self.config.device
+
+    @device.setter
+    def device(self, value: str) -> None:
+        self.config = replace(self.config, device=value)
 
     # --- observing --------------------------------------------------------------------------
     def subscribe(self, listener: Listener) -> None:
@@ -187,8 +195,8 @@ class Project:
         self.dataset_path = data.get("dataset_path")
         self.template_file = data.get("template_file")
         self.output_dir = data.get("output_dir")
-        self.device = data.get("device") or "cpu"
         self.config = config
+        self.device = data.get("device") or config.device
         self.path = path
         self.dirty = False
         self._notify(set(self.FIELDS) | {"path"})

@@ -222,9 +222,10 @@ class TargetsPage(QWidget):
             ("Adapter file (F32)", "Approximate size of the adapter GGUF in F32: 4 bytes per parameter "
              "plus a small header."),
             ("Train in full", "Tensors trained as a whole (listed on the right), not as LoRA."),
-            ("Memory (estimate)", "Rough training memory: frozen weights as float32, trainable state "
-             "(parameters, gradients, two Adam moments) and activations, for the batch size and context "
-             "on the Train page. An estimate, not a measurement."),
+            ("Memory (estimate)", "Peak training memory: the model file (weights stay quantized), the "
+             "cache of dequantized weights, trainable state (parameters, gradients, two Adam moments), "
+             "activations for the batch size and context on the Train page, and the output head. An "
+             "estimate, not a measurement."),
         ):  # fmt: skip
             value = QLabel("–")
             value.setTextInteractionFlags(Qt.TextSelectableByMouse)
@@ -590,9 +591,7 @@ class TargetsPage(QWidget):
         m = st.memory
         cfg = self.project.config
         lab["Memory (estimate)"].setText(
-            f"≈ {human_bytes(m['total'])}  (weights {human_bytes(m['weights'])}, trainable state "
-            f"{human_bytes(m['trainable'])}, activations {human_bytes(m['activations'])} at batch "
-            f"{cfg.batch_size} × {cfg.n_ctx} tokens)"
+            m.describe(cfg) + ("" if m.fits() else f". Does not fit: {m.advice(cfg)}")
         )
         lab["Memory (estimate)"].setWordWrap(True)
         if not st.n_tensors and not st.full_tensors and not self.error_label.isVisible():

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from engine import (
     PRESETS,
     Candidate,
+    MemoryEstimate,
     ModelConfig,
     ModelError,
     TargetSpec,
@@ -159,7 +160,7 @@ class SelectionStats:
     trainable: int  # lora_params + full_params
     adapter_bytes: int  # ≈ size of the F32 adapter file
     model_params: int  # parameters of the model
-    memory: dict[str, int]  # engine.estimate_memory: weights, trainable, activations, total (bytes)
+    memory: MemoryEstimate  # engine.estimate_memory of the selection
     full_error: str = ""  # why config.full does not resolve, if it does not
 
     @property
@@ -323,6 +324,6 @@ class TargetSelection:
             trainable=trainable,
             adapter_bytes=adapter_file_bytes(self.tensors, names, rank) if names else 0,
             model_params=model_params,
-            memory=estimate_memory(model_config, model_params, trainable, config),
+            memory=estimate_memory(model_config, self.tensors, trainable, config, lora_targets=names),
             full_error=full_error,
         )

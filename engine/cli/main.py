@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..backend import select_backend
 from ..errors import EngineError
 from ..model.generate import GREEDY, SamplingConfig, generate
 from ..model.lora import LoraAdapter
@@ -30,6 +31,23 @@ EXIT_USAGE = 2
 
 class CliError(Exception):
     """A problem with the command's own inputs (a file that cannot be read, a bad value)."""
+
+
+def add_runtime_options(s: argparse.ArgumentParser) -> None:
+    """--device and --cache-budget, for every command that computes with the model."""
+    s.add_argument("--device", default="cpu", help="cpu (default), cuda:N, or auto (a GPU when usable)")
+    s.add_argument(
+        "--cache-budget",
+        default="auto",
+        help="dequantized weights kept between uses: auto (what memory is free; default), off, or a "
+        "size such as 2G; the weights themselves stay quantized as the file stores them",
+    )
+
+
+def load_model(args: argparse.Namespace) -> Model:
+    """The model of `args.model` on `args.device`, with the weight cache of `args.cache_budget`."""
+    select_backend(args.device)  # EngineError naming why a GPU cannot be used
+    return Model.load(args.model, cache_budget=args.cache_budget)
 
 
 def _read_text(path: str) -> str:
@@ -103,7 +121,7 @@ def _parse_tokens(text: str) -> np.ndarray:
 
 def cmd_logits(args: argparse.Namespace) -> int:
     tokens = _parse_tokens(args.tokens)
-    model = Model.load(args.model)
+    model = load_model(args)
     lora = LoraAdapter.load(args.lora, model).terms(args.lora_scale) if args.lora else None
     logits = model.forward(tokens, lora=lora).astype(np.float32)  # (T, V)
     out = args.out
@@ -156,7 +174,7 @@ def cmd_chat_template(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    model = Model.load(args.model)
+    model = load_model(args)
     tok = Tokenizer.from_metadata(model.metadata, model.path)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
@@ -244,6 +262,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         gclip=args.gclip, max_grad_norm=args.max_grad_norm,
         reward_mode=args.reward_mode, kl_coef=args.kl,
         checkpoint_layers=args.checkpoint_layers, checkpoint_every=args.checkpoint_every or 0,
+        device=args.device, cache_budget=args.cache_budget,
         checkpoint_dir=ckpt_dir, eval_every=args.eval_every, out=out, out_type=args.out_type,
     )  # fmt: skip
     tty = sys.stderr.isatty()
@@ -261,10 +280,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             events_file.flush()
         if isinstance(e, ev.Started):
             p = e.plan
+            m = p.memory_bytes
             print(f"training {len(p.lora_targets)} LoRA targets + {len(p.full_tensors)} full tensors "
                   f"({p.trainable_params:,} parameters) on {p.n_train} samples ({p.n_val} validation), "
-                  f"{p.total_steps} steps; memory estimate {p.memory_bytes['total'] / 2**20:.0f} MiB",
-                  file=sys.stderr)  # fmt: skip
+                  f"{p.total_steps} steps; memory estimate {human_bytes(m['total'])} at peak (model file "
+                  f"{human_bytes(m['stored'])}, weight cache {human_bytes(m['cache'])}, layer checkpointing "
+                  f"{'on' if m['checkpoint'] else 'off'})", file=sys.stderr)  # fmt: skip
             for problem in p.problems[:20]:
                 print(f"  {problem}", file=sys.stderr)
             if len(p.problems) > 20:
@@ -350,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lora", help="LoRA adapter GGUF to apply")
     s.add_argument("--lora-scale", type=float, default=1.0, help="adapter scale (default 1.0)")
     s.add_argument("--out", required=True)
+    add_runtime_options(s)
     s.set_defaults(func=cmd_logits)
 
     s = sub.add_parser("chat-template", help="render a conversation with the model's chat template")
@@ -378,6 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--samples", type=int, default=1, help="answers to generate, as one batch (default 1)")
     s.add_argument("--lora", help="LoRA adapter GGUF to apply")
     s.add_argument("--lora-scale", type=float, default=1.0)
+    add_runtime_options(s)
     s.set_defaults(func=cmd_generate)
 
     s = sub.add_parser("train", help="fine-tune with LoRA (and/or full-weight tensors) on a JSONL dataset")
@@ -431,7 +454,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--kl", type=float, default=0.0, help="group mode: KL penalty to the base model (default 0)"
     )
     s.add_argument(
-        "--checkpoint-layers", action="store_true", help="recompute layers in the backward (less memory)"
+        "--checkpoint-layers",
+        nargs="?",
+        const="on",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="recompute layers in the backward pass (less memory); default auto: on when the memory "
+        "estimate says activations would not fit",
     )
     s.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
     s.add_argument("--checkpoint-dir", help="checkpoint folder (default OUT.checkpoints)")
@@ -440,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--template-file", help="Jinja chat template overriding the model's")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--events", help="write every event as one JSON line to this file")
+    add_runtime_options(s)
     s.set_defaults(func=cmd_train)
 
     from .reward import add_command as add_reward_command

@@ -71,8 +71,10 @@ def cmd_reward(args: argparse.Namespace) -> int:
         mode=args.mode, kl_coef=args.kl, lr=args.lr, n_samples=args.samples, temperature=args.temp,
         max_new_tokens=args.n,
     )  # fmt: skip
+    from .main import load_model
+
     session = RewardSession(
-        args.model,
+        load_model(args),
         adapter=args.adapter,
         targets=TargetSpec(preset=args.targets),
         rank=args.rank,
@@ -122,6 +124,8 @@ def cmd_reward(args: argparse.Namespace) -> int:
 
 
 def add_command(subparsers) -> None:
+    from .main import add_runtime_options
+
     """Register `reward` on the `tune-engine` subparsers."""
     s = subparsers.add_parser(
         "reward",
@@ -160,4 +164,5 @@ def add_command(subparsers) -> None:
     s.add_argument("--alpha", type=float, help="LoRA alpha of a new adapter (default 2 x rank)")
     s.add_argument("--checkpoint-dir", help="write a checkpoint after every step into this folder")
     s.add_argument("--out", required=True, help="adapter GGUF to write")
+    add_runtime_options(s)
     s.set_defaults(func=cmd_reward)

@@ -121,57 +121,73 @@ class SynthSpec:
         return cls(**base)
 
 
-def random_weights(spec: SynthSpec, dtype=np.float32) -> dict[str, np.ndarray]:
-    """Random weights in NumPy layout, scaled so that activations stay O(1) through the layers."""
-    rng = np.random.default_rng(spec.seed)
+def tensor_shapes(spec: SynthSpec) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a synthetic model with its NumPy shape, in file order."""
     arch = ARCHS[spec.arch]
     C, HS = spec.C, spec.HS
     q_out, kv_out = spec.NH * HS, spec.NKV * HS
-
-    def lin(n_out: int, n_in: int, *lead: int) -> np.ndarray:
-        return (rng.standard_normal((*lead, n_out, n_in)) / np.sqrt(n_in)).astype(dtype)
-
-    def norm(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n)).astype(dtype)
-
-    w: dict[str, np.ndarray] = {"token_embd.weight": rng.standard_normal((spec.V, C)).astype(dtype)}
+    t: dict[str, tuple[int, ...]] = {"token_embd.weight": (spec.V, C)}
     for i in range(spec.L):
         p = f"blk.{i}."
-        w[p + "attn_norm.weight"] = norm(C)
-        w[p + "attn_q.weight"] = lin(q_out, C)
-        w[p + "attn_k.weight"] = lin(kv_out, C)
-        w[p + "attn_v.weight"] = lin(kv_out, C)
-        w[p + "attn_output.weight"] = lin(C, q_out)
+        t[p + "attn_norm.weight"] = (C,)
+        t[p + "attn_q.weight"] = (q_out, C)
+        t[p + "attn_k.weight"] = (kv_out, C)
+        t[p + "attn_v.weight"] = (kv_out, C)
+        t[p + "attn_output.weight"] = (C, q_out)
         if spec.qkv_bias:
-            w[p + "attn_q.bias"] = (0.1 * rng.standard_normal(q_out)).astype(dtype)
-            w[p + "attn_k.bias"] = (0.1 * rng.standard_normal(kv_out)).astype(dtype)
-            w[p + "attn_v.bias"] = (0.1 * rng.standard_normal(kv_out)).astype(dtype)
+            t[p + "attn_q.bias"] = (q_out,)
+            t[p + "attn_k.bias"] = (kv_out,)
+            t[p + "attn_v.bias"] = (kv_out,)
         if arch.qk_norm == "head":
-            w[p + "attn_q_norm.weight"] = norm(HS)
-            w[p + "attn_k_norm.weight"] = norm(HS)
+            t[p + "attn_q_norm.weight"] = (HS,)
+            t[p + "attn_k_norm.weight"] = (HS,)
         elif arch.qk_norm == "full":
-            w[p + "attn_q_norm.weight"] = norm(q_out)
-            w[p + "attn_k_norm.weight"] = norm(kv_out)
-        w[p + "ffn_norm.weight"] = norm(C)
+            t[p + "attn_q_norm.weight"] = (q_out,)
+            t[p + "attn_k_norm.weight"] = (kv_out,)
+        t[p + "ffn_norm.weight"] = (C,)
         if spec.E:
-            w[p + "ffn_gate_inp.weight"] = 3.0 * lin(spec.E, C)  # wide router margins
-            w[p + "ffn_gate_exps.weight"] = lin(spec.F_exp, C, spec.E)
-            w[p + "ffn_up_exps.weight"] = lin(spec.F_exp, C, spec.E)
-            w[p + "ffn_down_exps.weight"] = lin(C, spec.F_exp, spec.E)
+            t[p + "ffn_gate_inp.weight"] = (spec.E, C)
+            t[p + "ffn_gate_exps.weight"] = (spec.E, spec.F_exp, C)
+            t[p + "ffn_up_exps.weight"] = (spec.E, spec.F_exp, C)
+            t[p + "ffn_down_exps.weight"] = (spec.E, C, spec.F_exp)
             if spec.F_shexp:
-                w[p + "ffn_gate_shexp.weight"] = lin(spec.F_shexp, C)
-                w[p + "ffn_up_shexp.weight"] = lin(spec.F_shexp, C)
-                w[p + "ffn_down_shexp.weight"] = lin(C, spec.F_shexp)
-                w[p + "ffn_gate_inp_shexp.weight"] = (rng.standard_normal(C) / np.sqrt(C)).astype(dtype)
+                t[p + "ffn_gate_shexp.weight"] = (spec.F_shexp, C)
+                t[p + "ffn_up_shexp.weight"] = (spec.F_shexp, C)
+                t[p + "ffn_down_shexp.weight"] = (C, spec.F_shexp)
+                t[p + "ffn_gate_inp_shexp.weight"] = (C,)
         else:
-            w[p + "ffn_gate.weight"] = lin(spec.F, C)
-            w[p + "ffn_up.weight"] = lin(spec.F, C)
-            w[p + "ffn_down.weight"] = lin(C, spec.F)
-    w["output_norm.weight"] = norm(C)
+            t[p + "ffn_gate.weight"] = (spec.F, C)
+            t[p + "ffn_up.weight"] = (spec.F, C)
+            t[p + "ffn_down.weight"] = (C, spec.F)
+    t["output_norm.weight"] = (C,)
     if not spec.tied:
-        w["output.weight"] = lin(spec.V, C)
+        t["output.weight"] = (spec.V, C)
     if spec.rope_freqs:
-        w["rope_freqs.weight"] = (1.0 + np.arange(HS // 2) / 4.0).astype(dtype)
+        t["rope_freqs.weight"] = (HS // 2,)
+    return t
+
+
+def random_weights(spec: SynthSpec, dtype=np.float32) -> dict[str, np.ndarray]:
+    """Random weights in NumPy layout, scaled so that activations stay O(1) through the layers."""
+    rng = np.random.default_rng(spec.seed)
+    w: dict[str, np.ndarray] = {}
+    for name, shape in tensor_shapes(spec).items():
+        kind = name.split(".", 2)[-1] if name.startswith("blk.") else name
+        if name == "token_embd.weight":
+            x = rng.standard_normal(shape)
+        elif name == "rope_freqs.weight":
+            x = 1.0 + np.arange(shape[0]) / 4.0
+        elif kind.endswith("norm.weight"):
+            x = 1.0 + 0.1 * rng.standard_normal(shape[0])
+        elif kind.endswith(".bias"):
+            x = 0.1 * rng.standard_normal(shape[0])
+        elif kind == "ffn_gate_inp_shexp.weight":
+            x = rng.standard_normal(shape[0]) / np.sqrt(shape[0])
+        else:  # matmul weights (n_out, n_in) or expert stacks (E, n_out, n_in)
+            x = rng.standard_normal(shape) / np.sqrt(shape[-1])
+            if kind == "ffn_gate_inp.weight":
+                x = 3.0 * x.astype(dtype)  # wide router margins
+        w[name] = np.asarray(x).astype(dtype)
     return w
 
 

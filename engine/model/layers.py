@@ -1,17 +1,21 @@
 """One transformer block of every supported architecture, as a forward/backward pair.
 
-`block_forward` is the single definition of what a layer computes: `Model.forward` (inference,
-with a KV cache) and the training pass both call it. `block_backward` differentiates it, giving
-the gradient of the block's input and adding the gradients of trainable tensors (named in
-`need`) and of LoRA factors (`<base>.lora_a`, `<base>.lora_b`) into `grads`.
+`block_forward` is the single definition of what a layer computes: the model-level forward
+(`engine.model.forward`) calls it for inference (with a KV cache) and for training.
+`block_backward` differentiates it, giving the gradient of the block's input and adding the
+gradients of trainable tensors (named in `need`) and of LoRA factors (`<base>.lora_a`,
+`<base>.lora_b`) into `grads`.
 
-Weights come as a mapping from GGUF names to arrays (frozen weights overlaid with trainable
-copies); LoRA terms as a mapping from base names to `LoraTerm`. Shapes: x (B, T, C).
+Weights come as a mapping from GGUF names to arrays (the weight store, overlaid with trainable
+copies); LoRA terms as a mapping from base names to `LoraTerm`. A weight is looked up when it is
+used, in the forward and again in the backward, and the caches hold activations only, so the
+weight store can drop a dequantized layer in between. Shapes: x (B, T, C).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,27 +47,71 @@ def add_lora_grads(grads, name: str, dA: np.ndarray | None, dB: np.ndarray | Non
     add_grad(grads, name + ".lora_b", dB)
 
 
+def _maybe(grads, need, name, g) -> None:
+    if name in need:
+        add_grad(grads, name, g)
+
+
 class _Linear:
-    """A named linear map of block i: weight, optional bias, optional LoRA term."""
+    """A named linear map of block i: weight, optional bias, optional LoRA term (weights read at use)."""
 
     def __init__(self, W: Mapping[str, np.ndarray], lora: Mapping[str, LoraTerm], i: int, kind: str):
+        self.W = W
         self.name = layer_name(i, kind)
         self.bias_name = layer_name(i, kind, "bias")
-        self.w = W[self.name]
-        self.b = W.get(self.bias_name)
         self.lora = lora.get(self.name)
 
     def forward(self, x):
-        return ops.linear_forward(x, self.w, self.b, self.lora)
+        return ops.linear_forward(x, self.W[self.name], self.W.get(self.bias_name), self.lora)
 
     def backward(self, dy, cache, need, grads):
-        dx, dW, db, dA, dB = ops.linear_backward(dy, cache, need_dw=self.name in need)
+        dx, dW, db, dA, dB = ops.linear_backward(dy, cache, self.W[self.name], need_dw=self.name in need)
         add_grad(grads, self.name, dW)
         if self.bias_name in need:
             add_grad(grads, self.bias_name, db)
         if self.lora is not None:
             add_lora_grads(grads, self.name, dA, dB)
         return dx
+
+
+class FFNCache(NamedTuple):
+    gate: ops.LinearCache
+    up: ops.LinearCache
+    act: ops.SwigluCache
+    down: ops.LinearCache
+
+
+class SharedExpertCache(NamedTuple):
+    ffn: FFNCache
+    out: np.ndarray  # (N, C) the shared expert's output before its gate
+    gate: np.ndarray  # (N,) sigmoid(h . w_gs)
+    h: np.ndarray  # (N, C) the MoE input
+
+
+class MoECache(NamedTuple):
+    router: ops.LinearCache
+    route: ops.RouteCache
+    experts: ops.ExpertsCache
+    shared: SharedExpertCache | None
+    routing: ops.Routing
+
+
+class BlockCache(NamedTuple):
+    """Activations of one block's forward pass (no weights)."""
+
+    attn_norm: ops.NormCache
+    q: ops.LinearCache
+    k: ops.LinearCache
+    v: ops.LinearCache
+    q_norm: ops.NormCache | None
+    k_norm: ops.NormCache | None
+    q_rope: ops.RopeCache
+    k_rope: ops.RopeCache
+    attn: ops.AttentionCache
+    o: ops.LinearCache
+    ffn_norm: ops.NormCache
+    ffn: FFNCache | None  # dense layers
+    moe: MoECache | None  # MoE layers
 
 
 def block_forward(
@@ -77,63 +125,64 @@ def block_forward(
     sin: np.ndarray,
     mask: np.ndarray,
     kv=None,
-):
+) -> tuple[np.ndarray, BlockCache]:
     """x (B, T, C) -> (x', cache). With `kv` (an engine.model.KVCache), keys/values are appended to it."""
     B, T, C = x.shape
     eps = cfg.rms_eps
-    c = {}
     # attention block: x += attn_output(attn(rmsnorm(x) * attn_norm))
-    h, c["attn_norm"] = ops.rmsnorm_forward(x, W[layer_name(i, "attn_norm")], eps)
-    q, c["q"] = _Linear(W, lora, i, "attn_q").forward(h)  # (B, T, NH*HS)
-    k, c["k"] = _Linear(W, lora, i, "attn_k").forward(h)  # (B, T, NKV*HS)
-    v, c["v"] = _Linear(W, lora, i, "attn_v").forward(h)
+    h, c_an = ops.rmsnorm_forward(x, W[layer_name(i, "attn_norm")], eps)
+    q, c_q = _Linear(W, lora, i, "attn_q").forward(h)  # (B, T, NH*HS)
+    k, c_k = _Linear(W, lora, i, "attn_k").forward(h)  # (B, T, NKV*HS)
+    v, c_v = _Linear(W, lora, i, "attn_v").forward(h)
+    c_qn = c_kn = None
     if cfg.qk_norm == "full":
-        q, c["q_norm"] = ops.rmsnorm_forward(q, W[layer_name(i, "attn_q_norm")], eps)
-        k, c["k_norm"] = ops.rmsnorm_forward(k, W[layer_name(i, "attn_k_norm")], eps)
+        q, c_qn = ops.rmsnorm_forward(q, W[layer_name(i, "attn_q_norm")], eps)
+        k, c_kn = ops.rmsnorm_forward(k, W[layer_name(i, "attn_k_norm")], eps)
     q = q.reshape(B, T, cfg.NH, cfg.HS)
     k = k.reshape(B, T, cfg.NKV, cfg.HS)
     v = v.reshape(B, T, cfg.NKV, cfg.HS)
     if cfg.qk_norm == "head":
-        q, c["q_norm"] = ops.rmsnorm_forward(q, W[layer_name(i, "attn_q_norm")], eps)
-        k, c["k_norm"] = ops.rmsnorm_forward(k, W[layer_name(i, "attn_k_norm")], eps)
-    q, c["q_rope"] = ops.rope_forward(q, cos, sin, cfg.rope)
-    k, c["k_rope"] = ops.rope_forward(k, cos, sin, cfg.rope)
+        q, c_qn = ops.rmsnorm_forward(q, W[layer_name(i, "attn_q_norm")], eps)
+        k, c_kn = ops.rmsnorm_forward(k, W[layer_name(i, "attn_k_norm")], eps)
+    q, c_qr = ops.rope_forward(q, cos, sin, cfg.rope)
+    k, c_kr = ops.rope_forward(k, cos, sin, cfg.rope)
     if kv is not None:
         n = kv.length
         kv.k[i][:, n : n + T] = k
         kv.v[i][:, n : n + T] = v
         k, v = kv.k[i][:, : n + T], kv.v[i][:, : n + T]
-    a, c["attn"] = ops.attention_forward(q, k, v, mask, cfg.attn_scale)  # (B, T, NH*HS)
-    o, c["o"] = _Linear(W, lora, i, "attn_output").forward(a)
+    a, c_attn = ops.attention_forward(q, k, v, mask, cfg.attn_scale)  # (B, T, NH*HS)
+    o, c_o = _Linear(W, lora, i, "attn_output").forward(a)
     x = x + o
     # feed-forward block: x += ffn(rmsnorm(x) * ffn_norm)
-    h, c["ffn_norm"] = ops.rmsnorm_forward(x, W[layer_name(i, "ffn_norm")], eps)
+    h, c_fn = ops.rmsnorm_forward(x, W[layer_name(i, "ffn_norm")], eps)
+    c_ffn = c_moe = None
     if moe:
-        y, c["moe"] = _moe_forward(cfg, W, lora, i, h.reshape(B * T, C))
+        y, c_moe = _moe_forward(cfg, W, lora, i, h.reshape(B * T, C))
         y = y.reshape(B, T, C)
     else:
-        y, c["ffn"] = _ffn_forward(W, lora, i, h, DENSE_FFN_KINDS)
-    return x + y, c
+        y, c_ffn = _ffn_forward(W, lora, i, h, DENSE_FFN_KINDS)
+    cache = BlockCache(c_an, c_q, c_k, c_v, c_qn, c_kn, c_qr, c_kr, c_attn, c_o, c_fn, c_ffn, c_moe)
+    return x + y, cache
 
 
-def _ffn_forward(W, lora, i, h, kinds):
+def _ffn_forward(W, lora, i, h, kinds) -> tuple[np.ndarray, FFNCache]:
     gate, up, down = (_Linear(W, lora, i, k) for k in kinds)
     g, cg = gate.forward(h)
     u, cu = up.forward(h)
     act, cs = ops.swiglu_forward(g, u)
     y, cd = down.forward(act)
-    return y, (cg, cu, cs, cd)
+    return y, FFNCache(cg, cu, cs, cd)
 
 
-def _ffn_backward(W, lora, i, dy, cache, kinds, need, grads):
+def _ffn_backward(W, lora, i, dy, cache: FFNCache, kinds, need, grads):
     gate, up, down = (_Linear(W, lora, i, k) for k in kinds)
-    cg, cu, cs, cd = cache
-    dact = down.backward(dy, cd, need, grads)
-    dg, du = ops.swiglu_backward(dact, cs)
-    return gate.backward(dg, cg, need, grads) + up.backward(du, cu, need, grads)
+    dact = down.backward(dy, cache.down, need, grads)
+    dg, du = ops.swiglu_backward(dact, cache.act)
+    return gate.backward(dg, cache.gate, need, grads) + up.backward(du, cache.up, need, grads)
 
 
-def _moe_forward(cfg, W, lora, i, h):
+def _moe_forward(cfg, W, lora, i, h) -> tuple[np.ndarray, MoECache]:
     """h (N, C): router, routed experts, and the gated shared expert when the architecture has one."""
     logits, c_router = _Linear(W, lora, i, "ffn_gate_inp").forward(h)  # (N, E)
     routing, c_route = ops.route_forward(logits, cfg.K, cfg.moe_renorm)
@@ -145,24 +194,25 @@ def _moe_forward(cfg, W, lora, i, h):
         z = h @ W[layer_name(i, "ffn_gate_inp_shexp")]  # (N,)
         gate = ops.sigmoid(z)
         y = y + shared * gate[:, None]
-        c_shared = (c_ffn, shared, gate, h)
-    return y, (c_router, c_route, c_experts, c_shared, routing)
+        c_shared = SharedExpertCache(c_ffn, shared, gate, h)
+    return y, MoECache(c_router, c_route, c_experts, c_shared, routing)
 
 
-def _moe_backward(cfg, W, lora, i, dy, cache, need, grads):
-    c_router, c_route, c_experts, c_shared, _ = cache
+def _moe_backward(cfg, W, lora, i, dy, cache: MoECache, need, grads):
     names = [layer_name(i, k) for k in EXPERT_KINDS]
-    dh, dweights, dW, dlora = ops.experts_backward(dy, c_experts, need_dw=any(n in need for n in names))
+    dh, dweights, dW, dlora = ops.experts_backward(
+        dy, cache.experts, *(W[n] for n in names), need_dw=any(n in need for n in names)
+    )
     for n, key in zip(names, ("gate", "up", "down"), strict=True):
         if n in need:
             add_grad(grads, n, dW[key])
         if key in dlora:
             add_lora_grads(grads, n, *dlora[key])
-    dlogits = ops.route_backward(dweights, c_route)
-    dh = dh + _Linear(W, lora, i, "ffn_gate_inp").backward(dlogits, c_router, need, grads)
-    if c_shared is not None:
+    dlogits = ops.route_backward(dweights, cache.route)
+    dh = dh + _Linear(W, lora, i, "ffn_gate_inp").backward(dlogits, cache.router, need, grads)
+    if cache.shared is not None:
         # forward was: y += shared * sigmoid(h . w_gs)
-        c_ffn, shared, gate, h = c_shared
+        c_ffn, shared, gate, h = cache.shared
         dshared = dy * gate[:, None]
         dz = (dy * shared).sum(axis=-1) * gate * (1.0 - gate)  # (N,)
         wgs_name = layer_name(i, "ffn_gate_inp_shexp")
@@ -180,7 +230,7 @@ def block_backward(
     i: int,
     moe: bool,
     dx: np.ndarray,
-    c: dict,
+    c: BlockCache,
     need: set[str],
     grads: MutableMapping[str, np.ndarray],
 ) -> np.ndarray:
@@ -188,48 +238,47 @@ def block_backward(
     B, T, C = dx.shape
     # forward was: x2 = x1 + ffn(rmsnorm(x1))
     if moe:
-        dh = _moe_backward(cfg, W, lora, i, dx.reshape(B * T, C), c["moe"], need, grads).reshape(B, T, C)
+        dh = _moe_backward(cfg, W, lora, i, dx.reshape(B * T, C), c.moe, need, grads).reshape(B, T, C)
     else:
-        dh = _ffn_backward(W, lora, i, dx, c["ffn"], DENSE_FFN_KINDS, need, grads)
-    dx1, dw = ops.rmsnorm_backward(dh, c["ffn_norm"])
-    _maybe(grads, need, layer_name(i, "ffn_norm"), dw)
+        dh = _ffn_backward(W, lora, i, dx, c.ffn, DENSE_FFN_KINDS, need, grads)
+    name = layer_name(i, "ffn_norm")
+    dx1, dw = ops.rmsnorm_backward(dh, c.ffn_norm, W[name])
+    _maybe(grads, need, name, dw)
     dx = dx + dx1
     # forward was: x1 = x + attn_output(attention(rope(q), rope(k), v))
-    da = _Linear(W, lora, i, "attn_output").backward(dx, c["o"], need, grads)
-    dq, dk, dv = ops.attention_backward(da, c["attn"])
-    dq = ops.rope_backward(dq, c["q_rope"])
-    dk = ops.rope_backward(dk, c["k_rope"])
+    da = _Linear(W, lora, i, "attn_output").backward(dx, c.o, need, grads)
+    dq, dk, dv = ops.attention_backward(da, c.attn)
+    dq = ops.rope_backward(dq, c.q_rope)
+    dk = ops.rope_backward(dk, c.k_rope)
     if cfg.qk_norm == "head":
-        dq, dwq = ops.rmsnorm_backward(dq, c["q_norm"])
-        dk, dwk = ops.rmsnorm_backward(dk, c["k_norm"])
-        _maybe(grads, need, layer_name(i, "attn_q_norm"), dwq)
-        _maybe(grads, need, layer_name(i, "attn_k_norm"), dwk)
+        dq, dk = _qk_norm_backward(W, i, dq, dk, c, need, grads)
     dq = dq.reshape(B, T, -1)
     dk = dk.reshape(B, T, -1)
     dv = dv.reshape(B, T, -1)
     if cfg.qk_norm == "full":
-        dq, dwq = ops.rmsnorm_backward(dq, c["q_norm"])
-        dk, dwk = ops.rmsnorm_backward(dk, c["k_norm"])
-        _maybe(grads, need, layer_name(i, "attn_q_norm"), dwq)
-        _maybe(grads, need, layer_name(i, "attn_k_norm"), dwk)
+        dq, dk = _qk_norm_backward(W, i, dq, dk, c, need, grads)
     dh = (
-        _Linear(W, lora, i, "attn_q").backward(dq, c["q"], need, grads)
-        + _Linear(W, lora, i, "attn_k").backward(dk, c["k"], need, grads)
-        + _Linear(W, lora, i, "attn_v").backward(dv, c["v"], need, grads)
+        _Linear(W, lora, i, "attn_q").backward(dq, c.q, need, grads)
+        + _Linear(W, lora, i, "attn_k").backward(dk, c.k, need, grads)
+        + _Linear(W, lora, i, "attn_v").backward(dv, c.v, need, grads)
     )
-    dx0, dw = ops.rmsnorm_backward(dh, c["attn_norm"])
-    _maybe(grads, need, layer_name(i, "attn_norm"), dw)
+    name = layer_name(i, "attn_norm")
+    dx0, dw = ops.rmsnorm_backward(dh, c.attn_norm, W[name])
+    _maybe(grads, need, name, dw)
     return dx + dx0
 
 
-def _maybe(grads, need, name, g) -> None:
-    if name in need:
-        add_grad(grads, name, g)
+def _qk_norm_backward(W, i, dq, dk, c: BlockCache, need, grads):
+    qn, kn = layer_name(i, "attn_q_norm"), layer_name(i, "attn_k_norm")
+    dq, dwq = ops.rmsnorm_backward(dq, c.q_norm, W[qn])
+    dk, dwk = ops.rmsnorm_backward(dk, c.k_norm, W[kn])
+    _maybe(grads, need, qn, dwq)
+    _maybe(grads, need, kn, dwk)
+    return dq, dk
 
 
-def expert_counts(cache: dict, E: int) -> np.ndarray | None:
+def expert_counts(cache: BlockCache) -> np.ndarray | None:
     """Tokens routed to each expert in this block's forward pass (None for dense blocks)."""
-    if "moe" not in cache:
+    if cache.moe is None:
         return None
-    routing = cache["moe"][-1]
-    return np.diff(routing.offsets).astype(np.int64)
+    return np.diff(cache.moe.routing.offsets).astype(np.int64)

@@ -23,9 +23,10 @@ import numpy as np
 
 from ..errors import ModelError
 from ..io.gguf_file import GGUFFile, TensorInfo, dequantizable_types
-from . import ops
+from ..io.weights import AUTO, WeightStore
 from .archs import ModelConfig
-from .layers import block_forward, layer_name
+from .forward import forward_hidden, logits, make_inputs, output_name
+from .layers import layer_name
 from .ops import LoraTerm
 
 log = logging.getLogger(__name__)
@@ -137,28 +138,35 @@ class KVCache:
 
 @dataclass
 class Model:
-    """Config, dequantized frozen weights, and the file's tensor directory."""
+    """Config, the weight store of the frozen weights, and the file's tensor directory."""
 
     config: ModelConfig
-    weights: dict[str, np.ndarray]  # GGUF name -> array (NumPy layout)
+    weights: WeightStore  # GGUF name -> array (NumPy layout), dequantized on demand
     tensors: dict[str, TensorInfo]  # GGUF name -> type, shape, bytes on disk
     metadata: dict = field(repr=False)  # the file's metadata (tokenizer, template, ...)
     path: str = ""
     moe_layers: tuple[bool, ...] = ()  # per layer: routed experts (True) or dense FFN
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str], dtype=np.float32) -> Model:
-        """Read and check a model file; dequantize its weights to `dtype`. Raises ModelError."""
+    def load(
+        cls, path: str | os.PathLike[str], dtype=np.float32, cache_budget: str | int | None = AUTO
+    ) -> Model:
+        """Read and check a model file and open its weight store. Raises ModelError.
+
+        dtype: what weights are dequantized to (float32; float64 for gradient checks).
+        cache_budget: bytes of dequantized weights kept between uses ("auto": what is free).
+        """
         f = GGUFFile(path)
         cfg = ModelConfig.from_gguf(f)
         expected, moe_layers = check_tensors(f, cfg)
-        weights = {name: f.load(name, dtype) for name in expected}
-        return cls(cfg, weights, dict(f.tensors), dict(f.metadata), f.path, moe_layers)
+        store = WeightStore(f, expected, dtype, cache_budget)
+        return cls(cfg, store, dict(f.tensors), dict(f.metadata), f.path, moe_layers)
 
     # --- facts ----------------------------------------------------------------------------------
     @property
     def dtype(self):
-        return self.weights["token_embd.weight"].dtype
+        dtype = getattr(self.weights, "dtype", None)  # a WeightStore; a plain dict of arrays in tests
+        return dtype if dtype is not None else self.weights["token_embd.weight"].dtype
 
     @property
     def n_params(self) -> int:
@@ -167,7 +175,7 @@ class Model:
     @property
     def output_name(self) -> str:
         """The output projection's tensor: output.weight, or token_embd.weight when tied."""
-        return "output.weight" if "output.weight" in self.weights else "token_embd.weight"
+        return output_name(self.weights)
 
     def new_cache(self, B: int, S_max: int) -> KVCache:
         return KVCache.empty(self.config, B, S_max, self.dtype)
@@ -209,21 +217,9 @@ class Model:
             k_pos = cache.pos[:, : cache.length + T]
         else:
             k_pos = positions
-        mask = ops.attention_mask(positions, k_pos)
-        cos, sin = ops.rope_angles(
-            positions, cfg.n_rot, cfg.rope_base, cfg.rope_scale, W.get("rope_freqs.weight"), self.dtype
-        )
-        x, _ = ops.embedding_forward(W["token_embd.weight"], tokens, lora.get("token_embd.weight"))
-        for i in range(cfg.L):
-            x, _ = block_forward(cfg, W, lora, i, self.moe_layers[i], x, cos, sin, mask, kv=cache)
+        inp = make_inputs(cfg, W, tokens, positions, k_pos=k_pos, dtype=self.dtype)
+        h, _ = forward_hidden(cfg, W, lora, self.moe_layers, inp, kv=cache, last_only=last_only)
         if cache is not None:
             cache.length += T
-        if last_only:
-            x = x[:, -1:]
-        h, _ = ops.rmsnorm_forward(x, W["output_norm.weight"], cfg.rms_eps)
-        logits, _ = ops.linear_forward(h, W[self.output_name], None, lora.get("output.weight"))
-        emb = lora.get("token_embd.weight")
-        if emb is not None and self.output_name == "token_embd.weight":
-            # tied output: the embedding adapter W + s A B^T (V, C) also acts on logits = h W^T
-            logits = logits + emb.s * ((h @ emb.B) @ emb.A.T)
-        return logits[0] if squeeze else logits
+        z = logits(W, lora, h)
+        return z[0] if squeeze else z

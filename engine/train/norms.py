@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import ModelError
 from ..io.export import fit_problems
 from ..io.gguf_file import GGUFFile
+from ..io.quants import dequantize
 from ..model.lora import LoraAdapter, effective_scale
 
 _LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
@@ -116,11 +117,13 @@ def _frobenius(x: np.ndarray) -> float:
 
 
 def _weight_norm(f: GGUFFile, name: str) -> float:
-    """‖W‖_F of a base tensor, dequantized once, summed in float64 chunk by chunk."""
-    w = f.load(name, np.float32).reshape(-1)
+    """‖W‖_F of a base tensor, dequantized a block of rows at a time, summed in float64."""
+    info = f.tensors[name]
+    raw = f.raw(name).reshape(-1, f.raw(name).shape[-1])  # (rows, row bytes or values)
+    rows = max(1, _CHUNK // max(1, info.shape[-1]))
     total = 0.0
-    for i in range(0, w.size, _CHUNK):
-        c = w[i : i + _CHUNK].astype(np.float64)
+    for i in range(0, raw.shape[0], rows):
+        c = dequantize(raw[i : i + rows], info.qtype).reshape(-1).astype(np.float64)
         total += float(c @ c)
     return float(np.sqrt(total))
 

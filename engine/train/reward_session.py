@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import EngineError, ModelError
+from ..errors import EngineError
 from ..model.generate import SamplingConfig
 from ..model.generate import generate as generate_tokens
 from ..model.lora import LoraAdapter
@@ -278,10 +278,6 @@ class RewardSession:
         the current round; `session_id` tags this session's lines in the ratings file."""
         self.config = config
         self.model = model if isinstance(model, Model) else Model.load(model)
-        if self.model.dtype == np.float16:
-            raise ModelError(
-                "training needs float32 (or float64) weights in memory; load the model with float32"
-            )
         md = self.model.metadata
         self.tokenizer = Tokenizer.from_metadata(md, self.model.path)
         self.template = template if template is not None else ChatTemplate.from_metadata(md)

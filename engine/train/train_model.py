@@ -21,11 +21,17 @@ import numpy as np
 
 from ..errors import ModelError
 from ..model import ops
-from ..model.layers import add_grad, add_lora_grads, block_backward, block_forward, expert_counts
+from ..model.forward import (
+    OUTPUT,
+    TOKEN_EMBD,
+    backward_hidden,
+    forward_hidden,
+    make_inputs,
+    output_name,
+)
+from ..model.layers import add_grad, add_lora_grads
 from ..model.lora import LoraAdapter, effective_scale, lora_shapes
 from ..model.ops import LoraTerm
-
-TOKEN_EMBD = "token_embd.weight"
 
 
 @dataclass
@@ -78,7 +84,7 @@ class Trainable:
         for name in full:
             if name not in model.weights:
                 raise ModelError(f"full-weight tensor {name!r} is not used by this model")
-            full_copies[name] = model.weights[name].astype(dtype, copy=True)
+            full_copies[name] = np.array(model.weights.dense(name), dtype=dtype, copy=True)
         return cls(rank, float(alpha), pairs, full_copies)
 
     @classmethod
@@ -138,28 +144,16 @@ class LossResult:
 
 
 def _inputs(model, batch):
-    cfg = model.config
-    tokens = np.asarray(batch.tokens, dtype=np.int64)
-    positions = np.asarray(batch.positions, dtype=np.int64)
-    segments = np.asarray(batch.segments, dtype=np.int64)
-    mask = ops.attention_mask(positions, positions, segments, segments)
-    W = model.weights
-    cos, sin = ops.rope_angles(
-        positions, cfg.n_rot, cfg.rope_base, cfg.rope_scale, W.get("rope_freqs.weight"), W[TOKEN_EMBD].dtype
+    return make_inputs(
+        model.config, model.weights, batch.tokens, batch.positions, batch.segments, dtype=model.dtype
     )
-    return tokens, mask, cos, sin
 
 
 def final_hidden(model, batch, lora: Mapping[str, LoraTerm] | None = None, weights=None) -> np.ndarray:
     """Normalised final hidden states (B*T, C) without caches (the reference model for a KL term)."""
     cfg = model.config
     W = weights if weights is not None else model.weights
-    lora = lora or {}
-    tokens, mask, cos, sin = _inputs(model, batch)
-    x, _ = ops.embedding_forward(W[TOKEN_EMBD], tokens, lora.get(TOKEN_EMBD))
-    for i in range(cfg.L):
-        x, _ = block_forward(cfg, W, lora, i, model.moe_layers[i], x, cos, sin, mask)
-    h, _ = ops.rmsnorm_forward(x, W["output_norm.weight"], cfg.rms_eps)
+    h, _ = forward_hidden(cfg, W, lora or {}, model.moe_layers, _inputs(model, batch))
     return h.reshape(-1, cfg.C)
 
 
@@ -174,41 +168,30 @@ def loss_and_grads(
 ) -> LossResult:
     """Forward (and backward) over one packed batch; gradients of the trainable parameters only."""
     cfg = model.config
-    B, T = batch.tokens.shape
     W = ChainMap(trainable.full, model.weights)
     lora = trainable.terms()
     need = set(trainable.full)
-    tokens, mask, cos, sin = _inputs(model, batch)
-
-    x, c_emb = ops.embedding_forward(W[TOKEN_EMBD], tokens, lora.get(TOKEN_EMBD))
-    kept = []  # per block: its cache, or its input when checkpointing
-    counts = []
-    for i in range(cfg.L):
-        x_in = x
-        x, cache = block_forward(cfg, W, lora, i, model.moe_layers[i], x, cos, sin, mask)
-        n = expert_counts(cache, cfg.E)
-        if n is not None:
-            counts.append(n)
-        kept.append(x_in if (checkpoint or not backward) else cache)
-        del cache
-    h, c_fn = ops.rmsnorm_forward(x, W["output_norm.weight"], cfg.rms_eps)
-    out_name = "output.weight" if "output.weight" in W else TOKEN_EMBD
+    inp = _inputs(model, batch)
+    counts: list[np.ndarray] = []
+    keep = "none" if not backward else ("inputs" if checkpoint else "caches")
+    h, fc = forward_hidden(cfg, W, lora, model.moe_layers, inp, keep=keep, expert_usage=counts)
+    out_name = output_name(W)
     tied_lora = lora.get(TOKEN_EMBD) if out_name == TOKEN_EMBD else None
-    ref_logits = None
+    h_ref = w_ref = None
     if kl_coef:
         # the reference is the base model: adapter off, full-weight tensors at their original values
         h_ref = final_hidden(model, batch)
         w_ref = model.weights[out_name]
-        ref_logits = lambda rows: h_ref[rows] @ w_ref.T  # noqa: E731
     loss, (ce_sum, n_tok), dh, g_head = ops.lm_head_loss(
         h.reshape(-1, cfg.C),
         W[out_name],
         np.asarray(batch.targets).reshape(-1),
         np.asarray(batch.weights).reshape(-1),
-        lora=lora.get("output.weight"),
+        lora=lora.get(OUTPUT) if out_name == OUTPUT else None,
         tied_lora=tied_lora,
         need_dw=out_name in need,
-        ref_logits=ref_logits,
+        h_ref=h_ref,
+        w_ref=w_ref,
         kl_coef=kl_coef,
         backward=backward,
     )
@@ -219,22 +202,21 @@ def loss_and_grads(
     grads: dict[str, np.ndarray] = {}
     add_grad(grads, out_name, g_head["W"])
     if g_head["lora"] is not None:
-        add_lora_grads(grads, "output.weight", *g_head["lora"])
+        add_lora_grads(grads, OUTPUT, *g_head["lora"])
     if g_head["tied_lora"] is not None:
         add_lora_grads(grads, TOKEN_EMBD, *g_head["tied_lora"])
-    dx, dw = ops.rmsnorm_backward(dh.reshape(B, T, cfg.C), c_fn)
-    if "output_norm.weight" in need:
-        add_grad(grads, "output_norm.weight", dw)
-    for i in reversed(range(cfg.L)):
-        cache = kept[i]
-        if checkpoint:
-            _, cache = block_forward(cfg, W, lora, i, model.moe_layers[i], cache, cos, sin, mask)
-        dx = block_backward(cfg, W, lora, i, model.moe_layers[i], dx, cache, need, grads)
-        kept[i] = None
-    dW, dA, dB = ops.embedding_backward(dx, c_emb, need_dw=TOKEN_EMBD in need)
-    add_grad(grads, TOKEN_EMBD, dW)
-    if TOKEN_EMBD in trainable.pairs:
-        add_lora_grads(grads, TOKEN_EMBD, dA, dB)
+    backward_hidden(
+        cfg,
+        W,
+        lora,
+        model.moe_layers,
+        inp,
+        dh.reshape(h.shape),
+        fc,
+        need,
+        grads,
+        TOKEN_EMBD in trainable.pairs,
+    )
     params = trainable.params()
     missing = set(params) - set(grads)
     for name in missing:  # a parameter the batch did not reach (e.g. an expert no token was routed to)

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..backend import parse_device, select_backend
 from ..errors import DatasetError, EngineError, ModelError
-from ..model.archs import ModelConfig
+from ..io.weights import parse_budget
 from ..model.lora import LoraAdapter
 from ..model.model import Model
 from ..model.targets import TargetSpec, select_full, select_targets
@@ -37,6 +38,7 @@ from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 from . import events as ev
 from .data import EncodeOptions, Sample, batch_encoded, encode_samples, load_jsonl, split_validation
+from .memory import MemoryEstimate, estimate_memory
 from .optim import AdamW, GradAccumulator, OptimConfig
 from .rewards import group_advantages, reward_weights
 from .train_model import Trainable, loss_and_grads
@@ -80,7 +82,10 @@ class TrainConfig:
     reward_mode: str = "none"  # none | weighted (reward-weighted SFT) | group (group-relative)
     kl_coef: float = 0.0  # group mode: weight of KL(adapter || base) per label token
     # runtime
-    checkpoint_layers: bool = False  # recompute each block in the backward pass (less memory)
+    device: str = "cpu"  # where the run computes: "cpu", "cuda:N" or "auto" (engine.backend)
+    cache_budget: str = "auto"  # dequantized weights kept between uses: "auto", "off" or a size ("4G")
+    checkpoint_layers: str = "auto"  # recompute each block in the backward pass: "on", "off", or
+    # "auto" (on when the memory estimate says keeping every block's activations would not fit)
     checkpoint_every: int = 0  # steps between checkpoints; 0 = only at the end / on stop
     checkpoint_dir: str | None = None  # folder for checkpoints (None: no checkpoints)
     keep_checkpoints: int = 2  # newest checkpoints kept
@@ -88,6 +93,21 @@ class TrainConfig:
     norms_every: int = 1  # steps between LoraNorms events
     out: str | None = None  # adapter GGUF written at the end
     out_type: str = "F32"  # F32 | F16 | Q8_0
+
+    def __post_init__(self) -> None:
+        ckpt = self.checkpoint_layers
+        if isinstance(ckpt, bool) or ckpt is None:  # True/False from older project files and callers
+            object.__setattr__(self, "checkpoint_layers", {True: "on", False: "off", None: "auto"}[ckpt])
+        elif ckpt not in ("auto", "on", "off"):
+            raise EngineError(f"checkpoint_layers must be auto, on or off, got {ckpt!r}")
+        object.__setattr__(self, "cache_budget", str(self.cache_budget))
+        parse_budget(self.cache_budget)  # EngineError naming the value when it is not understood
+        parse_device(self.device)
+
+    @property
+    def checkpoint_choice(self) -> bool | None:
+        """Layer checkpointing: True, False, or None when the memory plan decides."""
+        return {"on": True, "off": False}.get(self.checkpoint_layers)
 
     def optim(self, total_steps: int) -> OptimConfig:
         return OptimConfig(
@@ -115,30 +135,6 @@ class TrainConfig:
         return cls(targets=t, **d)
 
 
-def estimate_memory(
-    cfg: ModelConfig, n_weights: int, n_trainable: int, config: TrainConfig, item_bytes: int = 4
-) -> dict[str, int]:
-    """Rough bytes of a run, before loading anything: frozen weights (dequantized to `item_bytes`
-    floats), trainable state (parameters, gradients, two Adam moments), and activations kept for the
-    backward pass (every block's, or one block's plus each block input with checkpointing)."""
-    weights = n_weights * item_bytes
-    trainable = n_trainable * item_bytes * 4
-    B, T = config.batch_size, config.n_ctx
-    BT = B * T
-    c_ffn = (cfg.K * cfg.F_exp + cfg.F_shexp) * 3 if cfg.is_moe else cfg.F * 3
-    per_block = (
-        BT * (10 * cfg.C + 4 * cfg.NH * cfg.HS + c_ffn) * item_bytes + B * cfg.NH * T * T * item_bytes * 2
-    )
-    if config.checkpoint_layers:
-        kept = per_block + BT * cfg.C * item_bytes * cfg.L
-    else:
-        kept = per_block * cfg.L
-    head = min(BT, 256) * cfg.V * item_bytes * 3  # logits, probabilities and their gradient, one chunk
-    activations = int(kept + head)
-    return {"weights": int(weights), "trainable": int(trainable), "activations": activations,
-            "total": int(weights + trainable + activations)}  # fmt: skip
-
-
 def file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -161,11 +157,8 @@ class Trainer:
         init_adapter: str | None = None,
     ):
         self.config = config
-        self.model = model if isinstance(model, Model) else Model.load(model)
-        if self.model.dtype == np.float16:
-            raise ModelError(
-                "training needs float32 (or float64) weights in memory; load the model with float32"
-            )
+        self.backend = select_backend(config.device)  # EngineError when the device cannot be used
+        self.model = model if isinstance(model, Model) else Model.load(model, cache_budget=0)
         self.data = data
         self.template_arg = template
         self.resume = resume
@@ -260,10 +253,33 @@ class Trainer:
             )
             tr = Trainable.init(model, targets, cfg.rank, cfg.alpha, (), cfg.seed, cfg.lora_init)
         full = select_full(model.tensors, cfg.full, model.config.L) if cfg.full else []
-        tr.full = {n: model.weights[n].copy() for n in full if n in model.weights}
+        tr.full = {n: np.array(model.weights.dense(n), copy=True) for n in full if n in model.weights}
         if not tr.pairs and not tr.full:
             raise ModelError("nothing to train: choose LoRA targets or full-weight tensors")
         return tr
+
+    def _plan_memory(self) -> MemoryEstimate:
+        """The run's memory plan: refuse what cannot fit (before any weight is dequantized), then
+        set the weight cache's budget and whether layers are checkpointed."""
+        cfg, model = self.config, self.model
+        est = estimate_memory(
+            model.config,
+            model.tensors,
+            self.trainable.n_params,
+            cfg,
+            lora_targets=self.trainable.pairs,
+            checkpoint=cfg.checkpoint_choice,
+            budget=cfg.cache_budget,
+            itemsize=np.dtype(model.dtype).itemsize,
+        )
+        if not est.fits():
+            raise ModelError(est.advice(cfg))
+        model.weights.set_budget(est.budget)
+        log.info(
+            "memory plan: %.0f MiB at peak (cache budget %.0f MiB, checkpointing %s)",
+            est.total / 2**20, est.budget / 2**20, "on" if est.checkpoint else "off",
+        )  # fmt: skip
+        return est
 
     # --- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, folder: str) -> str:
@@ -359,6 +375,7 @@ class Trainer:
             n_batches = len(batches)
             total = cfg.steps or max(1, math.ceil(cfg.epochs * n_batches / cfg.grad_accum))
             self.trainable = self._build_trainable()
+            self.memory = self._plan_memory()
             self.optimizer = AdamW(self.trainable.params(), cfg.optim(total))
             if self.resume:
                 self._load_checkpoint(self.resume)
@@ -374,13 +391,7 @@ class Trainer:
                 trainable_params=self.trainable.n_params,
                 lora_targets=tuple(self.trainable.pairs),
                 full_tensors=tuple(self.trainable.full),
-                memory_bytes=estimate_memory(
-                    self.model.config,
-                    sum(a.size for a in self.model.weights.values()),
-                    self.trainable.n_params,
-                    cfg,
-                    np.dtype(self.model.dtype).itemsize,
-                ),
+                memory_bytes=self.memory.to_dict(),
                 problems=tuple(str(p) for p in self.problems),
                 start_step=self.step,
             )
@@ -408,7 +419,7 @@ class Trainer:
                     self.model,
                     self.trainable,
                     batch,
-                    checkpoint=cfg.checkpoint_layers,
+                    checkpoint=self.memory.checkpoint,
                     kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
                 )
                 acc.add(res.grads)

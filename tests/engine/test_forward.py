@@ -39,7 +39,7 @@ def _all_lora_targets(model: Model) -> list[str]:
 
 def _merged(model: Model, terms) -> dict[str, np.ndarray]:
     """Weights with each adapter folded in: W + s B A (per expert), or W + s A B^T for token_embd."""
-    w = dict(model.weights)
+    w = {n: np.asarray(a) for n, a in model.weights.items()}
     for name, t in terms.items():
         if name == "token_embd.weight":
             w[name] = w[name] + t.s * (t.A @ t.B.T)
@@ -102,7 +102,7 @@ def test_quantized_model_computes_with_exactly_dequantized_weights(qtype, tmp_pa
     assert qmodel.tensors["blk.0.attn_q.weight"].qtype == qtype
     assert qmodel.tensors["blk.0.attn_norm.weight"].qtype == "F32"
     # the same weights written as F32 after dequantization must give the same logits
-    deq = {n: qmodel.weights[n] for n in qmodel.weights}
+    deq = {n: np.asarray(qmodel.weights[n]) for n in qmodel.weights}
     fmodel = Model.load(
         write_model(
             tmp_path / "f.gguf",
@@ -123,16 +123,6 @@ def test_quantized_model_computes_with_exactly_dequantized_weights(qtype, tmp_pa
     assert drift < {"F16": 0.002, "BF16": 0.01, "Q8_0": 0.02, "Q6_K": 0.08, "Q5_1": 0.15}.get(qtype, 0.3), (
         drift
     )
-
-
-def test_float16_storage_halves_memory_and_stays_close(synth_model):
-    m32 = Model.load(synth_model("qwen3moe"), dtype=np.float32)
-    m16 = Model.load(synth_model("qwen3moe"), dtype=np.float16)
-    assert (
-        m16.weights["blk.0.ffn_up_exps.weight"].nbytes * 2 == m32.weights["blk.0.ffn_up_exps.weight"].nbytes
-    )
-    tokens = np.array([1, 270, 280, 290])
-    assert np.abs(m16.forward(tokens).astype(np.float32) - m32.forward(tokens)).max() < 0.1
 
 
 def test_rope_freq_factors_of_one_change_nothing_and_others_do(tmp_path):

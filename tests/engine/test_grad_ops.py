@@ -38,7 +38,7 @@ def test_rmsnorm(rng, shape, wshape):
     def f():
         return float((ops.rmsnorm_forward(x, w, 1e-5)[0] * R).sum())
 
-    dx, dw = ops.rmsnorm_backward(R, ops.rmsnorm_forward(x, w, 1e-5)[1])
+    dx, dw = ops.rmsnorm_backward(R, ops.rmsnorm_forward(x, w, 1e-5)[1], w)
     inputs, grads = {"x": x}, {"x": dx}
     if w is not None:
         inputs["w"], grads["w"] = w, dw
@@ -57,7 +57,7 @@ def test_linear_with_lora(rng, bias, with_lora):
     def f():
         return float((ops.linear_forward(x, W, b, LoraTerm(A, B, 1.3) if with_lora else None)[0] * R).sum())
 
-    dx, dW, db, dA, dB = ops.linear_backward(R, ops.linear_forward(x, W, b, lora)[1], need_dw=True)
+    dx, dW, db, dA, dB = ops.linear_backward(R, ops.linear_forward(x, W, b, lora)[1], W, need_dw=True)
     inputs, grads = {"x": x, "W": W}, {"x": dx, "W": dW}
     if bias:
         inputs["b"], grads["b"] = b, db
@@ -152,7 +152,7 @@ def test_expert_dispatch_and_combine(rng, with_lora):
     def f():
         return float((run()[0] * R).sum())
 
-    dx, dweights, dW, dlora = ops.experts_backward(R, run()[1], need_dw=True)
+    dx, dweights, dW, dlora = ops.experts_backward(R, run()[1], wg, wu, wd, need_dw=True)
     inputs = {"x": x, "weights": weights, "wg": wg, "wu": wu, "wd": wd}
     grads = {"x": dx, "weights": dweights, "wg": dW["gate"], "wu": dW["up"], "wd": dW["down"]}
     if with_lora:
@@ -162,8 +162,24 @@ def test_expert_dispatch_and_combine(rng, with_lora):
     assert_grads_close(check_grads(f, inputs, grads))
 
 
+class RowBlocks:
+    """An output weight read in blocks of vocabulary rows, as the weight store streams a large head."""
+
+    def __init__(self, w: np.ndarray, block: int, name: str = "output.weight"):
+        self.w, self.block, self.name = w, block, name
+        self.shape, self.dtype = w.shape, w.dtype
+
+    def row_chunks(self):
+        for lo in range(0, self.shape[0], self.block):
+            yield lo, min(lo + self.block, self.shape[0]), self.w[lo : lo + self.block]
+
+    def fits_in_memory(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["in-memory", "streamed"])
 @pytest.mark.parametrize("variant", ["plain", "lora", "tied_lora", "kl"])
-def test_output_projection_with_masked_weighted_cross_entropy(rng, variant):
+def test_output_projection_with_masked_weighted_cross_entropy(rng, variant, streamed):
     N, C, V, r = 9, 5, 13, 2
     h, W = _r(rng, N, C), _r(rng, V, C)
     targets = np.array([3, -1, 0, 12, 5, -1, 7, 7, 1])
@@ -172,26 +188,33 @@ def test_output_projection_with_masked_weighted_cross_entropy(rng, variant):
     )  # negative weights: group-relative advantages
     A, B = _r(rng, r, C), _r(rng, V, r)
     TA, TB = _r(rng, V, r), _r(rng, C, r)
-    Wref = _r(rng, V, C)
-    href = _r(rng, N, C)  # the reference model's own hidden states: constants here
+    # the reference model: its own hidden states (constants here); a streamed head is the frozen base
+    # tensor, so the reference shares it, an in-memory one may differ
+    Wref = W if streamed else _r(rng, V, C)
+    href = _r(rng, N, C)
+    # blocks of 4 vocabulary rows (streamed), or 4 label rows' logits at a time (in memory)
+    w_arg = RowBlocks(W, 4) if streamed else W
 
     def run():
         return ops.lm_head_loss(
             h,
-            W,
+            w_arg,
             targets,
             weights,
-            need_dw=True,
-            chunk=4,
+            need_dw=not streamed,
+            max_logits_bytes=4 * V * 8,
             lora=LoraTerm(A, B, 0.6) if variant == "lora" else None,
             tied_lora=LoraTerm(TA, TB, 0.6) if variant == "tied_lora" else None,
-            ref_logits=(lambda rows: href[rows] @ Wref.T) if variant == "kl" else None,
+            h_ref=href if variant == "kl" else None,
+            w_ref=(RowBlocks(Wref, 4) if streamed else Wref) if variant == "kl" else None,
             kl_coef=0.3 if variant == "kl" else 0.0,
         )
 
     loss, (ce_sum, n), dh, g = run()
     assert n == 7
-    inputs, grads = {"h": h, "W": W}, {"h": dh, "W": g["W"]}
+    inputs, grads = {"h": h}, {"h": dh}
+    if not streamed:
+        inputs["W"], grads["W"] = W, g["W"]
     if variant == "lora":
         inputs.update(A=A, B=B)
         grads.update(A=g["lora"][0], B=g["lora"][1])
@@ -200,6 +223,22 @@ def test_output_projection_with_masked_weighted_cross_entropy(rng, variant):
         grads.update(TA=g["tied_lora"][0], TB=g["tied_lora"][1])
     assert_grads_close(check_grads(lambda: run()[0], inputs, grads))
     assert np.abs(dh[targets < 0]).max() == 0  # masked rows get no gradient
+
+
+def test_streamed_head_gives_the_in_memory_loss_and_gradients(rng):
+    """Online log-sum-exp over vocabulary blocks equals the full softmax, KL term included."""
+    N, C, V = 12, 6, 37
+    h, W, href = _r(rng, N, C), _r(rng, V, C), _r(rng, N, C)
+    targets = rng.integers(-1, V, N)
+    weights = np.where(targets >= 0, rng.uniform(-1, 1, N), 0.0)
+    lora = LoraTerm(_r(rng, 3, C), _r(rng, V, 3), 0.5)
+    kw = dict(lora=lora, h_ref=href, kl_coef=0.7)
+    a = ops.lm_head_loss(h, W, targets, weights, w_ref=W, **kw)
+    b = ops.lm_head_loss(h, RowBlocks(W, 5), targets, weights, w_ref=RowBlocks(W, 5), **kw)
+    assert b[0] == pytest.approx(a[0], rel=1e-12) and b[1][0] == pytest.approx(a[1][0], rel=1e-12)
+    np.testing.assert_allclose(b[2], a[2], rtol=1e-10, atol=1e-12)
+    for x, y in zip(a[3]["lora"], b[3]["lora"], strict=True):
+        np.testing.assert_allclose(y, x, rtol=1e-10, atol=1e-12)
 
 
 def test_cross_entropy_value():

@@ -120,20 +120,3 @@ def test_lora_param_count_equals_what_training_allocates(tmp_path):
     model = Model.load(write_model(tmp_path / "m.gguf", SynthSpec.for_arch("qwen2moe")))
     names = select_targets(model.tensors, TargetSpec(preset="all", patterns=("output", "token_embd")), 2)
     assert lora_param_count(model.tensors, names, 8) == Trainable.init(model, names, rank=8).n_params
-
-
-def test_memory_estimate_shrinks_with_checkpointing_and_grows_with_context():
-    from engine.io.gguf_file import GGUFFile
-    from engine.model.archs import ModelConfig
-    from engine.train.trainer import TrainConfig, estimate_memory
-    from tests.conftest import GOLDEN_MODELS
-
-    f = GGUFFile(GOLDEN_MODELS / "qwen3moe.gguf")
-    cfg = ModelConfig.from_gguf(f)
-    n = sum(t.n_elements for t in f.tensors.values())
-    base = estimate_memory(cfg, n, 1000, TrainConfig(n_ctx=256))
-    assert base["weights"] == 4 * n and base["trainable"] == 16000
-    assert base["total"] == base["weights"] + base["trainable"] + base["activations"]
-    ckpt = estimate_memory(cfg, n, 1000, TrainConfig(n_ctx=256, checkpoint_layers=True))
-    longer = estimate_memory(cfg, n, 1000, TrainConfig(n_ctx=1024))
-    assert ckpt["activations"] < base["activations"] < longer["activations"]

@@ -31,6 +31,7 @@ def test_memory_estimate_follows_targets_and_settings(qtbot):
     page.open_path(DEMO_MODEL)
     attention = page.memory_label.text()
     assert attention.startswith("≈") and "16 adapted tensors" in attention
+    assert "model file" in attention and "stays quantized" in attention
     project.update_config(targets=TargetSpec(preset="all"))
     assert "28 adapted tensors" in page.memory_label.text()
     project.update_config(n_ctx=2048)
@@ -54,3 +55,9 @@ def test_device_choice_offers_cpu_and_explains_missing_gpu(qtbot):
     assert page.device_combo.itemData(0) == "cpu"
     texts = [page.device_combo.itemText(i) for i in range(page.device_combo.count())]
     assert any("CUDA" in t for t in texts)
+    from engine import available_devices
+
+    for d in available_devices():  # an unusable GPU is listed, disabled, with the engine's reason
+        if not d.usable:
+            i = next(i for i, t in enumerate(texts) if d.name in t)
+            assert d.reason in texts[i] and not page.device_combo.model().item(i).isEnabled()

@@ -491,11 +491,15 @@ def test_adapter_size_share_and_memory_update_live(qtbot, infos, tmp_path):
     real = Path(engine.write_adapter(tmp_path / "a.gguf", "qwen2moe", pairs, 32.0)).stat().st_size
     assert 4 * st.lora_params < real and math.isclose(st.adapter_bytes, real, rel_tol=0.02)
     # memory: engine estimate_memory on the same figures; follows the batch size
-    mem = estimate_memory(info.summary.config, info.summary.n_params, st.trainable, project.config)
-    assert st.memory == mem
+    mem = estimate_memory(
+        info.summary.config, info.tensors, st.trainable, project.config, lora_targets=page.selected_names()
+    )
+    for part in ("stored", "trainable", "activations", "head", "runtime"):
+        assert getattr(st.memory, part) == getattr(mem, part), part
     text = labels["Memory (estimate)"].text()
     project.update_config(batch_size=4)
-    assert labels["Memory (estimate)"].text() != text and "batch 4" in labels["Memory (estimate)"].text()
+    after = labels["Memory (estimate)"].text()
+    assert after != text and "4 × 512 tokens" in after
     assert "estimate" in page._summary_rows["Memory (estimate)"].text()
     # an empty selection says there is nothing to train
     page.apply_preset("none")

@@ -1,0 +1,457 @@
+"""The weight store: a model's frozen tensors kept as the file stores them, dequantized on demand.
+
+QLoRA at rest. The GGUF file is memory-mapped and every base tensor stays in its stored type
+(Q4_K, Q8_0, F16, ...). Model code reads weights through this store as through a dict of arrays:
+
+- `store[name]` gives a dense array of a 1-D or 2-D tensor, dequantized when it is asked for;
+- expert stacks (E, n_out, n_in) come as an `ExpertStack`: `stack[e]` dequantizes one expert,
+  so a MoE layer reads only the experts its batch routes to;
+- tensors read by rows (the token embedding, the output head) come as a `RowTensor`:
+  `take_rows(ids)` dequantizes only those rows (get_rows), `row_chunks()` walks the vocabulary
+  in blocks of rows.
+
+Dequantized arrays are kept in a least-recently-used cache of at most `budget` bytes (plus a
+working set: one layer's tensors, which the forward and backward of that layer need anyway).
+A budget large enough for the whole model makes a small model run as fast as one dequantized
+at load; a small one lets a 7B model train in a few GiB. Evicted buffers are reused for the next
+tensor of the same shape (never while anyone still holds them), so a pass over the layers does
+not allocate. 1-D tensors (norms, biases) are dequantized once at load and always kept.
+
+`parse_budget` and `resolve_budget` turn the user's setting ("auto", "off", "2G", bytes) into
+bytes; "auto" is what is free (the system's available memory, or the cgroup's limit when lower)
+minus what the run needs besides the cache and a headroom. This module knows GGUF tensor names
+only by the two row-wise roles it is told about; it does not know architectures.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import EngineError, ModelError
+from .gguf_file import GGUFFile, TensorInfo
+from .quants import dequantize
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+ROW_WISE = ("token_embd.weight", "output.weight")  # read by rows: get_rows and the output head
+ROW_CHUNK_BYTES = 64 << 20  # dequantized bytes per block when a row-wise tensor is walked
+HEADROOM_FRACTION = 0.10  # of total memory, kept free by "auto"
+HEADROOM_MIN = 1 << 30
+
+
+# --- budget ----------------------------------------------------------------------------------------
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_budget(value: str | int | float | None) -> int | str:
+    """'auto', or bytes from an int or text: '0'/'off'/'none' (no cache), '512M', '2.5G', '1T'."""
+    if value is None:
+        return AUTO
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        if value < 0:
+            raise EngineError(f"cache budget must be 0 or more bytes, got {value}")
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value) or value < 0:
+            raise EngineError(f"cache budget must be a finite number of bytes >= 0, got {value}")
+        return int(value)
+    text = str(value).strip().lower()
+    if text in ("auto", ""):
+        return AUTO
+    if text in ("off", "none", "0"):
+        return 0
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", text)
+    if not m:
+        raise EngineError(
+            f"cache budget {value!r} is not understood; use auto, off, or a size such as 512M, 4G, 2.5G"
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def memory_available() -> int:
+    """Bytes a new allocation can use now: MemAvailable, bounded by a cgroup limit if one is set."""
+    avail = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            avail = _windows_available()
+    limit = _cgroup_room()
+    if limit is not None:
+        avail = min(avail, limit) if avail is not None else limit
+    return int(avail or 0)
+
+
+def memory_total() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return memory_available()
+
+
+def _cgroup_room() -> int | None:
+    """Room left under a cgroup v2 memory limit (containers), or None when there is no limit."""
+    try:
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as f:
+            raw = f.read().strip()
+        if raw == "max":
+            return None
+        with open("/sys/fs/cgroup/memory.current", encoding="ascii") as f:
+            used = int(f.read().strip())
+        return max(0, int(raw) - used)
+    except (OSError, ValueError):
+        return None
+
+
+def _windows_available() -> int | None:
+    if sys.platform != "win32":
+        return None
+    import ctypes
+
+    class MEMORYSTATUSEX(ctypes.Structure):
+        _fields_ = [
+            ("dwLength", ctypes.c_ulong),
+            ("dwMemoryLoad", ctypes.c_ulong),
+            ("ullTotalPhys", ctypes.c_ulonglong),
+            ("ullAvailPhys", ctypes.c_ulonglong),
+            ("ullTotalPageFile", ctypes.c_ulonglong),
+            ("ullAvailPageFile", ctypes.c_ulonglong),
+            ("ullTotalVirtual", ctypes.c_ulonglong),
+            ("ullAvailVirtual", ctypes.c_ulonglong),
+            ("sullAvailExtendedVirtual", ctypes.c_ulonglong),
+        ]
+
+    st = MEMORYSTATUSEX()
+    st.dwLength = ctypes.sizeof(MEMORYSTATUSEX)
+    if ctypes.windll.kernel32.GlobalMemoryStatusEx(ctypes.byref(st)):  # type: ignore[attr-defined]
+        return int(st.ullAvailPhys)
+    return None
+
+
+def auto_headroom() -> int:
+    return max(HEADROOM_MIN, int(memory_total() * HEADROOM_FRACTION))
+
+
+def resolve_budget(value: str | int | float | None, reserve: int = 0) -> int:
+    """Bytes for the cache: a fixed size as given, or 'auto' = available - reserve - headroom."""
+    b = parse_budget(value)
+    if b != AUTO:
+        return int(b)
+    return max(0, memory_available() - int(reserve) - auto_headroom())
+
+
+# --- the store -------------------------------------------------------------------------------------
+
+
+@dataclass
+class StoreStats:
+    """Counters for benchmarks and the memory estimate (reset with `reset`)."""
+
+    dequant_seconds: float = 0.0  # time spent dequantizing
+    dequant_values: int = 0  # values dequantized
+    hits: int = 0  # reads served from the cache
+    misses: int = 0  # reads that dequantized
+    peak_cache_bytes: int = 0  # most bytes the cache held at once
+
+    def reset(self) -> None:
+        self.dequant_seconds = 0.0
+        self.dequant_values = self.hits = self.misses = self.peak_cache_bytes = 0
+
+
+class WeightStore(Mapping):
+    """The base tensors of one model file, quantized at rest, dequantized on demand (see module doc)."""
+
+    def __init__(
+        self,
+        gguf: GGUFFile,
+        names: Iterable[str],
+        dtype=np.float32,
+        budget: str | int | float | None = AUTO,
+        *,
+        row_wise: Iterable[str] = ROW_WISE,
+    ):
+        self.file = gguf
+        self.path = gguf.path
+        self.dtype = np.dtype(dtype)
+        if self.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise ModelError(f"weights are dequantized to float32 or float64, not {self.dtype}")
+        self._names = tuple(dict.fromkeys(names))
+        missing = [n for n in self._names if n not in gguf.tensors]
+        if missing:
+            raise ModelError(f"{self.path}: tensor {missing[0]!r} is missing")
+        self.infos: dict[str, TensorInfo] = {n: gguf.tensors[n] for n in self._names}
+        self.row_wise = frozenset(n for n in row_wise if n in self.infos)
+        self._lock = threading.RLock()
+        self._cache: OrderedDict[tuple[str, int | None], np.ndarray] = OrderedDict()
+        self._cache_bytes = 0
+        self.stats = StoreStats()
+        self._pinned: dict[str, np.ndarray] = {}
+        for n, info in self.infos.items():
+            if len(info.shape) <= 1:
+                self._pinned[n] = self._dequantize(gguf.raw(n), info.qtype, info.shape)
+        self.working_set = self._working_set_bytes()
+        self.budget = resolve_budget(budget)
+
+    # --- Mapping -----------------------------------------------------------------------------
+    def __getitem__(self, name: str):
+        if name in self._pinned:
+            return self._pinned[name]
+        info = self.infos.get(name)
+        if info is None:
+            raise KeyError(name)
+        if len(info.shape) == 3:
+            return ExpertStack(self, name)
+        if name in self.row_wise:
+            return RowTensor(self, name)
+        return self._get(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.infos
+
+    # --- facts -------------------------------------------------------------------------------
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of the tensors as the file stores them."""
+        return int(sum(i.n_bytes for i in self.infos.values()))
+
+    @property
+    def dequantized_bytes(self) -> int:
+        """Bytes of every tensor dequantized (what a float copy of the model would take)."""
+        return int(sum(i.n_elements for i in self.infos.values()) * self.dtype.itemsize)
+
+    @property
+    def cache_bytes(self) -> int:
+        return self._cache_bytes
+
+    def set_budget(self, budget: str | int | float | None, reserve: int = 0) -> int:
+        """Change the cache budget ('auto' is computed now, keeping `reserve` bytes for the run)."""
+        with self._lock:
+            self.budget = resolve_budget(budget, reserve)
+            self._evict(0)
+        return self.budget
+
+    def clear(self) -> None:
+        """Drop every cached dequantized tensor (pinned vectors stay)."""
+        with self._lock:
+            self._cache.clear()
+            self._cache_bytes = 0
+
+    def _working_set_bytes(self) -> int:
+        """Bytes of the largest layer's 2-D tensors plus three experts: held anyway while it runs."""
+        per_layer: dict[str, int] = {}
+        expert = 0
+        for n, info in self.infos.items():
+            if n in self.row_wise or len(info.shape) < 2:
+                continue
+            m = re.match(r"blk\.(\d+)\.", n)
+            key = m.group(1) if m else ""
+            if len(info.shape) == 3:
+                expert = max(expert, math.prod(info.shape[1:]))
+                continue
+            per_layer[key] = per_layer.get(key, 0) + info.n_elements
+        values = max(per_layer.values(), default=0) + 3 * expert
+        return values * self.dtype.itemsize
+
+    # --- reading -----------------------------------------------------------------------------
+    def dense(self, name: str) -> np.ndarray:
+        """The whole tensor as one array, whatever its role (exports, full-weight copies)."""
+        if name in self._pinned:
+            return self._pinned[name]
+        if name not in self.infos:
+            raise KeyError(name)
+        return self._get(name, None)
+
+    def expert(self, name: str, e: int) -> np.ndarray:
+        """Expert e of a stack (E, n_out, n_in) as (n_out, n_in)."""
+        info = self.infos[name]
+        if not 0 <= e < info.shape[0]:
+            raise IndexError(f"{name}: expert {e} out of range 0..{info.shape[0] - 1}")
+        return self._get(name, int(e))
+
+    def take_rows(self, name: str, idx: np.ndarray) -> np.ndarray:
+        """Rows `idx` (any shape of ids) of a 2-D tensor: (*idx.shape, n_in), only those dequantized."""
+        key = (name, None)
+        with self._lock:
+            full = self._cache.get(key)
+        if full is not None:
+            return full[idx]
+        info = self.infos[name]
+        idx = np.asarray(idx)
+        flat = idx.reshape(-1)
+        uniq, inverse = np.unique(flat, return_inverse=True)
+        raw = self.file.raw(name)
+        rows = self._dequantize(raw[uniq], info.qtype, (uniq.size, info.shape[-1]))
+        return rows[inverse].reshape(*idx.shape, info.shape[-1])
+
+    def row_chunks(
+        self, name: str, max_bytes: int = ROW_CHUNK_BYTES
+    ) -> Iterator[tuple[int, int, np.ndarray]]:
+        """(lo, hi, rows lo..hi) covering a 2-D tensor: the whole cached tensor when it fits the
+        budget, else blocks of at most `max_bytes` dequantized into one reused buffer."""
+        info = self.infos[name]
+        n_rows, n_in = info.shape
+        if self.fits_whole(name, max_bytes):
+            yield 0, n_rows, self._get(name, None)
+            return
+        step = max(1, max_bytes // (n_in * self.dtype.itemsize))
+        raw = self.file.raw(name)
+        buf = np.empty((step, n_in), self.dtype)
+        for lo in range(0, n_rows, step):
+            hi = min(n_rows, lo + step)
+            out = buf[: hi - lo]
+            self._dequantize(raw[lo:hi], info.qtype, out.shape, out=out)
+            yield lo, hi, out
+
+    def fits_whole(self, name: str, max_bytes: int = ROW_CHUNK_BYTES) -> bool:
+        """Whether a row-wise tensor is (or may be) kept dequantized whole rather than streamed."""
+        info = self.infos[name]
+        whole = info.n_elements * self.dtype.itemsize
+        with self._lock:
+            if (name, None) in self._cache or (info.qtype == "F32" and self.dtype == np.float32):
+                return True
+            return whole <= max(self.budget - self._cache_bytes, max_bytes)
+
+    def _get(self, name: str, e: int | None) -> np.ndarray:
+        key = (name, e)
+        with self._lock:
+            arr = self._cache.get(key)
+            if arr is not None:
+                self._cache.move_to_end(key)
+                self.stats.hits += 1
+                return arr
+            info = self.infos[name]
+            shape = info.shape if e is None else info.shape[1:]
+            raw = self.file.raw(name) if e is None else self.file.raw(name)[e]
+            if info.qtype == "F32" and self.dtype == np.float32:
+                # stored as float32 already: the memory-mapped values themselves (no copy to cache)
+                self.stats.hits += 1
+                return raw.reshape(shape)
+            self.stats.misses += 1
+            nbytes = math.prod(shape) * self.dtype.itemsize
+            buf = self._reusable(shape, nbytes)
+            arr = self._dequantize(raw, info.qtype, shape, out=buf)
+            self._cache[key] = arr
+            self._cache_bytes += arr.nbytes
+            self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, self._cache_bytes)
+            self._evict(keep=1)
+            return arr
+
+    def _limit(self) -> int:
+        return self.budget + self.working_set
+
+    def _reusable(self, shape: tuple[int, ...], nbytes: int) -> np.ndarray | None:
+        """A cached buffer of this shape that must go anyway to make room, and that nobody holds."""
+        if self._cache_bytes + nbytes <= self._limit():
+            return None
+        for key in list(self._cache):  # oldest first
+            arr = self._cache[key]
+            # references when nobody else holds it: the dict's slot, `arr`, getrefcount's argument
+            if arr.shape == shape and sys.getrefcount(arr) <= 3:
+                del self._cache[key]
+                self._cache_bytes -= arr.nbytes
+                return arr
+        return None
+
+    def _evict(self, keep: int = 0) -> None:
+        """Drop least recently used entries until the cache fits; the newest `keep` always stay."""
+        limit = self._limit()
+        if self._cache_bytes <= limit:
+            return
+        for key in list(self._cache)[: max(0, len(self._cache) - keep)]:
+            if self._cache_bytes <= limit:
+                break
+            arr = self._cache.pop(key)
+            self._cache_bytes -= arr.nbytes
+
+    def _dequantize(self, raw, qtype: str, shape, out: np.ndarray | None = None) -> np.ndarray:
+        t = time.perf_counter()
+        if self.dtype == np.float32:
+            y = dequantize(raw, qtype, out=out if out is not None and out.dtype == np.float32 else None)
+        else:
+            y = dequantize(raw, qtype).astype(self.dtype)
+            if out is not None:
+                out[...] = y.reshape(out.shape)
+                y = out
+        y = y.reshape(shape)
+        self.stats.dequant_seconds += time.perf_counter() - t
+        self.stats.dequant_values += y.size
+        return y
+
+
+class ExpertStack:
+    """An expert stack (E, n_out, n_in) in the store: `stack[e]` dequantizes expert e only."""
+
+    def __init__(self, store: WeightStore, name: str):
+        self.store, self.name = store, name
+        info = store.infos[name]
+        self.shape = info.shape
+        self.qtype = info.qtype
+        self.dtype = store.dtype
+        self.ndim = 3
+
+    def __getitem__(self, e) -> np.ndarray:
+        if isinstance(e, (int, np.integer)):
+            return self.store.expert(self.name, int(e))
+        return np.asarray(self)[e]
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.store.dense(self.name)
+        return out if dtype is None else out.astype(dtype)
+
+
+class RowTensor:
+    """A 2-D tensor read by rows (embedding, output head): `take_rows(ids)` and `row_chunks()`."""
+
+    def __init__(self, store: WeightStore, name: str):
+        self.store, self.name = store, name
+        info = store.infos[name]
+        self.shape = info.shape
+        self.qtype = info.qtype
+        self.dtype = store.dtype
+        self.ndim = 2
+
+    def take_rows(self, idx: np.ndarray) -> np.ndarray:
+        return self.store.take_rows(self.name, idx)
+
+    def row_chunks(self) -> Iterator[tuple[int, int, np.ndarray]]:
+        return self.store.row_chunks(self.name)
+
+    def fits_in_memory(self) -> bool:
+        return self.store.fits_whole(self.name)
+
+    def __getitem__(self, idx) -> np.ndarray:
+        return np.asarray(self)[idx]
+
+    def __array__(self, dtype=None, copy=None):
+        out = self.store.dense(self.name)
+        return out if dtype is None else out.astype(dtype)

@@ -1,0 +1,165 @@
+"""The model-level forward and backward: embedding, blocks, final norm and output head, written once.
+
+Inference (`Model.forward`, generation with a KV cache), training (`engine.train.train_model`)
+and the KL reference model all run through `forward_hidden`; `backward_hidden` is its exact
+reverse. The rules that belong to the whole model live here and nowhere else:
+
+- positions, RoPE angles and the attention mask come from one builder (`make_inputs`), with
+  packed samples kept apart by their segment ids;
+- the output head is `output.weight`, or `token_embd.weight` when the model ties them; a LoRA on
+  a tied embedding also acts on the logits (llama.cpp applies the token_embd adapter there too);
+- weights are looked up in `W` (the weight store, overlaid with tensors trained in full) when
+  they are used, so no layer's weights are held between its forward and its backward.
+
+Shapes: tokens (B, T), hidden states (B, T, C), logits (B, T, V).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from typing import NamedTuple
+
+import numpy as np
+
+from . import ops
+from .archs import ModelConfig
+from .layers import BlockCache, add_grad, add_lora_grads, block_backward, block_forward, expert_counts
+from .ops import LoraTerm
+
+TOKEN_EMBD = "token_embd.weight"
+OUTPUT = "output.weight"
+OUTPUT_NORM = "output_norm.weight"
+
+
+class Inputs(NamedTuple):
+    """What every block needs besides the hidden states."""
+
+    tokens: np.ndarray  # (B, T) token ids
+    positions: np.ndarray  # (B, T) position of each token (restarting per packed sample)
+    mask: np.ndarray  # (B, T, S) query t may attend key s
+    cos: np.ndarray  # (B, T, n_rot/2) RoPE angles
+    sin: np.ndarray
+
+
+def make_inputs(
+    cfg: ModelConfig,
+    W: Mapping[str, np.ndarray],
+    tokens: np.ndarray,
+    positions: np.ndarray,
+    segments: np.ndarray | None = None,
+    k_pos: np.ndarray | None = None,
+    dtype=np.float32,
+) -> Inputs:
+    """RoPE angles and the causal mask for tokens at `positions` (keys at `k_pos`, default the same)."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    positions = np.asarray(positions, dtype=np.int64)
+    if segments is not None:
+        segments = np.asarray(segments, dtype=np.int64)
+    k_pos = positions if k_pos is None else k_pos
+    mask = ops.attention_mask(positions, k_pos, segments, segments if segments is not None else None)
+    cos, sin = ops.rope_angles(
+        positions, cfg.n_rot, cfg.rope_base, cfg.rope_scale, W.get("rope_freqs.weight"), dtype
+    )
+    return Inputs(tokens, positions, mask, cos, sin)
+
+
+def output_name(W: Mapping[str, np.ndarray]) -> str:
+    """The output projection's tensor: output.weight, or token_embd.weight when tied."""
+    return OUTPUT if OUTPUT in W else TOKEN_EMBD
+
+
+class ForwardCache(NamedTuple):
+    """What `backward_hidden` needs from `forward_hidden`."""
+
+    emb: ops.EmbeddingCache
+    blocks: list  # per block: its BlockCache, or its input x (B, T, C) when checkpointing
+    final_norm: ops.NormCache
+    checkpoint: bool  # blocks hold inputs to recompute from
+
+
+def forward_hidden(
+    cfg: ModelConfig,
+    W: Mapping[str, np.ndarray],
+    lora: Mapping[str, LoraTerm],
+    moe_layers: tuple[bool, ...],
+    inp: Inputs,
+    *,
+    kv=None,
+    keep: str = "none",
+    last_only: bool = False,
+    expert_usage: list | None = None,
+) -> tuple[np.ndarray, ForwardCache | None]:
+    """Final normalised hidden states (B, T, C) (or (B, 1, C) with `last_only`).
+
+    keep: "none" (inference), "caches" (every block's activations for the backward pass) or
+    "inputs" (only each block's input: the backward recomputes the block, layer checkpointing).
+    With `kv` (a KVCache) each block appends its keys and values. `expert_usage`, when given,
+    receives the tokens routed to each expert of every MoE block, (E,) per block.
+    """
+    x, c_emb = ops.embedding_forward(W[TOKEN_EMBD], inp.tokens, lora.get(TOKEN_EMBD))
+    kept = []
+    for i in range(cfg.L):
+        x_in = x
+        x, cache = block_forward(cfg, W, lora, i, moe_layers[i], x, inp.cos, inp.sin, inp.mask, kv=kv)
+        if expert_usage is not None:
+            n = expert_counts(cache)
+            if n is not None:
+                expert_usage.append(n)
+        if keep == "caches":
+            kept.append(cache)
+        elif keep == "inputs":
+            kept.append(x_in)
+        del cache
+    if last_only:
+        x = x[:, -1:]
+    h, c_fn = ops.rmsnorm_forward(x, W[OUTPUT_NORM], cfg.rms_eps)
+    if keep == "none":
+        return h, None
+    return h, ForwardCache(c_emb, kept, c_fn, keep == "inputs")
+
+
+def logits(W: Mapping[str, np.ndarray], lora: Mapping[str, LoraTerm], h: np.ndarray) -> np.ndarray:
+    """The output head on hidden states (..., C): (..., V), with its LoRA (and the tied one)."""
+    name = output_name(W)
+    z = ops.project(h, W[name])
+    out_lora = lora.get(OUTPUT) if name == OUTPUT else None
+    if out_lora is not None:
+        z += out_lora.s * ((h @ out_lora.A.T) @ out_lora.B.T)
+    emb = lora.get(TOKEN_EMBD)
+    if emb is not None and name == TOKEN_EMBD:
+        # tied output: the embedding adapter W + s A B^T (V, C) also acts on logits = h W^T
+        z += emb.s * ((h @ emb.B) @ emb.A.T)
+    return z
+
+
+def backward_hidden(
+    cfg: ModelConfig,
+    W: Mapping[str, np.ndarray],
+    lora: Mapping[str, LoraTerm],
+    moe_layers: tuple[bool, ...],
+    inp: Inputs,
+    dh: np.ndarray,
+    fc: ForwardCache,
+    need: set[str],
+    grads: MutableMapping[str, np.ndarray],
+    train_lora: bool,
+) -> None:
+    """From the gradient of the final hidden states to every trainable tensor's, added into `grads`.
+
+    `train_lora`: whether the token_embd LoRA pair (when there is one) is being trained.
+    """
+    dx, dw = ops.rmsnorm_backward(dh, fc.final_norm, W[OUTPUT_NORM])
+    if OUTPUT_NORM in need:
+        add_grad(grads, OUTPUT_NORM, dw)
+    for i in reversed(range(cfg.L)):
+        cache = fc.blocks[i]
+        if fc.checkpoint:
+            _, cache = block_forward(cfg, W, lora, i, moe_layers[i], cache, inp.cos, inp.sin, inp.mask)
+        assert isinstance(cache, BlockCache)
+        dx = block_backward(cfg, W, lora, i, moe_layers[i], dx, cache, need, grads)
+        fc.blocks[i] = None
+        del cache
+    dW, dA, dB = ops.embedding_backward(dx, fc.emb, need_dw=TOKEN_EMBD in need)
+    add_grad(grads, TOKEN_EMBD, dW)
+    if train_lora and TOKEN_EMBD in lora:
+        add_lora_grads(grads, TOKEN_EMBD, dA, dB)

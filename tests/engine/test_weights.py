@@ -1,0 +1,157 @@
+"""The weight store: quantized at rest, dequantized on demand, cached within a budget, buffers reused."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
+
+from engine import EngineError
+from engine.io.gguf_file import GGUFFile
+from engine.io.synth import SynthSpec, write_model
+from engine.io.weights import ExpertStack, RowTensor, WeightStore, parse_budget, resolve_budget
+from engine.model.model import Model
+from engine.model.targets import TargetSpec, select_targets
+from engine.train.train_model import Trainable, loss_and_grads
+from tests.engine.test_grad_model import packed_batch
+
+
+def _exact(f: GGUFFile, name: str) -> np.ndarray:
+    info = f.tensors[name]
+    raw = f.raw(name)
+    if info.qtype in ("F32", "F16"):
+        return np.asarray(raw, np.float32)
+    return gguf_quants.dequantize(raw, GGMLQuantizationType[info.qtype]).reshape(info.shape)
+
+
+@pytest.fixture(scope="module")
+def moe_q8(tmp_path_factory) -> str:
+    spec = SynthSpec.for_arch("qwen3moe", C=64, F_exp=64, V=300, qtype="Q8_0", seed=4)
+    return write_model(tmp_path_factory.mktemp("w") / "moe_q8.gguf", spec)
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def test_nothing_is_dequantized_at_load_but_the_vectors(moe_q8):
+    model = Model.load(moe_q8, cache_budget=0)
+    store = model.weights
+    assert store.stats.misses == 0 and store.cache_bytes == 0
+    assert store.stored_bytes < store.dequantized_bytes / 3  # Q8_0 at rest: about a quarter of float32
+    assert isinstance(store["blk.0.ffn_up_exps.weight"], ExpertStack)
+    assert isinstance(store["token_embd.weight"], RowTensor)
+    assert store["blk.0.attn_norm.weight"].dtype == np.float32  # 1-D tensors are kept dequantized
+
+
+def test_every_tensor_reads_exactly_as_gguf_dequantizes_it(moe_q8):
+    model = Model.load(moe_q8, cache_budget=0)
+    f = GGUFFile(moe_q8)
+    for name in model.weights:
+        np.testing.assert_array_equal(np.asarray(model.weights[name]), _exact(f, name), err_msg=name)
+    stack = model.weights["blk.1.ffn_down_exps.weight"]
+    np.testing.assert_array_equal(stack[2], _exact(f, "blk.1.ffn_down_exps.weight")[2])
+    ids = np.array([[5, 7, 5], [299, 0, 7]])
+    np.testing.assert_array_equal(
+        model.weights["token_embd.weight"].take_rows(ids), _exact(f, "token_embd.weight")[ids]
+    )
+
+
+def test_one_expert_is_dequantized_not_the_stack(moe_q8):
+    store = Model.load(moe_q8, cache_budget=0).weights
+    stack = store["blk.0.ffn_gate_exps.weight"]
+    before = store.stats.dequant_values
+    stack[3]
+    assert store.stats.dequant_values - before == stack.shape[1] * stack.shape[2]
+
+
+def test_take_rows_dequantizes_only_the_rows_asked_for(moe_q8):
+    store = Model.load(moe_q8, cache_budget=0).weights
+    before = store.stats.dequant_values
+    store.take_rows("token_embd.weight", np.array([[4, 4, 9], [9, 4, 11]]))
+    assert store.stats.dequant_values - before == 3 * 64
+
+
+def test_row_chunks_stream_the_head_within_the_block_size(moe_q8):
+    store = Model.load(moe_q8, cache_budget=0).weights
+    # blocks of 32 rows of 64 floats, one buffer reused: copy each while it is current
+    blocks = [(lo, hi, w.copy()) for lo, hi, w in store.row_chunks("output.weight", max_bytes=64 * 4 * 32)]
+    assert len(blocks) == -(-300 // 32) and all(b[2].shape[0] <= 32 for b in blocks)
+    assert [b[0] for b in blocks] == list(range(0, 300, 32))
+    whole = _exact(GGUFFile(moe_q8), "output.weight")
+    np.testing.assert_array_equal(np.concatenate([b[2] for b in blocks]), whole)
+    assert store.cache_bytes == 0  # a streamed head is not cached
+
+
+def test_budget_decides_what_stays_cached(moe_q8):
+    off = Model.load(moe_q8, cache_budget=0)
+    on = Model.load(moe_q8, cache_budget="1G")
+    tokens = np.array([1, 17, 200, 5, 9, 33])
+    a1, b1 = off.forward(tokens), on.forward(tokens)
+    np.testing.assert_array_equal(a1, b1)  # the cache changes speed, never results
+    misses_off, misses_on = off.weights.stats.misses, on.weights.stats.misses
+    a2, b2 = off.forward(tokens), on.forward(tokens)
+    np.testing.assert_array_equal(a2, a1)
+    np.testing.assert_array_equal(b2, b1)
+    assert on.weights.stats.misses == misses_on  # second pass: every weight from the cache
+    assert off.weights.stats.misses > misses_off  # cache off: dequantized again
+    assert off.weights.cache_bytes <= off.weights.working_set
+    assert on.weights.cache_bytes > off.weights.cache_bytes
+
+
+def test_evicted_buffers_are_reused_but_never_while_held(moe_q8):
+    store = Model.load(moe_q8, cache_budget=0).weights
+    store.working_set = 0  # keep nothing beyond what is being read
+    q0 = store["blk.0.attn_q.weight"]
+    held = q0.copy()
+    q1 = store["blk.1.attn_q.weight"]
+    assert _addr(q1) != _addr(q0)  # q0 is still held by this test
+    np.testing.assert_array_equal(q0, held)
+    del q0, q1
+    q0 = store["blk.0.attn_q.weight"]
+    addr = _addr(q0)
+    del q0
+    q1 = store["blk.1.attn_q.weight"]
+    assert _addr(q1) == addr  # same shape, nobody holds it: the buffer is reused
+
+
+def test_training_is_identical_with_the_cache_off_on_and_with_checkpointing(moe_q8):
+    batch = packed_batch(300)
+    results = []
+    for budget, ckpt in (("off", False), ("1G", False), ("off", True)):
+        model = Model.load(moe_q8, dtype=np.float32, cache_budget=budget)
+        targets = select_targets(model.tensors, TargetSpec(preset="all"), model.config.L)
+        tr = Trainable.init(model, targets, rank=2, seed=1)
+        for _, B in tr.pairs.values():
+            B[...] = 0.05
+        results.append(loss_and_grads(model, tr, batch, checkpoint=ckpt))
+    for r in results[1:]:
+        assert r.loss == results[0].loss
+        for n, g in results[0].grads.items():
+            np.testing.assert_array_equal(r.grads[n], g, err_msg=n)
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [("auto", "auto"), (None, "auto"), ("off", 0), ("0", 0), ("512M", 512 << 20), ("2.5G", int(2.5 * 2**30)),
+     ("4gib", 4 << 30), (1234, 1234)],
+)  # fmt: skip
+def test_budget_settings(text, value):
+    assert parse_budget(text) == value
+
+
+@pytest.mark.parametrize("bad", ["lots", "-1G", -5, float("nan"), "1X"])
+def test_bad_budget_names_the_value(bad):
+    with pytest.raises(EngineError, match="budget"):
+        parse_budget(bad)
+
+
+def test_auto_budget_keeps_the_reserve_and_a_headroom():
+    assert resolve_budget("auto", reserve=1 << 50) == 0
+    assert 0 < resolve_budget("auto") < resolve_budget("auto", reserve=0) + 1
+
+
+def test_store_refuses_other_dtypes(moe_q8):
+    with pytest.raises(Exception, match="float32 or float64"):
+        WeightStore(GGUFFile(moe_q8), ["blk.0.attn_q.weight"], np.float16)
