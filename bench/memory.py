@@ -171,10 +171,10 @@ def child(args) -> None:
     )))  # fmt: skip
 
 
-def run_child(model: str, data: str, budget: str, a) -> dict:
+def run_child(model: str, data: str, budget: str, a, checkpoint: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--model", model, "--data", data,
            "--budget", budget, "--steps", str(a.steps), "--ctx", str(a.ctx), "--preset", a.preset,
-           "--checkpoint", a.checkpoint]  # fmt: skip
+           "--checkpoint", checkpoint]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         tail = out.stderr.strip().splitlines()
@@ -189,10 +189,12 @@ def main() -> None:
     src.add_argument("--shape", choices=sorted(SHAPES), help="generate a model of this shape")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=256)
-    ap.add_argument("--budgets", default="off,auto", help="cache budgets to run, comma-separated")
+    ap.add_argument("--budgets", default="off,auto",
+                    help="cache budgets to run, comma-separated; BUDGET:on runs it with layer checkpointing")
     ap.add_argument("--preset", choices=("all", "moe"), default="all",
                     help="all: every linear tensor (experts included); moe: attention + routed experts")
-    ap.add_argument("--checkpoint", default="auto", choices=("auto", "on", "off"), help="layer checkpointing")
+    ap.add_argument("--checkpoint", default="auto", choices=("auto", "on", "off"),
+                    help="layer checkpointing (default auto: the memory plan decides)")
     ap.add_argument("--keep", action="store_true", help="keep a generated model file")
     ap.add_argument("--dir", default=None, help="where to write generated files (default: a temp folder)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -228,8 +230,9 @@ def main() -> None:
     print(f"{'budget':>8} {'ckpt':>5} {'peak RSS':>10} {'x file':>7} {'s/step':>8} {'tok/s':>8} "
           f"{'dequant':>8} {'estimate':>10} {'est err':>8}")  # fmt: skip
     try:
-        for budget in a.budgets.split(","):
-            r = run_child(model, data, budget, a)
+        for item in a.budgets.split(","):
+            budget, _, ckpt = item.partition(":")
+            r = run_child(model, data, budget, a, ckpt or a.checkpoint)
             if "failed" in r:
                 print(f"{budget:>8}  failed: {r['failed']}")
                 continue
@@ -246,7 +249,8 @@ def main() -> None:
                   f"{' '.join(f'{x:.2f}' for x in r['dequant'])}; cache budget {r['budget'] / GIB:.2f} GiB "
                   f"(peak {r['cache_peak'] / GIB:.2f} GiB); wall {r['wall']:.0f} s")  # fmt: skip
             parts = {k: v for k, v in r["estimate"].items() if k in (
-                "stored", "cache", "buffers", "trainable", "activations", "head", "runtime")}  # fmt: skip
+                "stored", "mapped", "cache", "buffers", "trainable", "gradients", "activations", "transient",
+                "head", "runtime")}  # fmt: skip
             print(f"{'':>8} estimate: " + ", ".join(f"{k} {v / 2**20:.0f}M" for k, v in parts.items()))
     finally:
         if made and not a.keep:

@@ -105,9 +105,16 @@ GROUPS: tuple[tuple[str, tuple[Field, ...]], ...] = (
               "answer token; 0 = off.", lo=0.0, hi=100.0),
     )),
     ("Advanced", (
-        Field("checkpoint_layers", "Layer checkpointing", "bool",
+        Field("checkpoint_layers", "Layer checkpointing", "choice",
               "Recompute each block in the backward pass instead of keeping its activations: much "
-              "less memory, about a third slower."),
+              "less memory, about a third slower. Auto: on when the memory estimate says the "
+              "activations would not fit.", choices=(("auto", "auto"), ("on", "on"), ("off", "off"))),
+        Field("cache_budget", "Weight cache", "choice",
+              "Weights stay quantized as the file stores them and are dequantized layer by layer when "
+              "used; this much of the dequantized weights is kept between uses. More is faster, less "
+              "fits bigger models. Auto: what memory is free after the rest of the run.",
+              choices=(("auto", "auto (what is free)"), ("off", "off (least memory)"), ("1G", "1 GiB"),
+                       ("2G", "2 GiB"), ("4G", "4 GiB"), ("8G", "8 GiB"), ("16G", "16 GiB"))),
         Field("checkpoint_every", "Checkpoint every", "int",
               "Steps between checkpoints (adapter + optimizer state, for Pause/Resume); 0 = only at "
               "the end and when paused or stopped.", hi=1_000_000, special="at the end"),

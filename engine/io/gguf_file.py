@@ -14,9 +14,11 @@ ne = [n_in, n_out] is an array (n_out, n_in).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -266,6 +268,28 @@ class GGUFFile:
         else:
             out = gguf_quants.dequantize(raw, qtype).reshape(info.shape)
         return out.astype(dtype, copy=True)
+
+    def release(self, view: np.ndarray) -> None:
+        """Let the kernel drop this process's resident pages of `view` (a slice of the mapping).
+
+        The bytes stay in the page cache and a later read maps them back (a minor fault), so
+        tensors that were just dequantized stop counting against the process's resident memory.
+        A no-op where madvise is unavailable (Windows) or `view` is not part of the mapping.
+        """
+        mm = getattr(self._map, "_mmap", None)
+        if mm is None or not hasattr(mm, "madvise") or view.size == 0:
+            return
+        base = self._map.ctypes.data
+        start = view.ctypes.data - base
+        length = view.nbytes if view.flags.c_contiguous else None
+        if length is None or start < 0 or start + length > self._map.nbytes:
+            return
+        page = mmap.PAGESIZE
+        lo = (start + page - 1) // page * page  # whole pages inside the view only: its neighbours
+        hi = (start + length) // page * page  # may be in use
+        if hi > lo:
+            with contextlib.suppress(OSError, ValueError):
+                mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     def close(self) -> None:
         self._raw.clear()

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 AUTO = "auto"
 ROW_WISE = ("token_embd.weight", "output.weight")  # read by rows: get_rows and the output head
-ROW_CHUNK_BYTES = 64 << 20  # dequantized bytes per block when a row-wise tensor is walked
+ROW_CHUNK_BYTES = 16 << 20  # dequantized bytes per block when a row-wise tensor is walked
 HEADROOM_FRACTION = 0.10  # of total memory, kept free by "auto"
 HEADROOM_MIN = 1 << 30
 
@@ -391,6 +391,8 @@ class WeightStore(Mapping):
             self._cache_bytes -= arr.nbytes
 
     def _dequantize(self, raw, qtype: str, shape, out: np.ndarray | None = None) -> np.ndarray:
+        """Dequantize stored bytes into `out` (or a new array), then let their pages go (see
+        GGUFFile.release): the weights at rest live in the page cache, not in this process."""
         t = time.perf_counter()
         if self.dtype == np.float32:
             y = dequantize(raw, qtype, out=out if out is not None and out.dtype == np.float32 else None)
@@ -400,6 +402,8 @@ class WeightStore(Mapping):
                 out[...] = y.reshape(out.shape)
                 y = out
         y = y.reshape(shape)
+        if isinstance(raw, np.memmap) or getattr(raw, "base", None) is not None:
+            self.file.release(raw)
         self.stats.dequant_seconds += time.perf_counter() - t
         self.stats.dequant_values += y.size
         return y

@@ -517,6 +517,16 @@ def _log_softmax_rows(z: np.ndarray) -> np.ndarray:
     return z
 
 
+def _softmax_inplace_pair(z: np.ndarray) -> np.ndarray:
+    """Turn logits z (n, V) into log-probabilities in place; return the probabilities (one new array)."""
+    z -= z.max(axis=-1, keepdims=True)
+    p = np.exp(z)
+    s = p.sum(axis=-1, keepdims=True)
+    z -= np.log(s)
+    p /= s
+    return p
+
+
 def _is_one_block(w) -> bool:
     """Whether the output weight is in memory as one array (else it is read in row blocks)."""
     if isinstance(w, np.ndarray):
@@ -535,6 +545,7 @@ def lm_head_loss(
     tied_lora: LoraTerm | None = None,
     need_dw: bool = False,
     max_logits_bytes: int = 16 << 20,
+    min_rows: int = 128,
     h_ref: np.ndarray | None = None,
     w_ref=None,
     kl_coef: float = 0.0,
@@ -547,7 +558,9 @@ def lm_head_loss(
     Only rows with targets >= 0 are computed. For the KL term, q = softmax(h_ref W_ref^T) is the
     reference model's distribution (its own hidden states and output weight, without adapters).
     W (V, C) is an array or a lazy view: when it is in memory as one array, logits are computed
-    for blocks of label rows (at most `max_logits_bytes` at a time); when it is read in blocks of
+    for blocks of label rows (`max_logits_bytes` of logits, but at least `min_rows` rows: fewer
+    rows per matmul read the whole head once per block and run at half speed, measured on a
+    152k vocabulary); when it is read in blocks of
     vocabulary rows (`row_chunks`, a large quantized head), the loss streams over the vocabulary
     twice (online log-sum-exp, then the gradients), so the head is never dequantized whole.
     With backward=False only the loss is computed. Returns (loss, stats, dh, grads) where grads
@@ -562,7 +575,7 @@ def lm_head_loss(
     V = w.shape[0]
     kl = bool(kl_coef) and h_ref is not None
     rows_all = np.flatnonzero(targets >= 0)
-    chunk = max(1, int(max_logits_bytes // (V * h.itemsize)))
+    chunk = max(1, min_rows, int(max_logits_bytes // (V * h.itemsize)))
     dh = np.zeros_like(h)
     dW = np.zeros(w.shape, h.dtype) if need_dw else None
     dl = (np.zeros_like(lora.A), np.zeros_like(lora.B)) if lora is not None else None
@@ -577,17 +590,16 @@ def lm_head_loss(
         ha = hb = None
         if lora is not None:
             ha = hc @ lora.A.T  # (n, r)
-            logp += lora.s * (ha @ lora.B.T)
+            logp += (lora.s * ha) @ lora.B.T
         if tied_lora is not None:
             hb = hc @ tied_lora.B  # (n, r)
-            logp += tied_lora.s * (hb @ tied_lora.A.T)
-        _log_softmax_rows(logp)
+            logp += (tied_lora.s * hb) @ tied_lora.A.T
+        p = _softmax_inplace_pair(logp)  # logp becomes log-probabilities, p the probabilities
         tgt = targets[rows]
         wt = weights[rows].astype(h.dtype)
         ce = -logp[np.arange(n), tgt]
         loss += float((wt * ce).sum())
         ce_sum += float(ce.sum())
-        p = np.exp(logp)  # (n, V)
         if kl:
             logq = _log_softmax_rows(project(h_ref[rows], w_ref))
             klv = (p * (logp - logq)).sum(axis=-1)  # (n,)

@@ -2,15 +2,17 @@
 
 `estimate_memory` counts what a run on the CPU holds at its peak:
 
-- stored: the base tensors as the file stores them, memory-mapped (the page cache can take them
-  back, but while a step reads them they are resident);
+- stored: the base tensors as the file stores them, memory-mapped; they live in the page cache,
+  not in the process: `mapped` counts what stays resident (F32 tensors are used where they are
+  mapped; the others are let go once dequantized), and only `mapped` is in the total;
 - cache: dequantized weights kept between uses, within the cache budget;
 - buffers: what dequantization needs beyond the cache (one layer's tensors, blocks of the
   output head when it is streamed);
-- trainable: LoRA factors and full-weight copies with their gradients, the accumulated
-  gradient, Adam's two moments and scratch;
+- trainable: LoRA factors and full-weight copies with Adam's two moments (and the running sum
+  of gradient accumulation); gradients: one more copy;
 - activations: what the backward pass keeps (every block's, or with layer checkpointing each
-  block's input plus one block's), and the largest transient of one block;
+  block's input plus one block's); transient: the largest temporaries of one block. Gradients
+  are made as the backward pass frees the activations, so the peak holds the larger of the two;
 - head: the logits blocks of the fused output projection and cross-entropy;
 - runtime: the interpreter, NumPy, the tokenizer.
 
@@ -34,8 +36,10 @@ from ..model.summary import human_bytes
 
 RUNTIME_BASE = 64 << 20  # interpreter, NumPy, the engine's modules (measured: about 45-60 MiB)
 RUNTIME_PER_TOKEN = 640  # tokenizer bytes per vocabulary entry (measured: 49k entries, 30 MiB)
-TRAINABLE_COPIES = 7  # parameter, gradient, accumulated gradient, its mean, two moments, scratch
-HEAD_LOGITS_BYTES = 16 << 20  # lm_head_loss's logits block (max_logits_bytes)
+TRAINABLE_COPIES = 3  # parameter and two Adam moments (the gradient is counted on its own)
+ACCUMULATION_COPIES = 2  # with gradient accumulation: the running sum and its mean
+HEAD_LOGITS_BYTES = 16 << 20  # lm_head_loss's logits block (max_logits_bytes) ...
+HEAD_MIN_ROWS = 128  # ... of at least this many rows (min_rows)
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 ROW_WISE = ("token_embd.weight", "output.weight")
 
@@ -45,10 +49,13 @@ class MemoryEstimate:
     """Bytes of a run at its peak, by what holds them (see the module docstring)."""
 
     stored: int
+    mapped: int
     cache: int
     buffers: int
     trainable: int
+    gradients: int
     activations: int
+    transient: int
     head: int
     runtime: int
     checkpoint: bool  # layer checkpointing assumed
@@ -59,11 +66,12 @@ class MemoryEstimate:
     @property
     def total(self) -> int:
         return (
-            self.stored
+            self.mapped
             + self.cache
             + self.buffers
             + self.trainable
-            + self.activations
+            + max(self.gradients, self.activations)
+            + self.transient
             + self.head
             + self.runtime
         )
@@ -71,11 +79,18 @@ class MemoryEstimate:
     @property
     def required(self) -> int:
         """What must be allocated: everything but the page cache of the file and the weight cache."""
-        return self.buffers + self.trainable + self.activations + self.head + self.runtime
+        return (
+            self.buffers
+            + self.trainable
+            + max(self.gradients, self.activations)
+            + self.transient
+            + self.head
+            + self.runtime
+        )
 
     def to_dict(self) -> dict[str, int]:
         d = {k: v for k, v in asdict(self).items() if isinstance(v, int) and not isinstance(v, bool)}
-        d["weights"] = self.stored + self.cache + self.buffers  # the figure earlier versions showed
+        d["weights"] = self.mapped + self.cache + self.buffers  # the figure earlier versions showed
         d["total"] = self.total
         d["checkpoint"] = int(self.checkpoint)
         return d
@@ -87,8 +102,9 @@ class MemoryEstimate:
         if self.buffers:
             cache += f" + {h(self.buffers)} of dequantization buffers"
         return (
-            f"≈ {h(self.total)} at peak: model file {h(self.stored)} (stays quantized), {cache}, "
-            f"trainable state {h(self.trainable)}, activations {h(self.activations)} at "
+            f"≈ {h(self.total)} at peak (the model file's {h(self.stored)} stays quantized, in the page "
+            f"cache): {cache}, "
+            f"trainable state {h(self.trainable + self.gradients)}, activations {h(self.activations)} at "
             f"{config.batch_size} × {config.n_ctx} tokens"
             + (" with layer checkpointing" if self.checkpoint else "")
             + f", output head {h(self.head)}, runtime {h(self.runtime)}"
@@ -103,7 +119,7 @@ class MemoryEstimate:
         available = self.available if available is None else available
         gib = 2**30
         parts = []
-        if self.activations > self.required / 3:
+        if self.activations + self.transient > self.required / 3:
             parts.append(f"a shorter context (now {config.n_ctx} tokens)")
             if config.batch_size > 1:
                 parts.append(f"a smaller batch (now {config.batch_size}; accumulate gradients instead)")
@@ -154,7 +170,11 @@ def _activations(cfg: ModelConfig, config, lora_targets: Iterable[str], itemsize
     C, HS, NH, NKV = cfg.C, cfg.HS, cfg.NH, cfg.NKV
     r = config.rank
     kinds = {_LAYER.sub("", n) for n in lora_targets}
-    xa = sum(1 for k in kinds if k.startswith(("attn_", "ffn_"))) * N * r * (cfg.K if cfg.is_moe else 1)
+    xa = (
+        N
+        * r
+        * sum(cfg.K if k.endswith("_exps.weight") else 1 for k in kinds if k.startswith(("attn_", "ffn_")))
+    )
     attn = 2 * N * C + (2 * NH + 2 * NKV) * HS * N + B * NH * T * T
     if cfg.qk_norm:
         attn += (NH + NKV) * HS * N
@@ -193,11 +213,23 @@ def estimate_memory(
         available = memory_available()
     working, dequant = _per_layer(tensors, itemsize)
     stored = sum(i.n_bytes for i in tensors.values())
+    # file pages that stay resident: F32 tensors are used where they are mapped; the pages of the
+    # others are let go once dequantized, so only the largest one is resident for a moment
+    mapped = sum(i.n_bytes for i in tensors.values() if i.qtype == "F32") + max(
+        (i.n_bytes for i in tensors.values() if i.qtype != "F32"), default=0
+    )
     V = cfg.V
     runtime = RUNTIME_BASE + RUNTIME_PER_TOKEN * V
-    trainable = n_trainable * itemsize * TRAINABLE_COPIES
+    copies = TRAINABLE_COPIES + (ACCUMULATION_COPIES if getattr(config, "grad_accum", 1) > 1 else 0)
+    trainable = n_trainable * itemsize * copies
+    gradients = n_trainable * itemsize
     n_label = config.batch_size * config.n_ctx
-    head = 3 * min(HEAD_LOGITS_BYTES, n_label * V * itemsize)
+    # logits and probabilities of a block of label rows over the whole vocabulary (head in memory),
+    # or of every label row over one block of vocabulary rows, with exp, p and dz (head streamed)
+    rows = min(n_label, max(HEAD_MIN_ROWS, HEAD_LOGITS_BYTES // (V * itemsize)))
+    head_in_memory = 2 * rows * V * itemsize
+    head_streamed = 4 * n_label * (ROW_CHUNK_BYTES // (cfg.C * itemsize)) * itemsize
+    head = max(head_in_memory, head_streamed)  # for the automatic choices, before the cache is known
     if checkpoint is None:
         checkpoint = getattr(config, "checkpoint_choice", None)
     if budget is None:
@@ -205,22 +237,26 @@ def estimate_memory(
     kept_full, transient = _activations(cfg, config, lora_targets, itemsize, False)
     if checkpoint is None:  # auto: checkpoint when keeping every block would not fit
         others = runtime + trainable + head + working + transient
-        checkpoint = others + kept_full + auto_headroom_for(available) > available
+        checkpoint = others + max(kept_full, gradients) + auto_headroom_for(available) > available
     kept, transient = _activations(cfg, config, lora_targets, itemsize, bool(checkpoint))
-    activations = kept + transient
-    rest = runtime + trainable + head + activations
+    rest = runtime + trainable + head + max(kept, gradients) + transient
     b = parse_budget(budget)
     if b == AUTO:
         b = max(0, available - rest - working - auto_headroom_for(available))
     cache = min(int(b), dequant)
-    # beyond the budget the store keeps one layer (and streams the head in blocks)
-    buffers = 0 if cache >= dequant else working + ROW_CHUNK_BYTES
+    # beyond the budget the store keeps one layer and streams the output head in blocks of rows
+    streamed = cache < dequant
+    buffers = working + ROW_CHUNK_BYTES if streamed else 0
+    head = head_streamed if streamed else head_in_memory
     return MemoryEstimate(
         stored=int(stored),
+        mapped=int(mapped),
         cache=int(cache),
         buffers=int(buffers),
         trainable=int(trainable),
-        activations=int(activations),
+        gradients=int(gradients),
+        activations=int(kept),
+        transient=int(transient),
         head=int(head),
         runtime=int(runtime),
         checkpoint=bool(checkpoint),

@@ -422,7 +422,10 @@ class Trainer:
                     checkpoint=self.memory.checkpoint,
                     kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
                 )
-                acc.add(res.grads)
+                if cfg.grad_accum > 1:
+                    acc.add(res.grads)
+                else:
+                    grads = res.grads  # one micro-batch: its gradients are the step's, no copies
                 loss += res.loss / cfg.grad_accum
                 ce_sum += res.ce_sum
                 n_label += res.n_tokens
@@ -436,7 +439,7 @@ class Trainer:
                     "Lower the learning rate or check the data; the last good checkpoint is kept.",
                     last_ckpt,
                 )
-            stats = self.optimizer.step(acc.mean())
+            stats = self.optimizer.step(acc.mean() if cfg.grad_accum > 1 else grads)
             if not math.isfinite(stats.grad_norm):
                 return self._fail(
                     on_event,

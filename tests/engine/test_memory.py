@@ -26,14 +26,14 @@ def test_parts_add_up_and_follow_the_settings(q8_moe):
     base = estimate_memory(cfg, tensors, 1000, TrainConfig(n_ctx=256, checkpoint_layers="off",
                                                            cache_budget="off"), available=8 * GIB)
     assert base.stored == sum(t.n_bytes for t in tensors.values())
-    assert base.trainable == 1000 * 4 * memory_mod.TRAINABLE_COPIES
+    assert base.trainable == 1000 * 4 * memory_mod.TRAINABLE_COPIES and base.gradients == 4000
     assert base.cache == 0 and base.buffers > 0  # cache off: one layer's working set and head blocks
-    assert base.total == sum(
-        getattr(base, k)
-        for k in ("stored", "cache", "buffers", "trainable", "activations", "head", "runtime")
+    assert base.total == max(base.gradients, base.activations) + sum(
+        getattr(base, k) for k in ("mapped", "cache", "buffers", "trainable", "transient", "head", "runtime")
     )
     d = base.to_dict()
-    assert d["total"] == base.total and d["weights"] == base.stored + base.cache + base.buffers
+    assert d["total"] == base.total and d["weights"] == base.mapped + base.cache + base.buffers
+    assert base.mapped < base.stored  # quantized tensors are let go once dequantized
     ckpt = estimate_memory(cfg, tensors, 1000, TrainConfig(n_ctx=256, checkpoint_layers="on"),
                            available=8 * GIB)
     longer = estimate_memory(cfg, tensors, 1000, TrainConfig(n_ctx=1024, checkpoint_layers="off"),

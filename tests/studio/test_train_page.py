@@ -98,12 +98,13 @@ def test_settings_edit_the_project_config_and_follow_it(qtbot, tmp_path, synth_m
     editors["val_split"].setValue(0.1)
     editors["schedule"].setCurrentIndex(editors["schedule"].findData("linear"))
     editors["train_on_prompt"].setChecked(True)
-    editors["checkpoint_layers"].setChecked(True)
+    editors["checkpoint_layers"].setCurrentIndex(editors["checkpoint_layers"].findData("on"))
+    editors["cache_budget"].setCurrentIndex(editors["cache_budget"].findData("off"))
     editors["out_type"].setCurrentIndex(editors["out_type"].findData("Q8_0"))
     cfg = project.config
     assert cfg.lr == pytest.approx(5e-5) and cfg.steps == 40 and cfg.n_ctx == 256 and cfg.grad_accum == 4
     assert cfg.val_split == pytest.approx(0.1) and cfg.schedule == "linear" and cfg.out_type == "Q8_0"
-    assert cfg.train_on_prompt and cfg.checkpoint_layers
+    assert cfg.train_on_prompt and cfg.checkpoint_layers == "on" and cfg.cache_budget == "off"
     assert project.dirty
     # the KL coefficient only means something in group-relative mode
     assert not editors["kl_coef"].isEnabled()
@@ -121,7 +122,7 @@ def test_settings_edit_the_project_config_and_follow_it(qtbot, tmp_path, synth_m
     assert list(page.settings.groups) == ["Basics", "Optimizer", "Data", "Rewards", "Advanced"]
     expected = {"lr", "schedule", "warmup_steps", "epochs", "steps", "n_ctx", "batch_size", "grad_accum",
                 "val_split", "eval_every", "weight_decay", "gclip", "max_grad_norm", "seed", "reward_mode",
-                "kl_coef", "train_on_prompt", "checkpoint_layers", "checkpoint_every",
+                "kl_coef", "train_on_prompt", "checkpoint_layers", "cache_budget", "checkpoint_every",
                 "out_type"}  # fmt: skip
     assert expected <= set(FIELDS)
     assert isinstance(editors["train_on_prompt"], QCheckBox) and isinstance(editors["schedule"], QComboBox)
