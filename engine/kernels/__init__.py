@@ -12,7 +12,10 @@ for sm_80 and sm_90 on every machine.
 (`get_kernel`). Nothing here imports CuPy, NVRTC or a GPU driver at import time; the engine
 imports fine on a machine with none of them, and only a GPU backend ever calls a CUDA twin.
 
-Ops: `dequant` (raw GGUF blocks to float32/bfloat16).
+Ops: `dequant` (raw GGUF blocks to float32/bfloat16), `embedding`, `norm` (RMSNorm), `linear`
+(with LoRA), `rope`, `attention`, `swiglu`, `moe` (routing, experts, their backward),
+`cross_entropy` (the output head fused with the loss). `engine.model.ops` gives model code one
+name per op.
 """
 
 from .cuda import (
