@@ -14,59 +14,69 @@ head size, E experts, K experts per token, F ffn width, r LoRA rank). The functi
 whatever float dtype they are given (float32 in use, float64 in tests).
 
 The implementations live in `engine.kernels.<op>`: each `<op>_ref` there is the NumPy reference,
-the specification of the op. This module gives model code one name per op. It knows no GGUF names
-and holds no state; `engine.model.layers` and `engine.model.forward` wire the ops into models.
+the specification of the op, and `<op>` its CUDA twin. This module gives model code one name per
+op, which runs the twin when its first argument is a CuPy array and the reference otherwise. It
+knows no GGUF names and holds no state; `engine.model.layers` and `engine.model.forward` wire the
+ops into models.
 """
 
 from __future__ import annotations
 
-from ..kernels.attention import (
-    AttentionCache,
-    attention_backward_ref,
-    attention_forward_ref,
-    attention_mask,
-)
-from ..kernels.cross_entropy import lm_head_loss_ref, project, softmax
-from ..kernels.embedding import (
-    EmbeddingCache,
-    embedding_backward_ref,
-    embedding_forward_ref,
-    row_chunks,
-    scatter_add_rows,
-    take_rows,
-)
-from ..kernels.linear import LinearCache, LoraTerm, linear_backward_ref, linear_forward_ref
-from ..kernels.moe import (
-    ExpertActs,
-    ExpertsCache,
-    RouteCache,
-    Routing,
-    experts_backward_ref,
-    experts_forward_ref,
-    route_backward_ref,
-    route_forward_ref,
-)
-from ..kernels.norm import NormCache, rmsnorm_backward_ref, rmsnorm_forward_ref
-from ..kernels.rope import RopeCache, rope_angles, rope_backward_ref, rope_forward_ref
-from ..kernels.swiglu import SwigluCache, sigmoid, silu, swiglu_backward_ref, swiglu_forward_ref
+from ..errors import EngineError
+from ..kernels import attention as _attention
+from ..kernels import cross_entropy as _cross_entropy
+from ..kernels import embedding as _embedding
+from ..kernels import linear as _linear
+from ..kernels import moe as _moe
+from ..kernels import norm as _norm
+from ..kernels import rope as _rope
+from ..kernels import swiglu as _swiglu
+from ..kernels.attention import AttentionCache, attention_mask
+from ..kernels.cross_entropy import project, softmax
+from ..kernels.embedding import EmbeddingCache, row_chunks, scatter_add_rows, take_rows
+from ..kernels.linear import LinearCache, LoraTerm
+from ..kernels.moe import ExpertActs, ExpertsCache, RouteCache, Routing
+from ..kernels.norm import NormCache
+from ..kernels.rope import RopeCache, rope_angles
+from ..kernels.swiglu import SwigluCache, sigmoid, silu
 
-embedding_forward = embedding_forward_ref
-embedding_backward = embedding_backward_ref
-rmsnorm_forward = rmsnorm_forward_ref
-rmsnorm_backward = rmsnorm_backward_ref
-linear_forward = linear_forward_ref
-linear_backward = linear_backward_ref
-rope_forward = rope_forward_ref
-rope_backward = rope_backward_ref
-attention_forward = attention_forward_ref
-attention_backward = attention_backward_ref
-swiglu_forward = swiglu_forward_ref
-swiglu_backward = swiglu_backward_ref
-route_forward = route_forward_ref
-route_backward = route_backward_ref
-experts_forward = experts_forward_ref
-experts_backward = experts_backward_ref
-lm_head_loss = lm_head_loss_ref
+
+def _dispatch(module, name: str):
+    """The op `name` of kernels `module`: its NumPy reference `<name>_ref`, or its CUDA twin `<name>`
+    when the first argument is a CuPy array (a twin not written yet is an EngineError naming it)."""
+    ref = getattr(module, name + "_ref")
+
+    def op(*args, **kwargs):
+        if args and type(args[0]).__module__.startswith("cupy"):
+            twin = getattr(module, name, None)
+            if twin is None:
+                raise EngineError(f"{module.__name__}.{name} has no CUDA version yet")
+            return twin(*args, **kwargs)
+        return ref(*args, **kwargs)
+
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = ref.__doc__
+    op.reference = ref  # type: ignore[attr-defined]
+    return op
+
+
+embedding_forward = _dispatch(_embedding, "embedding_forward")
+embedding_backward = _dispatch(_embedding, "embedding_backward")
+rmsnorm_forward = _dispatch(_norm, "rmsnorm_forward")
+rmsnorm_backward = _dispatch(_norm, "rmsnorm_backward")
+linear_forward = _dispatch(_linear, "linear_forward")
+linear_backward = _dispatch(_linear, "linear_backward")
+rope_forward = _dispatch(_rope, "rope_forward")
+rope_backward = _dispatch(_rope, "rope_backward")
+attention_forward = _dispatch(_attention, "attention_forward")
+attention_backward = _dispatch(_attention, "attention_backward")
+swiglu_forward = _dispatch(_swiglu, "swiglu_forward")
+swiglu_backward = _dispatch(_swiglu, "swiglu_backward")
+route_forward = _dispatch(_moe, "route_forward")
+route_backward = _dispatch(_moe, "route_backward")
+experts_forward = _dispatch(_moe, "experts_forward")
+experts_backward = _dispatch(_moe, "experts_backward")
+lm_head_loss = _dispatch(_cross_entropy, "lm_head_loss")
 
 __all__ = [
     "AttentionCache", "EmbeddingCache", "ExpertActs", "ExpertsCache", "LinearCache", "LoraTerm",
