@@ -1,20 +1,22 @@
 """UI responsiveness while training: the longest time the UI thread could not run.
 
-Runs a short real training in the studio's worker thread (studio.worker) with the Train page shown
-and its live plots drawing, while a QTimer on the UI thread fires every 5 ms and records the gaps
-between its timeouts (studio.train_probe.StallProbe). Prints the longest gap (the worst stall), the
-99th percentile, the longest gap per phase (loading the model, training, writing the results), the
-number of steps and the model's shape. Prints figures; never passes or fails.
+Runs a short real training as a job of the studio's one engine worker (studio.worker: in this
+process, on its own thread) with the Train page shown and its live plots drawing, while a QTimer
+on the UI thread fires every 5 ms and records the gaps between its timeouts
+(studio.train_probe.StallProbe). Prints the longest gap (the worst stall), the 99th percentile,
+the longest gap per phase (loading the model, training, writing the results), the number of steps,
+training tokens/s and the model's shape. Prints figures; never passes or fails.
 
     python bench/ui_stall.py                          # small dense + small MoE shapes
     python bench/ui_stall.py --shape qwen2.5-0.5b     # Qwen2.5-0.5B's shape (writes a ~1 GB file once)
     python bench/ui_stall.py --no-page                # the worker alone: stalls from the GIL only
     python bench/ui_stall.py --switch-ms 1            # with sys.setswitchinterval(0.001)
-    python bench/ui_stall.py --model resources/demo/demo.gguf --data resources/demo/dataset.jsonl --steps 150
-                                                      # any model and dataset (here: the demo's one-click run)
+    python bench/ui_stall.py --demo                   # the demo's one-click run (150 steps)
+    python bench/ui_stall.py --busy-core              # ... with the machine's other core kept busy
 
-Training runs in its own process (studio.worker, engine.TrainProcess), so the stall left is the UI
-thread's own work: receiving events, redrawing one plot panel per tick, the event log.
+The stall is the UI thread's own work (receiving events, redrawing one plot panel per tick, the
+event log) plus the time it waits for the interpreter lock while the engine runs Python between
+its NumPy calls. Training tokens/s are printed beside it.
 """
 
 from __future__ import annotations
@@ -58,7 +60,16 @@ def write_dataset(path: Path, n: int = 32) -> None:
                                              {"role": "assistant", "content": answer}]}) + "\n")  # fmt: skip
 
 
-def measure(model_path: str, data: str, steps: int, n_ctx: int, page: bool, preset: str, out: str) -> dict:
+def measure(
+    model_path: str,
+    data: str,
+    steps: int,
+    n_ctx: int,
+    page: bool,
+    preset: str,
+    out: str,
+    extra: dict | None = None,
+) -> dict:
     """Train `steps` steps with the page (or the worker alone) and the probe running; the figures."""
     from PySide6.QtCore import QEventLoop, QTimer
 
@@ -67,15 +78,26 @@ def measure(model_path: str, data: str, steps: int, n_ctx: int, page: bool, pres
 
     project = Project()
     project.update(model_path=model_path, dataset_path=data, output_dir=out)
-    project.update_config(steps=steps, n_ctx=n_ctx, targets=TargetSpec(preset=preset), norms_every=1)
+    project.update_config(
+        **{
+            "norms_every": 1,
+            **(extra or {}),
+            "steps": steps,
+            "n_ctx": n_ctx,
+            "targets": TargetSpec(preset=preset),
+        }
+    )
     loop = QEventLoop()
     probe = StallProbe(5)
-    seen = {"steps": 0, "t_started": None, "t_end": None}
+    seen = {"steps": 0, "t_started": None, "t_end": None, "tokens": 0}
     t0 = time.perf_counter()
+    from studio.worker import Engine
+
+    engine = Engine()
     if page:
         from studio.train_page import TrainPage
 
-        widget = TrainPage(project)
+        widget = TrainPage(project, engine)
         widget.set_model_info(ModelInfo.read(model_path))
         widget.resize(1280, 820)
         widget.show()
@@ -83,7 +105,6 @@ def measure(model_path: str, data: str, steps: int, n_ctx: int, page: bool, pres
         settle = QEventLoop()
         QTimer.singleShot(500, settle.quit)
         settle.exec()
-        worker_source = widget
 
         def on_state(state: str) -> None:
             if state == "training":
@@ -92,6 +113,7 @@ def measure(model_path: str, data: str, steps: int, n_ctx: int, page: bool, pres
 
         def on_done(result) -> None:
             seen["steps"] = widget.last_step
+            seen["tokens"] = widget.tokens_done
             seen["result"] = result
             seen["t_end"] = time.perf_counter()
             loop.quit()
@@ -102,34 +124,29 @@ def measure(model_path: str, data: str, steps: int, n_ctx: int, page: bool, pres
         probe.start("loading")
         widget.start()
     else:
-        from PySide6.QtCore import QObject, Slot
-
         from engine import Started, Step
-        from studio.worker import start_training
 
-        class Sink(QObject):
-            @Slot(object)
-            def on_event(self, e) -> None:
-                if isinstance(e, Started):
-                    probe.mark("training")
-                    seen["t_started"] = time.perf_counter()
-                elif isinstance(e, Step):
-                    seen["steps"] = e.step
+        def on_event(e) -> None:
+            if isinstance(e, Started):
+                probe.mark("training")
+                seen["t_started"] = time.perf_counter()
+            elif isinstance(e, Step):
+                seen["steps"] = e.step
+                seen["tokens"] += e.tokens
 
-            @Slot(object)
-            def done(self, result) -> None:
-                seen["result"] = result
-                seen["t_end"] = time.perf_counter()
-                loop.quit()
+        def done(result) -> None:
+            seen["result"] = result
+            seen["t_end"] = time.perf_counter()
+            loop.quit()
 
-        sink = Sink()
-        thread, worker = start_training(project, start=False)
-        worker.sig_event.connect(sink.on_event)
-        worker.sig_finished.connect(sink.done)
-        worker_source = (thread, worker, sink)
+        def train(session, job):
+            session.new_run(data, project.config)
+            return session.train(job.emit, job.should_stop)
+
         t0 = time.perf_counter()
         probe.start("loading")
-        thread.start()
+        engine.submit("training", train, on_event=on_event, on_done=done, on_error=lambda m: done(m),
+                      model=(model_path, "cpu"))  # fmt: skip
     QTimer.singleShot(30 * 60 * 1000, loop.quit)
     loop.exec()
     probe.mark("finishing")
@@ -139,8 +156,9 @@ def measure(model_path: str, data: str, steps: int, n_ctx: int, page: bool, pres
     end.exec()
     probe.stop()
     if page:
-        worker_source.shutdown()
-        worker_source.close()
+        widget.shutdown()
+        widget.close()
+    engine.shutdown()
     t_train = (seen["t_end"] or time.perf_counter()) - (seen["t_started"] or t0)
     return {
         "max_ms": probe.max_gap_ms,
@@ -150,6 +168,8 @@ def measure(model_path: str, data: str, steps: int, n_ctx: int, page: bool, pres
         "steps": seen["steps"],
         "result": type(seen.get("result")).__name__,
         "s_per_step": t_train / max(1, seen["steps"]),
+        "tokens_per_s": seen["tokens"] / max(t_train, 1e-9),
+        "train_s": t_train,
         "load_s": (seen["t_started"] or t0) - t0,
     }
 
@@ -158,7 +178,8 @@ def report(name: str, what: str, n_ctx: int, preset: str, r: dict) -> None:
     phases = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
     print(
         f"{name}: {what}; n_ctx {n_ctx}, LoRA preset {preset}\n"
-        f"  {r['steps']} steps ({r['result']}), {r['s_per_step']:.3f} s/step, "
+        f"  {r['steps']} steps ({r['result']}) in {r['train_s']:.1f} s, {r['s_per_step']:.3f} s/step, "
+        f"{r['tokens_per_s']:.0f} tokens/s, "
         f"{r['load_s']:.1f} s from Start to training (model load, data)\n"
         f"  max UI stall {r['max_ms']:.1f} ms (p99 {r['p99_ms']:.1f} ms, {r['ticks']} ticks); "
         f"max by phase (ms): {phases}",
@@ -175,7 +196,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="a GGUF model to train instead of the synthetic shapes")
     ap.add_argument("--data", help="the dataset for --model (default: a generated chat set)")
     ap.add_argument("--no-page", action="store_true", help="the worker alone, without the page and plots")
-    ap.add_argument("--switch-ms", type=float, default=0.0, help="sys.setswitchinterval in ms (default 5)")
+    ap.add_argument(
+        "--switch-ms",
+        type=float,
+        default=0.0,
+        help="sys.setswitchinterval in ms while idle (default 5; the worker sets 0.5 while busy)",
+    )
+    ap.add_argument("--demo", action="store_true", help="the demo model, dataset and one-click settings")
+    ap.add_argument(
+        "--busy-core",
+        action="store_true",
+        help="keep one core busy with another process (a pure-Python loop) while measuring",
+    )
     ap.add_argument("--models", default=os.path.join(tempfile.gettempdir(), "tune-studio-bench-models"),
                     help="folder for the written models (kept between runs)")  # fmt: skip
     args = ap.parse_args(argv)
@@ -195,11 +227,46 @@ def main(argv: list[str] | None = None) -> int:
         data = Path(args.data)
     print(f"switch interval {sys.getswitchinterval() * 1000:.1f} ms, page {'off' if args.no_page else 'on'}, "
           f"probe timer 5 ms, Qt platform {os.environ.get('QT_QPA_PLATFORM')}")  # fmt: skip
-    if args.model:
-        steps, n_ctx = args.steps or 30, args.n_ctx or 128
-        r = measure(args.model, str(data), steps, n_ctx, not args.no_page, args.preset, str(work / "out"))
-        report(os.path.basename(args.model), f"{args.model}, data {data}", n_ctx, args.preset, r)
-        return 0
+    hog = None
+    if args.busy_core:
+        import subprocess
+
+        hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        print(f"another process (pid {hog.pid}) keeps one core busy", flush=True)
+    try:
+        if args.demo:
+            return _demo(args, work)
+        if args.model:
+            steps, n_ctx = args.steps or 30, args.n_ctx or 128
+            r = measure(args.model, str(data), steps, n_ctx, not args.no_page, args.preset, str(work / "out"))
+            report(os.path.basename(args.model), f"{args.model}, data {data}", n_ctx, args.preset, r)
+            return 0
+        return _shapes(args, models, data, work, shapes)
+    finally:
+        if hog is not None:
+            hog.kill()
+
+
+def _demo(args, work: Path) -> int:
+    from studio.app import DEMO_SETTINGS
+    from studio.resources import DEMO_DATASET, DEMO_MODEL
+
+    s = dict(DEMO_SETTINGS)
+    r = measure(
+        str(DEMO_MODEL),
+        str(DEMO_DATASET),
+        args.steps or s["steps"],
+        s["n_ctx"],
+        not args.no_page,
+        "all",
+        str(work / "out"),
+        extra={k: v for k, v in s.items() if k not in ("steps", "n_ctx")},
+    )
+    report("demo one-click run", str(DEMO_MODEL), s["n_ctx"], "all", r)
+    return 0
+
+
+def _shapes(args, models: Path, data: Path, work: Path, shapes: list[str]) -> int:
     for name in shapes:
         spec = SMALL.get(name) or SHAPES[name]
         large = name in SHAPES and spec.C >= 512

@@ -16,6 +16,22 @@ from .io.export import (
     fit_problems,
     merged_tensor_types,
 )
+from .io.export_check import (
+    BAD_MARK,
+    MERGE_TYPES,
+    OK_MARK,
+    CheckItem,
+    CheckpointEntry,
+    CheckReport,
+    ExportRequest,
+    check_export,
+    checkpoint_roots,
+    estimate_size,
+    find_checkpoints,
+    run_of,
+    suggest_out,
+    write_export,
+)
 from .io.gguf_file import GGUFFile, TensorInfo, dequantizable_types
 from .io.synth import SynthSpec, write_adapter, write_model
 from .model.archs import ARCHS, ArchSpec, ModelConfig, supported_architectures
@@ -35,6 +51,8 @@ from .model.targets import (
     select_targets,
     split_name,
 )
+from .model.verify import TOLERANCE, VERIFY_PROMPTS, PromptResult, VerifyReport, verify_export
+from .session import RUN, EngineSession, Reply, template_for
 from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from .text.tokenizer import Tokenizer
 from .train.data import (
@@ -57,6 +75,7 @@ from .train.events import (
     Failed,
     Finished,
     LoraNorms,
+    Paused,
     Plan,
     Started,
     Step,
@@ -76,23 +95,25 @@ from .train.reward_session import (
     rating_from_stars,
 )
 from .train.rewards import group_advantages, reward_weights
-from .train.train_process import ChildDied, ChildRaised, TrainJob, TrainProcess
 from .train.trainer import TrainConfig, Trainer
 
 __all__ = [
     "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "ARCHS", "ArchSpec",
-    "available_devices", "Backend", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate", "Checkpoint",
-    "ChildDied", "ChildRaised", "DatasetError", "dequantizable_types", "Device", "encode_samples",
-    "Encoded", "EncodeOptions", "EngineError", "estimate_memory", "Eval", "event_to_json", "ExpertUsage",
-    "export_adapter", "export_merged", "export_size", "ExportError", "Failed", "Finished", "fit_problems",
-    "generate", "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count",
-    "KVCache", "load_jsonl", "load_ratings", "lora_candidates", "lora_norms", "lora_param_count",
-    "lora_shapes", "LoraAdapter", "LoraNorms", "LoraTerm", "MemoryEstimate", "merged_tensor_types",
-    "MergeReport", "Model", "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "parse_layers",
-    "parse_rating", "parse_sample", "Plan", "PRESETS", "Preview", "Problem", "quantizable_types",
-    "rating_from_stars", "reward_weights", "RewardConfig", "RewardError", "RewardSession", "RoundResult",
-    "Sample", "sample_to_json", "SamplingConfig", "save_jsonl", "select_backend", "select_full",
-    "select_targets", "split_name", "Started", "Step", "summarize", "supported_architectures", "SynthSpec",
-    "TargetSpec", "TemplateError", "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TrainConfig",
-    "Trainer", "TrainJob", "TrainProcess", "write_adapter", "write_model"
+    "available_devices", "Backend", "BAD_MARK", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
+    "check_export", "CheckItem", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckReport",
+    "DatasetError", "dequantizable_types", "Device", "encode_samples", "Encoded", "EncodeOptions",
+    "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval", "event_to_json",
+    "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError", "ExportRequest",
+    "Failed", "find_checkpoints", "Finished", "fit_problems", "generate", "Generation", "GGUFFile",
+    "GREEDY", "group_advantages", "human_bytes", "human_count", "KVCache", "load_jsonl", "load_ratings",
+    "lora_candidates", "lora_norms", "lora_param_count", "lora_shapes", "LoraAdapter", "LoraNorms",
+    "LoraTerm", "MemoryEstimate", "MERGE_TYPES", "merged_tensor_types", "MergeReport", "Model",
+    "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "OK_MARK", "parse_layers", "parse_rating",
+    "parse_sample", "Paused", "Plan", "PRESETS", "Preview", "Problem", "PromptResult", "quantizable_types",
+    "rating_from_stars", "Reply", "reward_weights", "RewardConfig", "RewardError", "RewardSession",
+    "RoundResult", "RUN", "run_of", "Sample", "sample_to_json", "SamplingConfig", "save_jsonl",
+    "select_backend", "select_full", "select_targets", "split_name", "Started", "Step", "suggest_out",
+    "summarize", "supported_architectures", "SynthSpec", "TargetSpec", "template_for", "TemplateError",
+    "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE", "TrainConfig", "Trainer",
+    "verify_export", "VERIFY_PROMPTS", "VerifyReport", "write_adapter", "write_export", "write_model"
 ]  # fmt: skip

@@ -75,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.screenshot)
     out.mkdir(parents=True, exist_ok=True)
+    if window.model_page.opening:  # the model opens in the engine worker: show its facts
+        loop = QEventLoop()
+        window.sig_model_changed.connect(lambda _: loop.quit())
+        window.model_page.sig_error.connect(lambda _: loop.quit())
+        QTimer.singleShot(120_000, loop.quit)
+        if window.model_page.opening:
+            loop.exec()
     if args.demo:
         loop = QEventLoop()
         window.train_page.sig_run_finished.connect(lambda _: loop.quit())

@@ -28,21 +28,30 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import ExportError, human_bytes
+from engine import (
+    ExportError,
+    ExportRequest,
+    check_export,
+    human_bytes,
+    suggest_out,
+    verify_export,
+    write_export,
+)
 
-from .export_dialog import ExportDialog, ExportRequest, check_export, suggest_out, verify_export, write_export
+from .export_dialog import ExportDialog
 from .project import ModelInfo, Project
-from .tasks import run_task
+from .worker import Engine
 
 
 class ExportPage(QWidget):
     sig_exported = Signal(str)
 
-    def __init__(self, project: Project, parent: QWidget | None = None):
+    def __init__(self, project: Project, engine: Engine, parent: QWidget | None = None):
         super().__init__(parent)
         self.project = project
+        self.engine = engine
         self.info: ModelInfo | None = None
-        self.task = None
+        self.job = None  # the export job in flight
         self.dialog: ExportDialog | None = None
         self._out_auto = True
         self.adapter_edit = QLineEdit()
@@ -157,12 +166,11 @@ class ExportPage(QWidget):
             qtype=self._qtype(),
         )
 
-    def shutdown(self, timeout_ms: int = 60_000) -> None:
-        """Wait for an export in flight (the app is quitting); threads are never terminated."""
-        if self.task is not None:
-            self.task.wait(timeout_ms)
+    def shutdown(self) -> None:
+        """The app is quitting: close the dialog (a merge in flight stops between tensors); the window
+        then waits for the engine worker."""
         if self.dialog is not None:
-            self.dialog.close()  # the dialog waits for its own step to end
+            self.dialog.close()
 
     def open_dialog(self) -> ExportDialog:
         """The export dialog for the page's adapter and settings (window-modal, not blocking).
@@ -172,7 +180,7 @@ class ExportPage(QWidget):
         """
         dialog = self.dialog
         if dialog is None:
-            dialog = self.dialog = ExportDialog(self.project, None, self, self.info)
+            dialog = self.dialog = ExportDialog(self.project, self.engine, None, self, self.info)
             dialog.sig_exported.connect(self.sig_exported)
             dialog.sig_verified.connect(self._dialog_verified)
         elif dialog.isVisible():
@@ -203,17 +211,19 @@ class ExportPage(QWidget):
             return
         template = self.info.template if self.info is not None and self.info.path == req.base else None
 
-        def work():
+        def work(session, job):
             report = check_export(req)
             if not report.ok or report.adapter is None:
                 raise ExportError(report.summary())
             path = write_export(req, report.adapter)
-            verified = verify_export(req, report.adapter, path, template=template)
-            return path, verified
+            if session is not None and os.path.samefile(session.path, req.base):
+                return path, session.verify_export(req, report.adapter, path)  # the model in memory
+            return path, verify_export(req, report.adapter, path, template=template)
 
         self.export_button.setEnabled(False)
         self._show("Checking, exporting and verifying…")
-        self.task = run_task(self, work, self._done, self._failed)
+        self.job = self.engine.submit("exporting", work, on_done=self._done, on_error=self._failed,
+                                      needs_session=False)  # fmt: skip
 
     def _done(self, result) -> None:
         path, verified = result

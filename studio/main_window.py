@@ -1,10 +1,11 @@
 """The main window: one page per step of the work (Model, Dataset, Targets, Train, Rewards, Export)
 in a left navigation, the project's File menu, a status bar, and remembered state.
 
-The window owns the `Project` and the open model's `ModelInfo` and hands them to the pages; the
-pages change the project and listen to it. Window geometry, the last page and recent files are
-kept with QSettings. Files dropped anywhere on the window open by type (.gguf model, .jsonl
-dataset, .json project).
+The window owns the `Project`, the app's one engine worker (`studio.worker.Engine`: the open model,
+shared by every page) and the open model's `ModelInfo`, and hands them to the pages; the pages
+change the project and listen to it, and submit their engine work to the worker. Window geometry,
+the last page and recent files are kept with QSettings. Files dropped anywhere on the window open by
+type (.gguf model, .jsonl dataset, .json project).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .project import ModelInfo, Project, ProjectError
 from .rewards_page import RewardsPage
 from .targets_page import TargetsPage
 from .train_page import TrainPage
+from .worker import Engine
 
 PAGES = ("Model", "Dataset", "Targets", "Train", "Rewards", "Export")
 MAX_RECENT = 10
@@ -53,22 +55,23 @@ def process_memory_bytes(pid: int | str = "self") -> int | None:
 class MainWindow(QMainWindow):
     sig_model_changed = Signal(object)  # ModelInfo or None
 
-    def __init__(self, settings: QSettings | None = None):
+    def __init__(self, settings: QSettings | None = None, engine: Engine | None = None):
         super().__init__()
         self.settings = settings or QSettings(SETTINGS_ORG, SETTINGS_APP)
         self.project = Project()
+        self.engine = engine or Engine(self)
         self.model_info: ModelInfo | None = None
         self.confirm = self._ask  # replaced in tests: (title, text) -> bool
         self.setWindowTitle("Tune Studio")
         self.resize(1280, 820)
         self.setAcceptDrops(True)
 
-        self.model_page = ModelPage(self.project)
+        self.model_page = ModelPage(self.project, self.engine)
         self.dataset_page = DatasetPage(self.project)
         self.targets_page = TargetsPage(self.project)
-        self.train_page = TrainPage(self.project)
-        self.rewards_page = RewardsPage(self.project)
-        self.export_page = ExportPage(self.project)
+        self.train_page = TrainPage(self.project, self.engine)
+        self.rewards_page = RewardsPage(self.project, self.engine)
+        self.export_page = ExportPage(self.project, self.engine)
         self.pages = [
             self.model_page,
             self.dataset_page,
@@ -182,7 +185,9 @@ class MainWindow(QMainWindow):
         self.device_label = QLabel("Device: CPU (NumPy)")
         self.memory_label = QLabel("")
         self.state_label = QLabel("Training: idle")
-        for w in (self.device_label, self.memory_label, self.state_label):
+        self.engine_label = QLabel(self.engine.describe())
+        self.engine.sig_jobs_changed.connect(lambda: self.engine_label.setText(self.engine.describe()))
+        for w in (self.device_label, self.memory_label, self.state_label, self.engine_label):
             w.setContentsMargins(8, 0, 8, 0)
             sb.addPermanentWidget(w)
         self._memory_timer = QTimer(self)
@@ -192,12 +197,7 @@ class MainWindow(QMainWindow):
 
     def _update_memory(self) -> None:
         n = process_memory_bytes()
-        text = f"Memory: {human_bytes(n)}" if n is not None else ""
-        pid = self.train_page.training_pid()
-        child = process_memory_bytes(pid) if pid is not None else None
-        if child is not None:  # training runs in its own process: show its share too
-            text += f" + training {human_bytes(child)}"
-        self.memory_label.setText(text)
+        self.memory_label.setText(f"Memory: {human_bytes(n)}" if n is not None else "")
 
     def _run_finished(self, result) -> None:
         path = getattr(result, "adapter_path", None)
@@ -381,12 +381,15 @@ class MainWindow(QMainWindow):
             ):
                 event.ignore()
                 return
-            self.train_page.shutdown()
         if not self._maybe_save():
             event.ignore()
             return
-        self.rewards_page.shutdown()  # wait for a generation or step in flight; never leave a thread running
+        self.train_page.shutdown()
+        self.rewards_page.shutdown()
         self.export_page.shutdown()
+        if self.train_page.state == "paused":  # a run paused in memory: end it with its checkpoint
+            self.train_page.stop()
+        self.engine.shutdown()  # the running job stops after its step; the worker thread ends
         self.settings.setValue("main/geometry", self.saveGeometry())
         self.settings.setValue("main/state", self.saveState())
         self.settings.setValue("main/page", self.nav.currentRow())

@@ -1,12 +1,14 @@
 """The Model page: open a GGUF file and see what it is; choose the device; estimate training memory.
 
-Reads the file with `ModelInfo.read` (header, tokenizer and chat template; no weights), so opening
-a multi-gigabyte model is instant. Errors are shown on the page with what to do next. The memory
+The model opens in the engine worker (header, tokenizer, chat template, the weight store: no
+weights are read), off the UI thread, with a busy state; the session it opens serves every page.
+Errors are shown on the page with what to do next. The memory
 estimate follows the project's targets and training settings live.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
@@ -41,6 +43,7 @@ from engine import (
 )
 
 from .project import ModelInfo, Project, ProjectError
+from .worker import Engine
 
 
 class ModelPage(QWidget):
@@ -49,10 +52,12 @@ class ModelPage(QWidget):
     sig_model_opened = Signal(object)  # ModelInfo
     sig_error = Signal(str)
 
-    def __init__(self, project: Project | None = None, parent: QWidget | None = None):
+    def __init__(self, project: Project, engine: Engine, parent: QWidget | None = None):
         super().__init__(parent)
-        self.project = project or Project()
+        self.project = project
+        self.engine = engine
         self.info: ModelInfo | None = None
+        self.opening: str | None = None  # a model being opened in the worker
         self.setAcceptDrops(True)
 
         self.open_button = QPushButton("Open model…")
@@ -158,15 +163,34 @@ class ModelPage(QWidget):
             self.open_path(path)
 
     def open_path(self, path: str | Path) -> bool:
+        """Open a model in the engine worker (the header, the tokenizer and the weight store load
+        there, off the UI thread); sig_model_opened(info) or sig_error(message) follows. False when
+        it cannot even start (no such file)."""
         path = str(path)
-        try:
-            info = ModelInfo.read(path, self.project.template_file)
-        except (EngineError, ProjectError) as exc:
-            self.show_error(
-                f"{exc}\n\nChoose another file: Tune Studio reads GGUF models of the architectures "
-                f"{', '.join(supported_architectures())} (Mixtral is llama with experts)."
-            )
+        if not os.path.isfile(path):
+            self._open_failed(path, f"{path}: no such file")
             return False
+        self.opening = path
+        self.open_button.setEnabled(False)
+        self.path_label.setText(f"Opening {Path(path).name}…")
+        if self.project.model_path != path:  # jobs submitted from now on use it (queued after this one)
+            self.project.update(model_path=path)
+        self.engine.open_model(
+            path,
+            device=self.project.device,
+            on_done=lambda session: self._opened(path, session),
+            on_error=lambda message: self._open_failed(path, message),
+        )
+        return True
+
+    def _opened(self, path: str, session) -> None:
+        self.opening = None
+        self.open_button.setEnabled(True)
+        try:
+            info = ModelInfo.from_session(session, self.project.template_file)
+        except (EngineError, ProjectError) as exc:
+            self._open_failed(path, str(exc))
+            return
         self.error_label.hide()
         self.info = info
         self._fill(info)
@@ -174,7 +198,20 @@ class ModelPage(QWidget):
             self.project.update(model_path=path)
         self._update_estimate()
         self.sig_model_opened.emit(info)
-        return True
+
+    def _open_failed(self, path: str, message: str) -> None:
+        self.opening = None
+        self.open_button.setEnabled(True)
+        if self.project.model_path == path and self.info is not None and self.info.path != path:
+            self.project.update(model_path=self.info.path)  # the model that is still open
+        if self.info is not None:
+            self.path_label.setText(self.info.path)
+        else:
+            self.path_label.setText("No model open. Open a .gguf file or drop one here.")
+        self.show_error(
+            f"{message}\n\nChoose another file: Tune Studio reads GGUF models of the architectures "
+            f"{', '.join(supported_architectures())} (Mixtral is llama with experts)."
+        )
 
     def show_error(self, message: str) -> None:
         self.error_label.setText(message)

@@ -23,6 +23,7 @@ from typing import Any
 from engine import (
     ChatTemplate,
     EngineError,
+    EngineSession,
     GGUFFile,
     ModelSummary,
     TargetSpec,
@@ -30,6 +31,7 @@ from engine import (
     Tokenizer,
     TrainConfig,
     summarize,
+    template_for,
 )
 
 PROJECT_VERSION = 1
@@ -56,17 +58,20 @@ class ModelInfo:
         summary = summarize(path)
         f = GGUFFile(path)
         tokenizer = Tokenizer.from_metadata(f.metadata, path)
-        template = ChatTemplate.from_metadata(f.metadata)
-        if template_file:
-            try:
-                with open(template_file, encoding="utf-8") as fh:
-                    source = fh.read()
-            except OSError as exc:
-                raise ProjectError(f"{template_file}: chat template cannot be read ({exc})") from exc
-            template = ChatTemplate(
-                source, bos_token=template.bos_token, eos_token=template.eos_token, name=template_file
-            )
+        template = template_for(f.metadata, template_file)
         return cls(path, summary, dict(f.tensors), tokenizer, template, dict(f.metadata))
+
+    @classmethod
+    def from_session(cls, session: EngineSession, template_file: str | None = None) -> ModelInfo:
+        """The facts of the model an engine session holds: nothing is read again, the tokenizer is
+        the session's own (its summary must have been read in the worker: `session.summary`)."""
+        md = session.model.metadata
+        template = (
+            session.template if template_file == session.template_file else template_for(md, template_file)
+        )
+        return cls(
+            session.path, session.summary, dict(session.model.tensors), session.tokenizer, template, dict(md)
+        )
 
 
 Listener = Callable[[set[str]], None]
@@ -90,7 +95,7 @@ class Project:
 
     @property
     def device(self) -> str:
-        """"cpu", or "cuda:N" where the engine can use one: travels to the engine in the TrainConfig."""
+        """ "cpu", or "cuda:N" where the engine can use one: travels to the engine in the TrainConfig."""
         return self.config.device
 
     @device.setter

@@ -17,7 +17,7 @@ What this is not: it keeps no data the engine needs and calls nothing in the eng
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QRectF, Qt, Signal
+from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QIcon, QKeyEvent, QKeySequence, QPainter, QPainterPath, QPalette, QPixmap
 from PySide6.QtWidgets import (
     QFrame,
@@ -598,6 +598,13 @@ class AnswerGridWidget(QScrollArea):
     def focus_card(self, index: int) -> None:
         if 0 <= index < len(self.cards):
             card = self.cards[index]
+            if not card.isVisible():  # just added to the layout: Qt shows it from the event queue
+                QTimer.singleShot(0, lambda card=card: self._focus(card))
+                return
+            self._focus(card)
+
+    def _focus(self, card: AnswerCardWidget) -> None:
+        if card in self.cards and card.isVisible():
             card.setFocus(Qt.OtherFocusReason)
             self.ensureWidgetVisible(card, 10, 10)
 

@@ -9,12 +9,12 @@ when all ratings are equal), and Apply (Ctrl+Shift+Enter) takes one optimizer st
 joins the history table and the plots of mean reward and loss. The Side by side tab sends one
 prompt and seed through the base model and through the adapter. Save adapter… writes a LoRA GGUF.
 
-The engine's `RewardSession` does the work. It is made on the first Generate (the model loads in
-the worker) with the project's targets, rank and alpha, the ratings file
-`<output folder>/ratings.jsonl` (or one the person chose) and checkpoints in
-`<output folder>/reward-checkpoints`. Generation, Apply, Compare and saving run off the UI thread
-(`studio.tasks.run_task`), one at a time: the controls are disabled while one runs. Ratings and
-corrections are quick appends to a file and are recorded on the UI thread between tasks.
+The engine's `RewardSession` does the work, on the model the app's engine session holds (no second
+copy). It is made on the first Generate with the project's targets, rank and alpha, the ratings
+file `<output folder>/ratings.jsonl` (or one the person chose) and checkpoints in
+`<output folder>/reward-checkpoints`. Generation, Apply, Compare and saving are jobs of the app's
+one engine worker (studio.worker), one at a time: the controls are disabled while one runs.
+Ratings and corrections are quick appends to a file and are recorded on the UI thread between jobs.
 
 What this page is not: it does not judge answers or keep ratings itself (the session and the
 ratings file do), and it takes one step per round.
@@ -61,8 +61,8 @@ from .rewards_panels import (
     dataset_prompts,
 )
 from .rewards_settings import RewardSettingsWidget
-from .tasks import run_task
 from .train_page import writable_problem
+from .worker import Engine, Job
 
 RATINGS_FILE = "ratings.jsonl"
 CHECKPOINT_FOLDER = "reward-checkpoints"
@@ -77,7 +77,7 @@ BUSY_TEXT = {
 
 
 def _describe(exc: BaseException) -> str:
-    """An exception as the page shows it (as studio.tasks does for the ones it catches)."""
+    """An exception as the page shows it."""
     if isinstance(exc, MemoryError):
         return "out of memory: close other programs or choose a smaller model or type"
     return str(exc) or type(exc).__name__
@@ -97,9 +97,10 @@ class RewardsPage(QWidget):
     sig_busy_changed = Signal(str)  # the running task ("generating", "applying", ...) or "" when idle
     sig_error = Signal(str)  # a problem shown in the page
 
-    def __init__(self, project: Project, parent: QWidget | None = None):
+    def __init__(self, project: Project, engine: Engine, parent: QWidget | None = None):
         super().__init__(parent)
         self.project = project
+        self.engine = engine
         self.info: ModelInfo | None = None
         self.session: RewardSession | None = None
         self.session_model: str | None = None  # model path the session was made with
@@ -109,7 +110,7 @@ class RewardsPage(QWidget):
         self.cards: list[AnswerCardWidget] = []
         self.busy = ""
         self.confirm = self._ask  # (title, text) -> bool; replaced in tests
-        self._tasks: list = []  # running studio.tasks.Task handles, kept until their thread ends
+        self.job: Job | None = None  # the engine job in flight
         self._stop = threading.Event()
         self._stream: list[list[int]] = []  # tokens streamed per answer (appended by the worker)
         self._stream_timer = QTimer(self)
@@ -326,15 +327,15 @@ class RewardsPage(QWidget):
     def checkpoint_dir(self) -> str:
         return os.path.join(os.path.dirname(os.path.abspath(self.ratings_path())), CHECKPOINT_FOLDER)
 
-    def shutdown(self, timeout_ms: int = 60_000) -> None:
-        """Stop a generation and wait for the running task's thread to end (the app is quitting)."""
+    def shutdown(self) -> None:
+        """Stop a generation (the app is quitting; the window then waits for the engine worker)."""
         self._stop.set()
-        for task in list(self._tasks):
-            task.wait(timeout_ms)
+        if self.job is not None:
+            self.engine.cancel(self.job)
 
     def is_busy(self) -> bool:
-        """A task is running, or its thread has not ended yet."""
-        return bool(self.busy) or bool(self._tasks)
+        """A job of this page is queued or running."""
+        return bool(self.busy) or (self.job is not None and self.job.active)
 
     # --- banner -------------------------------------------------------------------------------
     def show_error(self, text: str, level: str = "error") -> None:
@@ -372,21 +373,30 @@ class RewardsPage(QWidget):
         pending = s is not None and bool(self.cards) and not any(c.locked for c in self.cards)
         self.apply_button.setEnabled(not self.busy and pending)
 
-    def _run(self, kind: str, fn, on_done) -> None:
-        """Run fn() in the worker; on_done(result) or an error in the page, on the UI thread."""
+    def _run(self, kind: str, fn, on_done, *, needs_model: bool = True) -> None:
+        """Run fn(engine session) as a job of the engine worker (the model it needs is opened first);
+        on_done(result) or an error in the page, on the UI thread."""
         self._set_busy(kind)
 
         def done(result) -> None:
+            self.job = None
             self._set_busy("")
             on_done(result)
 
         def failed(message: str) -> None:
+            self.job = None
             self._set_busy("")
             self._task_failed(kind, message)
 
-        task = run_task(self, fn, done, failed)  # callbacks run on the UI thread (studio.tasks relays them)
-        self._tasks.append(task)
-        task.sig_finished.connect(lambda: self._tasks.remove(task) if task in self._tasks else None)
+        model = self.info.path if self.info is not None else self.project.model_path
+        self.job = self.engine.submit(
+            BUSY_TEXT.get(kind, kind).rstrip("…").lower(),
+            lambda session, job: fn(session),
+            on_done=done,
+            on_error=failed,
+            model=(model, self.project.device) if needs_model and model else None,
+            needs_session=needs_model,
+        )
 
     def _task_failed(self, kind: str, message: str) -> None:
         self._stream_timer.stop()
@@ -572,16 +582,11 @@ class RewardsPage(QWidget):
             template=self.info.template if self.info is not None and self.project.template_file else None,
             seed=c.seed,
         )
-        return model, lambda: RewardSession(model, **kwargs)
+        return model, lambda engine_session: engine_session.open_rewards(**kwargs)
 
     def _configure(self, session: RewardSession, config: RewardConfig) -> None:
         """Give the session the form's settings (in the worker, before it samples or steps)."""
-        if config.lr != session.config.lr:
-            # the session's AdamW took its learning rate when the session was made
-            opt = getattr(session, "optimizer", None)
-            if opt is not None and hasattr(opt, "cfg"):
-                opt.cfg = replace(opt.cfg, lr=config.lr)
-        session.config = config
+        session.set_config(config)
 
     # --- generate -----------------------------------------------------------------------------
     def generate(self) -> bool:
@@ -620,8 +625,8 @@ class RewardsPage(QWidget):
             if 0 <= index < len(stream):
                 stream[index].append(token)
 
-        def job():
-            s = session if session is not None else maker()  # a failure here: the model did not load
+        def job(engine_session):
+            s = session if session is not None else maker(engine_session)  # a failure: it could not be made
             try:
                 self._configure(s, config)
                 answers = s.generate(
@@ -814,7 +819,7 @@ class RewardsPage(QWidget):
             return False
         self.banner.hide()
 
-        def job():
+        def job(engine_session):
             self._configure(s, config)
             return s.apply()
 
@@ -858,8 +863,8 @@ class RewardsPage(QWidget):
         if session is None:
             model, maker = self._session_maker()
 
-        def job():
-            s = session if session is not None else maker()  # a failure here: the model did not load
+        def job(engine_session):
+            s = session if session is not None else maker(engine_session)  # a failure: it could not be made
             try:
                 self._configure(s, config)
                 base = s.base_answer(prompt, seed=seed, system=system)
@@ -910,7 +915,7 @@ class RewardsPage(QWidget):
                             "use it with llama.cpp (--lora).", "info")  # fmt: skip
             self.sig_adapter_saved.emit(written)
 
-        self._run("saving", lambda: s.save_adapter(path), done)
+        self._run("saving", lambda engine_session: s.save_adapter(path), done, needs_model=False)
         return True
 
 

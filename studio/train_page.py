@@ -1,13 +1,15 @@
 """The Train page: hyperparameters, start / pause / resume / stop, progress, live plots, event log.
 
-Training runs in a `TrainWorker` on a QThread (studio.worker); this page only reacts to its events.
-Events are buffered by `TrainPlotsWidget` and drawn from a timer, so a fast run never floods the UI.
-Pause and Stop both end the run gracefully after the current step with a checkpoint (the engine
-checks its stop flag between steps); Pause leaves the run resumable with Resume, which starts a new
-`Trainer(resume=<latest checkpoint>)` that continues the same trajectory. "Resume from checkpoint…"
-continues any checkpoint folder. Each run writes `<output folder>/<dataset stem>-<time>.gguf` and
-its checkpoints to the sibling folder `<dataset stem>-<time>-checkpoints`, unless the project's
-TrainConfig names `out` / `checkpoint_dir` itself.
+Training is a job of the app's one engine worker (studio.worker): the run lives in the engine
+session beside the open model, and this page only reacts to its events. Events are buffered by
+`TrainPlotsWidget` and drawn from a timer, so a fast run never floods the UI. Pause takes effect
+after the current step and keeps the run in memory: Resume goes on from that step with nothing
+reloaded. Stop ends the run after the current step with a checkpoint and the adapter. After a stop,
+a failure, or a restart of the app, Resume continues from the latest checkpoint (the same
+trajectory); "Resume from checkpoint…" continues any checkpoint folder. Each run writes
+`<output folder>/<dataset stem>-<time>.gguf` and its checkpoints to the sibling folder
+`<dataset stem>-<time>-checkpoints`, unless the project's TrainConfig names `out` /
+`checkpoint_dir` itself.
 
 States (`state`, `sig_state_changed`): idle, loading (the model loads in the worker), training,
 pausing, paused, stopping, finished, failed. Problems (no model or dataset, an output folder that
@@ -22,7 +24,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QThread, Signal, Slot
+from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -40,12 +42,23 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import Checkpoint, Eval, Failed, Finished, Started, Step, TrainConfig, human_bytes
+from engine import (
+    Checkpoint,
+    EngineError,
+    Eval,
+    Failed,
+    Finished,
+    Paused,
+    Started,
+    Step,
+    TrainConfig,
+    human_bytes,
+)
 
 from .plots import TrainPlotsWidget
 from .project import ModelInfo, Project
 from .train_settings import TrainSettingsWidget
-from .worker import TrainWorker, start_training
+from .worker import Engine, Job
 
 STATES = ("idle", "loading", "training", "pausing", "paused", "stopping", "finished", "failed")
 ACTIVE = ("loading", "training", "pausing", "stopping")
@@ -104,13 +117,14 @@ class TrainPage(QWidget):
     sig_state_changed = Signal(str)
     sig_run_finished = Signal(object)  # the engine's Finished or Failed of each run segment
 
-    def __init__(self, project: Project, parent: QWidget | None = None):
+    def __init__(self, project: Project, engine: Engine, parent: QWidget | None = None):
         super().__init__(parent)
         self.project = project
+        self.engine = engine
         self.info: ModelInfo | None = None
         self._state = "idle"
-        self._thread: QThread | None = None
-        self._worker: TrainWorker | None = None
+        self.job: Job | None = None  # the training job in flight
+        self.run = None  # the engine's run of this page (an identity token; it lives in the worker)
         self.paths: RunPaths | None = None  # of the current (or last) run
         self.run_config: TrainConfig | None = None
         self.last_result: Finished | Failed | None = None
@@ -118,9 +132,7 @@ class TrainPage(QWidget):
         self.total_steps = 0
         self.last_step = 0
         self.tokens_done = 0
-        self._elapsed_before = 0.0  # of earlier segments of this run (before a pause)
         self._latest_step: Step | None = None
-        self._pause_requested = False
         self._progress_dirty = False
         self.log_every = 10  # log one Step line in this many
 
@@ -282,7 +294,7 @@ class TrainPage(QWidget):
         self.start_button.setEnabled(not active)
         self.pause_button.setEnabled(state == "training")
         self.resume_button.setEnabled(resumable)
-        self.stop_button.setEnabled(state in ("loading", "training", "paused"))
+        self.stop_button.setEnabled(state in ("loading", "training", "paused"))  # paused: end it
         self.resume_from_button.setEnabled(not active)
         self.output_button.setEnabled(not active)
         self.settings.setEnabled(not active)
@@ -291,7 +303,9 @@ class TrainPage(QWidget):
             self.sig_state_changed.emit(state)
 
     def _can_resume(self) -> bool:
-        """A checkpoint of this run exists and the run has steps left."""
+        """The run is paused in memory, or a checkpoint of it exists and it has steps left."""
+        if self._state == "paused":
+            return True
         if self.paths is None or latest_checkpoint(self.paths.checkpoint_dir) is None:
             return False
         if isinstance(self.last_result, Finished) and not self.last_result.stopped:
@@ -401,7 +415,6 @@ class TrainPage(QWidget):
         self.paths = paths
         self.plots.clear()
         self.tokens_done = 0
-        self._elapsed_before = 0.0
         self.last_step = 0
         self.total_steps = 0
         self.last_checkpoint = None
@@ -412,9 +425,14 @@ class TrainPage(QWidget):
         return True
 
     def resume(self) -> bool:
-        """Continue the current run from its latest checkpoint (after Pause, Stop or a failure)."""
+        """Continue the current run: in memory after Pause, else from its latest checkpoint."""
         if self._state in ACTIVE or self.paths is None:
             return False
+        if self._state == "paused":
+            self.hide_banner()
+            self._log(f"Resuming at step {self.last_step}")
+            self._launch(resume=None, continue_run=True)
+            return True
         ckpt = latest_checkpoint(self.paths.checkpoint_dir)
         if ckpt is None:
             self.show_banner(f"No checkpoint of this run was found in {self.paths.checkpoint_dir}. "
@@ -448,7 +466,6 @@ class TrainPage(QWidget):
             self.paths = paths
             self.plots.clear()
             self.tokens_done = 0
-            self._elapsed_before = 0.0
             self.last_result = None
         self.hide_banner()
         self._log(f"Resuming from {ckpt}")
@@ -456,44 +473,70 @@ class TrainPage(QWidget):
         return True
 
     def pause(self) -> None:
-        """End the run after the current step with a checkpoint; Resume continues it."""
-        if self._state == "training" and self._worker is not None:
-            self._pause_requested = True
-            self._worker.request_stop()
+        """Pause after the current step; the run stays in memory and Resume goes on from there."""
+        if self._state == "training" and self.job is not None:
+            self.job.request_pause()
             self._set_state("pausing")
             self._log("Pausing after the current step…")
 
     def stop(self) -> None:
         """End the run after the current step (the adapter and a checkpoint are written). No question."""
-        if self._state in ("loading", "training") and self._worker is not None:
-            self._pause_requested = False
-            self._worker.request_stop()
+        if self._state in ("loading", "training") and self.job is not None:
+            self.job.request_stop()
             self._set_state("stopping")
             self._log("Stopping after the current step…")
         elif self._state == "paused":
-            self._log(f"Run ended while paused at step {self.last_step}.")
-            self._set_state("finished")
+            self._log(f"Ending the run paused at step {self.last_step}…")
+            self._set_state("stopping")
+            run = self.run
 
-    def _launch(self, resume: str | None) -> None:
+            def stop_paused(session, job):
+                if session is None or session.run is not run or not session.paused:
+                    return None  # the model was closed since: its checkpoints are on disk
+                return session.stop_run(job.emit)
+
+            self.job = self.engine.submit("ending the run", stop_paused, on_event=self._on_event,
+                                          on_done=self._on_finished, on_error=self._on_failed)  # fmt: skip
+
+    def _launch(self, resume: str | None, continue_run: bool = False) -> None:
         assert self.paths is not None
         config = replace(self.project.config, out=self.paths.out, checkpoint_dir=self.paths.checkpoint_dir)
         self.run_config = config
-        self._pause_requested = False
         self._latest_step = None
-        thread, worker = start_training(self.project, config=config, resume=resume, start=False)
-        worker.sig_event.connect(self._on_event)
-        worker.sig_failed.connect(self._on_failed)
-        worker.sig_finished.connect(self._on_finished)
-        thread.finished.connect(self._on_thread_finished)
-        self._thread, self._worker = thread, worker
-        self._set_state("loading")
+        p = self.project
+        data, template_file, expected = p.dataset_path, p.template_file, self.run
+
+        def train(session, job):
+            session.set_template_file(template_file)
+            if not (continue_run and session.run is expected and session.paused):
+                if continue_run:  # the run in memory is gone (another model was opened): its checkpoint
+                    ckpt = latest_checkpoint(config.checkpoint_dir)
+                    if ckpt is None:
+                        raise EngineError("the paused run is gone and left no checkpoint: start again")
+                    session.new_run(data, config, resume=ckpt)
+                else:
+                    session.new_run(data, config, resume=resume)
+            job.emit(RunHandle(session.run))
+            return session.train(job.emit, job.should_stop, job.should_pause)
+
+        self.job = self.engine.submit(
+            "training",
+            train,
+            on_event=self._on_event,
+            on_done=self._on_finished,
+            on_error=self._on_failed,
+            model=(p.model_path, p.device),
+        )
+        self._set_state("training" if continue_run else "loading")
         self._show_paths()
         self.plots.start()
-        thread.start()
 
     # --- worker signals (queued to the UI thread) -------------------------------------------
     @Slot(object)
     def _on_event(self, event: object) -> None:
+        if isinstance(event, RunHandle):
+            self.run = event.run
+            return
         self.plots.add_event(event)
         if isinstance(event, Step):
             self.last_step = event.step
@@ -544,24 +587,33 @@ class TrainPage(QWidget):
         self._log(line)
         self._set_state("training")
 
-    @Slot(str)
     def _on_failed(self, message: str) -> None:
+        """The job ended with an error outside the run's own events (a bug, memory, no model)."""
+        job, self.job = self.job, None
+        self.plots.stop()
         self.show_banner(message)
         self._log(f"ERROR: {message}")
-        try:
-            tb = self._worker.traceback if self._worker is not None else None
-        except RuntimeError:  # the worker's C++ side is already gone
-            tb = None
-        for tb_line in (tb or "").rstrip().splitlines():
+        for tb_line in (job.traceback if job is not None else "").rstrip().splitlines():
             self._log("    " + tb_line, stamp=False)
+        failed = Failed(self.last_step + 1 if self.last_step else 0, message, self.last_checkpoint)
+        self.last_result = failed
+        self._set_state("failed")
+        self.sig_run_finished.emit(failed)
 
-    @Slot(object)
     def _on_finished(self, result: object) -> None:
-        self.last_result = result
+        self.job = None
         self.plots.stop()
-        if self._latest_step is not None:
-            self._elapsed_before += self._latest_step.elapsed_s
         self._refresh_progress(force=True)
+        if isinstance(result, Paused):
+            self.last_step = result.step
+            self._log(f"Paused at step {result.step}. Press Resume to go on from here.")
+            self._set_state("paused")
+            return
+        if result is None:  # ending a paused run whose model was closed in the meantime
+            self._log("The paused run was already closed with its model; its checkpoints are kept.")
+            self._set_state("finished")
+            return
+        self.last_result = result
         self._latest_step = None
         if isinstance(result, Finished):
             self.last_step = result.step
@@ -573,10 +625,7 @@ class TrainPage(QWidget):
                                    ("checkpoint", result.checkpoint_path))
                 if path
             )  # fmt: skip
-            if result.stopped and self._pause_requested:
-                self._log(f"Paused at step {result.step}{loss}{wrote}. Press Resume to continue.")
-                self._set_state("paused")
-            elif result.stopped:
+            if result.stopped:
                 self._log(f"Stopped at step {result.step}{loss}{wrote}")
                 self._set_state("finished")
             else:
@@ -595,13 +644,7 @@ class TrainPage(QWidget):
                 hint = " Fix the cause, then press Start."
             self.show_banner(f"Training failed {where}: {result.message}{hint}")
             self._set_state("failed")
-        self._pause_requested = False
         self.sig_run_finished.emit(result)
-
-    @Slot()
-    def _on_thread_finished(self) -> None:
-        self._thread = None
-        self._worker = None
 
     # --- progress ---------------------------------------------------------------------------
     def _refresh_progress(self, force: bool = False) -> None:
@@ -612,12 +655,8 @@ class TrainPage(QWidget):
         self.progress.setRange(0, max(1, self.total_steps))
         self.progress.setValue(min(self.last_step, max(1, self.total_steps)))
         if s is None:
-            if self.tokens_done:
-                self.stats_label.setText(
-                    f"{self.tokens_done:,} tokens processed · elapsed {human_duration(self._elapsed_before)}"
-                )
             return
-        elapsed = human_duration(self._elapsed_before + s.elapsed_s)
+        elapsed = human_duration(s.elapsed_s)
         self.stats_label.setText(
             f"{self.tokens_done:,} tokens processed · elapsed {elapsed}"
             f" · ETA {human_duration(s.eta_s)} · {s.tokens_per_s:,.0f} tokens/s · epoch {s.epoch:.2f}"
@@ -629,33 +668,22 @@ class TrainPage(QWidget):
 
     # --- lifetime ---------------------------------------------------------------------------
     def is_running(self) -> bool:
-        return self._thread is not None
+        """A training job is queued or running (a paused run is not running)."""
+        return self.job is not None and self.job.active
 
-    def training_pid(self) -> int | None:
-        """The process id of the run's training process while it runs (None: none, or in-thread)."""
-        worker = self._worker
-        process = getattr(worker, "process", None) if worker is not None else None
-        return process.pid if process is not None and process.is_alive() else None
-
-    def shutdown(self, timeout_ms: int = 60_000) -> bool:
-        """Ask a running run to stop (it writes a checkpoint) and wait for its thread; True when no
-        thread is left. Call before the window closes. A run in a child process that has not
-        stopped by then is killed (its last checkpoint stays); a thread is never terminated."""
-        thread, worker = self._thread, self._worker
-        if thread is None:
-            return True
-        if worker is not None:
-            worker.request_stop()
-        done = thread.wait(timeout_ms)
-        if not done and worker is not None and worker.isolate:
-            worker.kill()
-            done = thread.wait(10_000)
+    def shutdown(self) -> None:
+        """Ask a running run to stop (the engine writes its checkpoint); the window then waits for
+        the engine worker (Engine.shutdown)."""
+        if self.job is not None and self.job.active:
+            self.job.request_stop()
         self.plots.timer.stop()
-        return bool(done)
 
-    def closeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        self.shutdown()
-        super().closeEvent(event)
+
+@dataclass(frozen=True)
+class RunHandle:
+    """Sent by the training job before its first step: the engine's run, as an identity token."""
+
+    run: object
 
 
 __all__ = ["STATES", "RunPaths", "TrainPage", "latest_checkpoint"]

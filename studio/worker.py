@@ -1,264 +1,337 @@
-"""Training off the UI thread: a `TrainWorker` QObject moved to a QThread, and `start_training`.
+"""The one engine worker of the app: an `EngineSession` on one long-lived QThread, and the job queue.
 
-By default the worker runs the engine `Trainer` in a child process (`engine.TrainProcess`) and its
-thread only relays what the child sends: a trainer in a thread of this process would hold the
-interpreter lock for most of each step and freeze the window each time the UI thread re-enters
-Python (measured: 40-100 ms stalls; bench/ui_stall.py), and a crash of the run would take the window
-with it. A model given as an object (not a path), or `isolate=False`, runs the trainer in the thread.
+Every page that needs the engine submits a `Job` to the window's `Engine` (`engine.submit(...)`);
+jobs run one at a time, in order, on the worker thread, against the one open model
+(`engine.open_model(...)` replaces it). A job is a function `fn(session, job)`: it may emit events
+(`job.emit(event)`), and it checks `job.should_stop()` / `job.should_pause()` between steps. Its
+callbacks (`on_event`, `on_done`, `on_error`) run on the UI thread: the worker's signals are queued
+to the `Engine`, which lives there, and it calls the job's callbacks. Only host data crosses.
 
-Either way every engine event arrives as `sig_event(event)`; the run's outcome (engine `Finished` or
-`Failed`) arrives once as `sig_finished(result)`, always, whatever happened. An exception the engine
-did not turn into an event (a bug, or running out of memory) also emits `sig_failed(message)` with
-what to do next, and a `Failed` is made for it, so no error is ever lost; a child killed by the
-system is reported the same way. `request_stop()` may be called from any thread; the trainer checks
-it between optimizer steps and ends gracefully, writing a checkpoint when the run has a checkpoint
-folder.
+`Engine.jobs` is the one registry of queued and running work (the status bar shows it);
+`sig_busy_changed(bool)` says when the worker starts and stops working. `shutdown()` stops the
+running job (a training run writes its checkpoint), drops the queued ones and waits for the thread:
+the window calls it on close. Threads are never terminated.
 
-This module is the only place the studio runs training; it has no widgets and draws nothing. Only
-host data (the engine's frozen dataclasses, strings) crosses its signals.
+The worker object is superqt's shape: a QObject moved to a QThread (not a QThread subclass), with
+signals for started / event / finished / errored. This module has no widgets.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import sys
 import threading
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
-from engine import (
-    Checkpoint,
-    ChildDied,
-    ChildRaised,
-    EngineError,
-    Failed,
-    Finished,
-    Started,
-    Step,
-    TrainConfig,
-    Trainer,
-    TrainJob,
-    TrainProcess,
-)
-
-from .project import Project
-from .tasks import return_to_ui_thread, start_in_thread
+from engine import EngineError, EngineSession
 
 log = logging.getLogger(__name__)
 
 OUT_OF_MEMORY = (
-    "out of memory: lower the context length or batch size, or enable layer checkpointing "
-    "(Train page, Advanced), or train fewer tensors"
+    "out of memory: lower the context length or batch size, turn layer checkpointing on, lower the "
+    "weight cache (Train page, Advanced), or train fewer tensors"
 )
-# what builds the trainer in a child process ("module:attribute" and keyword arguments); tests
-# replace it to inject faults or hold a run at a known step
-CHILD_TRAINER: tuple[str, dict] = ("engine.train.trainer:Trainer", {})
+SWITCH_INTERVAL_BUSY = 0.0005  # seconds: how soon the UI thread gets the interpreter while the engine works
+_IDS = itertools.count(1)
 
 
-class TrainWorker(QObject):
-    """One training run. Create it in the UI thread, move it to a QThread, connect, start the thread.
+@dataclass(eq=False)
+class Job:
+    """One piece of engine work and its callbacks (see the module docstring)."""
 
-    Signals (all emitted from the worker thread; connect them to QObject methods so that Qt queues
-    them to the receiver's thread):
-    - sig_event(event): every engine event as the trainer emits it (Started, Step, Eval, ...).
-    - sig_finished(result): exactly once, the run's `Finished` or `Failed`.
-    - sig_failed(str): an unexpected exception, as a message saying what went wrong and what to do.
-    """
+    name: str  # for people: "training", "generating answers", "exporting"
+    fn: Callable[[EngineSession | None, Job], Any]
+    on_event: Callable[[object], None] | None = None
+    on_done: Callable[[Any], None] | None = None
+    on_error: Callable[[str], None] | None = None
+    model: tuple[str, str] | None = None  # (path, device) the job needs open; opened first if not
+    needs_session: bool = True  # refuse to run without an open model
+    id: int = field(default_factory=lambda: next(_IDS))
+    state: str = "queued"  # queued, running, done, failed, cancelled
+    result: Any = None
+    error: str = ""
+    traceback: str = ""  # of an unexpected exception (a bug), for the event log
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _pause: threading.Event = field(default_factory=threading.Event, repr=False)
+    _emit: Callable[[Job, object], None] | None = field(default=None, repr=False)
 
-    sig_event = Signal(object)
-    sig_finished = Signal(object)
-    sig_failed = Signal(str)
-
-    def __init__(
-        self,
-        model: Any,
-        data: Any,
-        config: TrainConfig,
-        *,
-        template: Any = None,
-        resume: str | None = None,
-        init_adapter: str | None = None,
-        isolate: bool | None = None,
-        parent: QObject | None = None,
-    ):
-        super().__init__(parent)
-        self.model = model
-        self.data = data
-        self.config = config
-        self.template = template
-        self.resume = resume
-        self.init_adapter = init_adapter
-        self._stop = threading.Event()
-        self.result: Finished | Failed | None = None  # set just before sig_finished
-        self.traceback: str | None = None  # of an unexpected exception, for the event log
-        self._started = False
-        self._last_step = 0
-        self._last_checkpoint: str | None = resume
-        # a child process needs a model path and picklable arguments; else the thread trains
-        can_isolate = isinstance(model, (str, os.PathLike)) and (
-            template is None or isinstance(template, str)
-        )
-        self.isolate = can_isolate if isolate is None else bool(isolate and can_isolate)
-        self.process: TrainProcess | None = None
-
-    # --- any thread -------------------------------------------------------------------------
+    # --- any thread ------------------------------------------------------------------------------
     def request_stop(self) -> None:
-        """Ask the run to end after the current step (thread-safe, returns at once)."""
         self._stop.set()
-        process = self.process
-        if process is not None:
-            process.request_stop()
 
-    def kill(self) -> None:
-        """End a child-process run at once, without a checkpoint (a run that does not stop)."""
-        process = self.process
-        if process is not None:
-            process.kill()
+    def request_pause(self) -> None:
+        self._pause.set()
 
-    def stop_requested(self) -> bool:
+    def should_stop(self) -> bool:
         return self._stop.is_set()
 
-    # --- the worker thread ------------------------------------------------------------------
-    def _on_event(self, event: object) -> None:
-        if isinstance(event, Started):
-            self._started = True
-            self._last_step = event.plan.start_step
-        elif isinstance(event, Step):
-            self._last_step = event.step
-        elif isinstance(event, Checkpoint):
-            self._last_checkpoint = event.path
-        self.sig_event.emit(event)
+    def should_pause(self) -> bool:
+        return self._pause.is_set()
+
+    @property
+    def active(self) -> bool:
+        return self.state in ("queued", "running")
+
+    # --- the worker thread -----------------------------------------------------------------------
+    def emit(self, event: object) -> None:
+        """Send an event to the job's on_event (on the UI thread)."""
+        if self._emit is not None:
+            self._emit(self, event)
+
+
+class EngineWorker(QObject):
+    """Lives on the worker thread; its event loop runs the jobs the Engine queues, in order."""
+
+    sig_started = Signal(object)  # job
+    sig_event = Signal(object, object)  # job, event
+    sig_finished = Signal(object)  # job (state done: its result is job.result)
+    sig_errored = Signal(object)  # job (state failed: job.error, job.traceback)
+    sig_session = Signal(object)  # the new EngineSession, or None (worker thread object: read-only)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session: EngineSession | None = None
+
+    def _emit(self, job: Job, event: object) -> None:
+        self.sig_event.emit(job, event)
+
+    @Slot(object)
+    def run_job(self, job: Job) -> None:
+        if job.state == "cancelled":
+            return
+        self._run_one(job)
 
     @Slot()
-    def run(self) -> None:
-        """Build the trainer (loads the model) and train; always ends with sig_finished."""
-        result: Finished | Failed
+    def farewell(self) -> None:
+        """The last call on the worker thread: let the model go, move this object to the UI thread
+        (a Python-made QObject must not be deleted on a worker thread: the binding's wrapper lock
+        against the interpreter lock can deadlock) and end the thread's event loop."""
+        self.session = None
+        app = QCoreApplication.instance()
+        if app is not None:
+            self.moveToThread(app.thread())
+        QThread.currentThread().quit()
+
+    def _run_one(self, job: Job) -> None:
+        job.state = "running"
+        job._emit = self._emit
+        self.sig_started.emit(job)
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(SWITCH_INTERVAL_BUSY)
         try:
-            result = self._train_in_child() if self.isolate else self._train_here()
+            if job.model is not None:
+                self._ensure(*job.model)
+            if job.needs_session and self.session is None:
+                raise EngineError("no model is open: open a model on the Model page first")
+            result = job.fn(self.session, job)
+            job.result = result
+            job.state = "done"
+            self.sig_finished.emit(job)
         except EngineError as exc:
-            # expected problems outside Trainer.run (the model cannot be loaded or trained)
-            result = self._engine_error(exc)
+            self._failed(job, str(exc))
         except MemoryError:
-            result = self._out_of_memory(traceback.format_exc())
-        except ChildRaised as exc:
-            if isinstance(exc.original, EngineError):
-                result = self._engine_error(exc.original)
-            elif exc.type_name == "MemoryError":
-                result = self._out_of_memory(exc.child_traceback)
-            else:
-                result = self._bug(exc.type_name, exc.message, exc.child_traceback)
-        except ChildDied as exc:
-            self.traceback = None
-            log.error("training process died: %s", exc)
-            result = self._unexpected(self._with_checkpoint(f"{exc}{self._where()}."))
-        except Exception as exc:  # noqa: BLE001 - every failure must reach the UI
-            result = self._bug(type(exc).__name__, str(exc), traceback.format_exc())
-        self.result = result
-        return_to_ui_thread(self)  # deleted there (see studio.tasks)
-        self.sig_finished.emit(result)
-
-    def _train_here(self) -> Finished | Failed:
-        trainer = Trainer(
-            self.model,
-            self.data,
-            self.config,
-            template=self.template,
-            resume=self.resume,
-            init_adapter=self.init_adapter,
-        )
-        try:
-            return trainer.run(self._on_event, self._stop.is_set)
-        finally:
-            del trainer  # free the model's memory before the UI hears the run is over
-
-    def _train_in_child(self) -> Finished | Failed:
-        name, kwargs = CHILD_TRAINER
-        job = TrainJob(
-            model=os.fspath(self.model),
-            data=self.data,
-            config=self.config,
-            template=self.template,
-            resume=self.resume,
-            init_adapter=self.init_adapter,
-            trainer=name,
-            trainer_kwargs=dict(kwargs),
-        )
-        self.process = TrainProcess(job)
-        if self._stop.is_set():
-            self.process.request_stop()
-        return self.process.run(self._on_event)
-
-    def _where(self) -> str:
-        return f" at step {self._last_step + 1}" if self._started else " before the first step"
-
-    def _with_checkpoint(self, text: str) -> str:
-        return text + (" The last good checkpoint is kept; resume from it." if self._last_checkpoint else "")
-
-    def _engine_error(self, exc: EngineError) -> Failed:
-        result = Failed(0, str(exc), self._last_checkpoint)
-        self.sig_event.emit(result)
-        return result
-
-    def _out_of_memory(self, tb: str) -> Failed:
-        self.traceback = tb
-        log.error("training ran out of memory\n%s", tb)
-        return self._unexpected(OUT_OF_MEMORY)
-
-    def _bug(self, type_name: str, message: str, tb: str) -> Failed:
-        self.traceback = tb
-        log.error("training failed\n%s", tb)
-        return self._unexpected(
-            self._with_checkpoint(
-                f"training stopped{self._where()} by an unexpected error: {type_name}: {message}. "
-                "This is a bug: please report it with the traceback from the event log."
+            self._failed(job, OUT_OF_MEMORY, traceback.format_exc())
+        except Exception as exc:  # noqa: BLE001 - every failure must reach the window
+            tb = traceback.format_exc()
+            log.error("%s failed\n%s", job.name, tb)
+            self._failed(
+                job,
+                f"{job.name} stopped by an unexpected error: {type(exc).__name__}: {exc}. This is a bug: "
+                "please report it with the traceback from the event log.",
+                tb,
             )
-        )
+        finally:
+            sys.setswitchinterval(previous)
 
-    def _unexpected(self, message: str) -> Failed:
-        self.sig_failed.emit(message)
-        step = self._last_step + 1 if self._started else 0
-        return Failed(step, message, self._last_checkpoint)
+    def _ensure(self, path: str, device: str) -> None:
+        """Make `path` on `device` the open model (the session is kept when it already is)."""
+        s = self.session
+        if s is not None and s.device == device and _same_file(s.path, path):
+            return
+        if s is not None:
+            self.session = None  # release the old model before the new one loads
+            self.sig_session.emit(None)
+        self.session = EngineSession(path, device=device)
+        self.session.summary  # noqa: B018 - read the summary here, not on the UI thread
+        self.sig_session.emit(self.session)
 
-
-def start_training(
-    project: Project | None = None,
-    *,
-    model: Any = None,
-    data: Any = None,
-    config: TrainConfig | None = None,
-    template: Any = None,
-    resume: str | None = None,
-    init_adapter: str | None = None,
-    isolate: bool | None = None,
-    start: bool = True,
-    parent: QObject | None = None,
-) -> tuple[QThread, TrainWorker]:
-    """A TrainWorker in its own QThread, wired up and (unless start=False) started.
-
-    Arguments come from `project` (model_path, dataset_path, template_file, config) unless given
-    explicitly. With start=False, connect to the worker's signals and call `thread.start()`: signals
-    emitted before a connection exists are lost. The thread's lifetime: studio.tasks.start_in_thread.
-    """
-    if project is not None:
-        model = model if model is not None else project.model_path
-        data = data if data is not None else project.dataset_path
-        config = config if config is not None else project.config
-        template = template if template is not None else project.template_file
-    if model is None or data is None:
-        raise ValueError("start_training needs a model and a dataset (or a project that names them)")
-    worker = TrainWorker(
-        model,
-        data,
-        config or TrainConfig(),
-        template=template,
-        resume=resume,
-        init_adapter=init_adapter,
-        isolate=isolate,
-    )
-    thread = start_in_thread(worker, "tune-studio-training", parent, start=start)
-    return thread, worker
+    def _failed(self, job: Job, message: str, tb: str = "") -> None:
+        job.error, job.traceback, job.state = message, tb, "failed"
+        self.sig_errored.emit(job)
 
 
-__all__ = ["OUT_OF_MEMORY", "TrainWorker", "start_training"]
+class Engine(QObject):
+    """The UI thread's side of the worker: submit jobs, open models, hear what happened."""
+
+    sig_busy_changed = Signal(bool)
+    sig_jobs_changed = Signal()
+    sig_model_opened = Signal(object)  # the EngineSession (use from jobs only; read its facts)
+    _sig_submit = Signal(object)  # to the worker's run_job (queued: it lives on the worker thread)
+    _sig_farewell = Signal()
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self.jobs: list[Job] = []  # queued and running, in order
+        self.running: Job | None = None
+        self.session: EngineSession | None = None  # the worker's; set when a model opens
+        self._thread = QThread()
+        self._thread.setObjectName("tune-studio-engine")
+        self._worker = EngineWorker()
+        self._worker.moveToThread(self._thread)
+        self._sig_submit.connect(self._worker.run_job)
+        self._sig_farewell.connect(self._worker.farewell)
+        self._worker.sig_started.connect(self._started)
+        self._worker.sig_event.connect(self._event)
+        self._worker.sig_finished.connect(self._finished)
+        self._worker.sig_errored.connect(self._errored)
+        self._worker.sig_session.connect(self._session)
+        self._thread.start()
+        self._closed = False
+
+    # --- submitting ------------------------------------------------------------------------------
+    def submit(
+        self,
+        name: str,
+        fn: Callable[[EngineSession | None, Job], Any],
+        *,
+        on_event: Callable[[object], None] | None = None,
+        on_done: Callable[[Any], None] | None = None,
+        on_error: Callable[[str], None] | None = None,
+        model: tuple[str, str] | None = None,
+        needs_session: bool = True,
+    ) -> Job:
+        """Queue `fn(session, job)`; the callbacks run on the UI thread. Returns the job.
+
+        model: (path, device) the job needs: the worker opens it first unless it is already open."""
+        job = Job(name, fn, on_event, on_done, on_error, model, needs_session)
+        if self._closed:
+            job.state, job.error = "failed", "the app is closing"
+            if on_error is not None:
+                on_error(job.error)
+            return job
+        self.jobs.append(job)
+        self.sig_jobs_changed.emit()
+        self._sig_submit.emit(job)
+        return job
+
+    def open_model(
+        self,
+        path: str,
+        *,
+        device: str = "cpu",
+        on_done: Callable[[EngineSession], None] | None = None,
+        on_error: Callable[[str], None] | None = None,
+    ) -> Job:
+        """Open a model file in the worker (the previous one is closed); on_done(session)."""
+        return self.submit(
+            f"opening {os.path.basename(path)}", lambda session, job: session, on_done=on_done,
+            on_error=on_error, model=(path, device),
+        )  # fmt: skip
+
+    def cancel(self, job: Job) -> None:
+        """Drop a queued job, or ask a running one to stop."""
+        if job.state == "queued":
+            job.state = "cancelled"
+            self._forget(job)
+        elif job.state == "running":
+            job.request_stop()
+
+    @property
+    def busy(self) -> bool:
+        return self.running is not None
+
+    def describe(self) -> str:
+        """What the engine is doing, for the status bar."""
+        if self.running is None:
+            return "Engine: idle"
+        waiting = sum(1 for j in self.jobs if j.state == "queued")
+        return f"Engine: {self.running.name}" + (f" (+{waiting} waiting)" if waiting else "")
+
+    # --- from the worker (queued to this thread) -------------------------------------------------
+    @Slot(object)
+    def _started(self, job: Job) -> None:
+        self.running = job
+        self.sig_busy_changed.emit(True)
+        self.sig_jobs_changed.emit()
+
+    @Slot(object, object)
+    def _event(self, job: Job, event: object) -> None:
+        if job.on_event is not None:
+            job.on_event(event)
+
+    @Slot(object)
+    def _session(self, session: EngineSession | None) -> None:
+        self.session = session
+        if session is not None:
+            self.sig_model_opened.emit(session)
+
+    @Slot(object)
+    def _finished(self, job: Job) -> None:
+        self._end(job)
+        if job.on_done is not None:
+            job.on_done(job.result)
+
+    @Slot(object)
+    def _errored(self, job: Job) -> None:
+        self._end(job)
+        if job.traceback:
+            log.error("%s: %s", job.name, job.error)
+        if job.on_error is not None:
+            job.on_error(job.error)
+
+    def _end(self, job: Job) -> None:
+        if self.running is job:
+            self.running = None
+            self.sig_busy_changed.emit(False)
+        self._forget(job)
+
+    def _forget(self, job: Job) -> None:
+        if job in self.jobs:
+            self.jobs.remove(job)
+            self.sig_jobs_changed.emit()
+
+    # --- closing ---------------------------------------------------------------------------------
+    def shutdown(self, timeout_ms: int = 120_000) -> bool:
+        """Stop the running job, drop queued ones, end the worker thread; True when it has ended."""
+        if self._closed:
+            return not self._thread.isRunning()
+        self._closed = True
+        for job in list(self.jobs):
+            job.request_stop()  # the one running (its state may not have reached this thread yet)
+            if job.state == "queued":
+                job.state = "cancelled"
+        self._sig_farewell.emit()  # after the running job: the worker's event loop takes them in order
+        done = bool(self._thread.wait(timeout_ms))
+        if done:
+            self.session = None
+            self.jobs.clear()
+            self._worker.deleteLater()
+        return done
+
+    def wait_idle(self, timeout_ms: int = 60_000) -> bool:
+        """Process events until no job is queued or running (tests, and closing)."""
+        import time
+
+        deadline = time.monotonic() + timeout_ms / 1000
+        app = QCoreApplication.instance()
+        while self.jobs and time.monotonic() < deadline:
+            app.processEvents()
+            time.sleep(0.002)
+        return not self.jobs
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+__all__ = ["OUT_OF_MEMORY", "Engine", "EngineWorker", "Job"]

@@ -15,9 +15,11 @@ import sys
 
 from ..errors import ExportError
 from ..io.export import ADAPTER_TYPES, adapter_tensor_types, export_adapter, export_merged, fit_problems
+from ..io.export_check import ExportRequest, check_export
 from ..io.gguf_file import GGUFFile
 from ..io.quantize import quantizable_types
 from ..model.lora import LoraAdapter
+from ..model.verify import verify_export
 from ..train.norms import NormsReport, lora_norms
 
 
@@ -84,9 +86,39 @@ def cmd_norms(args: argparse.Namespace) -> int:
 # --- export --------------------------------------------------------------------------------------
 
 
+def _request(args: argparse.Namespace, qtype: str | None) -> ExportRequest:
+    return ExportRequest(
+        source=args.adapter,
+        out=args.out,
+        base=args.model,
+        merge=args.merge,
+        qtype=qtype if args.merge else (qtype or "F32"),
+        scale=1.0 if args.scale is None else args.scale,
+    )
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    adapter = LoraAdapter.load(args.adapter)
     qtype = args.type.upper() if args.type else None  # q8_0 as llama.cpp's tools spell it
+    if args.check:
+        report = check_export(_request(args, qtype))
+        for item in report.items:
+            print(f"{item.text()}: {item.detail}")
+        for note in report.notes:
+            print(f"  note: {note}")
+        print(report.summary())
+        return 0 if report.ok else 2
+    if args.verify and not args.model:
+        raise ExportError("--verify compares logits on the base model: give --model BASE.gguf")
+    adapter = LoraAdapter.load(args.adapter)
+    code = _write(args, adapter, qtype)
+    if args.verify:
+        report = verify_export(_request(args, qtype), adapter, args.out)
+        print(report.verdict())
+        return 0 if report.ok else 2
+    return code
+
+
+def _write(args: argparse.Namespace, adapter: LoraAdapter, qtype: str | None) -> int:
     if args.merge:
         if not args.model:
             raise ExportError("--merge needs the base model: --model BASE.gguf")
@@ -159,4 +191,16 @@ def add_commands(subparsers) -> None:
         f"{', '.join(quantizable_types())} (default: each tensor's own type)",
     )
     s.add_argument("--scale", type=float, default=None, help="adapter scale for --merge (default 1.0)")
+    s.add_argument(
+        "--check",
+        action="store_true",
+        help="only check (adapter, base model, architecture, tensors, folder, disk space, name); exit 2 "
+        "when a check fails; nothing is written",
+    )
+    s.add_argument(
+        "--verify",
+        action="store_true",
+        help="after writing, reload the file and compare its logits with the base model + adapter "
+        "(needs --model); exit 2 when they differ beyond the written type's tolerance",
+    )
     s.set_defaults(func=cmd_export)

@@ -2,7 +2,7 @@
 
 `Trainer.run(on_event, should_stop)` emits them in this order: one `Started`, then per optimizer
 step a `Step` (and, when due, `Eval`, `LoraNorms`, `ExpertUsage`, `Checkpoint`), and finally one
-`Finished` or `Failed`. The CLI prints them and writes them as JSON lines; the studio plots them.
+`Finished` or `Failed`. A run driven by an engine session may also stop at `Paused` and go on later. The CLI prints them and writes them as JSON lines; the studio plots them.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ class Step:
     grad_norm: float  # global gradient norm before clipping
     tokens: int  # sample tokens processed by this step
     tokens_per_s: float
-    elapsed_s: float  # since the run (or the resumed run) started
-    eta_s: float  # estimated seconds to the end
+    elapsed_s: float  # seconds spent training in this run's steps (pauses excluded; kept by checkpoints)
+    eta_s: float  # estimated seconds to the end (mean of the last steps, a start's first step excluded)
 
 
 @dataclass(frozen=True)
@@ -97,13 +97,18 @@ class Finished:
 
 
 @dataclass(frozen=True)
+class Paused:
+    step: int  # steps taken; the run continues from here, in memory, when it is resumed
+
+
+@dataclass(frozen=True)
 class Failed:
     step: int  # the step that failed (0: before training started)
     message: str  # what went wrong and what to do next
     checkpoint_path: str | None  # the last good checkpoint, untouched
 
 
-Event = Started | Step | Eval | LoraNorms | ExpertUsage | Checkpoint | Finished | Failed
+Event = Started | Step | Eval | LoraNorms | ExpertUsage | Checkpoint | Paused | Finished | Failed
 
 
 def _plain(value: Any) -> Any:

@@ -331,6 +331,15 @@ class RewardSession:
                 f"{self.ratings_path}: the ratings file cannot be written ({exc.strerror or exc})"
             ) from exc
 
+    def set_config(self, config: RewardConfig) -> None:
+        """New settings for the next calls: sampling, mode and KL at once, and the learning rate of
+        the next apply() (the optimizer keeps its moments)."""
+        if not isinstance(config, RewardConfig):
+            raise RewardError(f"expected a RewardConfig, got {type(config).__name__}")
+        if config.lr != self.optimizer.cfg.lr or config.max_grad_norm != self.optimizer.cfg.max_grad_norm:
+            self.optimizer.cfg = replace(self.optimizer.cfg, lr=config.lr, max_grad_norm=config.max_grad_norm)
+        self.config = config
+
     # --- sampling -------------------------------------------------------------------------------
     def _messages(self, prompt: str, system: str | None) -> list[dict[str, str]]:
         if not isinstance(prompt, str) or not prompt.strip():

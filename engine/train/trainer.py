@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from .train_model import Trainable, loss_and_grads
 
 log = logging.getLogger(__name__)
 
+ETA_WINDOW = 10  # steps the ETA averages over
 STATE_FILE = "state.npz"
 ADAPTER_FILE = "adapter.gguf"
 CONFIG_FILE = "trainer.json"
@@ -165,7 +167,13 @@ class Trainer:
         self.init_adapter = init_adapter
         self.trainable: Trainable | None = None
         self.optimizer: AdamW | None = None
-        self.step = 0
+        self.step = 0  # optimizer steps taken
+        self.plan: ev.Plan | None = None  # set by start()
+        self.ended = False  # finished, stopped or failed: no more steps
+        self.train_seconds = 0.0  # time spent in steps (pauses excluded; carried by checkpoints)
+        self._recent: deque[float] = deque(maxlen=ETA_WINDOW + 1)  # seconds of the last steps
+        self.last_ce: float | None = None
+        self.last_ckpt: str | None = resume
 
     # --- data ---------------------------------------------------------------------------------
     def _prepare(self):
@@ -293,6 +301,7 @@ class Trainer:
             state = {f"param.{k}": v for k, v in self.trainable.params().items()}
             state.update({f"optim.{k}": np.asarray(v) for k, v in self.optimizer.state_dict().items()})
             state["trainer.step"] = np.asarray(self.step)
+            state["trainer.seconds"] = np.asarray(self.train_seconds)
             np.savez(os.path.join(tmp, STATE_FILE), **state)
             if self.trainable.pairs:
                 export_adapter(
@@ -342,6 +351,7 @@ class Trainer:
             {k[len("optim.") :]: v for k, v in state.items() if k.startswith("optim.")}
         )
         self.step = int(state["trainer.step"])
+        self.train_seconds = float(state.get("trainer.seconds", 0.0))
         if meta.get("step") != self.step:
             raise ModelError(f"{path}: inconsistent checkpoint (step {meta.get('step')} vs {self.step})")
 
@@ -361,14 +371,22 @@ class Trainer:
         }
 
     # --- the loop -----------------------------------------------------------------------------
-    def run(
-        self,
-        on_event: Callable[[object], None] = lambda e: None,
-        should_stop: Callable[[], bool] = lambda: False,
-    ) -> ev.Finished | ev.Failed:
-        """Train; every outcome (including bad data or a model that cannot train) ends in an event."""
+    @property
+    def started(self) -> bool:
+        return self.plan is not None
+
+    @property
+    def done(self) -> bool:
+        """Every planned step is taken (or the run ended)."""
+        return self.ended or (self.plan is not None and self.step >= self.plan.total_steps)
+
+    def start(self, on_event: Callable[[object], None] = lambda e: None) -> ev.Started | ev.Failed:
+        """Prepare the run (data, parameters, memory plan, optimizer, resume) and emit `Started`.
+
+        Every problem (bad data, a model that cannot train, a run that will not fit) ends in a
+        `Failed` event instead, and the run is over."""
         self.last_ce = None
-        last_ckpt: str | None = self.resume
+        self.last_ckpt = self.resume
         try:
             batches = self._prepare()
             cfg = self.config
@@ -379,12 +397,11 @@ class Trainer:
             self.optimizer = AdamW(self.trainable.params(), cfg.optim(total))
             if self.resume:
                 self._load_checkpoint(self.resume)
-            tokens_epoch = sum(b.n_tokens for b in batches)
-            plan = ev.Plan(
+            self.plan = ev.Plan(
                 n_train=self.n_train,
                 n_val=self.n_val,
                 n_windows=sum(b.tokens.shape[0] for b in batches),
-                tokens_per_epoch=tokens_epoch,
+                tokens_per_epoch=sum(b.n_tokens for b in batches),
                 label_tokens_per_epoch=sum(b.n_label_tokens for b in batches),
                 batches_per_epoch=n_batches,
                 total_steps=total,
@@ -396,91 +413,124 @@ class Trainer:
                 start_step=self.step,
             )
         except EngineError as exc:
-            failed = ev.Failed(0, str(exc), last_ckpt)
+            self.ended = True
+            failed = ev.Failed(0, str(exc), self.last_ckpt)
             on_event(failed)
             return failed
-        on_event(ev.Started(plan))
+        self._accumulator = GradAccumulator()
+        started = ev.Started(self.plan)
+        on_event(started)
+        return started
 
-        t0 = time.perf_counter()
-        start_step = self.step
-        acc = GradAccumulator()
-        while self.step < total:
-            if should_stop():
-                return self._finish(on_event, stopped=True, last_ckpt=last_ckpt)
-            t_step = time.perf_counter()
-            acc.reset()
-            loss = ce_sum = 0.0
-            n_tok = n_label = 0
-            counts = None
-            for j in range(cfg.grad_accum):
-                m = self.step * cfg.grad_accum + j  # global micro-batch index
-                batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
-                res = loss_and_grads(
-                    self.model,
-                    self.trainable,
-                    batch,
-                    checkpoint=self.memory.checkpoint,
-                    kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
-                )
-                if cfg.grad_accum > 1:
-                    acc.add(res.grads)
-                else:
-                    grads = res.grads  # one micro-batch: its gradients are the step's, no copies
-                loss += res.loss / cfg.grad_accum
-                ce_sum += res.ce_sum
-                n_label += res.n_tokens
-                n_tok += batch.n_tokens
-                if res.expert_counts is not None:
-                    counts = res.expert_counts if counts is None else counts + res.expert_counts
-            if not math.isfinite(loss):
-                return self._fail(
-                    on_event,
-                    f"the loss became {loss} at step {self.step + 1}: training stopped. "
-                    "Lower the learning rate or check the data; the last good checkpoint is kept.",
-                    last_ckpt,
-                )
-            stats = self.optimizer.step(acc.mean() if cfg.grad_accum > 1 else grads)
-            if not math.isfinite(stats.grad_norm):
-                return self._fail(
-                    on_event,
-                    f"the gradient became {stats.grad_norm} at step {self.step + 1}: "
-                    "training stopped; lower the learning rate. The last good checkpoint is kept.",
-                    last_ckpt,
-                )
-            self.step += 1
-            self.last_ce = ce_sum / max(1, n_label)
-            now = time.perf_counter()
-            elapsed = now - t0
-            rate = n_tok / max(now - t_step, 1e-9)
-            done = self.step - start_step
-            eta = elapsed / done * (total - self.step)
-            on_event(
-                ev.Step(
-                    self.step,
-                    total,
-                    m / n_batches + 1 / n_batches,
-                    loss,
-                    self.last_ce,
-                    stats.lr,
-                    stats.grad_norm,
-                    n_tok,
-                    rate,
-                    elapsed,
-                    eta,
-                )
+    def train_step(self, on_event: Callable[[object], None] = lambda e: None) -> ev.Step | ev.Failed:
+        """One optimizer step and the events that follow it (norms, evaluation, checkpoint).
+
+        A non-finite loss or gradient ends the run with `Failed`, keeping the last good checkpoint."""
+        assert self.plan is not None and not self.done, "start() the run first; it must have steps left"
+        cfg = self.config
+        total, n_batches = self.plan.total_steps, self.plan.batches_per_epoch
+        t_step = time.perf_counter()
+        acc = self._accumulator
+        acc.reset()
+        loss = ce_sum = 0.0
+        n_tok = n_label = 0
+        counts = grads = None
+        for j in range(cfg.grad_accum):
+            m = self.step * cfg.grad_accum + j  # global micro-batch index
+            batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
+            res = loss_and_grads(
+                self.model,
+                self.trainable,
+                batch,
+                checkpoint=self.memory.checkpoint,
+                kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
             )
-            if counts is not None:
-                on_event(ev.ExpertUsage(self.step, counts))
-            if self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0:
-                on_event(self._norms_event())
-            if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
-                on_event(self.evaluate())
-            if cfg.checkpoint_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-                last_ckpt = self.save_checkpoint(cfg.checkpoint_dir)
-                on_event(ev.Checkpoint(self.step, last_ckpt))
-        if self.val_batches and not (cfg.eval_every and self.step % cfg.eval_every == 0):
+            if cfg.grad_accum > 1:
+                acc.add(res.grads)
+            else:
+                grads = res.grads  # one micro-batch: its gradients are the step's, no copies
+            loss += res.loss / cfg.grad_accum
+            ce_sum += res.ce_sum
+            n_label += res.n_tokens
+            n_tok += batch.n_tokens
+            if res.expert_counts is not None:
+                counts = res.expert_counts if counts is None else counts + res.expert_counts
+        if not math.isfinite(loss):
+            return self._fail(
+                on_event,
+                f"the loss became {loss} at step {self.step + 1}: training stopped. "
+                "Lower the learning rate or check the data; the last good checkpoint is kept.",
+            )
+        stats = self.optimizer.step(acc.mean() if cfg.grad_accum > 1 else grads)
+        if not math.isfinite(stats.grad_norm):
+            return self._fail(
+                on_event,
+                f"the gradient became {stats.grad_norm} at step {self.step + 1}: "
+                "training stopped; lower the learning rate. The last good checkpoint is kept.",
+            )
+        self.step += 1
+        self.last_ce = ce_sum / max(1, n_label)
+        seconds = time.perf_counter() - t_step
+        self.train_seconds += seconds
+        self._recent.append(seconds)
+        step = ev.Step(
+            self.step,
+            total,
+            m / n_batches + 1 / n_batches,
+            loss,
+            self.last_ce,
+            stats.lr,
+            stats.grad_norm,
+            n_tok,
+            n_tok / max(seconds, 1e-9),
+            self.train_seconds,
+            self._eta(total - self.step),
+        )
+        on_event(step)
+        if counts is not None:
+            on_event(ev.ExpertUsage(self.step, counts))
+        if self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0:
+            on_event(self._norms_event())
+        if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
             on_event(self.evaluate())
-        return self._finish(on_event, stopped=False, last_ckpt=last_ckpt)
+        if cfg.checkpoint_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+            self.last_ckpt = self.save_checkpoint(cfg.checkpoint_dir)
+            on_event(ev.Checkpoint(self.step, self.last_ckpt))
+        return step
+
+    def _eta(self, steps_left: int) -> float:
+        """Seconds to the end from the mean of the last steps, the first step of a start excluded
+        (it warms caches: dequantization, allocations)."""
+        recent = list(self._recent)[1:] if len(self._recent) > 1 else list(self._recent)
+        recent = recent[-ETA_WINDOW:]
+        return (sum(recent) / len(recent)) * steps_left if recent else float("nan")
+
+    def finish(self, on_event: Callable[[object], None] = lambda e: None, *, stopped: bool = False):
+        """End the run: a last evaluation (when it ran to the end), a checkpoint, the adapter (and
+        the model of full-weight tensors); `Finished`, or `Failed` when a file cannot be written."""
+        cfg = self.config
+        if not stopped and self.val_batches and not (cfg.eval_every and self.step % cfg.eval_every == 0):
+            on_event(self.evaluate())
+        self.ended = True
+        return self._finish(on_event, stopped=stopped, last_ckpt=self.last_ckpt)
+
+    def run(
+        self,
+        on_event: Callable[[object], None] = lambda e: None,
+        should_stop: Callable[[], bool] = lambda: False,
+    ) -> ev.Finished | ev.Failed:
+        """Train; every outcome (including bad data or a model that cannot train) ends in an event."""
+        if not self.started:
+            started = self.start(on_event)
+            if isinstance(started, ev.Failed):
+                return started
+        while not self.done:
+            if should_stop():
+                return self.finish(on_event, stopped=True)
+            result = self.train_step(on_event)
+            if isinstance(result, ev.Failed):
+                return result
+        return self.finish(on_event)
 
     def evaluate(self) -> ev.Eval:
         ce = n = 0
@@ -501,8 +551,9 @@ class Trainer:
             {t.name: t.norm_delta for t in report.tensors},
         )
 
-    def _fail(self, on_event, message: str, last_ckpt: str | None) -> ev.Failed:
-        failed = ev.Failed(self.step + 1, message, last_ckpt)
+    def _fail(self, on_event, message: str, last_ckpt: str | None = None) -> ev.Failed:
+        self.ended = True
+        failed = ev.Failed(self.step + 1, message, last_ckpt or self.last_ckpt)
         on_event(failed)
         return failed
 

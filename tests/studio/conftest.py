@@ -16,3 +16,13 @@ def collect_garbage_on_the_main_thread():
     yield
     gc.collect()
     gc.enable()
+
+
+@pytest.fixture
+def engine(qtbot):
+    """The app's engine worker (one thread, the open model), shut down after the test."""
+    from studio.worker import Engine
+
+    e = Engine()
+    yield e
+    e.shutdown(60_000)

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import studio.export_dialog as export_dialog
+import engine
+import engine.io.export_check as export_check
 from engine import (
     ChatTemplate,
     GGUFFile,
@@ -26,12 +27,12 @@ from engine import (
     Tokenizer,
     TrainConfig,
     Trainer,
+    find_checkpoints,
     select_targets,
     write_adapter,
     write_model,
 )
-from studio import tasks
-from studio.export_dialog import ExportDialog, find_checkpoints
+from studio.export_dialog import ExportDialog
 from studio.export_page import ExportPage
 from studio.project import ModelInfo, Project
 
@@ -65,14 +66,14 @@ def files(tmp_path_factory):
 
 
 @pytest.fixture
-def make_dialog(qtbot, files, tmp_path):
+def make_dialog(qtbot, engine, files, tmp_path):
     made = []
 
     def make(adapter=None, model=None, **project_fields) -> ExportDialog:
         project = Project()
         fields = {"output_dir": str(tmp_path / "runs"), **project_fields}
         project.update(model_path=model or files.base, **fields)
-        dlg = ExportDialog(project, adapter or files.adapter, info=ModelInfo.read(project.model_path))
+        dlg = ExportDialog(project, engine, adapter or files.adapter, info=ModelInfo.read(project.model_path))
         qtbot.addWidget(dlg)
         dlg.show()
         made.append(dlg)
@@ -81,7 +82,7 @@ def make_dialog(qtbot, files, tmp_path):
     yield make
     for dlg in made:  # never leave a worker thread behind
         qtbot.waitUntil(lambda dlg=dlg: not dlg.is_busy(), timeout=TIMEOUT_MS)
-    qtbot.waitUntil(lambda: tasks.running_threads() == 0, timeout=TIMEOUT_MS)
+    qtbot.waitUntil(lambda: not engine.jobs, timeout=TIMEOUT_MS)
 
 
 def check(qtbot, dlg):
@@ -114,7 +115,7 @@ def prompt_logits(base, terms_list, merged=None):
     tok = Tokenizer.from_metadata(model.metadata)
     tpl = ChatTemplate.from_metadata(model.metadata)
     seqs = []
-    for p in export_dialog.VERIFY_PROMPTS:
+    for p in engine.VERIFY_PROMPTS:
         text = tpl.render([{"role": "user", "content": p}], add_generation_prompt=True)
         ids = tok.encode(text, add_special=False, parse_special=True)
         seqs.append(np.array([tok.bos_id, *ids] if tok.add_bos and ids[:1] != [tok.bos_id] else ids))
@@ -205,7 +206,7 @@ def test_f32_adapter_export_reloads_with_identical_logits(qtbot, make_dialog, fi
     assert check(qtbot, dlg).ok
     path, report = export_and_verify(qtbot, dlg)
     assert path == str(out) and report.ok and report.max_abs == 0.0 and report.level == "identical"
-    assert [r.prompt for r in report.rows] == list(export_dialog.VERIFY_PROMPTS)
+    assert [r.prompt for r in report.rows] == list(engine.VERIFY_PROMPTS)
     assert dlg.verify_table.rowCount() == 3 and dlg.verify_table.item(0, 2).text() == "0"
     assert dlg.verdict_label.text().startswith("✓ The reloaded adapter gives identical logits on 3 prompts")
     # independently of the dialog's own comparison
@@ -276,7 +277,7 @@ def test_cancel_during_a_merge_leaves_the_target_untouched(
     if existing:
         out.write_bytes(b"GGUF-old-contents")
     gate, reached = threading.Event(), threading.Event()
-    real = export_dialog.export_merged
+    real = export_check.export_merged
 
     def gated(*args, on_progress=None, **kwargs):
         def progress(done, total):
@@ -287,7 +288,7 @@ def test_cancel_during_a_merge_leaves_the_target_untouched(
 
         return real(*args, on_progress=progress, **kwargs)
 
-    monkeypatch.setattr(export_dialog, "export_merged", gated)
+    monkeypatch.setattr(export_check, "export_merged", gated)
     dlg = make_dialog()
     dlg.set_kind(merge=True)
     dlg.out_edit.setText(str(out))
@@ -368,10 +369,10 @@ def test_choosing_a_checkpoint_from_the_list(qtbot, make_dialog, files, trained_
 # --- the page ----------------------------------------------------------------------------------------
 
 
-def test_export_page_checks_writes_and_verifies_inline_and_opens_the_dialog(qtbot, files, tmp_path):
+def test_export_page_checks_writes_and_verifies_inline_and_opens_the_dialog(qtbot, engine, files, tmp_path):
     project = Project()
     project.update(model_path=files.base, output_dir=str(tmp_path))
-    page = ExportPage(project)
+    page = ExportPage(project, engine)
     qtbot.addWidget(page)
     page.set_model_info(ModelInfo.read(files.base))
     page.set_adapter(files.foreign)
@@ -399,4 +400,4 @@ def test_export_page_checks_writes_and_verifies_inline_and_opens_the_dialog(qtbo
     qtbot.waitUntil(lambda: dlg.verify_report is not None and not dlg.is_busy(), timeout=TIMEOUT_MS)
     assert "Wrote" in page.result_label.text()
     dlg.close()
-    qtbot.waitUntil(lambda: tasks.running_threads() == 0, timeout=TIMEOUT_MS)
+    qtbot.waitUntil(lambda: not engine.jobs, timeout=TIMEOUT_MS)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +24,14 @@ def window(qtbot, tmp_path):
     w.project.update(output_dir=str(tmp_path / "runs"))
     qtbot.addWidget(w)
     w.show()
-    return w
+    yield w
+    w.engine.shutdown()
+
+
+def open_model(qtbot, window, path) -> None:
+    """Open a model and wait until the engine worker has opened it and every page knows."""
+    with qtbot.waitSignal(window.sig_model_changed, timeout=30_000):
+        assert window.open_model(str(path))
 
 
 def test_pages_in_order_with_shortcuts(window):
@@ -34,7 +42,7 @@ def test_pages_in_order_with_shortcuts(window):
     assert window.stack.currentWidget() is window.train_page
 
 
-def test_opening_the_demo_reaches_every_page(window):
+def test_opening_the_demo_reaches_every_page(window, qtbot):
     received = {}
     for page in window.pages[1:]:
         original = page.set_model_info
@@ -44,7 +52,7 @@ def test_opening_the_demo_reaches_every_page(window):
             original(info)
 
         page.set_model_info = spy
-    assert window.open_model(str(DEMO_MODEL))
+    open_model(qtbot, window, DEMO_MODEL)
     assert set(received) == {"DatasetPage", "TargetsPage", "TrainPage", "RewardsPage", "ExportPage"}
     assert all(info is window.model_info for info in received.values())
     assert window.open_dataset(str(DEMO_DATASET))
@@ -54,28 +62,30 @@ def test_opening_the_demo_reaches_every_page(window):
 
 
 def test_project_round_trip_through_the_window(window, tmp_path, qtbot):
-    window.open_model(str(DEMO_MODEL))
+    open_model(qtbot, window, DEMO_MODEL)
     window.open_dataset(str(DEMO_DATASET))
     window.project.update_config(rank=4, targets=TargetSpec(preset="all"))
     path = str(tmp_path / "p.json")
     assert window._save_project(path)
-    other = MainWindow(QSettings(str(tmp_path / "s2.ini"), QSettings.IniFormat))
+    other = MainWindow(QSettings(str(tmp_path / "s2.ini"), QSettings.IniFormat), engine=window.engine)
     qtbot.addWidget(other)
-    assert other.open_project(path)
+    with qtbot.waitSignal(other.sig_model_changed, timeout=30_000):
+        assert other.open_project(path)
     assert other.project.config.rank == 4 and other.project.model_path == str(DEMO_MODEL)
     assert other.model_info is not None and other.dataset_page.path
     assert json.loads(open(path).read())["config"]["targets"]["preset"] == "all"
 
 
-def test_files_open_by_type(window, tmp_path):
-    assert window.open_any(str(DEMO_MODEL)) and window.stack.currentWidget() is window.model_page
+def test_files_open_by_type(window, qtbot, tmp_path):
+    with qtbot.waitSignal(window.sig_model_changed, timeout=30_000):
+        assert window.open_any(str(DEMO_MODEL)) and window.stack.currentWidget() is window.model_page
     assert window.open_any(str(DEMO_DATASET)) and window.stack.currentWidget() is window.dataset_page
     assert not window.open_any(str(tmp_path / "notes.txt"))
     assert "not a .gguf model" in window.statusBar().currentMessage()
 
 
 def _start_demo_training(window, qtbot, steps):
-    window.open_model(str(DEMO_MODEL))
+    open_model(qtbot, window, DEMO_MODEL)
     window.open_dataset(str(DEMO_DATASET))
     window.project.update_config(targets=TargetSpec(preset="all"), **{**DEMO_SETTINGS, "steps": steps})
     window.show_page(3)
@@ -89,8 +99,10 @@ def test_closing_during_training_asks_then_stops_cleanly(window, qtbot):
     assert not window.close()  # refused: still training
     assert window.train_page.is_running()
     window.confirm = lambda title, text: True
-    assert window.close()
-    qtbot.waitUntil(lambda: not window.train_page.is_running(), timeout=5_000)  # the thread's end is queued
+    assert window.close()  # the run stops after its step with a checkpoint, and the worker thread ends
+    assert window.engine._thread.isFinished()  # the worker thread ended; nothing left running
+    ckpts = list(Path(window.project.output_folder()).glob("*-checkpoints/ckpt-*"))
+    assert ckpts, "stopping on close writes a checkpoint"
 
 
 def test_whole_flow_demo_to_exported_adapter_that_reloads(window, qtbot, tmp_path):

@@ -8,12 +8,13 @@ from studio.project import Project
 from studio.resources import DEMO_MODEL
 
 
-def test_demo_model_opens_and_shows_its_facts(qtbot):
+def test_demo_model_opens_and_shows_its_facts(qtbot, engine):
     project = Project()
-    page = ModelPage(project)
+    page = ModelPage(project, engine)
     qtbot.addWidget(page)
-    with qtbot.waitSignal(page.sig_model_opened) as opened:
+    with qtbot.waitSignal(page.sig_model_opened, timeout=20_000) as opened:
         assert page.open_path(DEMO_MODEL)
+        assert not page.open_button.isEnabled() and "Opening" in page.path_label.text()  # busy
     assert opened.args[0].path == str(DEMO_MODEL)
     assert project.model_path == str(DEMO_MODEL)
     assert page.fact_labels["Architecture"].text().startswith("llama")
@@ -24,11 +25,12 @@ def test_demo_model_opens_and_shows_its_facts(qtbot):
     assert page.error_label.isHidden()
 
 
-def test_memory_estimate_follows_targets_and_settings(qtbot):
+def test_memory_estimate_follows_targets_and_settings(qtbot, engine):
     project = Project()
-    page = ModelPage(project)
+    page = ModelPage(project, engine)
     qtbot.addWidget(page)
-    page.open_path(DEMO_MODEL)
+    with qtbot.waitSignal(page.sig_model_opened, timeout=20_000):
+        page.open_path(DEMO_MODEL)
     attention = page.memory_label.text()
     assert attention.startswith("≈") and "16 adapted tensors" in attention
     assert "model file" in attention and "stays quantized" in attention
@@ -38,19 +40,19 @@ def test_memory_estimate_follows_targets_and_settings(qtbot):
     assert "2048 tokens" in page.memory_label.text()
 
 
-def test_bad_file_shows_error_in_the_page(qtbot, tmp_path):
+def test_bad_file_shows_error_in_the_page(qtbot, engine, tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 10)
-    page = ModelPage(Project())
+    page = ModelPage(Project(), engine)
     qtbot.addWidget(page)
-    with qtbot.waitSignal(page.sig_error):
-        assert not page.open_path(bad)
+    with qtbot.waitSignal(page.sig_error, timeout=20_000):
+        page.open_path(bad)
     assert not page.error_label.isHidden()
     assert "broken.gguf" in page.error_label.text() and "Choose another file" in page.error_label.text()
 
 
-def test_device_choice_offers_cpu_and_explains_missing_gpu(qtbot):
-    page = ModelPage(Project())
+def test_device_choice_offers_cpu_and_explains_missing_gpu(qtbot, engine):
+    page = ModelPage(Project(), engine)
     qtbot.addWidget(page)
     assert page.device_combo.itemData(0) == "cpu"
     texts = [page.device_combo.itemText(i) for i in range(page.device_combo.count())]

@@ -31,13 +31,13 @@ def demo_info() -> ModelInfo:
 
 
 @pytest.fixture
-def page(qtbot, tmp_path, demo_info) -> RewardsPage:
+def page(qtbot, engine, tmp_path, demo_info) -> RewardsPage:
     project = Project()
     project.update(
         model_path=str(DEMO_MODEL), dataset_path=str(DEMO_DATASET), output_dir=str(tmp_path / "out")
     )
     project.update_config(targets=TargetSpec(preset="all"), rank=8, alpha=16.0)
-    page = RewardsPage(project)
+    page = RewardsPage(project, engine)
     qtbot.addWidget(page)
     page.set_model_info(demo_info)
     page.resize(1280, 800)
@@ -59,6 +59,9 @@ def generate(qtbot, page: RewardsPage, prompt: str = PROMPT, keyboard: bool = Fa
         else:
             assert page.generate()
     qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
+    # the new cards are shown from Qt's event queue, then the first one takes the focus
+    qtbot.waitUntil(lambda: not page.cards or page.cards[0].isVisible(), timeout=TIMEOUT_MS)
+    qtbot.wait(1)
     return done.args[0]
 
 
@@ -247,8 +250,8 @@ def test_unwritable_ratings_file_shows_the_error_and_keeps_the_card_unrated(qtbo
     assert rating_lines(page)[-1]["reward"] == 1.0 and page.banner_text() == ""
 
 
-def test_no_model_and_no_prompt_show_errors(qtbot, tmp_path):
-    page = RewardsPage(Project())
+def test_no_model_and_no_prompt_show_errors(qtbot, engine, tmp_path):
+    page = RewardsPage(Project(), engine)
     qtbot.addWidget(page)
     assert not page.generate()
     assert "Type a prompt" in page.banner_text()

@@ -1,26 +1,24 @@
-"""The Train page with real (tiny) training runs in its worker thread: settings bound to the project,
-Start → plots and heatmaps filled, Pause → Resume continuing from the checkpoint, Stop, failures in
-a banner, the UI's longest stall during a run, and screenshots of the page."""
+"""The Train page with real (tiny) training runs as jobs of the app's engine worker: settings bound to
+the project, Start → plots and heatmaps filled, Pause → Resume in memory, Stop, failures in a banner,
+the UI's longest stall during a run, and screenshots of the page."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PySide6.QtWidgets import QCheckBox, QComboBox
 
-import studio.worker as worker_module
-from engine import Failed, Finished, TargetSpec
-from studio import tasks
-from studio.main_window import process_memory_bytes
+import engine.train.trainer as trainer_module
+from engine import Failed, Finished, TargetSpec, Trainer
 from studio.project import ModelInfo, Project
 from studio.train_page import TrainPage, latest_checkpoint
 from studio.train_probe import StallProbe
 from studio.train_settings import FIELDS
-from tests import child_trainers
 
 TIMEOUT_MS = 20_000
 SHOTS = Path(os.environ.get("TUNE_STUDIO_SHOTS", "")) if os.environ.get("TUNE_STUDIO_SHOTS") else None
@@ -39,12 +37,12 @@ def chats(tmp_path):
     return str(path)
 
 
-def make_page(qtbot, tmp_path, model: str, chats: str, **config) -> TrainPage:
+def make_page(qtbot, engine, tmp_path, model: str, chats: str, **config) -> TrainPage:
     project = Project()
     project.update(model_path=model, dataset_path=chats, output_dir=str(tmp_path / "out"))
     settings = dict(steps=6, n_ctx=128, val_split=0.25, eval_every=2, targets=TargetSpec(preset="all"))
     project.update_config(**{**settings, **config})
-    page = TrainPage(project)
+    page = TrainPage(project, engine)
     qtbot.addWidget(page)
     page.set_model_info(ModelInfo.read(model))
     page.resize(1280, 820)
@@ -59,37 +57,39 @@ def run(qtbot, page: TrainPage, action=None) -> object:
 
 
 def settle(qtbot, page: TrainPage) -> None:
-    """The worker thread is gone and every plot panel is drawn."""
-    qtbot.waitUntil(lambda: not page.is_running(), timeout=TIMEOUT_MS)
-    qtbot.waitUntil(lambda: not tasks.running_threads(), timeout=TIMEOUT_MS)
+    """The engine has no job left and every plot panel is drawn."""
+    qtbot.waitUntil(lambda: not page.is_running() and not page.engine.jobs, timeout=TIMEOUT_MS)
     page.plots.flush()
 
 
 class Gate:
-    """Holds the run (in its child process) right after it emitted Step `step`, until `release()`:
-    a test's way to press Pause or Stop at a known step of a run that would otherwise finish in
-    milliseconds (tests/child_trainers.gated)."""
+    """Holds the run right after its step `step` until `release()`: a test's way to press Pause or
+    Stop at a known step of a run that would otherwise finish in milliseconds."""
 
-    def __init__(self, monkeypatch, tmp_path, step: int):
+    def __init__(self, monkeypatch, step: int):
         self.step = step
-        self.dir = tmp_path / f"gate-{step}"
-        self.dir.mkdir()
-        monkeypatch.setattr(
-            worker_module,
-            "CHILD_TRAINER",
-            ("tests.child_trainers:gated", {"gate": str(self.dir), "step": step}),
-        )
+        self._reached, self._go = threading.Event(), threading.Event()
+        real = Trainer.train_step
+
+        def gated(trainer, on_event=lambda e: None):
+            result = real(trainer, on_event)
+            if trainer.step == self.step and not self._reached.is_set():
+                self._reached.set()
+                self._go.wait(TIMEOUT_MS / 1000)
+            return result
+
+        monkeypatch.setattr(Trainer, "train_step", gated)
 
     def reached(self) -> bool:
-        return child_trainers.reached(str(self.dir))
+        return self._reached.is_set()
 
-    def release(self, stopping: bool = False) -> None:
-        child_trainers.release(str(self.dir), stopping)
+    def release(self) -> None:
+        self._go.set()
 
 
 # --- settings ---------------------------------------------------------------------------------
-def test_settings_edit_the_project_config_and_follow_it(qtbot, tmp_path, synth_model, chats):
-    page = make_page(qtbot, tmp_path, synth_model("llama"), chats)
+def test_settings_edit_the_project_config_and_follow_it(qtbot, engine, tmp_path, synth_model, chats):
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats)
     project, editors = page.project, page.settings.editors
     editors["lr"].setValue(5e-5)
     editors["steps"].setValue(40)
@@ -129,9 +129,9 @@ def test_settings_edit_the_project_config_and_follow_it(qtbot, tmp_path, synth_m
 
 
 # --- a whole run ------------------------------------------------------------------------------
-def test_start_fills_plots_heatmap_progress_and_log(qtbot, tmp_path, synth_model, chats):
+def test_start_fills_plots_heatmap_progress_and_log(qtbot, engine, tmp_path, synth_model, chats):
     model = synth_model("llama")
-    page = make_page(qtbot, tmp_path, model, chats, steps=6)
+    page = make_page(qtbot, engine, tmp_path, model, chats, steps=6)
     states = []
     page.sig_state_changed.connect(states.append)
     result = run(qtbot, page)
@@ -168,9 +168,9 @@ def test_start_fills_plots_heatmap_progress_and_log(qtbot, tmp_path, synth_model
     assert not page.pause_button.isEnabled() and not page.stop_button.isEnabled()
 
 
-def test_moe_run_shows_the_layers_by_experts_heatmap(qtbot, tmp_path, synth_model, chats):
+def test_moe_run_shows_the_layers_by_experts_heatmap(qtbot, engine, tmp_path, synth_model, chats):
     model = synth_model("qwen3moe")
-    page = make_page(qtbot, tmp_path, model, chats, steps=4, val_split=0.0)
+    page = make_page(qtbot, engine, tmp_path, model, chats, steps=4, val_split=0.0)
     counts = []
     real = page.plots.add_event
 
@@ -197,49 +197,69 @@ def test_moe_run_shows_the_layers_by_experts_heatmap(qtbot, tmp_path, synth_mode
 
 
 # --- pause, resume, stop ----------------------------------------------------------------------
-def test_pause_then_resume_continues_from_the_checkpoint(qtbot, monkeypatch, tmp_path, synth_model, chats):
-    page = make_page(qtbot, tmp_path, synth_model("llama"), chats, steps=10, eval_every=0, val_split=0.0)
-    gate = Gate(monkeypatch, tmp_path, step=4)
+def test_pause_then_resume_in_memory_continues_the_run(
+    qtbot, engine, monkeypatch, tmp_path, synth_model, chats
+):
+    page = make_page(
+        qtbot, engine, tmp_path, synth_model("llama"), chats, steps=10, eval_every=0, val_split=0.0
+    )
+    gate = Gate(monkeypatch, step=4)
     states = []
     page.sig_state_changed.connect(states.append)
-    with qtbot.waitSignal(page.sig_run_finished, timeout=TIMEOUT_MS) as paused:
-        page.start()
-        qtbot.waitUntil(lambda: page.last_step == 4, timeout=TIMEOUT_MS)  # the UI saw step 4
-        assert page.state == "training" and page.pause_button.isEnabled()
-        pid = page.training_pid()  # the run trains in its own process, which the status bar measures
-        assert pid is not None and pid != os.getpid() and process_memory_bytes(pid) > 10 * 2**20
-        page.pause()
-        assert page.state == "pausing" and not page.pause_button.isEnabled()
-        gate.release(stopping=True)
-    result = paused.args[0]
-    assert isinstance(result, Finished) and result.stopped and result.step == 4
-    qtbot.waitUntil(lambda: page.training_pid() is None, timeout=TIMEOUT_MS)
-    assert page.state == "paused" and page.resume_button.isEnabled() and page.stop_button.isEnabled()
-    assert result.checkpoint_path.endswith("ckpt-000004")
-    assert latest_checkpoint(page.paths.checkpoint_dir) == result.checkpoint_path
-    settle(qtbot, page)
+    page.start()
+    qtbot.waitUntil(lambda: page.last_step == 4, timeout=TIMEOUT_MS)  # the UI saw step 4
+    assert page.state == "training" and page.pause_button.isEnabled()
+    page.pause()
+    assert page.state == "pausing" and not page.pause_button.isEnabled()
+    gate.release()
+    qtbot.waitUntil(lambda: page.state == "paused", timeout=TIMEOUT_MS)
+    assert page.resume_button.isEnabled() and page.stop_button.isEnabled() and not page.is_running()
+    assert latest_checkpoint(page.paths.checkpoint_dir) is None  # nothing written: the run is in memory
+    session = engine.session
     out = page.paths.out
     result = run(qtbot, page, page.resume)
     settle(qtbot, page)
+    assert engine.session is session  # the same model: nothing reloaded
     assert isinstance(result, Finished) and not result.stopped and result.step == 10
     assert page.paths.out == out == result.adapter_path  # the same run, the same files
     x, _ = page.plots.curve_data()["loss"]
     assert list(x) == list(range(1, 11))  # steps continue from 5: no gap, no repeat
-    assert states == ["loading", "training", "pausing", "paused", "loading", "training", "finished"]
-    assert "resuming at step 4" in page.log.toPlainText()
+    assert states == ["loading", "training", "pausing", "paused", "training", "finished"]
+    assert "Resuming at step 4" in page.log.toPlainText()
     assert page.progress.value() == 10
     assert not page.resume_button.isEnabled()  # nothing left to resume
 
 
-def test_stop_ends_gracefully_without_asking(qtbot, monkeypatch, tmp_path, synth_model, chats):
-    page = make_page(qtbot, tmp_path, synth_model("llama"), chats, steps=50, eval_every=0, val_split=0.0)
-    gate = Gate(monkeypatch, tmp_path, step=2)
+def test_stop_while_paused_ends_the_run_with_its_checkpoint(
+    qtbot, engine, monkeypatch, tmp_path, synth_model, chats
+):
+    page = make_page(
+        qtbot, engine, tmp_path, synth_model("llama"), chats, steps=10, eval_every=0, val_split=0.0
+    )
+    gate = Gate(monkeypatch, step=3)
+    page.start()
+    qtbot.waitUntil(lambda: page.last_step == 3, timeout=TIMEOUT_MS)
+    page.pause()
+    gate.release()
+    qtbot.waitUntil(lambda: page.state == "paused", timeout=TIMEOUT_MS)
+    result = run(qtbot, page, lambda: page.stop() or True)
+    settle(qtbot, page)
+    assert isinstance(result, Finished) and result.stopped and result.step == 3
+    assert result.checkpoint_path.endswith("ckpt-000003") and Path(result.adapter_path).exists()
+    assert page.state == "finished" and page.resume_button.isEnabled()  # from the checkpoint now
+
+
+def test_stop_ends_gracefully_without_asking(qtbot, engine, monkeypatch, tmp_path, synth_model, chats):
+    page = make_page(
+        qtbot, engine, tmp_path, synth_model("llama"), chats, steps=50, eval_every=0, val_split=0.0
+    )
+    gate = Gate(monkeypatch, step=2)
     with qtbot.waitSignal(page.sig_run_finished, timeout=TIMEOUT_MS) as stopped:
         page.start()
         qtbot.waitUntil(lambda: page.last_step == 2, timeout=TIMEOUT_MS)
         page.stop_button.click()  # no dialog: the test would hang on one
         assert page.state == "stopping"
-        gate.release(stopping=True)
+        gate.release()
     result = stopped.args[0]
     assert isinstance(result, Finished) and result.stopped and result.step == 2
     assert Path(result.adapter_path).exists() and result.checkpoint_path.endswith("ckpt-000002")
@@ -248,13 +268,15 @@ def test_stop_ends_gracefully_without_asking(qtbot, monkeypatch, tmp_path, synth
     settle(qtbot, page)
 
 
-def test_resume_from_a_chosen_checkpoint_folder(qtbot, monkeypatch, tmp_path, synth_model, chats):
+def test_resume_from_a_chosen_checkpoint_folder(qtbot, engine, monkeypatch, tmp_path, synth_model, chats):
     model = synth_model("llama")
-    page = make_page(qtbot, tmp_path, model, chats, steps=6, eval_every=0, val_split=0.0, checkpoint_every=3)
+    page = make_page(
+        qtbot, engine, tmp_path, model, chats, steps=6, eval_every=0, val_split=0.0, checkpoint_every=3
+    )
     first = run(qtbot, page)
     settle(qtbot, page)
     ckpt_dir = Path(first.checkpoint_path).parent
-    other = make_page(qtbot, tmp_path, model, chats, steps=8, eval_every=0, val_split=0.0)
+    other = make_page(qtbot, engine, tmp_path, model, chats, steps=8, eval_every=0, val_split=0.0)
     result = run(qtbot, other, lambda: other.resume_from(str(ckpt_dir)))  # the folder: newest inside
     settle(qtbot, other)
     assert isinstance(result, Finished) and result.step == 8
@@ -266,10 +288,10 @@ def test_resume_from_a_chosen_checkpoint_folder(qtbot, monkeypatch, tmp_path, sy
 
 
 # --- errors -----------------------------------------------------------------------------------
-def test_failed_run_shows_a_banner_with_what_to_do(qtbot, tmp_path, synth_model):
+def test_failed_run_shows_a_banner_with_what_to_do(qtbot, engine, tmp_path, synth_model):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"nothing": "useful"}\nnot json\n', encoding="utf-8")
-    page = make_page(qtbot, tmp_path, synth_model("llama"), str(bad))
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), str(bad))
     assert page.banner.isHidden()
     result = run(qtbot, page)
     settle(qtbot, page)
@@ -282,45 +304,28 @@ def test_failed_run_shows_a_banner_with_what_to_do(qtbot, tmp_path, synth_model)
     assert page.start_button.isEnabled()
 
 
-def test_unexpected_error_in_the_worker_reaches_the_banner(qtbot, monkeypatch, tmp_path, synth_model, chats):
-    monkeypatch.setattr(
-        worker_module,
-        "CHILD_TRAINER",
-        (
-            "tests.child_trainers:failing_at",
-            {"step": 1, "error": "ValueError", "message": "shapes do not match"},
-        ),
-    )
-    page = make_page(qtbot, tmp_path, synth_model("llama"), chats)
+def test_unexpected_error_in_the_worker_reaches_the_banner(
+    qtbot, engine, monkeypatch, tmp_path, synth_model, chats
+):
+    def broken(*args, **kwargs):
+        raise ValueError("shapes do not match")
+
+    monkeypatch.setattr(trainer_module, "loss_and_grads", broken)
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats)
     result = run(qtbot, page)
     settle(qtbot, page)
     assert isinstance(result, Failed) and page.state == "failed"
-    assert "ValueError: shapes do not match" in page.banner_text()
+    assert "ValueError: shapes do not match" in page.banner_text() and "bug" in page.banner_text()
     log = page.log.toPlainText()
     assert "ERROR:" in log and "Traceback" in log and "shapes do not match" in log
-
-
-def test_a_killed_training_process_leaves_the_window_working(
-    qtbot, monkeypatch, tmp_path, synth_model, chats
-):
-    """The system's out-of-memory killer ends the training process: the page says so, points at the
-    last checkpoint, and can start again."""
-    monkeypatch.setattr(worker_module, "CHILD_TRAINER", ("tests.child_trainers:dying_at", {"step": 3}))
-    page = make_page(qtbot, tmp_path, synth_model("llama"), chats, steps=6, checkpoint_every=1, eval_every=0)
-    result = run(qtbot, page)
-    settle(qtbot, page)
-    assert isinstance(result, Failed) and result.step == 3 and page.state == "failed"
-    banner = page.banner_text()
-    assert "killed (SIGKILL)" in banner and "memory runs out" in banner
-    assert "ckpt-000002" in banner and "Resume" in banner
-    monkeypatch.setattr(worker_module, "CHILD_TRAINER", ("engine.train.trainer:Trainer", {}))
-    assert isinstance(run(qtbot, page), Finished)  # the same window trains again
+    monkeypatch.undo()
+    assert isinstance(run(qtbot, page), Finished)  # the same window and engine train again
     settle(qtbot, page)
 
 
-def test_missing_model_dataset_or_output_folder_shows_a_banner(qtbot, tmp_path, synth_model, chats):
+def test_missing_model_dataset_or_output_folder_shows_a_banner(qtbot, engine, tmp_path, synth_model, chats):
     project = Project()
-    page = TrainPage(project)
+    page = TrainPage(project, engine)
     qtbot.addWidget(page)
     assert (
         not page.start() and "No model is chosen" in page.banner_text() and "Model page" in page.banner_text()
@@ -339,7 +344,7 @@ def test_missing_model_dataset_or_output_folder_shows_a_banner(qtbot, tmp_path, 
 
 
 # --- responsiveness and looks -----------------------------------------------------------------
-def test_ui_stall_during_a_tiny_run_is_reported(qtbot, tmp_path, synth_model, chats):
+def test_ui_stall_during_a_tiny_run_is_reported(qtbot, engine, tmp_path, synth_model, chats):
     """A 5 ms timer on the UI thread while a 30-step run trains and the plots draw: its longest gap
     is the longest time the UI could not respond (typically 30-50 ms here; bench/ui_stall.py has the
     figures). On a shared, loaded CI machine another process can steal the CPU at the wrong moment,
@@ -349,7 +354,7 @@ def test_ui_stall_during_a_tiny_run_is_reported(qtbot, tmp_path, synth_model, ch
     model = synth_model("llama")
     summaries = []
     for attempt in range(2):
-        page = make_page(qtbot, tmp_path / f"try{attempt}", model, chats, steps=30, eval_every=5)
+        page = make_page(qtbot, engine, tmp_path / f"try{attempt}", model, chats, steps=30, eval_every=5)
         page.show()
         qtbot.waitExposed(page)
         gc.collect()  # not the test suite's garbage: a full collection holds the GIL for its length
@@ -369,13 +374,13 @@ def test_ui_stall_during_a_tiny_run_is_reported(qtbot, tmp_path, synth_model, ch
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
-def test_screenshots_mid_run_and_finished(qtbot, monkeypatch, tmp_path, synth_model, chats, arch):
+def test_screenshots_mid_run_and_finished(qtbot, engine, monkeypatch, tmp_path, synth_model, chats, arch):
     shots = SHOTS or tmp_path / "shots"
     shots.mkdir(parents=True, exist_ok=True)
-    page = make_page(qtbot, tmp_path, synth_model(arch), chats, steps=24, eval_every=4)
+    page = make_page(qtbot, engine, tmp_path, synth_model(arch), chats, steps=24, eval_every=4)
     page.show()
     qtbot.waitExposed(page)
-    gate = Gate(monkeypatch, tmp_path, step=12)
+    gate = Gate(monkeypatch, step=12)
     with qtbot.waitSignal(page.sig_run_finished, timeout=TIMEOUT_MS):
         page.start()
         qtbot.waitUntil(lambda: page.last_step == 12, timeout=TIMEOUT_MS)
