@@ -2,7 +2,8 @@
 
 `Trainer.run(on_event, should_stop)` emits them in this order: one `Started`, then per optimizer
 step a `Step` (and, when due, `Eval`, `LoraNorms`, `ExpertUsage`, `Checkpoint`), and finally one
-`Finished` or `Failed`. A run driven by an engine session may also stop at `Paused` and go on later. The CLI prints them and writes them as JSON lines; the studio plots them.
+`Finished` or `Failed`. A run driven by an engine session may also stop at `Paused` and go on
+later. The CLI prints them and writes them as JSON lines; the studio plots them.
 """
 
 from __future__ import annotations
