@@ -235,7 +235,8 @@ class EngineSession:
         turn), or of plain text (`chat=False`: the content of the messages joined)."""
         tok = self.tokenizer
         if not chat:
-            return tok.encode("".join(m.get("content", "") for m in messages), add_special=True)
+            text = "".join(m.get("content", "") for m in messages)
+            return tok.encode(text, add_special=True, parse_special=True)
         text = self.template.render(list(messages), add_generation_prompt=True)
         ids = tok.encode(text, add_special=False, parse_special=True)  # the template writes its own BOS
         if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):

@@ -17,12 +17,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..backend import select_backend
 from ..errors import EngineError
-from ..model.generate import GREEDY, SamplingConfig, generate
-from ..model.lora import LoraAdapter
-from ..model.model import Model
+from ..model.generate import GREEDY, SamplingConfig
 from ..model.summary import human_bytes, human_count, summarize
+from ..session import EngineSession
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 
@@ -44,10 +42,15 @@ def add_runtime_options(s: argparse.ArgumentParser) -> None:
     )
 
 
-def load_model(args: argparse.Namespace) -> Model:
-    """The model of `args.model` on `args.device`, with the weight cache of `args.cache_budget`."""
-    select_backend(args.device)  # EngineError naming why a GPU cannot be used
-    return Model.load(args.model, cache_budget=args.cache_budget)
+def open_session(args: argparse.Namespace) -> EngineSession:
+    """The engine session of `args.model` on `args.device`, with the weight cache of
+    `args.cache_budget` and the chat template of `args.template_file` when the command has one."""
+    return EngineSession(
+        args.model,
+        device=args.device,
+        cache_budget=args.cache_budget,
+        template_file=getattr(args, "template_file", None),
+    )
 
 
 def _read_text(path: str) -> str:
@@ -121,9 +124,8 @@ def _parse_tokens(text: str) -> np.ndarray:
 
 def cmd_logits(args: argparse.Namespace) -> int:
     tokens = _parse_tokens(args.tokens)
-    model = load_model(args)
-    lora = LoraAdapter.load(args.lora, model).terms(args.lora_scale) if args.lora else None
-    logits = model.forward(tokens, lora=lora).astype(np.float32)  # (T, V)
+    session = open_session(args)
+    logits = session.logits(tokens, adapter=args.lora, scale=args.lora_scale)  # (T, V) float32
     out = args.out
     tmp = out + ".tmp.npy"
     try:
@@ -174,53 +176,39 @@ def cmd_chat_template(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    model = load_model(args)
-    tok = Tokenizer.from_metadata(model.metadata, model.path)
+    session = open_session(args)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
             {"role": "user", "content": args.prompt}
         ]
-        text = _template(model.metadata, args.template_file).render(messages, add_generation_prompt=True)
-        # a rendered template carries its own BOS when the model wants one
-        prompt = tok.encode(text, add_special=False, parse_special=True)
-        if tok.add_bos and tok.bos_id is not None and (not prompt or prompt[0] != tok.bos_id):
-            prompt = [tok.bos_id, *prompt]
     else:
-        prompt = tok.encode(args.prompt, add_special=True, parse_special=True)
-    lora = LoraAdapter.load(args.lora, model).terms(args.lora_scale) if args.lora else None
+        messages = [{"role": "user", "content": args.prompt}]
     if args.temp <= 0:
         sampling = SamplingConfig(**{**GREEDY.__dict__, "max_new_tokens": args.n})
     else:
         sampling = SamplingConfig(args.temp, args.top_k, args.top_p, args.min_p, args.seed, args.n)
     stream = args.samples == 1 and sys.stdout.isatty()
-    pending = bytearray()
 
-    def on_token(sample: int, token: int) -> None:
-        pending.extend(tok.token_bytes(token))
-        try:
-            text = pending.decode("utf-8")
-        except UnicodeDecodeError:
-            return  # a multi-byte character is not complete yet
-        pending.clear()
+    def on_token(sample: int, text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
 
-    results = generate(
-        model,
-        prompt,
-        n_samples=args.samples,
-        sampling=sampling,
-        stop_ids=tok.eot_ids,
-        lora=lora,
+    replies = session.generate(
+        messages,
+        sampling,
+        adapter=args.lora,
+        adapter_scale=args.lora_scale,
+        n=args.samples,
+        chat=args.chat,
         on_token=on_token if stream else None,
     )
-    for i, g in enumerate(results):
+    for i, reply in enumerate(replies):
         if stream:
             sys.stdout.write("\n")
         else:
             if args.samples > 1:
-                print(f"--- sample {i + 1} ({len(g.tokens)} tokens, stop: {g.stop_reason}) ---")
-            print(tok.decode(list(g.tokens), skip_special=False))
+                print(f"--- sample {i + 1} ({len(reply.tokens)} tokens, stop: {reply.stop_reason}) ---")
+            print(session.tokenizer.decode(list(reply.tokens), skip_special=False))
     return 0
 
 
@@ -239,7 +227,7 @@ def _fmt_time(seconds: float) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     from ..model.targets import TargetSpec
     from ..train import events as ev
-    from ..train.trainer import TrainConfig, Trainer
+    from ..train.trainer import TrainConfig
 
     if args.epochs is not None and args.steps is not None:
         raise CliError("give --epochs or --steps, not both")
@@ -316,9 +304,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        trainer = Trainer(args.model, args.data, config, template=args.template_file, resume=args.resume,
-                          init_adapter=args.init_adapter)  # fmt: skip
-        result = trainer.run(on_event, lambda: stop["requested"])
+        session = open_session(args)
+        session.new_run(args.data, config, resume=args.resume, init_adapter=args.init_adapter)
+        result = session.train(on_event, lambda: stop["requested"])
     finally:
         signal.signal(signal.SIGINT, previous)
         if events_file is not None:

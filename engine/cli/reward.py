@@ -22,7 +22,7 @@ import math
 import sys
 
 from ..model.targets import PRESETS, TargetSpec
-from ..train.reward_session import MODES, RewardConfig, RewardError, RewardSession, parse_rating
+from ..train.reward_session import MODES, RewardConfig, RewardError, parse_rating
 
 
 def read_prompts(path: str) -> list[str]:
@@ -71,10 +71,9 @@ def cmd_reward(args: argparse.Namespace) -> int:
         mode=args.mode, kl_coef=args.kl, lr=args.lr, n_samples=args.samples, temperature=args.temp,
         max_new_tokens=args.n,
     )  # fmt: skip
-    from .main import load_model
+    from .main import open_session
 
-    session = RewardSession(
-        load_model(args),
+    session = open_session(args).open_rewards(
         adapter=args.adapter,
         targets=TargetSpec(preset=args.targets),
         rank=args.rank,
