@@ -95,6 +95,7 @@ from .train.reward_session import (
     rating_from_stars,
 )
 from .train.rewards import group_advantages, reward_weights
+from .train.runs import RunRecord, find_runs, latest_finished
 from .train.trainer import TrainConfig, Trainer
 
 __all__ = [
@@ -104,16 +105,17 @@ __all__ = [
     "DatasetError", "dequantizable_types", "Device", "encode_samples", "Encoded", "EncodeOptions",
     "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval", "event_to_json",
     "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError", "ExportRequest",
-    "Failed", "find_checkpoints", "Finished", "fit_problems", "generate", "Generation", "GGUFFile",
-    "GREEDY", "group_advantages", "human_bytes", "human_count", "KVCache", "load_jsonl", "load_ratings",
-    "lora_candidates", "lora_norms", "lora_param_count", "lora_shapes", "LoraAdapter", "LoraNorms",
-    "LoraTerm", "MemoryEstimate", "MERGE_TYPES", "merged_tensor_types", "MergeReport", "Model",
-    "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "OK_MARK", "parse_layers", "parse_rating",
-    "parse_sample", "Paused", "Plan", "PRESETS", "Preview", "Problem", "PromptResult", "quantizable_types",
-    "rating_from_stars", "Reply", "reward_weights", "RewardConfig", "RewardError", "RewardSession",
-    "RoundResult", "RUN", "run_of", "Sample", "sample_to_json", "SamplingConfig", "save_jsonl",
-    "select_backend", "select_full", "select_targets", "split_name", "Started", "Step", "suggest_out",
-    "summarize", "supported_architectures", "SynthSpec", "TargetSpec", "template_for", "TemplateError",
-    "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE", "TrainConfig", "Trainer",
-    "verify_export", "VERIFY_PROMPTS", "VerifyReport", "write_adapter", "write_export", "write_model"
+    "Failed", "find_checkpoints", "find_runs", "Finished", "fit_problems", "generate", "Generation",
+    "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "KVCache", "latest_finished",
+    "load_jsonl", "load_ratings", "lora_candidates", "lora_norms", "lora_param_count", "lora_shapes",
+    "LoraAdapter", "LoraNorms", "LoraTerm", "MemoryEstimate", "MERGE_TYPES", "merged_tensor_types",
+    "MergeReport", "Model", "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "OK_MARK",
+    "parse_layers", "parse_rating", "parse_sample", "Paused", "Plan", "PRESETS", "Preview", "Problem",
+    "PromptResult", "quantizable_types", "rating_from_stars", "Reply", "reward_weights", "RewardConfig",
+    "RewardError", "RewardSession", "RoundResult", "RUN", "run_of", "RunRecord", "Sample", "sample_to_json",
+    "SamplingConfig", "save_jsonl", "select_backend", "select_full", "select_targets", "split_name",
+    "Started", "Step", "suggest_out", "summarize", "supported_architectures", "SynthSpec", "TargetSpec",
+    "template_for", "TemplateError", "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE",
+    "TrainConfig", "Trainer", "verify_export", "VERIFY_PROMPTS", "VerifyReport", "write_adapter",
+    "write_export", "write_model"
 ]  # fmt: skip

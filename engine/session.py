@@ -186,6 +186,7 @@ class EngineSession:
                 if should_stop():
                     return run.finish(on_event, stopped=True)
                 if should_pause():
+                    run.note_paused()
                     paused = ev.Paused(run.step)
                     on_event(paused)
                     return paused

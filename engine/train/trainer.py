@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -42,6 +43,7 @@ from .data import EncodeOptions, Sample, batch_encoded, encode_samples, load_jso
 from .memory import MemoryEstimate, estimate_memory
 from .optim import AdamW, GradAccumulator, OptimConfig
 from .rewards import group_advantages, reward_weights
+from .runs import RunRecord, read_run, record_path
 from .train_model import Trainable, loss_and_grads
 
 log = logging.getLogger(__name__)
@@ -174,6 +176,7 @@ class Trainer:
         self._recent: deque[float] = deque(maxlen=ETA_WINDOW + 1)  # seconds of the last steps
         self.last_ce: float | None = None
         self.last_ckpt: str | None = resume
+        self.record: RunRecord | None = None  # engine.train.runs: written at start, checkpoints, end
 
     # --- data ---------------------------------------------------------------------------------
     def _prepare(self):
@@ -415,10 +418,12 @@ class Trainer:
         except EngineError as exc:
             self.ended = True
             failed = ev.Failed(0, str(exc), self.last_ckpt)
+            self._note("failed", str(exc))
             on_event(failed)
             return failed
         self._accumulator = GradAccumulator()
         started = ev.Started(self.plan)
+        self._note("running")
         on_event(started)
         return started
 
@@ -486,6 +491,8 @@ class Trainer:
             self.train_seconds,
             self._eta(total - self.step),
         )
+        if self.record is not None:
+            self.record.add_loss(self.step, self.last_ce)
         on_event(step)
         if counts is not None:
             on_event(ev.ExpertUsage(self.step, counts))
@@ -495,6 +502,7 @@ class Trainer:
             on_event(self.evaluate())
         if cfg.checkpoint_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
             self.last_ckpt = self.save_checkpoint(cfg.checkpoint_dir)
+            self._note("running")
             on_event(ev.Checkpoint(self.step, self.last_ckpt))
         return step
 
@@ -538,7 +546,61 @@ class Trainer:
             res = loss_and_grads(self.model, self.trainable, b, backward=False)
             ce += res.ce_sum
             n += res.n_tokens
-        return ev.Eval(self.step, ce / max(1, n), n)
+        result = ev.Eval(self.step, ce / max(1, n), n)
+        if self.record is not None:
+            self.record.add_val_loss(self.step, result.mean_ce)
+        return result
+
+    # --- the run's record ------------------------------------------------------------------------
+    def _note(self, status: str, message: str = "") -> None:
+        """Write the run's record (engine.train.runs) with this status; a record that cannot be
+        written is logged, never a reason to stop training."""
+        cfg = self.config
+        path = record_path(cfg.checkpoint_dir, cfg.out)
+        if path is None:
+            return
+        if self.record is None:
+            self.record = self._new_record(path)
+        rec = self.record
+        rec.status, rec.message = status, message
+        rec.steps_done = self.step
+        rec.last_checkpoint = self.last_ckpt
+        if self.plan is not None:
+            rec.steps_planned = self.plan.total_steps
+        try:
+            rec.write(path)
+        except (OSError, ValueError) as exc:
+            log.warning("the run record %s could not be written: %s", path, exc)
+
+    def _new_record(self, path: str) -> RunRecord:
+        cfg = self.config
+        previous = read_run(path) if self.resume and os.path.exists(path) else None
+        if previous is not None:  # a resumed run goes on in its own record, its curve cut at the resume
+            previous.losses = [x for x in previous.losses if x[0] <= self.step]
+            previous.val_losses = [x for x in previous.val_losses if x[0] <= self.step]
+            return previous
+        data = self.data if isinstance(self.data, str) else f"{len(self.data)} samples (edited)"
+        out = cfg.out or cfg.checkpoint_dir or "run"
+        name = os.path.basename(out[:-5] if out.endswith(".gguf") else out).removesuffix("-checkpoints")
+        pairs = self.trainable.pairs if self.trainable is not None else {}
+        kinds = sorted({re.sub(r"^blk\.\d+\.", "", n).removesuffix(".weight") for n in pairs})
+        return RunRecord(
+            name=name,
+            model=self.model.path,
+            dataset=data,
+            targets=kinds,
+            n_targets=len(pairs),
+            full=sorted(self.trainable.full) if self.trainable is not None else [],
+            rank=self.trainable.rank if self.trainable is not None else cfg.rank,
+            alpha=self.trainable.alpha if self.trainable is not None else cfg.alpha,
+            adapter=cfg.out,
+            checkpoints=cfg.checkpoint_dir,
+            config=cfg.to_json(),
+        )
+
+    def note_paused(self) -> None:
+        """The session paused this run between steps: say so in its record."""
+        self._note("paused")
 
     def _norms_event(self) -> ev.LoraNorms:
         from .norms import lora_norms
@@ -554,6 +616,7 @@ class Trainer:
     def _fail(self, on_event, message: str, last_ckpt: str | None = None) -> ev.Failed:
         self.ended = True
         failed = ev.Failed(self.step + 1, message, last_ckpt or self.last_ckpt)
+        self._note("failed", message)
         on_event(failed)
         return failed
 
@@ -577,6 +640,8 @@ class Trainer:
                 on_event, f"training finished but the result could not be written: {exc}", last_ckpt
             )
         done = ev.Finished(self.step, stopped, self.last_ce, adapter_path, merged_path, last_ckpt)
+        self.last_ckpt = last_ckpt
+        self._note("stopped" if stopped else "finished")
         on_event(done)
         return done
 

@@ -123,7 +123,7 @@ def test_resume_continues_the_same_trajectory(models, tmp_path):
         stop_after=3,
     )
     saved = sorted(os.listdir(ckpt))
-    assert saved == ["ckpt-000003"]
+    assert saved == ["ckpt-000003", "run.json"]  # the checkpoint and the run's record
     second, result = run(
         Trainer(models["llama"], data, TrainConfig(**base), resume=str(ckpt / "ckpt-000003"))
     )
@@ -172,7 +172,7 @@ def test_non_finite_loss_fails_with_the_step_and_keeps_the_last_checkpoint(model
     assert result.checkpoint_path.endswith("ckpt-000002")
     state = np.load(os.path.join(result.checkpoint_path, "state.npz"))
     assert all(np.isfinite(state[k]).all() for k in state.files if k.startswith("param."))
-    assert sorted(os.listdir(ckpt)) == ["ckpt-000001", "ckpt-000002"]
+    assert sorted(os.listdir(ckpt)) == ["ckpt-000001", "ckpt-000002", "run.json"]
 
 
 def test_bad_dataset_is_a_failed_event_with_the_reason(models, tmp_path):
@@ -322,3 +322,31 @@ def test_exported_adapter_reloads_with_the_trainers_logits(models, tmp_path, out
         np.testing.assert_array_equal(got, in_memory)
     else:
         np.testing.assert_allclose(got, in_memory, atol=atol)
+
+
+def test_every_run_keeps_a_record_the_history_reads(models, tmp_path):
+    from engine.train.runs import find_runs, latest_finished
+
+    data = write_chats(tmp_path / "d.jsonl")
+    out = tmp_path / "out"
+    base = dict(
+        targets=TargetSpec(preset="attention"), rank=4, lr=5e-3, n_ctx=64, val_split=0.34, eval_every=2
+    )
+    done_cfg = TrainConfig(
+        **base, steps=4, out=str(out / "a.gguf"), checkpoint_dir=str(out / "a-checkpoints")
+    )
+    _, done = run(Trainer(models["llama"], data, done_cfg))
+    stop_cfg = TrainConfig(
+        **base, steps=9, out=str(out / "b.gguf"), checkpoint_dir=str(out / "b-checkpoints")
+    )
+    _, stopped = run(Trainer(models["llama"], data, stop_cfg), stop_after=2)
+    runs = find_runs([str(out)])
+    assert [r.name for r in runs] == ["b", "a"]  # newest first
+    b, a = runs
+    assert a.status == "finished" and a.steps_done == a.steps_planned == 4 and a.adapter == done.adapter_path
+    assert [x[0] for x in a.losses] == [1, 2, 3, 4] and a.best_loss == min(x[1] for x in a.losses)
+    assert a.final_loss == pytest.approx(done.final_loss) and [x[0] for x in a.val_losses] == [2, 4]
+    assert a.targets == ["attn_k", "attn_output", "attn_q", "attn_v"] and a.rank == 4
+    assert a.model == models["llama"] and a.dataset == data and a.last_checkpoint == done.checkpoint_path
+    assert b.status == "stopped" and b.steps_done == 2 and b.steps_planned == 9 and "step 2" in b.label
+    assert latest_finished(runs).name == "a"  # a stopped two-step run does not replace a finished one

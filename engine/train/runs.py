@@ -1,0 +1,176 @@
+"""The record of a run: what was trained, how far it got, how the loss went, what it wrote.
+
+A `RunRecord` is written as `run.json` into the run's checkpoint folder (or beside its adapter,
+`<adapter stem>.run.json`, when it has no checkpoint folder), atomically, when the run starts, at
+each checkpoint, when it pauses and when it ends. `find_runs(folders)` reads every record under
+some folders, newest first, so the app's run history and a person with a file browser see the same
+runs; `latest_finished` picks what Rewards and Export should start from (a stopped two-step run
+never replaces a finished one).
+
+Only host data: names, numbers, paths. Reading a broken or foreign `run.json` skips it (logged),
+never raises: the history must open whatever is in the folder.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import math
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+
+log = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"
+STATUSES = ("running", "paused", "finished", "stopped", "failed")
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class RunRecord:
+    """One training run or reward session, as the history shows it."""
+
+    name: str  # readable: "<dataset stem>-<date-time>", or the rewards session's folder
+    kind: str = "training"  # "training" | "rewards"
+    model: str = ""  # base model path
+    dataset: str = ""  # dataset path, or "N samples (edited)" when the editor's samples were trained
+    targets: list[str] = field(default_factory=list)  # adapted tensor kinds, e.g. ["attn_q", "ffn_up_exps"]
+    n_targets: int = 0  # adapted tensors
+    full: list[str] = field(default_factory=list)  # tensors trained in full
+    rank: int = 0
+    alpha: float = 0.0
+    steps_planned: int = 0
+    steps_done: int = 0
+    status: str = "running"  # one of STATUSES
+    message: str = ""  # why it failed
+    final_loss: float | None = None  # mean cross-entropy of the last step
+    best_loss: float | None = None  # lowest mean cross-entropy of any step
+    best_val_loss: float | None = None
+    adapter: str | None = None  # the adapter file it wrote (or will write)
+    checkpoints: str | None = None  # its checkpoint folder
+    last_checkpoint: str | None = None
+    started: str = field(default_factory=now_iso)
+    updated: str = field(default_factory=now_iso)
+    losses: list[list[float]] = field(default_factory=list)  # [step, mean cross-entropy]
+    val_losses: list[list[float]] = field(default_factory=list)  # [step, validation loss]
+    config: dict = field(default_factory=dict)  # the TrainConfig (or reward settings) as JSON
+    path: str = field(default="", compare=False)  # where this record was read from / written to
+
+    @property
+    def label(self) -> str:
+        """One line for people: name, status and how far."""
+        what = "rating rounds" if self.kind == "rewards" else "steps"
+        at = f" at step {self.steps_done}" if self.status in ("stopped", "failed", "paused") else ""
+        state = self.status + at
+        return f"{self.name} — {state}, {self.steps_done}/{self.steps_planned or '?'} {what}"
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+    def add_loss(self, step: int, loss: float) -> None:
+        if not math.isfinite(loss):
+            return
+        self.losses.append([int(step), float(loss)])
+        self.final_loss = float(loss)
+        self.best_loss = float(loss) if self.best_loss is None else min(self.best_loss, float(loss))
+        self.steps_done = max(self.steps_done, int(step))
+
+    def add_val_loss(self, step: int, loss: float) -> None:
+        if not math.isfinite(loss):
+            return
+        self.val_losses.append([int(step), float(loss)])
+        self.best_val_loss = (
+            float(loss) if self.best_val_loss is None else min(self.best_val_loss, float(loss))
+        )
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d.pop("path")
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict, path: str = "") -> RunRecord:
+        known = {f.name for f in fields(cls)} - {"path"}
+        rec = cls(**{k: v for k, v in d.items() if k in known})
+        rec.path = path
+        return rec
+
+    def write(self, path: str | None = None) -> str:
+        """Write atomically (temporary file, then rename); returns the path. OSError propagates."""
+        path = path or self.path
+        if not path:
+            raise ValueError("a run record needs a path")
+        self.updated = now_iso()
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-run-", suffix=".json", dir=folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(self.to_json(), f, indent=1, allow_nan=False)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        self.path = path
+        return path
+
+
+def record_path(checkpoint_dir: str | None, adapter: str | None) -> str | None:
+    """Where a run's record goes: its checkpoint folder, else beside its adapter; None without either."""
+    if checkpoint_dir:
+        return os.path.join(checkpoint_dir, RUN_FILE)
+    if adapter:
+        stem = adapter[:-5] if adapter.endswith(".gguf") else adapter
+        return stem + ".run.json"
+    return None
+
+
+def read_run(path: str) -> RunRecord | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or "name" not in data:
+            raise ValueError("not a run record")
+        return RunRecord.from_json(data, path)
+    except (OSError, ValueError, TypeError) as exc:
+        log.warning("%s: skipped (%s)", path, exc)
+        return None
+
+
+def find_runs(folders: Iterable[str | None]) -> list[RunRecord]:
+    """Every run record in `folders` (and one level of sub-folders: checkpoint folders), newest first."""
+    seen: dict[str, RunRecord] = {}
+    for folder in folders:
+        if not folder or not os.path.isdir(folder):
+            continue
+        pattern = [os.path.join(glob.escape(folder), p) for p in (RUN_FILE, "*.run.json", f"*/{RUN_FILE}")]
+        for path in (p for pat in pattern for p in glob.glob(pat)):
+            real = os.path.realpath(path)
+            if real in seen:
+                continue
+            rec = read_run(path)
+            if rec is not None:
+                seen[real] = rec
+    return sorted(seen.values(), key=lambda r: (r.updated, r.started), reverse=True)
+
+
+def latest_finished(runs: Iterable[RunRecord], kind: str | None = None) -> RunRecord | None:
+    """The newest run that finished and wrote an adapter (of `kind` when given)."""
+    for r in runs:  # newest first
+        if r.finished and r.adapter and os.path.exists(r.adapter) and (kind is None or r.kind == kind):
+            return r
+    return None
+
+
+__all__ = ["RUN_FILE", "STATUSES", "RunRecord", "find_runs", "latest_finished", "read_run", "record_path"]
