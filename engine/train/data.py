@@ -36,6 +36,7 @@ than `n_ctx` into several windows: they are truncated and reported.
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
 import logging
 import math
@@ -43,10 +44,10 @@ import operator
 import os
 import stat
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
@@ -70,6 +71,12 @@ _SHAPES = (
     'and Alpaca {"instruction": ..., "input": ..., "output": ...})'
 )
 _JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+
+MAX_FILE_BYTES = 1 << 30  # a dataset file larger than this is refused (with its size), not read
+MAX_LINE_BYTES = 16 << 20  # a longer line is a problem, skipped without being held in memory
+MAX_NESTING = 64  # objects and arrays nested deeper than this make a line a problem
+_BINARY_SNIFF = 8192  # bytes at the start of a file checked for NUL (a binary file, or UTF-16)
+_END = object()  # an exhausted iterator's next()
 
 
 # -- samples ------------------------------------------------------------------------------------
@@ -108,8 +115,11 @@ def _json_type(value: Any) -> str:
     return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
-def _short(value: Any, limit: int = 40) -> str:
-    text = repr(value)
+def _short(value: Any, limit: int = 40, *, quote: bool = False) -> str:
+    """A one-line excerpt of `value`: its repr (JSON quoting for a str with `quote`), cut to `limit`."""
+    if isinstance(value, str) and len(value) > 4 * limit:
+        value = value[: 4 * limit]  # repr of a huge string is not built only to be cut
+    text = json.dumps(value, ensure_ascii=False) if quote and isinstance(value, str) else repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -143,7 +153,13 @@ def _parse_messages(value: Any, key: str, problems: list[Problem], line: int) ->
             )
             ok = False
             continue
-        if content is None and role == "assistant" and m.get("tool_calls"):
+        calls = m.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+            message = f'{where} ({role}): "tool_calls" must be a list of objects, got {_short(calls)}'
+            problems.append(Problem(line, message, ERROR))
+            ok = False
+            continue
+        if content is None and role == "assistant" and calls:
             content = ""  # an assistant turn that only calls tools
         elif "content" not in m:
             problems.append(Problem(line, f'{where} ({role}) has no "content"', ERROR))
@@ -235,9 +251,66 @@ def parse_sample(obj: Any, line: int = 0) -> tuple[Sample | None, list[Problem]]
     Warnings (an empty reply, ...) come back with a sample. `line` is recorded in the sample and
     the problems (0 for a sample made in memory).
     """
+    sample, problems = _parse_sample(obj, line)
+    return sample, _condensed(problems, line)
+
+
+def _condensed(problems: list[Problem], line: int) -> list[Problem]:
+    """At most one error and one warning per line: the first, saying how many more there were."""
+    out = []
+    for severity in (ERROR, WARNING):
+        found = [p for p in problems if p.severity == severity]
+        if len(found) == 1:
+            out.append(found[0])
+        elif found:
+            more = f" (and {len(found) - 1} more {severity}s on this line)"
+            out.append(Problem(line, found[0].message + more, severity))
+    return out if len(out) < len(problems) else problems
+
+
+def _value_problem(obj: Any) -> str | None:
+    """What makes a decoded JSON value unusable whatever its shape: nesting deeper than
+    `MAX_NESTING` (the template and JSON writer recurse), a string holding an unpaired
+    surrogate (a "\\ud800" escape: not Unicode text, it cannot be tokenized or saved), or a
+    number that is NaN or infinite (1e999: not JSON, it could not be saved again).
+
+    Walks the value with one iterator per level, so a line of a million numbers costs no more
+    memory than the line itself."""
+    stack: list[Iterator[Any]] = [iter((obj,))]
+    while stack:
+        value = next(stack[-1], _END)
+        if value is _END:
+            stack.pop()
+            continue
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                return f"a number is {value} (NaN and infinities are not JSON numbers)"
+        elif isinstance(value, str):
+            if not value.isascii():
+                try:
+                    value.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    return (
+                        f"a string holds the unpaired surrogate \\u{ord(value[exc.start]):04x}, which is not "
+                        "Unicode text (a surrogate escape must be one of a high/low pair)"
+                    )
+        elif isinstance(value, (dict, list)):
+            if len(stack) >= MAX_NESTING:
+                return f"nested more than {MAX_NESTING} levels deep (objects and arrays inside each other)"
+            stack.append(
+                itertools.chain.from_iterable(value.items()) if isinstance(value, dict) else iter(value)
+            )
+    return None
+
+
+def _parse_sample(obj: Any, line: int) -> tuple[Sample | None, list[Problem]]:
     problems: list[Problem] = []
     if not isinstance(obj, dict):
         problems.append(Problem(line, f"expected a JSON object, got {_json_type(obj)}", ERROR))
+        return None, problems
+    trouble = _value_problem({k: v for k, v in obj.items() if k not in ("reward", "score")})
+    if trouble is not None:
+        problems.append(Problem(line, trouble, ERROR))
         return None, problems
     ok, reward = _parse_reward(obj, problems, line)
 
@@ -270,7 +343,9 @@ def parse_sample(obj: Any, line: int = 0) -> tuple[Sample | None, list[Problem]]
             problems.append(Problem(line, '"text" is empty: nothing to learn', ERROR))
             messages = None
     else:
-        keys = ", ".join(f'"{k}"' for k in obj) or "none"
+        keys = ", ".join(_short(k, quote=True) for k in list(obj)[:8]) or "none"
+        if len(obj) > 8:
+            keys += f" and {len(obj) - 8} more"
         hint = ""
         for have, need in (("prompt", "response"), ("response", "prompt"), ("instruction", "output")):
             if have in obj and need not in obj:
@@ -311,27 +386,107 @@ def sample_to_json(sample: Sample) -> dict[str, Any]:
 # -- files --------------------------------------------------------------------------------------
 
 
-def _read_text(path: Path) -> str:
-    if path.is_dir():
-        raise DatasetError(f"{path} is a folder; expected a JSON Lines file (.jsonl)")
+def _file_kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open_dataset(path: Path) -> BinaryIO:
+    """The file opened for reading, after checking that it is a regular file of a sane size.
+
+    Opened without blocking and checked with fstat, so a FIFO is refused rather than waited on
+    and a device (/dev/zero) is refused rather than read forever.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0)
     try:
-        data = path.read_bytes()
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise DatasetError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DatasetError(f"{path} is a folder; expected a JSON Lines file (.jsonl)") from None
     except OSError as exc:
         raise DatasetError(f"{path} cannot be read: {exc.strerror or exc}") from exc
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        raise DatasetError(f"{path} is UTF-16 text; save it as UTF-8 (JSON Lines files are UTF-8)")
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8) :]
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise DatasetError(
-            f"{path} is not UTF-8 text: byte 0x{data[exc.start]:02x} on line {line} is invalid "
-            "(JSON Lines files are UTF-8; is it a binary file or another encoding?)"
-        ) from None
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise DatasetError(f"{path} is a folder; expected a JSON Lines file (.jsonl)")
+        if not stat.S_ISREG(st.st_mode):
+            raise DatasetError(f"{path} is {_file_kind(st.st_mode)}, not a file; expected a JSON Lines file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise DatasetError(
+                f"{path} is {st.st_size / 2**30:.1f} GiB ({st.st_size} bytes); dataset files up to "
+                f"{MAX_FILE_BYTES >> 30} GiB are read: split it into smaller files"
+            )
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of a dataset file, read one line at a time.
+
+    A line that is not UTF-8, or longer than MAX_LINE_BYTES (skipped without being kept in
+    memory), becomes an error problem and is not yielded. `DatasetError` when the file cannot
+    be read at all: missing, a folder, not a regular file, too large, UTF-16 or binary.
+    """
+    with _open_dataset(path) as f:
+        try:
+            head = f.read(_BINARY_SNIFF)
+            f.seek(0)
+        except OSError as exc:
+            raise DatasetError(f"{path} cannot be read: {exc.strerror or exc}") from exc
+        if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+            raise DatasetError(f"{path} is UTF-16 text; save it as UTF-8 (JSON Lines files are UTF-8)")
+        if b"\0" in head:
+            raise DatasetError(
+                f"{path} is not JSON Lines text: byte {head.index(0)} is a NUL byte (is it a binary file, "
+                "or UTF-16 text without a byte order mark?); JSON Lines files are UTF-8 text"
+            )
+        total = 0
+        number = 0
+        while True:
+            try:
+                raw = f.readline(MAX_LINE_BYTES + 1)
+                length = len(raw)
+                if length > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+                    raw = b""
+                    while True:  # the rest of the long line, a block at a time
+                        block = f.readline(1 << 20)
+                        length += len(block)
+                        if not block or block.endswith(b"\n"):
+                            break
+            except OSError as exc:
+                raise DatasetError(f"{path} cannot be read: {exc.strerror or exc}") from exc
+            if not length:
+                return
+            number += 1
+            total += length
+            if total > MAX_FILE_BYTES:
+                raise DatasetError(f"{path} grew beyond {MAX_FILE_BYTES >> 30} GiB while it was read")
+            if not raw:
+                message = f"the line is {length} bytes long; lines up to {MAX_LINE_BYTES >> 20} MiB are read"
+                problems.append(Problem(number, message, ERROR))
+                continue
+            if number == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                message = (
+                    f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line is "
+                    "invalid (JSON Lines files are UTF-8; was the file saved in another encoding?)"
+                )
+                problems.append(Problem(number, message, ERROR))
+                continue
+            yield number, text
 
 
 def _canonical(obj: Any) -> str:
@@ -346,13 +501,12 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[list[Sample], list[Problem
     be read at all (missing, a folder, not UTF-8).
     """
     path = Path(path)
-    text = _read_text(path)
     samples: list[Sample] = []
     problems: list[Problem] = []
     seen: dict[str, int] = {}
-    # split on "\n" only: str.splitlines would also split at U+2028 and others, which JSON
+    # lines end at "\n" only: str.splitlines would also split at U+2028 and others, which JSON
     # allows unescaped inside strings
-    for number, raw in enumerate(text.split("\n"), start=1):
+    for number, raw in _lines(path, problems):
         if not raw.strip():
             continue
         try:
@@ -361,7 +515,13 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[list[Sample], list[Problem
             problems.append(Problem(number, f"invalid JSON at column {exc.colno}: {exc.msg}", ERROR))
             continue
         except RecursionError:
-            problems.append(Problem(number, "invalid JSON: nested too deeply", ERROR))
+            problems.append(
+                Problem(number, f"invalid JSON: nested too deeply (at most {MAX_NESTING} levels)", ERROR)
+            )
+            continue
+        except ValueError as exc:  # a number of more than 4300 digits (sys.get_int_max_str_digits)
+            why = "a number has too many digits" if "digits" in str(exc) else str(exc).split(";")[0]
+            problems.append(Problem(number, f"invalid JSON: {why}", ERROR))
             continue
         sample, found = parse_sample(obj, number)
         problems.extend(found)
@@ -382,10 +542,29 @@ def _json_lines(samples: Sequence[Sample]) -> str:
     lines = []
     for i, s in enumerate(samples):
         try:
-            lines.append(json.dumps(sample_to_json(s), ensure_ascii=False, allow_nan=False))
-        except (TypeError, ValueError) as exc:
+            line = json.dumps(sample_to_json(s), ensure_ascii=False, allow_nan=False)
+            line.encode("utf-8")  # an unpaired surrogate cannot be written as UTF-8
+        except (TypeError, ValueError, RecursionError) as exc:
             raise DatasetError(f"sample {i} (line {s.line}) cannot be written as JSON: {exc}") from exc
+        lines.append(line)
     return "".join(line + "\n" for line in lines)
+
+
+def _writable_target(path: Path, what: str) -> Path:
+    """The file to write for `path`: itself, or the file a symbolic link names (the link stays);
+    DatasetError when it exists and is not a regular file (a folder, a FIFO, a device)."""
+    target = Path(os.path.realpath(path)) if path.is_symlink() else path
+    try:
+        mode = target.stat().st_mode
+    except FileNotFoundError:
+        return target
+    except OSError as exc:
+        raise DatasetError(f"{path} cannot be {what}: {exc.strerror or exc}") from exc
+    if stat.S_ISDIR(mode):
+        raise DatasetError(f"{path} is a folder; expected a JSON Lines file (.jsonl)")
+    if not stat.S_ISREG(mode):
+        raise DatasetError(f"{path} is {_file_kind(mode)}, not a file; it cannot be {what}")
+    return target
 
 
 def save_jsonl(path: str | os.PathLike[str], samples: Sequence[Sample]) -> None:
@@ -398,6 +577,7 @@ def save_jsonl(path: str | os.PathLike[str], samples: Sequence[Sample]) -> None:
     """
     path = Path(path)
     content = _json_lines(samples)  # before touching the disk: an unserialisable sample changes nothing
+    path = _writable_target(path, "written")
     try:
         mode = stat.S_IMODE(path.stat().st_mode)
     except FileNotFoundError:
@@ -431,6 +611,7 @@ def append_jsonl(path: str | os.PathLike[str], samples: Sequence[Sample]) -> Non
     """
     path = Path(path)
     content = _json_lines(samples)
+    path = _writable_target(path, "appended to")
     try:
         with open(path, "a+b") as f:
             if f.tell() > 0:
@@ -490,15 +671,27 @@ def _with_bos(tokenizer: Tokenizer, ids: list[int], trained: list[bool]) -> tupl
 
 
 def _mask_spans(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
-    """Per token: does its character range overlap one of `spans` (an empty range at s: a <= s < b)?"""
+    """Per token: does its character range overlap one of `spans` (an empty range at s: a <= s < b)?
+
+    Spans in order and apart (as `render_with_spans` gives them) take one binary search per token:
+    the only span a token can overlap is the first that ends after the token starts.
+    """
     if not offsets:
         return []
     o = np.asarray(offsets, dtype=np.int64)  # (n, 2)
     start, end = o[:, 0], o[:, 1]
     empty = start == end
+    sp = np.asarray(spans, dtype=np.int64).reshape(-1, 2)  # (S, 2)
+    a, b = sp[:, 0], sp[:, 1]
+    if len(sp) and np.all(a <= b) and np.all(b[:-1] <= a[1:]):
+        k = np.searchsorted(b, start, side="right")  # (n,) first span ending after the token starts
+        inside = k < len(sp)
+        ak = np.where(inside, a[np.minimum(k, len(sp) - 1)], 0)
+        mask = inside & np.where(empty, ak <= start, ak < end)
+        return mask.tolist()
     mask = np.zeros(len(o), dtype=bool)
-    for a, b in spans:
-        mask |= np.where(empty, (a <= start) & (start < b), (start < b) & (end > a))
+    for lo, hi in sp.tolist():
+        mask |= np.where(empty, (lo <= start) & (start < hi), (start < hi) & (end > lo))
     return mask.tolist()
 
 

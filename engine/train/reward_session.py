@@ -75,6 +75,7 @@ from ..text.tokenizer import Tokenizer
 from .data import EncodeOptions, Problem, Sample, batch_encoded, encode_samples, load_jsonl, parse_sample
 from .optim import AdamW, OptimConfig
 from .rewards import group_advantages, reward_weights
+from .runs import RunRecord
 from .train_model import Trainable, loss_and_grads
 
 log = logging.getLogger(__name__)
@@ -298,6 +299,7 @@ class RewardSession:
         self._round_adapter: str | None = None  # checkpoint holding those weights
         self._round_applied = False
         self._checkpoint: tuple[str, int] | None = None  # (path, step) of the last checkpoint
+        self.record: RunRecord | None = None  # the run history's record, from the first applied round
 
         state = None
         if isinstance(adapter, LoraAdapter):
@@ -610,7 +612,39 @@ class RewardSession:
         log.info("round %d: step %d, loss %.4f, mean reward %s", self.round, self.step, res.loss, mean_reward)
         if self.checkpoint_dir:
             self.checkpoint()
+            self._note(result)
         return result
+
+    def _note(self, result: RoundResult) -> None:
+        """The session's record for the run history (engine.train.runs), beside its checkpoints."""
+        path = os.path.join(self.checkpoint_dir, f"rewards-{self.session_id}.run.json")
+        rec = self.record
+        if rec is None:
+            kinds = sorted(
+                {re.sub(r"^blk\.\d+\.", "", n).removesuffix(".weight") for n in self.trainable.pairs}
+            )
+            rec = self.record = RunRecord(
+                name=f"rating rounds {datetime.now().strftime('%Y-%m-%d %H:%M')}",
+                kind="rewards",
+                model=self.model.path,
+                dataset=self.ratings_path,
+                targets=kinds,
+                n_targets=len(self.trainable.pairs),
+                rank=self.trainable.rank,
+                alpha=self.trainable.alpha,
+                checkpoints=self.checkpoint_dir,
+                config=asdict(self.config),
+            )
+        rec.add_loss(self.step, result.loss)
+        rec.status = "finished"  # every round leaves a whole adapter behind
+        rec.steps_done = rec.steps_planned = self.step
+        ckpt = self._checkpoint[0] if self._checkpoint else None
+        rec.last_checkpoint = ckpt
+        rec.adapter = os.path.join(ckpt, ADAPTER_FILE) if ckpt else None
+        try:
+            rec.write(path)
+        except (OSError, ValueError) as exc:
+            log.warning("the run record %s could not be written: %s", path, exc)
 
     # --- files ----------------------------------------------------------------------------------
     def _training_facts(self) -> dict[str, Any]:

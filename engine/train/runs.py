@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
@@ -126,6 +127,11 @@ class RunRecord:
         return path
 
 
+def tensor_kinds(names: Iterable[str]) -> list[str]:
+    """The kinds of some tensor names, sorted: blk.3.attn_q.weight -> attn_q."""
+    return sorted({re.sub(r"^blk\.\d+\.", "", n).removesuffix(".weight") for n in names})
+
+
 def record_path(checkpoint_dir: str | None, adapter: str | None) -> str | None:
     """Where a run's record goes: its checkpoint folder, else beside its adapter; None without either."""
     if checkpoint_dir:
@@ -154,7 +160,8 @@ def find_runs(folders: Iterable[str | None]) -> list[RunRecord]:
     for folder in folders:
         if not folder or not os.path.isdir(folder):
             continue
-        pattern = [os.path.join(glob.escape(folder), p) for p in (RUN_FILE, "*.run.json", f"*/{RUN_FILE}")]
+        patterns = (RUN_FILE, "*.run.json", f"*/{RUN_FILE}", "*/*.run.json")  # a run's folder, or beside
+        pattern = [os.path.join(glob.escape(folder), p) for p in patterns]
         for path in (p for pat in pattern for p in glob.glob(pat)):
             real = os.path.realpath(path)
             if real in seen:
@@ -173,4 +180,7 @@ def latest_finished(runs: Iterable[RunRecord], kind: str | None = None) -> RunRe
     return None
 
 
-__all__ = ["RUN_FILE", "STATUSES", "RunRecord", "find_runs", "latest_finished", "read_run", "record_path"]
+__all__ = [
+    "RUN_FILE", "STATUSES", "RunRecord", "find_runs", "latest_finished", "read_run", "record_path",
+    "tensor_kinds",
+]  # fmt: skip

@@ -19,7 +19,6 @@ import json
 import logging
 import math
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -43,7 +42,7 @@ from .data import EncodeOptions, Sample, batch_encoded, encode_samples, load_jso
 from .memory import MemoryEstimate, estimate_memory
 from .optim import AdamW, GradAccumulator, OptimConfig
 from .rewards import group_advantages, reward_weights
-from .runs import RunRecord, read_run, record_path
+from .runs import RunRecord, read_run, record_path, tensor_kinds
 from .train_model import Trainable, loss_and_grads
 
 log = logging.getLogger(__name__)
@@ -583,7 +582,7 @@ class Trainer:
         out = cfg.out or cfg.checkpoint_dir or "run"
         name = os.path.basename(out[:-5] if out.endswith(".gguf") else out).removesuffix("-checkpoints")
         pairs = self.trainable.pairs if self.trainable is not None else {}
-        kinds = sorted({re.sub(r"^blk\.\d+\.", "", n).removesuffix(".weight") for n in pairs})
+        kinds = tensor_kinds(pairs)
         return RunRecord(
             name=name,
             model=self.model.path,

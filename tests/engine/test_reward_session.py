@@ -446,3 +446,18 @@ def test_cli_ctrl_c_writes_the_adapter_then_stops(model, tmp_path, monkeypatch, 
     assert out.is_file() and GGUFFile(out).metadata["training.steps"] == 0
     assert [r["reward"] for r in lines(tmp_path / "r.jsonl")] == [1.0, -1.0]
     assert "interrupted: writing what was applied so far" in capsys.readouterr().err
+
+
+def test_applied_rounds_leave_a_record_in_the_run_history(model, tmp_path):
+    from engine import find_runs, latest_finished
+
+    s = RewardSession(model, config=RewardConfig(lr=1e-2), ratings_path=str(tmp_path / "r.jsonl"),
+                      checkpoint_dir=str(tmp_path / "reward-checkpoints"))  # fmt: skip
+    for _ in range(2):
+        answers = varied_round(s)
+        rate_distinct(s, answers, [1.0, -1.0, 0.5])
+        s.apply()
+    [rec] = find_runs([str(tmp_path)])
+    assert rec.kind == "rewards" and rec.steps_done == 2 and len(rec.losses) == 2
+    assert rec.adapter.endswith("ckpt-000002/adapter.gguf") and os.path.exists(rec.adapter)
+    assert latest_finished([rec]) is rec and "rating rounds" in rec.label
