@@ -1,15 +1,23 @@
 """The output projection fused with masked, weighted cross-entropy (+ KL to a reference model), never
 storing the logits of every row, and the projection alone for inference.
 
-NumPy reference (the specification).
+`lm_head_loss_ref` (with `_lm_head_loss_streamed_ref`) is the NumPy reference (the specification).
+`lm_head_loss` is the CUDA twin: it streams the vocabulary in chunks as the streamed reference
+does (online log-sum-exp in a first pass, the gradients in a second), with the chunk's logits from
+cuBLAS and the softmax statistics and gradients from row kernels, and returns the loss as device
+scalars. Not here: the model's final norm, or choosing the output tensor (engine.model.forward).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from ..backend import array_module
+from .cuda import DEVICE_HELPERS, KernelSource, Runtime, aligned16, f32_input, runtime_for
 from .embedding import row_chunks
-from .linear import LoraTerm
+from .linear import LoraTerm, to_bf16, weight_operand
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -257,3 +265,381 @@ def _lm_head_loss_streamed_ref(h, w, targets, weights, lora, tied_lora, max_logi
         dh[rows] = dhc
     grads = {"W": None, "lora": dl, "tied_lora": dt}
     return loss, (ce_sum, int(n)), dh, grads
+
+
+# ----------------------------------------------------------------------------------------------
+# CUDA
+#
+# Contract (CuPy arrays): h (N, C) float32; w (V, C) float32 or bf16 bits (uint16), or a lazy view
+# with `row_chunks()` giving device blocks (the weight store); targets (N,) integers (< 0: no label)
+# and weights (N,) floats, on the host (no device sync) or the device (one sync: the number of
+# label rows sizes the buffers); LoRA factors float32; h_ref (N, C) float32 and w_ref (w itself, a
+# view of the same tensor, or an array) for the KL term. Returns (loss, (ce_sum, n_tokens), dh,
+# grads): loss and ce_sum are 0-d float64 device arrays, n_tokens an int, dh (N, C) float32, grads
+# as the reference ("W" when need_dw, "lora" (dA, dB), "tied_lora" (dA, dB)).
+#
+# Per vocabulary chunk of Vc columns (Vc: max_logits_bytes of logits for the n label rows, a
+# multiple of 64, at least 256: on a GPU the chunk is a GEMM's width, and narrower ones waste it):
+# pass 1: z = hc W_c^T (+ LoRA terms) by cuBLAS (bf16 operands when W is bf16, hc rounded to bf16
+#   once), then ce_stats: one block per label row (256 threads, 16-byte loads when the chunk's
+#   width allows), each thread an online max / sum over its columns, merged by block reductions
+#   into the row's running (m, s) (and, for KL, the reference logits' (m_r, s_r) and the
+#   exp-weighted sums of z and z_ref), and the target's logit when it falls in the chunk.
+# ce_finish: one block over the rows (fixed order, float64 sums): lse, ce, the KL value per row;
+#   loss = sum w ce + kl_coef sum |w| KL, ce_sum. No host read.
+# pass 2 (backward): z again, ce_grad turns it into dz = w (p - onehot) (+ kl_coef |w| p (log p -
+#   log q - KL)) in place, one block per row; then cuBLAS: dh_c += dz W_c (bf16 when W is), the
+#   LoRA factor gradients, and dW_c = dz^T hc when need_dw.
+# Cost: FLOPs 2 n C V per GEMM pass (forward: 1, with KL 2; backward: 2 more, +1 with need_dw), at
+# the bf16 tensor-core rate for a bf16 head; bytes: the head read once per pass (V C 2 for bf16)
+# plus the chunk logits written and read twice (n Vc 4 each); the row kernels are memory-bound at
+# 8 bytes per logit.
+
+_CUDA_SOURCE = (
+    r"""
+#define NEG_INF __uint_as_float(0xff800000u)
+typedef long long i64;
+"""
+    + DEVICE_HELPERS
+    + r"""
+// calls f(c, x, xr) for the columns of one row this thread owns (xr: the reference row, or x)
+template <class F>
+__device__ __forceinline__ void for_cols(const float* __restrict__ row, const float* __restrict__ rrow,
+                                         int width, int vec, F f) {
+    int c0 = 0;
+    if (vec) {
+        const int w4 = width / 4;
+        for (int c = threadIdx.x; c < w4; c += blockDim.x) {
+            const float4 a = ((const float4*)row)[c], b = ((const float4*)rrow)[c];
+            f(4 * c, a.x, b.x); f(4 * c + 1, a.y, b.y); f(4 * c + 2, a.z, b.z); f(4 * c + 3, a.w, b.w);
+        }
+        c0 = 4 * w4;
+    }
+    for (int c = c0 + threadIdx.x; c < width; c += blockDim.x) f(c, row[c], rrow[c]);
+}
+
+// online (max, sum exp) over one thread's values, with the exp-weighted sums of x and of xr
+struct Online {
+    float m, s, ex, exr;
+    __device__ __forceinline__ void init() { m = NEG_INF; s = 0.0f; ex = 0.0f; exr = 0.0f; }
+    __device__ __forceinline__ void add(float x, float xr) {
+        if (x > m) {
+            const float r = expf(m - x);
+            s = s * r + 1.0f; ex = ex * r + x; exr = exr * r + xr; m = x;
+        } else {
+            const float e = expf(x - m);
+            s += e; ex += e * x; exr += e * xr;
+        }
+    }
+};
+
+extern "C" __global__ void __launch_bounds__(256)
+ce_stats(const float* __restrict__ z, const float* __restrict__ zr, const int* __restrict__ tgt, int width,
+         int lo, int vec, int kl, float* __restrict__ m, float* __restrict__ s, float* __restrict__ zt,
+         float* __restrict__ mr, float* __restrict__ sr, float* __restrict__ ez, float* __restrict__ ezr) {
+    __shared__ float scratch[32];
+    const i64 i = blockIdx.x;
+    const float* row = z + i * width;
+    const float* rrow = kl ? zr + i * width : row;
+    Online a, b;  // a: policy logits (with the reference's weighted sum); b: reference logits alone
+    a.init();
+    b.init();
+    for_cols(row, rrow, width, vec, [&](int, float x, float xr) {
+        a.add(x, xr);
+        if (kl) b.add(xr, xr);
+    });
+    const float M = block_max(a.m, scratch);
+    const float f = expf(a.m - M);
+    const float S = block_sum(a.s * f, scratch);
+    const float EZ = kl ? block_sum(a.ex * f, scratch) : 0.0f;
+    const float EZR = kl ? block_sum(a.exr * f, scratch) : 0.0f;
+    float MR = NEG_INF, SR = 0.0f;
+    if (kl) {
+        MR = block_max(b.m, scratch);
+        SR = block_sum(b.s * expf(b.m - MR), scratch);
+    }
+    if (threadIdx.x == 0) {
+        const float m0 = m[i], m1 = fmaxf(m0, M);
+        const float ra = expf(m0 - m1), rb = expf(M - m1);
+        s[i] = s[i] * ra + S * rb;
+        if (kl) {
+            ez[i] = ez[i] * ra + EZ * rb;
+            ezr[i] = ezr[i] * ra + EZR * rb;
+            const float q0 = mr[i], q1 = fmaxf(q0, MR);
+            sr[i] = sr[i] * expf(q0 - q1) + SR * expf(MR - q1);
+            mr[i] = q1;
+        }
+        m[i] = m1;
+        const int c = tgt[i] - lo;
+        if (c >= 0 && c < width) zt[i] = row[c];
+    }
+}
+
+// per row: lse, ce, KL; out[0] = sum w ce + kl_coef sum |w| KL, out[1] = sum ce (float64, fixed order)
+extern "C" __global__ void __launch_bounds__(256)
+ce_finish(const float* __restrict__ m, const float* __restrict__ s, const float* __restrict__ zt,
+          const float* __restrict__ wt, const float* __restrict__ mr, const float* __restrict__ sr,
+          const float* __restrict__ ez, const float* __restrict__ ezr, int n, int kl, float kl_coef,
+          float* __restrict__ lse, float* __restrict__ lse_r, float* __restrict__ klv,
+          double* __restrict__ out) {
+    __shared__ double scratch[32];
+    double loss = 0.0, ce_sum = 0.0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float l = m[i] + logf(s[i]);
+        const float ce = l - zt[i];
+        lse[i] = l;
+        loss += (double)(wt[i] * ce);
+        ce_sum += (double)ce;
+        if (kl) {
+            const float lr = mr[i] + logf(sr[i]);
+            const float k = ez[i] / s[i] - l - ezr[i] / s[i] + lr;
+            lse_r[i] = lr;
+            klv[i] = k;
+            loss += (double)kl_coef * (double)(fabsf(wt[i]) * k);
+        }
+    }
+    loss = block_sum_d(loss, scratch);
+    ce_sum = block_sum_d(ce_sum, scratch);
+    if (threadIdx.x == 0) {
+        out[0] = loss;
+        out[1] = ce_sum;
+    }
+}
+
+// dz = w (p - onehot) (+ kl_coef |w| p (log p - log q - KL)), in place over the chunk's logits
+extern "C" __global__ void __launch_bounds__(256)
+ce_grad(float* __restrict__ z, const float* __restrict__ zr, const int* __restrict__ tgt,
+        const float* __restrict__ wt, const float* __restrict__ lse, const float* __restrict__ lse_r,
+        const float* __restrict__ klv, int width, int lo, int vec, int kl, float kl_coef) {
+    const i64 i = blockIdx.x;
+    float* row = z + i * width;
+    const float* rrow = kl ? zr + i * width : row;
+    const float w = wt[i], l = lse[i];
+    const float lr = kl ? lse_r[i] : 0.0f, k = kl ? klv[i] : 0.0f, kw = kl_coef * fabsf(w);
+    const int tc = tgt[i] - lo;
+    auto grad = [&](int c, float x, float xr) {
+        const float logp = x - l;
+        const float p = expf(logp);
+        float d = p * w;
+        if (c == tc) d -= w;
+        if (kl) d += kw * p * ((logp - (xr - lr)) - k);
+        return d;
+    };
+    int c0 = 0;
+    if (vec) {
+        const int w4 = width / 4;
+        for (int c = threadIdx.x; c < w4; c += blockDim.x) {
+            const float4 a = ((const float4*)row)[c], b = ((const float4*)rrow)[c];
+            ((float4*)row)[c] = make_float4(grad(4 * c, a.x, b.x), grad(4 * c + 1, a.y, b.y),
+                                            grad(4 * c + 2, a.z, b.z), grad(4 * c + 3, a.w, b.w));
+        }
+        c0 = 4 * w4;
+    }
+    for (int c = c0 + threadIdx.x; c < width; c += blockDim.x) row[c] = grad(c, row[c], rrow[c]);
+}
+"""
+)
+
+SOURCE = KernelSource(name="cross_entropy", code=_CUDA_SOURCE, kernels=("ce_stats", "ce_finish", "ce_grad"))
+SOURCES = (SOURCE,)
+
+THREADS = 256
+MIN_CHUNK = 256  # vocabulary columns per chunk at least (a GEMM narrower than this wastes the GPU)
+
+
+def _vocab_blocks(rt: Runtime, w: Any, cols: int):
+    """(lo, hi, block) over the vocabulary rows of w, each at most `cols` rows: slices of an array,
+    or of the blocks of a lazy view's `row_chunks()`."""
+    for lo0, hi0, blk in row_chunks(w):
+        blk = weight_operand(rt, blk, "output weight")
+        for lo in range(lo0, hi0, cols):
+            hi = min(hi0, lo + cols)
+            yield lo, hi, blk[lo - lo0 : hi - lo0]
+
+
+def _label_rows(rt: Runtime, targets: Any, weights: Any) -> tuple[Any, Any, Any, int]:
+    """(rows, targets, weights) of the label rows on the device (int64, int32, float32) and their count."""
+    xp = rt.xp
+    if array_module(targets) is np:
+        t = np.asarray(targets).reshape(-1)
+        rows = np.flatnonzero(t >= 0)
+        wt = np.asarray(weights, dtype=np.float32).reshape(-1)[rows]
+        return xp.asarray(rows), xp.asarray(t[rows].astype(np.int32)), xp.asarray(wt), int(rows.size)
+    t = targets.reshape(-1)
+    rows = xp.flatnonzero(t >= 0)  # one device sync: the count sizes every buffer below
+    wt = xp.asarray(weights).reshape(-1)[rows].astype(xp.float32)
+    return rows, xp.ascontiguousarray(t[rows].astype(xp.int32)), xp.ascontiguousarray(wt), int(rows.size)
+
+
+def lm_head_loss_on(
+    rt: Runtime,
+    h: Any,
+    w: Any,
+    targets: Any,
+    weights: Any,
+    *,
+    lora: LoraTerm | None = None,
+    tied_lora: LoraTerm | None = None,
+    need_dw: bool = False,
+    max_logits_bytes: int = 16 << 20,
+    min_rows: int = 128,
+    h_ref: Any = None,
+    w_ref: Any = None,
+    kl_coef: float = 0.0,
+    backward: bool = True,
+):
+    """`lm_head_loss` on a runtime (`min_rows` is the reference's row blocking; the twin streams
+    the vocabulary over all label rows at once and ignores it)."""
+    xp = rt.xp
+    h = f32_input(rt, h, "hidden states h")
+    N, C = h.shape
+    V = int(w.shape[0])
+    kl = bool(kl_coef) and h_ref is not None
+    rows, tgt, wt, n = _label_rows(rt, targets, weights)
+    if lora is not None:
+        lora = LoraTerm(f32_input(rt, lora.A, "LoRA A"), f32_input(rt, lora.B, "LoRA B"), float(lora.s))
+    if tied_lora is not None:
+        A_t = f32_input(rt, tied_lora.A, "tied LoRA A")
+        tied_lora = LoraTerm(A_t, f32_input(rt, tied_lora.B, "tied LoRA B"), float(tied_lora.s))
+    dh = xp.zeros((N, C), dtype=xp.float32)
+    grads: dict[str, Any] = {"W": None, "lora": None, "tied_lora": None}
+    if need_dw:
+        grads["W"] = xp.zeros((V, C), dtype=xp.float32)
+    if lora is not None:
+        grads["lora"] = (xp.zeros(lora.A.shape, dtype=xp.float32), xp.zeros(lora.B.shape, dtype=xp.float32))
+    if tied_lora is not None:
+        shapes = (tied_lora.A.shape, tied_lora.B.shape)
+        grads["tied_lora"] = tuple(xp.zeros(s, dtype=xp.float32) for s in shapes)
+    out = xp.zeros(2, dtype=xp.float64)
+    if n == 0:
+        return out[0], (out[1], 0), dh, grads
+
+    hc = xp.ascontiguousarray(h[rows])  # (n, C)
+    hr = xp.ascontiguousarray(f32_input(rt, h_ref, "reference hidden states h_ref")[rows]) if kl else None
+    ha = hb = None
+    if lora is not None:
+        ha = xp.empty((n, lora.A.shape[0]), dtype=xp.float32)
+        rt.gemm(hc, lora.A, ha, trans_b=True)  # (n, r)
+    if tied_lora is not None:
+        hb = xp.empty((n, tied_lora.B.shape[1]), dtype=xp.float32)
+        rt.gemm(hc, tied_lora.B, hb)  # (n, r)
+    cols = max(MIN_CHUNK, int(max_logits_bytes // (4 * n)) // 64 * 64)
+    buf = xp.empty(n * min(cols, V), dtype=xp.float32)
+    buf_r = xp.empty(n * min(cols, V), dtype=xp.float32) if kl else None
+    bf16_cache: dict[str, Any] = {}
+
+    def operand(x, key, block):  # x rounded to bf16 once, for a bf16 head
+        if block.dtype.name != "uint16":
+            return x
+        if key not in bf16_cache:
+            bf16_cache[key] = to_bf16(rt, x)
+        return bf16_cache[key]
+
+    same_head = w_ref is w or (getattr(w_ref, "name", None) or 0) == getattr(w, "name", None)
+
+    def ref_block(lo, hi, blk):
+        if same_head:
+            return blk
+        if hasattr(w_ref, "dtype"):
+            return weight_operand(rt, w_ref, "reference output weight")[lo:hi]
+        raise ValueError("the KL reference head must be the output weight itself or an array")
+
+    def logits(lo, hi, blk):
+        width = hi - lo
+        z = buf[: n * width].reshape(n, width)
+        rt.gemm(operand(hc, "h", blk), blk, z, trans_b=True)
+        if lora is not None:
+            rt.gemm(ha, lora.B[lo:hi], z, trans_b=True, alpha=lora.s, beta=1.0)
+        if tied_lora is not None:
+            rt.gemm(hb, tied_lora.A[lo:hi], z, trans_b=True, alpha=tied_lora.s, beta=1.0)
+        zr = None
+        if kl:
+            rblk = ref_block(lo, hi, blk)
+            zr = buf_r[: n * width].reshape(n, width)
+            rt.gemm(operand(hr, "h_ref", rblk), rblk, zr, trans_b=True)
+        return z, zr
+
+    f32 = xp.float32
+    m = xp.full(n, -np.inf, dtype=f32)
+    s = xp.zeros(n, dtype=f32)
+    zt = xp.zeros(n, dtype=f32)
+    mr = xp.full(n, -np.inf, dtype=f32)
+    sr, ez, ezr = (xp.zeros(n, dtype=f32) for _ in range(3))
+    for lo, hi, blk in _vocab_blocks(rt, w, cols):
+        z, zr = logits(lo, hi, blk)
+        vec = np.int32((hi - lo) % 4 == 0 and aligned16(rt, z, zr))
+        args = (z, z if zr is None else zr, tgt, np.int32(hi - lo), np.int32(lo), vec, np.int32(kl))
+        rt.launch(SOURCE, "ce_stats", (n,), (THREADS,), (*args, m, s, zt, mr, sr, ez, ezr))
+    lse, lse_r, klv = (xp.empty(n, dtype=f32) for _ in range(3))
+    args = (m, s, zt, wt, mr, sr, ez, ezr, np.int32(n), np.int32(kl), np.float32(kl_coef))
+    rt.launch(SOURCE, "ce_finish", (1,), (THREADS,), (*args, lse, lse_r, klv, out))
+    if not backward:
+        return out[0], (out[1], n), dh, grads
+
+    dhc = xp.zeros((n, C), dtype=f32)
+    dzB = xp.zeros((n, lora.B.shape[1]), dtype=f32) if lora is not None else None
+    dzA = xp.zeros((n, tied_lora.A.shape[1]), dtype=f32) if tied_lora is not None else None
+    for lo, hi, blk in _vocab_blocks(rt, w, cols):
+        z, zr = logits(lo, hi, blk)
+        width = hi - lo
+        vec = np.int32(width % 4 == 0 and aligned16(rt, z, zr))
+        args = (z, z if zr is None else zr, tgt, wt, lse, lse_r, klv, np.int32(width), np.int32(lo), vec)
+        rt.launch(SOURCE, "ce_grad", (n,), (THREADS,), (*args, np.int32(kl), np.float32(kl_coef)))
+        dz = z
+        if blk.dtype.name == "uint16":
+            rt.gemm(to_bf16(rt, dz), blk, dhc, beta=1.0)  # dh += dz W (bf16 x bf16, fp32 sums)
+        else:
+            rt.gemm(dz, blk, dhc, beta=1.0)
+        if need_dw:
+            rt.gemm(dz, hc, grads["W"][lo:hi], trans_a=True)  # dW = dz^T h
+        if lora is not None:
+            rt.gemm(dz, lora.B[lo:hi], dzB, beta=1.0)
+            rt.gemm(dz, ha, grads["lora"][1][lo:hi], trans_a=True, alpha=lora.s)  # dB = s dz^T (h A^T)
+        if tied_lora is not None:
+            rt.gemm(dz, tied_lora.A[lo:hi], dzA, beta=1.0)
+            dA_t = grads["tied_lora"][0][lo:hi]
+            rt.gemm(dz, hb, dA_t, trans_a=True, alpha=tied_lora.s)  # dA = s dz^T (h B)
+    if lora is not None:
+        rt.gemm(dzB, lora.A, dhc, alpha=lora.s, beta=1.0)  # dh += s (dz B) A
+        rt.gemm(dzB, hc, grads["lora"][0], trans_a=True, alpha=lora.s)  # dA = s (dz B)^T h
+    if tied_lora is not None:
+        rt.gemm(dzA, tied_lora.B, dhc, trans_b=True, alpha=tied_lora.s, beta=1.0)  # dh += s (dz A) B^T
+        rt.gemm(hc, dzA, grads["tied_lora"][1], trans_a=True, alpha=tied_lora.s)  # dB = s h^T (dz A)
+    dh[rows] = dhc
+    return out[0], (out[1], n), dh, grads
+
+
+def lm_head_loss(
+    h: Any,
+    w: Any,
+    targets: Any,
+    weights: Any,
+    *,
+    lora: LoraTerm | None = None,
+    tied_lora: LoraTerm | None = None,
+    need_dw: bool = False,
+    max_logits_bytes: int = 16 << 20,
+    min_rows: int = 128,
+    h_ref: Any = None,
+    w_ref: Any = None,
+    kl_coef: float = 0.0,
+    backward: bool = True,
+):
+    """CUDA twin of `lm_head_loss_ref`: (loss, (ce_sum, n_tokens), dh, grads), loss and ce_sum as 0-d
+    float64 device arrays (read them when needed: a read waits for the GPU)."""
+    return lm_head_loss_on(
+        runtime_for(h, "lm_head_loss"),
+        h,
+        w,
+        targets,
+        weights,
+        lora=lora,
+        tied_lora=tied_lora,
+        need_dw=need_dw,
+        max_logits_bytes=max_logits_bytes,
+        min_rows=min_rows,
+        h_ref=h_ref,
+        w_ref=w_ref,
+        kl_coef=kl_coef,
+        backward=backward,
+    )

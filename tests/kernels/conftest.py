@@ -35,3 +35,17 @@ def fresh_rng() -> np.random.Generator:
     seed = int(np.random.SeedSequence().entropy % 2**63)
     print(f"rng seed {seed}")
     return np.random.default_rng(seed)
+
+
+@pytest.fixture(params=["emulated", pytest.param("gpu", marks=pytest.mark.gpu)])
+def backend(request):
+    """Where a CUDA twin runs in a parity test: the g++ emulator (any machine), or the GPU (skipped
+    where there is none). See tests/kernels/twin.py."""
+    from tests.kernels.emulate import compiler
+    from tests.kernels.twin import Backend
+
+    if request.param == "gpu":
+        return Backend("gpu", request.getfixturevalue("gpu"))
+    if compiler() is None:
+        pytest.skip("the kernel emulator needs g++")
+    return Backend("emulated")

@@ -1,0 +1,296 @@
+"""Speed of the engine's CUDA kernels on this machine's GPU, against ceilings measured on the same GPU.
+
+Prints figures; never passes or fails on speed. Run it as bench/gpu_check.py says (the same wheels
+and PYTHONPATH on a device machine); it fits one 10-minute device call.
+
+1. Ceilings, measured first: a bf16 matrix product (cuBLAS gemmEx through the engine's own
+   `CudaRuntime.gemm`, 8192 x 8192 x 8192, random data, fp32 accumulation) in TFLOP/s; the same in
+   fp32 (CUBLAS_COMPUTE_32F_PEDANTIC, the engine's fp32 GEMMs); a 1 GiB device-to-device copy in
+   GB/s, counting bytes read plus bytes written.
+2. Each kernel, through its twin as the engine calls it (allocations and launches included), at
+   a Llama-3-8B-shaped size (B*T = 4096 tokens, C = 4096, 32 query / 8 KV heads of 128, FFN 14336,
+   vocabulary 128256, bf16 frozen weights, LoRA rank 16 everywhere): the median of --repeats CUDA-
+   event timings after warm-up, on random data; the work it must do (bytes for memory-bound
+   kernels, FLOPs for matrix ones); the achieved GB/s or TFLOP/s; the floor (work over the matching
+   ceiling) and the time over that floor. The attention kernels run on CUDA cores in fp32, so
+   their TFLOP/s are also shown against the bf16 ceiling only for scale.
+3. End to end: a hook (`end_to_end_rows`) for whole training steps, empty until the engine runs
+   on a GPU; its rows join the same table.
+
+    python bench/gpu.py [--repeats 20] [--only attention lm_head ...] [--tokens 4096]
+
+Writes the table and all figures to $OUT/gpu.txt and $OUT/gpu.json when $OUT is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+
+
+@dataclass
+class Row:
+    name: str  # what ran
+    shape: str  # at what size
+    ms: float  # median time per call
+    work: float  # bytes moved (kind "GB/s") or FLOPs (kind "TFLOP/s")
+    kind: str  # "GB/s" or "TFLOP/s"
+    rate: float = 0.0  # achieved, in `kind`
+    floor_ms: float = 0.0  # work over the matching ceiling
+    note: str = ""
+
+
+def timed(cp, fn: Callable[[], object], repeats: int, warmup: int = 3) -> float:
+    """Median milliseconds of fn() over `repeats` runs, each between two CUDA events."""
+    for _ in range(warmup):
+        fn()
+    cp.cuda.get_current_stream().synchronize()
+    times = []
+    for _ in range(repeats):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+    return statistics.median(times)
+
+
+def ceilings(cp, rt, repeats: int) -> dict[str, float]:
+    """Measured bf16 and fp32 GEMM TFLOP/s and device-to-device copy GB/s."""
+    from engine.kernels.linear import to_bf16
+
+    rng = cp.random.default_rng(1)
+    n = 8192
+    a16 = to_bf16(rt, rng.standard_normal((n, n), dtype=cp.float32))
+    b16 = to_bf16(rt, rng.standard_normal((n, n), dtype=cp.float32))
+    c = cp.empty((n, n), cp.float32)
+    ms = timed(cp, lambda: rt.gemm(a16, b16, c, trans_b=True), repeats)
+    bf16 = 2 * n**3 / ms / 1e9
+    m = 4096
+    a32 = rng.standard_normal((m, m), dtype=cp.float32)
+    b32 = rng.standard_normal((m, m), dtype=cp.float32)
+    c32 = cp.empty((m, m), cp.float32)
+    ms32 = timed(cp, lambda: rt.gemm(a32, b32, c32, trans_b=True), max(3, repeats // 4))
+    fp32 = 2 * m**3 / ms32 / 1e9
+    size = 1 << 30
+    src = cp.full(size, 7, cp.uint8)
+    dst = cp.empty_like(src)
+    stream = cp.cuda.get_current_stream().ptr
+
+    def copy():
+        cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, size, 3, stream)  # 3: device to device
+
+    ms = timed(cp, copy, repeats)
+    return {"bf16_tflops": bf16, "fp32_tflops": fp32, "copy_gbs": 2 * size / ms / 1e6}
+
+
+def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row]:
+    """Each twin at a Llama-3-8B-shaped size (see the module docstring)."""
+    from engine.kernels import adamw, attention, cross_entropy, embedding, linear, norm, rope, swiglu
+    from engine.kernels.linear import LoraTerm
+
+    C, NH, NKV, HS, F, V, r = 4096, 32, 8, 128, 14336, 128256, 16
+    B = 2
+    T = N // B
+    rng = cp.random.default_rng(2)
+
+    def rnd(*shape, scale=1.0):
+        return rng.standard_normal(shape, dtype=cp.float32) * np.float32(scale)
+
+    rows: list[Row] = []
+
+    def want(key: str) -> bool:
+        return not only or key in only
+
+    def add(name, shape, fn, work, kind, note=""):
+        ms = timed(cp, fn, repeats)
+        rows.append(Row(name, shape, ms, float(work), kind, note=note))
+        print(f"  {name:<28} {shape:<32} {ms:9.3f} ms", flush=True)
+
+    if want("norm"):
+        x, w, dy = rnd(N, C), rnd(C), rnd(N, C)
+        _, cache = norm.rmsnorm_forward(x, w, 1e-5)
+        add("rmsnorm_forward", f"({N}, {C})", lambda: norm.rmsnorm_forward(x, w, 1e-5), 12 * N * C, "GB/s")
+        fn = lambda: norm.rmsnorm_backward(dy, cache, w)  # noqa: E731
+        add("rmsnorm_backward", f"({N}, {C})", fn, 12 * N * C, "GB/s")
+        qh, wh = rnd(N * NH, HS), rnd(HS)
+        fn = lambda: norm.rmsnorm_forward(qh, wh, 1e-5)  # noqa: E731
+        add("rmsnorm_forward (q heads)", f"({N * NH}, {HS})", fn, 12 * N * NH * HS, "GB/s")
+    if want("rope"):
+        q = rnd(B, T, NH, HS)
+        pos = np.tile(np.arange(T), (B, 1))
+        cos, sin = (cp.asarray(a) for a in rope.rope_angles(pos, HS, 500000.0))
+        for style in ("norm", "neox"):
+            fn = lambda s=style: rope.rope_forward(q, cos, sin, s)  # noqa: E731
+            add(f"rope_forward {style}", f"({B}, {T}, {NH}, {HS})", fn, 8 * q.size, "GB/s")
+    if want("swiglu"):
+        g, u, dh = rnd(N, F, scale=2.0), rnd(N, F), rnd(N, F)
+        _, cache = swiglu.swiglu_forward(g, u)
+        add("swiglu_forward", f"({N}, {F})", lambda: swiglu.swiglu_forward(g, u), 12 * N * F, "GB/s")
+        add("swiglu_backward", f"({N}, {F})", lambda: swiglu.swiglu_backward(dh, cache), 20 * N * F, "GB/s")
+    if want("embedding"):
+        table = linear.to_bf16(rt, rnd(V, C))
+        tokens = cp.asarray(np.random.default_rng(3).integers(0, V, (B, T)))
+        lora = LoraTerm(rnd(V, r), rnd(C, r, scale=0.01), 2.0)
+        fn = lambda: embedding.get_rows_on(rt, table, tokens)  # noqa: E731
+        add("get_rows bf16", f"{N} of ({V}, {C})", fn, 6 * N * C, "GB/s")
+        dx = rnd(B, T, C)
+        _, cache = embedding.embedding_forward(table, tokens, lora)
+        fn = lambda: embedding.embedding_backward(dx, cache)  # noqa: E731
+        add("embedding_backward LoRA", f"{N} x ({V}, r {r})", fn, 4 * N * C + 8 * N * r, "GB/s",
+            note="scatter-add of (N, r) rows; dB GEMM")  # fmt: skip
+        dW = cp.zeros((V, C), cp.float32)
+        fn = lambda: embedding.scatter_add_rows_on(rt, dW, tokens, dx)  # noqa: E731
+        add("scatter_add_rows", f"{N} rows of {C}", fn, 12 * N * C, "GB/s", note="rows + distinct rows r/w")
+    if want("linear"):
+        x = rnd(B, T, C)
+        add("f32_to_bf16", f"({N}, {C})", lambda: linear.to_bf16(rt, x), 6 * N * C, "GB/s")
+        for n_out, label in ((C, "attn_q"), (F, "ffn_up")):
+            w16 = linear.to_bf16(rt, rnd(n_out, C, scale=C**-0.5))
+            lo = LoraTerm(rnd(r, C, scale=0.01), rnd(n_out, r, scale=0.01), 2.0)
+            _, cache = linear.linear_forward(x, w16, None, lo)
+            dy = rnd(B, T, n_out)
+            flops = 2 * N * C * n_out
+            shape = f"({N}, {C}) x ({n_out}, {C})"
+            fn = lambda w=w16, lo=lo: linear.linear_forward(x, w, None, lo)  # noqa: E731
+            add(f"linear_forward bf16 {label}", shape, fn, flops + 4 * N * r * (C + n_out), "TFLOP/s",
+                note="+ LoRA r16 fp32, x cast to bf16")  # fmt: skip
+            fn = lambda w=w16, c=cache, d=dy: linear.linear_backward(d, c, w)  # noqa: E731
+            add(f"linear_backward bf16 {label}", shape, fn, flops + 8 * N * r * (C + n_out), "TFLOP/s",
+                note="dx + LoRA grads")  # fmt: skip
+    if want("attention"):
+        q, k, v = rnd(B, T, NH, HS), rnd(B, T, NKV, HS), rnd(B, T, NKV, HS)
+        pos = np.tile(np.arange(T), (B, 1))
+        mask = cp.asarray(attention.attention_mask(pos, pos))
+        visible = B * NH * T * (T + 1) / 2
+        y, cache = attention.attention_forward(q, k, v, mask, HS**-0.5)
+        dy = rnd(*y.shape)
+        shape = f"B {B} T {T} NH {NH} NKV {NKV} HS {HS}"
+        fn = lambda: attention.attention_forward(q, k, v, mask, HS**-0.5)  # noqa: E731
+        add("attention_forward", shape, fn, 4 * visible * HS, "TFLOP/s", note="fp32 SIMT; causal")
+        fn = lambda: attention.attention_backward(dy, cache)  # noqa: E731
+        add("attention_backward", shape, fn, 14 * visible * HS, "TFLOP/s", note="fp32 SIMT; 7 products")
+    if want("lm_head"):
+        h = rnd(N, C)
+        w16 = linear.to_bf16(rt, rnd(V, C, scale=C**-0.5))
+        targets = np.random.default_rng(4).integers(0, V, N)
+        weights = np.ones(N, np.float32)
+        lo = LoraTerm(rnd(r, C, scale=0.01), rnd(V, r, scale=0.01), 2.0)
+        flops = 2 * N * C * V
+        shape = f"({N}, {C}) x ({V}, {C}) bf16"
+        fn = lambda: cross_entropy.lm_head_loss(h, w16, targets, weights, lora=lo, backward=False)  # noqa: E731
+        add("lm_head_loss forward", shape, fn, flops, "TFLOP/s", note="1 GEMM pass + stats, LoRA")
+        fn = lambda: cross_entropy.lm_head_loss(h, w16, targets, weights, lora=lo)  # noqa: E731
+        add("lm_head_loss fwd+bwd", shape, fn, 3 * flops, "TFLOP/s", note="3 GEMM passes, LoRA")
+    if want("adamw"):
+        shapes = []
+        for _ in range(32):
+            for n_in, n_out in ((C, C), (C, 1024), (C, 1024), (C, C), (C, F), (C, F), (F, C)):
+                shapes += [(r, n_in), (n_out, r)]
+        params = [rnd(*s) for s in shapes]
+        grads = [rnd(*s, scale=1e-3) for s in shapes]
+        m = [cp.zeros(s, cp.float32) for s in shapes]
+        v = [cp.zeros(s, cp.float32) for s in shapes]
+        n = sum(int(p.size) for p in params)
+        step = [0]
+        hyper = dict(lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, gclip=0.0, max_grad_norm=1.0)
+
+        def adam():
+            step[0] += 1
+            adamw.adamw_step(params, grads, m, v, [step[0]] * len(params), [True] * len(params), **hyper)
+
+        add("adamw_step", f"{len(params)} tensors, {n / 1e6:.1f}M values", adam, 32 * n, "GB/s",
+            note="one host read per step")  # fmt: skip
+    return rows
+
+
+def end_to_end_rows(cp, repeats: int) -> list[Row]:
+    """Hook: whole training steps (forward, backward, optimizer) timed end to end.
+
+    Empty until the engine trains on a GPU. A row per model and batch shape: `Row(name, shape, ms,
+    work=FLOPs of the step (6 * trainable-path FLOPs, or the model's 2 * params * tokens * 3),
+    kind="TFLOP/s", note="tokens/s ...")`, timed with `timed(cp, step_fn, repeats)`.
+    """
+    return []
+
+
+def finish(rows: list[Row], ceil: dict[str, float]) -> None:
+    for row in rows:
+        if row.kind == "GB/s":
+            row.rate = row.work / row.ms / 1e6
+            row.floor_ms = row.work / ceil["copy_gbs"] / 1e6
+        else:
+            row.rate = row.work / row.ms / 1e9
+            ceiling = (
+                ceil["bf16_tflops"] if "bf16" in row.name or "lm_head" in row.name else ceil["fp32_tflops"]
+            )
+            if "attention" in row.name:
+                ceiling = ceil["bf16_tflops"]  # shown for scale: the kernels are fp32 SIMT
+            row.floor_ms = row.work / ceiling / 1e9
+
+
+def table(rows: list[Row], ceil: dict[str, float]) -> str:
+    lines = [
+        f"ceilings: bf16 GEMM {ceil['bf16_tflops']:.0f} TFLOP/s, fp32 GEMM {ceil['fp32_tflops']:.1f} "
+        f"TFLOP/s, device copy {ceil['copy_gbs']:.0f} GB/s (read + write)",
+        f"{'kernel':<30} {'shape':<36} {'ms':>9} {'achieved':>16} {'floor ms':>9} {'x floor':>8}  note",
+    ]
+    for r in rows:
+        over = r.ms / r.floor_ms if r.floor_ms else float("nan")
+        lines.append(
+            f"{r.name:<30} {r.shape[:36]:<36} {r.ms:>9.3f} {r.rate:>9.1f} {r.kind:<7}{r.floor_ms:>8.3f} "
+            f"{over:>8.1f}  {r.note}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--tokens", type=int, default=4096, help="B*T tokens (B = 2)")
+    ap.add_argument("--only", nargs="*", help="norm rope swiglu embedding linear attention lm_head adamw")
+    args = ap.parse_args()
+    try:
+        import cupy as cp
+
+        from engine.kernels.cuda import cuda_runtime
+
+        rt = cuda_runtime()
+        props = cp.cuda.runtime.getDeviceProperties(0)
+    except Exception as exc:  # noqa: BLE001
+        print(f"no usable CUDA GPU: {type(exc).__name__}: {exc}")
+        return 2
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    print(f"device: {name}, {props['multiProcessorCount']} SMs, L2 {props['l2CacheSize'] / 2**20:.0f} MiB")
+    t0 = time.perf_counter()
+    ceil = ceilings(cp, rt, args.repeats)
+    print(f"ceilings measured ({time.perf_counter() - t0:.0f} s): {ceil}", flush=True)
+    rows = kernel_rows(cp, rt, args.tokens, args.repeats, set(args.only) if args.only else None)
+    rows += end_to_end_rows(cp, args.repeats)
+    finish(rows, ceil)
+    text = table(rows, ceil)
+    out = os.environ.get("OUT")
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "gpu.txt"), "w") as f:
+            f.write(f"device {name}\n{text}\n")
+        with open(os.path.join(out, "gpu.json"), "w") as f:
+            json.dump({"device": name, "ceilings": ceil, "rows": [asdict(r) for r in rows]}, f, indent=1)
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

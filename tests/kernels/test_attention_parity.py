@@ -1,0 +1,93 @@
+"""Causal GQA attention's CUDA twin (flash-style) against `attention_forward_ref` /
+`attention_backward_ref` (float64): packed samples (mixed mask tiles), long plain causal rows (whole
+tiles visible and skipped), grouped heads, head sizes of every kernel instantiation (padded ones
+too), a KV cache's strided keys with fewer queries than keys; on the emulator and on a GPU (marker
+gpu). The CUDA cache keeps the log-sum-exp rows, not the probabilities."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.kernels import attention
+from tests.kernels.twin import FP32_TOL, Backend, Check, compare, f32, f64
+
+
+def _mask(rng, B, T, S, packed):
+    """Causal mask for T queries at the end of S keys, with 2 packed samples per row when asked."""
+    k_pos = np.tile(np.arange(S), (B, 1))
+    seg = np.zeros((B, S), int)
+    if packed:
+        for b in range(B):
+            cut = int(rng.integers(1, S - T + 1)) if S > T else int(rng.integers(1, S))
+            k_pos[b, cut:] = np.arange(S - cut)
+            seg[b, cut:] = 1
+    q_pos, q_seg = k_pos[:, S - T :], seg[:, S - T :]
+    return attention.attention_mask(q_pos, k_pos, q_seg, seg)
+
+
+def cases(large: bool):
+    # (B, T, S, NH, NKV, HS, packed, strided kv)
+    out = [
+        (2, 40, 40, 4, 2, 16, True, False),
+        (1, 70, 70, 2, 1, 8, False, False),  # 3 x 3 tiles: skipped, whole and mixed ones
+        (1, 37, 37, 2, 2, 36, True, False),  # HS padded to 64
+        (1, 20, 20, 2, 1, 132, False, False),  # HS padded to 256: shared tiles of 16 rows
+        (2, 3, 45, 4, 2, 12, True, True),  # decoding: few queries, keys from a larger cache
+    ]
+    if large:
+        out += [
+            (2, 1024, 1024, 32, 8, 128, True, False),
+            (1, 2048, 2048, 16, 16, 64, False, False),
+            (2, 256, 256, 8, 2, 256, True, False),
+            (4, 16, 1000, 32, 8, 128, False, True),
+        ]
+    return out
+
+
+def checks(be: Backend, rng: np.random.Generator) -> list[Check]:
+    out = []
+    for B, T, S, NH, NKV, HS, packed, strided in cases(be.large):
+        q = f32(rng, B, T, NH, HS)
+        S_cache = S + 11 if strided else S
+        k_all = f32(rng, B, S_cache, NKV, HS)
+        v_all = f32(rng, B, S_cache, NKV, HS)
+        k, v = k_all[:, :S], v_all[:, :S]  # views with a batch stride, as the KV cache gives
+        mask = _mask(rng, B, T, S, packed)
+        scale = HS**-0.5
+        dy = f32(rng, B, T, NH * HS)
+        case = f"B {B} T {T} S {S} NH {NH} NKV {NKV} HS {HS}{' packed' if packed else ''}"
+        case += " strided kv" if strided else ""
+
+        def run(rt, q=q, k_all=k_all, v_all=v_all, S=S, mask=mask, scale=scale, dy=dy):
+            kd, vd = be.put(k_all)[:, :S], be.put(v_all)[:, :S]
+            y, cache = attention.attention_forward_on(rt, be.put(q), kd, vd, be.put(mask), scale)
+            assert isinstance(cache, attention.FlashAttentionCache)
+            return y, attention.attention_backward_on(rt, be.put(dy), cache)
+
+        y, (dq, dk, dv) = be.twice(run, f"attention {case}")
+        yr, cr = attention.attention_forward_ref(f64(q), f64(k), f64(v), mask, scale)
+        dqr, dkr, dvr = attention.attention_backward_ref(f64(dy), cr)
+        out.append(compare("attention_forward", case, y, yr, FP32_TOL))
+        out.append(compare("attention_backward.dq", case, dq, dqr, FP32_TOL))
+        out.append(compare("attention_backward.dk", case, dk, dkr, FP32_TOL))
+        out.append(compare("attention_backward.dv", case, dv, dvr, FP32_TOL))
+    return out
+
+
+def test_attention_parity(backend, fresh_rng):
+    for c in checks(backend, fresh_rng):
+        assert c.ok, c.message
+
+
+def test_tile_classes(backend, fresh_rng):
+    """Each 32 x 32 mask tile is classed 0 (nothing visible), 1 (all visible) or 2 (mixed)."""
+    B, T = 1, 70
+    mask = _mask(fresh_rng, B, T, T, packed=False)
+    q = f32(fresh_rng, B, T, 2, 8)
+    kv = f32(fresh_rng, B, T, 1, 8)
+    _, cache = attention.attention_forward_on(
+        backend.rt, backend.put(q), backend.put(kv), backend.put(kv), backend.put(mask), 0.3
+    )
+    tiles = backend.get(cache.p.tiles)[0]
+    expect = np.array([[2, 0, 0], [1, 2, 0], [1, 1, 2]], np.uint8)
+    np.testing.assert_array_equal(tiles, expect)
