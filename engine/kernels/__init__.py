@@ -14,8 +14,8 @@ imports fine on a machine with none of them, and only a GPU backend ever calls a
 
 Ops: `dequant` (raw GGUF blocks to float32/bfloat16), `embedding`, `norm` (RMSNorm), `linear`
 (with LoRA), `rope`, `attention`, `swiglu`, `moe` (routing, experts, their backward),
-`cross_entropy` (the output head fused with the loss). `engine.model.ops` gives model code one
-name per op.
+`cross_entropy` (the output head fused with the loss), `adamw` (the multi-tensor optimizer step).
+`engine.model.ops` gives model code one name per op.
 """
 
 from .cuda import (
