@@ -1,7 +1,8 @@
 """`tune-studio`: starts the desktop app, optionally on the bundled demo model or a given file.
 
 `--screenshot DIR` opens each page in turn, writes DIR/<page>.png, and exits; with `--demo` it
-first trains the demo (150 steps) so that the Train page shows real curves.
+first trains the demo (150 steps) so that the Train page shows real curves. Otherwise the window
+first offers to restore the unsaved changes a crash left behind (`MainWindow.offer_recovery`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
         else None
     )
     window = MainWindow(settings)
+    if not args.screenshot:
+        # unsaved changes autosaved before a crash: offered before anything else is opened
+        window.show()
+        window.offer_recovery()
     if args.demo:
         # runs of the demo go to the user's data folder (or beside the screenshots), never into the install
         runs = (

@@ -2,12 +2,14 @@
 
 The editor shows a copy of the selected `Sample` and, on every change, builds the edited copy
 (`rebuild_sample`, which validates it) and emits `sig_edit(new, problems, key, description)`;
-the page turns that into an undoable command. `key` says which field changed and in which
-editing session, so consecutive keystrokes in one box merge into one undo step, while leaving
-the box starts a new one. When the sample changes underneath (undo, redo), `show_sample` puts
-the new values in the boxes, keeping the cursor where it was.
+the page turns that into an undoable edit of the `DatasetDocument`. `key` says which field
+changed and in which editing session, so consecutive keystrokes in one box merge into one undo
+step, while leaving the box starts a new one. Ctrl+Z / Ctrl+Shift+Z in a box undo and redo the
+document, not the box. When the sample changes underneath (undo, redo), `show_sample` puts the
+new values in the boxes, keeping the cursor where it was.
 
-What this module is not: it changes no dataset and keeps no history; the page does both.
+What this module is not: it changes no sample in the dataset (the page does, through the
+document) and keeps no history of its own.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import itertools
 from collections.abc import Callable
 
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QFocusEvent, QKeyEvent, QKeySequence, QUndoStack
+from PySide6.QtGui import QFocusEvent, QKeyEvent, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractSpinBox,
     QComboBox,
@@ -36,6 +38,7 @@ from PySide6.QtWidgets import (
 
 from engine import Sample
 
+from .dataset_document import DatasetDocument
 from .dataset_model import ROLES, rebuild_sample
 
 ROLE_TIPS = {
@@ -47,12 +50,14 @@ ROLE_TIPS = {
 
 
 class FieldEdit(QPlainTextEdit):
-    """A text box whose Ctrl+Z / Ctrl+Shift+Z go to the dataset's undo stack, and which says when
-    it loses focus (the end of an editing session)."""
+    """A text box whose Ctrl+Z / Ctrl+Shift+Z undo and redo the dataset document, and which says
+    when it loses focus (the end of an editing session)."""
 
-    def __init__(self, stack: QUndoStack, on_focus_out: Callable[[], None], parent: QWidget | None = None):
+    def __init__(
+        self, history: DatasetDocument, on_focus_out: Callable[[], None], parent: QWidget | None = None
+    ):
         super().__init__(parent)
-        self._stack, self._on_focus_out = stack, on_focus_out
+        self._history, self._on_focus_out = history, on_focus_out
         self.setUndoRedoEnabled(False)
         self.setTabChangesFocus(True)
 
@@ -69,10 +74,10 @@ class FieldEdit(QPlainTextEdit):
     def keyPressEvent(self, e: QKeyEvent) -> None:  # noqa: N802 - Qt override
         if e.matches(QKeySequence.Undo):
             self._on_focus_out()
-            self._stack.undo()
+            self._history.undo()
         elif e.matches(QKeySequence.Redo):
             self._on_focus_out()
-            self._stack.redo()
+            self._history.redo()
         else:
             super().keyPressEvent(e)
 
@@ -96,9 +101,13 @@ class AutoHeightEdit(FieldEdit):
     """A FieldEdit as tall as its text (between `min_lines` and `max_lines` lines)."""
 
     def __init__(
-        self, stack: QUndoStack, on_focus_out: Callable[[], None], min_lines: int = 2, max_lines: int = 14
+        self,
+        history: DatasetDocument,
+        on_focus_out: Callable[[], None],
+        min_lines: int = 2,
+        max_lines: int = 14,
     ):
-        super().__init__(stack, on_focus_out)
+        super().__init__(history, on_focus_out)
         self.min_lines, self.max_lines = min_lines, max_lines
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
         self.setLineWrapMode(QPlainTextEdit.WidgetWidth)
@@ -182,7 +191,7 @@ class TurnWidget(QFrame):
         self.up = self._button("↑", "Move this turn up")
         self.down = self._button("↓", "Move this turn down")
         self.remove = self._button("✕", "Remove this turn")
-        self.edit = AutoHeightEdit(editor.stack, editor.end_session)
+        self.edit = AutoHeightEdit(editor.history, editor.end_session)
         self.edit.setToolTip("The text of this turn. Control tokens such as <|im_end|> are read as tokens")
         top = QHBoxLayout()
         top.setContentsMargins(0, 0, 0, 0)
@@ -211,9 +220,9 @@ class SampleEditorWidget(QWidget):
 
     sig_edit = Signal(object, object, object, str)
 
-    def __init__(self, stack: QUndoStack, parent: QWidget | None = None):
+    def __init__(self, history: DatasetDocument, parent: QWidget | None = None):
         super().__init__(parent)
-        self.stack = stack
+        self.history = history  # what Ctrl+Z in a box undoes
         self.sample: Sample | None = None
         self.turns: list[TurnWidget] = []
         self._session = 0
@@ -271,10 +280,10 @@ class SampleEditorWidget(QWidget):
         self.turns_scroll.setWidget(turns_page)
 
         # prompt / response
-        self.prompt = FieldEdit(stack, self.end_session)
+        self.prompt = FieldEdit(history, self.end_session)
         self.prompt.setToolTip("The prompt (not trained unless 'train on prompt' is set)")
         self.prompt.textChanged.connect(lambda: self._field_changed("prompt"))
-        self.response = FieldEdit(stack, self.end_session)
+        self.response = FieldEdit(history, self.end_session)
         self.response.setToolTip("The response the model learns to write (trained)")
         self.response.textChanged.connect(lambda: self._field_changed("response"))
         prompt_page = QWidget()
@@ -286,7 +295,7 @@ class SampleEditorWidget(QWidget):
         pl.addWidget(self.response, 2)
 
         # text
-        self.text = FieldEdit(stack, self.end_session)
+        self.text = FieldEdit(history, self.end_session)
         self.text.setToolTip("Plain text: every token is trained (a BOS before it, an EOS after)")
         self.text.textChanged.connect(lambda: self._field_changed("text"))
         text_page = QWidget()

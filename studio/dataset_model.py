@@ -1,19 +1,21 @@
-"""The dataset being edited, as a Qt table model over a plain list of engine `Sample`s.
+"""The dataset being edited, as a Qt table model over a `DatasetDocument`.
 
-`SamplesModel` adapts the list (one row per sample, in file order) for views: position, file
-line, shape, first words, reward, token counts and problems. Token counts come from
-`engine.encode_samples` with the open model's tokenizer and chat template, cached per row and
-recomputed when that sample or the model changes; without a model they show "–".
-`SamplesFilterModel` sorts and searches it (all the text of a sample, case-insensitive).
-`rebuild_sample` makes an edited copy of a frozen `Sample` and validates it.
+`SamplesModel` adapts a document (one row per sample, in dataset order) for views: position, file
+line, shape, first words, reward, token counts and problems. It observes the document and turns
+its notifications into Qt's begin/end row signals; changes go to the document, never to the
+model. Token counts come from `engine.encode_samples` with the open model's tokenizer and chat
+template, cached per row and recomputed when that sample or the model changes; without a model
+they show "–". `SamplesFilterModel` sorts and searches it (all the text of a sample,
+case-insensitive). `rebuild_sample` makes an edited copy of a frozen `Sample` and validates it.
 
-What this module is not: it reads and writes no files (the page does, with the engine's
-`load_jsonl` / `save_jsonl`) and holds no undo history (see `studio.dataset_commands`).
+What this module is not: it holds no samples of its own, reads and writes no files and keeps no
+undo history (`studio.dataset_document.DatasetDocument` does all three).
 """
 
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,6 +43,8 @@ from engine import (
     parse_sample,
     sample_to_json,
 )
+
+from .dataset_document import DatasetChange, DatasetDocument
 
 SortRole = Qt.UserRole + 1  # a value that sorts (numbers as numbers, None first)
 NO_VALUE = "–"
@@ -160,11 +164,9 @@ class DatasetStats:
 
 
 class SamplesModel(QAbstractTableModel):
-    """A Qt table over a list of `Sample`s; the list is the data, this only adapts it.
-
-    Change it with `set_samples`, `insert_samples`, `remove_samples`, `move_sample`,
-    `set_sample` (the undo commands do). `sig_changed` fires after any change to samples,
-    problems or token counts.
+    """A Qt table over a `DatasetDocument` (a new, empty one when none is given): the document is
+    the data, this only adapts it and caches token counts. `sig_changed` fires after any change to
+    samples, problems or token counts.
     """
 
     COLUMNS = ("#", "Line", "Shape", "First words", "Reward", "Tokens", "Trained", "Problems")
@@ -182,15 +184,27 @@ class SamplesModel(QAbstractTableModel):
 
     sig_changed = Signal()
 
-    def __init__(self, samples: list[Sample] | tuple[Sample, ...] = (), parent: QObject | None = None):
+    def __init__(self, document: DatasetDocument | None = None, parent: QObject | None = None):
         super().__init__(parent)
-        self._rows: list[SampleRow] = [SampleRow(s) for s in samples]
+        self.document = document if document is not None else DatasetDocument()
+        self._rows: list[SampleRow] = [SampleRow(s, self.document.problems_for(s)) for s in self.document]
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
         self._options: EncodeOptions | None = None
         self._fill_timer = QTimer(self)
         self._fill_timer.setInterval(0)
         self._fill_timer.timeout.connect(self._fill_some)
+        # a listener that does not keep the model alive, and leaves with it
+        ref = weakref.ref(self)
+
+        def listener(change: DatasetChange) -> None:
+            model = ref()
+            if model is not None:
+                model._document_changed(change)
+
+        document_ = self.document
+        document_.subscribe(listener)
+        self.destroyed.connect(lambda *_: document_.unsubscribe(listener))
 
     # --- reading ------------------------------------------------------------------------------
     @property
@@ -333,89 +347,53 @@ class SamplesModel(QAbstractTableModel):
             self._fill_timer.stop()
             self.sig_changed.emit()
 
-    # --- changing -----------------------------------------------------------------------------
-    def set_samples(self, samples: list[Sample], problems: list[Problem] | tuple[Problem, ...] = ()) -> None:
-        """Replace everything; `problems` (from load_jsonl) attach to the samples on their lines."""
-        by_line: dict[int, list[Problem]] = {}
-        for p in problems:
-            by_line.setdefault(p.line, []).append(p)
-        self.beginResetModel()
-        self._rows = [SampleRow(s, list(by_line.get(s.line, [])) if s.line else []) for s in samples]
-        self.endResetModel()
+    # --- following the document ---------------------------------------------------------------
+    def _document_changed(self, change: DatasetChange) -> None:
+        """Mirror a change of the document in the rows (with the begin/end calls views need)."""
+        doc, kind = self.document, change.kind
+        if kind == "reset":
+            self.beginResetModel()
+            self._rows = [SampleRow(s, doc.problems_for(s)) for s in doc]
+            self.endResetModel()
+        elif kind == "inserted":
+            first, last = change.row, change.row + change.count - 1
+            rows = [SampleRow(s, doc.problems_for(s)) for s in map(doc.sample, range(first, last + 1))]
+            self.beginInsertRows(QModelIndex(), first, last)
+            self._rows[first:first] = rows
+            self.endInsertRows()
+            self._index_changed(first)
+        elif kind == "removed":
+            self.beginRemoveRows(QModelIndex(), change.row, change.row + change.count - 1)
+            del self._rows[change.row : change.row + change.count]
+            self.endRemoveRows()
+            self._index_changed(change.row)
+        elif kind == "moved":
+            src, dst = change.row, change.dest
+            # Qt wants the destination as "insert before this row" in the old numbering
+            self.beginMoveRows(QModelIndex(), src, src, QModelIndex(), dst + 1 if dst > src else dst)
+            self._rows.insert(dst, self._rows.pop(src))
+            self.endMoveRows()
+            self._index_changed(min(src, dst))
+        elif kind == "changed":
+            first, last = change.row, change.row + change.count - 1
+            for i in range(first, last + 1):
+                self._follow_sample(i)
+            self.dataChanged.emit(self.index(first, 0), self.index(last, self.columnCount() - 1))
+        else:
+            return
         self._start_fill()
         self.sig_changed.emit()
 
-    def insert_rows(self, row: int, rows: list[SampleRow]) -> None:
-        """Put row objects (with their caches) back at `row` (used by undo)."""
-        if not rows:
+    def _follow_sample(self, row: int) -> None:
+        r, new = self._rows[row], self.document.sample(row)
+        if new is r.sample:
             return
-        self.beginInsertRows(QModelIndex(), row, row + len(rows) - 1)
-        self._rows[row:row] = rows
-        self.endInsertRows()
-        self._index_changed(row)
-        self._start_fill()
-        self.sig_changed.emit()
-
-    def insert_samples(self, row: int, samples: list[Sample]) -> list[SampleRow]:
-        rows = []
-        for s in samples:
-            _, problems = parse_sample(sample_to_json(s), s.line)
-            rows.append(SampleRow(s, problems))
-        self.insert_rows(row, rows)
-        return rows
-
-    def take_rows(self, row: int, count: int) -> list[SampleRow]:
-        """Remove `count` rows from `row` and give back the row objects."""
-        if count <= 0:
-            return []
-        self.beginRemoveRows(QModelIndex(), row, row + count - 1)
-        taken = self._rows[row : row + count]
-        del self._rows[row : row + count]
-        self.endRemoveRows()
-        self._index_changed(row)
-        self.sig_changed.emit()
-        return taken
-
-    def move_sample(self, src: int, dst: int) -> None:
-        """Move the sample at `src` so that it ends up at position `dst`."""
-        if src == dst or not (0 <= src < len(self._rows) and 0 <= dst < len(self._rows)):
-            return
-        # Qt wants the destination as "insert before this row" in the old numbering
-        self.beginMoveRows(QModelIndex(), src, src, QModelIndex(), dst + 1 if dst > src else dst)
-        self._rows.insert(dst, self._rows.pop(src))
-        self.endMoveRows()
-        self._index_changed(min(src, dst))
-        self.sig_changed.emit()
-
-    def set_sample(self, row: int, sample: Sample, problems: list[Problem] | None = None) -> None:
-        """Replace one sample (keeping its file line); `problems` are its validation problems
-        (computed when not given)."""
-        r = self._rows[row]
-        if sample.line != r.sample.line:
-            sample = replace(sample, line=r.sample.line)
-        if problems is None:
-            _, problems = parse_sample(sample_to_json(sample), sample.line)
-        r.sample, r.problems = sample, list(problems)
-        r.encoded, r.encode_problems, r.encoded_ok = None, [], False
+        if replace(r.sample, line=new.line) == new:  # only its line in the file changed (a save)
+            r.encode_problems = [replace(p, line=new.line) for p in r.encode_problems]
+        else:
+            r.encoded, r.encode_problems, r.encoded_ok = None, [], False
+        r.sample, r.problems = new, self.document.problems_for(new)
         r.keys.clear()
-        self.dataChanged.emit(self.index(row, 0), self.index(row, self.columnCount() - 1))
-        self._start_fill()
-        self.sig_changed.emit()
-
-    def renumber_lines(self) -> None:
-        """After saving: each sample's line is its position + 1, as in the file just written."""
-        for i, r in enumerate(self._rows):
-            if r.sample.line != i + 1:
-                old = r.sample.line
-                r.sample = replace(r.sample, line=i + 1)
-                r.problems = [replace(p, line=i + 1) if p.line == old else p for p in r.problems]
-                r.encode_problems = [replace(p, line=i + 1) for p in r.encode_problems]
-                r.keys.clear()
-        if self._rows:
-            self.dataChanged.emit(
-                self.index(0, self.COL_LINE), self.index(len(self._rows) - 1, self.COL_LINE)
-            )
-        self.sig_changed.emit()
 
     def _index_changed(self, first: int) -> None:
         if first < len(self._rows):

@@ -2,16 +2,18 @@
 
 A table of the samples (sortable, searchable), the problems found in the file with their line
 numbers, an editor for the selected sample, and a token view showing which tokens the model is
-trained on, with the open model's tokenizer and chat template. Every change is undoable. Files
-are read with the engine's `load_jsonl` (a bad line is a problem, never a failure) and written
-with `save_jsonl` (a temporary file renamed into place, so a failed save leaves the file as it
-was). ShareGPT and Alpaca files open or import as conversations and are saved as "messages".
+trained on, with the open model's tokenizer and chat template. The samples live in a
+`DatasetDocument` (the window's, shared with the other pages, or the page's own): every change
+goes through it and is undoable with its history. Files are read with the engine's `load_jsonl`
+(a bad line is a problem, never a failure) and written with `save_jsonl` (a temporary file
+renamed into place, so a failed save leaves the file as it was). ShareGPT and Alpaca files open
+or import as conversations and are saved as "messages".
 
 The page keeps `project.dataset_path` up to date and opens the dataset a loaded project names.
 Errors are shown in the page, with what to do next, and emitted as `sig_error`.
 
-What this page is not: it does not train, split or pack (the engine does, from the saved
-file), and it keeps the dataset in memory (files of a few hundred thousand samples are fine).
+What this page is not: it holds no samples itself (the document does) and does not train, split
+or pack; the dataset is kept in memory (files of a few hundred thousand samples are fine).
 """
 
 from __future__ import annotations
@@ -23,13 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QItemSelection, QItemSelectionModel, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import (
-    QAction,
-    QDragEnterEvent,
-    QDropEvent,
-    QKeySequence,
-    QUndoStack,
-)
+from PySide6.QtGui import QAction, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
@@ -53,9 +49,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import ChatTemplate, DatasetError, EncodeOptions, Problem, Sample, load_jsonl, save_jsonl
+from engine import ChatTemplate, DatasetError, EncodeOptions, Problem, Sample, load_jsonl
 
-from .dataset_commands import EditSampleCommand, InsertSamplesCommand, MoveSampleCommand, RemoveSamplesCommand
+from .dataset_document import DatasetChange, DatasetDocument
 from .dataset_editor import SampleEditorWidget
 from .dataset_model import SampleRow, SamplesFilterModel, SamplesModel, new_sample
 from .dataset_tokens import TokenViewWidget, is_dark
@@ -129,19 +125,20 @@ class MessageBar(QFrame):
 
 class DatasetPage(QWidget):
     """The dataset editor. Public: open_path, save, save_as, import_path, set_model_info, actions(),
-    undo_stack, is_modified, path, model (SamplesModel), samples."""
+    undo, redo, document (DatasetDocument), is_modified, path, model (SamplesModel), samples."""
 
     sig_dataset_opened = Signal(str)  # a file was opened (its absolute path)
     sig_modified = Signal(bool)  # the dataset now differs (True) or not (False) from the file
     sig_error = Signal(str)  # an error, also shown in the page
     sig_saved = Signal(str)  # the dataset was written to this path
 
-    def __init__(self, project: Project, parent: QWidget | None = None):
+    def __init__(
+        self, project: Project, document: DatasetDocument | None = None, parent: QWidget | None = None
+    ):
         super().__init__(parent)
         self.project = project
-        self.path: str | None = None
+        self.document = document if document is not None else DatasetDocument()
         self.model_info: ModelInfo | None = None
-        self.skipped: list[Problem] = []  # errors on lines the table does not hold
         self._template: ChatTemplate | None = None
         self._problem_targets: list[tuple[SampleRow | None, int]] = []  # per Problems list row
         self._tokens_shown: tuple | None = None  # what the token view shows (not to render it twice)
@@ -151,9 +148,7 @@ class DatasetPage(QWidget):
         self.ask_unsaved: Callable[[], str] = self._ask_unsaved_dialog
         self.setAcceptDrops(True)
 
-        self._stack = QUndoStack(self)
-        self._stack.cleanChanged.connect(self._clean_changed)
-        self.model = SamplesModel(parent=self)
+        self.model = SamplesModel(self.document, parent=self)
         self.proxy = SamplesFilterModel(self)
         self.proxy.setSourceModel(self.model)
         self._refresh_timer = QTimer(self)
@@ -174,6 +169,16 @@ class DatasetPage(QWidget):
 
         project.subscribe(listener)
         self.destroyed.connect(lambda *_: project.unsubscribe(listener))
+
+        def document_listener(change: DatasetChange) -> None:
+            page = ref()
+            if page is not None:
+                page._document_changed(change)
+
+        document = self.document
+        document.subscribe(document_listener)
+        self.destroyed.connect(lambda *_: document.unsubscribe(document_listener))
+        self._update_history_actions()
         self._update_encoder()
         self.refresh()
 
@@ -233,19 +238,10 @@ class DatasetPage(QWidget):
         self.action_down = a(
             "Move down", "Down", "Move the selected sample down", lambda: self.move_current(1), "Alt+Down"
         )
-        self.action_undo = self._stack.createUndoAction(self, "Undo")
-        self.action_undo.setShortcuts([QKeySequence("Ctrl+Z")])
-        self.action_redo = self._stack.createRedoAction(self, "Redo")
-        self.action_redo.setShortcuts([QKeySequence("Ctrl+Shift+Z"), QKeySequence("Ctrl+Y")])
-        undo_tips = (
-            (self.action_undo, "Undo", "Undo the last change to the dataset (Ctrl+Z)"),
-            (self.action_redo, "Redo", "Redo the change just undone (Ctrl+Shift+Z)"),
+        self.action_undo = a("Undo", "Undo", "Undo the last change to the dataset", self.undo, "Ctrl+Z")
+        self.action_redo = a(
+            "Redo", "Redo", "Redo the change just undone", self.redo, "Ctrl+Shift+Z", "Ctrl+Y"
         )
-        for action, short, tip in undo_tips:
-            action.setIconText(short)
-            action.setToolTip(tip)
-            action.setShortcutContext(Qt.WidgetWithChildrenShortcut)
-            self.addAction(action)
         self.action_find = a("Find", "Find", "Search the samples' text", self.focus_search, "Ctrl+F")
         self._actions = [
             self.action_open,
@@ -384,7 +380,7 @@ class DatasetPage(QWidget):
         left.setSizes([380, 130])
 
         # editor
-        self.editor = SampleEditorWidget(self._stack)
+        self.editor = SampleEditorWidget(self.document)
         self.editor.sig_edit.connect(self._edited)
 
         upper = QSplitter(Qt.Horizontal)
@@ -416,16 +412,29 @@ class DatasetPage(QWidget):
         return list(self._actions)
 
     @property
-    def undo_stack(self) -> QUndoStack:
-        return self._stack
+    def path(self) -> str | None:
+        """The dataset's file (absolute), None for a new dataset."""
+        return self.document.path
+
+    @property
+    def skipped(self) -> list[Problem]:
+        """Errors on lines of the file that gave no sample (not in the table)."""
+        return self.document.skipped
 
     @property
     def is_modified(self) -> bool:
-        return not self._stack.isClean()
+        return self.document.dirty
 
     @property
     def samples(self) -> list[Sample]:
-        return self.model.samples
+        return self.document.samples()
+
+    def undo(self) -> None:
+        """Undo the last change to the dataset (the rows it touched are selected)."""
+        self.document.undo()
+
+    def redo(self) -> None:
+        self.document.redo()
 
     def set_model_info(self, info: ModelInfo | None) -> None:
         """Count and show tokens with this model's tokenizer and chat template (None: no model)."""
@@ -441,20 +450,14 @@ class DatasetPage(QWidget):
         if not self.may_discard_changes():
             return False
         try:
-            samples, problems = load_jsonl(path)
+            problems = self.document.open(path)  # the table, problems and editor follow (a reset)
         except (DatasetError, OSError) as exc:
             self.show_error(
                 f"The dataset could not be opened: {exc}",
                 "Choose a JSON Lines file (.jsonl) saved as UTF-8 text, with one JSON object per line.",
             )
             return False
-        lines = {s.line for s in samples}
-        self.skipped = [p for p in problems if p.line not in lines]
-        self.path = path
-        self.proxy.set_pinned(None)
-        self.model.set_samples(samples, problems)
-        self._stack.clear()
-        self._stack.setClean()
+        samples = self.document.samples()
         self.project.update(dataset_path=path)
         n_problems = len(problems)
         name = Path(path).name
@@ -473,9 +476,6 @@ class DatasetPage(QWidget):
             self.show_message("info", f"{name} holds no samples yet: add one with Add sample (Ctrl+Shift+N).")
         else:
             self.message.hide()
-        self.refresh()
-        if samples:
-            self.select_rows([0])
         self.sig_dataset_opened.emit(path)
         return True
 
@@ -512,12 +512,7 @@ class DatasetPage(QWidget):
             )
             return False
         imported = [replace(s, line=0) for s in samples]
-        row = self.model.rowCount()
-        self._stack.push(
-            InsertSamplesCommand(
-                self.model, row, imported, f"Import {len(imported)} samples from {name}", self.select_rows
-            )
-        )
+        self.document.insert(len(self.document), imported, f"Import {len(imported)} samples from {name}")
         skipped = ""
         if errors:
             listed = "; ".join(f"line {p.line}: {p.message}" for p in errors[:3])
@@ -607,9 +602,8 @@ class DatasetPage(QWidget):
                 "original file.)",
             ):
                 return False
-        samples = self.model.samples
         try:
-            save_jsonl(path, samples)
+            self.document.save(path)  # the lines are renumbered as in the file; clean
         except (DatasetError, OSError) as exc:
             self.show_error(
                 f"The dataset was not saved: {exc}",
@@ -617,11 +611,8 @@ class DatasetPage(QWidget):
                 "that the disk has room, or save somewhere else with Save As (Ctrl+Shift+S).",
             )
             return False
-        self.path = path
-        self.skipped = []
-        self.model.renumber_lines()
-        self._stack.setClean()
         self.project.update(dataset_path=path)
+        samples = self.document.samples()
         errors = self.model.stats().errors
         note = (
             f" {errors} sample(s) have errors (see Problems): training skips them until they are fixed."
@@ -682,27 +673,23 @@ class DatasetPage(QWidget):
         row = self.current_row()
         at = row + 1 if row >= 0 else self.model.rowCount()
         shape = {"messages": "conversation", "prompt": "prompt/response sample", "text": "text sample"}[kind]
-        self._stack.push(
-            InsertSamplesCommand(self.model, at, [new_sample(kind)], f"Add a {shape}", self.select_rows)
-        )
+        self.document.insert(at, [new_sample(kind)], f"Add a {shape}")
         self.editor.focus_first_field()
 
     def duplicate_selected(self) -> None:
         rows = self.selected_rows()
         if not rows:
             return
-        copies = [replace(self.model.sample(r), line=0) for r in rows]
+        copies = [replace(self.document.sample(r), line=0) for r in rows]
         what = "sample" if len(rows) == 1 else f"{len(rows)} samples"
-        self._stack.push(
-            InsertSamplesCommand(self.model, rows[-1] + 1, copies, f"Duplicate {what}", self.select_rows)
-        )
+        self.document.insert(rows[-1] + 1, copies, f"Duplicate {what}")
 
     def delete_selected(self) -> None:
         rows = self.selected_rows()
         if not rows:
             return
         what = "sample" if len(rows) == 1 else f"{len(rows)} samples"
-        self._stack.push(RemoveSamplesCommand(self.model, rows, f"Delete {what}", self.select_rows))
+        self.document.remove(rows, f"Delete {what}")
 
     def move_current(self, step: int) -> None:
         row = self.current_row()
@@ -710,7 +697,7 @@ class DatasetPage(QWidget):
         if row < 0 or not 0 <= dst < self.model.rowCount():
             return
         what = "up" if step < 0 else "down"
-        self._stack.push(MoveSampleCommand(self.model, row, dst, f"Move sample {what}", self.select_rows))
+        self.document.move(row, dst, f"Move sample {what}")
 
     def focus_search(self) -> None:
         self.search.setFocus()
@@ -720,12 +707,8 @@ class DatasetPage(QWidget):
         row = self.current_row()
         if row < 0:
             return
-        old = self.model.sample(row)
-        if new == old:
-            return
-        self._stack.push(
-            EditSampleCommand(self.model, row, old, new, problems, key, description, self.select_rows)
-        )
+        # the document validates the sample again for the table (`problems` are the editor's view)
+        self.document.edit(row, new, description, key=key)
 
     # --- problems -----------------------------------------------------------------------------
     def select_problem(self, item: QListWidgetItem) -> None:
@@ -890,9 +873,31 @@ class DatasetPage(QWidget):
         self.action_up.setEnabled(has and row > 0)
         self.action_down.setEnabled(has and row < self.model.rowCount() - 1)
 
-    def _clean_changed(self, clean: bool) -> None:
-        self._update_labels()
-        self.sig_modified.emit(not clean)
+    def _document_changed(self, change: DatasetChange) -> None:
+        """The document changed (the table model has followed already): keep the page in step."""
+        if change.kind == "reset":  # opened, or replaced (a recovered autosave)
+            self.proxy.set_pinned(None)
+            self.refresh()
+            if len(self.document):
+                self.select_rows([0])
+        elif change.kind == "history":
+            self._update_history_actions()
+            if change.rows:
+                self.select_rows(list(change.rows))
+        elif change.kind == "path":
+            self._update_labels()
+        elif change.kind == "dirty":
+            self._update_labels()
+            self.sig_modified.emit(self.document.dirty)
+
+    def _update_history_actions(self) -> None:
+        doc = self.document
+        for action, verb, can, what in (
+            (self.action_undo, "Undo", doc.can_undo(), doc.undo_text()),
+            (self.action_redo, "Redo", doc.can_redo(), doc.redo_text()),
+        ):
+            action.setEnabled(can)
+            action.setText(f"{verb} {_lower_first(what)}" if can and what else verb)
 
     def _search_changed(self, text: str) -> None:
         self.proxy.set_search(text)
@@ -960,6 +965,13 @@ class DatasetPage(QWidget):
         if event.type() == QEvent.PaletteChange:
             self._refresh_tokens()
         super().changeEvent(event)
+
+
+def _lower_first(text: str) -> str:
+    """ "Delete 2 samples" -> "delete 2 samples", to follow "Undo"; "LoRA ..." stays."""
+    if len(text) > 1 and text[1].isupper():
+        return text
+    return text[:1].lower() + text[1:]
 
 
 __all__ = ["DatasetPage", "MessageBar"]

@@ -1,16 +1,24 @@
 """The main window: one page per step of the work (Model, Dataset, Targets, Train, Rewards, Export)
 in a left navigation, the project's File menu, a status bar, and remembered state.
 
-The window owns the `Project`, the app's one engine worker (`studio.worker.Engine`: the open model,
-shared by every page) and the open model's `ModelInfo`, and hands them to the pages; the pages
-change the project and listen to it, and submit their engine work to the worker. Window geometry,
-the last page and recent files are kept with QSettings. Files dropped anywhere on the window open by
-type (.gguf model, .jsonl dataset, .json project).
+The window owns the `Project`, the dataset being edited (`window.dataset`, a `DatasetDocument`
+that the Dataset page edits and the other pages read), the app's one engine worker
+(`studio.worker.Engine`: the open model, shared by every page) and the open model's `ModelInfo`,
+and hands them to the pages; the pages change the project and listen to it, and submit their
+engine work to the worker. Window geometry, the last page and recent files are kept with
+QSettings. Files dropped anywhere on the window open by type (.gguf model, .jsonl dataset,
+.json project).
+
+Unsaved changes to the dataset and the project are copied to a recovery folder a few seconds after
+each change (`studio.autosave`); after a crash, `offer_recovery()` (called by the app at start)
+offers to restore them, through the replaceable `ask_restore` hook.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
@@ -29,6 +37,8 @@ from PySide6.QtWidgets import (
 
 from engine import human_bytes
 
+from .autosave import Autosave, Recovery, default_recovery_root
+from .dataset_document import DatasetChange, DatasetDocument
 from .dataset_page import DatasetPage
 from .export_page import ExportPage
 from .model_page import ModelPage
@@ -55,19 +65,29 @@ def process_memory_bytes(pid: int | str = "self") -> int | None:
 class MainWindow(QMainWindow):
     sig_model_changed = Signal(object)  # ModelInfo or None
 
-    def __init__(self, settings: QSettings | None = None, engine: Engine | None = None):
+    def __init__(
+        self,
+        settings: QSettings | None = None,
+        engine: Engine | None = None,
+        recovery_dir: str | os.PathLike[str] | None = None,
+    ):
+        """`recovery_dir`: where unsaved changes are autosaved; default AppDataLocation/recovery, or
+        beside the settings file when `settings` is an .ini file of its own (tests, screenshots)."""
         super().__init__()
         self.settings = settings or QSettings(SETTINGS_ORG, SETTINGS_APP)
         self.project = Project()
+        self.dataset = DatasetDocument()  # the samples being edited, read by every page
         self.engine = engine or Engine(self)
         self.model_info: ModelInfo | None = None
         self.confirm = self._ask  # replaced in tests: (title, text) -> bool
+        # replaced in tests: (title, text) -> True to restore an autosaved copy, False to discard it
+        self.ask_restore: Callable[[str, str], bool] = self._ask_restore
         self.setWindowTitle("Tune Studio")
         self.resize(1280, 820)
         self.setAcceptDrops(True)
 
         self.model_page = ModelPage(self.project, self.engine)
-        self.dataset_page = DatasetPage(self.project)
+        self.dataset_page = DatasetPage(self.project, self.dataset)
         self.targets_page = TargetsPage(self.project)
         self.train_page = TrainPage(self.project, self.engine)
         self.rewards_page = RewardsPage(self.project, self.engine)
@@ -107,14 +127,28 @@ class MainWindow(QMainWindow):
         self.dataset_page.sig_dataset_opened.connect(lambda p: self._add_recent("recent/datasets", p))
         self.train_page.sig_state_changed.connect(self._training_state)
         self.train_page.sig_run_finished.connect(self._run_finished)
-        # the Rewards page's "From dataset…" offers the dataset as edited, not only as saved
-        self.dataset_page.sig_modified.connect(
-            lambda _: self.rewards_page.set_dataset_samples(self.dataset_page.samples)
-        )
-        self.dataset_page.sig_dataset_opened.connect(
-            lambda _: self.rewards_page.set_dataset_samples(self.dataset_page.samples)
-        )
+        # the Rewards page's "From dataset…" offers the dataset as edited, not only as saved: it is
+        # told after each change (once per burst of changes, from the event loop)
+        self._dataset_to_rewards = QTimer(self)
+        self._dataset_to_rewards.setSingleShot(True)
+        self._dataset_to_rewards.setInterval(0)
+        self._dataset_to_rewards.timeout.connect(self._send_dataset_to_rewards)
+        self.dataset.subscribe(self._dataset_changed)
         self.project.subscribe(self._project_changed)
+
+        if recovery_dir is None:
+            own_file = self.settings.format() == QSettings.IniFormat
+            recovery_dir = (
+                os.path.join(os.path.dirname(os.path.abspath(self.settings.fileName())), "recovery")
+                if own_file
+                else default_recovery_root()
+            )
+        self.autosave = Autosave(self.dataset, self.project, recovery_dir, parent=self)
+        self.autosave.sig_failed.connect(
+            lambda msg: self.statusBar().showMessage(
+                f"Autosave failed: {msg}. Save your work (Ctrl+S) to keep it safe.", 15000
+            )
+        )
 
         self._build_menus()
         self._build_status_bar()
@@ -231,6 +265,15 @@ class MainWindow(QMainWindow):
         self.sig_model_changed.emit(info)
         self._update_title()
 
+    def _dataset_changed(self, change: DatasetChange) -> None:
+        if change.kind in ("reset", "inserted", "removed", "moved", "changed", "path"):
+            self._dataset_to_rewards.start()
+
+    def _send_dataset_to_rewards(self) -> None:
+        doc = self.dataset
+        # nothing opened or added: the Rewards page reads the project's dataset file itself
+        self.rewards_page.set_dataset_samples(doc.samples() if doc.path or len(doc) else None)
+
     def _project_changed(self, changed: set[str]) -> None:
         if "device" in changed:
             self.device_label.setText(
@@ -240,7 +283,7 @@ class MainWindow(QMainWindow):
 
     def _update_title(self) -> None:
         name = Path(self.project.path).name if self.project.path else "untitled project"
-        dirty = self.project.dirty or getattr(self.dataset_page, "is_modified", False)
+        dirty = self.project.dirty or self.dataset.dirty
         model = f" — {Path(self.project.model_path).name}" if self.project.model_path else ""
         self.setWindowTitle(f"Tune Studio — {name}{' *' if dirty else ''}{model}")
 
@@ -275,7 +318,7 @@ class MainWindow(QMainWindow):
 
     def save_all(self) -> bool:
         """Save the dataset if it changed, then the project (asking for a name the first time)."""
-        if getattr(self.dataset_page, "is_modified", False) and not self.dataset_page.save():
+        if self.dataset.dirty and not self.dataset_page.save():
             return False
         if self.project.path:
             return self._save_project(self.project.path)
@@ -299,7 +342,7 @@ class MainWindow(QMainWindow):
         return True
 
     def _maybe_save(self) -> bool:
-        dirty = self.project.dirty or getattr(self.dataset_page, "is_modified", False)
+        dirty = self.project.dirty or self.dataset.dirty
         if not dirty:
             return True
         return self.confirm(
@@ -384,6 +427,7 @@ class MainWindow(QMainWindow):
         if not self._maybe_save():
             event.ignore()
             return
+        self.autosave.close()  # a clean close: saved or discarded, so no copy is kept
         self.train_page.shutdown()
         self.rewards_page.shutdown()
         self.export_page.shutdown()
@@ -394,6 +438,70 @@ class MainWindow(QMainWindow):
         self.settings.setValue("main/state", self.saveState())
         self.settings.setValue("main/page", self.nav.currentRow())
         super().closeEvent(event)
+
+    # --- recovery after a crash -----------------------------------------------------------------
+    def offer_recovery(self) -> bool:
+        """Offer to restore the unsaved changes autosaved by windows that did not close (a crash),
+        newest first, through `ask_restore`: Restore puts them back (unsaved), Discard deletes the
+        copy. At most one copy is restored; the others wait for a later start. Call it once, at
+        start, before opening files. True when a copy was restored."""
+        restored = False
+        for recovery in self.autosave.pending():
+            if restored:
+                self.autosave.release(recovery)
+                continue
+            text = (
+                f"Tune Studio did not close properly last time. {recovery.describe()}\n\n"
+                "Restore them? Discard deletes this copy; the files you saved are not changed either way."
+            )
+            if not self.ask_restore("Restore unsaved changes?", text):
+                self.autosave.discard(recovery)
+                continue
+            try:
+                self._restore(recovery)
+            except ProjectError as exc:
+                self.autosave.release(recovery)  # left for a later start
+                self.statusBar().showMessage(f"The autosaved copy could not be restored: {exc}", 15000)
+                continue
+            self.autosave.adopt(recovery)
+            restored = True
+        return restored
+
+    def _restore(self, recovery: Recovery) -> None:
+        if recovery.project is not None:
+            Project().restore(recovery.project, recovery.project_path)  # ProjectError before any change
+        if recovery.samples is not None:
+            # first, so that the project's dataset_path names the open dataset and it is not read again
+            self.dataset.reset(
+                recovery.samples, recovery.dataset_path, saved=False, problems=recovery.skipped
+            )
+        if recovery.project is not None:
+            self.project.restore(recovery.project, recovery.project_path)
+            if self.project.model_path:
+                self.open_model(self.project.model_path)
+        elif recovery.samples is not None and recovery.dataset_path:
+            self.project.update(dataset_path=recovery.dataset_path)
+        when = time.strftime("%H:%M:%S", time.localtime(recovery.written))
+        if recovery.samples is not None:
+            self.dataset_page.show_message(
+                "info",
+                f"Restored {len(recovery.samples)} samples with the changes autosaved at {when}; they are "
+                "not saved yet: save (Ctrl+S) to keep them.",
+            )
+        self.statusBar().showMessage(f"Restored the unsaved changes autosaved at {when}", 8000)
+        self._update_title()
+
+    def _ask_restore(self, title: str, text: str) -> bool:
+        box = QMessageBox(self)
+        box.setIcon(QMessageBox.Question)
+        box.setWindowTitle(title)
+        box.setText(text)
+        restore = box.addButton("Restore", QMessageBox.AcceptRole)
+        box.addButton("Discard", QMessageBox.DestructiveRole)
+        box.setDefaultButton(restore)
+        box.setEscapeButton(restore)  # only an explicit Discard deletes the copy
+        box.exec()
+        return box.clickedButton() is restore
 
     def _about(self) -> None:
         QMessageBox.about(

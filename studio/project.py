@@ -4,7 +4,8 @@ A `Project` holds the model path, the dataset path, an optional chat-template fi
 training settings (an engine `TrainConfig`, targets included), and is saved as JSON. Pages change
 it with `project.update(...)` / `project.update_config(...)` and subscribe to hear about changes
 (`project.subscribe(callback)`, callback(changed: set[str])). No Qt here, so it is tested and used
-without a display; the main window turns its notifications into UI updates.
+without a display; the main window turns its notifications into UI updates. `to_json` and
+`restore` carry its state through the window's autosave (`studio.autosave`).
 
 `ModelInfo` is what the pages need to know about the open model without loading its weights:
 its summary (architecture, tensors), tokenizer and chat template. Reading one is fast (the
@@ -188,23 +189,35 @@ class Project:
             raise ProjectError(
                 f"{path}: not a project file (JSON error on line {exc.lineno}: {exc.msg})"
             ) from exc
+        self._take_json(data, path)
+        self.path = path
+        self.dirty = False
+        self._notify(set(self.FIELDS) | {"path"})
+
+    def restore(self, data: dict, path: str | None) -> None:
+        """Take the state of a recovered copy (`to_json()` written by the autosave): `path` is the
+        project file it was edited from (None: never saved); the project stays dirty until saved.
+        ProjectError when the copy is not a project."""
+        self._take_json(data, path or "the recovered project")
+        self.path = path
+        self.dirty = True
+        self._notify(set(self.FIELDS) | {"path"})
+
+    def _take_json(self, data: Any, source: str) -> None:
         if not isinstance(data, dict) or "config" not in data:
-            raise ProjectError(f"{path}: not a Tune Studio project (no 'config')")
+            raise ProjectError(f"{source}: not a Tune Studio project (no 'config')")
         if data.get("version", 1) > PROJECT_VERSION:
-            raise ProjectError(f"{path}: made by a newer Tune Studio (project version {data['version']})")
+            raise ProjectError(f"{source}: made by a newer Tune Studio (project version {data['version']})")
         try:
             config = TrainConfig.from_json(data["config"])
         except (TypeError, ValueError) as exc:
-            raise ProjectError(f"{path}: training settings are not valid ({exc})") from exc
+            raise ProjectError(f"{source}: training settings are not valid ({exc})") from exc
         self.model_path = data.get("model_path")
         self.dataset_path = data.get("dataset_path")
         self.template_file = data.get("template_file")
         self.output_dir = data.get("output_dir")
         self.config = config
         self.device = data.get("device") or config.device
-        self.path = path
-        self.dirty = False
-        self._notify(set(self.FIELDS) | {"path"})
 
     # --- derived ----------------------------------------------------------------------------
     def output_folder(self) -> str:

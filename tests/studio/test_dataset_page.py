@@ -10,11 +10,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
+from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl, qInstallMessageHandler
 from PySide6.QtGui import QDropEvent, QKeySequence
+from PySide6.QtTest import QAbstractItemModelTester
 from PySide6.QtWidgets import QApplication
 
 from engine import EncodeOptions, encode_samples, load_jsonl, sample_to_json
+from studio.dataset_document import DatasetDocument
 from studio.dataset_model import SamplesFilterModel, SamplesModel
 from studio.dataset_page import DatasetPage
 from studio.dataset_tokens import TOKEN_PROPERTY
@@ -76,7 +78,7 @@ def options(project: Project) -> EncodeOptions:
 
 def test_samples_model_passes_the_model_tester_with_and_without_a_model(qtmodeltester, info, project):
     samples, _ = load_jsonl(SAMPLE_DATA)
-    model = SamplesModel(samples)
+    model = SamplesModel(DatasetDocument(samples))
     qtmodeltester.check(model)
     assert model.index(0, SamplesModel.COL_TOKENS).data() == "–"
     model.set_encoder(info.tokenizer, info.template, options(project))
@@ -88,6 +90,38 @@ def test_samples_model_passes_the_model_tester_with_and_without_a_model(qtmodelt
     proxy.setSourceModel(model)
     proxy.set_search("lora")
     qtmodeltester.check(proxy)
+
+
+@pytest.mark.no_qt_log  # the tester's reports are read here (see below), not failed on wholesale
+def test_samples_model_follows_every_change_of_its_document(tmp_path):
+    reports: list[str] = []
+    previous = qInstallMessageHandler(lambda mode, context, message: reports.append(message))
+    try:
+        samples, _ = load_jsonl(SAMPLE_DATA)
+        doc = DatasetDocument(samples)
+        model = SamplesModel(doc)
+        # Qt's tester stays on and checks each begin/end signal against the rows
+        tester = QAbstractItemModelTester(model, QAbstractItemModelTester.FailureReportingMode.Warning)
+        doc.insert(2, [replace(samples[0], line=0), replace(samples[1], line=0)])
+        doc.remove([0, 3, 4, 8])
+        doc.move(0, 4)
+        doc.move(4, 1)
+        doc.edit(2, replace(doc.sample(2), reward=0.25))
+        for _ in range(5):
+            doc.undo()
+        doc.redo()
+        doc.save(tmp_path / "saved.jsonl")  # renumbers lines
+        doc.open(SAMPLE_DATA)
+        del tester
+    finally:
+        qInstallMessageHandler(previous)
+    assert model.samples == doc.samples() and model.rowCount() == len(doc)
+    lines = [model.index(r, SamplesModel.COL_LINE).data() for r in range(model.rowCount())]
+    assert lines == [str(i) for i in range(1, 8)]
+    # every failure the tester reports, but for its comparisons of column 0 beside rows that came or
+    # went: that column is the position ("#"), which renumbers by design (a dataChanged follows)
+    failures = [m for m in reports if m.startswith("FAIL")]
+    assert [m for m in failures if "(c.next)" not in m and "(c.last)" not in m] == []
 
 
 # --- opening and problems ---------------------------------------------------------------------
@@ -164,7 +198,7 @@ def test_unsaved_changes_are_not_discarded_without_asking(page, tmp_path):
     assert asked and page.is_modified and len(page.samples) == 6
     page.ask_unsaved = lambda: "discard"
     assert page.open_path(RWSFT_DATA)
-    assert not page.is_modified and page.undo_stack.count() == 0
+    assert not page.is_modified and page.document.undo_count() == 0
 
 
 def test_dropping_a_jsonl_file_opens_it(qtbot, page, tmp_path):
@@ -233,14 +267,17 @@ def test_add_duplicate_delete_reorder_undo_and_redo_restore_the_exact_list(page)
     assert page.samples == [s for i, s in enumerate(states[-1]) if i not in (0, 7)]
     states.append(page.samples)
 
-    stack = page.undo_stack
-    assert stack.count() == len(states) - 1 and page.is_modified
+    assert page.document.undo_count() == len(states) - 1 and page.is_modified
+    assert page.action_undo.text() == "Undo delete 2 samples" and page.action_undo.isEnabled()
+    assert not page.action_redo.isEnabled()
     for expected in reversed(states[:-1]):
-        stack.undo()
+        page.undo()
         assert page.samples == expected
     assert page.samples == original and not page.is_modified
+    assert not page.action_undo.isEnabled() and page.action_undo.text() == "Undo"
+    assert page.action_redo.text() == "Redo add a conversation"
     for expected in states[1:]:
-        stack.redo()
+        page.redo()
         assert page.samples == expected
 
 
@@ -255,21 +292,21 @@ def test_editing_a_turn_and_the_reward_is_one_undo_step_each(qtbot, page):
     edit.moveCursor(edit.textCursor().MoveOperation.End)
     qtbot.keyClicks(edit, " Yes.")
     assert page.samples[0].messages[2]["content"] == "The capital of France is Paris. Yes."
-    assert page.undo_stack.count() == 1  # five keystrokes merged
+    assert page.document.undo_count() == 1  # five keystrokes merged
     assert page.samples[0].group == original.group  # the prompt did not change
 
     page.editor.reward.setFocus()
     page.editor.reward.setValue(0.75)
     assert page.samples[0].reward == 0.75
     assert page.model.index(0, SamplesModel.COL_REWARD).data() == "0.75"
-    assert page.undo_stack.count() == 2
+    assert page.document.undo_count() == 2
 
-    page.undo_stack.undo()
+    page.undo()
     assert page.samples[0].reward is None and page.editor.reward.reward() is None
-    page.undo_stack.undo()
+    page.undo()
     assert page.samples[0] == original
     assert edit.toPlainText() == "The capital of France is Paris."
-    page.undo_stack.redo()
+    page.redo()
     assert edit.toPlainText().endswith("Yes.")
 
 
@@ -300,7 +337,7 @@ def test_structural_turn_edits_and_role_change_are_undoable(page):
     page.editor.remove_turn(0)
     assert [m["role"] for m in page.samples[1].messages] == ["system", "assistant"]
     for _ in range(4):
-        page.undo_stack.undo()
+        page.undo()
     assert page.samples[1] == original
     assert [t.role.currentText() for t in page.editor.turns] == ["user", "assistant"]
 
@@ -405,7 +442,7 @@ def test_sharegpt_and_alpaca_import_as_messages_and_undo_removes_them(page, tmp_
     assert page.save_as(out)
     lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert all("messages" in obj for obj in lines[7:]) and len(lines) == 9
-    page.undo_stack.undo()
+    page.undo()
     assert len(page.samples) == 8
     assert page.is_modified
 
@@ -414,7 +451,7 @@ def test_import_of_an_unreadable_file_changes_nothing(qtbot, page, tmp_path):
     assert page.open_path(SAMPLE_DATA)
     with qtbot.waitSignal(page.sig_error):
         assert not page.import_path(tmp_path / "missing.jsonl")
-    assert len(page.samples) == 7 and page.undo_stack.count() == 0
+    assert len(page.samples) == 7 and page.document.undo_count() == 0
 
 
 # --- tokens -----------------------------------------------------------------------------------
