@@ -89,7 +89,7 @@ class MainWindow(QMainWindow):
         self.model_page = ModelPage(self.project, self.engine)
         self.dataset_page = DatasetPage(self.project, self.dataset)
         self.targets_page = TargetsPage(self.project)
-        self.train_page = TrainPage(self.project, self.engine)
+        self.train_page = TrainPage(self.project, self.engine, self.dataset)
         self.rewards_page = RewardsPage(self.project, self.engine)
         self.export_page = ExportPage(self.project, self.engine)
         self.pages = [

@@ -55,6 +55,7 @@ from engine import (
     human_bytes,
 )
 
+from .dataset_document import DatasetDocument
 from .plots import TrainPlotsWidget
 from .project import ModelInfo, Project
 from .train_settings import TrainSettingsWidget
@@ -117,10 +118,17 @@ class TrainPage(QWidget):
     sig_state_changed = Signal(str)
     sig_run_finished = Signal(object)  # the engine's Finished or Failed of each run segment
 
-    def __init__(self, project: Project, engine: Engine, parent: QWidget | None = None):
+    def __init__(
+        self,
+        project: Project,
+        engine: Engine,
+        dataset: DatasetDocument | None = None,
+        parent: QWidget | None = None,
+    ):
         super().__init__(parent)
         self.project = project
         self.engine = engine
+        self.dataset = dataset  # the samples the editor shows: trained as they are, unsaved edits included
         self.info: ModelInfo | None = None
         self._state = "idle"
         self.job: Job | None = None  # the training job in flight
@@ -381,6 +389,8 @@ class TrainPage(QWidget):
             self.show_banner(f"The model file {p.model_path} does not exist any more. Open it again on the "
                              "Model page.")  # fmt: skip
             return False
+        if self._edited_samples() is not None:
+            return True  # the editor's samples, saved or not
         if not p.dataset_path:
             self.show_banner("No dataset is chosen. Open or create a JSONL dataset on the Dataset page, then "
                              "press Start.")  # fmt: skip
@@ -401,6 +411,17 @@ class TrainPage(QWidget):
                 )
                 return False
         return True
+
+    def _edited_samples(self):
+        """The editor's samples when they are not the dataset file as saved (unsaved edits, or a
+        dataset never saved), else None: then the file is trained (and named in the run's record)."""
+        doc = self.dataset
+        if doc is None or not len(doc):
+            return None
+        saved = (
+            doc.path and self.project.dataset_path and os.path.samefile(doc.path, self.project.dataset_path)
+        )
+        return None if (saved and not doc.dirty) else doc.samples()
 
     def start(self) -> bool:
         """Start a new run with the project's settings; False (and a banner) if it cannot start."""
@@ -504,7 +525,11 @@ class TrainPage(QWidget):
         self.run_config = config
         self._latest_step = None
         p = self.project
-        data, template_file, expected = p.dataset_path, p.template_file, self.run
+        edited = self._edited_samples()
+        data = edited if edited is not None else p.dataset_path
+        if edited is not None and not continue_run:
+            self._log(f"Training the {len(edited)} samples the editor shows (unsaved edits included)")
+        template_file, expected = p.template_file, self.run
 
         def train(session, job):
             session.set_template_file(template_file)

@@ -58,3 +58,40 @@ def test_a_change_made_through_the_document_shows_in_the_page(window):
     assert page.action_undo.text() == "Undo move sample up" and page.is_modified
     window.dataset.undo()
     assert page.model.samples == window.dataset.samples() and not page.is_modified
+
+
+def test_the_train_page_trains_what_the_editor_shows(qtbot, tmp_path):
+    """An edit that is not saved is trained (and said so); the file on disk is left as it was."""
+    import json
+
+    from PySide6.QtCore import QSettings
+
+    from engine import Finished, TargetSpec
+    from studio.main_window import MainWindow
+    from studio.resources import DEMO_MODEL
+
+    data = tmp_path / "d.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
+            for i in range(4)]  # fmt: skip
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    before = data.read_bytes()
+    w = MainWindow(
+        QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat), recovery_dir=str(tmp_path / "rec")
+    )
+    qtbot.addWidget(w)
+    try:
+        w.confirm = lambda *a: True
+        w.project.update(output_dir=str(tmp_path / "out"))
+        with qtbot.waitSignal(w.sig_model_changed, timeout=30_000):
+            w.open_model(str(DEMO_MODEL))
+        assert w.open_dataset(str(data))
+        w.dataset.remove([0, 1], "delete 2 samples")  # unsaved: the editor shows 2 samples
+        w.project.update_config(steps=1, n_ctx=64, targets=TargetSpec(preset="attention"))
+        with qtbot.waitSignal(w.train_page.sig_run_finished, timeout=60_000) as done:
+            assert w.train_page.start()
+        assert isinstance(done.args[0], Finished)
+        assert "Training the 2 samples the editor shows" in w.train_page.log.toPlainText()
+        assert "Started: 2 training" in w.train_page.log.toPlainText()
+        assert data.read_bytes() == before
+    finally:
+        w.engine.shutdown()
