@@ -95,7 +95,7 @@ def measure(
 
     engine = Engine()
     if page:
-        from studio.train_page import TrainPage
+        from studio.pages.train.page import TrainPage
 
         widget = TrainPage(project, engine)
         widget.set_model_info(ModelInfo.read(model_path))

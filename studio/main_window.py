@@ -39,13 +39,13 @@ from engine import human_bytes
 
 from .autosave import Autosave, Recovery, default_recovery_root
 from .dataset_document import DatasetChange, DatasetDocument
-from .dataset_page import DatasetPage
-from .export_page import ExportPage
-from .model_page import ModelPage
+from .pages.dataset.page import DatasetPage
+from .pages.export.page import ExportPage
+from .pages.model import ModelPage
+from .pages.rewards.page import RewardsPage
+from .pages.targets.page import TargetsPage
+from .pages.train.page import TrainPage
 from .project import ModelInfo, Project, ProjectError
-from .rewards_page import RewardsPage
-from .targets_page import TargetsPage
-from .train_page import TrainPage
 from .worker import Engine
 
 PAGES = ("Model", "Dataset", "Targets", "Train", "Rewards", "Export")

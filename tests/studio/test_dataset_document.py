@@ -14,7 +14,7 @@ import pytest
 
 from engine import DatasetError, load_jsonl, sample_to_json
 from studio.dataset_document import DatasetChange, DatasetDocument
-from studio.dataset_model import new_sample, rebuild_sample
+from studio.pages.dataset.table import new_sample, rebuild_sample
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_DATA = ROOT / "tests" / "data" / "datasets" / "sample_data.jsonl"

@@ -17,9 +17,9 @@ from PySide6.QtWidgets import QApplication
 
 from engine import EncodeOptions, encode_samples, load_jsonl, sample_to_json
 from studio.dataset_document import DatasetDocument
-from studio.dataset_model import SamplesFilterModel, SamplesModel
-from studio.dataset_page import DatasetPage
-from studio.dataset_tokens import TOKEN_PROPERTY
+from studio.pages.dataset.page import DatasetPage
+from studio.pages.dataset.table import SamplesFilterModel, SamplesModel
+from studio.pages.dataset.tokens import TOKEN_PROPERTY
 from studio.project import ModelInfo, Project
 from studio.resources import DEMO_MODEL
 
@@ -491,7 +491,7 @@ def test_token_view_trains_exactly_the_assistant_reply_and_its_end_of_turn(page,
 
 
 def view_colours(view):
-    from studio.dataset_tokens import token_colours
+    from studio.pages.dataset.tokens import token_colours
 
     return token_colours(view.palette())
 

@@ -32,8 +32,8 @@ from engine import (
     write_adapter,
     write_model,
 )
-from studio.export_dialog import ExportDialog
-from studio.export_page import ExportPage
+from studio.pages.export.dialog import ExportDialog
+from studio.pages.export.page import ExportPage
 from studio.project import ModelInfo, Project
 
 TIMEOUT_MS = 15_000

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from engine import TargetSpec
-from studio.model_page import ModelPage
+from studio.pages.model import ModelPage
 from studio.project import Project
 from studio.resources import DEMO_MODEL
 

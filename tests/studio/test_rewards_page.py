@@ -14,11 +14,11 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
 from engine import RoundResult, TargetSpec, load_jsonl
+from studio.pages.rewards.cards import AnswerCardWidget
+from studio.pages.rewards.page import RewardsPage
+from studio.pages.rewards.panels import PromptPickerDialog, dataset_prompts, word_diff_html
 from studio.project import ModelInfo, Project
 from studio.resources import DEMO_DATASET, DEMO_MODEL
-from studio.rewards_cards import AnswerCardWidget
-from studio.rewards_page import RewardsPage
-from studio.rewards_panels import PromptPickerDialog, dataset_prompts, word_diff_html
 
 TIMEOUT_MS = 20_000
 PROMPT = "What color is the sky?"

@@ -24,8 +24,8 @@ from engine import (
     split_name,
 )
 from engine.train.train_model import Trainable  # not exported: the test checks the studio against it
+from studio.pages.targets.page import TargetsPage
 from studio.project import ModelInfo, Project
-from studio.targets_page import TargetsPage
 
 SHOTS = Path("/tmp/shots_targets")
 L = 4

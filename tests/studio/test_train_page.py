@@ -15,10 +15,11 @@ from PySide6.QtWidgets import QCheckBox, QComboBox
 
 import engine.train.trainer as trainer_module
 from engine import Failed, Finished, TargetSpec, Trainer
+from studio.pages.train.page import TrainPage
+from studio.pages.train.settings import FIELDS
+from studio.paths import latest_checkpoint
 from studio.project import ModelInfo, Project
-from studio.train_page import TrainPage, latest_checkpoint
 from studio.train_probe import StallProbe
-from studio.train_settings import FIELDS
 
 TIMEOUT_MS = 20_000
 SHOTS = Path(os.environ.get("TUNE_STUDIO_SHOTS", "")) if os.environ.get("TUNE_STUDIO_SHOTS") else None

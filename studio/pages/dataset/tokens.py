@@ -20,6 +20,8 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QTextEdit, QToolTip, QVBoxLay
 
 from engine import Encoded, Tokenizer
 
+from ...widgets.theme import is_dark
+
 TOKEN_PROPERTY = QTextCharFormat.UserProperty + 1  # the token's index, on each span
 
 
@@ -45,10 +47,6 @@ def token_spans(tokenizer: Tokenizer, encoded: Encoded) -> list[TokenSpan]:
         last = spans[-1]
         spans[-1] = TokenSpan(last.token_id, last.text + rest, last.trained, last.special)
     return spans
-
-
-def is_dark(palette: QPalette) -> bool:
-    return palette.color(QPalette.Base).lightness() < 128
 
 
 def token_colours(palette: QPalette) -> dict[str, tuple[QColor, QColor] | QColor]:

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
 
 from engine import Candidate
 
-from .targets_selection import TargetSelection, ab_shapes, is_expert, kind_help, shape_text
+from .selection import TargetSelection, ab_shapes, is_expert, kind_help, shape_text
 
 CELL_ROLE = Qt.UserRole + 1  # the Candidate of a grid cell or tree leaf (None for none)
 # Roles and states as plain values: looking up Qt.DisplayRole & co. costs microseconds in PySide6, and

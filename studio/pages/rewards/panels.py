@@ -47,9 +47,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .dataset_page import MessageBar
-from .dataset_tokens import is_dark
-from .rewards_cards import STOP_REASONS, format_reward, rating_colour
+from ...widgets.banner import MessageBar
+from ...widgets.theme import is_dark
+from .cards import STOP_REASONS, format_reward, rating_colour
 
 MODE_HELP = {
     "group": "Group mode: each answer gets the advantage (rating − mean) / spread. Answers above the "

@@ -58,8 +58,8 @@ from engine import (
     write_export,
 )
 
-from .project import ModelInfo, Project
-from .worker import Engine
+from ...project import ModelInfo, Project
+from ...worker import Engine
 
 GREEN, RED = "#1e7a34", "#b03a2e"
 

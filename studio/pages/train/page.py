@@ -19,7 +19,6 @@ cannot be written, a failed run) are shown in a banner on the page that says wha
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -55,11 +54,12 @@ from engine import (
     human_bytes,
 )
 
-from .dataset_document import DatasetDocument
-from .plots import TrainPlotsWidget
-from .project import ModelInfo, Project
-from .train_settings import TrainSettingsWidget
-from .worker import Engine, Job
+from ...dataset_document import DatasetDocument
+from ...paths import latest_checkpoint, writable_problem
+from ...project import ModelInfo, Project
+from ...widgets.plots import TrainPlotsWidget
+from ...worker import Engine, Job
+from .settings import TrainSettingsWidget
 
 STATES = ("idle", "loading", "training", "pausing", "paused", "stopping", "finished", "failed")
 ACTIVE = ("loading", "training", "pausing", "stopping")
@@ -82,28 +82,6 @@ def human_duration(seconds: float) -> str:
     h, rem = divmod(s, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
-
-
-def writable_problem(folder: str) -> str | None:
-    """None if files can be created in `folder` (made if missing), else the reason."""
-    try:
-        os.makedirs(folder, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".tune-studio-write-test-", dir=folder)
-        os.close(fd)
-        os.remove(probe)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
-
-
-def latest_checkpoint(folder: str | None) -> str | None:
-    """The newest ckpt-NNNNNN folder inside `folder`, or None."""
-    if not folder or not os.path.isdir(folder):
-        return None
-    names = sorted(
-        p for p in os.listdir(folder) if p.startswith("ckpt-") and os.path.isdir(os.path.join(folder, p))
-    )
-    return os.path.join(folder, names[-1]) if names else None
 
 
 @dataclass
@@ -711,4 +689,4 @@ class RunHandle:
     run: object
 
 
-__all__ = ["STATES", "RunPaths", "TrainPage", "latest_checkpoint"]
+__all__ = ["STATES", "RunPaths", "TrainPage"]

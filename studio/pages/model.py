@@ -42,8 +42,8 @@ from engine import (
     supported_architectures,
 )
 
-from .project import ModelInfo, Project, ProjectError
-from .worker import Engine
+from ..project import ModelInfo, Project, ProjectError
+from ..worker import Engine
 
 
 class ModelPage(QWidget):

@@ -29,8 +29,8 @@ from PySide6.QtWidgets import (
 
 from engine import RewardConfig
 
-from .project import Project
-from .train_settings import SciSpinBox
+from ...project import Project
+from ...widgets.spinbox import SciSpinBox
 
 DEFAULTS = {f.name: getattr(RewardConfig(), f.name) for f in fields(RewardConfig)}
 

@@ -38,8 +38,8 @@ from PySide6.QtWidgets import (
 
 from engine import Sample
 
-from .dataset_document import DatasetDocument
-from .dataset_model import ROLES, rebuild_sample
+from ...dataset_document import DatasetDocument
+from .table import ROLES, rebuild_sample
 
 ROLE_TIPS = {
     "system": "system: instructions for the whole conversation (not trained)",

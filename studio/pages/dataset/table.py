@@ -44,7 +44,7 @@ from engine import (
     sample_to_json,
 )
 
-from .dataset_document import DatasetChange, DatasetDocument
+from ...dataset_document import DatasetChange, DatasetDocument
 
 SortRole = Qt.UserRole + 1  # a value that sorts (numbers as numbers, None first)
 NO_VALUE = "–"

@@ -36,7 +36,7 @@ from PySide6.QtWidgets import (
 
 from engine import rating_from_stars
 
-from .dataset_tokens import is_dark
+from ...widgets.theme import is_dark
 
 CARD_MIN_WIDTH = 260  # a card narrower than this would squeeze its controls: one column then
 SLIDER_STEPS = 20  # slider positions per unit: values in steps of 0.05

@@ -50,19 +50,19 @@ from PySide6.QtWidgets import (
 
 from engine import Answer, EngineError, RewardConfig, RewardSession, RoundResult, load_jsonl
 
-from .dataset_page import MessageBar
-from .project import ModelInfo, Project
-from .rewards_cards import CARD_KEYS, AnswerCardWidget, AnswerGridWidget
-from .rewards_panels import (
+from ...paths import writable_problem
+from ...project import ModelInfo, Project
+from ...widgets.banner import MessageBar
+from ...worker import Engine, Job
+from .cards import CARD_KEYS, AnswerCardWidget, AnswerGridWidget
+from .panels import (
     DiagnosticsWidget,
     PromptPickerDialog,
     RewardHistoryWidget,
     SideBySideWidget,
     dataset_prompts,
 )
-from .rewards_settings import RewardSettingsWidget
-from .train_page import writable_problem
-from .worker import Engine, Job
+from .settings import RewardSettingsWidget
 
 RATINGS_FILE = "ratings.jsonl"
 CHECKPOINT_FOLDER = "reward-checkpoints"

@@ -38,9 +38,9 @@ from engine import (
     write_export,
 )
 
-from .export_dialog import ExportDialog
-from .project import ModelInfo, Project
-from .worker import Engine
+from ...project import ModelInfo, Project
+from ...worker import Engine
+from .dialog import ExportDialog
 
 
 class ExportPage(QWidget):

@@ -9,10 +9,8 @@ editors. Rank, alpha and the targets belong to the Targets page and are not here
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, fields
 
-from PySide6.QtGui import QValidator
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -26,7 +24,8 @@ from PySide6.QtWidgets import (
 
 from engine import TrainConfig
 
-from .project import Project
+from ...project import Project
+from ...widgets.spinbox import SciSpinBox
 
 DEFAULTS = {f.name: getattr(TrainConfig(), f.name) for f in fields(TrainConfig)}
 
@@ -130,8 +129,6 @@ GROUPS: tuple[tuple[str, tuple[Field, ...]], ...] = (
 
 FIELDS: dict[str, Field] = {f.name: f for _, group in GROUPS for f in group}
 
-_NUMBER = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d*)?\s*$")
-
 
 def format_default(value) -> str:
     if isinstance(value, bool):
@@ -139,34 +136,6 @@ def format_default(value) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
-
-
-class SciSpinBox(QDoubleSpinBox):
-    """A spin box for small positive numbers shown as 2e-04 / 0.0002 (%g); steps multiply by 2."""
-
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setDecimals(12)
-
-    def textFromValue(self, value: float) -> str:  # noqa: N802 - Qt override
-        return f"{value:g}"
-
-    def valueFromText(self, text: str) -> float:  # noqa: N802 - Qt override
-        try:
-            return float(text)
-        except ValueError:
-            return self.value()
-
-    def validate(self, text: str, pos: int):
-        if _NUMBER.match(text):
-            return QValidator.Acceptable, text, pos
-        if re.match(r"^\s*[+-]?[\d.]*([eE][+-]?)?\d*\s*$", text):
-            return QValidator.Intermediate, text, pos
-        return QValidator.Invalid, text, pos
-
-    def stepBy(self, steps: int) -> None:  # noqa: N802 - Qt override
-        v = self.value() or self.minimum() or 1e-6
-        self.setValue(v * (2.0**steps))
 
 
 class TrainSettingsWidget(QWidget):
@@ -277,4 +246,4 @@ class TrainSettingsWidget(QWidget):
         self.editors["eval_every"].setEnabled(cfg.val_split > 0)
 
 
-__all__ = ["DEFAULTS", "FIELDS", "GROUPS", "Field", "SciSpinBox", "TrainSettingsWidget"]
+__all__ = ["DEFAULTS", "FIELDS", "GROUPS", "Field", "TrainSettingsWidget"]

@@ -37,9 +37,15 @@ from PySide6.QtWidgets import (
 
 from engine import PRESETS, ModelError, TargetSpec, human_bytes, human_count, parse_layers, select_full
 
-from .project import ModelInfo, Project
-from .targets_selection import SelectionStats, TargetSelection, kind_help
-from .targets_views import GROUP_COLORS, GROUP_NAMES, TargetGridModel, TargetGridView, TargetTreeModel
+from ...project import ModelInfo, Project
+from .selection import SelectionStats, TargetSelection, kind_help
+from .views import (
+    GROUP_COLORS,
+    GROUP_NAMES,
+    TargetGridModel,
+    TargetGridView,
+    TargetTreeModel,
+)
 
 PRESET_BUTTONS: tuple[tuple[str, str, str], ...] = (
     ("attention", "&Attention", "attn_q, attn_k, attn_v, attn_output in every layer"),

@@ -1,0 +1,1 @@
+"""The Export page and dialog: adapters and merged models llama.cpp loads, checked and verified."""

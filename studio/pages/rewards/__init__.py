@@ -1,0 +1,1 @@
+"""The Rewards page: rate sampled answers and train on the ratings."""

@@ -1,0 +1,1 @@
+"""The Train page: settings, start / pause / resume / stop, live plots and log."""
