@@ -165,15 +165,14 @@ def test_bad_lines_are_listed_by_line_and_clicking_one_selects_its_sample(qtbot,
     assert "Line 2 could not be read" in page.message.text()
 
 
-def test_opening_a_file_that_is_not_utf8_shows_the_error_in_the_page(qtbot, page, tmp_path):
+def test_a_line_that_is_not_utf8_is_a_problem_of_that_line(qtbot, page, tmp_path):
+    """One bad line never stops the file: it is reported with its number, the rest loads."""
     path = tmp_path / "latin1.jsonl"
-    path.write_bytes(b'{"text": "caf\xe9"}\n')
-    with qtbot.waitSignal(page.sig_error) as error:
-        assert not page.open_path(path)
-    assert "not UTF-8" in error.args[0]
-    assert not page.message.isHidden() and page.message.level == "error"
-    assert "not UTF-8" in page.message.text() and "saved as UTF-8" in page.message.text()
-    assert page.path is None and page.samples == []
+    path.write_bytes(b'{"text": "caf\xe9"}\n{"text": "fine"}\n')
+    assert page.open_path(path)
+    assert [s.text for s in page.samples] == ["fine"]
+    [problem] = page.skipped
+    assert problem.line == 1 and "not UTF-8" in problem.message and "encoding" in problem.message
 
 
 def test_project_dataset_path_follows_open_and_save_as_and_a_loaded_project(page, project, tmp_path):
