@@ -5,7 +5,15 @@ Runs on NumPy (CPU); imports nothing from Qt. The studio and the CLI use the nam
 """
 
 from .backend import Backend, Device, available_devices, select_backend
-from .errors import DatasetError, EngineError, ExportError, ModelError, TemplateError, TokenizerError
+from .errors import (
+    ConfigError,
+    DatasetError,
+    EngineError,
+    ExportError,
+    ModelError,
+    TemplateError,
+    TokenizerError,
+)
 from .io.export import (
     ADAPTER_TYPES,
     MergeReport,
@@ -77,6 +85,7 @@ from .train.events import (
     LoraNorms,
     Paused,
     Plan,
+    RunWarning,
     Started,
     Step,
     event_to_json,
@@ -102,20 +111,20 @@ __all__ = [
     "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "ARCHS", "ArchSpec",
     "available_devices", "Backend", "BAD_MARK", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
     "check_export", "CheckItem", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckReport",
-    "DatasetError", "dequantizable_types", "Device", "encode_samples", "Encoded", "EncodeOptions",
-    "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval", "event_to_json",
-    "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError", "ExportRequest",
-    "Failed", "find_checkpoints", "find_runs", "Finished", "fit_problems", "generate", "Generation",
-    "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "KVCache", "latest_finished",
-    "load_jsonl", "load_ratings", "lora_candidates", "lora_norms", "lora_param_count", "lora_shapes",
-    "LoraAdapter", "LoraNorms", "LoraTerm", "MemoryEstimate", "MERGE_TYPES", "merged_tensor_types",
-    "MergeReport", "Model", "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "OK_MARK",
-    "parse_layers", "parse_rating", "parse_sample", "Paused", "Plan", "PRESETS", "Preview", "Problem",
-    "PromptResult", "quantizable_types", "rating_from_stars", "Reply", "reward_weights", "RewardConfig",
-    "RewardError", "RewardSession", "RoundResult", "RUN", "run_of", "RunRecord", "Sample", "sample_to_json",
-    "SamplingConfig", "save_jsonl", "select_backend", "select_full", "select_targets", "split_name",
-    "Started", "Step", "suggest_out", "summarize", "supported_architectures", "SynthSpec", "TargetSpec",
-    "template_for", "TemplateError", "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE",
-    "TrainConfig", "Trainer", "verify_export", "VERIFY_PROMPTS", "VerifyReport", "write_adapter",
-    "write_export", "write_model"
+    "ConfigError", "DatasetError", "dequantizable_types", "Device", "encode_samples", "Encoded",
+    "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
+    "event_to_json", "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError",
+    "ExportRequest", "Failed", "find_checkpoints", "find_runs", "Finished", "fit_problems", "generate",
+    "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "KVCache",
+    "latest_finished", "load_jsonl", "load_ratings", "lora_candidates", "lora_norms", "lora_param_count",
+    "lora_shapes", "LoraAdapter", "LoraNorms", "LoraTerm", "MemoryEstimate", "MERGE_TYPES",
+    "merged_tensor_types", "MergeReport", "Model", "ModelConfig", "ModelError", "ModelSummary",
+    "NormsReport", "OK_MARK", "parse_layers", "parse_rating", "parse_sample", "Paused", "Plan", "PRESETS",
+    "Preview", "Problem", "PromptResult", "quantizable_types", "rating_from_stars", "Reply",
+    "reward_weights", "RewardConfig", "RewardError", "RewardSession", "RoundResult", "RUN", "run_of",
+    "RunRecord", "RunWarning", "Sample", "sample_to_json", "SamplingConfig", "save_jsonl", "select_backend",
+    "select_full", "select_targets", "split_name", "Started", "Step", "suggest_out", "summarize",
+    "supported_architectures", "SynthSpec", "TargetSpec", "template_for", "TemplateError", "TensorInfo",
+    "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE", "TrainConfig", "Trainer", "verify_export",
+    "VERIFY_PROMPTS", "VerifyReport", "write_adapter", "write_export", "write_model"
 ]  # fmt: skip

@@ -28,3 +28,7 @@ class DatasetError(EngineError):
 
 class ExportError(EngineError):
     """An adapter or model cannot be written."""
+
+
+class ConfigError(EngineError, ValueError):
+    """A setting is out of range or of the wrong kind (a TrainConfig field, a CLI option)."""

@@ -9,6 +9,7 @@ and exit code 2, never a traceback. `norms` and `export` live in
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -293,6 +294,8 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"(perplexity {e.perplexity:.2f}, {e.n_tokens} tokens)", file=sys.stderr)  # fmt: skip
         elif isinstance(e, ev.Checkpoint):
             print(f"{chr(10) if tty else ''}checkpoint: {e.path}", file=sys.stderr)
+        elif isinstance(e, ev.RunWarning):
+            print(f"{chr(10) if tty else ''}warning at step {e.step}: {e.message}", file=sys.stderr)
 
     import signal
 
@@ -333,6 +336,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tune-engine", description="Tune Studio's engine: GGUF models on the command line."
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log engine warnings and progress to stderr")
+    p.add_argument(
+        "--debug", action="store_true", help="show the traceback of an unexpected error (for bug reports)"
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("inspect", help="architecture, sizes, tensor kinds and tokenizer of a model")
@@ -483,6 +489,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except MemoryError:
+        if args.debug:
+            raise
+        print("error: out of memory: try a smaller --ctx or --batch, --checkpoint-layers, or a lower "
+              "--cache-budget", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
+    except OSError as exc:
+        if args.debug:
+            raise
+        where = f" ({exc.filename})" if exc.filename else ""
+        hint = "; free some disk space" if exc.errno == errno.ENOSPC else ""
+        print(f"error: {exc.strerror or exc}{where}{hint}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: one line, not a traceback
+        if args.debug:
+            raise
+        print(f"error: {type(exc).__name__}: {exc} (this is a bug in Tune Studio; run again with --debug "
+              "for the traceback)", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

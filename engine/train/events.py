@@ -98,6 +98,12 @@ class Finished:
 
 
 @dataclass(frozen=True)
+class RunWarning:
+    step: int
+    message: str  # something that looks wrong, and what to do; the run goes on
+
+
+@dataclass(frozen=True)
 class Paused:
     step: int  # steps taken; the run continues from here, in memory, when it is resumed
 
@@ -109,7 +115,7 @@ class Failed:
     checkpoint_path: str | None  # the last good checkpoint, untouched
 
 
-Event = Started | Step | Eval | LoraNorms | ExpertUsage | Checkpoint | Paused | Finished | Failed
+Event = Started | Step | Eval | LoraNorms | ExpertUsage | Checkpoint | RunWarning | Paused | Finished | Failed
 
 
 def _plain(value: Any) -> Any:

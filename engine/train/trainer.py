@@ -14,6 +14,7 @@ loss or gradient stops the run with `Failed`, leaving the last good checkpoint u
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -30,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..backend import parse_device, select_backend
-from ..errors import DatasetError, EngineError, ModelError
+from ..errors import ConfigError, DatasetError, EngineError, ModelError
 from ..io.weights import parse_budget
 from ..model.lora import LoraAdapter
 from ..model.model import Model
@@ -48,9 +49,61 @@ from .train_model import Trainable, loss_and_grads
 log = logging.getLogger(__name__)
 
 ETA_WINDOW = 10  # steps the ETA averages over
+MAX_PARAM = 1e4  # |value| no trained weight reaches in a healthy run (LoRA factors are O(1) or less)
+STALL_STEPS = 20  # steps of a flat loss with exploding norms before the run is flagged
 STATE_FILE = "state.npz"
 ADAPTER_FILE = "adapter.gguf"
 CONFIG_FILE = "trainer.json"
+
+
+_INT_RANGES = (  # field, lowest, highest
+    ("rank", 1, 65536),
+    ("n_ctx", 1, 1 << 20),
+    ("batch_size", 1, 1 << 16),
+    ("grad_accum", 1, 1 << 16),
+    ("steps", 0, 10**9),
+    ("seed", 0, 2**32 - 1),
+    ("warmup_steps", 0, 10**9),
+    ("checkpoint_every", 0, 10**9),
+    ("keep_checkpoints", 1, 10**6),
+    ("eval_every", 0, 10**9),
+    ("norms_every", 0, 10**9),
+)
+_FLOAT_RANGES = (  # field, lowest, highest, lowest excluded
+    ("alpha", 0.0, 1e6, False),
+    ("epochs", 0.0, 1e6, True),
+    ("val_split", 0.0, 0.99, False),
+    ("lr", 0.0, 10.0, True),
+    ("min_lr_ratio", 0.0, 1.0, False),
+    ("weight_decay", 0.0, 1e3, False),
+    ("gclip", 0.0, 1e9, False),
+    ("max_grad_norm", 0.0, 1e9, False),
+    ("kl_coef", 0.0, 1e3, False),
+)
+_CHOICES = {
+    "lora_init": ("kaiming", "gaussian"),
+    "prompt_format": ("chat", "raw"),
+    "schedule": ("constant", "linear", "cosine"),
+    "reward_mode": ("none", "weighted", "group"),
+    "out_type": ("F32", "F16", "Q8_0"),
+}
+
+
+def _check_int(name: str, value, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name} must be a whole number in {lo}..{hi}, got {value!r}")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name} must be in {lo}..{hi}, got {value}")
+
+
+def _check_float(name: str, value, lo: float, hi: float, lo_open: bool) -> None:
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not ok or not math.isfinite(float(value)):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+    v = float(value)
+    if (v <= lo if lo_open else v < lo) or v > hi:
+        interval = f"({lo:g}, {hi:g}]" if lo_open else f"[{lo:g}, {hi:g}]"
+        raise ConfigError(f"{name} must be in {interval}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -98,14 +151,26 @@ class TrainConfig:
     out_type: str = "F32"  # F32 | F16 | Q8_0
 
     def __post_init__(self) -> None:
+        """Every field checked, so that the CLI and the app get the same one-line messages."""
         ckpt = self.checkpoint_layers
         if isinstance(ckpt, bool) or ckpt is None:  # True/False from older project files and callers
             object.__setattr__(self, "checkpoint_layers", {True: "on", False: "off", None: "auto"}[ckpt])
         elif ckpt not in ("auto", "on", "off"):
-            raise EngineError(f"checkpoint_layers must be auto, on or off, got {ckpt!r}")
+            raise ConfigError(f"checkpoint_layers must be auto, on or off, got {ckpt!r}")
         object.__setattr__(self, "cache_budget", str(self.cache_budget))
         parse_budget(self.cache_budget)  # EngineError naming the value when it is not understood
         parse_device(self.device)
+        if not isinstance(self.targets, TargetSpec):
+            raise ConfigError(f"targets must be a TargetSpec, got {type(self.targets).__name__}")
+        for name, lo, hi in _INT_RANGES:
+            _check_int(name, getattr(self, name), lo, hi)
+        for name, lo, hi, lo_open in _FLOAT_RANGES:
+            _check_float(name, getattr(self, name), lo, hi, lo_open)
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if not isinstance(self.full, tuple) or not all(isinstance(x, str) for x in self.full):
+            raise ConfigError(f"full must be a tuple of tensor names, globs or kinds, got {self.full!r}")
 
     @property
     def checkpoint_choice(self) -> bool | None:
@@ -136,6 +201,98 @@ class TrainConfig:
         t = TargetSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()})
         d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
         return cls(targets=t, **d)
+
+
+def _check_rank(model, targets: list[str], rank: int) -> None:
+    """A rank above every adapted tensor's own rank (min of its two dimensions) adds nothing but
+    memory anywhere: refuse it, naming the bound. (Above some tensors' is fine: rank-deficient.)"""
+    if not targets:
+        return
+    best = max(min(model.tensors[n].shape[-2:]) for n in targets)
+    if rank > best:
+        raise ConfigError(
+            f"LoRA rank {rank} is larger than any adapted tensor can use (at most {best} here): "
+            f"choose a rank of at most {best}"
+        )
+
+
+def _os_error(exc: OSError) -> str:
+    """An OSError in plain words: 'No space left on device (/path)'; a full disk says what to do."""
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    text = f"{exc.strerror or exc}{where}"
+    if exc.errno == errno.ENOSPC:
+        text += "; free some disk space"
+    return text
+
+
+def resolve_checkpoint(path: str) -> str:
+    """A checkpoint folder (ckpt-NNNNNN), or a folder of them: its newest complete checkpoint."""
+    if not os.path.isdir(path):
+        raise ModelError(f"{path}: no such checkpoint folder")
+    if os.path.isfile(os.path.join(path, STATE_FILE)):
+        return path
+    complete = sorted(
+        p
+        for p in os.listdir(path)
+        if p.startswith("ckpt-")
+        and os.path.isfile(os.path.join(path, p, STATE_FILE))
+        and os.path.isfile(os.path.join(path, p, CONFIG_FILE))
+    )
+    if not complete:
+        raise ModelError(
+            f"{path}: holds no complete checkpoint (a ckpt-NNNNNN folder with {STATE_FILE} and {CONFIG_FILE})"
+        )
+    return os.path.join(path, complete[-1])
+
+
+def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None]) -> None:
+    """Refuse an output path that is one of the inputs (the model, the dataset, an adapter being
+    read) or an existing folder where a file is written: nothing the user has is ever replaced."""
+
+    def same(a: str, b: str) -> bool:
+        try:
+            return os.path.samefile(a, b)
+        except OSError:
+            return os.path.abspath(a) == os.path.abspath(b)
+
+    for what, out in outputs.items():
+        if not out:
+            continue
+        if what != "checkpoint folder" and os.path.isdir(out):
+            raise ConfigError(
+                f"{out} is a folder; the {what} needs a file name (for example {out}/adapter.gguf)"
+            )
+        if what == "checkpoint folder" and os.path.isfile(out):
+            raise ConfigError(f"{out} is a file; the {what} must be a folder")
+        for name, path in inputs.items():
+            if path and isinstance(path, (str, os.PathLike)) and os.path.exists(path) and same(out, path):
+                raise ConfigError(f"the {what} {out} is the {name}: choose another file, the {name} is kept")
+
+
+def clean_stale_temporaries(folder: str | None, max_age_s: float = 0.0) -> int:
+    """Remove `.tmp-*` files and folders this engine left in `folder` when a run was killed
+    (older than `max_age_s`); returns how many."""
+    if not folder or not os.path.isdir(folder):
+        return 0
+    removed = 0
+    now = time.time()
+    for name in os.listdir(folder):
+        if not name.startswith(".tmp-"):
+            continue
+        path = os.path.join(folder, name)
+        try:
+            if now - os.path.getmtime(path) < max_age_s:
+                continue
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+            removed += 1
+        except OSError:
+            continue
+    if removed:
+        log.info("%s: removed %d temporary files left by an earlier run", folder, removed)
+    return removed
 
 
 def file_sha256(path: str) -> str:
@@ -176,6 +333,9 @@ class Trainer:
         self.last_ce: float | None = None
         self.last_ckpt: str | None = resume
         self.record: RunRecord | None = None  # engine.train.runs: written at start, checkpoints, end
+        self._loss_window: deque[float] = deque(maxlen=STALL_STEPS)
+        self._norm_window: deque[float] = deque(maxlen=STALL_STEPS)
+        self._stall_warned = False
 
     # --- data ---------------------------------------------------------------------------------
     def _prepare(self):
@@ -261,6 +421,7 @@ class Trainer:
                 if cfg.targets.preset != "none" or cfg.targets.patterns
                 else []
             )
+            _check_rank(model, targets, cfg.rank)
             tr = Trainable.init(model, targets, cfg.rank, cfg.alpha, (), cfg.seed, cfg.lora_init)
         full = select_full(model.tensors, cfg.full, model.config.L) if cfg.full else []
         tr.full = {n: np.array(model.weights.dense(n), copy=True) for n in full if n in model.weights}
@@ -388,8 +549,19 @@ class Trainer:
         Every problem (bad data, a model that cannot train, a run that will not fit) ends in a
         `Failed` event instead, and the run is over."""
         self.last_ce = None
-        self.last_ckpt = self.resume
         try:
+            cfg = self.config
+            if self.resume:
+                self.resume = resolve_checkpoint(self.resume)
+            self.last_ckpt = self.resume
+            check_outputs(
+                {"adapter": cfg.out, "checkpoint folder": cfg.checkpoint_dir},
+                {"model": self.model.path, "dataset": self.data if isinstance(self.data, str) else None,
+                 "adapter to continue": self.init_adapter},
+            )  # fmt: skip
+            clean_stale_temporaries(cfg.checkpoint_dir)
+            if cfg.out:
+                clean_stale_temporaries(os.path.dirname(os.path.abspath(cfg.out)), max_age_s=600)
             batches = self._prepare()
             cfg = self.config
             n_batches = len(batches)
@@ -472,6 +644,14 @@ class Trainer:
                 f"the gradient became {stats.grad_norm} at step {self.step + 1}: "
                 "training stopped; lower the learning rate. The last good checkpoint is kept.",
             )
+        exploded = self._exploded()
+        if exploded:
+            return self._fail(
+                on_event,
+                f"the trained weights {exploded} after step {self.step + 1} (learning rate {stats.lr:.3g}): "
+                "training stopped before writing them; lower the learning rate. The last good checkpoint "
+                "is kept.",
+            )
         self.step += 1
         self.last_ce = ce_sum / max(1, n_label)
         seconds = time.perf_counter() - t_step
@@ -493,6 +673,10 @@ class Trainer:
         if self.record is not None:
             self.record.add_loss(self.step, self.last_ce)
         on_event(step)
+        if self.trainable.pairs:
+            self._loss_window.append(self.last_ce)
+            self._norm_window.append(stats.param_norm)
+            self._watch_progress(on_event)
         if counts is not None:
             on_event(ev.ExpertUsage(self.step, counts))
         if self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0:
@@ -500,10 +684,47 @@ class Trainer:
         if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
             on_event(self.evaluate())
         if cfg.checkpoint_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-            self.last_ckpt = self.save_checkpoint(cfg.checkpoint_dir)
+            try:
+                path = self.save_checkpoint(cfg.checkpoint_dir)
+            except OSError as exc:
+                why = _os_error(exc)
+                return self._fail(
+                    on_event,
+                    f"the checkpoint of step {self.step} could not be written: {why}. Training stopped; "
+                    "the last good checkpoint is kept.",
+                )
+            self.last_ckpt = path
             self._note("running")
             on_event(ev.Checkpoint(self.step, self.last_ckpt))
         return step
+
+    def _exploded(self) -> str | None:
+        """What is wrong with the parameters after a step (not finite, or far beyond what training
+        produces: |value| > MAX_PARAM), or None. Checked before they can reach a checkpoint."""
+        for name, p in self.trainable.params().items():
+            peak = float(np.max(np.abs(p))) if p.size else 0.0
+            if not math.isfinite(peak):
+                return f"became {peak} ({name})"
+            if peak > MAX_PARAM:
+                return f"exploded to {peak:.3g} ({name})"
+        return None
+
+    def _watch_progress(self, on_event) -> None:
+        """Flag, once, a run whose loss stopped moving while its adapter norms keep exploding."""
+        if self._stall_warned or len(self._loss_window) < STALL_STEPS:
+            return
+        losses, norms = list(self._loss_window), list(self._norm_window)
+        flat = abs(losses[-1] - losses[0]) <= 0.01 * max(abs(losses[0]), 1e-6)
+        growing = norms[0] > 0 and norms[-1] > 10.0 * norms[0]
+        if flat and growing:
+            self._stall_warned = True
+            growth = norms[-1] / norms[0]
+            message = (
+                f"the loss has not moved for {STALL_STEPS} steps (about {losses[-1]:.4g}) while the "
+                f"adapter's norm grew {growth:.0f}x: the learning rate ({self.config.lr:g}) is probably "
+                "too high; stop and lower it"
+            )
+            on_event(ev.RunWarning(self.step, message))
 
     def _eta(self, steps_left: int) -> float:
         """Seconds to the end from the mean of the last steps, the first step of a start excluded
@@ -634,7 +855,13 @@ class Trainer:
                 )
             if cfg.out and self.trainable.full:
                 merged_path = self._export_full(cfg.out)
-        except (EngineError, OSError) as exc:
+        except OSError as exc:
+            return self._fail(
+                on_event,
+                f"training finished but the result could not be written: {_os_error(exc)}",
+                last_ckpt,
+            )
+        except EngineError as exc:
             return self._fail(
                 on_event, f"training finished but the result could not be written: {exc}", last_ckpt
             )
