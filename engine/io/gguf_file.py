@@ -4,8 +4,11 @@ The header is parsed here directly (gguf-py's `GGUFReader` builds one NumPy
 object per string and needs seconds for a 150k-token vocabulary); tensor data
 is memory-mapped and dequantized with `gguf.quants`. Every failure, whether a
 missing file, a truncated download, a corrupt header or a tensor type that
-cannot be dequantized, surfaces as a `ModelError` naming what was wrong. It
-knows nothing about model architectures; `engine.model.archs` and `engine.model.model`
+cannot be dequantized, surfaces as a `ModelError` naming what was wrong: counts
+and lengths are checked against the bytes left in the file before anything is
+read or allocated, and the alignment, tensor offsets (aligned, inside the file,
+not overlapping) and names (no duplicates) as llama.cpp checks them. It knows
+nothing about model architectures; `engine.model.archs` and `engine.model.model`
 interpret the names and shapes.
 
 Shapes are NumPy order, the reverse of ggml's `ne`: a weight with
@@ -20,6 +23,7 @@ import logging
 import math
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +35,28 @@ from gguf import quants as gguf_quants
 from ..errors import ModelError
 
 log = logging.getLogger(__name__)
+
+_MAX_ALIGNMENT = 1 << 30  # general.alignment above this is corrupt (files use 32)
+_MAX_ELEMENTS = 1 << 50  # values in one tensor (with zero dimensions counted as 1): beyond, corrupt
+
+
+def _q(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters: names and values in messages come from the file."""
+    text = repr(value[: limit + 1] if isinstance(value, (str, list)) else value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _file_kind(mode: int) -> str:
+    """What a path that is not a regular file is, for messages."""
+    for test, name in (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 @dataclass(frozen=True)
@@ -83,11 +109,28 @@ _SCALAR = {
 }
 
 
+# Fewest bytes one array item of each type takes: a declared count is checked against what is left
+# of the file before anything is read or allocated.
+_MIN_ITEM_BYTES = {
+    **{t: np.dtype(code).itemsize for t, code in _SCALAR.items()},
+    GGUFValueType.STRING: 8,  # its length
+    GGUFValueType.ARRAY: 12,  # item type and count
+}
+_MAX_ARRAY_NESTING = 8  # arrays of arrays (llama.cpp writes none; gguf-py reads them)
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_MIN_KV_BYTES = 8 + 4 + 1  # key length, value type, the smallest value
+_MIN_TENSOR_INFO_BYTES = 8 + 4 + 4 + 8  # name length, n_dims, type, offset
+
+
 class _Cursor:
     """Reads GGUF header values from a byte buffer, reporting overruns as truncation."""
 
     def __init__(self, buf: memoryview, path: str):
         self.buf, self.pos, self.path = buf, 0, path
+
+    @property
+    def left(self) -> int:
+        return len(self.buf) - self.pos
 
     def take(self, n: int) -> memoryview:
         if n < 0 or self.pos + n > len(self.buf):
@@ -114,34 +157,59 @@ class _Cursor:
     def u64(self) -> int:
         return struct.unpack_from("<Q", self.take(8))[0]
 
-    def string(self) -> str:
+    def string(self, what: str = "string") -> str:
+        at = self.pos
         n = self.u64()
+        if n > self.left:
+            raise ModelError(
+                f"{self.path}: {what} at offset {at} declares {n} bytes but only {self.left} are left "
+                "in the file: the file is truncated or corrupt"
+            )
         raw = self.take(n)
         try:
             return str(raw, "utf-8")
         except UnicodeDecodeError:
             return bytes(raw).decode("utf-8", errors="replace")
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, key: str, depth: int = 0) -> Any:
+        """One metadata value of type `vtype`, the value of `key` (named in error messages)."""
         try:
             t = GGUFValueType(vtype)
         except ValueError as exc:
             raise ModelError(
-                f"{self.path}: unknown metadata value type {vtype} at offset {self.pos}"
+                f"{self.path}: metadata {_q(key)} has unknown value type {vtype} at offset {self.pos} "
+                f"(known: 0..{max(GGUFValueType)}): corrupt file"
             ) from exc
         if t == GGUFValueType.STRING:
-            return self.string()
+            return self.string(f"metadata {_q(key)}")
         if t == GGUFValueType.ARRAY:
+            at = self.pos
             item_type, count = self.u32(), self.u64()
-            if item_type == GGUFValueType.STRING:
-                return [self.string() for _ in range(count)]
-            if item_type == GGUFValueType.ARRAY:
-                return [self.value(self.u32()) for _ in range(count)]
-            if item_type not in _SCALAR:
-                raise ModelError(f"{self.path}: unknown array item type {item_type} at offset {self.pos}")
-            dt = np.dtype(_SCALAR[GGUFValueType(item_type)])
+            try:
+                it = GGUFValueType(item_type)
+            except ValueError as exc:
+                raise ModelError(
+                    f"{self.path}: metadata {_q(key)} is an array of unknown item type {item_type} "
+                    f"at offset {at} (known: 0..{max(GGUFValueType)}): corrupt file"
+                ) from exc
+            if count * _MIN_ITEM_BYTES[it] > self.left:
+                raise ModelError(
+                    f"{self.path}: metadata {_q(key)} at offset {at} declares {count} {it.name} items, "
+                    f"more than the {self.left} bytes left in the file can hold: the file is truncated "
+                    "or corrupt"
+                )
+            if it == GGUFValueType.STRING:
+                return [self.string(f"item of metadata {_q(key)}") for _ in range(count)]
+            if it == GGUFValueType.ARRAY:
+                if depth >= _MAX_ARRAY_NESTING:
+                    raise ModelError(
+                        f"{self.path}: metadata {_q(key)} nests arrays more than {_MAX_ARRAY_NESTING} "
+                        f"deep at offset {at}: corrupt file"
+                    )
+                return [self.value(it, key, depth + 1) for _ in range(count)]
+            dt = np.dtype(_SCALAR[it])
             arr = np.frombuffer(self.take(dt.itemsize * count), dtype=dt)
-            return arr.astype(bool).tolist() if item_type == GGUFValueType.BOOL else arr.tolist()
+            return arr.astype(bool).tolist() if it == GGUFValueType.BOOL else arr.tolist()
         dt = np.dtype(_SCALAR[t])
         v = np.frombuffer(self.take(dt.itemsize), dtype=dt)[0].item()
         return bool(v) if t == GGUFValueType.BOOL else v
@@ -152,15 +220,24 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = os.fspath(path)
-        if not os.path.exists(self.path):
-            raise ModelError(f"{self.path}: no such file")
-        if os.path.isdir(self.path):
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            raise ModelError(f"{self.path}: no such file") from None
+        except OSError as exc:
+            raise ModelError(f"{self.path}: cannot be read ({exc.strerror or exc})") from exc
+        if stat.S_ISDIR(st.st_mode):
             raise ModelError(f"{self.path}: is a folder, expected a .gguf file")
-        size = os.path.getsize(self.path)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block or never end
+            raise ModelError(f"{self.path}: is {_file_kind(st.st_mode)}, not a file; expected a .gguf file")
+        size = st.st_size
         if size < 24:
             raise ModelError(f"{self.path}: {size} bytes is too short to be a GGUF file")
-        with open(self.path, "rb") as f:
-            magic = f.read(4)
+        try:
+            with open(self.path, "rb") as f:
+                magic = f.read(4)
+        except OSError as exc:
+            raise ModelError(f"{self.path}: cannot be read ({exc.strerror or exc})") from exc
         if magic != b"GGUF":
             raise ModelError(f"{self.path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
         try:
@@ -173,50 +250,77 @@ class GGUFFile:
         if self.version not in (2, 3):
             raise ModelError(f"{self.path}: GGUF version {self.version} is not supported (2 and 3 are)")
         n_tensors, n_kv = cur.u64(), cur.u64()
-        if n_tensors > 1 << 24 or n_kv > 1 << 24:
+        if n_tensors * _MIN_TENSOR_INFO_BYTES + n_kv * _MIN_KV_BYTES > cur.left:
             raise ModelError(
-                f"{self.path}: implausible header ({n_tensors} tensors, {n_kv} keys): corrupt file"
+                f"{self.path}: implausible header ({n_tensors} tensors, {n_kv} keys do not fit in "
+                f"{len(self._map)} bytes): corrupt file"
             )
         self.metadata: dict[str, Any] = {}
         # value type per key, and the item type for arrays, so that a file can be re-written exactly
         self.metadata_types: dict[str, tuple[GGUFValueType, GGUFValueType | None]] = {}
         for _ in range(n_kv):
-            key = cur.string()
+            at = cur.pos
+            key = cur.string("metadata key")
+            if key in self.metadata:
+                raise ModelError(f"{self.path}: metadata key {_q(key)} appears twice (again at offset {at})")
             vtype = cur.u32()
             sub = cur.peek_item_type() if vtype == GGUFValueType.ARRAY else None
-            self.metadata[key] = cur.value(vtype)
+            self.metadata[key] = cur.value(vtype, key)
             self.metadata_types[key] = (GGUFValueType(vtype), sub)
         infos = []
         for _ in range(n_tensors):
-            name = cur.string()
+            at = cur.pos
+            name = cur.string("tensor name")
             n_dims = cur.u32()
-            if n_dims > 8:
-                raise ModelError(f"{self.path}: tensor {name!r} claims {n_dims} dimensions: corrupt file")
+            if n_dims > _MAX_DIMS:
+                raise ModelError(
+                    f"{self.path}: tensor {_q(name)} claims {n_dims} dimensions (at most {_MAX_DIMS}): "
+                    "corrupt file"
+                )
             ne = [cur.u64() for _ in range(n_dims)]
             type_id, offset = cur.u32(), cur.u64()
-            infos.append((name, ne, type_id, offset))
-        alignment = int(self.metadata.get("general.alignment", 32))
+            infos.append((name, ne, type_id, offset, at))
+        alignment = self._alignment()
         data_start = -(-cur.pos // alignment) * alignment
         self.tensors: dict[str, TensorInfo] = {}
         self._raw: dict[str, np.ndarray] = {}
-        for name, ne, type_id, offset in infos:
+        extents = []  # (begin, end, name) of each tensor's bytes
+        for name, ne, type_id, offset, at in infos:
+            if name in self.tensors:
+                raise ModelError(
+                    f"{self.path}: tensor {_q(name)} appears twice in the tensor directory (again at "
+                    f"offset {at}): corrupt file"
+                )
             try:
                 qtype = GGMLQuantizationType(type_id)
             except ValueError as exc:
-                raise ModelError(f"{self.path}: tensor {name!r} has unknown ggml type id {type_id}") from exc
+                raise ModelError(
+                    f"{self.path}: tensor {_q(name)} has unknown ggml type id {type_id}"
+                ) from exc
             shape = tuple(int(d) for d in reversed(ne))
             block_size, type_size = GGML_QUANT_SIZES[qtype]
             n_elem = math.prod(shape)  # exact: a corrupt dimension must not wrap around
-            if shape and shape[-1] % block_size:
+            if math.prod(max(d, 1) for d in shape) > _MAX_ELEMENTS:
                 raise ModelError(
-                    f"{self.path}: tensor {name!r} ({qtype.name}) has rows of {shape[-1]} values, "
+                    f"{self.path}: tensor {_q(name)} claims shape {shape} ({n_elem} values), more than any "
+                    "file holds: the file is corrupt or truncated"
+                )
+            row = shape[-1] if shape else 1
+            if row % block_size:
+                raise ModelError(
+                    f"{self.path}: tensor {_q(name)} ({qtype.name}) has rows of {row} values, "
                     f"not a multiple of the block size {block_size}"
+                )
+            if offset % alignment:
+                raise ModelError(
+                    f"{self.path}: tensor {_q(name)} starts at data offset {offset}, which is not a "
+                    f"multiple of the alignment {alignment}: corrupt file"
                 )
             n_bytes = n_elem // block_size * type_size
             begin = data_start + offset
             if begin + n_bytes > len(self._map):
                 raise ModelError(
-                    f"{self.path}: tensor {name!r} ({qtype.name}, shape {shape}) needs bytes "
+                    f"{self.path}: tensor {_q(name)} ({qtype.name}, shape {shape}) needs bytes "
                     f"{begin}..{begin + n_bytes} but the file ends at {len(self._map)}: the file is truncated"
                 )
             raw = self._map[begin : begin + n_bytes]
@@ -225,9 +329,33 @@ class GGUFFile:
             elif qtype == GGMLQuantizationType.F16:
                 raw = raw.view(np.float16).reshape(shape)
             else:
-                raw = raw.reshape(*shape[:-1], shape[-1] // block_size * type_size)
+                raw = raw.reshape(*shape[:-1], row // block_size * type_size)
             self.tensors[name] = TensorInfo(name, qtype.name, shape, n_bytes)
             self._raw[name] = raw
+            if n_bytes:
+                extents.append((begin, begin + n_bytes, name))
+        extents.sort()
+        for (b0, e0, n0), (b1, e1, n1) in zip(extents, extents[1:], strict=False):
+            if b1 < e0:
+                raise ModelError(
+                    f"{self.path}: tensors {_q(n0)} (bytes {b0}..{e0}) and {_q(n1)} (bytes {b1}..{e1}) "
+                    "overlap: corrupt file"
+                )
+
+    def _alignment(self) -> int:
+        """general.alignment: a power of two (32 when absent), as llama.cpp requires."""
+        value = self.metadata.get("general.alignment", 32)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not 0 < value <= _MAX_ALIGNMENT
+            or value & (value - 1)
+        ):
+            raise ModelError(
+                f"{self.path}: general.alignment is {_q(value)}; expected a power of two from 1 to "
+                f"{_MAX_ALIGNMENT} (32 when absent)"
+            )
+        return value
 
     # -- metadata ---------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
@@ -235,7 +363,7 @@ class GGUFFile:
 
     def require(self, key: str) -> Any:
         if key not in self.metadata:
-            raise ModelError(f"{self.path}: metadata key {key!r} is missing")
+            raise ModelError(f"{self.path}: metadata key {_q(key)} is missing")
         return self.metadata[key]
 
     @property
@@ -246,17 +374,17 @@ class GGUFFile:
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes or values as stored (memory-mapped, not copied)."""
         if name not in self._raw:
-            raise ModelError(f"{self.path}: tensor {name!r} is missing")
+            raise ModelError(f"{self.path}: tensor {_q(name)} is missing")
         return self._raw[name]
 
     def load(self, name: str, dtype: np.dtype | type = np.float32) -> np.ndarray:
         """The tensor dequantized to `dtype` (float32, float16 or float64), NumPy shape."""
         info = self.tensors.get(name)
         if info is None:
-            raise ModelError(f"{self.path}: tensor {name!r} is missing")
+            raise ModelError(f"{self.path}: tensor {_q(name)} is missing")
         if info.qtype not in dequantizable_types():
             raise ModelError(
-                f"{self.path}: tensor {name!r} has type {info.qtype}, which cannot be dequantized; "
+                f"{self.path}: tensor {_q(name)} has type {info.qtype}, which cannot be dequantized; "
                 f"supported types: {', '.join(sorted(dequantizable_types()))}"
             )
         raw = self._raw[name]

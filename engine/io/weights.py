@@ -49,6 +49,8 @@ ROW_WISE = ("token_embd.weight", "output.weight")  # read by rows: get_rows and 
 ROW_CHUNK_BYTES = 16 << 20  # dequantized bytes per block when a row-wise tensor is walked
 HEADROOM_FRACTION = 0.10  # of total memory, kept free by "auto"
 HEADROOM_MIN = 1 << 30
+_ROWS = object()  # the `part` of rows taken by id: checked on every read
+MAX_WEIGHT = 1e15  # a weight this large (real ones stay under 1e5) is bytes that are not weights
 
 
 # --- budget ----------------------------------------------------------------------------------------
@@ -207,9 +209,10 @@ class WeightStore(Mapping):
         self._cache_bytes = 0
         self.stats = StoreStats()
         self._pinned: dict[str, np.ndarray] = {}
+        self._finite: set[tuple[str, object]] = set()  # (tensor, part) whose values were checked finite
         for n, info in self.infos.items():
             if len(info.shape) <= 1:
-                self._pinned[n] = self._dequantize(gguf.raw(n), info.qtype, info.shape)
+                self._pinned[n] = self._dequantize(gguf.raw(n), info.qtype, info.shape, name=n)
         self.working_set = self._working_set_bytes()
         self.budget = resolve_budget(budget)
 
@@ -307,7 +310,7 @@ class WeightStore(Mapping):
         flat = idx.reshape(-1)
         uniq, inverse = np.unique(flat, return_inverse=True)
         raw = self.file.raw(name)
-        rows = self._dequantize(raw[uniq], info.qtype, (uniq.size, info.shape[-1]))
+        rows = self._dequantize(raw[uniq], info.qtype, (uniq.size, info.shape[-1]), name=name, part=_ROWS)
         return rows[inverse].reshape(*idx.shape, info.shape[-1])
 
     def row_chunks(
@@ -326,7 +329,7 @@ class WeightStore(Mapping):
         for lo in range(0, n_rows, step):
             hi = min(n_rows, lo + step)
             out = buf[: hi - lo]
-            self._dequantize(raw[lo:hi], info.qtype, out.shape, out=out)
+            self._dequantize(raw[lo:hi], info.qtype, out.shape, out=out, name=name, part=("rows", lo))
             yield lo, hi, out
 
     def fits_whole(self, name: str, max_bytes: int = ROW_CHUNK_BYTES) -> bool:
@@ -349,14 +352,17 @@ class WeightStore(Mapping):
             info = self.infos[name]
             shape = info.shape if e is None else info.shape[1:]
             raw = self.file.raw(name) if e is None else self.file.raw(name)[e]
+            part = None if e is None else ("expert", e)  # what _check_finite remembers as checked
             if info.qtype == "F32" and self.dtype == np.float32:
                 # stored as float32 already: the memory-mapped values themselves (no copy to cache)
                 self.stats.hits += 1
-                return raw.reshape(shape)
+                arr = raw.reshape(shape)
+                self._check_finite(arr, name, part)
+                return arr
             self.stats.misses += 1
             nbytes = math.prod(shape) * self.dtype.itemsize
             buf = self._reusable(shape, nbytes)
-            arr = self._dequantize(raw, info.qtype, shape, out=buf)
+            arr = self._dequantize(raw, info.qtype, shape, out=buf, name=name, part=part)
             self._cache[key] = arr
             self._cache_bytes += arr.nbytes
             self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, self._cache_bytes)
@@ -390,9 +396,15 @@ class WeightStore(Mapping):
             arr = self._cache.pop(key)
             self._cache_bytes -= arr.nbytes
 
-    def _dequantize(self, raw, qtype: str, shape, out: np.ndarray | None = None) -> np.ndarray:
+    def _dequantize(
+        self, raw, qtype: str, shape, out: np.ndarray | None = None, *, name: str = "", part: object = None
+    ) -> np.ndarray:
         """Dequantize stored bytes into `out` (or a new array), then let their pages go (see
-        GGUFFile.release): the weights at rest live in the page cache, not in this process."""
+        GGUFFile.release): the weights at rest live in the page cache, not in this process.
+
+        The values of tensor `name` (its `part`: an expert, a block of rows) are checked finite the
+        first time they are dequantized (see `_check_finite`).
+        """
         t = time.perf_counter()
         if self.dtype == np.float32:
             y = dequantize(raw, qtype, out=out if out is not None and out.dtype == np.float32 else None)
@@ -402,11 +414,43 @@ class WeightStore(Mapping):
                 out[...] = y.reshape(out.shape)
                 y = out
         y = y.reshape(shape)
+        if name:
+            self._check_finite(y, name, part)
         if isinstance(raw, np.memmap) or getattr(raw, "base", None) is not None:
             self.file.release(raw)
         self.stats.dequant_seconds += time.perf_counter() - t
         self.stats.dequant_values += y.size
         return y
+
+    def _check_finite(self, values: np.ndarray, name: str, part: object) -> None:
+        """ModelError naming the tensor when `values` hold a NaN, an infinity or a magnitude of
+        `MAX_WEIGHT` or more: bytes that are not weights (a corrupt file).
+
+        Once per tensor part: the bytes do not change, so a part dequantized again (after eviction,
+        the next step's head block) is not checked again; rows taken by id are checked every time.
+        One pass, the sum of squares (a few percent of a dequantization; none on later reads),
+        which is NaN, infinite or over MAX_WEIGHT**2 when any value is; only then are they searched.
+        """
+        key = (name, part)
+        if key in self._finite:
+            return
+        flat = values.reshape(-1)
+        with np.errstate(invalid="ignore", over="ignore"):  # a NaN or an overflow is the finding
+            total = float(np.dot(flat, flat))
+        if not total <= MAX_WEIGHT * MAX_WEIGHT:
+            with np.errstate(invalid="ignore"):
+                bad = ~(np.abs(values) < MAX_WEIGHT)
+            if bad.any():
+                where = tuple(int(i) for i in np.argwhere(bad)[0])
+                expert = isinstance(part, tuple) and part[0] == "expert"
+                what = f"expert {part[1]} of tensor" if expert else "tensor"
+                raise ModelError(
+                    f"{self.path}: {what} {name!r} holds {values[where]} at index {list(where)} "
+                    f"({int(bad.sum())} values are NaN, infinite or beyond ±{MAX_WEIGHT:.0e}): the model "
+                    "file is corrupt; weights must be finite numbers (re-download or re-convert the model)"
+                )
+        if part is not _ROWS:
+            self._finite.add(key)
 
 
 class ExpertStack:

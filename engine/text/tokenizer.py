@@ -83,6 +83,11 @@ _MODELS = types.MappingProxyType({"llama": "spm", "gpt2": "bpe"})
 
 _SPACE_MARK = "\u2581"  # "▁", SentencePiece's escaped space
 
+# Special ids that must lie inside the vocabulary (a TokenizerError otherwise): encode and
+# generation use them. Others out of range are ignored with a warning, as llama.cpp does.
+_REQUIRED_IN_VOCAB = frozenset({"bos", "eos", "eot", "eom", "unk"})
+_MAX_MERGED_PIECE = 1024  # SentencePiece pieces longer than this get no merges (see _spm_merges)
+
 # Metadata keys of the special token ids, by llama.cpp's name (later keys are deprecated spellings)
 _ID_KEYS = types.MappingProxyType(
     {
@@ -353,9 +358,11 @@ def _opt_list(
         return None
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise TokenizerError(f"{source}: {key} is a {type(value).__name__}; expected an array")
-    if n is not None and len(value) < n:
-        raise TokenizerError(f"{source}: {key} has {len(value)} entries for {n} tokens")
-    value = list(value if n is None else value[:n])
+    if n is not None and len(value) != n:
+        raise TokenizerError(
+            f"{source}: {key} has {len(value)} entries for {n} tokens; expected one entry per token"
+        )
+    value = list(value)
     if not set(map(type, value)) <= set(kinds):  # exact types: a bool is not an int here
         bad = next(v for v in value if type(v) not in kinds)
         raise TokenizerError(
@@ -371,12 +378,25 @@ def _spm_merges(
 
     As transformers' `SentencePieceExtractor`: every split of a piece into two pieces
     of the vocabulary is a merge; within a piece, splits are ordered by the ids of
-    their halves; overall, higher scores first and ties in vocabulary order.
+    their halves; overall, higher scores first and ties in vocabulary order. Pieces longer
+    than `_MAX_MERGED_PIECE` characters (none in a real vocabulary) get no merges, so that a
+    corrupt vocabulary cannot make this take hours.
     """
     ranked: list[tuple[float, str, str]] = []
+    vocab_lengths = {len(t) for t in tokens}
+    lengths = sorted(vocab_lengths)  # a split whose halves have no such length is no merge
+    long = 0
     for piece, score in zip(tokens, scores, strict=True):
         local = []
-        for k in range(1, len(piece)):
+        n = len(piece)
+        if n > _MAX_MERGED_PIECE:
+            long += 1
+            continue
+        for k in lengths:
+            if k >= n:
+                break
+            if n - k not in vocab_lengths:
+                continue
             left, right = piece[:k], piece[k:]
             il, ir = vocab.get(left), vocab.get(right)
             if il is not None and ir is not None:
@@ -384,6 +404,8 @@ def _spm_merges(
         if local:
             local.sort()
             ranked.extend((score, left, right) for _, _, left, right in local)
+    if long:
+        log.warning("%d tokens longer than %d characters get no merges", long, _MAX_MERGED_PIECE)
     ranked.sort(key=lambda m: m[0], reverse=True)  # stable: ties keep vocabulary order
     return [(left, right) for _, left, right in ranked]
 
@@ -416,10 +438,10 @@ class Tokenizer:
         model = md.get("tokenizer.ggml.model")
         if model is None:
             raise TokenizerError(f"{source}: tokenizer.ggml.model is missing; the file has no tokenizer")
-        if model not in _MODELS:
+        if not isinstance(model, str) or model not in _MODELS:
             supported = ", ".join(f"{k!r} ({v})" for k, v in _MODELS.items())
             raise TokenizerError(
-                f"{source}: tokenizer.ggml.model {model!r} is not supported; supported: {supported}"
+                f"{source}: tokenizer.ggml.model {repr(model)[:60]} is not supported; supported: {supported}"
             )
         self.kind = _MODELS[model]
 
@@ -445,6 +467,12 @@ class Tokenizer:
         self._tokens: list[str] = tokens
 
         scores = _opt_list(md, "tokenizer.ggml.scores", source, n, (float, int))
+        if scores is not None and any(x != x for x in scores):  # NaN: the merge order would be arbitrary
+            i = next(i for i, x in enumerate(scores) if x != x)
+            raise TokenizerError(
+                f"{source}: tokenizer.ggml.scores[{i}] (token {tokens[i][:40]!r}) is NaN; "
+                "expected finite scores"
+            )
         types_ = _opt_list(md, "tokenizer.ggml.token_type", source, n, (int,))
         attrs = [_ATTR_NORMAL] * n if types_ is None else [_ATTR_OF_TYPE.get(t, 0) for t in types_]
 
@@ -463,7 +491,7 @@ class Tokenizer:
                 pre = "default"
             if not isinstance(pre, str) or pre not in PRE_TOKENIZERS:
                 raise TokenizerError(
-                    f"{source}: tokenizer.ggml.pre {pre!r} is not supported; supported: "
+                    f"{source}: tokenizer.ggml.pre {repr(pre)[:60]} is not supported; supported: "
                     + ", ".join(sorted(PRE_TOKENIZERS))
                 )
             self.pre = pre
@@ -488,6 +516,13 @@ class Tokenizer:
                 if value is None:
                     continue
                 if not 0 <= value < n:
+                    if name in _REQUIRED_IN_VOCAB:
+                        raise TokenizerError(
+                            f"{source}: {key} is {value}, outside the vocabulary; expected a token id "
+                            f"in 0..{n - 1}"
+                        )
+                    # llama.cpp's "bad special token ... using default id": real files have these
+                    # (padding_token_id = 32000 with 32000 tokens); the id is not used to encode
                     log.warning(
                         "%s: %s = %d is out of the vocabulary (%d tokens), ignored", source, key, value, n
                     )
@@ -630,9 +665,10 @@ class Tokenizer:
         merges: list[tuple[str, str]] = []
         for m in merges_list:
             pos = m.find(" ", 1)  # llama.cpp: a token may start with a space, never contain one later
-            if pos < 0:
+            if pos < 0 or pos == len(m) - 1:
                 raise TokenizerError(
-                    f"{self._source}: merge {m!r} in tokenizer.ggml.merges is not 'left right'"
+                    f"{self._source}: merge {m[:60]!r} in tokenizer.ggml.merges is not a pair of tokens; "
+                    "expected 'left right'"
                 )
             merges.append((m[:pos], m[pos + 1 :]))
         try:
@@ -689,7 +725,7 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TokenizerError(f"{self._source}: cannot tokenize a {type(text).__name__}; expected str")
         tk = self._special if parse_special else self._plain
-        ids = tk.encode(text, add_special_tokens=False).ids
+        ids = self._encodings(tk, [text])[0].ids
         return self._add_special(ids) if add_special else ids
 
     def encode_batch(
@@ -700,7 +736,7 @@ class Tokenizer:
             if not isinstance(t, str):
                 raise TokenizerError(f"{self._source}: cannot tokenize a {type(t).__name__}; expected str")
         tk = self._special if parse_special else self._plain
-        out = [e.ids for e in tk.encode_batch(list(texts), add_special_tokens=False)]
+        out = [e.ids for e in self._encodings(tk, list(texts))]
         return [self._add_special(ids) for ids in out] if add_special else out
 
     def encode_with_offsets(
@@ -720,7 +756,7 @@ class Tokenizer:
         if not isinstance(text, str):
             raise TokenizerError(f"{self._source}: cannot tokenize a {type(text).__name__}; expected str")
         tk = self._special if parse_special else self._plain
-        encoding = tk.encode(text, add_special_tokens=False)
+        encoding = self._encodings(tk, [text])[0]
         ids = encoding.ids
         if not ids:
             return ids, []
@@ -735,6 +771,26 @@ class Tokenizer:
                 starts[k] = starts[k - 1]
         ends = [*starts[1:], len(text)]
         return ids, list(zip(starts, ends, strict=True))
+
+    def _encodings(self, tk: HFTokenizer, texts: list[str]) -> list:
+        """The `tokenizers` encodings of `texts`; TokenizerError for text that is not Unicode (an
+        unpaired surrogate, which has no UTF-8 bytes) rather than the library's TypeError."""
+        try:
+            if len(texts) == 1:
+                return [tk.encode(texts[0], add_special_tokens=False)]
+            return tk.encode_batch(texts, add_special_tokens=False)
+        except TypeError:
+            for k, text in enumerate(texts):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    where = f"text {k}" if len(texts) > 1 else "the text"
+                    code = ord(text[exc.start])
+                    raise TokenizerError(
+                        f"{self._source}: {where} holds an unpaired surrogate U+{code:04X} at character "
+                        f"{exc.start}, which is not Unicode text; only valid Unicode can be tokenized"
+                    ) from None
+            raise
 
     def _add_special(self, ids: list[int]) -> list[int]:
         if self.add_bos:

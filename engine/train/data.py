@@ -28,9 +28,14 @@ appended. Control tokens written in the data ("<|im_end|>") are parsed as contro
 `make_batches` lays the windows out as (B, T) arrays with positions restarting at 0 for each
 sample and a segment number per sample, so that attention can be kept inside each sample.
 
-What this module is not: it does not tokenize lazily or stream files larger than memory, it
-does not decide reward weights (see `engine.train.rewards`), and it does not split samples longer
-than `n_ctx` into several windows: they are truncated and reported.
+Files are read a line at a time, after checking that they are regular files (a FIFO is refused,
+not waited on) of at most `MAX_FILE_BYTES`; a line longer than `MAX_LINE_BYTES`, one that is not
+UTF-8, and any value nested deeper than `MAX_NESTING`, holding an unpaired surrogate or a NaN,
+is a problem on its line.
+
+What this module is not: it does not tokenize lazily, it does not decide reward weights (see
+`engine.train.rewards`), and it does not split samples longer than `n_ctx` into several windows:
+they are truncated and reported.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ MAX_LINE_BYTES = 16 << 20  # a longer line is a problem, skipped without being h
 MAX_NESTING = 64  # objects and arrays nested deeper than this make a line a problem
 _BINARY_SNIFF = 8192  # bytes at the start of a file checked for NUL (a binary file, or UTF-16)
 _END = object()  # an exhausted iterator's next()
+_NOT_UTF8 = "not UTF-8 text: "  # how the problem of a line that is not UTF-8 begins
 
 
 # -- samples ------------------------------------------------------------------------------------
@@ -422,7 +428,7 @@ def _open_dataset(path: Path) -> BinaryIO:
         if st.st_size > MAX_FILE_BYTES:
             raise DatasetError(
                 f"{path} is {st.st_size / 2**30:.1f} GiB ({st.st_size} bytes); dataset files up to "
-                f"{MAX_FILE_BYTES >> 30} GiB are read: split it into smaller files"
+                f"{MAX_FILE_BYTES / 2**30:g} GiB are read: split it into smaller files"
             )
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -470,9 +476,10 @@ def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, str]]:
             number += 1
             total += length
             if total > MAX_FILE_BYTES:
-                raise DatasetError(f"{path} grew beyond {MAX_FILE_BYTES >> 30} GiB while it was read")
+                raise DatasetError(f"{path} grew beyond {MAX_FILE_BYTES / 2**30:g} GiB while it was read")
             if not raw:
-                message = f"the line is {length} bytes long; lines up to {MAX_LINE_BYTES >> 20} MiB are read"
+                limit = MAX_LINE_BYTES / 2**20
+                message = f"the line is {length:,} bytes long; lines up to {limit:g} MiB are read"
                 problems.append(Problem(number, message, ERROR))
                 continue
             if number == 1 and raw.startswith(codecs.BOM_UTF8):
@@ -481,7 +488,7 @@ def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, str]]:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 message = (
-                    f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line is "
+                    f"{_NOT_UTF8}byte 0x{raw[exc.start]:02x} (byte {exc.start + 1} of the line) is "
                     "invalid (JSON Lines files are UTF-8; was the file saved in another encoding?)"
                 )
                 problems.append(Problem(number, message, ERROR))
@@ -497,18 +504,21 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[list[Sample], list[Problem
     """The samples of a JSON Lines file and the problems found, in line order.
 
     Blank lines are skipped, a UTF-8 byte order mark is accepted, and a line repeating an
-    earlier sample exactly is kept with a warning. `DatasetError` only when the file cannot
-    be read at all (missing, a folder, not UTF-8).
+    earlier sample exactly is kept with a warning. A line that is not UTF-8 is a problem, but
+    a file none of whose lines is UTF-8 is in another encoding. `DatasetError` only when the
+    file cannot be read at all (missing, a folder, not a file, too large, binary, not UTF-8).
     """
     path = Path(path)
     samples: list[Sample] = []
     problems: list[Problem] = []
     seen: dict[str, int] = {}
+    text_lines = 0
     # lines end at "\n" only: str.splitlines would also split at U+2028 and others, which JSON
     # allows unescaped inside strings
     for number, raw in _lines(path, problems):
         if not raw.strip():
             continue
+        text_lines += 1
         try:
             obj = json.loads(raw)
         except json.JSONDecodeError as exc:
@@ -535,6 +545,12 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[list[Sample], list[Problem
         else:
             seen[key] = number
         samples.append(sample)
+    if not text_lines:
+        first = next((p for p in problems if p.message.startswith(_NOT_UTF8)), None)
+        if first is not None:
+            raise DatasetError(
+                f"{path} is not UTF-8 text: on line {first.line}, {first.message[len(_NOT_UTF8) :]}"
+            )
     return samples, problems
 
 

@@ -309,10 +309,12 @@ def test_unreadable_files_raise_dataset_error(tmp_path):
         load_jsonl(tmp_path / "missing.jsonl")
     with pytest.raises(DatasetError, match="folder"):
         load_jsonl(tmp_path)
-    latin1 = tmp_path / "latin1.jsonl"
+    latin1 = tmp_path / "latin1.jsonl"  # a line that is not UTF-8 is a problem; the others load
     latin1.write_bytes('{"text": "ok"}\n{"text": "café"}\n'.encode("latin-1"))
-    with pytest.raises(DatasetError, match="not UTF-8.*line 2"):
-        load_jsonl(latin1)
+    samples, problems = load_jsonl(latin1)
+    assert [s.text for s in samples] == ["ok"]
+    assert [(p.line, p.severity) for p in problems] == [(2, "error")]
+    assert "not UTF-8" in problems[0].message and "0xe9" in problems[0].message
     utf16 = tmp_path / "utf16.jsonl"
     utf16.write_bytes('{"text": "ok"}\n'.encode("utf-16"))
     with pytest.raises(DatasetError, match="UTF-16"):
