@@ -1,8 +1,11 @@
 """Where the engine computes: NumPy on the CPU or CuPy on a CUDA GPU, chosen once per session.
 
 `select_backend("auto" | "cpu" | "cuda:N")` returns a `Backend`: the array module `xp` that model
-code is written against, and the few operations that cross the host/device boundary
-(`asarray`, `to_host`, `synchronize`). `available_devices()` lists every device with whether it is
+code is written against, the kernels' `Runtime` (engine.kernels.cuda) for a GPU, and the few
+operations that cross the host/device boundary (`asarray`, `to_host`, `synchronize`).
+`with backend.active():` makes the backend's device current and routes every op of
+`engine.model.ops` to its CUDA twin on that runtime; on the CPU it does nothing.
+`available_devices()` lists every device with whether it is
 usable and, when it is not, why (CuPy not installed, no driver, no GPU, GPU too old), so the app
 and the CLI can say it in plain words.
 
@@ -13,9 +16,11 @@ this module imports on any machine, and a CuPy that imports without a driver or 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -45,24 +50,46 @@ class Device:
 class Backend:
     """The array module of one session and the host/device crossings."""
 
-    device: str  # "cpu" or "cuda:N"
-    xp: ModuleType  # numpy or cupy
+    device: str  # "cpu" or "cuda:N" (tests: "emulated", the kernels run by g++ on the CPU)
+    xp: ModuleType  # numpy or cupy (the runtime's array module)
     reason: str = ""  # why this device was chosen ("auto" resolved to the CPU: why no GPU)
+    runtime: Any = None  # engine.kernels.cuda.Runtime of a GPU backend; None on the CPU
 
     @property
     def is_gpu(self) -> bool:
-        return self.device != "cpu"
+        return self.runtime is not None
 
     @property
     def device_index(self) -> int | None:
-        return int(self.device.split(":")[1]) if self.is_gpu else None
+        return int(self.device.split(":")[1]) if self.device.startswith("cuda:") else None
+
+    def _device(self):
+        index = self.device_index
+        if index is None or not hasattr(self.xp, "cuda"):
+            return contextlib.nullcontext()
+        return self.xp.cuda.Device(index)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[Backend]:
+        """Within it, this backend's device is current and model ops run on its runtime."""
+        if self.runtime is None:
+            yield self
+            return
+        from .model import ops  # the model layer reads the runtime; this module stays below it
+
+        with self._device(), ops.use_runtime(self.runtime):
+            yield self
 
     def asarray(self, a: Any, dtype: Any = None):
         """`a` on this backend's device (no copy when it is already there with that dtype)."""
         if self.is_gpu:
-            with self.xp.cuda.Device(self.device_index):
+            with self._device():
                 return self.xp.asarray(a, dtype=dtype)
         return np.asarray(a, dtype=dtype)
+
+    def zeros(self, shape, dtype=np.float32):
+        with self._device():
+            return self.xp.zeros(shape, dtype=dtype)
 
     def to_host(self, a: Any) -> np.ndarray:
         """A NumPy array of `a` (a device array is copied to the host)."""
@@ -70,8 +97,8 @@ class Backend:
 
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""
-        if self.is_gpu:
-            with self.xp.cuda.Device(self.device_index):
+        if self.is_gpu and hasattr(self.xp, "cuda"):
+            with self._device():
                 self.xp.cuda.get_current_stream().synchronize()
 
 
@@ -192,15 +219,25 @@ def select_backend(device: str = "auto") -> Backend:
 
 
 def gpu_training_available() -> bool:
-    """Whether the engine's GPU path exists in this build (the kernels of engine.kernels)."""
-    return False
+    """Whether the engine's GPU path can run here: the CUDA compiler (NVRTC) the kernels are built
+    with at run time must be importable beside CuPy."""
+    return gpu_unavailable_reason() == ""
 
 
+@functools.lru_cache(maxsize=1)
 def gpu_unavailable_reason() -> str:
-    return "GPU training is not available in this version yet; choose cpu"
+    try:
+        from .kernels.cuda import nvrtc_version
+
+        nvrtc_version()
+    except Exception as exc:  # noqa: BLE001 - CudaToolkitError, or a broken toolkit
+        return f"the CUDA compiler (NVRTC) the kernels need is not usable ({exc})"
+    return ""
 
 
 def _cuda_backend(dev: Device) -> Backend:
     import cupy
 
-    return Backend(dev.name, cupy, "")
+    from .kernels.cuda import cuda_runtime
+
+    return Backend(dev.name, cupy, "", cuda_runtime())

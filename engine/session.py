@@ -93,7 +93,7 @@ class EngineSession:
         template_file: str | None = None,
     ):
         self.backend: Backend = select_backend(device)  # EngineError naming why a GPU cannot be used
-        self.model = Model.load(model, cache_budget=cache_budget)
+        self.model = Model.load(model, cache_budget=cache_budget, backend=self.backend)
         self.path = self.model.path
         self.tokenizer = Tokenizer.from_metadata(self.model.metadata, self.path)
         self.template_file = template_file

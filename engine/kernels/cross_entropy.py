@@ -26,7 +26,7 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / e.sum(axis=axis, keepdims=True)
 
 
-def project(h: np.ndarray, w) -> np.ndarray:
+def project_ref(h: np.ndarray, w) -> np.ndarray:
     """Logits h W^T for h (..., C) and an output weight (V, C) given as an array or in row blocks."""
     V = w.shape[0]
     out = np.empty((*h.shape[:-1], V), dtype=h.dtype)
@@ -111,7 +111,7 @@ def lm_head_loss_ref(
         rows = rows_all[start : start + chunk]
         n = rows.size
         hc = h[rows]  # (n, C)
-        logp = project(hc, w)  # (n, V) logits, then log-probabilities in place
+        logp = project_ref(hc, w)  # (n, V) logits, then log-probabilities in place
         ha = hb = None
         if lora is not None:
             ha = hc @ lora.A.T  # (n, r)
@@ -126,7 +126,7 @@ def lm_head_loss_ref(
         loss += float((wt * ce).sum())
         ce_sum += float(ce.sum())
         if kl:
-            logq = _log_softmax_rows(project(h_ref[rows], w_ref))
+            logq = _log_softmax_rows(project_ref(h_ref[rows], w_ref))
             klv = (p * (logp - logq)).sum(axis=-1)  # (n,)
             aw = np.abs(wt)
             loss += kl_coef * float((aw * klv).sum())
@@ -607,6 +607,33 @@ def lm_head_loss_on(
         rt.gemm(hc, dzA, grads["tied_lora"][1], trans_a=True, alpha=tied_lora.s)  # dB = s h^T (dz A)
     dh[rows] = dhc
     return out[0], (out[1], n), dh, grads
+
+
+def project_on(rt: Runtime, h: Any, w: Any) -> Any:
+    """`project` on a runtime: float32 logits (..., V), the vocabulary in blocks of the weight (an
+    array, float32 or bf16 bits, or a lazy view's `row_chunks()`); a bf16 head takes h rounded to
+    bf16 once (fp32 accumulation)."""
+    xp = rt.xp
+    h = f32_input(rt, h, "hidden states h")
+    C = h.shape[-1]
+    h2 = h.reshape(-1, C)
+    V = int(w.shape[0])
+    out = xp.empty((h2.shape[0], V), dtype=xp.float32)
+    hb = None
+    for lo, hi, blk in _vocab_blocks(rt, w, V):
+        if blk.dtype.name == "uint16" and hb is None:
+            hb = to_bf16(rt, h2)
+        whole = lo == 0 and hi == V
+        z = out if whole else xp.empty((h2.shape[0], hi - lo), dtype=xp.float32)
+        rt.gemm(hb if blk.dtype.name == "uint16" else h2, blk, z, trans_b=True)
+        if not whole:
+            out[:, lo:hi] = z
+    return out.reshape(*h.shape[:-1], V)
+
+
+def project(h: Any, w: Any) -> Any:
+    """CUDA twin of `project_ref`: logits h W^T (float32 CuPy array) for a float32 or bf16 head."""
+    return project_on(runtime_for(h, "project"), h, w)
 
 
 def lm_head_loss(

@@ -28,7 +28,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from ..backend import array_module
-from .cuda import KernelSource, get_kernel
+from .cuda import KernelSource, Runtime, cuda_runtime
 
 # the types with a CUDA kernel, in the order of the kernel source
 GPU_TYPES = (
@@ -612,6 +612,45 @@ def dequant(
     Float32 results equal `dequant_ref` bit for bit; bfloat16 results are those rounded to nearest-even.
     Runs on the current stream of raw_dev's device, asynchronously.
     """
+    _check_request(qtype, dtype)
+    xp = array_module(raw_dev)
+    if xp is np:
+        raise TypeError(
+            f"dequant runs on CuPy arrays, got {type(raw_dev).__name__}; use dequant_ref for NumPy arrays"
+        )
+    if out is not None and array_module(out) is np:
+        raise TypeError(f"out must be a CuPy array on the raw data's device, got {type(out).__name__}")
+    if out is not None and out.device.id != raw_dev.device.id:
+        raise ValueError(f"out is on cuda:{out.device.id}, the raw data on cuda:{raw_dev.device.id}")
+    with raw_dev.device:
+        return dequant_on(cuda_runtime(), raw_dev, qtype, out, dtype, rows)
+
+
+def dequant_on(
+    rt: Runtime, raw_dev: Any, qtype: str, out: Any = None, dtype: str = "float32", rows: Any = None
+):
+    """`dequant` on a runtime (its arrays; the GPU's, or the emulator's in tests)."""
+    _check_request(qtype, dtype)
+    xp = rt.xp
+    if raw_dev.ndim == 0:
+        raise ValueError("raw_dev must have at least one axis, got a scalar")
+    if not raw_dev.flags.c_contiguous:
+        raise ValueError(f"raw_dev must be C-contiguous (shape {raw_dev.shape}, strides {raw_dev.strides})")
+    raw_u8 = raw_dev.view(xp.uint8)
+    if rows is not None and raw_u8.ndim < 2:
+        raise ValueError(f"rows= picks along the first axis; raw_dev of shape {raw_dev.shape} has one axis")
+    ids = None if rows is None else _device_ids(rows, raw_u8.shape[0], xp)
+    plan = dequant_plan(tuple(raw_u8.shape), qtype, None if ids is None else int(ids.size))
+    out = _check_out(out, plan.shape, dtype, xp)
+    if plan.grid == 0:
+        return out
+    rt.launch(
+        SOURCE, kernel_name(qtype, dtype), (plan.grid,), (THREADS,), kernel_args(plan, raw_u8, ids, out)
+    )
+    return out
+
+
+def _check_request(qtype: str, dtype: str) -> None:
     if dtype not in OUT_DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; use one of {', '.join(OUT_DTYPES)}")
     if qtype not in GPU_TYPES:
@@ -619,30 +658,6 @@ def dequant(
             f"no CUDA kernel dequantizes {qtype!r}; kernels exist for {', '.join(GPU_TYPES)}; "
             "dequantize other types once on the host with dequant_ref"
         )
-    xp = array_module(raw_dev)
-    if xp is np:
-        raise TypeError(
-            f"dequant runs on CuPy arrays, got {type(raw_dev).__name__}; use dequant_ref for NumPy arrays"
-        )
-    if raw_dev.ndim == 0:
-        raise ValueError("raw_dev must have at least one axis, got a scalar")
-    if not raw_dev.flags.c_contiguous:
-        raise ValueError(f"raw_dev must be C-contiguous (shape {raw_dev.shape}, strides {raw_dev.strides})")
-    raw_u8 = raw_dev.view(xp.uint8)
-
-    with raw_dev.device:
-        if rows is not None and raw_u8.ndim < 2:
-            raise ValueError(
-                f"rows= picks along the first axis; raw_dev of shape {raw_dev.shape} has one axis"
-            )
-        ids = None if rows is None else _device_ids(rows, raw_u8.shape[0], xp)
-        plan = dequant_plan(tuple(raw_u8.shape), qtype, None if ids is None else int(ids.size))
-        out = _check_out(out, plan.shape, dtype, raw_dev, xp)
-        if plan.grid == 0:
-            return out
-        kernel = get_kernel(SOURCE, kernel_name(qtype, dtype))
-        kernel((plan.grid,), (THREADS,), kernel_args(plan, raw_u8, ids, out))
-    return out
 
 
 def kernel_args(plan: DequantPlan, src: Any, ids: Any, out: Any) -> tuple:
@@ -677,11 +692,9 @@ def _device_ids(rows: Any, n_src: int, xp: Any) -> Any:
     return xp.ascontiguousarray(rows, dtype=xp.int32)
 
 
-def _check_out(out: Any, shape: tuple[int, ...], dtype: str, raw_dev: Any, xp: Any) -> Any:
+def _check_out(out: Any, shape: tuple[int, ...], dtype: str, xp: Any) -> Any:
     if out is None:
         return xp.empty(shape, dtype=xp.float32 if dtype == "float32" else xp.uint16)
-    if array_module(out) is np:
-        raise TypeError(f"out must be a CuPy array on the raw data's device, got {type(out).__name__}")
     if tuple(out.shape) != shape:
         raise ValueError(f"out has shape {tuple(out.shape)}; this call writes {shape}")
     if dtype == "float32" and out.dtype != np.float32:
@@ -692,6 +705,4 @@ def _check_out(out: Any, shape: tuple[int, ...], dtype: str, raw_dev: Any, xp: A
         )
     if not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous (shape {out.shape}, strides {out.strides})")
-    if out.device.id != raw_dev.device.id:
-        raise ValueError(f"out is on cuda:{out.device.id}, the raw data on cuda:{raw_dev.device.id}")
     return out

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..backend import to_host
 from . import ops
 from .archs import ModelConfig
 from .layers import BlockCache, add_grad, add_lora_grads, block_backward, block_forward, expert_counts
@@ -49,18 +50,24 @@ def make_inputs(
     segments: np.ndarray | None = None,
     k_pos: np.ndarray | None = None,
     dtype=np.float32,
+    backend=None,
 ) -> Inputs:
-    """RoPE angles and the causal mask for tokens at `positions` (keys at `k_pos`, default the same)."""
-    tokens = np.asarray(tokens, dtype=np.int64)
-    positions = np.asarray(positions, dtype=np.int64)
+    """RoPE angles and the causal mask for tokens at `positions` (keys at `k_pos`, default the same),
+    built on the host and put on `backend`'s device (an engine.backend.Backend; None: the host)."""
+    tokens = np.asarray(to_host(tokens), dtype=np.int64)
+    positions = np.asarray(to_host(positions), dtype=np.int64)
     if segments is not None:
-        segments = np.asarray(segments, dtype=np.int64)
-    k_pos = positions if k_pos is None else k_pos
+        segments = np.asarray(to_host(segments), dtype=np.int64)
+    k_pos = positions if k_pos is None else np.asarray(to_host(k_pos), dtype=np.int64)
     mask = ops.attention_mask(positions, k_pos, segments, segments if segments is not None else None)
+    freqs = W.get("rope_freqs.weight")
     cos, sin = ops.rope_angles(
-        positions, cfg.n_rot, cfg.rope_base, cfg.rope_scale, W.get("rope_freqs.weight"), dtype
+        positions, cfg.n_rot, cfg.rope_base, cfg.rope_scale, None if freqs is None else to_host(freqs), dtype
     )
-    return Inputs(tokens, positions, mask, cos, sin)
+    inp = Inputs(tokens, positions, mask, cos, sin)
+    if backend is not None and backend.is_gpu:
+        inp = Inputs(*(backend.asarray(a) for a in inp))
+    return inp
 
 
 def output_name(W: Mapping[str, np.ndarray]) -> str:

@@ -5,34 +5,62 @@ then decodes one token for every unfinished sample. Sampling follows
 llama.cpp's default chain: top-k, then top-p, then min-p on the probabilities
 at temperature 1, then temperature, then a draw from a seeded generator.
 A sample stops at an end-of-generation token (not included in its text), at
-its token budget, or at the context length. This module does not tokenize
-or template; callers pass token ids and get token ids back.
+its token budget, or at the context length. A NaN logit is never drawn and an
+infinite one always is; a row with neither a finite nor an infinite logit is a
+`ModelError`. This module does not tokenize or template; callers pass token ids
+and get token ids back.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ModelError
+from ..errors import EngineError, ModelError
 from .ops import LoraTerm
 
 log = logging.getLogger(__name__)
+
+
+def _real(v: object) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _integer(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 @dataclass(frozen=True)
 class SamplingConfig:
     """How the next token is chosen (llama.cpp's names and defaults)."""
 
-    temperature: float = 0.8  # <= 0: greedy (argmax)
+    temperature: float = 0.8  # 0: greedy (argmax)
     top_k: int = 40  # keep the k most likely tokens; 0 = off
     top_p: float = 0.95  # keep the smallest set with cumulative probability >= p; 1 = off
     min_p: float = 0.05  # drop tokens with probability < min_p * max probability; 0 = off
     seed: int | None = None  # None: a fresh random seed each call
     max_new_tokens: int = 128  # token budget per sample
+
+    def __post_init__(self) -> None:
+        """EngineError naming the first setting out of range, and what it accepts."""
+        t, k, p, m, seed, n = (
+            self.temperature, self.top_k, self.top_p, self.min_p, self.seed, self.max_new_tokens
+        )  # fmt: skip
+        checks = (
+            ("temperature", _real(t) and 0 <= t < math.inf, "a finite number >= 0 (0: greedy)"),
+            ("top_k", _integer(k) and k >= 0, "an integer >= 0 (0: off)"),
+            ("top_p", _real(p) and 0 < p <= 1, "a number in (0, 1] (1: off)"),
+            ("min_p", _real(m) and 0 <= m <= 1, "a number in [0, 1] (0: off)"),
+            ("seed", seed is None or (_integer(seed) and seed >= 0), "an integer >= 0, or None"),
+            ("max_new_tokens", _integer(n) and n >= 1, "an integer >= 1"),
+        )
+        for name, ok, accepted in checks:
+            if not ok:
+                raise EngineError(f"sampling setting {name} is {getattr(self, name)!r}; expected {accepted}")
 
     @property
     def greedy(self) -> bool:
@@ -50,12 +78,32 @@ class Generation:
     stop_reason: str  # "eos" (end-of-generation token), "length" (budget), "context" (n_ctx), "stopped"
 
 
+def _usable(logits: np.ndarray) -> np.ndarray:
+    """Logits (B, V) with NaN as -inf (never drawn) and +inf as the largest float (the model is certain:
+    those tokens share the probability); ModelError when a row has no finite or +inf logit left."""
+    logits = np.where(np.isnan(logits), -np.inf, logits)
+    logits = np.where(logits == np.inf, np.finfo(np.float64).max, logits)
+    dead = ~np.isfinite(logits).any(axis=-1)
+    if dead.any():
+        b = int(np.argmax(dead))
+        raise ModelError(
+            f"the model's logits for sample {b} are all NaN or -inf ({logits.shape[-1]} tokens): the "
+            "model or adapter weights hold non-finite values; nothing can be sampled"
+        )
+    return logits
+
+
 def sample_next(logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generator) -> np.ndarray:
-    """Next token per row of logits (B, V)."""
+    """Next token per row of logits (B, V). NaN logits are never drawn, +inf ones always are (among
+    themselves); ModelError when a row has no other."""
     logits = logits.astype(np.float64)
+    B, V = logits.shape
+    if V == 0:
+        raise ModelError("cannot sample from logits over an empty vocabulary (V = 0)")
+    if not np.isfinite(logits).all():
+        logits = _usable(logits)
     if cfg.greedy:
         return logits.argmax(axis=-1)
-    B, V = logits.shape
     out = np.empty(B, dtype=np.int64)
     for b in range(B):
         z = logits[b]
@@ -71,8 +119,8 @@ def sample_next(logits: np.ndarray, cfg: SamplingConfig, rng: np.random.Generato
             keep = min(keep, int(np.searchsorted(cum, cfg.top_p) + 1))
         if cfg.min_p > 0.0:
             keep = min(keep, max(1, int(np.count_nonzero(p >= cfg.min_p * p[0]))))
-        zc = zc[:keep] / cfg.temperature
-        q = np.exp(zc - zc.max())
+        with np.errstate(over="ignore"):  # a gap over a tiny temperature is -inf: probability 0
+            q = np.exp((zc[:keep] - zc[0]) / cfg.temperature)  # zc[0] is the largest: q <= 1
         q /= q.sum()
         out[b] = cand[rng.choice(keep, p=q)]
     return out
@@ -101,6 +149,9 @@ def generate(
     budget = min(sampling.max_new_tokens, n_ctx - prompt.size)
     stop = set(int(t) for t in stop_ids)
     rng = np.random.default_rng(sampling.seed)
+    device_terms = getattr(model, "device_terms", None)
+    if device_terms is not None:
+        lora = device_terms(lora)  # the adapter's factors on the model's device once, not per token
 
     # prefill once, then give every sample its own copy of the cache
     one = model.new_cache(1, prompt.size + budget)

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..backend import array_module
 from . import ops
 from .archs import ModelConfig
 from .ops import LoraTerm
@@ -281,4 +282,6 @@ def expert_counts(cache: BlockCache) -> np.ndarray | None:
     """Tokens routed to each expert in this block's forward pass (None for dense blocks)."""
     if cache.moe is None:
         return None
-    return np.diff(cache.moe.routing.offsets).astype(np.int64)
+    offsets = cache.moe.routing.offsets  # on the device for a GPU run: no host read here
+    xp = array_module(offsets)
+    return xp.diff(offsets).astype(xp.int64)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..backend import CPU, Backend, to_host
 from ..errors import ModelError
 from ..io.gguf_file import GGUFFile, TensorInfo, dequantizable_types
 from ..io.weights import AUTO, WeightStore
@@ -75,6 +76,15 @@ def _expected_shapes(cfg: ModelConfig, i: int, moe: bool) -> dict[str, tuple[int
 def check_tensors(f: GGUFFile, cfg: ModelConfig) -> tuple[dict[str, tuple[int, ...]], tuple[bool, ...]]:
     """The tensors the graph uses with their shapes, and which layers are MoE; ModelError if any is off."""
     names = set(f.tensors)
+    # the layers the directory has, before a loop over block_count that a corrupt file could make endless
+    parts = (n.split(".", 2) for n in names)
+    blocks = {int(p[1]) for p in parts if p[0] == "blk" and p[1:2] and p[1].isdecimal() and len(p[1]) < 10}
+    n_blocks = 1 + max(blocks, default=-1)
+    if cfg.L > n_blocks:
+        raise ModelError(
+            f"{f.path}: {cfg.arch}.block_count is {cfg.L}, but the file has tensors for "
+            f"{n_blocks} layers (blk.0 .. blk.{max(n_blocks - 1, 0)}); expected at most {n_blocks}"
+        )
     moe_layers = []
     expected: dict[str, tuple[int, ...]] = {}
     for i in range(cfg.L):
@@ -123,11 +133,12 @@ class KVCache:
     length: int = 0  # slots filled
 
     @classmethod
-    def empty(cls, cfg: ModelConfig, B: int, S_max: int, dtype) -> KVCache:
+    def empty(cls, cfg: ModelConfig, B: int, S_max: int, dtype, xp=np) -> KVCache:
+        """Keys and values in `xp`'s memory (the device of a GPU model); positions on the host."""
         shape = (B, S_max, cfg.NKV, cfg.HS)
         return cls(
-            [np.zeros(shape, dtype) for _ in range(cfg.L)],
-            [np.zeros(shape, dtype) for _ in range(cfg.L)],
+            [xp.zeros(shape, dtype) for _ in range(cfg.L)],
+            [xp.zeros(shape, dtype) for _ in range(cfg.L)],
             np.zeros((B, S_max), np.int64),
         )
 
@@ -146,21 +157,37 @@ class Model:
     metadata: dict = field(repr=False)  # the file's metadata (tokenizer, template, ...)
     path: str = ""
     moe_layers: tuple[bool, ...] = ()  # per layer: routed experts (True) or dense FFN
+    backend: Backend = CPU  # where the weights live and the model computes (engine.backend)
 
     @classmethod
     def load(
-        cls, path: str | os.PathLike[str], dtype=np.float32, cache_budget: str | int | None = AUTO
+        cls,
+        path: str | os.PathLike[str],
+        dtype=np.float32,
+        cache_budget: str | int | None = AUTO,
+        backend: Backend | None = None,
     ) -> Model:
         """Read and check a model file and open its weight store. Raises ModelError.
 
         dtype: what weights are dequantized to (float32; float64 for gradient checks).
-        cache_budget: bytes of dequantized weights kept between uses ("auto": what is free).
+        cache_budget: bytes of dequantized weights kept between uses ("auto": what is free), in
+        host memory, or in device memory on a GPU backend.
+        backend: a GPU backend puts the weights in device memory as the file stores them
+        (engine.io.device_weights); None or the CPU keeps them memory-mapped.
         """
+        backend = backend or CPU
         f = GGUFFile(path)
         cfg = ModelConfig.from_gguf(f)
         expected, moe_layers = check_tensors(f, cfg)
-        store = WeightStore(f, expected, dtype, cache_budget)
-        return cls(cfg, store, dict(f.tensors), dict(f.metadata), f.path, moe_layers)
+        if backend.is_gpu:
+            from ..io.device_weights import DeviceWeights
+
+            host = WeightStore(f, expected, np.float32, 0)
+            with backend.active():
+                store = DeviceWeights(host, backend.runtime, cache_budget)
+        else:
+            store = WeightStore(f, expected, dtype, cache_budget)
+        return cls(cfg, store, dict(f.tensors), dict(f.metadata), f.path, moe_layers, backend)
 
     # --- facts ----------------------------------------------------------------------------------
     @property
@@ -178,7 +205,16 @@ class Model:
         return output_name(self.weights)
 
     def new_cache(self, B: int, S_max: int) -> KVCache:
-        return KVCache.empty(self.config, B, S_max, self.dtype)
+        return KVCache.empty(self.config, B, S_max, self.dtype, self.backend.xp)
+
+    def device_terms(self, lora: Mapping[str, LoraTerm] | None) -> dict[str, LoraTerm]:
+        """LoRA terms with their factors on this model's device (as they are on the CPU)."""
+        if not lora or not self.backend.is_gpu:
+            return dict(lora or {})
+        b = self.backend
+        return {
+            n: LoraTerm(b.asarray(t.A, np.float32), b.asarray(t.B, np.float32), t.s) for n, t in lora.items()
+        }
 
     # --- forward --------------------------------------------------------------------------------
     def forward(
@@ -202,7 +238,7 @@ class Model:
         tokens = np.asarray(tokens, dtype=np.int64)
         B, T = tokens.shape
         cfg, W = self.config, self.weights
-        lora = lora or {}
+        lora = self.device_terms(lora)
         if tokens.size and (tokens.min() < 0 or tokens.max() >= cfg.V):
             raise ModelError(
                 f"token id out of range 0..{cfg.V - 1}: {int(tokens.min())}..{int(tokens.max())}"
@@ -217,9 +253,10 @@ class Model:
             k_pos = cache.pos[:, : cache.length + T]
         else:
             k_pos = positions
-        inp = make_inputs(cfg, W, tokens, positions, k_pos=k_pos, dtype=self.dtype)
-        h, _ = forward_hidden(cfg, W, lora, self.moe_layers, inp, kv=cache, last_only=last_only)
-        if cache is not None:
-            cache.length += T
-        z = logits(W, lora, h)
+        with self.backend.active():
+            inp = make_inputs(cfg, W, tokens, positions, k_pos=k_pos, dtype=self.dtype, backend=self.backend)
+            h, _ = forward_hidden(cfg, W, lora, self.moe_layers, inp, kv=cache, last_only=last_only)
+            if cache is not None:
+                cache.length += T
+            z = to_host(logits(W, lora, h))
         return z[0] if squeeze else z

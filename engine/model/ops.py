@@ -15,12 +15,19 @@ whatever float dtype they are given (float32 in use, float64 in tests).
 
 The implementations live in `engine.kernels.<op>`: each `<op>_ref` there is the NumPy reference,
 the specification of the op, and `<op>` its CUDA twin. This module gives model code one name per
-op, which runs the twin when its first argument is a CuPy array and the reference otherwise. It
-knows no GGUF names and holds no state; `engine.model.layers` and `engine.model.forward` wire the
-ops into models.
+op. Within `use_runtime(rt)` (what `Backend.active()` enters on a GPU) every op runs its twin on
+that runtime (`<op>_on(rt, ...)`, the MoE ops through `<op>_launch`); outside one, an op runs
+the twin when its first argument is a CuPy array and the reference otherwise. It knows no GGUF
+names and holds no state besides the current runtime of this thread; `engine.model.layers` and
+`engine.model.forward` wire the ops into models.
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import Any
 
 from ..errors import EngineError
 from ..kernels import attention as _attention
@@ -32,7 +39,7 @@ from ..kernels import norm as _norm
 from ..kernels import rope as _rope
 from ..kernels import swiglu as _swiglu
 from ..kernels.attention import AttentionCache, attention_mask
-from ..kernels.cross_entropy import project, softmax
+from ..kernels.cross_entropy import softmax
 from ..kernels.embedding import EmbeddingCache, row_chunks, scatter_add_rows, take_rows
 from ..kernels.linear import LinearCache, LoraTerm
 from ..kernels.moe import ExpertActs, ExpertsCache, RouteCache, Routing
@@ -40,13 +47,40 @@ from ..kernels.norm import NormCache
 from ..kernels.rope import RopeCache, rope_angles
 from ..kernels.swiglu import SwigluCache, sigmoid, silu
 
+_RUNTIME: contextvars.ContextVar[Any] = contextvars.ContextVar("engine_runtime", default=None)
+
+
+@contextlib.contextmanager
+def use_runtime(rt: Any) -> Iterator[Any]:
+    """Run every op of this module on kernels runtime `rt` (engine.kernels.cuda.Runtime) inside."""
+    token = _RUNTIME.set(rt)
+    try:
+        yield rt
+    finally:
+        _RUNTIME.reset(token)
+
+
+def current_runtime() -> Any:
+    """The runtime ops run on in this thread, or None (references, or twins on CuPy arguments)."""
+    return _RUNTIME.get()
+
 
 def _dispatch(module, name: str):
-    """The op `name` of kernels `module`: its NumPy reference `<name>_ref`, or its CUDA twin `<name>`
-    when the first argument is a CuPy array (a twin not written yet is an EngineError naming it)."""
+    """The op `name` of kernels `module`: on the current runtime its `<name>_on(rt, ...)` (or
+    `<name>_launch(..., xp=, launch=)`); otherwise its NumPy reference `<name>_ref`, or its CUDA twin
+    `<name>` when the first argument is a CuPy array (a twin not written yet is an EngineError)."""
     ref = getattr(module, name + "_ref")
+    on = getattr(module, name + "_on", None)
+    launch = getattr(module, name + "_launch", None)
 
     def op(*args, **kwargs):
+        rt = _RUNTIME.get()
+        if rt is not None:
+            if on is not None:
+                return on(rt, *args, **kwargs)
+            if launch is not None:
+                return launch(*args, xp=rt.xp, launch=module.runtime_launch(rt), **kwargs)
+            raise EngineError(f"{module.__name__}.{name} has no CUDA version yet")
         if args and type(args[0]).__module__.startswith("cupy"):
             twin = getattr(module, name, None)
             if twin is None:
@@ -77,6 +111,7 @@ route_backward = _dispatch(_moe, "route_backward")
 experts_forward = _dispatch(_moe, "experts_forward")
 experts_backward = _dispatch(_moe, "experts_backward")
 lm_head_loss = _dispatch(_cross_entropy, "lm_head_loss")
+project = _dispatch(_cross_entropy, "project")
 
 __all__ = [
     "AttentionCache", "EmbeddingCache", "ExpertActs", "ExpertsCache", "LinearCache", "LoraTerm",
@@ -85,5 +120,5 @@ __all__ = [
     "experts_forward", "linear_backward", "linear_forward", "lm_head_loss", "project", "rmsnorm_backward",
     "rmsnorm_forward", "rope_angles", "rope_backward", "rope_forward", "route_backward", "route_forward",
     "row_chunks", "scatter_add_rows", "sigmoid", "silu", "softmax", "swiglu_backward", "swiglu_forward",
-    "take_rows",
+    "take_rows", "current_runtime", "use_runtime",
 ]  # fmt: skip

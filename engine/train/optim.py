@@ -19,6 +19,11 @@ Weight decay applies to parameters with `ndim >= decay_min_ndim` (ggml's rule,
 and nanoGPT's `p.dim() >= 2`): LoRA A/B factors and weight matrices decay;
 norm weights and biases (1-D) do not.
 
+On a GPU run (`AdamW(..., runtime=rt)`, parameters and gradients on the device) the same step
+is one multi-tensor launch of `engine.kernels.adamw` with the moments in float32 on the device;
+the step reads the device twice (the gradient norms the clipping needs, then the update and
+parameter norms), and `state_dict()` copies the moments to the host.
+
 This module holds no model knowledge and never touches files: the trainer
 saves `state_dict()` wherever it saves checkpoints.
 """
@@ -31,6 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 import numpy as np
+
+from ..backend import array_module, to_host
 
 logger = logging.getLogger(__name__)
 
@@ -173,23 +180,29 @@ class AdamW:
     parameter that got no gradient for a while is corrected for what it has seen.
     """
 
-    def __init__(self, params: Mapping[str, np.ndarray], cfg: OptimConfig) -> None:
+    def __init__(self, params: Mapping[str, np.ndarray], cfg: OptimConfig, runtime=None) -> None:
+        """`runtime`: an engine.kernels.cuda.Runtime whose arrays the params are (a GPU run), or None."""
         for name, p in params.items():
-            if not isinstance(p, np.ndarray) or not np.issubdtype(p.dtype, np.floating):
+            array = isinstance(p, np.ndarray) or (runtime is not None and hasattr(p, "__array_priority__"))
+            if not array or not np.issubdtype(p.dtype, np.floating):
                 raise ValueError(
                     f"param {name!r} must be a floating-point np.ndarray, got {type(p).__name__}"
                 )
-            if not p.flags.writeable:
+            if runtime is None and not p.flags.writeable:
                 raise ValueError(f"param {name!r} must be writeable: the optimizer updates it in place")
+            if runtime is not None and (p.dtype != np.float32 or not p.flags.c_contiguous):
+                raise ValueError(f"param {name!r} must be C-contiguous float32 on the device, got {p.dtype}")
         self.params = dict(params)
         self.cfg = cfg
+        self.runtime = runtime
         self.step_count = 0
-        self._m = {name: np.zeros_like(p) for name, p in self.params.items()}
-        self._v = {name: np.zeros_like(p) for name, p in self.params.items()}
+        xp = runtime.xp if runtime is not None else np
+        self._m = {name: xp.zeros_like(p) for name, p in self.params.items()}
+        self._v = {name: xp.zeros_like(p) for name, p in self.params.items()}
         self._t = dict.fromkeys(self.params, 0)
         # Two flat scratch buffers per dtype, as large as the largest param: the hot loop's only temporaries.
         self._scratch: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
-        for p in self.params.values():
+        for p in self.params.values() if runtime is None else ():
             size = max(p.size, self._scratch[p.dtype][0].size if p.dtype in self._scratch else 0)
             self._scratch[p.dtype] = (np.empty(size, p.dtype), np.empty(size, p.dtype))
 
@@ -202,7 +215,49 @@ class AdamW:
         return a[: p.size].reshape(p.shape), b[: p.size].reshape(p.shape)
 
     def _param_norm(self) -> float:
+        if self.runtime is not None:
+            xp = self.runtime.xp
+            if not self.params:
+                return 0.0
+            sums = xp.stack([xp.sum(xp.square(p.astype(xp.float64))) for p in self.params.values()])
+            return math.sqrt(float(to_host(sums.sum())))
         return math.sqrt(sum(_sumsq(p) for p in self.params.values()))
+
+    def _step_on_device(self, grads: Mapping[str, np.ndarray], names: list[str], lr: float) -> StepStats:
+        from ..kernels.adamw import adamw_step_on
+
+        cfg = self.cfg
+        steps = [self._t[n] + 1 for n in names]
+        xp = self.runtime.xp
+        res = adamw_step_on(
+            self.runtime,
+            [self.params[n] for n in names],
+            [xp.ascontiguousarray(grads[n], dtype=xp.float32) for n in names],
+            [self._m[n] for n in names],
+            [self._v[n] for n in names],
+            steps,
+            [self.decays(n) for n in names],
+            lr=lr,
+            betas=cfg.betas,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            gclip=cfg.gclip,
+            max_grad_norm=cfg.max_grad_norm,
+        )
+        if res.skipped:
+            logger.warning(
+                "non-finite gradient norm %s at step %d: update skipped", res.grad_norm, self.step_count
+            )
+            return StepStats(lr, res.grad_norm, False, 0.0, self._param_norm())
+        for n in names:
+            self._t[n] += 1
+        self.step_count += 1
+        untouched = [p for n, p in self.params.items() if n not in grads]
+        sums = [xp.asarray(res.update_sumsq), xp.asarray(res.param_sumsq)]
+        sums += [xp.sum(xp.square(p.astype(xp.float64))) for p in untouched]
+        host = to_host(xp.stack(sums))  # the update and parameter norms: the step's second read
+        param_sumsq = float(host[1:].sum())
+        return StepStats(lr, res.grad_norm, res.clipped, math.sqrt(float(host[0])), math.sqrt(param_sumsq))
 
     def step(self, grads: Mapping[str, np.ndarray]) -> StepStats:
         """One update from `grads`; params missing from `grads` are left alone (params and moments).
@@ -221,6 +276,8 @@ class AdamW:
         cfg = self.cfg
         lr = lr_at(cfg, self.step_count)
         names = [name for name in self.params if name in grads]
+        if self.runtime is not None:
+            return self._step_on_device(grads, names, lr)
 
         # Pass 1: norms before and after element-wise clipping, for the global-norm clip.
         grad_norm = math.sqrt(sum(_sumsq(grads[name]) for name in names))
@@ -291,8 +348,8 @@ class AdamW:
         state: dict[str, np.ndarray | int | float | str] = {"kind": STATE_KIND, "step_count": self.step_count}
         state.update(_config_to_state(self.cfg))
         for name in self.params:
-            state[f"m.{name}"] = self._m[name].copy()
-            state[f"v.{name}"] = self._v[name].copy()
+            state[f"m.{name}"] = np.array(to_host(self._m[name]), copy=True)
+            state[f"v.{name}"] = np.array(to_host(self._v[name]), copy=True)
             state[f"t.{name}"] = self._t[name]
         return state
 
@@ -330,8 +387,11 @@ class AdamW:
                 f"({len(unexpected)} unexpected keys in all)"
             )
         for name in self.params:
-            np.copyto(self._m[name], np.asarray(state[f"m.{name}"]), casting="same_kind")
-            np.copyto(self._v[name], np.asarray(state[f"v.{name}"]), casting="same_kind")
+            for buf, key in ((self._m[name], f"m.{name}"), (self._v[name], f"v.{name}")):
+                if self.runtime is not None:
+                    buf[...] = self.runtime.xp.asarray(np.asarray(state[key], dtype=buf.dtype))
+                else:
+                    np.copyto(buf, np.asarray(state[key]), casting="same_kind")
             self._t[name] = _scalar(state, f"t.{name}", int)
         self.step_count = step_count
         self.cfg = cfg
@@ -399,24 +459,27 @@ class GradAccumulator:
                 )
         for name, g in grads.items():
             buf = self._sum.get(name)
+            xp = array_module(g)
             if name not in self._live:
-                if buf is None or buf.shape != g.shape or buf.dtype != g.dtype:
-                    buf = self._sum[name] = np.empty_like(g)
-                np.multiply(g, scale, out=buf, casting="same_kind")
+                if buf is None or buf.shape != g.shape or buf.dtype != g.dtype or array_module(buf) is not xp:
+                    buf = self._sum[name] = xp.empty_like(g)
+                xp.multiply(g, xp.asarray(scale, dtype=g.dtype), out=buf)
                 self._live[name] = None
             elif scale == 1.0:
                 buf += g
             else:
-                buf += g * np.asarray(scale, dtype=buf.dtype)
+                buf += g * xp.asarray(scale, dtype=buf.dtype)
         self.n += 1
 
     def mean(self) -> dict[str, np.ndarray]:
         """The averaged gradients, as new arrays; ValueError when nothing was added."""
         if self.n == 0:
             raise ValueError("no micro-batch gradients to average: call add() first")
-        return {
-            name: self._sum[name] / np.asarray(self.n, dtype=self._sum[name].dtype) for name in self._live
-        }
+        out = {}
+        for name in self._live:
+            buf = self._sum[name]
+            out[name] = buf / array_module(buf).asarray(self.n, dtype=buf.dtype)
+        return out
 
     def reset(self) -> None:
         """Forget the sums (the buffers stay for the next accumulation)."""

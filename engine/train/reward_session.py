@@ -64,6 +64,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backend import to_host
 from ..errors import EngineError
 from ..model.generate import SamplingConfig
 from ..model.generate import generate as generate_tokens
@@ -319,9 +320,12 @@ class RewardSession:
         else:
             names = select_targets(self.model.tensors, targets, self.model.config.L)
             self.trainable = Trainable.init(self.model, names, rank, alpha, seed=seed)
+        backend = self.model.backend
+        self.trainable = self.trainable.to(backend)  # on the model's device (a GPU run)
         self.optimizer = AdamW(
             self.trainable.params(),
             OptimConfig(lr=config.lr, schedule="constant", max_grad_norm=config.max_grad_norm),
+            runtime=backend.runtime,
         )
         if state is not None:
             self._restore(adapter, state)
@@ -683,7 +687,7 @@ class RewardSession:
         except OSError as exc:
             raise RewardError(f"{folder}: checkpoint folder cannot be made ({exc.strerror or exc})") from exc
         try:
-            state: dict[str, Any] = {f"param.{k}": v for k, v in self.trainable.params().items()}
+            state: dict[str, Any] = {f"param.{k}": to_host(v) for k, v in self.trainable.params().items()}
             state.update({f"optim.{k}": np.asarray(v) for k, v in self.optimizer.state_dict().items()})
             np.savez(os.path.join(tmp, STATE_FILE), **state)
             self.save_adapter(os.path.join(tmp, ADAPTER_FILE))
@@ -734,7 +738,7 @@ class RewardSession:
         if set(values) != set(params):
             raise RewardError(f"{path}: the checkpoint's parameters do not match its adapter")
         for k, v in values.items():
-            params[k][...] = v
+            params[k][...] = self.model.backend.asarray(v, params[k].dtype)
         try:
             self.optimizer.load_state_dict(
                 {k[len("optim.") :]: v for k, v in state.items() if k.startswith("optim.")}

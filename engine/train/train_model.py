@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backend import array_module, to_host
 from ..errors import ModelError
 from ..model import ops
 from ..model.forward import (
@@ -106,6 +107,17 @@ class Trainable:
     def scale(self) -> float:
         return effective_scale(self.alpha, self.rank)
 
+    def to(self, backend) -> Trainable:
+        """The same parameters as float32 arrays on `backend`'s device (itself on the CPU)."""
+        if not backend.is_gpu:
+            return self
+        pairs = {
+            n: (backend.asarray(A, np.float32), backend.asarray(B, np.float32))
+            for n, (A, B) in self.pairs.items()
+        }
+        full = {n: backend.asarray(w, np.float32) for n, w in self.full.items()}
+        return Trainable(self.rank, self.alpha, pairs, full)
+
     def terms(self, scale: float = 1.0) -> dict[str, LoraTerm]:
         s = effective_scale(self.alpha, self.rank, scale)
         return {n: LoraTerm(A, B, s) for n, (A, B) in self.pairs.items()}
@@ -124,7 +136,11 @@ class Trainable:
         return int(sum(a.size for a in self.params().values()))
 
     def to_adapter(self, arch: str, metadata: Mapping | None = None) -> LoraAdapter:
-        pairs = {n: (A.astype(np.float32), B.astype(np.float32)) for n, (A, B) in self.pairs.items()}
+        """The adapter as host arrays (copied from the device on a GPU run)."""
+        pairs = {
+            n: (to_host(A).astype(np.float32), to_host(B).astype(np.float32))
+            for n, (A, B) in self.pairs.items()
+        }
         return LoraAdapter(self.alpha, pairs, arch, dict(metadata or {}))
 
 
@@ -135,8 +151,8 @@ class LossResult:
     loss: float  # the optimised objective: sum(weights * ce) (+ KL term)
     ce_sum: float  # sum of cross-entropy over label tokens (unweighted)
     n_tokens: int  # label tokens
-    grads: dict[str, np.ndarray] | None  # name -> gradient, for every trainable parameter
-    expert_counts: np.ndarray | None  # (L, E) tokens routed to each expert, MoE models only
+    grads: dict[str, np.ndarray] | None  # name -> gradient, for every trainable parameter (on its device)
+    expert_counts: np.ndarray | None  # (L, E) tokens routed to each expert, MoE models only (on the device)
 
     @property
     def mean_ce(self) -> float:
@@ -145,7 +161,13 @@ class LossResult:
 
 def _inputs(model, batch):
     return make_inputs(
-        model.config, model.weights, batch.tokens, batch.positions, batch.segments, dtype=model.dtype
+        model.config,
+        model.weights,
+        batch.tokens,
+        batch.positions,
+        batch.segments,
+        dtype=model.dtype,
+        backend=model.backend,
     )
 
 
@@ -153,7 +175,8 @@ def final_hidden(model, batch, lora: Mapping[str, LoraTerm] | None = None, weigh
     """Normalised final hidden states (B*T, C) without caches (the reference model for a KL term)."""
     cfg = model.config
     W = weights if weights is not None else model.weights
-    h, _ = forward_hidden(cfg, W, lora or {}, model.moe_layers, _inputs(model, batch))
+    with model.backend.active():
+        h, _ = forward_hidden(cfg, W, lora or {}, model.moe_layers, _inputs(model, batch))
     return h.reshape(-1, cfg.C)
 
 
@@ -166,7 +189,15 @@ def loss_and_grads(
     checkpoint: bool = False,
     kl_coef: float = 0.0,
 ) -> LossResult:
-    """Forward (and backward) over one packed batch; gradients of the trainable parameters only."""
+    """Forward (and backward) over one packed batch; gradients of the trainable parameters only.
+
+    On a GPU model every array stays on the device; the loss and cross-entropy come back to the
+    host in one read, gradients and expert counts stay where they were computed."""
+    with model.backend.active():
+        return _loss_and_grads(model, trainable, batch, backward, checkpoint, kl_coef)
+
+
+def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoint: bool, kl_coef: float):
     cfg = model.config
     W = ChainMap(trainable.full, model.weights)
     lora = trainable.terms()
@@ -195,7 +226,10 @@ def loss_and_grads(
         kl_coef=kl_coef,
         backward=backward,
     )
-    expert = np.stack(counts) if counts else None
+    expert = array_module(counts[0]).stack(counts) if counts else None
+    if not isinstance(loss, float):  # device scalars (a GPU run): both in one read
+        xp = array_module(loss)
+        loss, ce_sum = (float(x) for x in to_host(xp.stack([xp.asarray(loss), xp.asarray(ce_sum)])))
     if not backward:
         return LossResult(loss, ce_sum, n_tok, None, expert)
 
@@ -220,5 +254,5 @@ def loss_and_grads(
     params = trainable.params()
     missing = set(params) - set(grads)
     for name in missing:  # a parameter the batch did not reach (e.g. an expert no token was routed to)
-        grads[name] = np.zeros_like(params[name])
+        grads[name] = array_module(params[name]).zeros_like(params[name])
     return LossResult(loss, ce_sum, n_tok, grads, expert)

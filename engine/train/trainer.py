@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..backend import parse_device, select_backend
+from ..backend import parse_device, select_backend, to_host
 from ..errors import ConfigError, DatasetError, EngineError, ModelError
 from ..io.weights import parse_budget
 from ..model.lora import LoraAdapter
@@ -317,8 +317,12 @@ class Trainer:
         init_adapter: str | None = None,
     ):
         self.config = config
-        self.backend = select_backend(config.device)  # EngineError when the device cannot be used
-        self.model = model if isinstance(model, Model) else Model.load(model, cache_budget=0)
+        if isinstance(model, Model):  # the model is open on its device already: the run computes there
+            self.model = model
+            self.backend = model.backend
+        else:
+            self.backend = select_backend(config.device)  # EngineError when the device cannot be used
+            self.model = Model.load(model, cache_budget=0, backend=self.backend)
         self.data = data
         self.template_arg = template
         self.resume = resume
@@ -424,15 +428,21 @@ class Trainer:
             _check_rank(model, targets, cfg.rank)
             tr = Trainable.init(model, targets, cfg.rank, cfg.alpha, (), cfg.seed, cfg.lora_init)
         full = select_full(model.tensors, cfg.full, model.config.L) if cfg.full else []
-        tr.full = {n: np.array(model.weights.dense(n), copy=True) for n in full if n in model.weights}
+        xp = self.backend.xp
+        tr.full = {n: xp.array(model.weights.dense(n), copy=True) for n in full if n in model.weights}
         if not tr.pairs and not tr.full:
             raise ModelError("nothing to train: choose LoRA targets or full-weight tensors")
-        return tr
+        return tr.to(self.backend)
 
     def _plan_memory(self) -> MemoryEstimate:
         """The run's memory plan: refuse what cannot fit (before any weight is dequantized), then
         set the weight cache's budget and whether layers are checkpointed."""
         cfg, model = self.config, self.model
+        available = None
+        if self.backend.is_gpu:
+            from ..io.device_weights import device_free_bytes
+
+            available = device_free_bytes(self.backend.xp)  # None on an emulated device: the host's
         est = estimate_memory(
             model.config,
             model.tensors,
@@ -442,9 +452,11 @@ class Trainer:
             checkpoint=cfg.checkpoint_choice,
             budget=cfg.cache_budget,
             itemsize=np.dtype(model.dtype).itemsize,
+            available=available,
         )
         if not est.fits():
-            raise ModelError(est.advice(cfg))
+            where = f"on {self.backend.device}: " if self.backend.is_gpu else ""
+            raise ModelError(where + est.advice(cfg))
         model.weights.set_budget(est.budget)
         log.info(
             "memory plan: %.0f MiB at peak (cache budget %.0f MiB, checkpointing %s)",
@@ -461,7 +473,7 @@ class Trainer:
         final = os.path.join(folder, f"ckpt-{self.step:06d}")
         tmp = tempfile.mkdtemp(prefix=".tmp-ckpt-", dir=folder)
         try:
-            state = {f"param.{k}": v for k, v in self.trainable.params().items()}
+            state = {f"param.{k}": to_host(v) for k, v in self.trainable.params().items()}
             state.update({f"optim.{k}": np.asarray(v) for k, v in self.optimizer.state_dict().items()})
             state["trainer.step"] = np.asarray(self.step)
             state["trainer.seconds"] = np.asarray(self.train_seconds)
@@ -509,7 +521,7 @@ class Trainer:
         for k, v in saved.items():
             if v.shape != params[k].shape:
                 raise ModelError(f"{path}: {k} has shape {v.shape} in the checkpoint, {params[k].shape} here")
-            params[k][...] = v
+            params[k][...] = self.backend.asarray(v, params[k].dtype)
         self.optimizer.load_state_dict(
             {k[len("optim.") :]: v for k, v in state.items() if k.startswith("optim.")}
         )
@@ -568,7 +580,7 @@ class Trainer:
             total = cfg.steps or max(1, math.ceil(cfg.epochs * n_batches / cfg.grad_accum))
             self.trainable = self._build_trainable()
             self.memory = self._plan_memory()
-            self.optimizer = AdamW(self.trainable.params(), cfg.optim(total))
+            self.optimizer = AdamW(self.trainable.params(), cfg.optim(total), runtime=self.backend.runtime)
             if self.resume:
                 self._load_checkpoint(self.resume)
             self.plan = ev.Plan(
@@ -678,7 +690,7 @@ class Trainer:
             self._norm_window.append(stats.param_norm)
             self._watch_progress(on_event)
         if counts is not None:
-            on_event(ev.ExpertUsage(self.step, counts))
+            on_event(ev.ExpertUsage(self.step, to_host(counts)))
         if self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0:
             on_event(self._norms_event())
         if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
@@ -701,8 +713,12 @@ class Trainer:
     def _exploded(self) -> str | None:
         """What is wrong with the parameters after a step (not finite, or far beyond what training
         produces: |value| > MAX_PARAM), or None. Checked before they can reach a checkpoint."""
-        for name, p in self.trainable.params().items():
-            peak = float(np.max(np.abs(p))) if p.size else 0.0
+        params = {n: p for n, p in self.trainable.params().items() if p.size}
+        if not params:
+            return None
+        xp = self.backend.xp
+        peaks = to_host(xp.stack([xp.max(xp.abs(p)) for p in params.values()]))  # one read
+        for name, peak in zip(params, peaks.tolist(), strict=True):
             if not math.isfinite(peak):
                 return f"became {peak} ({name})"
             if peak > MAX_PARAM:
@@ -877,5 +893,6 @@ class Trainer:
 
         stem = out[:-5] if out.endswith(".gguf") else out
         path = stem + ".model.gguf" if self.trainable.pairs else out
-        export_merged(self.model.path, self._adapter(), path, replace_tensors=self.trainable.full)
+        full = {n: to_host(w) for n, w in self.trainable.full.items()}
+        export_merged(self.model.path, self._adapter(), path, replace_tensors=full)
         return path

@@ -36,12 +36,29 @@ def _workdir() -> Path:
     return _WORKDIR[0]
 
 
-def built(source: KernelSource) -> FiberKernels:
-    """The source built for the host once per test session."""
+def built(source: KernelSource):
+    """The source built for the host once per test session (the MoE source, whose kernels use
+    warp-wide tensor-core instructions, on its own emulator, tests/kernels/emulate_moe.py)."""
     key = (source.name, source.code)
     if key not in _BUILT:
-        _BUILT[key] = FiberKernels(source.code, source.kernels, _workdir(), source.options)
+        if source.name == "moe":
+            from tests.kernels.emulate_moe import FiberKernels as MoeKernels
+
+            _BUILT[key] = _MoeAdapter(MoeKernels(source.code, source.kernels, _workdir()))
+        else:
+            _BUILT[key] = FiberKernels(source.code, source.kernels, _workdir(), source.options)
     return _BUILT[key]
+
+
+class _MoeAdapter:
+    """emulate_moe.FiberKernels behind the launch signature of emulate.FiberKernels."""
+
+    def __init__(self, kernels) -> None:
+        self.kernels = kernels
+
+    def launch(self, kernel, grid, block, args, shared_mem=0, reverse=False) -> None:
+        grid = tuple(grid) + (1,) * (2 - len(grid))
+        self.kernels.launch(kernel, grid[:2], int(block[0]), tuple(args))
 
 
 def poison_like(shape, dtype) -> np.ndarray:

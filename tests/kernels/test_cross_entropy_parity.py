@@ -122,3 +122,27 @@ def test_loss_only_and_no_labels(backend, fresh_rng):
     none = np.full(6, -1)
     loss, (ce_sum, n), dh, _ = ce.lm_head_loss_on(backend.rt, backend.put(h), backend.put(w), none, wts)
     assert n == 0 and float(backend.get(loss)) == 0.0 and not backend.get(dh).any()
+
+
+def test_project_parity(backend, fresh_rng):
+    """The output head alone (inference logits): float32 and bf16 heads, as an array and in blocks."""
+    for N, C, V in ((7, 16, 301), (1, 24, 64)):
+        h = f32(fresh_rng, N, C)
+        h3 = h.reshape(1, N, C)
+        w = f32(fresh_rng, V, C, scale=C**-0.5 * 2)
+        for kind in ("f32", "bf16"):
+            wk = w if kind == "f32" else bf16_bits(w)
+            wr = f64(w) if kind == "f32" else bf16_values(wk)
+            hr = f64(h) if kind == "f32" else bf16_values(bf16_bits(h))
+            for layout in ("array", "blocks"):
+
+                def run(rt, wk=wk, layout=layout, h3=h3):
+                    W = backend.put(wk) if layout == "array" else RowBlocks(wk, 100, backend.put)
+                    return ce.project_on(rt, backend.put(h3), W)
+
+                z = backend.twice(run, f"project {N}x{C}x{V} {kind} {layout}")
+                assert z.shape == (1, N, V) and z.dtype == np.float32
+                c = compare(
+                    "project", f"N {N} C {C} V {V} {kind} {layout}", z[0], ce.project_ref(hr, wr), FP32_TOL
+                )
+                assert c.ok, c.message

@@ -57,3 +57,19 @@ def test_emulated_bad_expert_id_writes_nan(host, fresh_rng):
     ref = dq.dequant_ref(raw, "Q4_K", rows=(1, 2))
     assert np.isnan(out[1]).all() and np.isnan(out[2]).all()
     check_f32(out[[0, 3]], ref, "the good ids beside bad ones")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0", "Q6_K", "F16"])
+def test_dequant_on_a_runtime_runs_the_twins_host_path(qtype, fresh_rng):
+    """`dequant_on` (what the device weight store calls) on the emulated runtime: a whole matrix to
+    bf16, and experts gathered by id to float32."""
+    from tests.kernels.emu_runtime import EmuRuntime
+
+    rt = EmuRuntime()
+    qk, _ = dq.block_geometry(qtype)
+    raw = raw_bytes(random_raw(qtype, (3, 4, 2 * qk), fresh_rng))
+    check_bf16(dq.dequant_on(rt, raw[1], qtype, dtype="bfloat16"), dq.dequant_ref(raw[1], qtype), qtype)
+    out = np.full((2, 4, 2 * qk), np.nan, np.float32)
+    got = dq.dequant_on(rt, raw, qtype, out=out, rows=np.array([2, 0]))
+    assert got is out
+    check_f32(out, dq.dequant_ref(raw, qtype, rows=(2, 0)), f"{qtype} gathered")
