@@ -30,12 +30,11 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from .backend import Backend, select_backend
-from .errors import DatasetError, EngineError, TemplateError
+from .errors import DatasetError, EngineError
 from .io.export_check import CheckReport, ExportRequest, check_export, write_export
 from .io.weights import AUTO
 from .model.generate import GREEDY, SamplingConfig
@@ -45,7 +44,7 @@ from .model.model import Model
 from .model.ops import LoraTerm
 from .model.summary import ModelSummary, summarize
 from .model.verify import VerifyReport, verify_export
-from .text.chat_template import ChatTemplate
+from .text.chat_template import template_for
 from .text.tokenizer import Tokenizer
 from .train import events as ev
 from .train.data import Sample
@@ -56,20 +55,6 @@ from .train.trainer import TrainConfig, Trainer
 log = logging.getLogger(__name__)
 
 RUN = "run"  # `adapter=RUN`: the live adapter of the session's current training run
-
-
-def template_for(metadata: Mapping, template_file: str | os.PathLike[str] | None) -> ChatTemplate:
-    """The model's chat template, or one read from a file, with the model's BOS/EOS tokens."""
-    base = ChatTemplate.from_metadata(metadata)
-    if not template_file:
-        return base
-    try:
-        source = Path(template_file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TemplateError(f"{template_file}: the chat template cannot be read ({exc})") from exc
-    return ChatTemplate(
-        source, bos_token=base.bos_token, eos_token=base.eos_token, name=os.fspath(template_file)
-    )
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import EngineError
+from ..io.files import atomic_write
 from ..model.generate import GREEDY, SamplingConfig
 from ..model.summary import human_bytes, human_count, summarize
 from ..session import EngineSession
@@ -128,12 +129,12 @@ def cmd_logits(args: argparse.Namespace) -> int:
     session = open_session(args)
     logits = session.logits(tokens, adapter=args.lora, scale=args.lora_scale)  # (T, V) float32
     out = args.out
-    tmp = out + ".tmp.npy"
     try:
-        np.save(tmp, logits)
-        os.replace(tmp, out)
+        with atomic_write(out, "wb") as f:
+            np.save(f, logits)
     except OSError as exc:
-        raise CliError(f"{out}: cannot be written ({exc})") from exc
+        hint = "; free some disk space" if exc.errno == errno.ENOSPC else ""
+        raise CliError(f"{out}: cannot be written ({exc.strerror or exc}){hint}") from exc
     print(f"wrote {out}: float32 {logits.shape[0]} x {logits.shape[1]}")
     return 0
 

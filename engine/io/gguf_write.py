@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWrit
 from gguf.quants import quant_shape_from_byte_shape
 
 from ..errors import ExportError
+from .files import atomic_path
 from .quantize import quantizable_types, quantize
 
 
@@ -157,16 +157,6 @@ def tensor_bytes(shape: tuple[int, ...], qtype: str) -> int:
     return math.prod(shape) // block * type_size
 
 
-def _file_mode(path: str) -> int:
-    """The mode the written file gets: the replaced file's, else 0o666 less the umask (mkstemp uses 0o600)."""
-    try:
-        return os.stat(path).st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
 def write_gguf(
     path: str | os.PathLike[str],
     arch: str,
@@ -192,54 +182,39 @@ def write_gguf(
         raise ExportError(f"{path}: is a folder; give a file name ending in .gguf")
     types = types or {}
     plans = [_plan(name, data, qtype) for name, (data, qtype) in tensors.items()]
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".gguf", dir=folder)
-    except OSError as exc:
-        raise ExportError(f"{path}: cannot create a file in {folder} ({exc.strerror or exc})") from exc
-    os.close(fd)
     w: GGUFWriter | None = None
     try:
-        w = _Writer(tmp, arch)
-        for key, value in metadata.items():
-            if key == "general.architecture":
-                continue
-            vtype, sub = types.get(key) or _infer_type(key, value)
-            if vtype == GGUFValueType.ARRAY:
-                w.add_key_value(key, list(value), vtype, sub_type=sub)
-            else:
-                w.add_key_value(key, value, vtype)
-        if "general.alignment" in metadata:
-            w.data_alignment = int(metadata["general.alignment"])
-        for p in plans:
-            w.add_tensor_info(p.name, p.shape, np.dtype(np.float32), p.n_bytes, raw_dtype=p.qt)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        for i, p in enumerate(plans):
-            w.write_tensor_data(p.stored())
-            if on_tensor is not None:
-                on_tensor(i + 1, len(plans))
-        w.flush()
-        assert w.fout is not None
-        for fout in w.fout:
-            os.fsync(fout.fileno())
-        w.close()
-        os.chmod(tmp, _file_mode(path))
-        os.replace(tmp, path)
-    except BaseException as exc:  # KeyboardInterrupt too: never leave the temporary file behind
-        _discard(w, tmp)
+        with atomic_path(path, suffix=".gguf") as tmp:
+            try:
+                w = _Writer(tmp, arch)
+                for key, value in metadata.items():
+                    if key == "general.architecture":
+                        continue
+                    vtype, sub = types.get(key) or _infer_type(key, value)
+                    if vtype == GGUFValueType.ARRAY:
+                        w.add_key_value(key, list(value), vtype, sub_type=sub)
+                    else:
+                        w.add_key_value(key, value, vtype)
+                if "general.alignment" in metadata:
+                    w.data_alignment = int(metadata["general.alignment"])
+                for p in plans:
+                    w.add_tensor_info(p.name, p.shape, np.dtype(np.float32), p.n_bytes, raw_dtype=p.qt)
+                w.write_header_to_file()
+                w.write_kv_data_to_file()
+                w.write_ti_data_to_file()
+                for i, p in enumerate(plans):
+                    w.write_tensor_data(p.stored())
+                    if on_tensor is not None:
+                        on_tensor(i + 1, len(plans))
+                w.flush()
+            finally:
+                if w is not None:
+                    with contextlib.suppress(Exception):
+                        w.close()
+    except BaseException as exc:  # KeyboardInterrupt too: atomic_path never leaves the temporary file
         if isinstance(exc, ExportError) or not isinstance(exc, Exception):
             raise
-        # OSError (disk full), ValueError from gguf-py
-        raise ExportError(
-            f"{path}: could not be written ({type(exc).__name__}: {exc}); no file was changed"
-        ) from exc
+        # OSError (disk full, no room for the temporary file), ValueError from gguf-py
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+        raise ExportError(f"{path}: could not be written ({why}); no file was changed") from exc
     return path
-
-
-def _discard(w: GGUFWriter | None, tmp: str) -> None:
-    if w is not None:
-        with contextlib.suppress(Exception):
-            w.close()
-    with contextlib.suppress(OSError):
-        os.unlink(tmp)

@@ -35,10 +35,12 @@ import itertools
 import json
 import logging
 import math
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -1084,3 +1086,18 @@ class ChatTemplate:
         # depend on the content, e.g. Qwen3 writes "\n" before a tool call only after non-empty content).
         end = start + len(text[start:end].rstrip())
         return (start, end) if end > start else None
+
+
+def template_for(metadata: Mapping, template_file: str | os.PathLike[str] | None) -> ChatTemplate:
+    """The model's chat template, or one read from a file (`TemplateError` when it cannot be read),
+    with the model's BOS/EOS tokens either way."""
+    base = ChatTemplate.from_metadata(metadata)
+    if not template_file:
+        return base
+    try:
+        source = Path(template_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TemplateError(f"{template_file}: the chat template cannot be read ({exc})") from exc
+    return ChatTemplate(
+        source, bos_token=base.bos_token, eos_token=base.eos_token, name=os.fspath(template_file)
+    )

@@ -48,7 +48,6 @@ import math
 import operator
 import os
 import stat
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -57,6 +56,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from ..errors import DatasetError, TemplateError, TokenizerError
+from ..io.files import atomic_write, durable_append
 
 if TYPE_CHECKING:
     from ..text.chat_template import ChatTemplate
@@ -587,37 +587,18 @@ def save_jsonl(path: str | os.PathLike[str], samples: Sequence[Sample]) -> None:
     """Write `samples` as JSON Lines, replacing `path` atomically.
 
     The lines go to a temporary file in the same folder, which then replaces `path`
-    (`os.replace`), so a failure at any point leaves the previous file as it was. The file
-    keeps its permissions. `load_jsonl` reads the samples back equal (line numbers aside);
+    (engine.io.files.atomic_write), so a failure at any point leaves the previous file as it
+    was. The file keeps its permissions. `load_jsonl` reads the samples back equal (line numbers aside);
     ShareGPT and Alpaca samples are written as "messages".
     """
     path = Path(path)
     content = _json_lines(samples)  # before touching the disk: an unserialisable sample changes nothing
     path = _writable_target(path, "written")
     try:
-        mode = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        mode = 0o644
-    except OSError as exc:
-        raise DatasetError(f"{path} cannot be written: {exc.strerror or exc}") from exc
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+        with atomic_write(path, "w", encoding="utf-8", newline="\n") as f:
             f.write(content)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-        tmp = None
     except OSError as exc:
         raise DatasetError(f"{path} cannot be written: {exc.strerror or exc}") from exc
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                log.warning("could not remove the temporary file %s", tmp)
 
 
 def append_jsonl(path: str | os.PathLike[str], samples: Sequence[Sample]) -> None:
@@ -629,14 +610,7 @@ def append_jsonl(path: str | os.PathLike[str], samples: Sequence[Sample]) -> Non
     content = _json_lines(samples)
     path = _writable_target(path, "appended to")
     try:
-        with open(path, "a+b") as f:
-            if f.tell() > 0:
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":
-                    content = "\n" + content
-            f.write(content.encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
+        durable_append(path, content.encode("utf-8"))
     except OSError as exc:
         raise DatasetError(f"{path} cannot be appended to: {exc.strerror or exc}") from exc
 

@@ -53,8 +53,6 @@ import logging
 import math
 import os
 import re
-import shutil
-import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -66,6 +64,7 @@ import numpy as np
 
 from ..backend import to_host
 from ..errors import EngineError
+from ..io.files import durable_append
 from ..model.generate import SamplingConfig
 from ..model.generate import generate as generate_tokens
 from ..model.lora import LoraAdapter
@@ -73,6 +72,7 @@ from ..model.model import Model
 from ..model.targets import TargetSpec, select_targets
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
+from .checkpoint import ADAPTER_FILE, CheckpointError, read_checkpoint, write_checkpoint
 from .data import EncodeOptions, Problem, Sample, batch_encoded, encode_samples, load_jsonl, parse_sample
 from .optim import AdamW, OptimConfig
 from .rewards import group_advantages, reward_weights
@@ -83,9 +83,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("weighted", "group")
 CORRECTION_REWARD = 1.0  # the reward a correction carries: the top of the scale
-ADAPTER_FILE = "adapter.gguf"  # inside a checkpoint folder
-STATE_FILE = "state.npz"  # parameters and optimizer moments, exactly
-SESSION_FILE = "session.json"  # counters and settings, for people and for resuming
+SESSION_FILE = "session.json"  # the facts file of a reward session's checkpoints (engine.train.checkpoint)
 _FLAT = 1e-6  # ratings whose range is at or below this carry no signal (engine.train.rewards' rule)
 _GROUP_EPS = 1e-6  # eps of (r - mean) / (std + eps)
 _STARS = re.compile(r"[1-5]")
@@ -240,14 +238,7 @@ def _append_record(path: str, record: dict[str, Any]) -> None:
     except (TypeError, ValueError) as exc:
         raise RewardError(f"the rating cannot be written as JSON: {exc}") from exc
     try:
-        with open(path, "a+b") as f:
-            if f.tell() > 0:
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":  # a line cut short earlier: start on a line of our own
-                    line = "\n" + line
-            f.write(line.encode("utf-8"))
-            f.flush()
-            os.fsync(f.fileno())
+        durable_append(path, line.encode("utf-8"))
     except OSError as exc:
         raise RewardError(f"{path}: the rating cannot be saved ({exc.strerror or exc})") from exc
 
@@ -680,69 +671,52 @@ class RewardSession:
         if not self.checkpoint_dir:
             return None
         folder = self.checkpoint_dir
+        meta = {
+            "step": self.step,
+            "round": self.round,
+            "rounds_applied": sum(1 for r in self.history if r.applied),
+            "config": asdict(self.config),
+            "model": self.model.path,
+            "rank": self.trainable.rank,
+            "alpha": self.trainable.alpha,
+            "lora_targets": sorted(self.trainable.pairs),
+            "ratings": self.ratings_path,
+            "session": self.session_id,
+        }
         try:
-            os.makedirs(folder, exist_ok=True)
-            final = os.path.join(folder, f"ckpt-{self.step:06d}")
-            tmp = tempfile.mkdtemp(prefix=".tmp-ckpt-", dir=folder)
+            final = write_checkpoint(
+                folder,
+                self.step,
+                params={k: to_host(v) for k, v in self.trainable.params().items()},
+                optimizer=self.optimizer.state_dict(),
+                meta=meta,
+                meta_file=SESSION_FILE,
+                write_adapter=self.save_adapter,
+            )
         except OSError as exc:
-            raise RewardError(f"{folder}: checkpoint folder cannot be made ({exc.strerror or exc})") from exc
-        try:
-            state: dict[str, Any] = {f"param.{k}": to_host(v) for k, v in self.trainable.params().items()}
-            state.update({f"optim.{k}": np.asarray(v) for k, v in self.optimizer.state_dict().items()})
-            np.savez(os.path.join(tmp, STATE_FILE), **state)
-            self.save_adapter(os.path.join(tmp, ADAPTER_FILE))
-            meta = {
-                "step": self.step,
-                "round": self.round,
-                "rounds_applied": sum(1 for r in self.history if r.applied),
-                "config": asdict(self.config),
-                "model": self.model.path,
-                "rank": self.trainable.rank,
-                "alpha": self.trainable.alpha,
-                "lora_targets": sorted(self.trainable.pairs),
-                "ratings": self.ratings_path,
-                "session": self.session_id,
-            }
-            with open(os.path.join(tmp, SESSION_FILE), "w", encoding="utf-8") as f:
-                json.dump(meta, f, indent=1)
-            if os.path.exists(final):
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
             raise RewardError(f"{folder}: checkpoint cannot be written ({exc.strerror or exc})") from exc
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         self._checkpoint = (final, self.step)
         return final
 
     @staticmethod
-    def _read_checkpoint(path: str) -> tuple[dict, dict]:
+    def _read_checkpoint(path: str) -> tuple[dict, dict, dict]:
         try:
-            with open(os.path.join(path, SESSION_FILE), encoding="utf-8") as f:
-                meta = json.load(f)
-            with np.load(os.path.join(path, STATE_FILE)) as npz:
-                state = dict(npz)
-        except (OSError, ValueError) as exc:
+            meta, params, optim, _ = read_checkpoint(path, SESSION_FILE)
+        except CheckpointError as exc:
             raise RewardError(
-                f"{path}: not a reward-session checkpoint ({exc}); give an adapter GGUF or a folder "
-                "written by RewardSession.checkpoint()"
+                f"{exc}; give an adapter GGUF or a folder written by RewardSession.checkpoint()"
             ) from exc
-        return meta, state
+        return meta, params, optim
 
-    def _restore(self, path: str, saved: tuple[dict, dict]) -> None:
-        meta, state = saved
+    def _restore(self, path: str, saved: tuple[dict, dict, dict]) -> None:
+        meta, values, optim = saved
         params = self.trainable.params()
-        values = {k[len("param.") :]: v for k, v in state.items() if k.startswith("param.")}
         if set(values) != set(params):
             raise RewardError(f"{path}: the checkpoint's parameters do not match its adapter")
         for k, v in values.items():
             params[k][...] = self.model.backend.asarray(v, params[k].dtype)
         try:
-            self.optimizer.load_state_dict(
-                {k[len("optim.") :]: v for k, v in state.items() if k.startswith("optim.")}
-            )
+            self.optimizer.load_state_dict(optim)
         except ValueError as exc:
             raise RewardError(f"{path}: the optimizer state cannot be restored ({exc})") from exc
         self.step = int(meta.get("step", 0))

@@ -19,10 +19,11 @@ import logging
 import math
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
+
+from ..io.files import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -110,19 +111,9 @@ class RunRecord:
         if not path:
             raise ValueError("a run record needs a path")
         self.updated = now_iso()
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-run-", suffix=".json", dir=folder)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_json(), f, indent=1, allow_nan=False)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with atomic_write(path) as f:
+            json.dump(self.to_json(), f, indent=1, allow_nan=False)
         self.path = path
         return path
 

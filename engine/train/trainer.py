@@ -21,12 +21,10 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -36,9 +34,16 @@ from ..io.weights import parse_budget
 from ..model.lora import LoraAdapter
 from ..model.model import Model
 from ..model.targets import TargetSpec, select_full, select_targets
-from ..text.chat_template import ChatTemplate
+from ..text.chat_template import ChatTemplate, template_for
 from ..text.tokenizer import Tokenizer
 from . import events as ev
+from .checkpoint import (
+    STATE_FILE,
+    CheckpointError,
+    latest_checkpoint,
+    read_checkpoint,
+    write_checkpoint,
+)
 from .data import EncodeOptions, Sample, batch_encoded, encode_samples, load_jsonl, split_validation
 from .memory import MemoryEstimate, estimate_memory
 from .optim import AdamW, GradAccumulator, OptimConfig
@@ -51,9 +56,7 @@ log = logging.getLogger(__name__)
 ETA_WINDOW = 10  # steps the ETA averages over
 MAX_PARAM = 1e4  # |value| no trained weight reaches in a healthy run (LoRA factors are O(1) or less)
 STALL_STEPS = 20  # steps of a flat loss with exploding norms before the run is flagged
-STATE_FILE = "state.npz"
-ADAPTER_FILE = "adapter.gguf"
-CONFIG_FILE = "trainer.json"
+CONFIG_FILE = "trainer.json"  # the facts file of a run's checkpoints (engine.train.checkpoint)
 
 
 _INT_RANGES = (  # field, lowest, highest
@@ -231,18 +234,12 @@ def resolve_checkpoint(path: str) -> str:
         raise ModelError(f"{path}: no such checkpoint folder")
     if os.path.isfile(os.path.join(path, STATE_FILE)):
         return path
-    complete = sorted(
-        p
-        for p in os.listdir(path)
-        if p.startswith("ckpt-")
-        and os.path.isfile(os.path.join(path, p, STATE_FILE))
-        and os.path.isfile(os.path.join(path, p, CONFIG_FILE))
-    )
-    if not complete:
+    latest = latest_checkpoint(path, CONFIG_FILE)
+    if latest is None:
         raise ModelError(
             f"{path}: holds no complete checkpoint (a ckpt-NNNNNN folder with {STATE_FILE} and {CONFIG_FILE})"
         )
-    return os.path.join(path, complete[-1])
+    return latest
 
 
 def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None]) -> None:
@@ -348,17 +345,8 @@ class Trainer:
         tok = Tokenizer.from_metadata(md, self.model.path)
         if isinstance(self.template_arg, ChatTemplate):
             template = self.template_arg
-        elif isinstance(self.template_arg, str):
-            base = ChatTemplate.from_metadata(md)
-            try:
-                source = Path(self.template_arg).read_text(encoding="utf-8")
-            except OSError as exc:
-                raise DatasetError(f"{self.template_arg}: chat template cannot be read ({exc})") from exc
-            template = ChatTemplate(
-                source, bos_token=base.bos_token, eos_token=base.eos_token, name=self.template_arg
-            )
-        else:
-            template = ChatTemplate.from_metadata(md)
+        else:  # a template file, or the model's own
+            template = template_for(md, self.template_arg)
         problems = []
         if isinstance(self.data, str):
             samples, problems = load_jsonl(self.data)
@@ -469,50 +457,39 @@ class Trainer:
         """Write adapter + exact state into `folder/ckpt-<step>` atomically; prune old checkpoints."""
         from ..io.export import export_adapter
 
-        os.makedirs(folder, exist_ok=True)
-        final = os.path.join(folder, f"ckpt-{self.step:06d}")
-        tmp = tempfile.mkdtemp(prefix=".tmp-ckpt-", dir=folder)
-        try:
-            state = {f"param.{k}": to_host(v) for k, v in self.trainable.params().items()}
-            state.update({f"optim.{k}": np.asarray(v) for k, v in self.optimizer.state_dict().items()})
-            state["trainer.step"] = np.asarray(self.step)
-            state["trainer.seconds"] = np.asarray(self.train_seconds)
-            np.savez(os.path.join(tmp, STATE_FILE), **state)
-            if self.trainable.pairs:
-                export_adapter(
-                    self._adapter(), os.path.join(tmp, ADAPTER_FILE), training=self._training_facts()
-                )
-            meta = {
-                "step": self.step,
-                "config": self.config.to_json(),
-                "model": self.model.path,
-                "rank": self.trainable.rank,
-                "alpha": self.trainable.alpha,
-                "lora_targets": sorted(self.trainable.pairs),
-                "full": sorted(self.trainable.full),
-            }
-            with open(os.path.join(tmp, CONFIG_FILE), "w", encoding="utf-8") as f:
-                json.dump(meta, f, indent=1)
-            if os.path.exists(final):
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        old = sorted(p for p in os.listdir(folder) if p.startswith("ckpt-"))
-        for p in old[: max(0, len(old) - self.config.keep_checkpoints)]:
-            shutil.rmtree(os.path.join(folder, p), ignore_errors=True)
-        return final
+        meta = {
+            "step": self.step,
+            "config": self.config.to_json(),
+            "model": self.model.path,
+            "rank": self.trainable.rank,
+            "alpha": self.trainable.alpha,
+            "lora_targets": sorted(self.trainable.pairs),
+            "full": sorted(self.trainable.full),
+        }
+        adapter = None
+        if self.trainable.pairs:
+
+            def adapter(path: str) -> None:
+                export_adapter(self._adapter(), path, training=self._training_facts())
+
+        return write_checkpoint(
+            folder,
+            self.step,
+            params={k: to_host(v) for k, v in self.trainable.params().items()},
+            optimizer=self.optimizer.state_dict(),
+            meta=meta,
+            meta_file=CONFIG_FILE,
+            extra={"trainer.step": self.step, "trainer.seconds": self.train_seconds},
+            write_adapter=adapter,
+            keep=self.config.keep_checkpoints,
+        )
 
     def _load_checkpoint(self, path: str) -> None:
         try:
-            with open(os.path.join(path, CONFIG_FILE), encoding="utf-8") as f:
-                meta = json.load(f)
-            state = dict(np.load(os.path.join(path, STATE_FILE)))
-        except (OSError, ValueError, json.JSONDecodeError) as exc:
-            raise ModelError(f"{path}: not a readable checkpoint ({exc})") from exc
+            meta, saved, optim, other = read_checkpoint(path, CONFIG_FILE)
+        except CheckpointError as exc:
+            raise ModelError(str(exc)) from exc
         params = self.trainable.params()
-        saved = {k[len("param.") :]: v for k, v in state.items() if k.startswith("param.")}
         if set(saved) != set(params):
             raise ModelError(
                 f"{path}: checkpoint trains {len(saved)} tensors, this run {len(params)}; "
@@ -522,11 +499,11 @@ class Trainer:
             if v.shape != params[k].shape:
                 raise ModelError(f"{path}: {k} has shape {v.shape} in the checkpoint, {params[k].shape} here")
             params[k][...] = self.backend.asarray(v, params[k].dtype)
-        self.optimizer.load_state_dict(
-            {k[len("optim.") :]: v for k, v in state.items() if k.startswith("optim.")}
-        )
-        self.step = int(state["trainer.step"])
-        self.train_seconds = float(state.get("trainer.seconds", 0.0))
+        self.optimizer.load_state_dict(optim)
+        if "trainer.step" not in other:
+            raise ModelError(f"{path}: not a training-run checkpoint (it has no step count)")
+        self.step = int(other["trainer.step"])
+        self.train_seconds = float(other.get("trainer.seconds", 0.0))
         if meta.get("step") != self.step:
             raise ModelError(f"{path}: inconsistent checkpoint (step {meta.get('step')} vs {self.step})")
 
