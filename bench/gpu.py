@@ -1,25 +1,56 @@
-"""Speed of the engine's CUDA kernels on this machine's GPU, against ceilings measured on the same GPU.
+"""Speed of the engine on this machine's GPU: each CUDA kernel against ceilings measured on the same GPU,
+then whole training steps of two real model shapes beside transformers + PEFT (bench/gpu_e2e.py).
 
-Prints figures; never passes or fails on speed. Run it as bench/gpu_check.py says (the same wheels
-and PYTHONPATH on a device machine); it fits one 10-minute device call.
+Prints figures; never passes or fails on speed.
+
+Run on a device machine (one H100; Python 3.12 with CuPy, torch, transformers and PEFT already there,
+no network), in one call of about 6 minutes (hard limit: --budget-s 540 for the whole script). The
+engine's only missing dependency there is gguf (pure Python): fetch its wheel here once, as
+bench/gpu_check.py says (`.whl/`, ignored by git), then run with carry [".whl"]:
+
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \
+      && export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 \
+      && python3 bench/gpu.py 2>&1 | tee $OUT/gpu_stdout.txt
+
+It writes $OUT/gpu.txt (both tables), $OUT/gpu.json (every figure: ceilings, kernel rows, each
+end-to-end run's step times, losses, gradient norms and memory) and $OUT/gpu_e2e.log (the child
+processes' output). Without a GPU, `python bench/gpu.py --emulate` runs the end-to-end code path on
+the g++ kernel emulator at tiny shapes (no kernel timings, no peer; about 40 s), to show it works.
 
 1. Ceilings, measured first: a bf16 matrix product (cuBLAS gemmEx through the engine's own
    `CudaRuntime.gemm`, 8192 x 8192 x 8192, random data, fp32 accumulation) in TFLOP/s; the same in
    fp32 (CUBLAS_COMPUTE_32F_PEDANTIC, the engine's fp32 GEMMs); a 1 GiB device-to-device copy in
-   GB/s, counting bytes read plus bytes written.
+   GB/s, counting bytes read plus bytes written. (~10 s)
 2. Each kernel, through its twin as the engine calls it (allocations and launches included), at
    a Llama-3-8B-shaped size (B*T = 4096 tokens, C = 4096, 32 query / 8 KV heads of 128, FFN 14336,
    vocabulary 128256, bf16 frozen weights, LoRA rank 16 everywhere): the median of --repeats CUDA-
    event timings after warm-up, on random data; the work it must do (bytes for memory-bound
    kernels, FLOPs for matrix ones); the achieved GB/s or TFLOP/s; the floor (work over the matching
    ceiling) and the time over that floor. The attention kernels run on CUDA cores in fp32, so
-   their TFLOP/s are also shown against the bf16 ceiling only for scale.
-3. End to end: a hook (`end_to_end_rows`) for whole training steps, empty until the engine runs
-   on a GPU; its rows join the same table.
+   their TFLOP/s are also shown against the bf16 ceiling only for scale. A kernel that raises is a
+   row with the error. (~1-2 min, NVRTC compilation included)
+3. End to end (`end_to_end_rows`, bench/gpu_e2e.py has the details): training tokens/s, step time,
+   TFLOP/s, MFU and peak GPU memory of
+   (a) a Qwen2.5-1.5B-shaped model at Q4_K (28 layers), LoRA on every linear tensor, and
+   (b) a Qwen3-30B-A3B-shaped MoE at Q4_K cut to --moe-layers layers (default 12 of 48: the file,
+       the peer's 15 GB of bf16 weights and both runs fit the call), LoRA on attention and every
+       expert stack;
+   B=4 windows x T=1024 tokens a step, rank 16, 2 warm-up + 5 measured steps (median). The engine
+   runs once per weight-cache budget (`off`: QLoRA at rest, every matrix dequantized at each use;
+   `auto`: bf16 copies kept while memory allows); the peer is transformers + PEFT on the same shape
+   (bf16 base, random init, SDPA, `torch._grouped_mm` experts where the installed transformers has
+   them, else its eager loop, said in the note). Each run is its own process; the model files are
+   generated in the call (~5 s and ~20 s). FLOPs a step, the same for both sides: 4*N_active per
+   token (frozen base: forward 2N, input-gradient backward 2N) + attention 12*L*NH*HS per visible
+   (query, key) pair; MFU = (FLOPs / step time) / the bf16 ceiling of part 1. Memory: peak allocated
+   (CuPy pool bytes in use, followed by a memory hook / torch.cuda.max_memory_allocated), reserved
+   (pool total / max_memory_reserved) and device (free memory at the process's start less at its
+   end); "x" columns are engine / peer. A run that fails is a row with its error. (~3-4 min; each
+   run is capped, and a run the budget cannot fit is a "skipped" row)
 
-    python bench/gpu.py [--repeats 20] [--only attention lm_head ...] [--tokens 4096]
-
-Writes the table and all figures to $OUT/gpu.txt and $OUT/gpu.json when $OUT is set.
+    python bench/gpu.py [--sections kernels e2e] [--repeats 20] [--only attention lm_head ...]
+        [--e2e dense moe] [--moe-layers 12] [--batch 4] [--ctx 1024] [--warmup 2] [--measure 5]
+        [--budgets off,auto] [--no-peer] [--budget-s 540] [--emulate]
 """
 
 from __future__ import annotations
@@ -118,7 +149,7 @@ def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row
         rows.append(Row(name, shape, ms, float(work), kind, note=note))
         print(f"  {name:<28} {shape:<32} {ms:9.3f} ms", flush=True)
 
-    if want("norm"):
+    def section_norm() -> None:
         x, w, dy = rnd(N, C), rnd(C), rnd(N, C)
         _, cache = norm.rmsnorm_forward(x, w, 1e-5)
         add("rmsnorm_forward", f"({N}, {C})", lambda: norm.rmsnorm_forward(x, w, 1e-5), 12 * N * C, "GB/s")
@@ -127,19 +158,22 @@ def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row
         qh, wh = rnd(N * NH, HS), rnd(HS)
         fn = lambda: norm.rmsnorm_forward(qh, wh, 1e-5)  # noqa: E731
         add("rmsnorm_forward (q heads)", f"({N * NH}, {HS})", fn, 12 * N * NH * HS, "GB/s")
-    if want("rope"):
+
+    def section_rope() -> None:
         q = rnd(B, T, NH, HS)
         pos = np.tile(np.arange(T), (B, 1))
         cos, sin = (cp.asarray(a) for a in rope.rope_angles(pos, HS, 500000.0))
         for style in ("norm", "neox"):
             fn = lambda s=style: rope.rope_forward(q, cos, sin, s)  # noqa: E731
             add(f"rope_forward {style}", f"({B}, {T}, {NH}, {HS})", fn, 8 * q.size, "GB/s")
-    if want("swiglu"):
+
+    def section_swiglu() -> None:
         g, u, dh = rnd(N, F, scale=2.0), rnd(N, F), rnd(N, F)
         _, cache = swiglu.swiglu_forward(g, u)
         add("swiglu_forward", f"({N}, {F})", lambda: swiglu.swiglu_forward(g, u), 12 * N * F, "GB/s")
         add("swiglu_backward", f"({N}, {F})", lambda: swiglu.swiglu_backward(dh, cache), 20 * N * F, "GB/s")
-    if want("embedding"):
+
+    def section_embedding() -> None:
         table = linear.to_bf16(rt, rnd(V, C))
         tokens = cp.asarray(np.random.default_rng(3).integers(0, V, (B, T)))
         lora = LoraTerm(rnd(V, r), rnd(C, r, scale=0.01), 2.0)
@@ -153,7 +187,8 @@ def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row
         dW = cp.zeros((V, C), cp.float32)
         fn = lambda: embedding.scatter_add_rows_on(rt, dW, tokens, dx)  # noqa: E731
         add("scatter_add_rows", f"{N} rows of {C}", fn, 12 * N * C, "GB/s", note="rows + distinct rows r/w")
-    if want("linear"):
+
+    def section_linear() -> None:
         x = rnd(B, T, C)
         add("f32_to_bf16", f"({N}, {C})", lambda: linear.to_bf16(rt, x), 6 * N * C, "GB/s")
         for n_out, label in ((C, "attn_q"), (F, "ffn_up")):
@@ -169,7 +204,8 @@ def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row
             fn = lambda w=w16, c=cache, d=dy: linear.linear_backward(d, c, w)  # noqa: E731
             add(f"linear_backward bf16 {label}", shape, fn, flops + 8 * N * r * (C + n_out), "TFLOP/s",
                 note="dx + LoRA grads")  # fmt: skip
-    if want("attention"):
+
+    def section_attention() -> None:
         q, k, v = rnd(B, T, NH, HS), rnd(B, T, NKV, HS), rnd(B, T, NKV, HS)
         pos = np.tile(np.arange(T), (B, 1))
         mask = cp.asarray(attention.attention_mask(pos, pos))
@@ -181,7 +217,8 @@ def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row
         add("attention_forward", shape, fn, 4 * visible * HS, "TFLOP/s", note="fp32 SIMT; causal")
         fn = lambda: attention.attention_backward(dy, cache)  # noqa: E731
         add("attention_backward", shape, fn, 14 * visible * HS, "TFLOP/s", note="fp32 SIMT; 7 products")
-    if want("lm_head"):
+
+    def section_lm_head() -> None:
         h = rnd(N, C)
         w16 = linear.to_bf16(rt, rnd(V, C, scale=C**-0.5))
         targets = np.random.default_rng(4).integers(0, V, N)
@@ -193,7 +230,8 @@ def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row
         add("lm_head_loss forward", shape, fn, flops, "TFLOP/s", note="1 GEMM pass + stats, LoRA")
         fn = lambda: cross_entropy.lm_head_loss(h, w16, targets, weights, lora=lo)  # noqa: E731
         add("lm_head_loss fwd+bwd", shape, fn, 3 * flops, "TFLOP/s", note="3 GEMM passes, LoRA")
-    if want("adamw"):
+
+    def section_adamw() -> None:
         shapes = []
         for _ in range(32):
             for n_in, n_out in ((C, C), (C, 1024), (C, 1024), (C, C), (C, F), (C, F), (F, C)):
@@ -212,17 +250,43 @@ def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row
 
         add("adamw_step", f"{len(params)} tensors, {n / 1e6:.1f}M values", adam, 32 * n, "GB/s",
             note="one host read per step")  # fmt: skip
+
+    for key, section in (
+        ("norm", section_norm), ("rope", section_rope), ("swiglu", section_swiglu),
+        ("embedding", section_embedding), ("linear", section_linear), ("attention", section_attention),
+        ("lm_head", section_lm_head), ("adamw", section_adamw),
+    ):  # fmt: skip
+        if not want(key):
+            continue
+        try:
+            section()
+        except Exception as exc:  # noqa: BLE001 - a failing kernel is a row, the others still run
+            text = f"raised {type(exc).__name__}: {exc}".replace("\n", " ")[:300]
+            rows.append(Row(key, "(raised)", float("nan"), 0.0, "GB/s", note=text))
+            print(f"  {key}: {text}", flush=True)
     return rows
 
 
-def end_to_end_rows(cp, repeats: int) -> list[Row]:
-    """Hook: whole training steps (forward, backward, optimizer) timed end to end.
+def end_to_end_rows(args: argparse.Namespace, ceil: dict[str, float], log) -> tuple[list[Row], list[dict]]:
+    """Whole training steps timed end to end (bench/gpu_e2e.py): a `Row` per run for the kernel
+    table (work = FLOPs of a step, against the bf16 ceiling) and the full records for the e2e table."""
+    from bench.gpu_e2e import E2EOptions, run_end_to_end
 
-    Empty until the engine trains on a GPU. A row per model and batch shape: `Row(name, shape, ms,
-    work=FLOPs of the step (6 * trainable-path FLOPs, or the model's 2 * params * tokens * 3),
-    kind="TFLOP/s", note="tokens/s ...")`, timed with `timed(cp, step_fn, repeats)`.
-    """
-    return []
+    opts = E2EOptions(
+        shapes=tuple(args.e2e), moe_layers=args.moe_layers, batch=args.batch, ctx=args.ctx,
+        warmup=args.warmup, measure=args.measure, budgets=tuple(args.budgets.split(",")),
+        peer=not args.no_peer, emulate=args.emulate, workdir=args.workdir, deadline=args.deadline,
+    )  # fmt: skip
+    records = run_end_to_end(opts, ceil.get("bf16_tflops", float("nan")), log=log)
+    rows = []
+    for r in records:
+        if not r.get("ok"):
+            continue
+        name = f"e2e {r['model']} {r['who']} {r['setting'].replace('Q4_K, ', '')}"[:30]
+        shape = f"{r['layers']}L, B {args.batch} x T {args.ctx}"
+        note = f"{r['tokens_per_s']:.0f} tokens/s"
+        rows.append(Row(name, shape, 1e3 * r["step_s"], r["flops_per_step"], "TFLOP/s", note=note))
+    return rows, records
 
 
 def finish(rows: list[Row], ceil: dict[str, float]) -> None:
@@ -232,9 +296,8 @@ def finish(rows: list[Row], ceil: dict[str, float]) -> None:
             row.floor_ms = row.work / ceil["copy_gbs"] / 1e6
         else:
             row.rate = row.work / row.ms / 1e9
-            ceiling = (
-                ceil["bf16_tflops"] if "bf16" in row.name or "lm_head" in row.name else ceil["fp32_tflops"]
-            )
+            bf16 = "bf16" in row.name or "lm_head" in row.name or row.name.startswith("e2e ")
+            ceiling = ceil["bf16_tflops"] if bf16 else ceil["fp32_tflops"]
             if "attention" in row.name:
                 ceiling = ceil["bf16_tflops"]  # shown for scale: the kernels are fp32 SIMT
             row.floor_ms = row.work / ceiling / 1e9
@@ -256,37 +319,98 @@ def table(rows: list[Row], ceil: dict[str, float]) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--tokens", type=int, default=4096, help="B*T tokens (B = 2)")
-    ap.add_argument("--only", nargs="*", help="norm rope swiglu embedding linear attention lm_head adamw")
-    args = ap.parse_args()
-    try:
-        import cupy as cp
-
-        from engine.kernels.cuda import cuda_runtime
-
-        rt = cuda_runtime()
-        props = cp.cuda.runtime.getDeviceProperties(0)
-    except Exception as exc:  # noqa: BLE001
-        print(f"no usable CUDA GPU: {type(exc).__name__}: {exc}")
-        return 2
-    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-    print(f"device: {name}, {props['multiProcessorCount']} SMs, L2 {props['l2CacheSize'] / 2**20:.0f} MiB")
     t0 = time.perf_counter()
-    ceil = ceilings(cp, rt, args.repeats)
-    print(f"ceilings measured ({time.perf_counter() - t0:.0f} s): {ceil}", flush=True)
-    rows = kernel_rows(cp, rt, args.tokens, args.repeats, set(args.only) if args.only else None)
-    rows += end_to_end_rows(cp, args.repeats)
-    finish(rows, ceil)
-    text = table(rows, ceil)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sections", nargs="*", default=["kernels", "e2e"], choices=("kernels", "e2e"))
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--tokens", type=int, default=4096, help="kernels: B*T tokens (B = 2)")
+    ap.add_argument("--only", nargs="*", help="norm rope swiglu embedding linear attention lm_head adamw")
+    ap.add_argument("--e2e", nargs="*", default=["dense", "moe"], choices=("dense", "moe"))
+    ap.add_argument("--moe-layers", type=int, default=12, help="layers of the Qwen3-30B-A3B shape (48 real)")
+    ap.add_argument("--batch", type=int, default=4, help="e2e: windows per step")
+    ap.add_argument("--ctx", type=int, default=1024, help="e2e: tokens per window")
+    ap.add_argument("--warmup", type=int, default=2, help="e2e: steps before the measured ones")
+    ap.add_argument("--measure", type=int, default=5, help="e2e: measured steps (fewer when time is short)")
+    ap.add_argument("--budgets", default="off,auto", help="e2e: the engine's weight-cache budgets")
+    ap.add_argument("--no-peer", action="store_true", help="e2e: the engine only, no transformers + PEFT")
+    ap.add_argument("--workdir", default=None, help="e2e: keep the generated model files here")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="seconds for the whole script")
+    ap.add_argument(
+        "--emulate",
+        action="store_true",
+        help="no GPU: e2e on the g++ emulator, tiny shapes, no kernels or peer",
+    )
+    args = ap.parse_args()
+    args.deadline = time.monotonic() + args.budget_s - (time.perf_counter() - t0)
     out = os.environ.get("OUT")
+    logs: list[str] = []
+
+    def log(text: str) -> None:
+        logs.append(text)
+        print(text, flush=True)
+
+    if args.emulate:
+        args.batch, args.ctx, args.warmup, args.measure = min(args.batch, 1), min(args.ctx, 32), 1, 1
+        args.no_peer = True
+        name = "g++ kernel emulator (no GPU)"
+        ceil = {"bf16_tflops": float("nan"), "fp32_tflops": float("nan"), "copy_gbs": float("nan")}
+        rows: list[Row] = []
+    else:
+        try:
+            import cupy as cp
+
+            from engine.kernels.cuda import cuda_runtime
+
+            rt = cuda_runtime()
+            props = cp.cuda.runtime.getDeviceProperties(0)
+        except Exception as exc:  # noqa: BLE001
+            print(f"no usable CUDA GPU: {type(exc).__name__}: {exc}")
+            return 2
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        free, total = cp.cuda.runtime.memGetInfo()
+        log(f"device: {name}, {props['multiProcessorCount']} SMs, L2 {props['l2CacheSize'] / 2**20:.0f} MiB, "
+            f"{free / 2**30:.1f} of {total / 2**30:.1f} GiB free; CuPy {cp.__version__}")  # fmt: skip
+        try:
+            ceil = ceilings(cp, rt, args.repeats)
+            log(f"ceilings measured ({time.perf_counter() - t0:.0f} s): {ceil}")
+        except Exception as exc:  # noqa: BLE001 - the rest still runs, against no ceiling
+            ceil = {"bf16_tflops": float("nan"), "fp32_tflops": float("nan"), "copy_gbs": float("nan")}
+            log(f"ceilings failed: {type(exc).__name__}: {exc}")
+        rows = []
+        if "kernels" in args.sections:
+            try:
+                rows = kernel_rows(cp, rt, args.tokens, args.repeats, set(args.only) if args.only else None)
+            except Exception as exc:  # noqa: BLE001 - the e2e part still runs
+                log(f"kernel timings stopped: {type(exc).__name__}: {exc}")
+            log(f"kernels done ({time.perf_counter() - t0:.0f} s)")
+        cp.get_default_memory_pool().free_all_blocks()  # the children measure their own memory
+        cp.get_default_pinned_memory_pool().free_all_blocks()
+    records: list[dict] = []
+    if "e2e" in args.sections:
+        try:
+            e2e, records = end_to_end_rows(args, ceil, log)
+            rows += e2e
+        except Exception as exc:  # noqa: BLE001 - a row, never a crash
+            log(f"end-to-end part failed: {type(exc).__name__}: {exc}")
+            records = [{"model": "-", "layers": 0, "who": "-", "setting": "-", "ok": False,
+                        "error": f"{type(exc).__name__}: {exc}"}]  # fmt: skip
+    finish(rows, ceil)
+    text = table(rows, ceil) if not args.emulate else f"device: {name}"
+    if records:
+        from bench.gpu_e2e import E2EOptions, e2e_table
+
+        opts = E2EOptions(batch=args.batch, ctx=args.ctx, warmup=args.warmup, measure=args.measure)
+        text += "\n\n" + e2e_table(records, ceil["bf16_tflops"], opts)
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "gpu.txt"), "w") as f:
             f.write(f"device {name}\n{text}\n")
         with open(os.path.join(out, "gpu.json"), "w") as f:
-            json.dump({"device": name, "ceilings": ceil, "rows": [asdict(r) for r in rows]}, f, indent=1)
+            json.dump({"device": name, "ceilings": ceil, "rows": [asdict(r) for r in rows], "e2e": records,
+                       "args": {k: v for k, v in vars(args).items() if k != "deadline"}}, f, indent=1,
+                      default=str)  # fmt: skip
+        with open(os.path.join(out, "gpu_e2e.log"), "w") as f:
+            f.write("\n".join(logs) + "\n")
     print(f"({time.perf_counter() - t0:.0f} s)")
     print(text)
     return 0

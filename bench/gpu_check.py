@@ -1,13 +1,30 @@
-"""Every CUDA kernel's parity check on this machine's GPU, in one table (op, max abs err, max rel err, pass).
+"""Every CUDA kernel's parity check on this machine's GPU, and the engine's GPU training against its CPU
+training, in one table (op, case, max abs err, max rel err, pass).
 
-Runs the same checks as the parity tests (tests/kernels/test_<op>_parity.py `checks()`), with real
-model sizes added, on fresh random inputs (the seed is printed): each twin runs twice with every
+Kernels: the same checks as the parity tests (tests/kernels/test_<op>_parity.py `checks()`), with
+real model sizes added, on fresh random inputs (the seed is printed): each twin runs twice with every
 device allocation filled with 0xFF bytes first (NaN), the two runs must agree bit for bit, and each
 output is compared with the NumPy reference computed in float64 (fp32 paths: relative error 1e-5;
 bf16 GEMM paths: 1e-2; AdamW: bit for bit). Also: dequantization (every GPU type, both output
 dtypes, bit for bit), the MoE kernels (tests/kernels/moe_report.py, when present), and a check that
-engine.model.ops sends CuPy arrays to the twins. A module that fails to import or a check that
-raises is a FAIL row with the error, never a crash. Exit status 0 when everything passed.
+engine.model.ops sends CuPy arrays to the twins.
+
+Training (`train_rows`): tiny synthetic models (engine.io.synth, Q8_0 weights) of two dense kinds,
+llama (NORM RoPE) and qwen3 (NEOX RoPE, q/k norms), and two MoE kinds, qwen3moe (renormalised top-k)
+and qwen2moe (shared expert with its sigmoid gate), each trained --train-steps steps (10) by
+`engine.Trainer` on the CPU and on the GPU from the same file, chats, config and seed (rank-4 LoRA on
+every tensor of the "all" preset, router included; AdamW lr 5e-3). One row per step: the two mean
+cross-entropies ("ce cpu/gpu"; max abs and max rel err are their difference), and the relative
+difference of the gradient norms; pass within 2e-2 (ce) and 5e-2 (norm): the GPU multiplies bf16
+roundings of the weights, the CPU their float32 values (the emulator gives 1e-4..2e-3 on ce and up
+to 2.5e-2 on the norm by step 10). Then a pass/fail row per model (every step within tolerance, the
+GPU's loss falls), and a generation row: 8 greedy tokens with the KV cache on the GPU against the
+argmax of a full forward pass on the GPU, both with the adapter the GPU run trained (pass: equal, or
+the first difference a near tie); the case says how many of the CPU's greedy tokens (same file,
+same adapter) agree. A printed table above the main one lists every step's figures.
+
+A module that fails to import or a check that raises is a FAIL row with the error, never a crash.
+Exit status 0 when everything passed.
 
 On a device machine (Python 3.12 with cupy-cuda13x, the CUDA wheels, numpy, pytest, tokenizers,
 jinja2 and pyyaml already there, no network), the engine's only missing dependency is gguf (pure
@@ -19,12 +36,16 @@ Python). Fetch its wheel here once, and carry it:
 then run there (carry: [".whl"]):
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl \\
-      && PYTHONPATH=/tmp/site:. python3 bench/gpu_check.py
+      && PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 python3 bench/gpu_check.py 2>&1 | tee $OUT/check_stdout.txt
 
 Writes the table and every row's details to $OUT/gpu_check.txt and $OUT/gpu_check.json when $OUT is
-set. Fits one 10-minute device call (the float64 references on the host take most of it).
+set. Fits one 10-minute device call (the float64 references on the host take most of it; the
+training and generation checks add about a minute, NVRTC compilation included). Without a GPU,
+`--emulate` runs the dense kernel checks and the training check on the g++ kernel emulator
+(`--emulate --only train`: about 35 s).
 
-    python bench/gpu_check.py [--seed N] [--only norm attention ...] [--small]
+    python bench/gpu_check.py [--seed N] [--only norm attention ... dequant moe train] [--small]
+        [--train-steps 10] [--emulate]
 """
 
 from __future__ import annotations
@@ -34,6 +55,7 @@ import importlib
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 
@@ -145,6 +167,152 @@ def dispatch_rows(cp) -> list[dict]:
         return [_fail("ops dispatch", exc)]
 
 
+# --- training and generation: the engine's device path against its CPU path --------------------------
+
+TRAIN_ARCHS = ("llama", "qwen3", "qwen3moe", "qwen2moe")  # dense (NORM and NEOX RoPE), MoE (+ shared expert)
+TRAIN_CE_TOL = 2e-2  # |ce_gpu - ce_cpu| / ce_cpu at every step: bf16 frozen weights, fp32 accumulation
+TRAIN_GRAD_TOL = 5e-2  # |gnorm_gpu - gnorm_cpu| / gnorm_cpu at every step (before clipping)
+GEN_TOKENS = 8  # greedy tokens of the generation check
+PROMPT = (1, 40, 41, 42, 43)
+
+
+def _chat_samples() -> list:
+    """Eight short chats (user question, assistant answer), as tests/conftest.py's `chats`."""
+    from engine.train.data import parse_sample
+
+    samples = []
+    for i in range(8):
+        turns = [
+            {"role": "user", "content": f"What is {i} plus {i}?"},
+            {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
+        ]
+        sample, problems = parse_sample({"messages": turns})
+        assert sample is not None, problems
+        samples.append(sample)
+    return samples
+
+
+def _train(model, samples, config) -> tuple[list, object, object]:
+    from engine.train import events as ev
+    from engine.train.trainer import Trainer
+
+    got: list = []
+    trainer = Trainer(model, samples, config)
+    end = trainer.run(got.append, lambda: False)
+    return [e for e in got if isinstance(e, ev.Step)], end, trainer
+
+
+def train_rows(backend, steps: int, seed: int, workdir: str) -> tuple[list[dict], list[str]]:
+    """`steps` training steps of tiny dense and MoE models on the CPU and on `backend` (an engine
+    Backend: the GPU, or the g++ emulator): per step the two cross-entropies and gradient norms and
+    their relative differences, a pass/fail row per model, and the generation check (`gen_row`).
+
+    Same file (Q8_0 weights: the CPU multiplies their exact float32 values, the device bf16 roundings
+    of them), same chats, same config and seed: rank-4 LoRA on every tensor of the `all` preset
+    (attention, FFN or experts, the router), AdamW lr 5e-3 constant, 48-token windows."""
+    from engine.io.synth import SynthSpec, write_model
+    from engine.model.model import Model
+    from engine.model.targets import TargetSpec
+    from engine.train import events as ev
+    from engine.train.trainer import TrainConfig
+
+    rows: list[dict] = []
+    lines = [
+        f"{'model':<10} {'step':>4} {'ce cpu':>9} {'ce dev':>9} {'rel':>9} {'|g| cpu':>9} {'|g| dev':>9} "
+        f"{'rel':>9}  result"
+    ]
+    samples = _chat_samples()
+    config = TrainConfig(
+        targets=TargetSpec(preset="all"), rank=4, alpha=8, lr=5e-3, steps=steps, n_ctx=48,
+        schedule="constant", norms_every=0, checkpoint_layers="off", seed=0,
+    )  # fmt: skip
+    for arch in TRAIN_ARCHS:
+        op = f"train {arch}"
+        t0 = time.perf_counter()
+        try:
+            spec = SynthSpec.for_arch(arch, seed=seed % 2**31, qtype="Q8_0")
+            path = write_model(os.path.join(workdir, f"{arch}.gguf"), spec)
+            cpu, cpu_end, _ = _train(Model.load(path), samples, config)
+            model = Model.load(path, backend=backend)
+            dev, dev_end, trainer = _train(model, samples, config)
+            if isinstance(dev_end, ev.Failed):
+                raise RuntimeError(f"the device run failed at step {dev_end.step}: {dev_end.message}")
+            if isinstance(cpu_end, ev.Failed):
+                raise RuntimeError(f"the CPU run failed at step {cpu_end.step}: {cpu_end.message}")
+            worst_abs = worst_rel = worst_g = 0.0
+            all_ok = len(dev) == len(cpu) == steps
+            for a, b in zip(cpu, dev, strict=False):
+                d_ce = abs(b.mean_ce - a.mean_ce)
+                rel = d_ce / max(abs(a.mean_ce), 1e-12)
+                rel_g = abs(b.grad_norm - a.grad_norm) / max(abs(a.grad_norm), 1e-12)
+                host = isinstance(b.mean_ce, float) and isinstance(b.grad_norm, float)
+                ok = bool(rel <= TRAIN_CE_TOL and rel_g <= TRAIN_GRAD_TOL and host and np.isfinite(b.mean_ce))
+                all_ok &= ok
+                worst_abs, worst_rel, worst_g = max(worst_abs, d_ce), max(worst_rel, rel), max(worst_g, rel_g)
+                verdict = "pass" if ok else "FAIL"
+                lines.append(
+                    f"{arch:<10} {b.step:>4} {a.mean_ce:9.5f} {b.mean_ce:9.5f} {rel:9.2e} {a.grad_norm:9.4f} "
+                    f"{b.grad_norm:9.4f} {rel_g:9.2e}  {verdict}"
+                )
+                case = f"step {b.step}: ce {a.mean_ce:.4f}/{b.mean_ce:.4f}, |g| rel {rel_g:.1e}"
+                note = (
+                    ""
+                    if ok
+                    else f"ce rel {rel:.2e} (tol {TRAIN_CE_TOL}), |g| rel {rel_g:.2e} (tol {TRAIN_GRAD_TOL})"
+                )
+                rows.append(_row(op, case, d_ce, rel, ok, note))
+            learns = bool(dev) and dev[-1].mean_ce < dev[0].mean_ce
+            all_ok &= learns
+            case = f"{len(dev)}/{steps} steps cpu vs {backend.device}: |g| rel <= {worst_g:.1e}" + (
+                "" if learns else "; ce did not fall"
+            )
+            note = f"device ce {dev[0].mean_ce:.4f} -> {dev[-1].mean_ce:.4f}" if dev else "no device step"
+            rows.append(_row(op, case, worst_abs, worst_rel, all_ok, note))
+            rows.append(gen_row(arch, path, model, trainer))
+        except Exception as exc:  # noqa: BLE001 - a failing model is a row, not a crash
+            rows.append(_fail(op, exc))
+            lines.append(f"{arch:<10} raised: {rows[-1]['note'][-300:]}")
+        print(f"  {op}: {time.perf_counter() - t0:.1f} s", flush=True)
+    return rows, lines
+
+
+def gen_row(arch: str, path: str, model, trainer) -> dict:
+    """Greedy tokens with the KV cache on the device against a full forward pass on the device, both
+    with the adapter the device run trained; and how many the CPU (same file, same adapter) agrees on.
+
+    Passes when the cached tokens are the full pass's argmax at every position, or when the first
+    that differs is a near tie in the full pass (two logits within 1e-3 of the largest's magnitude)."""
+    from dataclasses import replace
+
+    from engine.model.generate import GREEDY, generate
+    from engine.model.model import Model
+
+    op = f"generate {arch}"
+    try:
+        sampling = replace(GREEDY, max_new_tokens=GEN_TOKENS)
+        lora = trainer.trainable.terms()
+        [g] = generate(model, list(PROMPT), sampling=sampling, lora=lora)
+        got = [int(t) for t in g.tokens]
+        z = np.asarray(model.forward(np.array(list(PROMPT) + got[:-1]), lora=lora), np.float64)
+        want = [int(t) for t in z[len(PROMPT) - 1 :].argmax(-1)]
+        diff = [i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b]
+        note = ""
+        ok = not diff
+        if diff:
+            i = diff[0]
+            zi = z[len(PROMPT) - 1 + i]
+            gap = abs(zi[want[i]] - zi[got[i]])
+            ok = gap <= 1e-3 * max(abs(zi[want[i]]), 1.0)
+            note = f"first difference at token {i}: cached {got[i]}, full {want[i]}, logit gap {gap:.3e}"
+        host_terms = trainer.trainable.to_adapter(model.config.arch).terms()
+        [h] = generate(Model.load(path), list(PROMPT), sampling=sampling, lora=host_terms)
+        agree = sum(int(a) == int(b) for a, b in zip(h.tokens, got, strict=False))
+        case = f"{len(got)} greedy tokens, KV cache vs full pass; cpu agrees {agree}/{len(got)}"
+        return _row(op, case, float(len(diff)), float("nan"), ok, note)
+    except Exception as exc:  # noqa: BLE001
+        return _fail(op, exc)
+
+
 def table(rows: list[dict]) -> str:
     head = f"{'op':<34} {'case':<58} {'max abs err':>12} {'max rel err':>12}  result"
     lines = [head, "-" * len(head)]
@@ -160,56 +328,90 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=None, help="input seed (default: fresh)")
-    ap.add_argument("--only", nargs="*", help=f"ops to check: {' '.join(OPS)} dequant moe")
+    ap.add_argument("--only", nargs="*", help=f"checks to run: {' '.join(OPS)} dequant moe train")
     ap.add_argument("--small", action="store_true", help="test sizes only (no real-model shapes)")
-    ap.add_argument("--emulate", action="store_true", help="no GPU: the dense checks on the g++ emulator")
+    ap.add_argument("--train-steps", type=int, default=10, help="steps of the CPU-vs-device training check")
+    ap.add_argument(
+        "--emulate",
+        action="store_true",
+        help="no GPU: the dense checks and the training check on the g++ emulator",
+    )
     args = ap.parse_args()
     from tests.kernels.twin import Backend
 
-    if args.emulate:
-        seed = args.seed if args.seed is not None else 0
-        rows = dense_rows(Backend("emulated"), np.random.default_rng(seed), set(args.only or ()))
-        print(table(rows))
-        return 0 if all(r["ok"] for r in rows) else 1
-    try:
-        import cupy as cp
-
-        n = cp.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # noqa: BLE001
-        print(f"no usable CUDA GPU: {type(exc).__name__}: {exc}")
-        return 2
-    if n == 0:
-        print("no CUDA GPU")
-        return 2
-    seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**32)
-    rng = np.random.default_rng(seed)
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-    from engine.kernels import cuda as kcuda
-
-    print(f"device: {name}, CuPy {cp.__version__}, NVRTC {kcuda.nvrtc_version()}, seed {seed}", flush=True)
     only = set(args.only) if args.only else None
     t0 = time.perf_counter()
-    rows = dispatch_rows(cp)
-    rows += dense_rows(Backend("gpu", cp, large=not args.small), rng, only)
-    if not only or "dequant" in only:
-        rows += dequant_rows(cp, rng, args.small)
-    if not only or "moe" in only:
-        rows += moe_rows(seed)
+    if args.emulate:
+        seed = args.seed if args.seed is not None else 0
+        name = "g++ kernel emulator (no GPU)"
+        print(f"device: {name}, seed {seed}", flush=True)
+        rows = dense_rows(Backend("emulated"), np.random.default_rng(seed), only)
+    else:
+        try:
+            import cupy as cp
+
+            n = cp.cuda.runtime.getDeviceCount()
+        except Exception as exc:  # noqa: BLE001
+            print(f"no usable CUDA GPU: {type(exc).__name__}: {exc}")
+            return 2
+        if n == 0:
+            print("no CUDA GPU")
+            return 2
+        seed = args.seed if args.seed is not None else int(np.random.SeedSequence().entropy % 2**32)
+        rng = np.random.default_rng(seed)
+        props = cp.cuda.runtime.getDeviceProperties(0)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        from engine.kernels import cuda as kcuda
+
+        print(
+            f"device: {name}, CuPy {cp.__version__}, NVRTC {kcuda.nvrtc_version()}, seed {seed}", flush=True
+        )
+        rows = dispatch_rows(cp)
+        rows += dense_rows(Backend("gpu", cp, large=not args.small), rng, only)
+        if not only or "dequant" in only:
+            rows += dequant_rows(cp, rng, args.small)
+        if not only or "moe" in only:
+            rows += moe_rows(seed)
+    train_lines: list[str] = []
+    if not only or "train" in only:
+        try:
+            backend = _engine_backend(args.emulate)
+        except Exception as exc:  # noqa: BLE001
+            rows.append(_fail("train", exc))
+        else:
+            with tempfile.TemporaryDirectory(prefix="gpu-check-") as folder:
+                more, train_lines = train_rows(backend, args.train_steps, seed, folder)
+            rows += more
     text = table(rows)
     failures = [r for r in rows if not r["ok"]]
     details = "\n".join(f"FAIL {r['op']} [{r['case']}]: {r['note']}" for r in failures)
+    steps = "\n".join(train_lines)
     out = os.environ.get("OUT")
     if out:
         os.makedirs(out, exist_ok=True)
         with open(os.path.join(out, "gpu_check.txt"), "w") as f:
-            f.write(f"device {name}, seed {seed}\n{text}\n{details}\n")
+            f.write(f"device {name}, seed {seed}\n{steps}\n\n{text}\n{details}\n")
         with open(os.path.join(out, "gpu_check.json"), "w") as f:
             json.dump({"device": name, "seed": seed, "rows": rows}, f, indent=1, default=str)
     print(details[-6000:] if details else "")
     print(f"({time.perf_counter() - t0:.0f} s)")
+    if steps:
+        print(f"training, cpu vs device (tolerances: ce {TRAIN_CE_TOL}, |g| {TRAIN_GRAD_TOL}):\n{steps}\n")
     print(text)
     return 0 if not failures else 1
+
+
+def _engine_backend(emulate: bool):
+    """The engine's backend for the training check: the GPU, or the g++ emulator's runtime."""
+    from engine.backend import Backend as EngineBackend
+    from engine.backend import select_backend
+
+    if emulate:
+        from tests.kernels.emu_runtime import EmuRuntime
+
+        rt = EmuRuntime()
+        return EngineBackend("emulated", rt.xp, "", rt)
+    return select_backend("cuda:0")
 
 
 if __name__ == "__main__":
