@@ -47,11 +47,12 @@ from .model.generate import GREEDY, Generation, SamplingConfig, generate
 from .model.lora import LoraAdapter, lora_shapes
 from .model.model import KVCache, Model
 from .model.ops import LoraTerm
-from .model.summary import ModelSummary, TensorKind, human_bytes, human_count, summarize
+from .model.summary import LayerLayout, ModelSummary, TensorKind, human_bytes, human_count, summarize
 from .model.targets import (
     PRESETS,
     Candidate,
     TargetSpec,
+    llamacpp_unadapted_kinds,
     lora_candidates,
     lora_param_count,
     parse_layers,
@@ -116,15 +117,16 @@ __all__ = [
     "event_to_json", "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError",
     "ExportRequest", "Failed", "find_checkpoints", "find_runs", "Finished", "fit_problems", "generate",
     "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "KVCache",
-    "latest_finished", "load_jsonl", "load_ratings", "lora_candidates", "lora_norms", "lora_param_count",
-    "lora_shapes", "LoraAdapter", "LoraNorms", "LoraTerm", "MemoryEstimate", "MERGE_TYPES",
-    "merged_tensor_types", "MergeReport", "Model", "ModelConfig", "ModelError", "ModelSummary",
-    "NormsReport", "OK_MARK", "parse_layers", "parse_rating", "parse_sample", "Paused", "Plan", "PRESETS",
-    "Preview", "Problem", "PromptResult", "quantizable_types", "rating_from_stars", "Reply",
-    "reward_weights", "RewardConfig", "RewardError", "RewardSession", "RoundResult", "RUN", "run_of",
-    "RunRecord", "RunWarning", "Sample", "sample_to_json", "SamplingConfig", "save_jsonl", "select_backend",
-    "select_full", "select_targets", "split_name", "Started", "Step", "suggest_out", "summarize",
-    "supported_architectures", "SynthSpec", "TargetSpec", "template_for", "TemplateError", "TensorInfo",
-    "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE", "TrainConfig", "Trainer", "verify_export",
-    "VERIFY_PROMPTS", "VerifyReport", "write_adapter", "write_export", "write_model"
+    "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_ratings",
+    "lora_candidates", "lora_norms", "lora_param_count", "lora_shapes", "LoraAdapter", "LoraNorms",
+    "LoraTerm", "MemoryEstimate", "MERGE_TYPES", "merged_tensor_types", "MergeReport", "Model",
+    "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "OK_MARK", "parse_layers", "parse_rating",
+    "parse_sample", "Paused", "Plan", "PRESETS", "Preview", "Problem", "PromptResult", "quantizable_types",
+    "rating_from_stars", "Reply", "reward_weights", "RewardConfig", "RewardError", "RewardSession",
+    "RoundResult", "RUN", "run_of", "RunRecord", "RunWarning", "Sample", "sample_to_json", "SamplingConfig",
+    "save_jsonl", "select_backend", "select_full", "select_targets", "split_name", "Started", "Step",
+    "suggest_out", "summarize", "supported_architectures", "SynthSpec", "TargetSpec", "template_for",
+    "TemplateError", "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE", "TrainConfig",
+    "Trainer", "verify_export", "VERIFY_PROMPTS", "VerifyReport", "write_adapter", "write_export",
+    "write_model"
 ]  # fmt: skip

@@ -13,7 +13,9 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
 DATA = Path(__file__).parent / "data"
 GOLDEN_MODELS = DATA / "models"
+GOLDEN_EXTRA = DATA / "models-extra"  # gemma3, deepseek, deepseek2, gpt-oss (issue 17)
 ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe")
+EXTRA_ARCHS = ("deepseek", "deepseek2", "gpt-oss", "gemma3")  # tested in tests/engine/test_models_extra.py
 
 
 def golden_cases() -> list[dict]:

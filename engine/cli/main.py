@@ -80,23 +80,24 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     )
     print(f"layers        {c.L}")
     print(f"embedding     {c.C}")
-    print(f"heads         {c.NH} query, {c.NKV} key/value, head size {c.HS}")
-    if c.is_moe:
-        shared = f", shared expert width {c.F_shexp}" if c.F_shexp else ""
-        renorm = "renormalised" if c.moe_renorm else "not renormalised"
-        print(f"experts       {c.E}, {c.K} used per token ({renorm}), expert width {c.F_exp}{shared}")
-    else:
-        print(f"ffn width     {c.F}")
+    print(f"attention     {s.attention_text}")
+    print(f"feed-forward  {s.ffn_text}")
+    for line in s.features:
+        print(f"              {line}")
     print(f"context       {c.n_ctx_train} (RoPE {c.rope}, base {c.rope_base:g})")
     pre = f", pre-tokenizer {s.tokenizer_pre}" if s.tokenizer_pre else ""
     print(f"tokenizer     {s.tokenizer_model}{pre}, {s.vocab_size} tokens")
-    print(f"chat template {'yes' if s.has_chat_template else 'no (ChatML is used)'}")
+    print(f"chat template {'yes' if s.has_chat_template else 'no (a default is used)'}")
     print("tensor kinds:")
     width = max(len(k.kind) for k in s.kinds)
     for k in sorted(s.kinds, key=lambda k: k.kind):
         types = ", ".join(f"{t}" + (f" x{n}" if n > 1 else "") for t, n in sorted(k.types.items()))
         shape = "x".join(str(d) for d in k.shape)
-        print(f"  {k.kind:<{width}}  {k.count:3d} x ({shape:>14})  {types:<14} {human_bytes(k.n_bytes):>10}")
+        note = "  (llama.cpp: no LoRA)" if k.ignored_by_llamacpp else ""
+        print(
+            f"  {k.kind:<{width}}  {k.count:3d} x ({shape:>14})  {types:<14} {human_bytes(k.n_bytes):>10}"
+            f"  {k.role}{note}"
+        )
     return 0
 
 

@@ -121,9 +121,7 @@ class DeviceWeights(Mapping):
     @property
     def dequantized_bytes(self) -> int:
         """Bytes of every matrix as bf16 and every vector as float32 (the whole model dequantized)."""
-        return int(
-            sum(i.n_elements * (4 if len(i.shape) <= 1 else 2) for i in self.infos.values())
-        )
+        return int(sum(i.n_elements * (4 if len(i.shape) <= 1 else 2) for i in self.infos.values()))
 
     def _resolve(self, budget: str | int | None) -> int:
         value = parse_budget(budget)

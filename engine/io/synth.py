@@ -97,6 +97,23 @@ class SynthSpec:
     eps: float = 1e-5
     seed: int = 0
     name: str = "synthetic"
+    n_dense_lead: int = 0  # DeepSeek: leading layers with a dense FFN of width F before the MoE layers
+    n_shexp: int = 0  # DeepSeek: ungated shared experts, one FFN of width n_shexp * F_exp in the file
+    kv_lora_rank: int = 0  # deepseek2 (MLA): compressed KV width; HS = qk_nope + n_rot
+    q_lora_rank: int = 0  # deepseek2: compressed query width (0: one attn_q)
+    HS_v: int = 0  # deepseek2: value head size
+    n_rot: int = 0  # RoPE dimensions (0: HS)
+    gating: int = 0  # deepseek2: expert_gating_func (0: not written; 1 softmax, 2 sigmoid)
+    moe_scale: float = 0.0  # expert_weights_scale (0: not written)
+    moe_renorm: bool | None = None  # expert_weights_norm (None: not written)
+    n_group: int = 0  # deepseek2 (V3): expert groups and groups used per token
+    group_used: int = 0
+    probs_bias: bool = False  # deepseek2 (V3): exp_probs_b, the expert-selection bias
+    expert_bias: bool = False  # gpt-oss: biases on the router and the expert stacks
+    swa_window: int = 0  # gemma3, gpt-oss: sliding window (0: none)
+    swa_pattern: int = 0  # sliding_window_pattern period written to the file (0: not written)
+    rope_base_swa: float = 0.0  # gemma3: rope.freq_base_swa (0: not written)
+    softcap: float = 0.0  # gemma3: final_logit_softcapping (0: not written)
 
     @classmethod
     def for_arch(cls, arch: str, **overrides) -> SynthSpec:
@@ -117,6 +134,18 @@ class SynthSpec:
             base.update(F_shexp=64)
         if arch == "qwen2":
             base.update(tied=True)
+        if arch in ("deepseek", "deepseek2"):
+            base.update(E=4, K=2, F=64, F_exp=32, n_shexp=2, n_dense_lead=1, NKV=4, moe_scale=1.0)
+        if arch == "deepseek2":
+            # V2-Lite's layout: no q compression, kv_lora_rank, qk_nope + qk_rope heads, v heads
+            base.update(HS=24, n_rot=8, HS_v=16, kv_lora_rank=32, gating=1, moe_scale=2.0)
+        if arch == "gpt-oss":
+            base.update(qkv_bias=True, expert_bias=True, swa_window=4, rope_base=150000.0, F_exp=32)
+        if arch == "gemma3":
+            base.update(
+                HS=32, NKV=1, tied=True, swa_window=4, swa_pattern=2, rope_base=1e6, rope_base_swa=1e4
+            )
+            base.update(softcap=15.0, eps=1e-6)
         base.update(overrides)
         return cls(**base)
 
@@ -130,40 +159,72 @@ def tensor_shapes(spec: SynthSpec) -> dict[str, tuple[int, ...]]:
     for i in range(spec.L):
         p = f"blk.{i}."
         t[p + "attn_norm.weight"] = (C,)
-        t[p + "attn_q.weight"] = (q_out, C)
-        t[p + "attn_k.weight"] = (kv_out, C)
-        t[p + "attn_v.weight"] = (kv_out, C)
-        t[p + "attn_output.weight"] = (C, q_out)
+        if arch.attention == "mla":
+            R, n_rot = spec.kv_lora_rank, spec.n_rot
+            if spec.q_lora_rank:
+                t[p + "attn_q_a.weight"] = (spec.q_lora_rank, C)
+                t[p + "attn_q_a_norm.weight"] = (spec.q_lora_rank,)
+                t[p + "attn_q_b.weight"] = (q_out, spec.q_lora_rank)
+            else:
+                t[p + "attn_q.weight"] = (q_out, C)
+            t[p + "attn_kv_a_mqa.weight"] = (R + n_rot, C)
+            t[p + "attn_kv_a_norm.weight"] = (R,)
+            t[p + "attn_k_b.weight"] = (spec.NH, R, HS - n_rot)
+            t[p + "attn_v_b.weight"] = (spec.NH, spec.HS_v, R)
+            t[p + "attn_output.weight"] = (C, spec.NH * spec.HS_v)
+        else:
+            t[p + "attn_q.weight"] = (q_out, C)
+            t[p + "attn_k.weight"] = (kv_out, C)
+            t[p + "attn_v.weight"] = (kv_out, C)
+            t[p + "attn_output.weight"] = (C, q_out)
         if spec.qkv_bias:
             t[p + "attn_q.bias"] = (q_out,)
             t[p + "attn_k.bias"] = (kv_out,)
             t[p + "attn_v.bias"] = (kv_out,)
+            if spec.arch == "gpt-oss":
+                t[p + "attn_output.bias"] = (C,)
+        if arch.sinks:
+            t[p + "attn_sinks.weight"] = (spec.NH,)
         if arch.qk_norm == "head":
             t[p + "attn_q_norm.weight"] = (HS,)
             t[p + "attn_k_norm.weight"] = (HS,)
         elif arch.qk_norm == "full":
             t[p + "attn_q_norm.weight"] = (q_out,)
             t[p + "attn_k_norm.weight"] = (kv_out,)
-        t[p + "ffn_norm.weight"] = (C,)
-        if spec.E:
+        if arch.post_norms:
+            t[p + "post_attention_norm.weight"] = (C,)
+        t[p + arch.ffn_norm + ".weight"] = (C,)
+        if spec.E and i >= spec.n_dense_lead:
             t[p + "ffn_gate_inp.weight"] = (spec.E, C)
+            if spec.expert_bias:
+                t[p + "ffn_gate_inp.bias"] = (spec.E,)
+            if spec.probs_bias:
+                t[p + "exp_probs_b.bias"] = (spec.E,)
             t[p + "ffn_gate_exps.weight"] = (spec.E, spec.F_exp, C)
             t[p + "ffn_up_exps.weight"] = (spec.E, spec.F_exp, C)
             t[p + "ffn_down_exps.weight"] = (spec.E, C, spec.F_exp)
-            if spec.F_shexp:
-                t[p + "ffn_gate_shexp.weight"] = (spec.F_shexp, C)
-                t[p + "ffn_up_shexp.weight"] = (spec.F_shexp, C)
-                t[p + "ffn_down_shexp.weight"] = (C, spec.F_shexp)
-                t[p + "ffn_gate_inp_shexp.weight"] = (C,)
+            if spec.expert_bias:
+                t[p + "ffn_gate_exps.bias"] = (spec.E, spec.F_exp)
+                t[p + "ffn_up_exps.bias"] = (spec.E, spec.F_exp)
+                t[p + "ffn_down_exps.bias"] = (spec.E, C)
+            F_shexp = spec.n_shexp * spec.F_exp if arch.shared_ungated else spec.F_shexp
+            if F_shexp:
+                t[p + "ffn_gate_shexp.weight"] = (F_shexp, C)
+                t[p + "ffn_up_shexp.weight"] = (F_shexp, C)
+                t[p + "ffn_down_shexp.weight"] = (C, F_shexp)
+                if not arch.shared_ungated:
+                    t[p + "ffn_gate_inp_shexp.weight"] = (C,)
         else:
             t[p + "ffn_gate.weight"] = (spec.F, C)
             t[p + "ffn_up.weight"] = (spec.F, C)
             t[p + "ffn_down.weight"] = (C, spec.F)
+        if arch.post_norms:
+            t[p + "post_ffw_norm.weight"] = (C,)
     t["output_norm.weight"] = (C,)
     if not spec.tied:
         t["output.weight"] = (spec.V, C)
     if spec.rope_freqs:
-        t["rope_freqs.weight"] = (HS // 2,)
+        t["rope_freqs.weight"] = ((spec.n_rot or HS) // 2,)
     return t
 
 
@@ -175,14 +236,20 @@ def random_weights(spec: SynthSpec, dtype=np.float32) -> dict[str, np.ndarray]:
         kind = name.split(".", 2)[-1] if name.startswith("blk.") else name
         if name == "token_embd.weight":
             x = rng.standard_normal(shape)
+            if ARCHS[spec.arch].embd_scale:  # gemma3 multiplies them by sqrt(C): keep inputs and logits O(1)
+                x /= np.sqrt(shape[1])
         elif name == "rope_freqs.weight":
             x = 1.0 + np.arange(shape[0]) / 4.0
         elif kind.endswith("norm.weight"):
             x = 1.0 + 0.1 * rng.standard_normal(shape[0])
         elif kind.endswith(".bias"):
-            x = 0.1 * rng.standard_normal(shape[0])
+            x = 0.1 * rng.standard_normal(shape)
         elif kind == "ffn_gate_inp_shexp.weight":
             x = rng.standard_normal(shape[0]) / np.sqrt(shape[0])
+        elif kind == "attn_sinks.weight":
+            x = rng.standard_normal(shape)
+        elif kind == "attn_k_b.weight":  # (NH, R, qk_nope): keys are c @ w[h], a sum over R
+            x = rng.standard_normal(shape) / np.sqrt(shape[1])
         else:  # matmul weights (n_out, n_in) or expert stacks (E, n_out, n_in)
             x = rng.standard_normal(shape) / np.sqrt(shape[-1])
             if kind == "ffn_gate_inp.weight":
@@ -219,6 +286,7 @@ def model_metadata(spec: SynthSpec) -> dict:
         md[f"{a}.expert_feed_forward_length"] = spec.F_exp
     if spec.F_shexp:
         md[f"{a}.expert_shared_feed_forward_length"] = spec.F_shexp
+    md.update(_arch_metadata(spec))
     md.update(
         {
             "tokenizer.ggml.model": "llama",
@@ -238,9 +306,52 @@ def model_metadata(spec: SynthSpec) -> dict:
     return md
 
 
+def _arch_metadata(spec: SynthSpec) -> dict:
+    """The keys of the architectures added with issue 17, as convert_hf_to_gguf.py writes them."""
+    a = spec.arch
+    md: dict = {}
+    if spec.n_dense_lead:
+        md[f"{a}.leading_dense_block_count"] = spec.n_dense_lead
+    if spec.n_shexp:
+        md[f"{a}.expert_shared_count"] = spec.n_shexp
+    if spec.moe_scale:
+        md[f"{a}.expert_weights_scale"] = float(spec.moe_scale)
+    if spec.moe_renorm is not None:
+        md[f"{a}.expert_weights_norm"] = bool(spec.moe_renorm)
+    if spec.gating:
+        md[f"{a}.expert_gating_func"] = spec.gating
+    if spec.n_group:
+        md[f"{a}.expert_group_count"] = spec.n_group
+        md[f"{a}.expert_group_used_count"] = spec.group_used
+    if spec.n_rot:
+        md[f"{a}.rope.dimension_count"] = spec.n_rot
+    if spec.kv_lora_rank:  # MLA: the MQA view of llama.cpp's absorbed graph, and the expanded heads
+        R = spec.kv_lora_rank
+        md.update(
+            {
+                f"{a}.attention.head_count_kv": 1,
+                f"{a}.attention.q_lora_rank": spec.q_lora_rank,
+                f"{a}.attention.kv_lora_rank": R,
+                f"{a}.attention.key_length": R + spec.n_rot,
+                f"{a}.attention.value_length": R,
+                f"{a}.attention.key_length_mla": spec.HS,
+                f"{a}.attention.value_length_mla": spec.HS_v,
+            }
+        )
+    if spec.swa_window:
+        md[f"{a}.attention.sliding_window"] = spec.swa_window
+    if spec.swa_pattern:
+        md[f"{a}.attention.sliding_window_pattern"] = spec.swa_pattern
+    if spec.rope_base_swa:
+        md[f"{a}.rope.freq_base_swa"] = float(spec.rope_base_swa)
+    if spec.softcap:
+        md[f"{a}.final_logit_softcapping"] = float(spec.softcap)
+    return md
+
+
 def _storage_type(name: str, array: np.ndarray, qtype: str) -> str:
-    """Matmul weights get `qtype`; vectors (norms, biases) stay F32, as llama-quantize does."""
-    return qtype if array.ndim >= 2 else "F32"
+    """Matmul weights get `qtype`; vectors (norms, biases, expert biases) stay F32, as llama-quantize does."""
+    return qtype if array.ndim >= 2 and not name.endswith(".bias") else "F32"
 
 
 def write_model(

@@ -21,11 +21,12 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..backend import to_host
+from ..backend import array_module, to_host
 from . import ops
 from .archs import ModelConfig
 from .layers import BlockCache, add_grad, add_lora_grads, block_backward, block_forward, expert_counts
 from .ops import LoraTerm
+from .rope_scaling import yarn_angles
 
 TOKEN_EMBD = "token_embd.weight"
 OUTPUT = "output.weight"
@@ -40,6 +41,24 @@ class Inputs(NamedTuple):
     mask: np.ndarray  # (B, T, S) query t may attend key s
     cos: np.ndarray  # (B, T, n_rot/2) RoPE angles
     sin: np.ndarray
+    mask_swa: np.ndarray | None = None  # (B, T, S) the sliding-window layers' mask (models with them)
+    cos_swa: np.ndarray | None = None  # the sliding-window layers' RoPE angles (their own base)
+    sin_swa: np.ndarray | None = None
+
+    def layer(self, cfg: ModelConfig, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(cos, sin, mask) of layer i."""
+        if cfg.swa_layers and cfg.swa_layers[i]:
+            return self.cos_swa, self.sin_swa, self.mask_swa
+        return self.cos, self.sin, self.mask
+
+
+def _rope_tables(cfg: ModelConfig, positions, base: float, scaled: bool, freqs, dtype):
+    if cfg.rope_scaling == "yarn" and scaled:
+        return yarn_angles(
+            positions, cfg.n_rot, base, cfg.rope_scale, cfg.rope_orig_ctx, cfg.yarn_beta_fast,
+            cfg.yarn_beta_slow, cfg.rope_mscale, freqs, dtype,
+        )  # fmt: skip
+    return ops.rope_angles(positions, cfg.n_rot, base, cfg.rope_scale if scaled else 1.0, freqs, dtype)
 
 
 def make_inputs(
@@ -61,12 +80,23 @@ def make_inputs(
     k_pos = positions if k_pos is None else np.asarray(to_host(k_pos), dtype=np.int64)
     mask = ops.attention_mask(positions, k_pos, segments, segments if segments is not None else None)
     freqs = W.get("rope_freqs.weight")
-    cos, sin = ops.rope_angles(
-        positions, cfg.n_rot, cfg.rope_base, cfg.rope_scale, None if freqs is None else to_host(freqs), dtype
-    )
+    freqs = None if freqs is None else to_host(freqs)
+    if cfg.rope_scaling == "yarn":
+        cos, sin = _rope_tables(cfg, positions, cfg.rope_base, True, freqs, dtype)
+    else:
+        cos, sin = ops.rope_angles(positions, cfg.n_rot, cfg.rope_base, cfg.rope_scale, freqs, dtype)
     inp = Inputs(tokens, positions, mask, cos, sin)
+    if cfg.has_swa:
+        # llama.cpp masks key s for query t when t - s >= sliding_window (positions, so a KV cache too)
+        mask_swa = mask & (positions[:, :, None] - k_pos[:, None, :] < cfg.swa_window)
+        scaled = cfg.spec.swa_rope_scaled
+        if cfg.rope_base_swa == cfg.rope_base and (scaled or cfg.rope_scaling == "none"):
+            cos_swa, sin_swa = cos, sin
+        else:
+            cos_swa, sin_swa = _rope_tables(cfg, positions, cfg.rope_base_swa, scaled, freqs, dtype)
+        inp = inp._replace(mask_swa=mask_swa, cos_swa=cos_swa, sin_swa=sin_swa)
     if backend is not None and backend.is_gpu:
-        inp = Inputs(*(backend.asarray(a) for a in inp))
+        inp = Inputs(*(None if a is None else backend.asarray(a) for a in inp))
     return inp
 
 
@@ -104,12 +134,17 @@ def forward_hidden(
     receives the tokens routed to each expert of every MoE block, (E,) per block.
     """
     x, c_emb = ops.embedding_forward(W[TOKEN_EMBD], inp.tokens, lora.get(TOKEN_EMBD))
+    if cfg.embd_scale != 1.0:
+        x = x * x.dtype.type(cfg.embd_scale)  # gemma3: sqrtf(n_embd), a float32 product in llama.cpp
     kept = []
     for i in range(cfg.L):
         x_in = x
-        x, cache = block_forward(cfg, W, lora, i, moe_layers[i], x, inp.cos, inp.sin, inp.mask, kv=kv)
+        cos, sin, mask = inp.layer(cfg, i)
+        x, cache = block_forward(cfg, W, lora, i, moe_layers[i], x, cos, sin, mask, kv=kv)
         if expert_usage is not None:
             n = expert_counts(cache)
+            if n is None and cfg.E:  # a dense layer of a MoE model (DeepSeek's first): a row of zeros
+                n = array_module(x).zeros(cfg.E, np.int64)
             if n is not None:
                 expert_usage.append(n)
         if keep == "caches":
@@ -125,8 +160,11 @@ def forward_hidden(
     return h, ForwardCache(c_emb, kept, c_fn, keep == "inputs")
 
 
-def logits(W: Mapping[str, np.ndarray], lora: Mapping[str, LoraTerm], h: np.ndarray) -> np.ndarray:
-    """The output head on hidden states (..., C): (..., V), with its LoRA (and the tied one)."""
+def logits(
+    W: Mapping[str, np.ndarray], lora: Mapping[str, LoraTerm], h: np.ndarray, softcap: float = 0.0
+) -> np.ndarray:
+    """The output head on hidden states (..., C): (..., V), with its LoRA (and the tied one), and the
+    final soft-cap cap * tanh(z / cap) when the model has one (`softcap`, ModelConfig.softcap)."""
     name = output_name(W)
     z = ops.project(h, W[name])
     out_lora = lora.get(OUTPUT) if name == OUTPUT else None
@@ -136,6 +174,8 @@ def logits(W: Mapping[str, np.ndarray], lora: Mapping[str, LoraTerm], h: np.ndar
     if emb is not None and name == TOKEN_EMBD:
         # tied output: the embedding adapter W + s A B^T (V, C) also acts on logits = h W^T
         z += emb.s * ((h @ emb.B) @ emb.A.T)
+    if softcap:
+        z, _ = ops.softcap_forward(z, softcap)
     return z
 
 
@@ -161,11 +201,14 @@ def backward_hidden(
     for i in reversed(range(cfg.L)):
         cache = fc.blocks[i]
         if fc.checkpoint:
-            _, cache = block_forward(cfg, W, lora, i, moe_layers[i], cache, inp.cos, inp.sin, inp.mask)
+            cos, sin, mask = inp.layer(cfg, i)
+            _, cache = block_forward(cfg, W, lora, i, moe_layers[i], cache, cos, sin, mask)
         assert isinstance(cache, BlockCache)
         dx = block_backward(cfg, W, lora, i, moe_layers[i], dx, cache, need, grads)
         fc.blocks[i] = None
         del cache
+    if cfg.embd_scale != 1.0:
+        dx = dx * dx.dtype.type(cfg.embd_scale)  # forward was: x = embedding * scale
     dW, dA, dB = ops.embedding_backward(dx, fc.emb, need_dw=TOKEN_EMBD in need)
     add_grad(grads, TOKEN_EMBD, dW)
     if train_lora and TOKEN_EMBD in lora:

@@ -78,41 +78,55 @@ class _Linear:
 class FFNCache(NamedTuple):
     gate: ops.LinearCache
     up: ops.LinearCache
-    act: ops.SwigluCache
+    act: ops.SwigluCache | ops.GegluCache
     down: ops.LinearCache
 
 
 class SharedExpertCache(NamedTuple):
     ffn: FFNCache
-    out: np.ndarray  # (N, C) the shared expert's output before its gate
-    gate: np.ndarray  # (N,) sigmoid(h . w_gs)
+    out: np.ndarray | None  # (N, C) the shared expert's output before its gate (None: ungated)
+    gate: np.ndarray | None  # (N,) sigmoid(h . w_gs) (None: ungated)
     h: np.ndarray  # (N, C) the MoE input
 
 
 class MoECache(NamedTuple):
     router: ops.LinearCache
-    route: ops.RouteCache
-    experts: ops.ExpertsCache
+    route: ops.RouteCache | ops.RouteExtCache
+    experts: ops.ExpertsCache | ops.ExpertsExtCache
     shared: SharedExpertCache | None
     routing: ops.Routing
+
+
+class MlaCache(NamedTuple):
+    """Multi-head latent attention's projections (the RoPE and attention caches are the block's)."""
+
+    q_a: ops.LinearCache | None  # compressed query (attn_q_a), when q_lora_rank
+    q_a_norm: ops.NormCache | None
+    q: ops.LinearCache  # attn_q, or attn_q_b after the compression
+    kv_a: ops.LinearCache  # attn_kv_a_mqa: compressed KV and the shared RoPE key
+    kv_norm: ops.NormCache  # attn_kv_a_norm
+    kv: ops.MlaKvCache  # attn_k_b / attn_v_b
 
 
 class BlockCache(NamedTuple):
     """Activations of one block's forward pass (no weights)."""
 
     attn_norm: ops.NormCache
-    q: ops.LinearCache
-    k: ops.LinearCache
-    v: ops.LinearCache
+    q: ops.LinearCache | None  # (None for MLA: see mla)
+    k: ops.LinearCache | None
+    v: ops.LinearCache | None
     q_norm: ops.NormCache | None
     k_norm: ops.NormCache | None
     q_rope: ops.RopeCache
     k_rope: ops.RopeCache
-    attn: ops.AttentionCache
+    attn: ops.AttentionCache | ops.AttentionExtCache
     o: ops.LinearCache
     ffn_norm: ops.NormCache
     ffn: FFNCache | None  # dense layers
     moe: MoECache | None  # MoE layers
+    post_attn: ops.NormCache | None = None  # post_attention_norm (gemma3)
+    post_ffn: ops.NormCache | None = None  # post_ffw_norm (gemma3)
+    mla: MlaCache | None = None  # multi-head latent attention (deepseek2)
 
 
 def block_forward(
@@ -127,91 +141,210 @@ def block_forward(
     mask: np.ndarray,
     kv=None,
 ) -> tuple[np.ndarray, BlockCache]:
-    """x (B, T, C) -> (x', cache). With `kv` (an engine.model.KVCache), keys/values are appended to it."""
+    """x (B, T, C) -> (x', cache). With `kv` (an engine.model.KVCache), keys/values are appended to it.
+
+    cos, sin and mask are this layer's (a sliding-window layer gets its own, see engine.model.forward).
+    """
     B, T, C = x.shape
     eps = cfg.rms_eps
+    spec = cfg.spec
     # attention block: x += attn_output(attn(rmsnorm(x) * attn_norm))
     h, c_an = ops.rmsnorm_forward(x, W[layer_name(i, "attn_norm")], eps)
-    q, c_q = _Linear(W, lora, i, "attn_q").forward(h)  # (B, T, NH*HS)
-    k, c_k = _Linear(W, lora, i, "attn_k").forward(h)  # (B, T, NKV*HS)
-    v, c_v = _Linear(W, lora, i, "attn_v").forward(h)
-    c_qn = c_kn = None
-    if cfg.qk_norm == "full":
-        q, c_qn = ops.rmsnorm_forward(q, W[layer_name(i, "attn_q_norm")], eps)
-        k, c_kn = ops.rmsnorm_forward(k, W[layer_name(i, "attn_k_norm")], eps)
-    q = q.reshape(B, T, cfg.NH, cfg.HS)
-    k = k.reshape(B, T, cfg.NKV, cfg.HS)
-    v = v.reshape(B, T, cfg.NKV, cfg.HS)
-    if cfg.qk_norm == "head":
-        q, c_qn = ops.rmsnorm_forward(q, W[layer_name(i, "attn_q_norm")], eps)
-        k, c_kn = ops.rmsnorm_forward(k, W[layer_name(i, "attn_k_norm")], eps)
-    q, c_qr = ops.rope_forward(q, cos, sin, cfg.rope)
-    k, c_kr = ops.rope_forward(k, cos, sin, cfg.rope)
+    c_q = c_k = c_v = c_qn = c_kn = c_mla = None
+    if spec.attention == "mla":
+        q, k, v, c_mla, c_qr, c_kr = _mla_forward(cfg, W, i, h, cos, sin)
+    else:
+        q, c_q = _Linear(W, lora, i, "attn_q").forward(h)  # (B, T, NH*HS)
+        k, c_k = _Linear(W, lora, i, "attn_k").forward(h)  # (B, T, NKV*HS)
+        v, c_v = _Linear(W, lora, i, "attn_v").forward(h)
+        if cfg.qk_norm == "full":
+            q, c_qn = ops.rmsnorm_forward(q, W[layer_name(i, "attn_q_norm")], eps)
+            k, c_kn = ops.rmsnorm_forward(k, W[layer_name(i, "attn_k_norm")], eps)
+        q = q.reshape(B, T, cfg.NH, cfg.HS)
+        k = k.reshape(B, T, cfg.NKV, cfg.HS)
+        v = v.reshape(B, T, cfg.NKV, cfg.HS)
+        if cfg.qk_norm == "head":
+            q, c_qn = ops.rmsnorm_forward(q, W[layer_name(i, "attn_q_norm")], eps)
+            k, c_kn = ops.rmsnorm_forward(k, W[layer_name(i, "attn_k_norm")], eps)
+        q, c_qr = ops.rope_forward(q, cos, sin, cfg.rope)
+        k, c_kr = ops.rope_forward(k, cos, sin, cfg.rope)
     if kv is not None:
         n = kv.length
         kv.k[i][:, n : n + T] = k
         kv.v[i][:, n : n + T] = v
         k, v = kv.k[i][:, : n + T], kv.v[i][:, : n + T]
-    a, c_attn = ops.attention_forward(q, k, v, mask, cfg.attn_scale)  # (B, T, NH*HS)
+    if spec.sinks or spec.attention == "mla":
+        sinks = W[layer_name(i, "attn_sinks")] if spec.sinks else None
+        a, c_attn = ops.attention_ext_forward(q, k, v, mask, cfg.attn_scale, sinks)  # (B, T, NH*HS_v)
+    else:
+        a, c_attn = ops.attention_forward(q, k, v, mask, cfg.attn_scale)  # (B, T, NH*HS)
     o, c_o = _Linear(W, lora, i, "attn_output").forward(a)
+    c_pa = c_pf = None
+    if spec.post_norms:
+        o, c_pa = ops.rmsnorm_forward(o, W[layer_name(i, "post_attention_norm")], eps)
     x = x + o
     # feed-forward block: x += ffn(rmsnorm(x) * ffn_norm)
-    h, c_fn = ops.rmsnorm_forward(x, W[layer_name(i, "ffn_norm")], eps)
+    h, c_fn = ops.rmsnorm_forward(x, W[layer_name(i, spec.ffn_norm)], eps)
     c_ffn = c_moe = None
     if moe:
         y, c_moe = _moe_forward(cfg, W, lora, i, h.reshape(B * T, C))
         y = y.reshape(B, T, C)
     else:
-        y, c_ffn = _ffn_forward(W, lora, i, h, DENSE_FFN_KINDS)
-    cache = BlockCache(c_an, c_q, c_k, c_v, c_qn, c_kn, c_qr, c_kr, c_attn, c_o, c_fn, c_ffn, c_moe)
+        y, c_ffn = _ffn_forward(W, lora, i, h, DENSE_FFN_KINDS, spec.ffn_act)
+    if spec.post_norms:
+        y, c_pf = ops.rmsnorm_forward(y, W[layer_name(i, "post_ffw_norm")], eps)
+    cache = BlockCache(
+        c_an, c_q, c_k, c_v, c_qn, c_kn, c_qr, c_kr, c_attn, c_o, c_fn, c_ffn, c_moe, c_pa, c_pf, c_mla
+    )
     return x + y, cache
 
 
-def _ffn_forward(W, lora, i, h, kinds) -> tuple[np.ndarray, FFNCache]:
+# llama.cpp multiplies MLA's query and KV projections without their LoRA adapters (no build_lora_mm)
+_NO_LORA: Mapping[str, LoraTerm] = {}
+
+
+def _mla_forward(cfg, W, i, h, cos, sin):
+    """Multi-head latent attention's queries, keys and values (B, T, NH, HS), (.., HS), (.., HS_v),
+    expanded per head; the RoPE part of each is the last n_rot dims, the key's shared by all heads."""
+    B, T, C = h.shape
+    NH, HS, n_rot, R = cfg.NH, cfg.HS, cfg.n_rot, cfg.kv_lora_rank
+    nope = HS - n_rot
+    c_qa = c_qan = None
+    if cfg.q_lora_rank:
+        qa, c_qa = _Linear(W, _NO_LORA, i, "attn_q_a").forward(h)  # (B, T, q_lora_rank)
+        qa, c_qan = ops.rmsnorm_forward(qa, W[layer_name(i, "attn_q_a_norm")], cfg.rms_eps)
+        q, c_q = _Linear(W, _NO_LORA, i, "attn_q_b").forward(qa)  # (B, T, NH*HS)
+    else:
+        q, c_q = _Linear(W, _NO_LORA, i, "attn_q").forward(h)
+    q = q.reshape(B, T, NH, HS)
+    kva, c_kva = _Linear(W, _NO_LORA, i, "attn_kv_a_mqa").forward(h)  # (B, T, R + n_rot)
+    q_pe, c_qr = ops.rope_forward(np.ascontiguousarray(q[..., nope:]), cos, sin, cfg.rope)
+    k_pe, c_kr = ops.rope_forward(
+        np.ascontiguousarray(kva[..., None, R:]), cos, sin, cfg.rope
+    )  # (B, T, 1, n_rot)
+    ckv, c_kvn = ops.rmsnorm_forward(kva[..., :R], W[layer_name(i, "attn_kv_a_norm")], cfg.rms_eps)
+    kb, vb = (np.asarray(W[layer_name(i, kind)]) for kind in ("attn_k_b", "attn_v_b"))
+    (k_nope, v), c_kv = ops.mla_kv_forward(ckv, kb, vb)  # (B, T, NH, nope), (B, T, NH, HS_v)
+    q = np.concatenate([q[..., :nope], q_pe], axis=-1)
+    k = np.concatenate([k_nope, np.broadcast_to(k_pe, (B, T, NH, n_rot))], axis=-1)
+    return q, k, v, MlaCache(c_qa, c_qan, c_q, c_kva, c_kvn, c_kv), c_qr, c_kr
+
+
+def _mla_backward(cfg, W, i, dq, dk, dv, c: BlockCache, need, grads):
+    """forward was: q = [q_nope, rope(q_pe)], k = [c W_kb, rope(k_pe)], v = c W_vb^T, c = rmsnorm(kv_a)."""
+    B, T = dq.shape[:2]
+    HS, n_rot = cfg.HS, cfg.n_rot
+    nope = HS - n_rot
+    m = c.mla
+    dq_pe = ops.rope_backward(np.ascontiguousarray(dq[..., nope:]), c.q_rope)
+    dk_pe = ops.rope_backward(dk[..., nope:].sum(axis=2, keepdims=True), c.k_rope)  # (B, T, 1, n_rot)
+    kb, vb = (layer_name(i, kind) for kind in ("attn_k_b", "attn_v_b"))
+    dckv, dkb, dvb = ops.mla_kv_backward(
+        np.ascontiguousarray(dk[..., :nope]), dv, m.kv, np.asarray(W[kb]), np.asarray(W[vb]),
+        need_dw=kb in need or vb in need,
+    )  # fmt: skip
+    _maybe(grads, need, kb, dkb)
+    _maybe(grads, need, vb, dvb)
+    name = layer_name(i, "attn_kv_a_norm")
+    dckv, dw = ops.rmsnorm_backward(dckv, m.kv_norm, W[name])
+    _maybe(grads, need, name, dw)
+    dkva = np.concatenate([dckv, dk_pe.reshape(B, T, n_rot)], axis=-1)
+    dh = _Linear(W, _NO_LORA, i, "attn_kv_a_mqa").backward(dkva, m.kv_a, need, grads)
+    dq = np.concatenate([dq[..., :nope], dq_pe], axis=-1).reshape(B, T, -1)
+    if cfg.q_lora_rank:
+        dqa = _Linear(W, _NO_LORA, i, "attn_q_b").backward(dq, m.q, need, grads)
+        name = layer_name(i, "attn_q_a_norm")
+        dqa, dw = ops.rmsnorm_backward(dqa, m.q_a_norm, W[name])
+        _maybe(grads, need, name, dw)
+        return dh + _Linear(W, _NO_LORA, i, "attn_q_a").backward(dqa, m.q_a, need, grads)
+    return dh + _Linear(W, _NO_LORA, i, "attn_q").backward(dq, m.q, need, grads)
+
+
+def _ffn_forward(W, lora, i, h, kinds, act: str = "silu") -> tuple[np.ndarray, FFNCache]:
     gate, up, down = (_Linear(W, lora, i, k) for k in kinds)
     g, cg = gate.forward(h)
     u, cu = up.forward(h)
-    act, cs = ops.swiglu_forward(g, u)
-    y, cd = down.forward(act)
+    if act == "gelu":
+        a, cs = ops.geglu_forward(g, u)
+    else:
+        a, cs = ops.swiglu_forward(g, u)
+    y, cd = down.forward(a)
     return y, FFNCache(cg, cu, cs, cd)
 
 
 def _ffn_backward(W, lora, i, dy, cache: FFNCache, kinds, need, grads):
     gate, up, down = (_Linear(W, lora, i, k) for k in kinds)
     dact = down.backward(dy, cache.down, need, grads)
-    dg, du = ops.swiglu_backward(dact, cache.act)
+    if isinstance(cache.act, ops.GegluCache):
+        dg, du = ops.geglu_backward(dact, cache.act)
+    else:
+        dg, du = ops.swiglu_backward(dact, cache.act)
     return gate.backward(dg, cache.gate, need, grads) + up.backward(du, cache.up, need, grads)
 
 
 def _moe_forward(cfg, W, lora, i, h) -> tuple[np.ndarray, MoECache]:
-    """h (N, C): router, routed experts, and the gated shared expert when the architecture has one."""
-    logits, c_router = _Linear(W, lora, i, "ffn_gate_inp").forward(h)  # (N, E)
-    routing, c_route = ops.route_forward(logits, cfg.K, cfg.moe_renorm)
+    """h (N, C): router, routed experts, and the shared expert(s) when the architecture has them."""
+    spec = cfg.spec
+    logits, c_router = _Linear(W, lora, i, "ffn_gate_inp").forward(h)  # (N, E) (+ router bias)
+    bias_name = layer_name(i, "exp_probs_b", "bias")
+    probs_bias = W[bias_name] if bias_name in W else None
+    if cfg.gating == "softmax" and cfg.moe_scale == 1.0 and cfg.n_group <= 1 and probs_bias is None:
+        routing, c_route = ops.route_forward(logits, cfg.K, cfg.moe_renorm)
+    else:
+        routing, c_route = ops.route_ext_forward(
+            logits, cfg.K, cfg.moe_renorm, cfg.gating, cfg.moe_scale, probs_bias, cfg.n_group, cfg.group_used
+        )
     names = [layer_name(i, k) for k in EXPERT_KINDS]
-    y, c_experts = ops.experts_forward(h, routing, *(W[n] for n in names), *(lora.get(n) for n in names))
+    biases = [W.get(layer_name(i, k, "bias")) for k in EXPERT_KINDS]
+    if spec.expert_act == "silu" and all(b is None for b in biases):
+        y, c_experts = ops.experts_forward(h, routing, *(W[n] for n in names), *(lora.get(n) for n in names))
+    else:
+        y, c_experts = ops.experts_ext_forward(
+            h, routing, *(W[n] for n in names), *biases, *(lora.get(n) for n in names), act=spec.expert_act
+        )
     c_shared = None
     if cfg.F_shexp:
         shared, c_ffn = _ffn_forward(W, lora, i, h, SHARED_EXPERT_KINDS)
-        z = h @ W[layer_name(i, "ffn_gate_inp_shexp")]  # (N,)
-        gate = ops.sigmoid(z)
-        y = y + shared * gate[:, None]
-        c_shared = SharedExpertCache(c_ffn, shared, gate, h)
+        if spec.shared_ungated:
+            y = y + shared
+            c_shared = SharedExpertCache(c_ffn, None, None, h)
+        else:
+            z = h @ W[layer_name(i, "ffn_gate_inp_shexp")]  # (N,)
+            gate = ops.sigmoid(z)
+            y = y + shared * gate[:, None]
+            c_shared = SharedExpertCache(c_ffn, shared, gate, h)
     return y, MoECache(c_router, c_route, c_experts, c_shared, routing)
 
 
 def _moe_backward(cfg, W, lora, i, dy, cache: MoECache, need, grads):
     names = [layer_name(i, k) for k in EXPERT_KINDS]
-    dh, dweights, dW, dlora = ops.experts_backward(
-        dy, cache.experts, *(W[n] for n in names), need_dw=any(n in need for n in names)
-    )
+    if isinstance(cache.experts, ops.ExpertsExtCache):
+        bias_names = [layer_name(i, k, "bias") for k in EXPERT_KINDS]
+        dh, dweights, dW, db, dlora = ops.experts_ext_backward(
+            dy, cache.experts, *(W[n] for n in names), need_dw=any(n in need for n in names),
+            need_db=any(n in need for n in bias_names),
+        )  # fmt: skip
+        for n, key in zip(bias_names, ("gate", "up", "down"), strict=True):
+            if n in need and db is not None and key in db:
+                add_grad(grads, n, db[key])
+    else:
+        dh, dweights, dW, dlora = ops.experts_backward(
+            dy, cache.experts, *(W[n] for n in names), need_dw=any(n in need for n in names)
+        )
     for n, key in zip(names, ("gate", "up", "down"), strict=True):
         if n in need:
             add_grad(grads, n, dW[key])
         if key in dlora:
             add_lora_grads(grads, n, *dlora[key])
-    dlogits = ops.route_backward(dweights, cache.route)
+    if isinstance(cache.route, ops.RouteExtCache):
+        dlogits = ops.route_ext_backward(dweights, cache.route)
+    else:
+        dlogits = ops.route_backward(dweights, cache.route)
     dh = dh + _Linear(W, lora, i, "ffn_gate_inp").backward(dlogits, cache.router, need, grads)
-    if cache.shared is not None:
+    if cache.shared is not None and cache.shared.gate is None:
+        # forward was: y += shared(h)
+        dh = dh + _ffn_backward(W, lora, i, dy, cache.shared.ffn, SHARED_EXPERT_KINDS, need, grads)
+    elif cache.shared is not None:
         # forward was: y += shared * sigmoid(h . w_gs)
         c_ffn, shared, gate, h = cache.shared
         dshared = dy * gate[:, None]
@@ -237,32 +370,51 @@ def block_backward(
 ) -> np.ndarray:
     """Gradient of the block's input from the gradient of its output; parameter gradients into `grads`."""
     B, T, C = dx.shape
-    # forward was: x2 = x1 + ffn(rmsnorm(x1))
+    spec = cfg.spec
+    # forward was: x2 = x1 + post_ffw_norm(ffn(rmsnorm(x1)))
+    dy = dx
+    if c.post_ffn is not None:
+        name = layer_name(i, "post_ffw_norm")
+        dy, dw = ops.rmsnorm_backward(dx, c.post_ffn, W[name])
+        _maybe(grads, need, name, dw)
     if moe:
-        dh = _moe_backward(cfg, W, lora, i, dx.reshape(B * T, C), c.moe, need, grads).reshape(B, T, C)
+        dh = _moe_backward(cfg, W, lora, i, dy.reshape(B * T, C), c.moe, need, grads).reshape(B, T, C)
     else:
-        dh = _ffn_backward(W, lora, i, dx, c.ffn, DENSE_FFN_KINDS, need, grads)
-    name = layer_name(i, "ffn_norm")
+        dh = _ffn_backward(W, lora, i, dy, c.ffn, DENSE_FFN_KINDS, need, grads)
+    name = layer_name(i, spec.ffn_norm)
     dx1, dw = ops.rmsnorm_backward(dh, c.ffn_norm, W[name])
     _maybe(grads, need, name, dw)
     dx = dx + dx1
-    # forward was: x1 = x + attn_output(attention(rope(q), rope(k), v))
-    da = _Linear(W, lora, i, "attn_output").backward(dx, c.o, need, grads)
-    dq, dk, dv = ops.attention_backward(da, c.attn)
-    dq = ops.rope_backward(dq, c.q_rope)
-    dk = ops.rope_backward(dk, c.k_rope)
-    if cfg.qk_norm == "head":
-        dq, dk = _qk_norm_backward(W, i, dq, dk, c, need, grads)
-    dq = dq.reshape(B, T, -1)
-    dk = dk.reshape(B, T, -1)
-    dv = dv.reshape(B, T, -1)
-    if cfg.qk_norm == "full":
-        dq, dk = _qk_norm_backward(W, i, dq, dk, c, need, grads)
-    dh = (
-        _Linear(W, lora, i, "attn_q").backward(dq, c.q, need, grads)
-        + _Linear(W, lora, i, "attn_k").backward(dk, c.k, need, grads)
-        + _Linear(W, lora, i, "attn_v").backward(dv, c.v, need, grads)
-    )
+    # forward was: x1 = x + post_attention_norm(attn_output(attention(rope(q), rope(k), v)))
+    do = dx
+    if c.post_attn is not None:
+        name = layer_name(i, "post_attention_norm")
+        do, dw = ops.rmsnorm_backward(dx, c.post_attn, W[name])
+        _maybe(grads, need, name, dw)
+    da = _Linear(W, lora, i, "attn_output").backward(do, c.o, need, grads)
+    if isinstance(c.attn, ops.AttentionExtCache):
+        dq, dk, dv, dsinks = ops.attention_ext_backward(da, c.attn)
+        if dsinks is not None:
+            _maybe(grads, need, layer_name(i, "attn_sinks"), dsinks)
+    else:
+        dq, dk, dv = ops.attention_backward(da, c.attn)
+    if c.mla is not None:
+        dh = _mla_backward(cfg, W, i, dq, dk, dv, c, need, grads)
+    else:
+        dq = ops.rope_backward(dq, c.q_rope)
+        dk = ops.rope_backward(dk, c.k_rope)
+        if cfg.qk_norm == "head":
+            dq, dk = _qk_norm_backward(W, i, dq, dk, c, need, grads)
+        dq = dq.reshape(B, T, -1)
+        dk = dk.reshape(B, T, -1)
+        dv = dv.reshape(B, T, -1)
+        if cfg.qk_norm == "full":
+            dq, dk = _qk_norm_backward(W, i, dq, dk, c, need, grads)
+        dh = (
+            _Linear(W, lora, i, "attn_q").backward(dq, c.q, need, grads)
+            + _Linear(W, lora, i, "attn_k").backward(dk, c.k, need, grads)
+            + _Linear(W, lora, i, "attn_v").backward(dv, c.v, need, grads)
+        )
     name = layer_name(i, "attn_norm")
     dx0, dw = ops.rmsnorm_backward(dh, c.attn_norm, W[name])
     _maybe(grads, need, name, dw)

@@ -29,6 +29,7 @@ from .archs import ModelConfig
 from .forward import forward_hidden, logits, make_inputs, output_name
 from .layers import layer_name
 from .ops import LoraTerm
+from .targets import split_name
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +39,32 @@ ATTN_KINDS = ("attn_q", "attn_k", "attn_v", "attn_output")
 
 def _expected_shapes(cfg: ModelConfig, i: int, moe: bool) -> dict[str, tuple[int, ...]]:
     """NumPy shapes of the tensors layer i must have."""
+    spec = cfg.spec
     C, HS = cfg.C, cfg.HS
     q_out, kv_out = cfg.NH * HS, cfg.NKV * HS
-    shapes = {
-        "attn_norm": (C,),
-        "attn_q": (q_out, C),
-        "attn_k": (kv_out, C),
-        "attn_v": (kv_out, C),
-        "attn_output": (C, q_out),
-        "ffn_norm": (C,),
-    }
+    shapes = {"attn_norm": (C,)}
+    if spec.attention == "mla":
+        R, n_rot = cfg.kv_lora_rank, cfg.n_rot
+        if cfg.q_lora_rank:
+            shapes["attn_q_a"] = (cfg.q_lora_rank, C)
+            shapes["attn_q_a_norm"] = (cfg.q_lora_rank,)
+            shapes["attn_q_b"] = (q_out, cfg.q_lora_rank)
+        else:
+            shapes["attn_q"] = (q_out, C)
+        shapes["attn_kv_a_mqa"] = (R + n_rot, C)
+        shapes["attn_kv_a_norm"] = (R,)
+        shapes["attn_k_b"] = (cfg.NH, R, HS - n_rot)
+        shapes["attn_v_b"] = (cfg.NH, cfg.head_v, R)
+        shapes["attn_output"] = (C, cfg.NH * cfg.head_v)
+    else:
+        shapes.update({"attn_q": (q_out, C), "attn_k": (kv_out, C), "attn_v": (kv_out, C)})
+        shapes["attn_output"] = (C, q_out)
+    shapes[spec.ffn_norm] = (C,)
+    if spec.sinks:
+        shapes["attn_sinks"] = (cfg.NH,)
+    if spec.post_norms:
+        shapes["post_attention_norm"] = (C,)
+        shapes["post_ffw_norm"] = (C,)
     if cfg.qk_norm == "head":
         shapes["attn_q_norm"] = (HS,)
         shapes["attn_k_norm"] = (HS,)
@@ -65,12 +82,17 @@ def _expected_shapes(cfg: ModelConfig, i: int, moe: bool) -> dict[str, tuple[int
             shapes["ffn_gate_shexp"] = (Fs, C)
             shapes["ffn_up_shexp"] = (Fs, C)
             shapes["ffn_down_shexp"] = (C, Fs)
-            shapes["ffn_gate_inp_shexp"] = (C,)
+            if not spec.shared_ungated:
+                shapes["ffn_gate_inp_shexp"] = (C,)
     else:
         shapes["ffn_gate"] = (cfg.F, C)
         shapes["ffn_up"] = (cfg.F, C)
         shapes["ffn_down"] = (C, cfg.F)
     return shapes
+
+
+# Biases a layer may have (used when the file has them), by the shape of their weight's output.
+_OPTIONAL_BIASES = ATTN_KINDS + ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
 def check_tensors(f: GGUFFile, cfg: ModelConfig) -> tuple[dict[str, tuple[int, ...]], tuple[bool, ...]]:
@@ -91,15 +113,23 @@ def check_tensors(f: GGUFFile, cfg: ModelConfig) -> tuple[dict[str, tuple[int, .
         moe = layer_name(i, "ffn_gate_inp") in names
         if moe and not cfg.E:
             raise ModelError(f"{f.path}: layer {i} has a router but expert_count is not set")
-        if cfg.E and not moe:
+        if moe and i < cfg.n_dense_lead:
+            raise ModelError(
+                f"{f.path}: layer {i} has a router, but {cfg.arch}.leading_dense_block_count "
+                f"{cfg.n_dense_lead} makes it dense"
+            )
+        if cfg.E and not moe and i >= cfg.n_dense_lead:
             raise ModelError(f"{f.path}: layer {i} has no router (blk.{i}.ffn_gate_inp.weight)")
         moe_layers.append(moe)
         for kind, shape in _expected_shapes(cfg, i, moe).items():
             expected[layer_name(i, kind)] = shape
-        for kind in ATTN_KINDS:
+        for kind in _OPTIONAL_BIASES:
             bias = layer_name(i, kind, "bias")
-            if bias in names:
-                expected[bias] = (expected[layer_name(i, kind)][0],)
+            weight = expected.get(layer_name(i, kind))
+            if bias in names and weight is not None:
+                expected[bias] = weight[:-1]  # (n_out,), or (E, n_out) for an expert stack
+        if moe and layer_name(i, "exp_probs_b", "bias") in names:
+            expected[layer_name(i, "exp_probs_b", "bias")] = (cfg.E,)
     expected["token_embd.weight"] = (cfg.V, cfg.C)
     expected["output_norm.weight"] = (cfg.C,)
     if "output.weight" in names:
@@ -123,12 +153,22 @@ def check_tensors(f: GGUFFile, cfg: ModelConfig) -> tuple[dict[str, tuple[int, .
     return expected, tuple(moe_layers)
 
 
+def applied_lora(cfg: ModelConfig, lora: Mapping[str, LoraTerm]) -> Mapping[str, LoraTerm]:
+    """The LoRA terms llama.cpp's graph of this architecture applies: adapters on the tensors it
+    multiplies without build_lora_mm (ArchSpec.no_lora, deepseek2's MLA projections and output)
+    load there but change nothing, so they change nothing here either."""
+    skip = cfg.spec.no_lora
+    if not skip or not lora:
+        return lora
+    return {n: t for n, t in lora.items() if split_name(n)[1] not in skip}
+
+
 @dataclass
 class KVCache:
     """Keys (after RoPE) and values of every layer for B sequences, grown as tokens are decoded."""
 
     k: list[np.ndarray]  # per layer (B, S_max, NKV, HS)
-    v: list[np.ndarray]
+    v: list[np.ndarray]  # per layer (B, S_max, NKV, HS_v)
     pos: np.ndarray  # (B, S_max) position of each cached slot
     length: int = 0  # slots filled
 
@@ -136,9 +176,10 @@ class KVCache:
     def empty(cls, cfg: ModelConfig, B: int, S_max: int, dtype, xp=np) -> KVCache:
         """Keys and values in `xp`'s memory (the device of a GPU model); positions on the host."""
         shape = (B, S_max, cfg.NKV, cfg.HS)
+        shape_v = (B, S_max, cfg.NKV, cfg.head_v)
         return cls(
             [xp.zeros(shape, dtype) for _ in range(cfg.L)],
-            [xp.zeros(shape, dtype) for _ in range(cfg.L)],
+            [xp.zeros(shape_v, dtype) for _ in range(cfg.L)],
             np.zeros((B, S_max), np.int64),
         )
 
@@ -253,10 +294,11 @@ class Model:
             k_pos = cache.pos[:, : cache.length + T]
         else:
             k_pos = positions
+        lora = applied_lora(cfg, lora)
         with self.backend.active():
             inp = make_inputs(cfg, W, tokens, positions, k_pos=k_pos, dtype=self.dtype, backend=self.backend)
             h, _ = forward_hidden(cfg, W, lora, self.moe_layers, inp, kv=cache, last_only=last_only)
             if cache is not None:
                 cache.length += T
-            z = to_host(logits(W, lora, h))
+            z = to_host(logits(W, lora, h, cfg.softcap))
         return z[0] if squeeze else z

@@ -31,20 +31,30 @@ from typing import Any
 
 from ..errors import EngineError
 from ..kernels import attention as _attention
+from ..kernels import attention_ext as _attention_ext
 from ..kernels import cross_entropy as _cross_entropy
 from ..kernels import embedding as _embedding
+from ..kernels import glu as _glu
 from ..kernels import linear as _linear
+from ..kernels import mla as _mla
 from ..kernels import moe as _moe
+from ..kernels import moe_ext as _moe_ext
 from ..kernels import norm as _norm
 from ..kernels import rope as _rope
+from ..kernels import softcap as _softcap
 from ..kernels import swiglu as _swiglu
 from ..kernels.attention import AttentionCache, attention_mask
+from ..kernels.attention_ext import AttentionExtCache
 from ..kernels.cross_entropy import softmax
 from ..kernels.embedding import EmbeddingCache, row_chunks, scatter_add_rows, take_rows
+from ..kernels.glu import GegluCache, SwigluOaiCache
 from ..kernels.linear import LinearCache, LoraTerm
+from ..kernels.mla import MlaKvCache
 from ..kernels.moe import ExpertActs, ExpertsCache, RouteCache, Routing
+from ..kernels.moe_ext import ExpertsExtCache, RouteExtCache
 from ..kernels.norm import NormCache
 from ..kernels.rope import RopeCache, rope_angles
+from ..kernels.softcap import SoftcapCache
 from ..kernels.swiglu import SwigluCache, sigmoid, silu
 
 _RUNTIME: contextvars.ContextVar[Any] = contextvars.ContextVar("engine_runtime", default=None)
@@ -112,6 +122,22 @@ experts_forward = _dispatch(_moe, "experts_forward")
 experts_backward = _dispatch(_moe, "experts_backward")
 lm_head_loss = _dispatch(_cross_entropy, "lm_head_loss")
 project = _dispatch(_cross_entropy, "project")
+# ops of the architectures added with issue 17 (references only so far: a GPU backend says so)
+attention_ext_forward = _dispatch(_attention_ext, "attention_ext_forward")
+attention_ext_backward = _dispatch(_attention_ext, "attention_ext_backward")
+geglu_forward = _dispatch(_glu, "geglu_forward")
+geglu_backward = _dispatch(_glu, "geglu_backward")
+swiglu_oai_forward = _dispatch(_glu, "swiglu_oai_forward")
+swiglu_oai_backward = _dispatch(_glu, "swiglu_oai_backward")
+mla_kv_forward = _dispatch(_mla, "mla_kv_forward")
+mla_kv_backward = _dispatch(_mla, "mla_kv_backward")
+route_ext_forward = _dispatch(_moe_ext, "route_ext_forward")
+route_ext_backward = _dispatch(_moe_ext, "route_ext_backward")
+experts_ext_forward = _dispatch(_moe_ext, "experts_ext_forward")
+experts_ext_backward = _dispatch(_moe_ext, "experts_ext_backward")
+softcap_forward = _dispatch(_softcap, "softcap_forward")
+softcap_backward = _dispatch(_softcap, "softcap_backward")
+softcap_head_loss = _dispatch(_softcap, "softcap_head_loss")
 
 __all__ = [
     "AttentionCache", "EmbeddingCache", "ExpertActs", "ExpertsCache", "LinearCache", "LoraTerm",
@@ -121,4 +147,9 @@ __all__ = [
     "rmsnorm_forward", "rope_angles", "rope_backward", "rope_forward", "route_backward", "route_forward",
     "row_chunks", "scatter_add_rows", "sigmoid", "silu", "softmax", "swiglu_backward", "swiglu_forward",
     "take_rows", "current_runtime", "use_runtime",
+    "AttentionExtCache", "ExpertsExtCache", "GegluCache", "MlaKvCache", "RouteExtCache", "SoftcapCache",
+    "SwigluOaiCache", "attention_ext_backward", "attention_ext_forward", "experts_ext_backward",
+    "experts_ext_forward", "geglu_backward", "geglu_forward", "mla_kv_backward", "mla_kv_forward",
+    "route_ext_backward", "route_ext_forward", "softcap_backward", "softcap_forward", "softcap_head_loss",
+    "swiglu_oai_backward", "swiglu_oai_forward",
 ]  # fmt: skip

@@ -2,8 +2,9 @@
 
 A target is a GGUF tensor name (`blk.3.attn_q.weight`, `blk.0.ffn_up_exps.weight`,
 `output.weight`, ...). `lora_candidates` lists every tensor of a model with whether it can take a
-LoRA adapter (2-D and 3-D weights can; norms, biases and RoPE factors cannot, with the reason), and
-`select_targets` resolves a `TargetSpec` against them. Presets:
+LoRA adapter (2-D and 3-D weights can; norms, biases and RoPE factors cannot, with the reason; nor can
+the weights llama.cpp's graph multiplies without their adapter, `Candidate.ignored_by_llamacpp`, such
+as deepseek2's MLA projections), and `select_targets` resolves a `TargetSpec` against them. Presets:
 
 - attention: attn_q, attn_k, attn_v, attn_output
 - mlp: dense ffn_gate/ffn_up/ffn_down and the shared expert's
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 from ..errors import ModelError
 from ..io.gguf_file import TensorInfo
+from .archs import ARCHS
 from .lora import lora_shapes
 
 PRESETS: dict[str, tuple[str, ...]] = {
@@ -56,6 +58,7 @@ class Candidate:
     qtype: str  # stored type
     lora_ok: bool  # can take a LoRA adapter
     reason: str  # why not, when lora_ok is False
+    ignored_by_llamacpp: bool = False  # a weight llama.cpp's graph multiplies without its adapter
 
 
 def split_name(name: str) -> tuple[int | None, str]:
@@ -67,10 +70,32 @@ def split_name(name: str) -> tuple[int | None, str]:
     return None, name.rsplit(".", 1)[0] if name.endswith((".weight", ".bias")) else name
 
 
-def lora_candidates(tensors: Mapping[str, TensorInfo]) -> list[Candidate]:
+# A tensor only multi-head latent attention has: its graph (deepseek2) is the one with unadapted kinds.
+_MLA_MARK = "attn_kv_a_mqa"
+
+
+def llamacpp_unadapted_kinds(tensors: Mapping[str, TensorInfo], arch: str | None = None) -> frozenset[str]:
+    """Tensor kinds that llama.cpp's graph for this model multiplies without their LoRA adapter
+    (ggml_mul_mat, not build_lora_mm): an adapter there loads but changes nothing, so the engine
+    neither offers nor applies one. deepseek2: attn_q, attn_q_a/b, attn_kv_a_mqa, attn_k_b,
+    attn_v_b and output. `arch` (general.architecture) when known, else told by the tensor names."""
+    if arch is None:
+        mla = any(split_name(n)[1] == _MLA_MARK for n in tensors)
+        arch = "deepseek2" if mla else ""
+    spec = ARCHS.get(arch)
+    return frozenset(spec.no_lora) if spec is not None else frozenset()
+
+
+def lora_candidates(tensors: Mapping[str, TensorInfo], arch: str | None = None) -> list[Candidate]:
+    """Every tensor with whether it can take a LoRA adapter, and why not (see the module docstring)."""
+    unadapted = llamacpp_unadapted_kinds(tensors, arch)
     out = []
     for name, info in tensors.items():
         layer, kind = split_name(name)
+        if kind in unadapted:
+            why = "llama.cpp does not apply LoRA here (its graph multiplies this tensor without the adapter)"
+            out.append(Candidate(name, kind, layer, info.shape, info.qtype, False, why, True))
+            continue
         if name.endswith(".bias"):
             ok, why = False, "a bias vector: train it in full instead"
         elif len(info.shape) < 2:
@@ -119,12 +144,14 @@ def _matches(pattern: str, c: Candidate) -> bool:
     return c.kind == pattern or fnmatch.fnmatchcase(c.name, pattern)
 
 
-def select_targets(tensors: Mapping[str, TensorInfo], spec: TargetSpec, n_layers: int) -> list[str]:
+def select_targets(
+    tensors: Mapping[str, TensorInfo], spec: TargetSpec, n_layers: int, arch: str | None = None
+) -> list[str]:
     """Names of the tensors that get LoRA adapters, in file order; ModelError if a part matches nothing."""
     if spec.preset not in PRESETS:
         raise ModelError(f"unknown target preset {spec.preset!r}; presets: {', '.join(PRESETS)}")
     layers = parse_layers(spec.layers, n_layers)
-    cands = lora_candidates(tensors)
+    cands = lora_candidates(tensors, arch)
     chosen: dict[str, Candidate] = {}
     kinds = set(PRESETS[spec.preset])
     for c in cands:

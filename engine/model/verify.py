@@ -45,6 +45,7 @@ _LEVELS = (
     ("within 4-bit tolerance", 2e-1),
 )
 
+
 @dataclass(frozen=True)
 class PromptResult:
     prompt: str

@@ -53,7 +53,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import ModelError, TemplateError
 
-__all__ = ["CHATML_TEMPLATE", "ChatTemplate"]
+__all__ = ["CHATML_TEMPLATE", "GEMMA_TEMPLATE", "ChatTemplate"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,45 @@ CHATML_TEMPLATE: str = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+
+#: The template used when a model with Gemma's turn tokens has none (base Gemma 3 files): Gemma 3's own
+#: (google/gemma-3-*-it), a system message prefixed to the first user turn, the assistant called "model".
+GEMMA_TEMPLATE: str = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}"
+    "{%- endif -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- if (message['role'] == 'assistant') -%}{%- set role = 'model' -%}"
+    "{%- else -%}{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') }}"
+    "{%- if message['content'] is string -%}"
+    "{{ message['content'] | trim }}"
+    "{%- elif message['content'] is iterable -%}"
+    "{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- else -%}"
+    "{{ raise_exception('Invalid content type') }}"
+    "{%- endif -%}"
+    "{{ '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+)
+_GEMMA_TURN_TOKENS = ("<start_of_turn>", "<end_of_turn>")
 
 # Names a message's reasoning may come under; transformers copies it to the first (and to "thinking").
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
@@ -784,14 +823,25 @@ class ChatTemplate:
     def from_metadata(cls, metadata: Mapping[str, Any]) -> ChatTemplate:
         """The template of a model, from its GGUF metadata.
 
-        Uses `tokenizer.chat_template`, or `CHATML_TEMPLATE` (with `is_default` True) when the
-        model has none or an empty one; `bos_token`/`eos_token` are the texts of the tokens that
-        `tokenizer.ggml.bos_token_id`/`eos_token_id` name, "" when absent.
+        Uses `tokenizer.chat_template`; when the model has none or an empty one (`is_default` True),
+        Gemma 3's template (`GEMMA_TEMPLATE`) for a vocabulary with Gemma's turn tokens (base Gemma
+        files have none), else `CHATML_TEMPLATE`. `bos_token`/`eos_token` are the texts of the tokens
+        that `tokenizer.ggml.bos_token_id`/`eos_token_id` name, "" when absent.
         """
         bos = _token_text(metadata, "tokenizer.ggml.bos_token_id")
         eos = _token_text(metadata, "tokenizer.ggml.eos_token_id")
         source = metadata.get("tokenizer.chat_template")
         if source is None or (isinstance(source, str) and not source.strip()):
+            tokens = metadata.get("tokenizer.ggml.tokens")
+            if isinstance(tokens, Sequence) and all(t in tokens for t in _GEMMA_TURN_TOKENS):
+                log.info("model has no chat template; its vocabulary has Gemma's turn tokens: using Gemma's")
+                return cls(
+                    GEMMA_TEMPLATE,
+                    bos_token=bos,
+                    eos_token=eos,
+                    name="default Gemma template",
+                    is_default=True,
+                )
             log.info("model has no chat template; using ChatML")
             return cls(
                 CHATML_TEMPLATE, bos_token=bos, eos_token=eos, name="default ChatML template", is_default=True
@@ -878,6 +928,7 @@ class ChatTemplate:
                     f"{self.name}: cannot locate assistant message {i} in the rendered conversation; "
                     "the template renders it differently depending on the messages around it"
                 )
+            span = _with_message_end(text, span)
             if spans and span[0] < spans[-1][1]:
                 raise TemplateError(
                     f"{self.name}: assistant message {i} was located at {span}, overlapping the previous "
@@ -1086,6 +1137,21 @@ class ChatTemplate:
         # depend on the content, e.g. Qwen3 writes "\n" before a tool call only after non-empty content).
         end = start + len(text[start:end].rstrip())
         return (start, end) if end > start else None
+
+
+# Markers that end a message and directly follow its content (gpt-oss's harmony format: <|end|> after
+# a reply in the history, <|return|> after the last one, which is also the eos_token and so is not
+# part of the closed turn render_with_spans locates first).
+_MESSAGE_END_MARKERS = ("<|return|>", "<|end|>")
+
+
+def _with_message_end(text: str, span: tuple[int, int]) -> tuple[int, int]:
+    """The span extended over a message-end marker that directly follows it, so that it is learned."""
+    start, end = span
+    for marker in _MESSAGE_END_MARKERS:
+        if text.startswith(marker, end):
+            return start, end + len(marker)
+    return span
 
 
 def template_for(metadata: Mapping, template_file: str | os.PathLike[str] | None) -> ChatTemplate:

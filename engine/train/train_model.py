@@ -32,6 +32,7 @@ from ..model.forward import (
 )
 from ..model.layers import add_grad, add_lora_grads
 from ..model.lora import LoraAdapter, effective_scale, lora_shapes
+from ..model.model import applied_lora
 from ..model.ops import LoraTerm
 
 
@@ -200,7 +201,7 @@ def loss_and_grads(
 def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoint: bool, kl_coef: float):
     cfg = model.config
     W = ChainMap(trainable.full, model.weights)
-    lora = trainable.terms()
+    lora = applied_lora(cfg, trainable.terms())
     need = set(trainable.full)
     inp = _inputs(model, batch)
     counts: list[np.ndarray] = []
@@ -213,7 +214,9 @@ def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoi
         # the reference is the base model: adapter off, full-weight tensors at their original values
         h_ref = final_hidden(model, batch)
         w_ref = model.weights[out_name]
-    loss, (ce_sum, n_tok), dh, g_head = ops.lm_head_loss(
+    # the fused head and loss; with a final soft-cap (gemma3) its own op, which caps the logits first
+    head_loss = ops.softcap_head_loss if cfg.softcap else ops.lm_head_loss
+    loss, (ce_sum, n_tok), dh, g_head = head_loss(
         h.reshape(-1, cfg.C),
         W[out_name],
         np.asarray(batch.targets).reshape(-1),
@@ -225,6 +228,7 @@ def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoi
         w_ref=w_ref,
         kl_coef=kl_coef,
         backward=backward,
+        **({"cap": cfg.softcap} if cfg.softcap else {}),
     )
     expert = array_module(counts[0]).stack(counts) if counts else None
     if not isinstance(loss, float):  # device scalars (a GPU run): both in one read

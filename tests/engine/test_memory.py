@@ -23,8 +23,13 @@ def q8_moe(tmp_path_factory):
 
 def test_parts_add_up_and_follow_the_settings(q8_moe):
     cfg, tensors = q8_moe
-    base = estimate_memory(cfg, tensors, 1000, TrainConfig(n_ctx=256, checkpoint_layers="off",
-                                                           cache_budget="off"), available=8 * GIB)
+    base = estimate_memory(
+        cfg,
+        tensors,
+        1000,
+        TrainConfig(n_ctx=256, checkpoint_layers="off", cache_budget="off"),
+        available=8 * GIB,
+    )
     assert base.stored == sum(t.n_bytes for t in tensors.values())
     assert base.trainable == 1000 * 4 * memory_mod.TRAINABLE_COPIES and base.gradients == 4000
     assert base.cache == 0 and base.buffers > 0  # cache off: one layer's working set and head blocks
@@ -34,10 +39,12 @@ def test_parts_add_up_and_follow_the_settings(q8_moe):
     d = base.to_dict()
     assert d["total"] == base.total and d["weights"] == base.mapped + base.cache + base.buffers
     assert base.mapped < base.stored  # quantized tensors are let go once dequantized
-    ckpt = estimate_memory(cfg, tensors, 1000, TrainConfig(n_ctx=256, checkpoint_layers="on"),
-                           available=8 * GIB)
-    longer = estimate_memory(cfg, tensors, 1000, TrainConfig(n_ctx=1024, checkpoint_layers="off"),
-                             available=8 * GIB)
+    ckpt = estimate_memory(
+        cfg, tensors, 1000, TrainConfig(n_ctx=256, checkpoint_layers="on"), available=8 * GIB
+    )
+    longer = estimate_memory(
+        cfg, tensors, 1000, TrainConfig(n_ctx=1024, checkpoint_layers="off"), available=8 * GIB
+    )
     assert ckpt.activations < base.activations < longer.activations
     cached = estimate_memory(cfg, tensors, 1000, TrainConfig(cache_budget="1G"), available=8 * GIB)
     assert cached.cache == cached.dequantized and cached.buffers == 0  # the whole model fits the cache
