@@ -1,14 +1,24 @@
 """`tune-studio`: starts the desktop app, optionally on the bundled demo model or a given file.
 
-`--screenshot DIR` opens each page in turn, writes DIR/<page>.png, and exits; with `--demo` it
-first trains the demo (150 steps) so that the Train page shows real curves. Otherwise the window
-first offers to restore the unsaved changes a crash left behind (`MainWindow.offer_recovery`).
+Before Qt starts, `display_problem` checks that a window can open at all: on Linux, that there is a
+display, and that the system libraries Qt's xcb platform plugin loads are installed (a plain
+Debian/Ubuntu box lacks libxcb-cursor0 and friends, and Qt would abort with "Could not load the Qt
+platform plugin xcb"); when one is missing the app says which, and the command that installs them,
+and exits with code 1.
+
+`--screenshot DIR` opens each page in turn, writes DIR/<page>.png, and exits (offscreen when there is
+no display); with `--demo` it first trains the demo (150 steps) so that the Train page shows real
+curves. Otherwise the window first offers to restore the unsaved changes a crash left behind
+(`MainWindow.offer_recovery`).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 # one click trains the demo's persona in about twenty seconds on two CPU cores
@@ -25,6 +35,102 @@ DEMO_SETTINGS = dict(
     checkpoint_every=0,
 )
 
+# System libraries PySide6's Qt loads, with the Debian/Ubuntu package of each (the NEEDED entries of
+# PySide6 6.11's libQt6Gui.so.6 and of plugins/platforms/libqxcb.so with libQt6XcbQpa.so.6; Qt 6 no
+# longer loads libxcb-xinerama). Qt itself (libQt6*, ICU) ships in the wheel.
+GUI_LIBRARIES: tuple[tuple[str, str], ...] = (  # every platform, offscreen included
+    ("libGL.so.1", "libgl1"),
+    ("libEGL.so.1", "libegl1"),
+    ("libfontconfig.so.1", "libfontconfig1"),
+    ("libfreetype.so.6", "libfreetype6"),
+    ("libxkbcommon.so.0", "libxkbcommon0"),
+    ("libX11.so.6", "libx11-6"),
+    ("libglib-2.0.so.0", "libglib2.0-0"),
+    ("libdbus-1.so.3", "libdbus-1-3"),
+)
+XCB_LIBRARIES: tuple[tuple[str, str], ...] = (  # the xcb platform plugin (X11 desktops)
+    ("libxcb.so.1", "libxcb1"),
+    ("libX11-xcb.so.1", "libx11-xcb1"),
+    ("libxkbcommon-x11.so.0", "libxkbcommon-x11-0"),
+    ("libxcb-cursor.so.0", "libxcb-cursor0"),
+    ("libxcb-icccm.so.4", "libxcb-icccm4"),
+    ("libxcb-image.so.0", "libxcb-image0"),
+    ("libxcb-keysyms.so.1", "libxcb-keysyms1"),
+    ("libxcb-randr.so.0", "libxcb-randr0"),
+    ("libxcb-render.so.0", "libxcb-render0"),
+    ("libxcb-render-util.so.0", "libxcb-render-util0"),
+    ("libxcb-shape.so.0", "libxcb-shape0"),
+    ("libxcb-shm.so.0", "libxcb-shm0"),
+    ("libxcb-sync.so.1", "libxcb-sync1"),
+    ("libxcb-util.so.1", "libxcb-util1"),
+    ("libxcb-xfixes.so.0", "libxcb-xfixes0"),
+    ("libxcb-xkb.so.1", "libxcb-xkb1"),
+)
+
+
+def can_load(soname: str) -> bool:
+    """Whether the dynamic loader finds and loads this shared library (as Qt's plugin loader would)."""
+    try:
+        ctypes.CDLL(soname, mode=getattr(os, "RTLD_LAZY", 1) | getattr(os, "RTLD_LOCAL", 0))
+    except OSError:
+        return False
+    return True
+
+
+def qt_platform(env: Mapping[str, str]) -> str | None:
+    """The platform plugin Qt will pick on Linux: "xcb", "wayland", another name set in
+    QT_QPA_PLATFORM ("offscreen", ...), or None when there is no display at all."""
+    chosen = env.get("QT_QPA_PLATFORM", "").strip()
+    if chosen:
+        return chosen.split(";")[0].split(":")[0].strip()
+    if env.get("WAYLAND_DISPLAY") and env.get("XDG_SESSION_TYPE") == "wayland":
+        return "wayland"
+    if env.get("DISPLAY"):
+        return "xcb"
+    if env.get("WAYLAND_DISPLAY"):
+        return "wayland"
+    return None
+
+
+def no_display(env: Mapping[str, str], platform: str | None = None) -> bool:
+    """Linux without a display (and no platform chosen in QT_QPA_PLATFORM)."""
+    platform = sys.platform if platform is None else platform
+    return platform.startswith("linux") and qt_platform(env) is None
+
+
+def display_problem(
+    env: Mapping[str, str] | None = None,
+    platform: str | None = None,
+    loader: Callable[[str], bool] | None = None,
+) -> str | None:
+    """Why Qt could not open a window here, as one line with what to do, or None when it can: no
+    display (Linux), or system libraries Qt needs that are not installed (with the apt-get command
+    that installs them). `loader(soname) -> bool` is `can_load`, replaced in tests."""
+    env = os.environ if env is None else env
+    platform = sys.platform if platform is None else platform
+    loader = can_load if loader is None else loader
+    if not platform.startswith("linux"):
+        return None
+    qpa = qt_platform(env)
+    if qpa is None:
+        return (
+            "tune-studio: no display to open a window on (neither DISPLAY nor WAYLAND_DISPLAY is set): "
+            "run it in a desktop session, under a virtual X server (xvfb-run tune-studio --demo), or "
+            "write the pages as pictures without a window (tune-studio --demo --screenshot DIR)"
+        )
+    needed = list(GUI_LIBRARIES) + (list(XCB_LIBRARIES) if qpa == "xcb" else [])
+    missing = [(soname, package) for soname, package in needed if not loader(soname)]
+    if not missing:
+        return None
+    xcb = {soname for soname, _ in XCB_LIBRARIES}
+    what = "Qt's xcb platform plugin (X11) needs" if any(s in xcb for s, _ in missing) else "Qt needs"
+    names = ", ".join(soname for soname, _ in missing)
+    packages = " ".join(dict.fromkeys(package for _, package in missing))
+    return (
+        f"tune-studio: cannot open a window: {what} {names}, not installed; "
+        f"install with: sudo apt-get install {packages}"
+    )
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tune-studio", description="Fine-tune GGUF models on your own machine.")
@@ -33,7 +139,19 @@ def main(argv: list[str] | None = None) -> int:
         "--demo", action="store_true", help="open the bundled demo model and dataset, ready to train"
     )
     ap.add_argument("--screenshot", metavar="DIR", help="write DIR/<page>.png of each page and exit")
+    ap.add_argument(
+        "--theme",
+        choices=("system", "light", "dark"),
+        help="the window's colours (default: the one chosen last in View > Theme, else system)",
+    )
     args = ap.parse_args(argv)
+
+    if args.screenshot and no_display(os.environ):
+        os.environ["QT_QPA_PLATFORM"] = "offscreen"  # pictures of the pages need no display
+    problem = display_problem()
+    if problem:  # said here, in one line, instead of Qt's abort
+        print(problem, file=sys.stderr)
+        return 1
 
     from pyqtgraph.util.garbage_collector import GarbageCollector
     from PySide6.QtCore import QEventLoop, QSettings, QStandardPaths, QTimer
@@ -56,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         else None
     )
     window = MainWindow(settings)
+    if args.theme:
+        window.set_theme(args.theme)
     if not args.screenshot:
         # unsaved changes autosaved before a crash: offered before anything else is opened
         window.show()
@@ -67,11 +187,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.screenshot
             else Path(QStandardPaths.writableLocation(QStandardPaths.AppLocalDataLocation)) / "demo-runs"
         )
-        window.project.update(output_dir=str(runs))
-        window.open_model(str(DEMO_MODEL))
-        window.open_dataset(str(DEMO_DATASET))
-        window.project.update_config(targets=TargetSpec(preset="all"), **DEMO_SETTINGS)
-        window.project.dirty = False
+        window.start_project(
+            model=str(DEMO_MODEL),
+            dataset=str(DEMO_DATASET),
+            output_dir=str(runs),
+            config=dict(targets=TargetSpec(preset="all"), **DEMO_SETTINGS),
+        )
     if args.path:
         window.open_any(args.path)
     window.show()

@@ -10,15 +10,27 @@ without a display; the main window turns its notifications into UI updates. `to_
 `ModelInfo` is what the pages need to know about the open model without loading its weights:
 its summary (architecture, tensors), tokenizer and chat template. Reading one is fast (the
 header only).
+
+Outputs: `Project.output_folder()` is where runs write: the chosen `output_dir`, else a
+`tune-studio-out` folder beside the project file (or the dataset, or the model), except when that
+folder is inside the installed program (the bundled demo's resources/) or cannot be written: then
+the user's data folder (`user_data_folder()/runs`). Nothing is created by asking.
+
+Hyperparameter presets: `HYPER_PRESETS` (quick, balanced, thorough) set the training settings for a
+model's size (`preset_settings(name, n_params)`, described by `describe_preset`);
+`Project.reset_hyperparameters()` returns them to the TrainConfig defaults and keeps what the
+Targets and Model pages chose (targets, rank, alpha, full-weight tensors, device).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from engine import (
@@ -36,6 +48,132 @@ from engine import (
 )
 
 PROJECT_VERSION = 1
+OUTPUT_FOLDER_NAME = "tune-studio-out"  # the default output folder beside the project (or dataset)
+# the installed program: the packages and the bundled resources (the demo model and dataset)
+_INSTALL_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+INSTALLED_FOLDERS = tuple(os.path.join(_INSTALL_ROOT, name) for name in ("studio", "engine", "resources"))
+
+
+def user_data_folder() -> str:
+    """The user's writable data folder for Tune Studio (Qt's AppLocalDataLocation for the app's
+    organisation "TuneStudio" and name "Tune Studio"), or $TUNE_STUDIO_DATA when set."""
+    if os.environ.get("TUNE_STUDIO_DATA"):
+        return os.environ["TUNE_STUDIO_DATA"]
+    home = os.path.expanduser("~")
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.join(home, "AppData", "Local")
+    elif sys.platform == "darwin":
+        base = os.path.join(home, "Library", "Application Support")
+    else:
+        base = os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
+    return os.path.join(base, "TuneStudio", "Tune Studio")
+
+
+def is_installed_path(path: str) -> bool:
+    """`path` is inside the installed program (its packages, its resources, site-packages)."""
+    real = os.path.realpath(path)
+    parts = real.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return True
+    for root in INSTALLED_FOLDERS:
+        root = os.path.realpath(root)
+        if real == root or real.startswith(root + os.sep):
+            return True
+    return False
+
+
+def can_create_in(folder: str) -> bool:
+    """Files could be written in `folder` (it exists and is writable, or the nearest folder that
+    exists above it is): asks the file system, creates nothing."""
+    probe = os.path.abspath(folder)
+    while not os.path.exists(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return False
+        probe = parent
+    return os.path.isdir(probe) and os.access(probe, os.W_OK | os.X_OK)
+
+
+# --- hyperparameter presets -----------------------------------------------------------------------
+HYPER_PRESETS = ("quick", "balanced", "thorough")
+PRESET_MEANING = {
+    "quick": "one pass over the data with a short context: a first look at whether training helps",
+    "balanced": "two passes, a tenth of the samples held out to measure validation loss",
+    "thorough": "three passes at a lower learning rate with a longer context, more gradient "
+    "accumulation, regular evaluations and checkpoints",
+}
+# sizes by parameter count: (upper bound, name, base learning rate, context lengths quick/balanced/thorough)
+SIZE_CLASSES = (
+    (100e6, "tiny (under 100M parameters)", 1e-3, (256, 512, 1024)),
+    (1.5e9, "small (under 1.5B parameters)", 2e-4, (256, 512, 1024)),
+    (10e9, "medium (1.5B to 10B parameters)", 1e-4, (256, 512, 1024)),
+    (math.inf, "large (10B parameters or more)", 5e-5, (256, 512, 512)),
+)
+# what the presets change; every other setting keeps its value
+PRESET_FIELDS = (
+    "lr", "epochs", "steps", "n_ctx", "batch_size", "grad_accum", "warmup_steps", "weight_decay",
+    "val_split", "eval_every", "checkpoint_every",
+)  # fmt: skip
+# what a new model does not reset: the Targets page's choices and the Model page's device
+KEPT_ON_RESET = ("targets", "rank", "alpha", "lora_init", "full", "device")
+
+
+def size_class(n_params: int | None) -> tuple[str, float, tuple[int, int, int]]:
+    """(name, base learning rate, context lengths of quick/balanced/thorough) for a model size
+    (None: unknown, treated as small)."""
+    n = 1e9 if n_params is None else n_params
+    for bound, name, lr, contexts in SIZE_CLASSES:
+        if n < bound:
+            return name, lr, contexts
+    raise AssertionError("unreachable")
+
+
+def preset_settings(name: str, n_params: int | None) -> dict[str, Any]:
+    """The TrainConfig settings preset `name` gives a model of `n_params` parameters."""
+    if name not in HYPER_PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(HYPER_PRESETS)}")
+    _, lr, contexts = size_class(n_params)
+    i = HYPER_PRESETS.index(name)
+    common = {"steps": 0, "batch_size": 1, "n_ctx": contexts[i]}
+    if name == "quick":
+        return {**common, "lr": lr, "epochs": 1.0, "grad_accum": 1, "warmup_steps": 0, "weight_decay": 0.0,
+                "val_split": 0.0, "eval_every": 0, "checkpoint_every": 0}  # fmt: skip
+    if name == "balanced":
+        return {**common, "lr": lr, "epochs": 2.0, "grad_accum": 2, "warmup_steps": 10, "weight_decay": 0.0,
+                "val_split": 0.1, "eval_every": 0, "checkpoint_every": 50}  # fmt: skip
+    return {**common, "lr": lr / 2, "epochs": 3.0, "grad_accum": 4, "warmup_steps": 20, "weight_decay": 0.01,
+            "val_split": 0.1, "eval_every": 25, "checkpoint_every": 25}  # fmt: skip
+
+
+def describe_preset(name: str, n_params: int | None) -> str:
+    """One line for a tooltip: what the preset is for and the values it sets for this size."""
+    s = preset_settings(name, n_params)
+    val = f"validation split {s['val_split']:g}" if s["val_split"] else "no validation split"
+    evals = f", evaluate every {s['eval_every']} steps" if s["eval_every"] else ""
+    ckpt = f", checkpoint every {s['checkpoint_every']} steps" if s["checkpoint_every"] else ""
+    decay = f", weight decay {s['weight_decay']:g}" if s["weight_decay"] else ""
+    return (
+        f"{name}: {PRESET_MEANING[name]}. Sets learning rate {s['lr']:g}, {s['epochs']:g} epochs, "
+        f"context {s['n_ctx']} tokens, batch 1 × {s['grad_accum']} accumulated, "
+        f"{s['warmup_steps']} warm-up steps{decay}, {val}{evals}{ckpt}."
+    )
+
+
+def matching_preset(config: TrainConfig, n_params: int | None) -> str | None:
+    """The preset whose settings `config` has ("defaults" for TrainConfig's own), or None."""
+    defaults = TrainConfig()
+    if all(_same(getattr(config, f), getattr(defaults, f)) for f in PRESET_FIELDS):
+        return "defaults"
+    for name in HYPER_PRESETS:
+        if all(_same(getattr(config, f), v) for f, v in preset_settings(name, n_params).items()):
+            return name
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-15)
+    return a == b
 
 
 class ProjectError(Exception):
@@ -219,18 +357,57 @@ class Project:
         self.config = config
         self.device = data.get("device") or config.device
 
+    def reset_hyperparameters(self) -> None:
+        """Training settings back to TrainConfig's defaults (a new model), keeping what the
+        Targets and Model pages chose (`KEPT_ON_RESET`)."""
+        kept = {name: getattr(self.config, name) for name in KEPT_ON_RESET}
+        new = TrainConfig(**kept)
+        if new != self.config:
+            changed = [
+                f.name for f in fields(TrainConfig) if getattr(new, f.name) != getattr(self.config, f.name)
+            ]
+            self.config = new
+            self.dirty = True
+            self._notify({"config", *(f"config.{k}" for k in changed)})
+
+    def apply_preset(self, name: str, n_params: int | None) -> None:
+        """Set the training settings of a preset ("defaults", or one of HYPER_PRESETS) for a model
+        of `n_params` parameters."""
+        if name == "defaults":
+            defaults = TrainConfig()
+            self.update_config(**{f: getattr(defaults, f) for f in PRESET_FIELDS})
+        else:
+            self.update_config(**preset_settings(name, n_params))
+
     # --- derived ----------------------------------------------------------------------------
     def output_folder(self) -> str:
-        """Where adapters and checkpoints go: output_dir, else beside the project file or dataset."""
+        """Where adapters and checkpoints go: output_dir, else a tune-studio-out folder beside the
+        project file (or the dataset, or the model); the user's data folder instead when that one
+        is inside the installed program or cannot be written (see the module docstring)."""
         if self.output_dir:
             return self.output_dir
         anchor = self.path or self.dataset_path or self.model_path
-        return os.path.join(
-            os.path.dirname(os.path.abspath(anchor)) if anchor else os.getcwd(), "tune-studio-out"
-        )
+        if anchor:
+            folder = os.path.join(os.path.dirname(os.path.abspath(anchor)), OUTPUT_FOLDER_NAME)
+            if not is_installed_path(folder) and can_create_in(folder):
+                return folder
+        return os.path.join(user_data_folder(), "runs")
 
     def targets(self) -> TargetSpec:
         return self.config.targets
 
 
-__all__ = ["EngineError", "ModelInfo", "Project", "ProjectError"]
+__all__ = [
+    "HYPER_PRESETS",
+    "EngineError",
+    "ModelInfo",
+    "Project",
+    "ProjectError",
+    "can_create_in",
+    "describe_preset",
+    "is_installed_path",
+    "matching_preset",
+    "preset_settings",
+    "size_class",
+    "user_data_folder",
+]

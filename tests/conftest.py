@@ -6,10 +6,13 @@ import json
 import os
 from pathlib import Path
 
-import numpy as np
-import pytest
-
+# Tests run tiny models, where a second BLAS thread costs more than it gives, and far more when the
+# machine's other core is busy (CI): one thread, set before NumPy loads OpenBLAS.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 GOLDEN_MODELS = DATA / "models"

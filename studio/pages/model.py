@@ -43,6 +43,7 @@ from engine import (
 )
 
 from ..project import ModelInfo, Project, ProjectError
+from ..widgets.banner import MessageBar
 from ..worker import Engine
 
 
@@ -67,13 +68,7 @@ class ModelPage(QWidget):
         self.open_button.clicked.connect(self.choose_file)
         self.path_label = QLabel("No model open. Open a .gguf file or drop one here.")
         self.path_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.error_label = QLabel()
-        self.error_label.setWordWrap(True)
-        self.error_label.setStyleSheet(
-            "QLabel { color: #b03a2e; background: rgba(192, 57, 43, 0.12); border: 1px solid #c0392b;"
-            " border-radius: 4px; padding: 6px; }"
-        )
-        self.error_label.hide()
+        self.error_label = MessageBar()  # readable on light and dark palettes; hidden until an error
 
         facts_box = QGroupBox("Model")
         self.facts = QFormLayout(facts_box)
@@ -109,6 +104,9 @@ class ModelPage(QWidget):
                 self.device_combo.addItem(f"CUDA GPU ({d.name}) — not available: {d.reason}", None)
                 self.device_combo.model().item(i).setEnabled(False)
                 self.device_combo.setItemData(i, d.reason, Qt.ToolTipRole)
+        # a GPU that is not available says why in a long item: the box itself stays narrow
+        self.device_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.device_combo.setMinimumContentsLength(24)
         self.device_combo.currentIndexChanged.connect(self._device_changed)
         run.addRow("Device:", self.device_combo)
         self.memory_label = QLabel("–")
@@ -142,10 +140,18 @@ class ModelPage(QWidget):
         left_layout.setContentsMargins(0, 0, 0, 0)
         left_layout.addWidget(facts_box)
         left_layout.addWidget(run_box)
-        left_layout.addWidget(recent_box, 1)
+        left_layout.addStretch(1)
+        # the recent models go under the tensor kinds, where there is room: the left column's height
+        # is the facts and the estimate, so the page fits a 640-pixel window with an error shown
+        self.recent_list.setMinimumHeight(3 * self.recent_list.fontMetrics().height())
+        right = QWidget()
+        right_layout = QVBoxLayout(right)
+        right_layout.setContentsMargins(0, 0, 0, 0)
+        right_layout.addWidget(self.kinds, 3)
+        right_layout.addWidget(recent_box, 1)
         split = QSplitter(Qt.Horizontal)
         split.addWidget(left)
-        split.addWidget(self.kinds)
+        split.addWidget(right)
         split.setStretchFactor(1, 1)
         split.setSizes([420, 580])
         layout = QVBoxLayout(self)
@@ -214,8 +220,7 @@ class ModelPage(QWidget):
         )
 
     def show_error(self, message: str) -> None:
-        self.error_label.setText(message)
-        self.error_label.show()
+        self.error_label.show_message("error", message)
         self.sig_error.emit(message)
 
     def set_recent(self, paths: list[str]) -> None:

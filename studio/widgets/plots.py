@@ -10,20 +10,47 @@ tokens/s, LoRA ‖ΔW‖ per tensor kind, a layers × kinds heatmap of the lates
 tensor, and for MoE models a layers × experts heatmap of the tokens routed to each expert (summed
 since the run started, or the latest step only).
 
+Readability: a curve with fewer than two points is drawn as markers (a line of one point is
+invisible); the y range of a flat or nearly flat series is padded around it (at least ±5 % of its
+value), so ticks keep a sane precision (`ReadableAxisItem`); "validation" is in the loss legend
+only once the run has a validation split; the training loss is drawn smoothed by an exponential
+moving average (`SMOOTHING`: off, light (default), medium, strong; debiased, as TensorBoard's),
+with the raw points kept as a faint line, and can be shown on a log scale. Before the first run a
+placeholder says what to do (`show_placeholder`). Colours follow the palette, also when the theme
+changes while the app runs.
+
 It draws; it does not run training or keep anything the engine needs.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFontMetrics, QPalette
-from PySide6.QtWidgets import QCheckBox, QGridLayout, QLabel, QSizePolicy, QTabWidget, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QSizePolicy,
+    QStackedWidget,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine import Eval, ExpertUsage, LoraNorms, Started, Step, split_name
 
 REDRAW_HZ = 20
+# EMA weights of the training-loss smoothing (the weight of the previous smoothed value)
+SMOOTHING = {"off": 0.0, "light": 0.6, "medium": 0.85, "strong": 0.95}
+DEFAULT_SMOOTHING = "light"
+FLAT_SPAN = 0.1  # a series whose values span less than this fraction of their size is padded to it
+NORMS_LEGEND_UNDER_MIN_HEIGHT = 300  # a shorter LoRA-norm plot has its legend over the plot, not under it
 # tensor kinds in the order people read a block: attention, then the feed-forward parts
 KIND_ORDER = (
     "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output",
@@ -77,35 +104,107 @@ class Series:
         return self.n
 
 
+class ReadableAxisItem(pg.AxisItem):
+    """Tick labels with as many digits as the tick spacing needs, in scientific notation when
+    they would need more than five decimals ("2.5e-6", not "0.00000250")."""
+
+    def tickStrings(self, values, scale, spacing):  # noqa: N802 - pyqtgraph override
+        if self.logMode or not spacing:
+            return super().tickStrings(values, scale, spacing)
+        step = spacing * scale
+        places = max(0, math.ceil(-math.log10(step) - 1e-9))
+        biggest = max((abs(v * scale) for v in values), default=0.0)
+        if places <= 5 and biggest < 1e6:
+            return [f"{v * scale:.{places}f}" for v in values]
+        # scientific: the digits that tell neighbouring ticks apart
+        digits = max(1, math.floor(math.log10(biggest or step)) - math.floor(math.log10(step)) + 1)
+        return [_sci(v * scale, digits) if abs(v * scale) > step * 1e-6 else "0" for v in values]
+
+
+def _sci(v: float, digits: int) -> str:
+    mantissa, exponent = f"{v:.{digits - 1}e}".split("e")
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def _plot_widget() -> pg.PlotWidget:
+    return pg.PlotWidget(axisItems={"left": ReadableAxisItem("left"), "bottom": ReadableAxisItem("bottom")})
+
+
 def _style_plot(pw: pg.PlotWidget, title: str, left: str, bottom: str = "step") -> pg.PlotItem:
-    pal = pw.palette()
+    plot = pw.getPlotItem()
+    plot.texts = (title, left, bottom)  # kept to recolour them when the palette changes
+    for name in ("left", "bottom"):
+        plot.getAxis(name).enableAutoSIPrefix(False)  # "0.0002", not "200" with "(x1e-06)" in the label
+    _paint_plot(pw)
+    plot.showGrid(x=True, y=True, alpha=0.2)
+    plot.setDownsampling(auto=True, mode="peak")
+    plot.setClipToView(True)
+    pw.setMinimumSize(120, 90)
+    return plot
+
+
+def _paint_plot(pw: pg.PlotWidget, pal: QPalette | None = None) -> None:
+    """Background, axes, title and axis labels in the palette's colours (`pal`: the plot's own by
+    default; a parent's new palette while a change is still propagating to its children)."""
+    pal = pal or pw.palette()
     text = pal.color(QPalette.WindowText)
     pw.setBackground(pal.color(QPalette.Base))
     plot = pw.getPlotItem()
+    title, left, bottom = plot.texts
     plot.setTitle(title, color=text.name(), size="9pt")
     for name in ("left", "bottom"):
         axis = plot.getAxis(name)
         axis.setPen(pg.mkPen(text))
         axis.setTextPen(pg.mkPen(text))
-        axis.enableAutoSIPrefix(False)  # "0.0002", not "200" with a "(x1e-06)" in the label
     plot.setLabel("left", left, color=text.name())
     plot.setLabel("bottom", bottom, color=text.name())
-    plot.showGrid(x=True, y=True, alpha=0.2)
-    plot.setDownsampling(auto=True, mode="peak")
-    plot.setClipToView(True)
-    pw.setMinimumSize(200, 140)
-    return plot
 
 
 def _legend(pw: pg.PlotWidget, offset: tuple[int, int], columns: int = 1) -> pg.LegendItem:
     """A legend with the palette's text colour on a translucent background (readable over curves)."""
-    pal = pw.palette()
+    legend = pw.getPlotItem().addLegend(offset=offset, labelTextSize="8pt", colCount=columns)
+    _paint_legend(legend, pw.palette(), background=True)
+    return legend
+
+
+def _paint_legend(legend: pg.LegendItem, pal: QPalette, background: bool) -> None:
     text = pal.color(QPalette.WindowText)
-    base = QColor(pal.color(QPalette.Base))
-    base.setAlpha(210)
-    return pw.getPlotItem().addLegend(
-        offset=offset, labelTextSize="8pt", labelTextColor=text, brush=pg.mkBrush(base), colCount=columns
-    )
+    legend.setLabelTextColor(text)
+    for _, label in legend.items:
+        label.setText(label.text)  # setLabelTextColor only takes effect on the next setText
+    if background:
+        base = QColor(pal.color(QPalette.Base))
+        base.setAlpha(215)
+        legend.setBrush(pg.mkBrush(base))
+        border = QColor(text)
+        border.setAlpha(60)
+        legend.setPen(pg.mkPen(border))
+
+
+def legend_names(legend: pg.LegendItem) -> list[str]:
+    """The labels a legend shows, in order (tests, screenshots)."""
+    return [label.text for _, label in legend.items]
+
+
+def ema(
+    y: np.ndarray, weight: float, state: tuple[float, int] = (0.0, 0)
+) -> tuple[np.ndarray, tuple[float, int]]:
+    """Debiased exponential moving average of `y` continuing from `state` (the biased average and
+    the finite points seen); NaN stays NaN. Returns the smoothed values and the new state."""
+    out = np.empty(len(y))
+    last, n = state
+    if weight <= 0.0:
+        return np.asarray(y, dtype=np.float64).copy(), state
+    for i, v in enumerate(np.asarray(y, dtype=np.float64).tolist()):
+        if v != v or v in (math.inf, -math.inf):
+            out[i] = v
+            continue
+        n += 1
+        last = weight * last + (1.0 - weight) * v
+        out[i] = last / (1.0 - weight**n)
+    return out, (last, n)
 
 
 class HeatmapWidget(QWidget):
@@ -118,7 +217,7 @@ class HeatmapWidget(QWidget):
     def __init__(self, title: str, x_title: str, y_title: str, unit: str, parent: QWidget | None = None):
         super().__init__(parent)
         self.unit = unit
-        self.pw = pg.PlotWidget()
+        self.pw = _plot_widget()
         self.plot = _style_plot(self.pw, title, y_title, x_title)
         self.plot.showGrid(x=False, y=False)
         self.plot.invertY(True)
@@ -153,6 +252,16 @@ class HeatmapWidget(QWidget):
         self.y_labels: list[str] = []
         self.pw.scene().sigMouseMoved.connect(self._mouse_moved)
         self.show_placeholder("no data yet")
+
+    def apply_palette(self, pal: QPalette | None = None) -> None:
+        """Recolour for the current palette (the theme changed)."""
+        pal = pal or self.palette()
+        _paint_plot(self.pw, pal)
+        text = pal.color(QPalette.WindowText)
+        self.bar.axis.setTextPen(pg.mkPen(text))
+        self.bar.axis.setPen(pg.mkPen(text))
+        self.bar.axis.setLabel(self.unit, color=text.name())
+        self.placeholder.setColor(text)
 
     def show_placeholder(self, text: str) -> None:
         self.values = None
@@ -231,16 +340,22 @@ def nice_ceil(v: float) -> float:
 class RangeKeeper:
     """Axis limits for a growing curve that change rarely (each change redraws the axis's text):
     x is fixed to [0, total steps] once known; y grows with headroom and shrinks only when the data
-    fill less than a third of it."""
+    fill less than a third of it. A flat series is padded around its value (FLAT_SPAN), so the ticks
+    do not show noise in the tenth digit; with `log_y` the limits are worked out in log10 units."""
 
     def __init__(self, plot: pg.PlotItem):
         self.plot = plot
         plot.disableAutoRange()
         self.x_hi = 0.0
         self.y: tuple[float, float] | None = None
+        self.log_y = False
 
     def reset(self) -> None:
         self.x_hi = 0.0
+        self.y = None
+
+    def set_log(self, log_y: bool) -> None:
+        self.log_y = log_y
         self.y = None
 
     def set_total(self, total: int) -> None:
@@ -255,17 +370,27 @@ class RangeKeeper:
             self.x_hi = float(max(10.0, 2 * x[-1]))
             self.plot.setXRange(0, self.x_hi, padding=0.02)
         finite = y[np.isfinite(y)]
+        if self.log_y:
+            finite = np.log10(finite[finite > 0])
         if not finite.size:
             return
-        lo, hi = float(finite.min()), float(finite.max())
-        span = hi - lo or abs(hi) * 0.1 or 1.0
+        data_lo, data_hi = float(finite.min()), float(finite.max())
+        lo, hi = data_lo, data_hi
+        size = max(abs(lo), abs(hi))
+        least = FLAT_SPAN * size if size > 0 else 1.0
+        if self.log_y:
+            least = 0.2  # decades
+        if hi - lo < least:  # flat: centre it in a range of at least `least`
+            mid = (lo + hi) / 2
+            lo, hi = mid - least / 2, mid + least / 2
+        span = hi - lo
         if self.y is not None:
             ylo, yhi = self.y
-            if ylo <= lo and hi <= yhi and (hi - lo) > (yhi - ylo) / 3:
+            if ylo <= lo and hi <= yhi and span > (yhi - ylo) / 3:
                 return
         head = 0.25 * span
         new_lo = lo - 0.05 * span
-        if lo >= 0 and new_lo < 0:  # non-negative data: start at 0, with a sliver below it
+        if not self.log_y and data_lo >= 0 and new_lo < 0:  # non-negative data: start at 0 (a sliver below)
             new_lo = -0.03 * (hi + head)
         self.y = (new_lo, hi + head)
         self.plot.setYRange(*self.y, padding=0)
@@ -285,7 +410,8 @@ def _fmt(v: float) -> str:
 
 
 class TrainPlotsWidget(QWidget):
-    """All the live plots of a run, in two tabs: Curves, and Layers (& experts for MoE models).
+    """All the live plots of a run, in two tabs: Curves, and Layers (& experts for MoE models),
+    behind a placeholder until the first run starts.
 
     Drawing is split into panels (loss, lr, grad_norm, tokens_per_s, norms, norm_map, experts);
     `add_event` marks panels dirty, and each timer tick (20 Hz) repaints at most `panels_per_tick`
@@ -295,6 +421,7 @@ class TrainPlotsWidget(QWidget):
     """
 
     PANELS = ("loss", "norms", "lr", "grad_norm", "tokens_per_s", "norm_map", "experts")
+    sig_link_activated = Signal(str)  # a link in the placeholder ("page:Dataset")
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -311,13 +438,22 @@ class TrainPlotsWidget(QWidget):
         self.expert_total: np.ndarray | None = None
         self.expert_latest: np.ndarray | None = None
         self.expert_steps = (0, 0)  # first and last step summed into expert_total
+        self.has_validation = False
+        self.smoothing = DEFAULT_SMOOTHING
+        self._smooth = Series()  # the EMA of the training loss, as far as it was computed
+        self._smooth_state: tuple[float, int] = (0.0, 0)
         self._dirty: set[str] = set()
         self._turn = 0  # round-robin start among the panels
 
-        self.loss_pw = pg.PlotWidget()
+        self.loss_pw = _plot_widget()
         self.loss_plot = _style_plot(self.loss_pw, "Loss (mean cross-entropy)", "loss")
-        _legend(self.loss_pw, offset=(-10, 10))
-        self.train_curve = self.loss_plot.plot(name="training", pen=pg.mkPen(COLORS[0], width=1.5))
+        self.loss_legend = _legend(self.loss_pw, offset=(-10, 10))
+        # the raw training loss, faint under its smoothed curve (not in the legend)
+        faint = QColor(COLORS[0])
+        faint.setAlpha(70)
+        self.train_raw_curve = self.loss_plot.plot(pen=pg.mkPen(faint, width=1))
+        self.loss_plot.legend.removeItem(self.train_raw_curve)
+        self.train_curve = self.loss_plot.plot(name="training", pen=pg.mkPen(COLORS[0], width=2))
         self.val_curve = self.loss_plot.plot(
             name="validation",
             pen=pg.mkPen(COLORS[1], width=1.5),
@@ -326,30 +462,49 @@ class TrainPlotsWidget(QWidget):
             symbolBrush=COLORS[1],
             symbolPen=None,
         )
-        self.lr_pw = pg.PlotWidget()
+        self.loss_legend.removeItem(self.val_curve)  # shown once the run has a validation split
+        self.lr_pw = _plot_widget()
         self.lr_plot = _style_plot(self.lr_pw, "Learning rate", "lr")
         self.lr_curve = self.lr_plot.plot(pen=pg.mkPen(COLORS[2], width=1.5))
-        self.gn_pw = pg.PlotWidget()
-        self.gn_plot = _style_plot(self.gn_pw, "Gradient norm (before clipping)", "‖g‖")
+        self.gn_pw = _plot_widget()
+        self.gn_plot = _style_plot(self.gn_pw, "Gradient norm", "‖g‖")
         self.gn_curve = self.gn_plot.plot(pen=pg.mkPen(COLORS[3], width=1.5))
-        self.tps_pw = pg.PlotWidget()
+        self.tps_pw = _plot_widget()
         self.tps_plot = _style_plot(self.tps_pw, "Throughput", "tokens/s")
         self.tps_curve = self.tps_plot.plot(pen=pg.mkPen(COLORS[4], width=1.5))
-        self.norms_pw = pg.PlotWidget()
+        self.norms_pw = _plot_widget()
         self.norms_plot = _style_plot(self.norms_pw, "LoRA ‖ΔW‖ per tensor kind", "‖ΔW‖_F")
         # one curve per tensor kind: up to 14 entries, so the legend goes under the plot, not over it
-        pal = self.norms_pw.palette()
-        self.norms_legend = pg.LegendItem(
-            labelTextSize="8pt", labelTextColor=pal.color(QPalette.WindowText), colCount=3, horSpacing=10
-        )
+        self.norms_legend = pg.LegendItem(labelTextSize="8pt", colCount=3, horSpacing=10)
+        _paint_legend(self.norms_legend, self.norms_pw.palette(), background=False)
         self.norms_plot.layout.addItem(self.norms_legend, 5, 1)
+        self.norms_pw.installEventFilter(self)  # its legend's columns follow its width
         self.norms_plot.legend = self.norms_legend  # plot(name=...) adds its curve here
+        self.norms_legend_over = False  # the legend is over the plot (a short plot), not under it
+        for pw, tip in (
+            (self.loss_pw, "Mean cross-entropy of each step's trained tokens (smoothed; raw values faint) "
+                           "and, with a validation split, of the held-out samples at each evaluation."),
+            (self.lr_pw, "Learning rate of each step (warm-up, then the schedule's decay)."),
+            (self.gn_pw, "Global norm of the gradient of each step, before clipping (Max gradient norm)."),
+            (self.tps_pw, "Sample tokens processed per second in each step."),
+            (self.norms_pw, "Frobenius norm of each tensor kind's LoRA update ΔW = B·A·alpha/r, "
+                            "over the layers."),
+        ):  # fmt: skip
+            pw.setToolTip(tip)
         self.step_curves = {
-            "loss": self.train_curve,
+            "loss": self.train_raw_curve,
             "lr": self.lr_curve,
             "grad_norm": self.gn_curve,
             "tokens_per_s": self.tps_curve,
         }
+        # the curve that shows a series' points as markers while it has fewer than two, and its colour
+        self.marked_curves = {
+            "loss": (self.train_curve, COLORS[0]),
+            "lr": (self.lr_curve, COLORS[2]),
+            "grad_norm": (self.gn_curve, COLORS[3]),
+            "tokens_per_s": (self.tps_curve, COLORS[4]),
+        }
+        self.kind_colors: dict[str, str] = {}
         self.ranges = {
             "loss": RangeKeeper(self.loss_plot),
             "lr": RangeKeeper(self.lr_plot),
@@ -392,14 +547,60 @@ class TrainPlotsWidget(QWidget):
         lg.addWidget(self.norm_map, 0, 0)
         lg.addWidget(expert_panel, 0, 1)
 
+        # loss display: smoothing and log scale, in the tab bar's corner (no height taken)
+        self.smoothing_combo = QComboBox()
+        for name in SMOOTHING:
+            self.smoothing_combo.addItem(name, name)
+        self.smoothing_combo.setCurrentIndex(self.smoothing_combo.findData(DEFAULT_SMOOTHING))
+        self.smoothing_combo.setToolTip(
+            "Smoothing of the training-loss curve: an exponential moving average (weights "
+            + ", ".join(f"{k} {v:g}" for k, v in SMOOTHING.items())
+            + "); the raw losses stay as a faint line. Default: light."
+        )
+        self.smoothing_combo.currentIndexChanged.connect(
+            lambda i: self.set_smoothing(self.smoothing_combo.itemData(i))
+        )
+        self.log_box = QCheckBox("Log scale")
+        self.log_box.setToolTip(
+            "Show the loss on a logarithmic axis (small late changes stay visible). Default: off."
+        )
+        self.log_box.toggled.connect(self.set_log_loss)
+        corner = QWidget()
+        cl = QHBoxLayout(corner)
+        cl.setContentsMargins(0, 0, 4, 0)
+        cl.setSpacing(4)
+        smoothing_label = QLabel("Loss smoothing:")
+        smoothing_label.setToolTip(self.smoothing_combo.toolTip())
+        cl.addWidget(smoothing_label)
+        cl.addWidget(self.smoothing_combo)
+        cl.addWidget(self.log_box)
+        self.loss_options = corner
+
         self.tabs = QTabWidget()
         self.tabs.setDocumentMode(True)
         self.tabs.addTab(curves, "Curves")
         self.tabs.addTab(layers, "Layers && experts")
+        self.tabs.setCornerWidget(corner, Qt.TopRightCorner)
         self.tabs.currentChanged.connect(self._tab_changed)
+
+        # before the first run: what to do, in place of empty plots
+        self.placeholder = QLabel()
+        self.placeholder.setObjectName("plotsPlaceholder")
+        self.placeholder.setWordWrap(True)
+        self.placeholder.setAlignment(Qt.AlignCenter)
+        self.placeholder.setTextFormat(Qt.RichText)
+        self.placeholder.setTextInteractionFlags(Qt.TextBrowserInteraction)
+        self.placeholder.setOpenExternalLinks(False)
+        self.placeholder.linkActivated.connect(self.sig_link_activated)
+        self.placeholder.setMargin(16)
+        self.placeholder.setMinimumSize(120, 90)
+        self.stack = QStackedWidget()
+        self.stack.addWidget(self.placeholder)
+        self.stack.addWidget(self.tabs)
+        self.stack.setCurrentWidget(self.tabs)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.tabs)
+        layout.addWidget(self.stack)
 
         self.panel_widgets = {
             "loss": self.loss_pw,
@@ -415,6 +616,77 @@ class TrainPlotsWidget(QWidget):
         self.timer.timeout.connect(self.redraw)
         self.panel_draws = 0  # panels drawn so far (tests, diagnostics)
         self.set_moe(0)
+
+    # --- placeholder ------------------------------------------------------------------------
+    def show_placeholder(self, html: str) -> None:
+        """Show `html` (links emit sig_link_activated) instead of the plots."""
+        self.placeholder.setText(html)
+        self.stack.setCurrentWidget(self.placeholder)
+
+    def show_plots(self) -> None:
+        self.stack.setCurrentWidget(self.tabs)
+
+    @property
+    def placeholder_shown(self) -> bool:
+        return self.stack.currentWidget() is self.placeholder
+
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt override
+        if watched is self.norms_pw and event.type() == QEvent.Resize:
+            self._fit_norms_legend()
+        return super().eventFilter(watched, event)
+
+    def _fit_norms_legend(self) -> None:
+        """Fit the legend of the LoRA-norm curves to the plot's size: under the plot, in as many
+        columns as its width takes (1 to 4); over the plot's top left corner, on a translucent
+        background, when the plot is too short to give a legend of its own rows (a 1024x640 window),
+        so that the curves keep their height and no entry is cut."""
+        pw, legend = self.norms_pw, self.norms_legend
+        width, short = pw.width(), pw.height() < NORMS_LEGEND_UNDER_MIN_HEIGHT
+        size = "7pt" if width < 420 or short else "8pt"
+        if legend.opts["labelTextSize"] != size:
+            legend.setLabelTextSize(size)
+            for _, label in legend.items:
+                label.setText(label.text, size=size)
+        if short != self.norms_legend_over:
+            self.norms_legend_over = short
+            if short:
+                self.norms_plot.layout.removeItem(legend)
+                legend.setParentItem(self.norms_plot.vb)  # its top left corner stays at the view's
+            else:
+                legend.setParentItem(self.norms_plot)
+                self.norms_plot.layout.addItem(legend, 5, 1)
+            _paint_legend(legend, pw.palette(), background=short)
+            if not short:
+                legend.setBrush(pg.mkBrush(None))
+                legend.setPen(pg.mkPen(None))
+        widest = max((label.item.boundingRect().width() for _, label in legend.items), default=60.0)
+        per_column = widest + 20 + 10  # the sample, the spacing
+        room = (width - 80) if short else width - 24  # over the plot: not over its axis
+        columns = max(1, min(4, int(room // per_column)))
+        if columns != legend.columnCount:
+            legend.setColumnCount(columns)
+        else:
+            legend.updateSize()
+        if short:
+            legend.setPos(4, 2)  # (updateSize puts it at the parent's origin)
+
+    # --- palette ----------------------------------------------------------------------------
+    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        if event.type() == QEvent.PaletteChange:
+            self.apply_palette()
+        super().changeEvent(event)
+
+    def apply_palette(self) -> None:
+        """Recolour every plot, legend and heatmap for the current palette (the theme changed).
+        Called on this widget's PaletteChange, before its children have the new palette: they are
+        painted with this widget's."""
+        pal = self.palette()
+        for pw in (self.loss_pw, self.lr_pw, self.gn_pw, self.tps_pw, self.norms_pw):
+            _paint_plot(pw, pal)
+        _paint_legend(self.loss_legend, pal, background=True)
+        _paint_legend(self.norms_legend, pal, background=self.norms_legend_over)
+        self.norm_map.apply_palette(pal)
+        self.expert_map.apply_palette(pal)
 
     # --- model ------------------------------------------------------------------------------
     def set_model_shape(self, n_layers: int | None, n_experts: int) -> None:
@@ -435,6 +707,53 @@ class TrainPlotsWidget(QWidget):
         for keeper in self.ranges.values():
             keeper.set_total(total)
 
+    def set_validation(self, on: bool) -> None:
+        """Name the validation curve in the legend (the run has a validation split) or not."""
+        if on == self.has_validation:
+            return
+        self.has_validation = on
+        if on:
+            self.loss_legend.addItem(self.val_curve, "validation")
+            _paint_legend(self.loss_legend, self.loss_pw.palette(), background=True)
+        else:
+            self.loss_legend.removeItem(self.val_curve)
+
+    # --- loss display -----------------------------------------------------------------------
+    def set_smoothing(self, name: str) -> None:
+        """EMA smoothing of the training loss: a key of SMOOTHING."""
+        if name not in SMOOTHING:
+            raise ValueError(f"smoothing must be one of {', '.join(SMOOTHING)}, got {name!r}")
+        self.smoothing = name
+        i = self.smoothing_combo.findData(name)
+        if self.smoothing_combo.currentIndex() != i:
+            self.smoothing_combo.setCurrentIndex(i)
+        self._smooth.clear()
+        self._smooth_state = (0.0, 0)
+        self._dirty.add("loss")
+        self.redraw(everything=True)
+
+    def set_log_loss(self, on: bool) -> None:
+        """The loss on a log10 axis."""
+        if self.log_box.isChecked() != on:
+            self.log_box.setChecked(on)
+        self.loss_plot.setLogMode(y=on)
+        self.ranges["loss"].set_log(on)
+        self._dirty.add("loss")
+        self.redraw(everything=True)
+
+    def smoothed_loss(self) -> tuple[np.ndarray, np.ndarray]:
+        """(steps, smoothed training loss) as far as the raw series goes."""
+        x, y = self.step_series["loss"].view()
+        if self._smooth.n > len(x):  # the series was cut (a resume): start again
+            self._smooth.clear()
+            self._smooth_state = (0.0, 0)
+        done = self._smooth.n
+        if done < len(x):
+            values, self._smooth_state = ema(y[done:], SMOOTHING[self.smoothing], self._smooth_state)
+            for xi, vi in zip(x[done:], values, strict=True):
+                self._smooth.append(xi, vi)
+        return self._smooth.view()
+
     # --- data -------------------------------------------------------------------------------
     def clear(self) -> None:
         for s in self.step_series.values():
@@ -444,9 +763,13 @@ class TrainPlotsWidget(QWidget):
             s.clear()
         for keeper in self.ranges.values():
             keeper.reset()
+        self._smooth.clear()
+        self._smooth_state = (0.0, 0)
         self.latest_norms = None
         self.expert_total = self.expert_latest = None
         self.expert_steps = (0, 0)
+        self.total_steps = 0
+        self.set_validation(False)
         self.norm_map.show_placeholder("no data yet")
         self.set_moe(self.n_experts)
         self._dirty = {"loss", "lr", "grad_norm", "tokens_per_s", "norms"}
@@ -456,6 +779,8 @@ class TrainPlotsWidget(QWidget):
         """A run resuming at `step`: forget later points of an earlier attempt."""
         for s in (*self.step_series.values(), self.val_series, *self.kind_series.values()):
             s.truncate_after(step)
+        self._smooth.clear()
+        self._smooth_state = (0.0, 0)
         self._dirty |= {"loss", "lr", "grad_norm", "tokens_per_s", "norms"}
 
     def add_event(self, event: object) -> None:
@@ -489,14 +814,17 @@ class TrainPlotsWidget(QWidget):
             self._dirty.add("experts")
         elif isinstance(event, Eval):
             self.val_series.append(event.step, event.mean_ce)
+            self.set_validation(True)
             self._dirty.add("loss")
         elif isinstance(event, Started):
             self.truncate_after(event.plan.start_step)
             self.set_total_steps(event.plan.total_steps)
+            self.set_validation(event.plan.n_val > 0)
 
     # --- drawing ----------------------------------------------------------------------------
     def start(self) -> None:
         self._draining = False
+        self.show_plots()
         self.timer.start()
 
     def stop(self) -> None:
@@ -536,27 +864,55 @@ class TrainPlotsWidget(QWidget):
             self._draw(panel)
             self.panel_draws += 1
 
+    @staticmethod
+    def _mark(curve: pg.PlotDataItem, n: int, color: str) -> None:
+        """Markers while a curve has fewer than two points (a line of one point is invisible)."""
+        want = "o" if n < 2 else None
+        if curve.opts.get("symbol") != want:
+            if want:
+                curve.setSymbol(want)
+                curve.setSymbolSize(7)
+                curve.setSymbolBrush(pg.mkBrush(color))
+                curve.setSymbolPen(None)
+            else:
+                curve.setSymbol(None)
+
     def _draw(self, panel: str) -> None:
         if panel in self.step_curves:
             x, y = self.step_series[panel].view()
-            self.step_curves[panel].setData(x, y)
             if panel == "loss":
+                sx, sy = self.smoothed_loss()
+                smoothing = SMOOTHING[self.smoothing] > 0
+                self.train_curve.setData(sx, sy)
+                self.train_raw_curve.setData(x, y)
+                self.train_raw_curve.setVisible(smoothing)
+                self._mark(self.train_curve, len(x), COLORS[0])
                 vx, vy = self.val_series.view()
                 self.val_curve.setData(vx, vy)
                 if len(vy):
                     y = np.concatenate([y, vy])
+            else:
+                self.step_curves[panel].setData(x, y)
+                curve, color = self.marked_curves[panel]
+                self._mark(curve, len(x), color)
             self.ranges[panel].fit(x, y)
         elif panel == "norms":
             ys = []
+            added = False
             for kind in sorted(self.kind_series, key=kind_sort_key):
                 curve = self.kind_curves.get(kind)
                 if curve is None:
-                    color = COLORS[len(self.kind_curves) % len(COLORS)]
+                    color = self.kind_colors[kind] = COLORS[len(self.kind_curves) % len(COLORS)]
                     curve = self.norms_plot.plot(name=short_kind(kind), pen=pg.mkPen(color, width=1.5))
                     self.kind_curves[kind] = curve
+                    added = True
                 x, y = self.kind_series[kind].view()
                 curve.setData(x, y)
+                self._mark(curve, len(x), self.kind_colors[kind])
                 ys.append(y)
+            if added:
+                _paint_legend(self.norms_legend, self.norms_pw.palette(), background=self.norms_legend_over)
+                self._fit_norms_legend()
             if ys:
                 self.ranges["norms"].fit(x, np.concatenate(ys))
         elif panel == "norm_map" and self.latest_norms is not None:
@@ -605,6 +961,7 @@ class TrainPlotsWidget(QWidget):
         self.expert_map.set_caption(f"{what} (hover a cell for its count)")
 
     def _tab_changed(self, _index: int) -> None:
+        self.loss_options.setVisible(self.tabs.currentIndex() == 0)
         if not self.timer.isActive():  # no run: draw the newly shown panels now
             self.redraw(everything=True, visible_only=True)
 
@@ -614,14 +971,24 @@ class TrainPlotsWidget(QWidget):
     # --- reading back (tests, screenshots) --------------------------------------------------
     def curve_data(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The full data each curve was given (before clipping and downsampling), by name:
-        loss, lr, grad_norm, tokens_per_s, val, and norm:<kind> per tensor kind."""
-        curves = {**self.step_curves, "val": self.val_curve}
+        loss (raw), loss_smoothed, lr, grad_norm, tokens_per_s, val, and norm:<kind> per tensor kind."""
+        curves = {**self.step_curves, "loss_smoothed": self.train_curve, "val": self.val_curve}
         curves.update({f"norm:{short_kind(k)}": c for k, c in self.kind_curves.items()})
         out = {}
         for name, c in curves.items():
             x, y = c.getOriginalDataset()
-            out[name] = (np.asarray(x if x is not None else []), np.asarray(y if y is not None else []))
+            out[name] = (np.array(x if x is not None else []), np.array(y if y is not None else []))  # copies
         return out
 
 
-__all__ = ["HeatmapWidget", "Series", "TrainPlotsWidget", "kind_sort_key", "short_kind"]
+__all__ = [
+    "SMOOTHING",
+    "HeatmapWidget",
+    "ReadableAxisItem",
+    "Series",
+    "TrainPlotsWidget",
+    "ema",
+    "kind_sort_key",
+    "legend_names",
+    "short_kind",
+]

@@ -379,7 +379,9 @@ def test_export_page_checks_writes_and_verifies_inline_and_opens_the_dialog(qtbo
     page.out_edit.setText(str(tmp_path / "x.gguf"))
     page.export()
     qtbot.waitUntil(lambda: "Export failed" in page.result_label.text(), timeout=TIMEOUT_MS)
-    assert "the adapter is for 'llama'" in page.result_label.text() and not (tmp_path / "x.gguf").exists()
+    # named from the adapter's header before anything is read or written: the page's banner said it first
+    assert "made for another model" in page.banner.text() and "for a llama model" in page.banner.text()
+    assert "for a llama model" in page.result_label.text() and not (tmp_path / "x.gguf").exists()
     page.set_adapter(files.adapter)
     page.type_combo.setCurrentIndex(page.type_combo.findData("F16"))
     out = tmp_path / "page.f16.gguf"
@@ -399,5 +401,70 @@ def test_export_page_checks_writes_and_verifies_inline_and_opens_the_dialog(qtbo
         dlg.export()
     qtbot.waitUntil(lambda: dlg.verify_report is not None and not dlg.is_busy(), timeout=TIMEOUT_MS)
     assert "Wrote" in page.result_label.text()
+    dlg.close()
+    qtbot.waitUntil(lambda: not engine.jobs, timeout=TIMEOUT_MS)
+
+
+def _run(folder, name, base, adapter, status="finished", done=10):
+    """A run record whose adapter is a copy of `adapter`, as the Train page lays them out."""
+    out = folder / f"{name}.gguf"
+    shutil.copy(adapter, out)
+    rec = engine.RunRecord(
+        name=name, model=base, status=status, steps_done=done, steps_planned=10, adapter=str(out)
+    )
+    rec.write(str(folder / f"{name}-checkpoints" / "run.json"))
+    return rec
+
+
+def test_export_page_defaults_to_the_latest_finished_run_and_offers_what_to_do_next(
+    qtbot, engine, files, tmp_path
+):
+    from PySide6.QtCore import QSettings, Qt
+    from PySide6.QtGui import QGuiApplication
+
+    from studio.pages.export.result import llama_cli_command
+
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    finished = _run(runs, "finished-run", files.base, files.adapter)
+    _run(runs, "stopped-run", files.base, files.adapter, status="stopped", done=2)  # newer, stopped
+    project = Project()
+    project.update(model_path=files.base, output_dir=str(runs))
+    page = ExportPage(project, engine, settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat))
+    qtbot.addWidget(page)
+    page.set_model_info(ModelInfo.read(files.base))
+    page.show()
+    assert page.adapter_path() == finished.adapter  # a stopped run never replaces a finished one
+    assert page.adapter_choice.current_label().startswith("Latest finished: finished-run")
+    assert any(
+        label.startswith("stopped-run — stopped at step 2") for label, _, _ in page.adapter_choice.entries()
+    )
+    # one primary action; the dialog is "More options…"
+    assert page.export_button.isDefault() and page.export_button.font().bold()
+    assert page.dialog_button.text() == "More options…" and page.result.isHidden()
+    with qtbot.waitSignal(page.sig_exported, timeout=TIMEOUT_MS) as sig:
+        qtbot.mouseClick(page.export_button, Qt.LeftButton)
+    out = sig.args[0]
+    assert out == str(runs / "finished-run.f32.gguf") and os.path.isfile(out)
+    result = page.result
+    assert result.isVisible() and result.command() == f"llama-cli -m {files.base} --lora {out}"
+    opened, copied = [], []
+    result.open_url = opened.append
+    result.sig_copied.connect(copied.append)
+    qtbot.mouseClick(result.open_button, Qt.LeftButton)
+    assert opened[0].toLocalFile() == str(runs)
+    qtbot.mouseClick(result.copy_path_button, Qt.LeftButton)
+    qtbot.mouseClick(result.copy_command_button, Qt.LeftButton)
+    assert copied == [out, result.command()] and QGuiApplication.clipboard().text() == result.command()
+    assert (
+        llama_cli_command("/m/merged model.gguf", "/m/base.gguf", True)
+        == "llama-cli -m '/m/merged model.gguf'"
+    )
+    # the dialog lists the runs too, and shows the same offer after its export
+    dlg = page.open_dialog()
+    items = [dlg.source_combo.itemText(i) for i in range(dlg.source_combo.count())]
+    assert items[0] == "Current adapter · finished-run.gguf" and any(
+        t.startswith("Run · stopped-run") for t in items
+    )
     dlg.close()
     qtbot.waitUntil(lambda: not engine.jobs, timeout=TIMEOUT_MS)

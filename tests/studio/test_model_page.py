@@ -63,3 +63,24 @@ def test_device_choice_offers_cpu_and_explains_missing_gpu(qtbot, engine):
         if not d.usable:
             i = next(i for i, t in enumerate(texts) if d.name in t)
             assert d.reason in texts[i] and not page.device_combo.model().item(i).isEnabled()
+
+
+def test_another_model_replaces_every_fact_of_the_old_one(qtbot, engine, synth_model):
+    project = Project()
+    page = ModelPage(project, engine)
+    qtbot.addWidget(page)
+    with qtbot.waitSignal(page.sig_model_opened, timeout=20_000):
+        page.open_path(DEMO_MODEL)
+    dense_memory = page.memory_label.text()
+    moe = synth_model("qwen3moe", L=2)
+    with qtbot.waitSignal(page.sig_model_opened, timeout=20_000) as opened:
+        page.open_path(moe)
+    assert opened.args[0].path == moe and page.info is opened.args[0] and project.model_path == moe
+    assert page.path_label.text() == moe
+    assert page.fact_labels["Architecture"].text().startswith("qwen3moe")
+    assert "2 layers" in page.fact_labels["Layers"].text()
+    assert "experts" in page.fact_labels["Feed-forward"].text()
+    kinds = {page.kinds.item(r, 0).text() for r in range(page.kinds.rowCount())}
+    assert "ffn_up_exps.weight" in kinds and "ffn_up.weight" not in kinds  # none of the old rows left
+    assert page.kinds.rowCount() == len(opened.args[0].summary.kinds)
+    assert page.memory_label.text() != dense_memory and page.error_label.isHidden()

@@ -9,20 +9,27 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtGui import QAction
+from PySide6.QtWidgets import QApplication, QHBoxLayout, QListWidget, QMainWindow, QWidget
 
-from engine import RoundResult, TargetSpec, load_jsonl
+from engine import Preview, RoundResult, RunRecord, TargetSpec, load_jsonl, lora_shapes, write_adapter
 from studio.pages.rewards.cards import AnswerCardWidget
-from studio.pages.rewards.page import RewardsPage
-from studio.pages.rewards.panels import PromptPickerDialog, dataset_prompts, word_diff_html
+from studio.pages.rewards.page import NEW_ADAPTER, RewardsPage
+from studio.pages.rewards.panels import DiagnosticsWidget, PromptPickerDialog, dataset_prompts, word_diff_html
 from studio.project import ModelInfo, Project
 from studio.resources import DEMO_DATASET, DEMO_MODEL
 
 TIMEOUT_MS = 20_000
-PROMPT = "What color is the sky?"
+PROMPT = "Tell me a fact."  # the demo model answers it variously (the sky: always "The sky is blue.")
+SAME_PROMPT = "What color is the sky?"
 SHOTS = Path(os.environ.get("TUNE_STUDIO_SHOTS") or "/tmp/shots_rewards")
+SMALL = (
+    1024 - 170,
+    640 - 110,
+)  # the page's room in a 1024x640 window (navigation, menu, first-steps strip, status bar)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +44,7 @@ def page(qtbot, engine, tmp_path, demo_info) -> RewardsPage:
         model_path=str(DEMO_MODEL), dataset_path=str(DEMO_DATASET), output_dir=str(tmp_path / "out")
     )
     project.update_config(targets=TargetSpec(preset="all"), rank=8, alpha=16.0)
-    page = RewardsPage(project, engine)
+    page = RewardsPage(project, engine, settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat))
     qtbot.addWidget(page)
     page.set_model_info(demo_info)
     page.resize(1280, 800)
@@ -330,7 +337,7 @@ def test_save_adapter_and_prompts_from_the_dataset(qtbot, page, tmp_path):
     qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
     assert saved.args[0].endswith("rewards.gguf") and os.path.isfile(saved.args[0])
     assert "Adapter saved" in page.banner_text()
-    assert "1</b> step" in page.adapter_label.text()
+    assert "from your ratings: <b>1</b>" in page.adapter_label.text()
 
 
 def test_screenshots(qtbot, page):
@@ -366,3 +373,210 @@ def test_screenshots(qtbot, page):
     qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
     qtbot.wait(100)
     assert page.grab().save(str(SHOTS / "rewards_side_by_side.png"))
+
+
+# --- the keyboard loop --------------------------------------------------------------------------
+
+
+def test_tab_and_arrows_move_card_to_card_in_order_and_wrap(qtbot, page):
+    generate(qtbot, page)
+    assert focused_card(page).index == 0
+    for expected in (1, 2, 3, 0):  # Tab: the next card in order, round to the first
+        qtbot.keyClick(focused_card(page), Qt.Key_Tab)
+        assert focused_card(page).index == expected
+    qtbot.keyClick(focused_card(page), Qt.Key_Backtab)
+    assert focused_card(page).index == 3  # Shift+Tab wraps back to the last
+    qtbot.keyClick(focused_card(page), Qt.Key_Left)
+    assert focused_card(page).index == 2
+    qtbot.keyClick(focused_card(page), Qt.Key_Right)
+    assert focused_card(page).index == 3
+    assert "next unrated answer by itself" in page.keys_label.text() and "Tab" in page.keys_label.text()
+
+
+def test_rating_keys_never_reach_the_window(qtbot, page):
+    """The window's page list takes a digit as a jump to its page ("4  Train"); a shortcut may be a
+    plain key: neither may see a key pressed on the cards, not even while a round is generating."""
+    window = QMainWindow()
+    qtbot.addWidget(window)
+    nav = QListWidget()
+    nav.addItems([f"{i + 1}  {n}" for i, n in enumerate(("Model", "Dataset", "Targets", "Train", "Rewards"))])
+    nav.setCurrentRow(4)
+    fired = []
+    for key in ("4", "S", "E", "]"):
+        action = QAction(key, window)
+        action.setShortcut(key)
+        action.triggered.connect(lambda _=False, key=key: fired.append(key))
+        window.addAction(action)
+    central = QWidget()
+    row = QHBoxLayout(central)
+    row.addWidget(nav)
+    row.addWidget(page, 1)
+    window.setCentralWidget(central)
+    window.resize(1280, 800)
+    window.show()
+    qtbot.waitExposed(window)
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow, timeout=2000)
+    generate(qtbot, page)
+    rate_keys(qtbot, page, "4444")  # the last card rated: the focus stays on it
+    assert nav.currentRow() == 4 and not fired and page.session.ratings == [0.5] * 4
+    card = focused_card(page)
+    for key in (Qt.Key_7, Qt.Key_S, Qt.Key_BracketRight, Qt.Key_Tab, Qt.Key_Tab):
+        qtbot.keyClick(QApplication.focusWidget(), key)
+    assert nav.currentRow() == 4 and not fired and isinstance(QApplication.focusWidget(), AnswerCardWidget)
+    # the next round from a card: the cards are off meanwhile, the keys pressed then are still theirs
+    page.prompt_edit.setPlainText(PROMPT)
+    card.setFocus()
+    with qtbot.waitSignal(page.sig_generated, timeout=TIMEOUT_MS):
+        assert page.generate()  # the answers come from the event loop: the keys below are pressed before
+        assert page.busy and QApplication.focusWidget() is page.grid
+        for key in (Qt.Key_4, Qt.Key_2, Qt.Key_Tab, Qt.Key_S):
+            qtbot.keyClick(QApplication.focusWidget(), key)
+        assert QApplication.focusWidget() is page.grid and nav.currentRow() == 4 and not fired
+    qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
+    qtbot.waitUntil(lambda: isinstance(QApplication.focusWidget(), AnswerCardWidget), timeout=2000)
+    with qtbot.waitSignal(page.sig_generated, timeout=TIMEOUT_MS):  # Ctrl+Enter on a card: Generate
+        qtbot.keyClick(focused_card(page), Qt.Key_Return, Qt.ControlModifier)
+    qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
+    assert nav.currentRow() == 4 and not fired
+    window.takeCentralWidget()
+    page.setParent(None)
+
+
+def test_identical_answers_are_marked_and_the_missing_signal_explained(qtbot, page):
+    answers = generate(qtbot, page, prompt=SAME_PROMPT)
+    assert len({a.text for a in answers}) == 1  # the demo model always says "The sky is blue."
+    c0 = page.cards[0]
+    assert c0.same_label.isVisible() and c0.same_label.text() == "same as answers 2, 3 and 4"
+    assert page.cards[1].same_label.text() == "same as answers 1, 3 and 4"
+    warning = page.diagnostics.warning
+    assert warning.isVisible() and "all 4 answers are the same text" in warning.text()
+    rate_keys(qtbot, page, "51")
+    assert "all 4 answers are the same text" in warning.text()  # still the reason, whatever the ratings
+
+
+def _preview(weights, ratings):
+    rated = [r for r in ratings if r is not None]
+    mean = sum(rated) / len(rated) if rated else None
+    equal = len(set(rated)) <= 1
+    return Preview(len(rated), mean, 0.0 if equal else 0.5, tuple(weights), equal, "")
+
+
+def test_diagnostics_explain_equal_ratings_and_answers_that_cancel(qtbot):
+    d = DiagnosticsWidget()
+    qtbot.addWidget(d)
+    d.resize(260, 500)
+    d.show()
+    states = ["rated", "rated", "rated", "unrated"]
+    d.set_same_answers([[0], [1], [2], [3]], 4)
+    d.set_preview(_preview([0, 0, 0, None], [0.5, 0.5, 0.5, None]), "group", states, [0.5, 0.5, 0.5, None])
+    text = d.warning.text()
+    assert "all 3 rated answers got the same rating (+0.50)" in text and "rating minus the mean" in text
+    d.set_preview(_preview([0, 0, 0, None], [0.5, 0.5, 0.5, None]), "weighted", states, [0.5, 0.5, 0.5, None])
+    assert "weights relative to each other" in d.warning.text()
+    # answers 1 and 3 are one text rated differently: their pulls cancel out
+    d.set_same_answers([[0, 2], [1], [3]], 4)
+    ratings = [1.0, 0.0, -1.0, None]
+    d.set_preview(_preview([1.2, 0, -1.2, None], ratings), "group", states, ratings)
+    assert (
+        d.warning.isVisible()
+        and "Answers 1 and 3 are the same text but rated differently" in d.warning.text()
+    )
+    d.set_same_answers([[0], [1], [2], [3]], 4)
+    d.set_preview(_preview([1.2, 0, -1.2, None], ratings), "group", states, ratings)
+    assert d.warning.isHidden()
+
+
+def test_the_steps_line_says_what_it_counts(qtbot, page):
+    generate(qtbot, page)
+    assert page.adapter_label.text().startswith(
+        "Optimizer steps taken on this page from your ratings: <b>0</b>"
+    )
+
+
+# --- the adapter to continue ------------------------------------------------------------------------
+
+
+def demo_adapter(path, info, arch="llama") -> str:
+    rng = np.random.default_rng(0)
+    pairs = {}
+    for name in ("blk.0.attn_q.weight", "blk.1.attn_v.weight"):
+        a, b = lora_shapes(name, info.tensors[name].shape, 4)
+        pairs[name] = (rng.normal(0, 0.3, a).astype(np.float32), rng.normal(0, 0.01, b).astype(np.float32))
+    return write_adapter(path, arch, pairs, alpha=8.0)
+
+
+def write_run(folder, name, model, info, status="finished", done=10) -> RunRecord:
+    out = os.path.join(folder, f"{name}.gguf")
+    os.makedirs(folder, exist_ok=True)
+    demo_adapter(out, info)
+    rec = RunRecord(name=name, model=model, status=status, steps_done=done, steps_planned=10, adapter=out)
+    rec.write(os.path.join(folder, f"{name}-checkpoints", "run.json"))
+    return rec
+
+
+def test_the_adapter_to_continue_is_the_latest_finished_run_of_the_model(qtbot, page, demo_info, tmp_path):
+    out = page.project.output_folder()
+    assert page.start_adapter is None and page.adapter_choice.current_data() == NEW_ADAPTER  # no run yet
+    finished = write_run(out, "finished-run", demo_info.path, demo_info)
+    write_run(out, "stopped-run", demo_info.path, demo_info, status="stopped", done=2)  # newer, stopped
+    write_run(out, "other-model-run", str(tmp_path / "other.gguf"), demo_info)
+    page.refresh_runs()
+    assert page.start_adapter == finished.adapter  # a stopped run never replaces a finished one
+    assert page.adapter_choice.current_label().startswith("Latest finished: finished-run")
+    entries = {label: enabled for label, _, enabled in page.adapter_choice.entries()}
+    other = [label for label in entries if "other-model-run" in label]
+    assert other and not entries[other[0]]  # listed, not selectable
+    assert "continues <b>finished-run.gguf</b>" in page.adapter_label.text()
+    # a round continues it; the reward-tuned adapter becomes a run of its own, labelled so
+    generate(qtbot, page)
+    assert page.session_start == finished.adapter
+    rate_keys(qtbot, page, "51")
+    with qtbot.waitSignal(page.sig_round_applied, timeout=TIMEOUT_MS):
+        page.apply()
+    qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
+    labels = [label for label, _, _ in page.adapter_choice.entries()]
+    assert any(label.startswith("Reward-tuned: rating rounds") for label in labels)
+    assert page.adapter_choice.current_path() == finished.adapter  # the session's own, kept by the refresh
+    # another model: the session ends and the choice follows the model (none of its runs: a new adapter)
+    page.set_model_info(None)
+    page.project.update(model_path=str(tmp_path / "other.gguf"))
+    page.refresh_runs()
+    assert page.session is None and page.adapter_choice.current_label().startswith(
+        "Latest finished: other-model"
+    )
+
+
+def test_an_adapter_for_another_model_is_named_before_it_loads(qtbot, page, demo_info, tmp_path):
+    foreign = demo_adapter(tmp_path / "qwen.gguf", demo_info, arch="qwen3")
+    page.set_adapter(foreign)
+    assert "qwen.gguf was made for another model" in page.banner_text()
+    assert page.banner.level == "warning"
+    page.prompt_edit.setPlainText(PROMPT)
+    jobs = len(page.engine.jobs)
+    assert not page.generate() and len(page.engine.jobs) == jobs and page.session is None
+    assert "qwen3" in page.banner_text() and "demo.gguf" in page.banner_text()
+    page.set_adapter(None)  # a new adapter: the warning goes
+    assert "made for another model" not in page.banner_text()
+
+
+# --- the layout ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("width", [1280 - 164, SMALL[0]])
+def test_before_you_apply_wraps_at_every_width(qtbot, page, width):
+    page.resize(width, 760)
+    generate(qtbot, page, prompt=SAME_PROMPT)  # the all-answers-equal warning: the longest text
+    qtbot.wait(20)
+    d = page.diagnostics
+    assert d.warning.isVisible()
+    for label in (d.warning.label, d.counts, d.stats, d.message, d.mode_help, d.bars_title):
+        if label.isVisible():
+            right = label.mapTo(d, label.rect().topRight()).x()
+            assert right <= d.width(), (label.text()[:40], right, d.width())
+    assert d.width() <= d.parentWidget().width()  # no wider than its scroll area's view
+
+
+def test_the_page_fits_a_small_window(page):
+    hint = page.minimumSizeHint()
+    assert hint.width() <= SMALL[0] and hint.height() <= SMALL[1], hint

@@ -520,3 +520,56 @@ def test_screenshot(qtbot, infos, arch):
     pixmap = page.grab()
     assert pixmap.width() == 1200 and pixmap.height() == 800
     assert pixmap.save(str(SHOTS / f"targets_{arch}.png"))
+
+
+# --- another model --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def two_layers(tmp_path_factory) -> ModelInfo:
+    path = engine.write_model(
+        tmp_path_factory.mktemp("two") / "llama2.gguf", engine.SynthSpec.for_arch("llama", L=2)
+    )
+    return ModelInfo.read(str(path))
+
+
+def test_another_model_keeps_the_targets_it_has_and_says_which_were_dropped(qtbot, infos):
+    project = Project()
+    page = make_page(qtbot, infos["llama"], project)
+    chosen = ["blk.0.attn_q.weight", "blk.1.ffn_gate.weight", "blk.2.ffn_up.weight"]
+    page.selection.replace(chosen, origin="user")  # a custom selection, saved by name
+    assert project.config.targets == TargetSpec(preset="none", patterns=tuple(chosen))
+    project.update_config(full=("attn_norm", "ffn_gate_inp"))  # ffn_gate_inp: the MoE has it, not llama
+    page.set_model_info(infos["qwen2moe"])  # no dense ffn_gate/ffn_up in the MoE
+    assert page.selected_names() == ["blk.0.attn_q.weight"]
+    assert project.config.targets == TargetSpec(preset="none", patterns=("blk.0.attn_q.weight",))
+    text = page.message.text()
+    assert not page.message.isHidden() and "kept 1 of 3 tensors" in text
+    assert "blk.1.ffn_gate.weight" in text and "blk.2.ffn_up.weight" in text
+    assert project.config.full == ("attn_norm", "ffn_gate_inp")  # both exist in the MoE
+    page.set_model_info(infos["llama"])  # back: the router is dropped from Train in full, and said so
+    assert project.config.full == ("attn_norm",) and "ffn_gate_inp" in page.message.text()
+
+
+def test_another_model_narrows_a_layer_range_it_does_not_have(qtbot, infos, two_layers):
+    project = Project()
+    page = make_page(qtbot, infos["llama"], project)
+    page.set_layer_range("1-3")
+    page.apply_preset("mlp")
+    page.set_model_info(two_layers)
+    assert project.config.targets == TargetSpec("mlp", layers="1")
+    assert page.selected_names() == select_targets(two_layers.tensors, TargetSpec("mlp", layers="1"), 2)
+    assert "layers 2-3 of the range 1-3 were dropped" in page.message.text()
+    assert not page.error_label.isVisible() and page.layer_edit.text() == "1"
+
+
+def test_a_project_opened_with_its_model_keeps_its_targets_as_saved(qtbot, infos, tmp_path):
+    project = Project()
+    page = make_page(qtbot, infos["llama"], project)
+    saved = Project()
+    saved.update(model_path=infos["qwen2moe"].path)
+    saved.update_config(targets=TargetSpec(preset="none", patterns=("blk.0.ffn_up.weight",)))
+    path = str(tmp_path / "p.json")
+    saved.save(path)
+    project.load(path)  # the window then opens the project's model
+    page.set_model_info(infos["qwen2moe"])
+    assert page.message.isHidden()  # nothing carried over: the project's targets are its own
+    assert project.config.targets == TargetSpec(preset="none", patterns=("blk.0.ffn_up.weight",))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +15,9 @@ import pytest
 from PySide6.QtWidgets import QCheckBox, QComboBox
 
 import engine.train.trainer as trainer_module
-from engine import Failed, Finished, TargetSpec, Trainer
-from studio.pages.train.page import TrainPage
+from engine import DatasetError, Failed, Finished, MemoryEstimate, Step, TargetSpec, TrainConfig, Trainer
+from studio.dataset_document import DatasetDocument
+from studio.pages.train.page import PHASE_DATA, PHASE_FIRST_STEP, PHASE_OPENING, TrainPage, eta_words
 from studio.pages.train.settings import FIELDS
 from studio.paths import latest_checkpoint
 from studio.project import ModelInfo, Project
@@ -38,12 +40,13 @@ def chats(tmp_path):
     return str(path)
 
 
-def make_page(qtbot, engine, tmp_path, model: str, chats: str, **config) -> TrainPage:
+def make_page(qtbot, engine, tmp_path, model: str, chats: str, dataset=None, **config) -> TrainPage:
     project = Project()
     project.update(model_path=model, dataset_path=chats, output_dir=str(tmp_path / "out"))
     settings = dict(steps=6, n_ctx=128, val_split=0.25, eval_every=2, targets=TargetSpec(preset="all"))
     project.update_config(**{**settings, **config})
-    page = TrainPage(project, engine)
+    page = TrainPage(project, engine, dataset)
+    page.check_timer.setInterval(10)  # the check's debounce (400 ms) is not what these tests wait for
     qtbot.addWidget(page)
     page.set_model_info(ModelInfo.read(model))
     page.resize(1280, 820)
@@ -154,7 +157,8 @@ def test_start_fills_plots_heatmap_progress_and_log(qtbot, engine, tmp_path, syn
     assert page.plots.norm_map.y_labels[0] == "attn_q" and page.plots.norm_map.x_labels == ["0", "1"]
     assert page.plots.expert_panel.isHidden()  # a dense model has no expert heatmap
     assert page.progress.value() == 6 and page.progress.maximum() == 6
-    assert "tokens processed" in page.stats_label.text() and "tokens/s" in page.stats_label.text()
+    stats = page.stats_label.text()
+    assert "Finished at step 6 of 6" in stats and "tokens processed" in stats
     log = page.log.toPlainText()
     assert "Started: 9 training / 3 validation samples" in log and "eval at step 2" in log
     assert "checkpoint at step 6" in log and "Finished at step 6" in log
@@ -162,7 +166,7 @@ def test_start_fills_plots_heatmap_progress_and_log(qtbot, engine, tmp_path, syn
     out = Path(result.adapter_path)
     assert out.parent == tmp_path / "out" and out.name.startswith("chats-") and out.exists()
     assert Path(result.checkpoint_path).parent == out.with_name(out.stem + "-checkpoints")
-    assert str(out) in page.paths_label.text()
+    assert str(out) in page.paths_label.full_text()
     assert page.banner_text() == ""
     # finished runs offer a new Start, not Resume
     assert page.start_button.isEnabled() and not page.resume_button.isEnabled()
@@ -289,19 +293,32 @@ def test_resume_from_a_chosen_checkpoint_folder(qtbot, engine, monkeypatch, tmp_
 
 
 # --- errors -----------------------------------------------------------------------------------
-def test_failed_run_shows_a_banner_with_what_to_do(qtbot, engine, tmp_path, synth_model):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"nothing": "useful"}\nnot json\n', encoding="utf-8")
-    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), str(bad))
+def test_a_run_that_fails_before_its_first_checkpoint_leaves_no_folder(
+    qtbot, engine, monkeypatch, tmp_path, synth_model, chats
+):
+    """The engine refuses the data at start: a banner says what to do, with a link to the page that
+    fixes it; neither the checkpoint folder nor the output folder the run would have made is left."""
+
+    def refuse(trainer):
+        raise DatasetError("the dataset has no usable sample (2 problems)")
+
+    monkeypatch.setattr(Trainer, "_prepare", refuse)
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats)
+    out = tmp_path / "out"
+    assert not out.exists()
     assert page.banner.isHidden()
     result = run(qtbot, page)
     settle(qtbot, page)
-    assert isinstance(result, Failed)
+    assert isinstance(result, Failed) and result.step == 0
     assert page.state == "failed" and not page.banner.isHidden()
     text = page.banner_text()
-    assert "Training failed before training started" in text and "no usable sample" in text
-    assert "Dataset page" in text
+    assert "Training failed before training started: the dataset has no usable sample" in text
+    assert "Go to the Dataset page" in text and "'" not in text
+    with qtbot.waitSignal(page.sig_go_to_page) as go:
+        page.banner.label.linkActivated.emit("page:Dataset")
+    assert go.args == ["Dataset"]
     assert "FAILED" in page.log.toPlainText()
+    assert not out.exists(), list(out.rglob("*"))  # no empty checkpoint folder, no output folder
     assert page.start_button.isEnabled()
 
 
@@ -324,6 +341,19 @@ def test_unexpected_error_in_the_worker_reaches_the_banner(
     settle(qtbot, page)
 
 
+def test_a_model_file_that_is_not_gguf_fails_in_plain_words(qtbot, engine, tmp_path, synth_model, chats):
+    fake = tmp_path / "notes.gguf"
+    fake.write_text("hello, this is not a model", encoding="utf-8")
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats)
+    page.project.update(model_path=str(fake))
+    result = run(qtbot, page)
+    settle(qtbot, page)
+    assert isinstance(result, Failed) and page.state == "failed"
+    text = page.banner_text()
+    assert "not a GGUF file" in text and '"hell"' in text and "b'" not in text, text
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_model_dataset_or_output_folder_shows_a_banner(qtbot, engine, tmp_path, synth_model, chats):
     project = Project()
     page = TrainPage(project, engine)
@@ -344,34 +374,337 @@ def test_missing_model_dataset_or_output_folder_shows_a_banner(qtbot, engine, tm
     assert page.banner_text() == ""
 
 
-# --- responsiveness and looks -----------------------------------------------------------------
-def test_ui_stall_during_a_tiny_run_is_reported(qtbot, engine, tmp_path, synth_model, chats):
-    """A 5 ms timer on the UI thread while a 30-step run trains and the plots draw: its longest gap
-    is the longest time the UI could not respond (typically 30-50 ms here; bench/ui_stall.py has the
-    figures). On a shared, loaded CI machine another process can steal the CPU at the wrong moment,
-    so a run over the limit is measured once more before the test fails."""
-    import gc
+# --- before Start: the planned steps, and what stops a run from starting ----------------------------
+def checked(qtbot, page: TrainPage) -> None:
+    """The check of the next run (an engine job, debounced) is done and shown."""
+    qtbot.waitUntil(lambda: not page.check_timer.isActive() and page._check_job is None, timeout=TIMEOUT_MS)
 
-    model = synth_model("llama")
-    summaries = []
-    for attempt in range(2):
-        page = make_page(qtbot, engine, tmp_path / f"try{attempt}", model, chats, steps=30, eval_every=5)
+
+def test_the_progress_bar_shows_the_planned_steps_before_start_and_they_are_the_runs(
+    qtbot, engine, tmp_path, synth_model, chats
+):
+    doc = DatasetDocument()
+    doc.open(chats)
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats, dataset=doc, steps=0, epochs=2,
+                     val_split=0.25, eval_every=0)  # fmt: skip
+    checked(qtbot, page)
+    plan = page.check.plan
+    assert plan.total_steps > 1 and (plan.n_train, plan.n_val) == (9, 3)
+    assert page.progress.maximum() == plan.total_steps and page.progress.value() == 0
+    assert page.progress.text() == f"0 / {plan.total_steps} steps"
+    assert page.stats_label.text().startswith(f"Next run: {plan.total_steps} steps (2 epochs of ")
+    assert page.plots.placeholder_shown and "Train a LoRA adapter" in page.plots.placeholder.text()
+    # a setting that changes the count is checked again
+    page.settings.editors["batch_size"].setValue(2)
+    checked(qtbot, page)
+    assert page.check.plan.batches_per_epoch == -(-plan.n_windows // 2)
+    assert page.progress.maximum() == page.check.plan.total_steps < plan.total_steps
+    # the samples the editor shows, unsaved edits included, are what is counted
+    doc.remove([0, 1, 2, 3], "delete 4 samples")
+    checked(qtbot, page)
+    assert page.check.plan.n_samples == 8 and page.check.plan.n_train == 6
+    expected = page.check.plan
+    starts = []
+    real = page.plots.add_event
+    page.plots.add_event = lambda e: (starts.append(e) if type(e).__name__ == "Started" else None, real(e))
+    with qtbot.waitSignal(page.sig_run_finished, timeout=TIMEOUT_MS):
+        assert page.start()
+        assert page.progress.maximum() == expected.total_steps and page.progress.value() == 0
+        assert not page.plots.placeholder_shown
+    settle(qtbot, page)
+    got = starts[0].plan
+    assert (got.total_steps, got.n_windows, got.n_train, got.n_val) == (
+        expected.total_steps, expected.n_windows, expected.n_train, expected.n_val)  # fmt: skip
+    assert got.tokens_per_epoch == expected.tokens_per_epoch
+    assert page.progress.value() == page.progress.maximum() == expected.total_steps
+    # Start again: the previous run's numbers and plots are cleared at once
+    with qtbot.waitSignal(page.sig_run_finished, timeout=TIMEOUT_MS):
+        assert page.start()
+        assert page.progress.value() == 0 and "Finished" not in page.stats_label.text()
+        assert len(page.plots.curve_data()["loss"][0]) == 0 and page.tokens_done == 0
+    settle(qtbot, page)
+
+
+def test_start_is_disabled_with_the_reason_and_a_link_to_the_page_that_fixes_it(
+    qtbot, engine, monkeypatch, tmp_path, synth_model, chats
+):
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats, targets=TargetSpec(preset="none"))
+    checked(qtbot, page)
+    assert not page.start_button.isEnabled() and page.reason_label.isVisibleTo(page)
+    reason = page.reason_label.text()
+    assert "nothing is chosen to train" in reason and 'href="page:Targets"' in reason
+    with qtbot.waitSignal(page.sig_go_to_page) as go:
+        page.reason_label.linkActivated.emit("page:Targets")
+    assert go.args == ["Targets"]
+    assert not page.start() and "Go to the Targets page" in page.banner_text()
+    assert page.state == "idle" and not engine.jobs
+    page.project.update_config(targets=TargetSpec(preset="attention"))
+    checked(qtbot, page)
+    assert page.start_button.isEnabled() and page.reason_label.isHidden()
+    # a run that would not fit in memory: the engine's advice
+    monkeypatch.setattr(MemoryEstimate, "fits", lambda self, available=None: False)
+    page.project.update_config(n_ctx=256)
+    checked(qtbot, page)
+    assert not page.start_button.isEnabled()
+    assert "would not fit in memory" in page.reason_label.text() and "GiB is free" in page.reason_label.text()
+    monkeypatch.undo()
+    # no sample with a token to learn from
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"nothing": "useful"}\nnot json\n', encoding="utf-8")
+    page.project.update(dataset_path=str(bad))
+    checked(qtbot, page)
+    reason = page.reason_label.text()
+    assert (
+        not page.start_button.isEnabled() and "no usable sample" in reason and 'href="page:Dataset"' in reason
+    )
+    assert "b'" not in reason and "Problem(" not in reason
+    page.project.update(dataset_path=chats)
+    checked(qtbot, page)
+    assert page.start_button.isEnabled()
+
+
+def test_the_stats_line_shows_the_run_time_once_and_the_time_left_in_words(
+    qtbot, engine, tmp_path, synth_model, chats
+):
+    assert eta_words(30) == "less than a minute left" and eta_words(540) == "about 9 min left"
+    assert eta_words(7800) == "about 2 h 10 min left" and eta_words(3600) == "about 1 h left"
+    assert eta_words(float("nan")).startswith("estimating")
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats)
+    page._set_state("training")
+    page._on_event(Step(4, 24, 0.5, 2.0, 2.0, 1e-4, 1.0, 100, 900.0, 125.0, 540.0))
+    page._refresh_progress()
+    text = page.stats_label.text()
+    assert "Step 4 of 24" in text and "2:05 elapsed" in text and "about 9 min left" in text
+    # after a pause (or a resume from a checkpoint) the engine's figure goes on: it is shown, not added up
+    page._on_event(Step(5, 24, 0.6, 2.0, 2.0, 1e-4, 1.0, 100, 900.0, 200.0, 480.0))
+    page._refresh_progress()
+    assert "3:20 elapsed" in page.stats_label.text() and "about 8 min left" in page.stats_label.text()
+    page._set_state("idle")
+
+
+def test_a_starting_run_says_what_it_does_and_a_long_run_alerts_when_it_ends(
+    qtbot, engine, monkeypatch, tmp_path, synth_model, chats
+):
+    from PySide6.QtWidgets import QApplication, QMainWindow
+
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats, steps=3)
+    window = QMainWindow()
+    qtbot.addWidget(window)
+    window.setCentralWidget(page)
+    shown = []
+    real_set = page.stats_label.setText
+    page.stats_label.setText = lambda text: (shown.append(text), real_set(text))
+    alerts = []
+    monkeypatch.setattr(QApplication, "alert", staticmethod(lambda widget, ms=0: alerts.append(widget)))
+    page.notify_after_s = 0.0  # every run is "long" here
+    assert engine.session is None  # the model opens with the run
+    run(qtbot, page)
+    settle(qtbot, page)
+    phases = [t for t in shown if t in (PHASE_OPENING, PHASE_DATA, PHASE_FIRST_STEP)]
+    assert phases[:3] == [PHASE_OPENING, PHASE_DATA, PHASE_FIRST_STEP], shown
+    first_step = next(i for i, t in enumerate(shown) if t.startswith("Step "))
+    assert shown.index(PHASE_FIRST_STEP) < first_step
+    assert alerts == [window]
+    assert window.statusBar().currentMessage().startswith("Training finished at step 3 after ")
+    # a short run does not
+    page.notify_after_s = 3600.0
+    page._segment_t0 = time.monotonic() - 5
+    page._notify_end(page.last_result)
+    assert alerts == [window]
+
+
+def test_the_event_log_follows_new_lines_unless_scrolled_up(qtbot, engine, tmp_path, synth_model, chats):
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats)
+    page.show()
+    qtbot.waitExposed(page)
+    for i in range(200):
+        page._log(f"line {i}")
+    bar = page.log.verticalScrollBar()
+    assert bar.maximum() > 0 and bar.value() == bar.maximum()
+    bar.setValue(10)  # the person scrolled up to read
+    for i in range(50):
+        page._log(f"more {i}")
+    assert bar.value() == 10
+    bar.setValue(bar.maximum())
+    page._log("last")
+    assert bar.value() == bar.maximum()
+
+
+# --- the model changes ----------------------------------------------------------------------------
+def test_a_new_model_resets_resume_and_settings_and_refuses_old_checkpoints(
+    qtbot, engine, tmp_path, synth_model, chats
+):
+    llama, qwen = synth_model("llama"), synth_model("qwen3")
+    page = make_page(
+        qtbot, engine, tmp_path, llama, chats, lr=1e-3, steps=40, targets=TargetSpec(preset="mlp")
+    )
+    # a run of llama, paused in memory
+    page.run_model, page.paths, page.last_step = llama, page.default_paths(), 3
+    page._set_state("paused")
+    assert page.resume_button.isEnabled()
+    page.project.update(model_path=qwen)  # the Model page opens another model...
+    page.set_model_info(ModelInfo.read(qwen))  # ...and the window tells the pages when it is open
+    assert page.state == "idle" and not page.resume_button.isEnabled() and not page.resume()
+    assert "ended with its model" in page.log.toPlainText()
+    cfg = page.project.config
+    assert cfg.lr == TrainConfig().lr and cfg.steps == 0 and cfg.n_ctx == TrainConfig().n_ctx
+    assert cfg.targets == TargetSpec(preset="mlp")  # the Targets page's choice stays
+    assert "new model" in page.banner_text() and page.banner_level == "info"
+    assert page.settings.preset_combo.currentText() == "defaults"
+    # a checkpoint of the other model is not continued on this one
+    ckpt = tmp_path / "old-checkpoints" / "ckpt-000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer.json").write_text(json.dumps({"step": 2, "model": llama}))
+    assert not page.resume_from(str(ckpt.parent))
+    assert (
+        f"trained on {Path(llama).name}" in page.banner_text()
+        and "Go to the Model page" in page.banner_text()
+    )
+    assert page.state == "idle" and not engine.jobs
+    # a project opened with its model keeps its own settings
+    saved = page.project.to_json()
+    saved["config"]["lr"] = 5e-4
+    page.project.restore(saved, None)
+    page.set_model_info(ModelInfo.read(qwen))
+    assert page.project.config.lr == 5e-4
+    # the default output folder follows the dataset (and a dataset inside the program never gets it)
+    page.project.update(output_dir=None)
+    assert str(Path(chats).parent / "tune-studio-out") in page.paths_label.full_text()
+
+
+def test_presets_set_the_settings_for_the_model_size_and_say_what_they_set(
+    qtbot, engine, tmp_path, synth_model, chats
+):
+    from studio.project import preset_settings
+
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats)
+    combo = page.settings.preset_combo
+    n = page.info.summary.n_params
+    assert page.settings.n_params == n
+    assert [combo.itemText(i) for i in range(combo.count())] == [
+        "defaults",
+        "quick",
+        "balanced",
+        "thorough",
+        "custom",
+    ]
+    assert combo.currentText() == "custom"  # make_page's own settings
+    combo.activated.emit(combo.findText("quick"))
+    cfg = page.project.config
+    for name, value in preset_settings("quick", n).items():
+        assert getattr(cfg, name) == pytest.approx(value), name
+    assert combo.currentText() == "quick" and page.settings.editors["epochs"].value() == 1.0
+    tip = combo.toolTip()
+    for name in ("quick", "balanced", "thorough"):
+        assert f"{name}: " in tip
+    assert "learning rate 0.001" in tip and "tiny" in tip  # a tiny model's values
+    page.settings.editors["lr"].setValue(0.05)
+    assert combo.currentText() == "custom"
+    combo.activated.emit(combo.findText("defaults"))
+    assert page.project.config.lr == TrainConfig().lr and page.project.config.targets == TargetSpec(
+        preset="all"
+    )
+
+
+# --- first look and fit ----------------------------------------------------------------------------
+def test_first_look_says_what_to_do_and_start_is_the_primary_button(qtbot, engine):
+    from PySide6.QtGui import QPalette
+    from PySide6.QtWidgets import QApplication
+
+    page = TrainPage(Project(), engine)
+    qtbot.addWidget(page)
+    assert page.plots.placeholder_shown
+    first = page.plots.placeholder.text()
+    assert "Train a LoRA adapter" in first and 'href="page:Model"' in first and 'href="page:Dataset"' in first
+    assert "Start" in first and "Ctrl+Enter" in first
+    with qtbot.waitSignal(page.sig_go_to_page) as go:
+        page.plots.placeholder.linkActivated.emit("page:Model")
+    assert go.args == ["Model"]
+    assert not page.start_button.isEnabled() and "No model is chosen" in page.reason_label.text()
+    b = page.start_button
+    assert b.isDefault() and b.font().bold()
+    app = QApplication.palette()
+    assert b.palette().color(QPalette.Active, QPalette.Button) == app.color(QPalette.Highlight)
+    assert b.palette().color(QPalette.Active, QPalette.ButtonText) == app.color(QPalette.HighlightedText)
+    assert not page.pause_button.isDefault() and not page.pause_button.font().bold()
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_page_fits_a_1024x640_window_without_cutting_a_control(
+    qtbot, engine, tmp_path, synth_model, chats, theme
+):
+    """The page's share of a 1024x640 window (less the navigation, menu and status bars): nothing
+    needs more, no button is narrower than its text, the settings column scrolls, and the texts
+    keep their contrast in both palettes."""
+    from PySide6.QtCore import QPoint
+    from PySide6.QtGui import QPalette
+    from PySide6.QtWidgets import QApplication, QPushButton
+
+    from studio.widgets.theme import apply_theme
+
+    app = QApplication.instance()
+    old_palette, old_style = app.palette(), app.style().name()
+    apply_theme(app, theme)
+    try:
+        page = make_page(
+            qtbot, engine, tmp_path, synth_model("llama"), chats, targets=TargetSpec(preset="none")
+        )
+        checked(qtbot, page)  # a reason under the buttons: the tallest state of the header
+        size = (1024 - 170, 640 - 100)
+        hint = page.minimumSizeHint()
+        assert hint.width() <= size[0] and hint.height() <= size[1], hint
+        page.resize(*size)
         page.show()
         qtbot.waitExposed(page)
-        gc.collect()  # not the test suite's garbage: a full collection holds the GIL for its length
-        probe = StallProbe(5)
-        probe.start("loading")
-        page.sig_state_changed.connect(lambda s, probe=probe: probe.mark(s))
-        run(qtbot, page)
-        settle(qtbot, page)
-        qtbot.wait(100)
-        probe.stop()
-        summaries.append(probe.summary())
-        print(f"\nUI stall during a 30-step tiny-llama run with the page shown: {probe.summary()}")
-        assert probe.n_ticks > 10
-        if probe.max_gap_ms < 200:
-            break
-    assert probe.max_gap_ms < 200, summaries
+        qtbot.wait(20)
+        assert (page.width(), page.height()) == size
+        buttons = [*page.findChildren(QPushButton), page.settings.preset_combo]
+        for b in buttons:
+            if not b.isVisibleTo(page):
+                continue
+            assert b.width() >= b.sizeHint().width() or b.width() >= b.minimumSizeHint().width(), b.text()
+            right = b.mapTo(page, QPoint(b.width(), b.height()))
+            assert right.x() <= page.width() and right.y() <= page.height(), b.text()
+        assert page.settings_scroll.verticalScrollBar().isVisible()  # the column scrolls
+        assert (
+            page.reason_label.isVisible()
+            and page.reason_label.height() >= page.reason_label.heightForWidth(page.reason_label.width())
+        )
+        pal = page.palette()
+        for widget in (page.reason_label, page.plots.placeholder, page.stats_label):
+            fg = widget.palette().color(QPalette.WindowText)
+            assert abs(fg.lightness() - pal.color(QPalette.Window).lightness()) > 120, (theme, widget)
+        hint_colour = page.log.palette().color(QPalette.PlaceholderText)
+        assert abs(hint_colour.lightness() - page.log.palette().color(QPalette.Base).lightness()) > 70, theme
+        if SHOTS:
+            SHOTS.mkdir(parents=True, exist_ok=True)
+            page.grab().save(str(SHOTS / f"train-1024x640-{theme}.png"))
+    finally:
+        app.setPalette(old_palette)
+        app.setStyle(old_style)
+
+
+# --- responsiveness and looks -----------------------------------------------------------------
+def test_stall_probe_sees_every_phase_of_a_run(qtbot, engine, tmp_path, synth_model, chats):
+    """bench/ui_stall.py's probe (a 5 ms timer on the UI thread, gaps between its timeouts) follows
+    a real run through its phases; the figures themselves are the bench's (timings are not tests)."""
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats, steps=30)
+    page.show()
+    qtbot.waitExposed(page)
+    probe = StallProbe(5)
+    probe.start("loading")
+    page.sig_state_changed.connect(probe.mark)
+    run(qtbot, page)
+    settle(qtbot, page)
+    qtbot.wait(50)
+    probe.stop()
+    assert probe.n_ticks > 10
+    phases = probe.phase_max_ms()
+    assert "loading" in phases and len(phases) >= 2, phases
+    assert all(gap >= 0 for gap in phases.values())
+    assert probe.max_gap_ms == max(phases.values())
+    assert probe.percentile(99) <= probe.max_gap_ms
+    assert "max" in probe.summary()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3moe"])

@@ -45,15 +45,28 @@ from engine import (
 )
 
 from ...dataset_document import DatasetChange, DatasetDocument
+from ...widgets.theme import is_dark
 
 SortRole = Qt.UserRole + 1  # a value that sorts (numbers as numbers, None first)
 NO_VALUE = "–"
 ROLES = ("system", "user", "assistant", "tool")
+# (light, dark) text colours of the table, each readable on its palette's base
+TEXT_COLOURS = {
+    "error": ("#b03a2e", "#ff8a80"),
+    "warning": ("#8a5a00", "#ffcc80"),
+    "new": ("#1f6fa8", "#7fb8ea"),  # the line of a sample not saved yet
+}
 SHAPE_HELP = {
     "messages": "a conversation: a list of turns with roles",
     "prompt": "a prompt and its response",
     "text": "plain text (every token is trained)",
 }
+
+
+def _dark() -> bool:
+    app = QApplication.instance()
+    return app is not None and is_dark(QApplication.palette())
+
 
 # -- samples -----------------------------------------------------------------------------------
 
@@ -442,11 +455,11 @@ class SamplesModel(QAbstractTableModel):
         if role == Qt.ForegroundRole and col == self.COL_PROBLEMS:
             self._ensure_encoded(r)
             if any(p.severity == "error" for p in r.all_problems()):
-                return QBrush(QColor("#d0453a"))
+                return QBrush(QColor(TEXT_COLOURS["error"][_dark()]))
             if r.all_problems():
-                return QBrush(QColor("#c27c0e"))
+                return QBrush(QColor(TEXT_COLOURS["warning"][_dark()]))
         if role == Qt.ForegroundRole and col == self.COL_LINE and not s.line:
-            return QBrush(QColor("#2e86c1"))
+            return QBrush(QColor(TEXT_COLOURS["new"][_dark()]))
         if role == Qt.DecorationRole and col == self.COL_PROBLEMS:
             self._ensure_encoded(r)
             problems = r.all_problems()

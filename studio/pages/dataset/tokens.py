@@ -88,6 +88,7 @@ class TokenViewWidget(QWidget):
             "end-of-turn token); grey ones it only reads (system and user turns, the chat template). "
             "Shades alternate so each token's boundaries show; control tokens are bold."
         )
+        self.legend.setWordWrap(True)  # wraps rather than widening the page (a 1024-pixel window)
         self.counts = QLabel()
         self.counts.setToolTip("Tokens of this sample after the chat template, split by trained / masked")
         self.text = QTextEdit()
@@ -102,8 +103,7 @@ class TokenViewWidget(QWidget):
         top = QHBoxLayout()
         top.addWidget(self.title)
         top.addSpacing(12)
-        top.addWidget(self.legend)
-        top.addStretch(1)
+        top.addWidget(self.legend, 1)  # takes the width there is, wrapping only when there is too little
         top.addWidget(self.counts)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)

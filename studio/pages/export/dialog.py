@@ -5,7 +5,10 @@ memory.
 The work is the engine's (`engine.check_export`, `engine.write_export`, `engine.verify_export`,
 `engine.find_checkpoints`, `engine.suggest_out`; `tune-engine export --check/--verify` runs the
 same); each step runs as a job of the app's engine worker (studio.worker), and a merge stops
-between tensors when asked, leaving the target as it was. The dialog keeps only widgets: it does
+between tensors when asked, leaving the target as it was. The sources are the current adapter, the
+other runs of the model (`set_runs`), the run's checkpoints and files chosen by hand; after an
+export it offers "Open folder", "Copy path" and a llama-cli command (`ExportResultWidget`). Its
+body scrolls on a short screen, the buttons stay in view. The dialog keeps only widgets: it does
 not train or generate.
 """
 
@@ -15,7 +18,7 @@ import os
 import threading
 
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtGui import QColor, QKeySequence
+from PySide6.QtGui import QColor, QGuiApplication, QKeySequence, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QButtonGroup,
@@ -59,9 +62,14 @@ from engine import (
 )
 
 from ...project import ModelInfo, Project
+from ...widgets.runs import has_adapter, run_label, same_file, same_model
+from ...widgets.side_panel import SidePanelWidget
+from ...widgets.theme import is_dark
 from ...worker import Engine
+from .result import ExportResultWidget
 
-GREEN, RED = "#1e7a34", "#b03a2e"
+GREEN, RED = "#1e7a34", "#b03a2e"  # on the light palette
+DARK_GREEN, DARK_RED = "#7dcea0", "#ff8a80"  # on the dark one
 
 
 # --- the dialog ------------------------------------------------------------------------------------
@@ -93,6 +101,8 @@ class ExportDialog(QDialog):
         self.info = info
         self.adapter_path = adapter_path or None
         self.report: CheckReport | None = None
+        self.runs: list = []  # engine RunRecord, from set_runs
+        self.model_path: str | None = None
         self.verify_report: VerifyReport | None = None
         self.written: tuple[ExportRequest, LoraAdapter, str] | None = None
         self.cancelled = False
@@ -104,15 +114,25 @@ class ExportDialog(QDialog):
         self._out_auto = True
         self.setWindowTitle("Export")
         self.setAcceptDrops(True)  # drop an adapter .gguf to export it
-        self.resize(800, 760)
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        room = screen.availableGeometry().height() - 60 if screen is not None else 760
+        self.resize(800, max(420, min(760, room)))  # a small screen: the dialog's body scrolls
         self._build()
         self.refresh_sources()
         self._suggest()
         self._set_status("Press Check (Ctrl+K) to run the checks; Export is enabled when they pass.")
 
     # --- building ------------------------------------------------------------------------------
+    def _colour(self, ok: bool) -> str:
+        dark = is_dark(self.palette())
+        return (DARK_GREEN if dark else GREEN) if ok else (DARK_RED if dark else RED)
+
     def _build(self) -> None:
-        layout = QVBoxLayout(self)
+        self.body = QWidget()  # everything but the buttons, which stay in view: it scrolls when short
+        layout = QVBoxLayout(self.body)
+        layout.setContentsMargins(0, 0, 4, 0)
+        faint = self.palette().color(QPalette.PlaceholderText).name()
+        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
 
         src_box = QGroupBox("Source")
         self.source_combo = QComboBox()
@@ -128,10 +148,10 @@ class ExportDialog(QDialog):
         row.addWidget(browse)
         self.source_label = QLabel()
         self.source_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.source_label.setStyleSheet("QLabel { color: #5f6368; }")
+        self.source_label.setObjectName("faint")
         self.base_label = QLabel()
         self.base_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.base_label.setStyleSheet("QLabel { color: #5f6368; }")
+        self.base_label.setObjectName("faint")
         src_form = QFormLayout(src_box)
         src_form.addRow("Adapter:", row)
         src_form.addRow("", self.source_label)
@@ -182,7 +202,7 @@ class ExportDialog(QDialog):
         merged_opts.hide()
         self.note_label = QLabel()
         self.note_label.setWordWrap(True)
-        self.note_label.setStyleSheet("QLabel { color: #5f6368; }")
+        self.note_label.setObjectName("faint")
         kind_layout = QVBoxLayout(kind_box)
         kind_layout.addWidget(self.adapter_radio)
         kind_layout.addWidget(self.merged_radio)
@@ -213,7 +233,7 @@ class ExportDialog(QDialog):
         self.check_tree.setSelectionMode(QAbstractItemView.NoSelection)
         self.check_tree.header().setSectionResizeMode(0, QHeaderView.ResizeToContents)
         self.check_tree.header().setStretchLastSection(True)
-        self.check_tree.setMinimumHeight(190)
+        self.check_tree.setMinimumHeight(150)
         cl = QVBoxLayout(check_box)
         cl.addWidget(self.check_tree)
         layout.addWidget(check_box, 1)
@@ -225,6 +245,8 @@ class ExportDialog(QDialog):
         self.status_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         layout.addWidget(self.progress)
         layout.addWidget(self.status_label)
+        self.result = ExportResultWidget()  # after an export: open its folder, copy its path, run it
+        layout.addWidget(self.result)
 
         verify_box = QGroupBox("Verification: the written file reloaded, logits compared")
         self.verify_table = QTableWidget(0, 5)
@@ -278,7 +300,10 @@ class ExportDialog(QDialog):
         buttons.addStretch(1)
         self.close_button.setAutoDefault(False)
         buttons.addWidget(self.close_button)
-        layout.addLayout(buttons)
+        scroll = SidePanelWidget(self.body)  # scrolls up and down; never narrower than its controls
+        outer = QVBoxLayout(self)
+        outer.addWidget(scroll, 1)
+        outer.addLayout(buttons)
 
         self.source_combo.currentIndexChanged.connect(self._source_changed)
         self.adapter_radio.toggled.connect(self._kind_changed)
@@ -303,6 +328,13 @@ class ExportDialog(QDialog):
             self.source_combo.addItem(
                 f"Current adapter · {os.path.basename(self.adapter_path)}", self.adapter_path
             )
+        for r in self.runs:  # the other runs of this model, newest first
+            if (
+                has_adapter(r)
+                and same_model(r, self.model_path)
+                and not same_file(r.adapter, self.adapter_path)
+            ):
+                self.source_combo.addItem(f"Run · {run_label(r)}", r.adapter)
         cfg = self.project.config
         run_ckpts = os.path.splitext(self.adapter_path)[0] + "-checkpoints" if self.adapter_path else None
         self.checkpoints = find_checkpoints(
@@ -320,6 +352,11 @@ class ExportDialog(QDialog):
         self.source_combo.setCurrentIndex(max(0, i))
         self.source_combo.blockSignals(False)
         self._source_changed()
+
+    def set_runs(self, runs, model_path: str | None) -> None:
+        """The run history (engine RunRecord, newest first): each run of the model is a source."""
+        self.runs, self.model_path = list(runs), model_path
+        self.refresh_sources()
 
     def set_adapter(self, path: str | None) -> None:
         """The current adapter (the last run's): listed first with its run's checkpoints, and selected."""
@@ -441,7 +478,7 @@ class ExportDialog(QDialog):
             w.setEnabled(not busy)
 
     def _set_status(self, text: str, error: bool = False) -> None:
-        self.status_label.setStyleSheet(f"QLabel {{ color: {RED}; }}" if error else "")
+        self.status_label.setStyleSheet(f"QLabel {{ color: {self._colour(False)}; }}" if error else "")
         self.status_label.setText(text)
         self._update_buttons()
 
@@ -542,7 +579,7 @@ class ExportDialog(QDialog):
         self.check_tree.clear()
         for item in report.items:
             row = QTreeWidgetItem([item.text(), item.detail])
-            row.setForeground(0, QColor(GREEN if item.ok else RED))
+            row.setForeground(0, QColor(self._colour(item.ok)))
             row.setToolTip(0, item.detail)
             row.setToolTip(1, item.detail)
             self.check_tree.addTopLevelItem(row)
@@ -578,6 +615,7 @@ class ExportDialog(QDialog):
             self._invalidate()
             return
         self.written = None
+        self.result.clear()
         self.verify_table.setRowCount(0)
         self.verdict_label.setStyleSheet("")
         self.verdict_label.setText("Not verified yet.")
@@ -600,6 +638,7 @@ class ExportDialog(QDialog):
         self._bar("done", text="Written")
         req, adapter = self._writing
         self.written = (req, adapter, path)
+        self.result.set_result(path, req.base, req.merge)
         size = human_bytes(os.path.getsize(path)) if os.path.exists(path) else "?"
         self.status_label.setText(f"Wrote {path} ({size}). Verifying…")
         closed = self._end_phase()
@@ -648,9 +687,10 @@ class ExportDialog(QDialog):
                 self.verify_table.setItem(r, c, item)
         mark = OK_MARK if report.ok else BAD_MARK
         notes = f" ({'; '.join(report.notes)})" if report.notes else ""
-        self.verdict_label.setStyleSheet(f"QLabel {{ color: {GREEN if report.ok else RED}; }}")
+        self.verdict_label.setStyleSheet(f"QLabel {{ color: {self._colour(report.ok)}; }}")
         self.verdict_label.setText(f"{mark} {report.verdict()}{notes}")
         self._set_status(f"Wrote and verified {report.path}.", error=not report.ok)
+        self.result.set_result(report.path, self.project.model_path, report.merge)
         self._end_phase()
         self.sig_verified.emit(report)
 

@@ -2,19 +2,25 @@
 base model; checked before writing and verified after (the file is reloaded and its logits compared
 with the model in memory).
 
-Two ways: "Export now" runs the checks, the write and the verification of `studio.export_dialog` in
-one worker with the settings on the page; "Export…" opens the `ExportDialog`, which also offers the
-run's checkpoints, lists every check, shows the merge's progress with Cancel, and the logits per
-prompt. The adapter defaults to the one the last training run wrote. Nothing here blocks the UI
-thread.
+One export action: **Export** (Ctrl+E) checks, writes and verifies with the settings on the page,
+in the engine worker; afterwards the page offers "Open folder", "Copy path" and a ready
+`llama-cli` command. **More options…** (Ctrl+Shift+E) opens the `ExportDialog` for what the page
+does not show: a run's checkpoints, the merge scale, every check listed, merge progress with
+Cancel and the logits per prompt.
+
+The adapter comes from the run history (`engine.find_runs`): by default the latest finished run of
+the open model (`engine.latest_finished`; after rating rounds the reward-tuned adapter, labelled
+so). Any run or file can be chosen; a stopped run is listed but never chosen by itself. An adapter
+made for another model is named at once (its header against the model's tensors), before anything
+is written. Nothing here blocks the UI thread.
 """
 
 from __future__ import annotations
 
 import os
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QKeySequence
+from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtGui import QKeySequence, QPalette
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -24,7 +30,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPushButton,
-    QVBoxLayout,
+    QSizePolicy,
     QWidget,
 )
 
@@ -39,29 +45,50 @@ from engine import (
 )
 
 from ...project import ModelInfo, Project
+from ...widgets.banner import MessageBar
+from ...widgets.page_layout import PageLayout
+from ...widgets.runs import RunChoiceWidget, adapter_problems, app_settings, fit_message, load_runs
+from ...widgets.theme import is_dark
 from ...worker import Engine
 from .dialog import ExportDialog
+from .result import ExportResultWidget
+
+
+def _keys(seq: str) -> str:
+    return QKeySequence(seq).toString(QKeySequence.NativeText)
 
 
 class ExportPage(QWidget):
+    """Export the chosen adapter; see the module docstring."""
+
     sig_exported = Signal(str)
 
-    def __init__(self, project: Project, engine: Engine, parent: QWidget | None = None):
+    def __init__(
+        self,
+        project: Project,
+        engine: Engine,
+        parent: QWidget | None = None,
+        settings: QSettings | None = None,
+    ):
+        """settings: where the Runs page keeps its added folders (default: the app's settings)."""
         super().__init__(parent)
         self.project = project
         self.engine = engine
+        self.settings = settings if settings is not None else app_settings()
         self.info: ModelInfo | None = None
         self.job = None  # the export job in flight
         self.dialog: ExportDialog | None = None
         self._out_auto = True
-        self.adapter_edit = QLineEdit()
-        self.adapter_edit.setPlaceholderText("the adapter a training run wrote, or choose a file")
-        self.adapter_edit.setToolTip("The LoRA adapter (.gguf) to export. Filled in when training finishes.")
-        browse = QPushButton("Choose…")
-        browse.clicked.connect(self._choose_adapter)
-        row = QHBoxLayout()
-        row.addWidget(self.adapter_edit, 1)
-        row.addWidget(browse)
+        self.banner = MessageBar()
+        self.adapter_choice = RunChoiceWidget(
+            placeholder="No finished run of this model yet: train one, or choose a file"
+        )
+        self.adapter_choice.sig_changed.connect(self._adapter_changed)
+        self.adapter_path_label = QLabel()
+        self.adapter_path_label.setWordWrap(True)
+        self.adapter_path_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.adapter_path_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.adapter_path_label.setObjectName("faint")
         self.type_combo = QComboBox()
         for t, tip in (
             ("F32", "exact"),
@@ -76,25 +103,40 @@ class ExportPage(QWidget):
         )
         self.merge_check = QCheckBox("Merge into the base model (a full model file)")
         self.merge_check.setToolTip(
-            "Write base + adapter as one GGUF model; tensors keep their quantization type."
+            "Write base + adapter as one GGUF model; tensors keep their quantization type. Default: off "
+            "(an adapter file, loaded with --lora)."
         )
         self.out_edit = QLineEdit()
-        self.out_edit.setToolTip("Where the file is written (atomically: a temporary file, then renamed).")
+        self.out_edit.setToolTip(
+            "Where the file is written (atomically: a temporary file, then renamed). Default: beside the "
+            "adapter, named after it and the type."
+        )
         out_browse = QPushButton("Choose…")
+        out_browse.setToolTip("Choose where to write the file")
         out_browse.clicked.connect(self._choose_out)
         out_row = QHBoxLayout()
         out_row.addWidget(self.out_edit, 1)
         out_row.addWidget(out_browse)
-        self.export_button = QPushButton("Export now")
+
+        self.export_button = QPushButton("Export")
+        self.export_button.setShortcut(QKeySequence("Ctrl+E"))
         self.export_button.setToolTip(
-            "Check, write the file, then reload it and compare its logits with the model in memory"
+            f"Check, write the file, then reload it and compare its logits with the model in memory "
+            f"({_keys('Ctrl+E')})"
         )
+        self.export_button.setDefault(True)
+        self.export_button.setMinimumHeight(32)
+        self.export_button.setMinimumWidth(120)
+        font = self.export_button.font()
+        font.setBold(True)
+        self.export_button.setFont(font)
         self.export_button.clicked.connect(self.export)
-        self.dialog_button = QPushButton("Export…")
+        self.dialog_button = QPushButton("More options…")
+        self.dialog_button.setFlat(True)
         self.dialog_button.setShortcut(QKeySequence("Ctrl+Shift+E"))
         self.dialog_button.setToolTip(
-            "Open the export dialog: checkpoints, every check listed, progress with Cancel, logits per "
-            "prompt (Ctrl+Shift+E)"
+            "The export dialog, for what this page does not show: a run's checkpoints, the merge scale, "
+            f"every check listed, merge progress with Cancel, logits per prompt ({_keys('Ctrl+Shift+E')})"
         )
         self.dialog_button.clicked.connect(self.open_dialog)
         buttons = QHBoxLayout()
@@ -104,37 +146,89 @@ class ExportPage(QWidget):
         self.result_label = QLabel()
         self.result_label.setWordWrap(True)
         self.result_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.result_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.result = ExportResultWidget()
+
         form = QFormLayout()
-        form.addRow("Adapter:", row)
+        form.addRow("Adapter:", self.adapter_choice)
+        form.addRow("", self.adapter_path_label)
         form.addRow("Type:", self.type_combo)
         form.addRow("", self.merge_check)
         form.addRow("Write to:", out_row)
-        layout = QVBoxLayout(self)
-        layout.addWidget(
-            QLabel(
-                "<h3>Export</h3>Write an adapter llama.cpp loads with <code>--lora</code>, or a merged "
-                "model. Every export is checked before writing and reloaded afterwards to compare its logits."
-            )
+        intro = QLabel(
+            "<h3>Export</h3>Write an adapter llama.cpp loads with <code>--lora</code>, or a merged model. "
+            "Every export is checked before writing and reloaded afterwards to compare its logits."
         )
+        intro.setWordWrap(True)
+        intro.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        layout = PageLayout(self)  # fills the height it is given: the buttons stay in view
+        layout.addWidget(intro)
+        layout.addWidget(self.banner)
         layout.addLayout(form)
         layout.addLayout(buttons)
         layout.addWidget(self.result_label)
+        layout.addWidget(self.result)
         layout.addStretch(1)
-        self.adapter_edit.textChanged.connect(self._suggest_out)
+        faint = self.palette().color(QPalette.PlaceholderText).name()
+        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
         self.merge_check.toggled.connect(self._suggest_out)
         self.type_combo.currentIndexChanged.connect(self._suggest_out)
         self.out_edit.textEdited.connect(self._out_edited)
+        project.subscribe(self._project_changed)
+        self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
+        self.refresh_runs()
 
+    # --- public API ---------------------------------------------------------------------------
     def set_model_info(self, info: ModelInfo | None) -> None:
+        """The open model: the list of runs follows it (its latest finished run by default)."""
         self.info = info
+        self.refresh_runs()
+        self._check_fit()
 
-    def set_adapter(self, path: str) -> None:
-        self.adapter_edit.setText(path)
+    def refresh_runs(self) -> None:
+        """Read the run history again; the default is the latest finished run of the open model (after
+        rating rounds: the reward-tuned adapter), unless the person chose one."""
+        self.adapter_choice.start_folder = self.project.output_folder()
+        self.adapter_choice.set_runs(load_runs(self.project, self.settings), self.model_path())
 
-    def _choose_adapter(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Choose adapter", "", "GGUF adapters (*.gguf)")
+    def set_adapter(self, path: str | None) -> None:
+        """Export this adapter (a run's, or any file); None goes back to the default."""
         if path:
-            self.adapter_edit.setText(path)
+            self.adapter_choice.set_path(path)
+        else:
+            self.adapter_choice.reset()
+
+    def adapter_path(self) -> str:
+        return self.adapter_choice.current_path() or ""
+
+    def model_path(self) -> str | None:
+        return self.info.path if self.info is not None else self.project.model_path
+
+    def shutdown(self) -> None:
+        """The app is quitting: close the dialog (a merge in flight stops between tensors); the window
+        then waits for the engine worker."""
+        if self.dialog is not None:
+            self.dialog.close()
+
+    # --- the adapter ----------------------------------------------------------------------------
+    def _adapter_changed(self, path: object, _label: str) -> None:
+        self.adapter_path_label.setText(str(path) if path else "")
+        self.adapter_path_label.setToolTip(str(path) if path else "")
+        self.result.clear()
+        self.result_label.setText("")
+        self._suggest_out()
+        self._check_fit()
+
+    def _check_fit(self) -> bool:
+        """Name at once an adapter made for another model (headers only); True when it fits."""
+        path = self.adapter_path()
+        problems = adapter_problems(path, self.info) if path and self.info is not None else []
+        if problems:
+            self.banner.show_message("warning", fit_message(path, self.info, problems))
+            return False
+        if "made for another model" in self.banner.text():
+            self.banner.hide()
+        return True
 
     def _choose_out(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export to", self.out_edit.text(), "GGUF (*.gguf)")
@@ -145,8 +239,8 @@ class ExportPage(QWidget):
     def _out_edited(self, _text: str) -> None:
         self._out_auto = False
 
-    def _suggest_out(self) -> None:
-        src = self.adapter_edit.text().strip()
+    def _suggest_out(self, *_: object) -> None:
+        src = self.adapter_path()
         if src and (self._out_auto or not self.out_edit.text().strip()):
             merge = self.merge_check.isChecked()
             self.out_edit.setText(suggest_out(src, merge, self._qtype()))
@@ -159,19 +253,14 @@ class ExportPage(QWidget):
 
     def request(self) -> ExportRequest:
         return ExportRequest(
-            source=self.adapter_edit.text().strip(),
+            source=self.adapter_path(),
             out=self.out_edit.text().strip(),
             base=self.project.model_path,
             merge=self.merge_check.isChecked(),
             qtype=self._qtype(),
         )
 
-    def shutdown(self) -> None:
-        """The app is quitting: close the dialog (a merge in flight stops between tensors); the window
-        then waits for the engine worker."""
-        if self.dialog is not None:
-            self.dialog.close()
-
+    # --- the dialog ------------------------------------------------------------------------------
     def open_dialog(self) -> ExportDialog:
         """The export dialog for the page's adapter and settings (window-modal, not blocking).
 
@@ -188,7 +277,8 @@ class ExportPage(QWidget):
             dialog.activateWindow()
             return dialog
         dialog.info = self.info
-        dialog.set_adapter(self.adapter_edit.text().strip() or None)
+        dialog.set_runs([r for r in self.adapter_choice.runs], self.model_path())
+        dialog.set_adapter(self.adapter_path() or None)
         dialog.set_kind(self.merge_check.isChecked())
         if self.merge_check.isChecked():
             dialog.merge_type_combo.setCurrentIndex(max(0, dialog.merge_type_combo.findData(self._qtype())))
@@ -199,15 +289,22 @@ class ExportPage(QWidget):
 
     def _dialog_verified(self, report) -> None:
         self._show(f"Wrote {report.path}. {report.verdict()}", error=not report.ok)
+        merged = bool(getattr(report, "merge", False))
+        self.result.set_result(report.path, self.project.model_path, merged)
 
+    # --- export ----------------------------------------------------------------------------------
     def export(self) -> None:
         """Check, write and verify with the page's settings, in a worker; sig_exported(path) when written."""
         req = self.request()
         if not req.source or not req.out:
-            self._show("Choose the adapter and where to write.", error=True)
+            self._show("Choose the adapter (train one, or File…) and where to write.", error=True)
             return
         if not req.base:
             self._show("Open the base model on the Model page first: the export is checked against it.", True)
+            return
+        if not self._check_fit():
+            problems = adapter_problems(req.source, self.info)
+            self._show(f"Export failed: {fit_message(req.source, self.info, problems)}", error=True)
             return
         template = self.info.template if self.info is not None and self.info.path == req.base else None
 
@@ -221,6 +318,7 @@ class ExportPage(QWidget):
             return path, verify_export(req, report.adapter, path, template=template)
 
         self.export_button.setEnabled(False)
+        self.result.clear()
         self._show("Checking, exporting and verifying…")
         self.job = self.engine.submit("exporting", work, on_done=self._done, on_error=self._failed,
                                       needs_session=False)  # fmt: skip
@@ -235,6 +333,7 @@ class ExportPage(QWidget):
         else:
             text = f"Wrote {path}, but the file reloads with different logits: {verified.verdict()}"
         self._show(text, error=not verified.ok)
+        self.result.set_result(path, self.project.model_path, bool(verified.merge))
         self.sig_exported.emit(path)
 
     def _failed(self, message: str) -> None:
@@ -242,5 +341,17 @@ class ExportPage(QWidget):
         self._show(f"Export failed: {message}", error=True)
 
     def _show(self, text: str, error: bool = False) -> None:
-        self.result_label.setStyleSheet("QLabel { color: #b03a2e; }" if error else "")
+        red = "#ff8a80" if is_dark(self.palette()) else "#b03a2e"
+        self.result_label.setStyleSheet(f"QLabel {{ color: {red}; }}" if error else "")
         self.result_label.setText(text)
+
+    def _project_changed(self, changed: set[str]) -> None:
+        if changed & {"output_dir", "path", "dataset_path", "model_path"}:
+            self.refresh_runs()
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        self.refresh_runs()
+
+
+__all__ = ["ExportPage"]

@@ -9,7 +9,10 @@ red for -1 through grey to green for +1; a skipped answer is greyed out.
 The card only *asks* for a rating (`sig_rated`, `sig_corrected`); the page records it in the engine's
 reward session and then shows it with `set_rating` / `set_corrected`, so a card never shows a
 rating that was not saved. `AnswerGridWidget` lays the cards out in two columns in a scroll area
-and moves the focus between them with the arrow keys and Tab.
+and moves the focus between them with the arrow keys and Tab / Shift+Tab (wrapping around: the focus
+never leaves the cards). The rating keys are the cards' own: a card (and the grid, which holds the
+focus while the cards are off during a round) takes them before any shortcut of the window, so a
+digit never reaches the window's page list. Identical answers are marked ("same as answer 2").
 
 What this is not: it keeps no data the engine needs and calls nothing in the engine but
 `rating_from_stars`.
@@ -20,6 +23,7 @@ from __future__ import annotations
 from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QIcon, QKeyEvent, QKeySequence, QPainter, QPainterPath, QPalette, QPixmap
 from PySide6.QtWidgets import (
+    QApplication,
     QFrame,
     QGridLayout,
     QHBoxLayout,
@@ -47,9 +51,22 @@ STOP_REASONS = {
     "stopped": "stopped",
 }
 CARD_KEYS = (
-    "Keys on a card: 1–5 stars · U / D thumbs up / down · [ ] fine-tune · 0 or S skip · "
-    "E edit · arrows or Tab move"
+    "Keys on a card: 1–5 stars · U / D thumbs · [ ] fine-tune · 0 or S skip · E edit. A rating moves on "
+    "to the next unrated answer by itself; Tab, Shift+Tab and the arrows move between answers (Tab wraps)."
 )
+# keys a card takes for itself, so that none reaches the window (its page list, a shortcut)
+RATING_KEYS = frozenset(
+    (Qt.Key_0, Qt.Key_1, Qt.Key_2, Qt.Key_3, Qt.Key_4, Qt.Key_5, Qt.Key_6, Qt.Key_7, Qt.Key_8, Qt.Key_9,
+     Qt.Key_S, Qt.Key_U, Qt.Key_D, Qt.Key_E, Qt.Key_F2, Qt.Key_Plus, Qt.Key_Minus, Qt.Key_Equal,
+     Qt.Key_BracketLeft, Qt.Key_BracketRight, Qt.Key_Left, Qt.Key_Right, Qt.Key_Up, Qt.Key_Down)
+)  # fmt: skip
+
+
+def takes_key(event: QKeyEvent) -> bool:
+    """A key of the rating loop (no Ctrl / Alt / Meta): a card or the grid consumes it."""
+    if event.modifiers() & (Qt.ControlModifier | Qt.AltModifier | Qt.MetaModifier):
+        return False
+    return event.key() in RATING_KEYS or event.key() in (Qt.Key_Tab, Qt.Key_Backtab)
 
 
 def stars_for(value: float) -> int:
@@ -146,7 +163,7 @@ class AnswerCardWidget(QFrame):
     sig_rated = Signal(int, object, bool)  # index, reward (None = skip), move on to the next card
     sig_unskip = Signal(int)
     sig_corrected = Signal(int, str)  # index, the better answer
-    sig_move = Signal(int, str)  # index, "left" | "right" | "up" | "down"
+    sig_move = Signal(int, str)  # index, "left" | "right" | "up" | "down" | "next" | "previous"
 
     def __init__(self, index: int, text: str, n_tokens: int | None = None, stop_reason: str = "",
                  parent: QWidget | None = None):  # fmt: skip
@@ -185,11 +202,16 @@ class AnswerCardWidget(QFrame):
         header = QHBoxLayout()
         header.setSpacing(6)
         header.addWidget(self.title)
+        self.same_as: list[int] = []
+        self.same_label = QLabel()  # "same as answer 2": beside the token count, never over the badge
+        self.same_label.setObjectName("sameAs")
+        self.same_label.hide()
         header.addStretch(1)
         header.addWidget(self.badge)
         info = QHBoxLayout()
         info.setSpacing(6)
         info.addWidget(self.meta, 1)
+        info.addWidget(self.same_label)
         info.addWidget(self.weight_label)
 
         # --- the answer ---
@@ -332,6 +354,20 @@ class AnswerCardWidget(QFrame):
         self.text = text
         self.body.setText(text if text.strip() else "(empty answer)")
 
+    def set_same_as(self, others: list[int]) -> None:
+        """Mark the answer as identical to these other answers (indexes), or unmark it ([])."""
+        self.same_as = list(others)
+        if others:
+            nums = [str(i + 1) for i in others]
+            names = nums[0] if len(nums) == 1 else f"{', '.join(nums[:-1])} and {nums[-1]}"
+            what = f"answer{'s' if len(nums) > 1 else ''} {names}"
+            self.same_label.setText(f"same as {what}")
+            self.same_label.setToolTip(
+                f"This answer is the same text as {what}: rating them differently teaches nothing "
+                "(their pulls cancel out). Rate one of them and skip the others (key S)."
+            )
+        self.same_label.setVisible(bool(others))
+
     # --- asking for a rating (the page records it, then calls set_rating) --------------------
     def request(self, value: float | None, advance: bool = True) -> None:
         if self.locked or not self.isEnabled():
@@ -398,7 +434,8 @@ class AnswerCardWidget(QFrame):
         value = self.rating if self.state == "rated" else None
         band = rating_colour(value)
         n = stars_for(value) if value is not None else 0
-        gold, off = QColor("#f2b01e"), self.palette().color(QPalette.Mid)
+        # an unlit star or thumb: visible on the card's tint in both palettes (the dark Mid is not)
+        gold, off = QColor("#f2b01e"), QColor("#70757c") if dark else self.palette().color(QPalette.Mid)
         for i, b in enumerate(self.star_buttons, start=1):
             colour = (gold if i <= n else off).name()
             _set_style(b, f"QToolButton {{ font-size: 19px; padding: 0px; color: {colour}; }}")
@@ -442,6 +479,7 @@ class AnswerCardWidget(QFrame):
             f"QLabel#answerText {{ font-size: 14px; color: {text_colour.name()}; }}"
             f"QLabel#cardMeta {{ color: {self.palette().color(QPalette.PlaceholderText).name()}; }}"
             f"QLabel#cardWeight {{ color: {'#9ecbff' if dark else '#1b4f72'}; }}"
+            f"QLabel#sameAs {{ color: {'#f5c26b' if dark else '#8a5300'}; font-weight: bold; }}"
             f"QLabel#correction {{ color: {'#9be7b0' if dark else '#1e6b3a'}; }}",
         )
 
@@ -470,13 +508,28 @@ class AnswerCardWidget(QFrame):
         return not self.editor_box.isHidden()
 
     # --- keyboard and focus -----------------------------------------------------------------
+    def event(self, event: QEvent) -> bool:
+        # the rating keys are the card's, before any shortcut of the window; Tab and Shift+Tab move
+        # between the cards (wrapping around) instead of leaving them
+        if event.type() == QEvent.ShortcutOverride and takes_key(event):
+            event.accept()
+            return True
+        if event.type() == QEvent.KeyPress and event.key() in (Qt.Key_Tab, Qt.Key_Backtab):
+            if not event.modifiers() & (Qt.ControlModifier | Qt.AltModifier | Qt.MetaModifier):
+                back = event.key() == Qt.Key_Backtab or bool(event.modifiers() & Qt.ShiftModifier)
+                self.sig_move.emit(self.index, "previous" if back else "next")
+                return True
+        return super().event(event)
+
     def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 - Qt override
         key, mods = event.key(), event.modifiers()
         if mods & (Qt.ControlModifier | Qt.AltModifier | Qt.MetaModifier):
             super().keyPressEvent(event)
             return
         moves = {Qt.Key_Left: "left", Qt.Key_Right: "right", Qt.Key_Up: "up", Qt.Key_Down: "down"}
-        if Qt.Key_1 <= key <= Qt.Key_5:
+        if Qt.Key_6 <= key <= Qt.Key_9:
+            event.accept()  # not a rating, but never the window's either
+        elif Qt.Key_1 <= key <= Qt.Key_5:
             self.rate_stars(key - Qt.Key_0)
         elif key in (Qt.Key_0, Qt.Key_S):
             self.request(None)
@@ -494,6 +547,8 @@ class AnswerCardWidget(QFrame):
             self.sig_move.emit(self.index, moves[key])
         else:
             super().keyPressEvent(event)
+            return
+        event.accept()
 
     def focusInEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().focusInEvent(event)
@@ -528,6 +583,7 @@ class AnswerGridWidget(QScrollArea):
         self.setWidgetResizable(True)
         self.setFrameShape(QFrame.NoFrame)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setFocusPolicy(Qt.StrongFocus)  # holds the focus while the cards are off (a round running)
         self.inner = QWidget()
         self.grid = QGridLayout(self.inner)
         self.grid.setContentsMargins(2, 2, 2, 2)
@@ -567,6 +623,7 @@ class AnswerGridWidget(QScrollArea):
         self._rebuild()
 
     def set_cards(self, cards: list[AnswerCardWidget]) -> None:
+        self.hold_focus()  # a focused card about to go must not hand the focus to the window
         self.clear()
         self.cards = list(cards)
         for card in self.cards:
@@ -609,8 +666,42 @@ class AnswerGridWidget(QScrollArea):
             self.ensureWidgetVisible(card, 10, 10)
 
     def move_focus(self, index: int, direction: str) -> None:
+        """Arrows move in the grid (left / right in order, up / down by rows); next / previous (Tab,
+        Shift+Tab) go in order and wrap around, so the focus never leaves the cards."""
+        n = len(self.cards)
+        if not n:
+            return
+        if direction in ("next", "previous"):
+            self.focus_card((index + (1 if direction == "next" else -1)) % n)
+            return
         step = {"left": -1, "right": 1, "up": -self.columns, "down": self.columns}[direction]
         self.focus_card(index + step)
+
+    def hold_focus(self) -> None:
+        """Keep the focus in the grid (not on a card) while the cards are disabled: keys pressed
+        meanwhile are swallowed here instead of reaching the window."""
+        w = QApplication.focusWidget()
+        if w is not None and (w is self or self.isAncestorOf(w)):
+            self.setFocus(Qt.OtherFocusReason)
+
+    def event(self, event: QEvent) -> bool:
+        if event.type() == QEvent.ShortcutOverride and takes_key(event):
+            event.accept()
+            return True
+        if event.type() == QEvent.KeyPress and event.key() in (Qt.Key_Tab, Qt.Key_Backtab):
+            if self.cards and self.hasFocus():
+                if all(c.isEnabled() for c in self.cards):
+                    self.focus_card(0 if event.key() == Qt.Key_Tab else len(self.cards) - 1)
+                return True
+        return super().event(event)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 - Qt override
+        if takes_key(event):
+            event.accept()  # a rating key while the cards are busy: not for the window
+            if event.key() in (Qt.Key_Down, Qt.Key_Right) and self.cards and self.cards[0].isEnabled():
+                self.focus_card(0)
+            return
+        super().keyPressEvent(event)
 
     def next_card(self, index: int) -> None:
         """Focus the next card after `index` that is not rated yet (else simply the next one)."""
@@ -631,8 +722,10 @@ __all__ = [
     "AnswerEditWidget",
     "AnswerGridWidget",
     "CARD_KEYS",
+    "RATING_KEYS",
     "format_reward",
     "rating_colour",
     "stars_for",
+    "takes_key",
     "thumb_icon",
 ]

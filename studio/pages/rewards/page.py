@@ -9,6 +9,13 @@ when all ratings are equal), and Apply (Ctrl+Shift+Enter) takes one optimizer st
 joins the history table and the plots of mean reward and loss. The Side by side tab sends one
 prompt and seed through the base model and through the adapter. Save adapter… writes a LoRA GGUF.
 
+The adapter the rounds continue ("Continue:") comes from the run history (`engine.find_runs`): by
+default the latest finished run of the open model (`engine.latest_finished`; a stopped run is listed,
+never chosen by itself), or any run, file or a new adapter. It follows the model: another model
+resets it to that model's latest finished run. An adapter made for another model is named from its
+header before anything loads. "Optimizer steps taken on this page from your ratings" counts the
+steps of the session going on.
+
 The engine's `RewardSession` does the work, on the model the app's engine session holds (no second
 copy). It is made on the first Generate with the project's targets, rank and alpha, the ratings
 file `<output folder>/ratings.jsonl` (or one the person chose) and checkpoints in
@@ -28,7 +35,7 @@ import os
 import threading
 from dataclasses import replace
 
-from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
     QFileDialog,
@@ -53,6 +60,17 @@ from engine import Answer, EngineError, RewardConfig, RewardSession, RoundResult
 from ...paths import writable_problem
 from ...project import ModelInfo, Project
 from ...widgets.banner import MessageBar
+from ...widgets.page_layout import PageLayout
+from ...widgets.runs import (
+    RunChoiceWidget,
+    adapter_file,
+    adapter_problems,
+    app_settings,
+    fit_message,
+    load_runs,
+    same_file,
+)
+from ...widgets.side_panel import SidePanelWidget
 from ...worker import Engine, Job
 from .cards import CARD_KEYS, AnswerCardWidget, AnswerGridWidget
 from .panels import (
@@ -65,6 +83,8 @@ from .panels import (
 from .settings import RewardSettingsWidget
 
 RATINGS_FILE = "ratings.jsonl"
+NEW_ADAPTER = "new"  # the adapter list's "A new adapter" entry
+NEW_ADAPTER_TEXT = "A new adapter"
 CHECKPOINT_FOLDER = "reward-checkpoints"
 STREAM_HZ = 10
 BUSY_TEXT = {
@@ -83,6 +103,13 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _short(path: str) -> str:
+    """A start adapter as people read it: the file, or "folder/adapter.gguf" for a checkpoint's."""
+    path = os.path.normpath(path)
+    name = os.path.basename(path)
+    return f"{os.path.basename(os.path.dirname(path))}/{name}" if name == "adapter.gguf" else name
+
+
 def _shortcut_text(seq: str) -> str:
     return QKeySequence(seq).toString(QKeySequence.NativeText)
 
@@ -97,14 +124,25 @@ class RewardsPage(QWidget):
     sig_busy_changed = Signal(str)  # the running task ("generating", "applying", ...) or "" when idle
     sig_error = Signal(str)  # a problem shown in the page
 
-    def __init__(self, project: Project, engine: Engine, parent: QWidget | None = None):
+    def __init__(
+        self,
+        project: Project,
+        engine: Engine,
+        parent: QWidget | None = None,
+        settings: QSettings | None = None,
+    ):
+        """settings: where the Runs page keeps its added folders (default: the app's settings)."""
         super().__init__(parent)
         self.project = project
         self.engine = engine
+        self.settings_store = settings if settings is not None else app_settings()
         self.info: ModelInfo | None = None
         self.session: RewardSession | None = None
         self.session_model: str | None = None  # model path the session was made with
         self.start_adapter: str | None = None  # adapter file or checkpoint folder to continue
+        self.session_start: str | None = None  # the one the current session continued
+        self._syncing = False  # the adapter list is being set to match start_adapter
+        self._fits: dict[tuple, list[str]] = {}
         self.custom_ratings_path: str | None = None  # chosen with Ratings file…; None = default
         self.samples: list | None = None  # from set_dataset_samples; None = read the dataset file
         self.cards: list[AnswerCardWidget] = []
@@ -140,7 +178,7 @@ class RewardsPage(QWidget):
         split.setSizes([215, 700, 290])
         split.setChildrenCollapsible(False)
         self.splitter = split
-        layout = QVBoxLayout(self)
+        layout = PageLayout(self)  # fills the height it is given: the buttons stay in view
         layout.setContentsMargins(6, 6, 6, 6)
         layout.setSpacing(4)
         layout.addWidget(self.banner)
@@ -151,6 +189,7 @@ class RewardsPage(QWidget):
         app = QCoreApplication.instance()
         if app is not None:
             app.aboutToQuit.connect(self.shutdown)
+        self.refresh_runs()
         self._show_paths()
         self._set_busy("")
 
@@ -171,13 +210,23 @@ class RewardsPage(QWidget):
         self.adapter_label = QLabel()
         self.adapter_label.setWordWrap(True)
         self.adapter_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.start_from_button = QPushButton("Start from adapter…")
-        self.start_from_button.setToolTip(
-            "Continue training an adapter GGUF (for example one from the Train page) or a reward "
-            "checkpoint folder instead of a new adapter. Default: a new adapter with the Targets page's "
-            "targets, rank and alpha."
+        self.adapter_choice = RunChoiceWidget(
+            fixed=[(NEW_ADAPTER_TEXT, NEW_ADAPTER,
+                    "Start from the model alone: a new adapter with the Targets page's targets, rank and "
+                    "alpha")],
+        )  # fmt: skip
+        self.adapter_choice.setToolTip(
+            "The adapter the rating rounds continue: a run's adapter (default: the latest finished run of "
+            "the open model; after rating rounds, the reward-tuned one), a file (File…), or a new adapter. A "
+            "stopped or failed run is listed but never chosen by itself."
         )
-        self.start_from_button.clicked.connect(self.choose_start_adapter)
+        self.adapter_choice.combo.setToolTip(self.adapter_choice.toolTip())
+        self.adapter_choice.sig_changed.connect(self._start_changed)
+        self.start_from_button = self.adapter_choice.file_button
+        self.start_from_button.setToolTip(
+            "Continue any adapter GGUF (for example one from the Train page) or a reward checkpoint's "
+            "adapter instead of a run from the list."
+        )
         self.new_adapter_button = QPushButton("New adapter")
         self.new_adapter_button.setToolTip("Forget the adapter trained here and start again from the model")
         self.new_adapter_button.clicked.connect(self.new_adapter)
@@ -188,9 +237,12 @@ class RewardsPage(QWidget):
         fl = QVBoxLayout(files)
         fl.setContentsMargins(6, 4, 6, 4)
         fl.setSpacing(3)
+        start = QLabel("Continue:")
+        start.setToolTip(self.adapter_choice.toolTip())
+        fl.addWidget(start)
+        fl.addWidget(self.adapter_choice)
         fl.addWidget(self.adapter_label)
         fl.addWidget(self.save_button)
-        fl.addWidget(self.start_from_button)
         fl.addWidget(self.new_adapter_button)
         fl.addSpacing(4)
         fl.addWidget(self.ratings_label)
@@ -204,13 +256,7 @@ class RewardsPage(QWidget):
         il.addWidget(files)
         il.addStretch(1)
         self.settings_box = inner
-        scroll = QScrollArea()
-        scroll.setWidget(inner)
-        scroll.setWidgetResizable(True)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        scroll.setFrameShape(QFrame.NoFrame)
-        scroll.setMinimumWidth(190)
-        return scroll
+        return SidePanelWidget(inner, minimum=190)  # never narrower than its controls: none is cut
 
     def _build_rate_tab(self) -> QWidget:
         self.prompt_edit = QPlainTextEdit()
@@ -305,21 +351,119 @@ class RewardsPage(QWidget):
     # --- public API ---------------------------------------------------------------------------
     def set_model_info(self, info: ModelInfo | None) -> None:
         """The open model (None: none). A different model ends the current session (it is made again on
-        the next Generate)."""
+        the next Generate) and resets the adapter to continue: the new model's latest finished run."""
         self.info = info
         path = info.path if info is not None else None
         if self.session is not None and path != self.session_model and not self.busy:
             self._drop_session()
+        self.refresh_runs()
         self._show_paths()
+
+    def refresh_runs(self) -> None:
+        """Read the run history again: the list of adapters to continue, and its default (the latest
+        finished run of the open model) unless the person chose one or a session is going on."""
+        model = self.info.path if self.info is not None else self.project.model_path
+        self.adapter_choice.start_folder = self.project.output_folder()
+        self.adapter_choice.set_runs(load_runs(self.project, self.settings_store), model)
 
     def set_dataset_samples(self, samples) -> None:
         """The dataset's samples (engine Sample), for "From dataset…"; None: read the dataset file."""
         self.samples = list(samples) if samples is not None else None
 
     def set_adapter(self, path: str | None) -> None:
-        """Continue this adapter (GGUF or reward checkpoint folder) from the next new session on."""
+        """Continue this adapter (GGUF or reward checkpoint folder) from the next new session on; it is
+        selected in the list (None: a new adapter). A session going on is kept."""
         self.start_adapter = path or None
+        self._syncing = True
+        try:
+            self.adapter_choice.set_path(path or NEW_ADAPTER)
+        finally:
+            self._syncing = False
+        self._warn_fit()
         self._show_paths()
+
+    def _start_path(self, data: object) -> str | None:
+        """The adapter a list entry continues: a reward-tuned run goes on from its last checkpoint
+        folder (its exact state), other runs and files from their adapter file."""
+        if data in (None, NEW_ADAPTER):
+            return None
+        run = self.adapter_choice.current_run()
+        if (
+            run is not None
+            and run.kind == "rewards"
+            and run.last_checkpoint
+            and os.path.isdir(run.last_checkpoint)
+        ):
+            return run.last_checkpoint
+        return str(data)
+
+    def _start_changed(self, data: object, _label: str) -> None:
+        if self._syncing:
+            return
+        path = self._start_path(data)
+        if path == self.start_adapter:
+            self._show_paths()
+            return
+        s = self.session
+        if s is not None:
+            if not self.adapter_choice.chosen or self.busy:  # a refresh: the session keeps its adapter
+                self._sync_choice()
+                return
+            other = _short(path) if path else "a new adapter"
+            if s.step and not self.confirm(
+                "Continue another adapter",
+                f"Forget the {s.step} step(s) trained on this page and continue {other} instead? "
+                "(Save adapter… keeps them.)",
+            ):
+                self._sync_choice()
+                return
+            self.start_adapter = path
+            self._drop_session()
+        else:
+            self.start_adapter = path
+        self._warn_fit()
+        self._show_paths()
+
+    def _sync_choice(self) -> None:
+        """Show the adapter being continued in the list again (after a refused change)."""
+        self._syncing = True
+        try:
+            data = self._start_data(self.session_start if self.session is not None else self.start_adapter)
+            self.adapter_choice.set_path(data)
+        finally:
+            self._syncing = False
+
+    def _start_data(self, path: str | None) -> str:
+        """The list entry of a start adapter (a reward checkpoint folder is listed as its run)."""
+        if path is None:
+            return NEW_ADAPTER
+        for r in self.adapter_choice.runs:
+            if r.last_checkpoint and same_file(r.last_checkpoint, path):
+                return r.adapter
+        return path
+
+    def fit_problems(self, path: str) -> list[str]:
+        """Why the adapter (file or checkpoint folder) does not fit the open model: headers only."""
+        if self.info is None or not path:
+            return []
+        file = adapter_file(path)
+        try:
+            key = (file, os.path.getmtime(file), self.info.path)
+        except OSError:
+            return [f"{file} does not exist"]
+        if key not in self._fits:
+            self._fits[key] = adapter_problems(path, self.info)
+        return self._fits[key]
+
+    def _warn_fit(self) -> bool:
+        """Say at once when the adapter to continue was made for another model; True when it fits."""
+        problems = self.fit_problems(self.start_adapter) if self.start_adapter else []
+        if problems:
+            self.show_error(fit_message(self.start_adapter, self.info, problems), "warning")
+            return False
+        if "made for another model" in self.banner_text():
+            self.banner.hide()
+        return True
 
     def ratings_path(self) -> str:
         return self.custom_ratings_path or os.path.join(self.project.output_folder(), RATINGS_FILE)
@@ -360,8 +504,11 @@ class RewardsPage(QWidget):
         self.stop_button.setEnabled(busy in ("loading", "generating"))
         self.save_button.setEnabled(idle and self.session is not None)
         self.new_adapter_button.setEnabled(idle and self.session is not None)
+        if busy:
+            self.grid.hold_focus()  # a disabled card would hand the focus (and the next key) to the window
         for card in self.cards:
             card.setEnabled(idle)
+        self.adapter_choice.setEnabled(idle)
         self._update_apply_enabled()
         if busy:
             self.status_label.setText(BUSY_TEXT.get(busy, busy))
@@ -420,6 +567,7 @@ class RewardsPage(QWidget):
     def _drop_session(self) -> None:
         self.session = None
         self.session_model = None
+        self.session_start = None
         self._show_cards([])
         self.history.set_rounds([])
         self.diagnostics.set_empty(self.settings.mode())
@@ -432,8 +580,15 @@ class RewardsPage(QWidget):
 
     # --- paths --------------------------------------------------------------------------------
     def _project_changed(self, changed: set[str]) -> None:
+        if changed & {"output_dir", "path", "dataset_path", "model_path"}:
+            self.refresh_runs()
         if changed & {"output_dir", "path", "dataset_path", "model_path", "config"}:
             self._show_paths()
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        if not self.busy:
+            self.refresh_runs()
 
     def _show_paths(self) -> None:
         path = self.session.ratings_path if self.session is not None else self.ratings_path()
@@ -441,11 +596,13 @@ class RewardsPage(QWidget):
         self.ratings_label.setToolTip(path)
         s = self.session
         if s is not None:
-            what = f"Adapter trained here: <b>{s.step}</b> step{'s' if s.step != 1 else ''}"
-            if self.start_adapter:
-                what += f", started from {os.path.basename(os.path.normpath(self.start_adapter))}"
+            what = f"Optimizer steps taken on this page from your ratings: <b>{s.step}</b>"
+            if self.session_start:
+                what += f" (continuing {html.escape(_short(self.session_start))})"
+            else:
+                what += " (a new adapter)"
         elif self.start_adapter:
-            what = f"Starts from <b>{os.path.basename(os.path.normpath(self.start_adapter))}</b>"
+            what = f"The next Generate continues <b>{html.escape(_short(self.start_adapter))}</b>"
         else:
             c = self.project.config
             what = (
@@ -483,13 +640,10 @@ class RewardsPage(QWidget):
         return True
 
     def choose_start_adapter(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Start from adapter", self.project.output_folder(), "LoRA adapters (*.gguf);;All files (*)"
-        )
-        if path:
-            self.start_from(path)
+        self.adapter_choice.choose_file()
 
     def start_from(self, path: str) -> None:
+        """Continue `path` now: the session going on is dropped (asked first when it took steps)."""
         if (
             self.session is not None
             and self.session.step
@@ -511,8 +665,8 @@ class RewardsPage(QWidget):
             "Save adapter… to keep it)?"
         ):  # fmt: skip
             return
-        self.start_adapter = None
         self._drop_session()
+        self.set_adapter(None)
 
     # --- prompts ------------------------------------------------------------------------------
     def dataset_prompt_list(self) -> list[tuple[str, str | None]]:
@@ -558,6 +712,11 @@ class RewardsPage(QWidget):
                 f"The model file {model} does not exist any more. Open it again on the Model page."
             )
             return False
+        if self.session is None and self.start_adapter:
+            problems = self.fit_problems(self.start_adapter)
+            if problems:
+                self.show_error(fit_message(self.start_adapter, self.info, problems))
+                return False
         if self.session is None:
             path = self.ratings_path()
             why = writable_problem(os.path.dirname(os.path.abspath(path)))
@@ -649,6 +808,7 @@ class RewardsPage(QWidget):
             self._stop.set()
 
     def _show_placeholder_cards(self, n: int) -> None:
+        self.grid.hold_focus()
         cards = []
         for i in range(n):
             card = AnswerCardWidget(i, "…")
@@ -676,6 +836,8 @@ class RewardsPage(QWidget):
         """The session a task made (the model loaded in the worker) becomes the page's."""
         if self.session is None:
             self.session, self.session_model = session, model
+            self.session_start = self.start_adapter
+            self.adapter_choice.chosen = True  # a refresh of the runs keeps the adapter of this session
             self._show_paths()
             self._set_busy(self.busy)
 
@@ -717,6 +879,12 @@ class RewardsPage(QWidget):
                 if card.index in corrections:
                     card.set_corrected(corrections[card.index])
                 card.set_locked(applied)
+        groups: dict[str, list[int]] = {}
+        for card in cards:
+            groups.setdefault(card.text.strip(), []).append(card.index)
+        for card in cards:
+            card.set_same_as([i for i in groups[card.text.strip()] if i != card.index])
+        self.diagnostics.set_same_answers(list(groups.values()), len(cards))
         self.cards = cards
         self.grid.set_cards(cards)
         if cards:
@@ -841,6 +1009,7 @@ class RewardsPage(QWidget):
             )
             self.show_error("No step was taken: all ratings were equal, so there was nothing to learn. Next "
                             "time rate better answers higher than worse ones.", "warning")  # fmt: skip
+        self.refresh_runs()  # the reward-tuned adapter is a run of its own now
         self._show_paths()
         self._update_apply_enabled()
         self.side_by_side.set_answers(None, None)

@@ -131,15 +131,23 @@ class DiagnosticsWidget(QGroupBox):
         self.counts.setWordWrap(True)
         self.stats = QLabel()
         self.stats.setTextFormat(Qt.RichText)
+        self.stats.setWordWrap(True)
         self.mode_help = QLabel()
         self.mode_help.setWordWrap(True)
         self.mode_help.setObjectName("faint")
         self.warning = MessageBar()
         self.bars = WeightBarsWidget()
         self.bars_title = QLabel()
+        self.bars_title.setWordWrap(True)
+        # every label wraps at the panel's width, whatever its text: none may widen the panel
+        for label in (self.counts, self.stats, self.mode_help, self.bars_title, self.warning.label):
+            label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.warning.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.same: list[list[int]] = []
         self.message = QLabel()
         self.message.setWordWrap(True)
         self.message.setObjectName("faint")
+        self.message.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         faint = self.palette().color(QPalette.PlaceholderText).name()
         self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
         layout = QVBoxLayout(self)
@@ -157,6 +165,7 @@ class DiagnosticsWidget(QGroupBox):
 
     def set_empty(self, mode: str) -> None:
         self.counts.setText("No answers to rate yet.")
+        self.same = []
         self.stats.setText("")
         self.stats.hide()
         self.warning.hide()
@@ -167,6 +176,24 @@ class DiagnosticsWidget(QGroupBox):
         self.message.hide()
         self.mode_help.setText(MODE_HELP.get(mode, ""))
         self.mode_help.show()
+
+    def set_same_answers(self, groups: Sequence[Sequence[int]], n: int) -> None:
+        """Groups of answers (indexes) with the same text; with nothing rated yet, says so at once
+        when all `n` answers are one text."""
+        self.same = [list(g) for g in groups if len(g) > 1]
+        if self.all_same(n):
+            self.warning.show_message("warning", self._all_same_text(n))
+
+    def all_same(self, n: int) -> bool:
+        return n > 1 and len(self.same) == 1 and len(self.same[0]) == n
+
+    @staticmethod
+    def _all_same_text(n: int) -> str:
+        return (
+            f"<b>No signal:</b> all {n} answers are the same text, so there is nothing to compare and "
+            "ratings cannot tell the model which is better. Write a better answer with Edit…, or Generate "
+            "again with a higher temperature (Sampling, on the left)."
+        )
 
     def set_preview(self, preview, mode: str, states: Sequence[str], ratings: Sequence[float | None],
                     n_corrected: int = 0) -> None:  # fmt: skip
@@ -183,18 +210,39 @@ class DiagnosticsWidget(QGroupBox):
             mean = preview.mean if preview.mean is not None else float("nan")
             std = preview.std if preview.std is not None else float("nan")
             self.stats.setText(
-                f"Mean reward <b>{format_reward(mean) if math.isfinite(mean) else '–'}</b>"
-                f"&nbsp;&nbsp;·&nbsp;&nbsp;spread (std) <b>{std:.2f}</b>"
+                f"Mean reward <b>{format_reward(mean) if math.isfinite(mean) else '–'}</b> · "
+                f"spread (std) <b>{std:.2f}</b>"
                 if math.isfinite(std)
                 else f"Mean reward <b>{format_reward(mean)}</b>"
             )
         else:
             self.stats.setText("Rate the answers: keys 1–5 on a card, thumbs up / down, or the slider.")
-        if preview.no_signal:
+        rated = [r for r, st in zip(ratings, states, strict=False) if st == "rated" and r is not None]
+        cancelling = [
+            g for g in self.same
+            if len({ratings[i] for i in g if states[i] == "rated" and ratings[i] is not None}) > 1
+        ]  # fmt: skip
+        if self.all_same(n) and not n_corrected:
+            self.warning.show_message("warning", self._all_same_text(n))
+        elif preview.no_signal and len(rated) > 1:
+            how = (
+                "each answer's advantage is its rating minus the mean: 0 for all"
+                if mode == "group"
+                else "ratings become weights relative to each other: all the same"
+            )
             self.warning.show_message(
                 "warning",
-                "<b>No signal:</b> all ratings are equal, so this step would teach the model nothing. "
-                "Rate the answers differently (better ones higher), or write a better answer with Edit…",
+                f"<b>No signal:</b> all {len(rated)} rated answers got the same rating "
+                f"({format_reward(rated[0])}), and a step learns only from the differences between them "
+                f"({how}), so it would teach the model nothing. Rate better answers higher than worse ones, "
+                "or write a better answer with Edit….",
+            )
+        elif cancelling:
+            names = "; ".join(" and ".join(str(i + 1) for i in g) for g in cancelling)
+            self.warning.show_message(
+                "warning",
+                f"Answers {names} are the same text but rated differently: their pulls cancel out. Rate "
+                "them the same, or skip all but one (key S).",
             )
         else:
             self.warning.hide()
@@ -302,12 +350,12 @@ class RewardHistoryWidget(QGroupBox):
             item = plot.getPlotItem()
             item.setMenuEnabled(False)
             item.showGrid(x=True, y=True, alpha=0.25)
-            item.setLabel("left", title, color=fg.name())
             item.getAxis("left").setWidth(60)
             item.getAxis("left").enableAutoSIPrefix(False)
             for axis in ("left", "bottom"):
                 item.getAxis(axis).setTextPen(fg)
                 item.getAxis(axis).setPen(pg.mkPen(self.palette().color(QPalette.Mid)))
+            item.setLabel("left", title, color=fg.name())  # after setPen, which recolours the label
             plot.setMinimumHeight(90)
             plot.setMouseEnabled(x=False, y=False)
             item.hideButtons()

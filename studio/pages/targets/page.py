@@ -9,12 +9,20 @@ no weights loaded.
 The page keeps `project.config.targets` equal to what it shows: a preset with a layer range is
 stored as TargetSpec(preset, layers); any edit of cells or tree items as TargetSpec("none",
 patterns=explicit names). A project's spec that does not fit the model is shown as an inline error
-and left as it is until the person chooses something else.
+and left as it is until the person chooses something else. When the person opens another model, the
+targets are carried over: tensors (and train-in-full patterns, and layers of the range) that exist in
+the new model are kept, the others dropped, and a message on the page says which.
+
+Colours follow the palette (light or dark): hints use the placeholder-text role, errors and warnings
+a red and an amber readable on either.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QItemSelectionModel, QModelIndex, Qt, Signal
+from pathlib import Path
+
+from PySide6.QtCore import QEvent, QItemSelectionModel, QModelIndex, Qt, Signal
+from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDoubleSpinBox,
@@ -35,9 +43,20 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import PRESETS, ModelError, TargetSpec, human_bytes, human_count, parse_layers, select_full
+from engine import (
+    PRESETS,
+    ModelError,
+    TargetSpec,
+    human_bytes,
+    human_count,
+    parse_layers,
+    select_full,
+    select_targets,
+)
 
 from ...project import ModelInfo, Project
+from ...widgets.banner import MessageBar
+from ...widgets.theme import is_dark
 from .selection import SelectionStats, TargetSelection, kind_help
 from .views import (
     GROUP_COLORS,
@@ -58,13 +77,51 @@ PRESET_BUTTONS: tuple[tuple[str, str, str], ...] = (
 )  # fmt: skip
 PRESET_LABELS = {key: text.replace("&", "") for key, text, _ in PRESET_BUTTONS}
 
-ERROR_STYLE = "QLabel { color: #c0392b; font-weight: bold; }"
-WARN_STYLE = "QLabel { color: #a05a00; }"
-BAD_EDIT_STYLE = "QLineEdit { border: 1px solid #c0392b; background: #fdecea; }"
+# (light, dark) palettes: each readable on its background (contrast 4.5:1 or more)
+ERROR_COLOURS = ("#b03a2e", "#ff8a80")
+WARN_COLOURS = ("#8a4b00", "#ffcc80")
+BAD_EDIT_COLOURS = (("#c0392b", "#fdecea"), ("#e57373", "#4a1f1f"))  # border, background
+INDICATOR_STYLE_DARK = (
+    "QAbstractItemView::indicator:unchecked { border: 1px solid #8a8d91; border-radius: 2px;"
+    " background: palette(base); }"
+)
+MAX_LISTED = 6  # dropped tensors named in the carry-over message
+
+
+def error_style(dark: bool = False) -> str:
+    return f"QLabel {{ color: {ERROR_COLOURS[dark]}; font-weight: bold; }}"
+
+
+def warn_style(dark: bool = False) -> str:
+    return f"QLabel {{ color: {WARN_COLOURS[dark]}; }}"
+
+
+def bad_edit_style(dark: bool = False) -> str:
+    border, background = BAD_EDIT_COLOURS[dark]
+    return f"QLineEdit {{ border: 1px solid {border}; background: {background}; }}"
+
+
+def listed(names: list[str], limit: int = MAX_LISTED) -> str:
+    """ "a, b, c and 4 more" """
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def _layer_text(layers: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5" (the layer-range syntax)."""
+    parts: list[str] = []
+    for x in layers:
+        if parts and "-" in parts[-1] and int(parts[-1].split("-")[1]) == x - 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{x}"
+        elif parts and "-" not in parts[-1] and int(parts[-1]) == x - 1:
+            parts[-1] = f"{parts[-1]}-{x}"
+        else:
+            parts.append(str(x))
+    return ",".join(parts)
 
 
 def is_custom(spec: TargetSpec) -> bool:
@@ -91,13 +148,18 @@ class TargetsPage(QWidget):
         self._spec: TargetSpec | None = None  # the spec shown; equals project.config.targets when in step
         self._storing = False  # writing our own spec to the project
 
+        self._dark = is_dark(self.palette())
+        self._project_opened = False  # a project was just opened: its model's targets are its own
         self.placeholder = QLabel("Open a model to choose targets")
         self.placeholder.setAlignment(Qt.AlignCenter)
-        self.placeholder.setStyleSheet("QLabel { color: #7f8c8d; font-size: 14pt; }")
+        self.placeholder.setStyleSheet("QLabel { font-size: 14pt; }")
+        self.placeholder.setForegroundRole(QPalette.PlaceholderText)
 
         hint = QLabel("Open a .gguf file on the Model page (Ctrl+O); its tensors appear here.")
         hint.setAlignment(Qt.AlignCenter)
-        hint.setStyleSheet("QLabel { color: #95a5a6; }")
+        hint.setWordWrap(True)
+        hint.setForegroundRole(QPalette.PlaceholderText)
+        self.hint_label = hint
         empty = QWidget()
         el = QVBoxLayout(empty)
         el.addStretch(1)
@@ -109,6 +171,7 @@ class TargetsPage(QWidget):
         self.stack.addWidget(empty)
         self.empty_panel = empty
         self.stack.addWidget(self._build_content())
+        self._style_indicators()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.stack)
@@ -125,6 +188,7 @@ class TargetsPage(QWidget):
         outer.setContentsMargins(8, 8, 8, 8)
         outer.setSpacing(6)
 
+        # two rows, so that the page fits a 1024-pixel window: presets, then layers, rank and alpha
         bar = QHBoxLayout()
         bar.setSpacing(4)
         bar.addWidget(QLabel("Presets:"))
@@ -141,7 +205,10 @@ class TargetsPage(QWidget):
             button.clicked.connect(lambda _=False, k=key: self.apply_preset(k))
             bar.addWidget(button)
             self.preset_buttons[key] = button
-        bar.addSpacing(12)
+        bar.addStretch(1)
+        outer.addLayout(bar)
+        bar = QHBoxLayout()
+        bar.setSpacing(4)
         layers_label = QLabel("La&yers:")
         self.layer_edit = QLineEdit()
         self.layer_edit.setPlaceholderText("all layers")
@@ -186,9 +253,11 @@ class TargetsPage(QWidget):
         bar.addStretch(1)
         outer.addLayout(bar)
 
+        self.message = MessageBar()  # what a change of model kept and dropped
+        outer.addWidget(self.message)
         self.error_label = QLabel()
         self.error_label.setWordWrap(True)
-        self.error_label.setStyleSheet(ERROR_STYLE)
+        self.error_label.setStyleSheet(error_style(self._dark))
         self.error_label.hide()
         outer.addWidget(self.error_label)
         self.selection_label = QLabel()
@@ -202,7 +271,7 @@ class TargetsPage(QWidget):
         self.grid_view.sig_cell_pressed.connect(self._grid_cell_pressed)
         legend = QLabel()
         legend.setWordWrap(True)
-        legend.setStyleSheet("QLabel { color: #555; }")
+        legend.setForegroundRole(QPalette.PlaceholderText)  # readable grey on light and dark
         self.legend_label = legend
         self.tree_view = QTreeView()
         self.tree_view.setUniformRowHeights(True)
@@ -284,7 +353,18 @@ class TargetsPage(QWidget):
 
     # --- public API -------------------------------------------------------------------------
     def set_model_info(self, info: ModelInfo | None) -> None:
-        """Show the targets of a newly opened model (None: no model, the page says so)."""
+        """Show the targets of a newly opened model (None: no model, the page says so). When it
+        replaces another model, the targets that exist in the new one are kept and the page says
+        which were dropped; a project just opened keeps its targets as they are saved."""
+        previous = self.info
+        carry = (
+            previous is not None
+            and info is not None
+            and previous.path != info.path
+            and not self._project_opened
+        )
+        self._project_opened = False
+        self.message.hide()
         self.info = info
         self.grid_view.setModel(None)
         self.tree_view.setModel(None)
@@ -325,10 +405,75 @@ class TargetsPage(QWidget):
             button.setToolTip(button.property("tip") if ok else missing)
         self._summary_rows["Expert parameters"].setVisible(info.summary.config.is_moe)
         self.summary_labels["Expert parameters"].setVisible(info.summary.config.is_moe)
+        notes = self._carry_over(previous, info) if carry else []
         self._fill_full_list()
         self._fill_legend()
         self.stack.setCurrentIndex(1)
         self._show_spec(self.project.config.targets)
+        if notes:
+            self.message.show_message("info", " ".join(notes))
+
+    def _carry_over(self, previous: ModelInfo, info: ModelInfo) -> list[str]:
+        """Fit the project's targets to a model that replaces `previous`: keep the tensors, layers and
+        train-in-full patterns that exist in it, drop the others; sentences saying what happened."""
+        assert self.selection is not None
+        cfg = self.project.config
+        spec = cfg.targets
+        n_layers = self.selection.n_layers
+        name = Path(info.path).name
+        notes: list[str] = []
+        new_spec = spec
+        if is_custom(spec):
+            kept = [
+                n for n in spec.patterns if n in self.selection.by_name and self.selection.by_name[n].lora_ok
+            ]
+            dropped = [n for n in spec.patterns if n not in kept]
+            new_spec = TargetSpec(preset="none", patterns=tuple(kept))
+            if dropped:
+                notes.append(
+                    f"Targets carried over to {name}: kept {len(kept)} of {len(spec.patterns)} tensors; "
+                    f"dropped {len(dropped)} that this model does not have ({listed(dropped)})."
+                )
+        else:
+            layers = spec.layers
+            try:
+                parse_layers(layers, n_layers)
+            except ModelError:
+                old_layers = parse_layers(layers, previous.summary.config.L) or set()
+                keep = sorted(x for x in old_layers if x < n_layers)
+                layers = _layer_text(keep) if keep else None
+                gone = sorted(x for x in old_layers if x >= n_layers)
+                where = f"layers {layers}" if layers else "every layer"
+                notes.append(
+                    f"This model has {n_layers} layers: layers {_layer_text(gone)} of the range "
+                    f"{spec.layers} were dropped; the preset now applies to {where}."
+                )
+            patterns = []
+            for pattern in spec.patterns:
+                try:
+                    select_targets(info.tensors, TargetSpec(preset="none", patterns=(pattern,)), n_layers)
+                    patterns.append(pattern)
+                except ModelError:
+                    notes.append(f"Dropped the target {pattern!r}: this model has no such tensor.")
+            new_spec = TargetSpec(spec.preset, tuple(patterns), layers, spec.exclude)
+            if not self.selection.has_preset(spec.preset):
+                notes.append(
+                    f"This model has no {', '.join(PRESETS[spec.preset])}: the "
+                    f"{PRESET_LABELS.get(spec.preset, spec.preset)} preset selects nothing here; "
+                    "choose another preset."
+                )
+        full = []
+        for pattern in cfg.full:
+            try:
+                select_full(info.tensors, (pattern,), n_layers)
+                full.append(pattern)
+            except ModelError:
+                notes.append(f"Dropped {pattern!r} from Train in full: this model has no such tensor.")
+        if new_spec != spec:
+            self._store(new_spec)
+        if tuple(full) != tuple(cfg.full):
+            self.project.update_config(full=tuple(full))
+        return notes
 
     def selected_names(self) -> list[str]:
         """Names of the tensors that get LoRA adapters, in file order."""
@@ -429,6 +574,8 @@ class TargetsPage(QWidget):
         self.sig_selection_changed.emit(names)
 
     def _on_project(self, changed: set[str]) -> None:
+        if {"path", "model_path"} <= changed:  # a project opened (or new): its targets are its own
+            self._project_opened = True
         if "config" not in changed:
             return
         self._sync_hyperparameters()
@@ -459,7 +606,12 @@ class TargetsPage(QWidget):
     def _sync_preset_buttons(self) -> None:
         spec = self._spec
         for key, button in self.preset_buttons.items():
-            button.setChecked(spec is not None and not is_custom(spec) and spec.preset == key)
+            on = spec is not None and not is_custom(spec) and spec.preset == key
+            button.setChecked(on)
+            font = button.font()
+            if font.bold() != on:  # the chosen preset reads as chosen on light and dark alike
+                font.setBold(on)
+                button.setFont(font)
         if spec is None:
             self.selection_label.setText("")
         elif is_custom(spec):
@@ -503,7 +655,7 @@ class TargetsPage(QWidget):
         try:
             parse_layers(text.strip() or None, self.selection.n_layers)
         except ModelError as exc:
-            self.layer_edit.setStyleSheet(BAD_EDIT_STYLE)
+            self.layer_edit.setStyleSheet(bad_edit_style(self._dark))
             if not quiet:
                 self._show_error(f"{exc}. The selection is unchanged.")
             return False
@@ -586,7 +738,7 @@ class TargetsPage(QWidget):
         )
         if st.full_error:
             lab["Train in full"].setText(st.full_error)
-            lab["Train in full"].setStyleSheet(ERROR_STYLE)
+            lab["Train in full"].setStyleSheet(error_style(self._dark))
         else:
             lab["Train in full"].setStyleSheet("")
             lab["Train in full"].setText(
@@ -602,6 +754,24 @@ class TargetsPage(QWidget):
         lab["Memory (estimate)"].setWordWrap(True)
         if not st.n_tensors and not st.full_tensors and not self.error_label.isVisible():
             lab["Adapted tensors"].setText("0 — nothing to train: choose a preset or tick cells")
-            lab["Adapted tensors"].setStyleSheet(WARN_STYLE)
+            lab["Adapted tensors"].setStyleSheet(warn_style(self._dark))
         else:
             lab["Adapted tensors"].setStyleSheet("")
+
+    # --- light and dark -----------------------------------------------------------------------
+    def _style_indicators(self) -> None:
+        """Fusion outlines an unchecked box with a shade of the window colour, which vanishes on a dark
+        base: give the tree's and the list's unchecked boxes a visible border there."""
+        sheet = INDICATOR_STYLE_DARK if self._dark else ""
+        for view in (self.tree_view, self.full_list):
+            if view.styleSheet() != sheet:
+                view.setStyleSheet(sheet)
+
+    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        if event.type() == QEvent.PaletteChange and self._dark != is_dark(self.palette()):
+            self._dark = is_dark(self.palette())
+            self._style_indicators()
+            self.error_label.setStyleSheet(error_style(self._dark))
+            self._check_layer_text(self.layer_edit.text(), quiet=True)
+            self._update_summary()
+        super().changeEvent(event)

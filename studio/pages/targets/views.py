@@ -16,7 +16,7 @@ from PySide6.QtCore import (
     Qt,
     Signal,
 )
-from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPainter, QPainterPath, QPen
+from PySide6.QtGui import QBrush, QColor, QFont, QFontMetrics, QPainter, QPainterPath, QPalette, QPen
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QHeaderView,
@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from engine import Candidate
 
+from ...widgets.theme import is_dark
 from .selection import TargetSelection, ab_shapes, is_expert, kind_help, shape_text
 
 CELL_ROLE = Qt.UserRole + 1  # the Candidate of a grid cell or tree leaf (None for none)
@@ -47,6 +48,10 @@ LEAF_FLAGS = Qt.ItemIsEnabled | Qt.ItemIsSelectable
 CHECKABLE_FLAGS = Qt.ItemIsEnabled | Qt.ItemIsSelectable | Qt.ItemIsUserCheckable
 DISABLED_FLAGS = Qt.ItemIsSelectable
 CELL_W, CELL_H = 26, 22
+# (light, dark) colours of the grid's cells that have no group colour
+VECTOR_FILL = ("#eceeef", "#3a3d41")  # a vector: cannot take LoRA (hatched)
+VECTOR_HATCH = ("#b8bdc1", "#62666b")
+EMPTY_BORDER = ("#c3c8cd", "#6a6e73")  # a tensor that is not selected (filled with the base colour)
 BADGE_SCALE = 0.78  # expert badge font size, relative to the view's
 
 GROUP_COLORS: dict[str, str] = {
@@ -227,13 +232,14 @@ class GridDelegate(QStyledItemDelegate):
         col = model.headerData(index.column(), Qt.Horizontal, CELL_ROLE)
         color = QColor(GROUP_COLORS[col.group])
         r = QRect(option.rect).adjusted(2, 2, -2, -2)
+        dark = is_dark(option.palette)
         painter.save()
         painter.setRenderHint(QPainter.Antialiasing)
         if not c.lora_ok:
             painter.setPen(Qt.NoPen)
-            painter.setBrush(QColor("#eceeef"))
+            painter.setBrush(QColor(VECTOR_FILL[dark]))
             painter.drawRect(r)
-            painter.setBrush(QBrush(QColor("#b8bdc1"), Qt.BDiagPattern))
+            painter.setBrush(QBrush(QColor(VECTOR_HATCH[dark]), Qt.BDiagPattern))
             painter.drawRect(r)
             painter.restore()
             return
@@ -242,8 +248,8 @@ class GridDelegate(QStyledItemDelegate):
             painter.setPen(QPen(color.darker(115), 1))
             painter.setBrush(color)
         else:
-            painter.setPen(QPen(QColor("#c3c8cd"), 1))
-            painter.setBrush(QColor("#ffffff"))
+            painter.setPen(QPen(QColor(EMPTY_BORDER[dark]), 1))
+            painter.setBrush(option.palette.base())
         painter.drawRoundedRect(r, 3, 3)
         badge = model.data(index, DISPLAY)
         if badge:
@@ -251,7 +257,7 @@ class GridDelegate(QStyledItemDelegate):
             font.setPointSizeF(max(6.0, font.pointSizeF() * BADGE_SCALE))
             font.setBold(True)
             painter.setFont(font)
-            painter.setPen(QColor("#ffffff") if checked else color)
+            painter.setPen(QColor("#ffffff") if checked else (color.lighter(160) if dark else color))
             painter.drawText(r, Qt.AlignCenter, badge)
         elif checked:
             path = QPainterPath()
@@ -308,7 +314,8 @@ class RotatedHeaderView(QHeaderView):
         painter.fillRect(rect, self.palette().window())
         color = QColor(GROUP_COLORS[col.group] if col else "#888888")
         painter.fillRect(QRect(rect.left() + 2, rect.bottom() - 4, rect.width() - 4, 4), color)
-        painter.setPen(self.palette().windowText().color() if col and col.lora else QColor("#8a9094"))
+        dim = self.palette().color(QPalette.PlaceholderText)  # a vector kind: readable, but quieter
+        painter.setPen(self.palette().windowText().color() if col and col.lora else dim)
         fm = QFontMetrics(self.font())
         painter.translate(rect.left() + (rect.width() + fm.ascent() - fm.descent()) / 2.0, rect.bottom() - 8)
         painter.rotate(-90)

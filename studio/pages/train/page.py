@@ -6,10 +6,24 @@ session beside the open model, and this page only reacts to its events. Events a
 after the current step and keeps the run in memory: Resume goes on from that step with nothing
 reloaded. Stop ends the run after the current step with a checkpoint and the adapter. After a stop,
 a failure, or a restart of the app, Resume continues from the latest checkpoint (the same
-trajectory); "Resume from checkpoint…" continues any checkpoint folder. Each run writes
+trajectory); "From checkpoint…" continues any checkpoint folder of the open model. Each run writes
 `<output folder>/<dataset stem>-<time>.gguf` and its checkpoints to the sibling folder
 `<dataset stem>-<time>-checkpoints`, unless the project's TrainConfig names `out` /
-`checkpoint_dir` itself.
+`checkpoint_dir` itself. A run that fails before its first checkpoint leaves no folder behind.
+
+Before Start, a small engine job (`plan.check_run`) encodes and packs the dataset the editor shows
+with the model's tokenizer and template, as the trainer will: the progress bar shows the real step
+total, and Start is disabled, with the reason and a link to the page that fixes it
+(`sig_go_to_page(name)`), when nothing is chosen to train, no sample has a token to learn from, or
+the run would not fit in memory. The check runs again (debounced) when the settings, the model or
+the dataset change. While a run starts, the stats line says what it is doing (opening the model,
+preparing the data, the first step); during the run it shows the run's training time (the engine's
+`Step.elapsed_s`: pauses excluded, carried by checkpoints) and the time left in words (the engine's
+moving average, `Step.eta_s`). A run longer than `notify_after_s` that ends alerts the window, the
+system tray (when there is one) and the status line.
+
+A new model resets what belonged to the old one: Resume is no longer offered (a checkpoint of
+another model neither), and the hyperparameters go back to their defaults (the targets stay).
 
 States (`state`, `sig_state_changed`): idle, loading (the model loads in the worker), training,
 pausing, paused, stopping, finished, failed. Problems (no model or dataset, an output folder that
@@ -18,25 +32,31 @@ cannot be written, a failed run) are shown in a banner on the page that says wha
 
 from __future__ import annotations
 
+import html
+import math
 import os
+import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtCore import Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
+    QMainWindow,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QScrollArea,
     QSizePolicy,
     QSplitter,
-    QToolButton,
+    QStyle,
+    QSystemTrayIcon,
     QVBoxLayout,
     QWidget,
 )
@@ -52,36 +72,59 @@ from engine import (
     Step,
     TrainConfig,
     human_bytes,
+    template_for,
 )
 
 from ...dataset_document import DatasetDocument
-from ...paths import latest_checkpoint, writable_problem
+from ...paths import latest_checkpoint
 from ...project import ModelInfo, Project
+from ...widgets.banner import MessageBar
+from ...widgets.buttons import PrimaryButton
+from ...widgets.elided_label import ElidedLabel
 from ...widgets.plots import TrainPlotsWidget
 from ...worker import Engine, Job
+from .folders import checkpoint_model, clean_failed_run, folder_problem, missing_folders, same_file
+from .plan import Blocker, EncodingCache, RunCheck, check_run, check_selection
 from .settings import TrainSettingsWidget
 
 STATES = ("idle", "loading", "training", "pausing", "paused", "stopping", "finished", "failed")
 ACTIVE = ("loading", "training", "pausing", "stopping")
 LOG_MAX_LINES = 5000
-
-BANNER_STYLES = {
-    "error": "QFrame#banner { background: rgba(192, 57, 43, 0.13); border: 1px solid #c0392b; "
-    "border-radius: 4px; } QLabel { color: #8e2b20; }",
-    "warning": "QFrame#banner { background: rgba(230, 160, 20, 0.16); border: 1px solid #d49a12; "
-    "border-radius: 4px; } QLabel { color: #6b4a00; }",
-    "info": "QFrame#banner { background: rgba(41, 128, 185, 0.12); border: 1px solid #2980b9; "
-    "border-radius: 4px; } QLabel { color: #1b4f72; }",
-}
+CHECK_DELAY_MS = 400  # settings and dataset changes are checked this long after the last one
+NOTIFY_AFTER_S = 60.0  # a run segment longer than this alerts the window when it ends
+# settings that change the step total, the data check or the memory estimate
+CHECKED_SETTINGS = frozenset({
+    "n_ctx", "batch_size", "grad_accum", "epochs", "steps", "val_split", "seed", "train_on_prompt",
+    "prompt_format", "targets", "rank", "full", "checkpoint_layers", "cache_budget", "device",
+})  # fmt: skip
+PHASE_OPENING = "Opening the model…"
+PHASE_DATA = "Preparing the data…"
+PHASE_FIRST_STEP = "First step: dequantizing and warming up…"
 
 
 def human_duration(seconds: float) -> str:
-    if seconds != seconds or seconds < 0:  # NaN
+    """1:08, 12:30, 1:02:03; "–" when unknown."""
+    if seconds != seconds or seconds < 0 or seconds == math.inf:
         return "–"
     s = int(round(seconds))
     h, rem = divmod(s, 3600)
     m, s = divmod(rem, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def eta_words(seconds: float) -> str:
+    """The time left in words: "less than a minute left", "about 9 min left", "about 2 h 10 min left"."""
+    if seconds != seconds or seconds < 0 or seconds == math.inf:
+        return "estimating the time left…"
+    if seconds < 50:
+        return "less than a minute left"
+    minutes = max(1, round(seconds / 60))
+    if minutes >= 20:
+        minutes = 5 * round(minutes / 5)
+    if minutes < 60:
+        return f"about {minutes} min left"
+    h, m = divmod(minutes, 60)
+    return f"about {h} h {m} min left" if m else f"about {h} h left"
 
 
 @dataclass
@@ -90,11 +133,27 @@ class RunPaths:
     checkpoint_dir: str  # checkpoint folders
 
 
+@dataclass(frozen=True)
+class RunHandle:
+    """Sent by the training job before its first step: the engine's run, as an identity token."""
+
+    run: object
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Sent by the training job: what it is doing before the first step, for the stats line."""
+
+    text: str
+
+
 class TrainPage(QWidget):
     """Train the project's model on its dataset with its settings; see the module docstring."""
 
     sig_state_changed = Signal(str)
     sig_run_finished = Signal(object)  # the engine's Finished or Failed of each run segment
+    sig_go_to_page = Signal(str)  # a link asked for another page: "Model", "Dataset", "Targets"
+    sig_notice = Signal(str)  # a long run ended: what the window also showed in its status line
 
     def __init__(
         self,
@@ -111,6 +170,7 @@ class TrainPage(QWidget):
         self._state = "idle"
         self.job: Job | None = None  # the training job in flight
         self.run = None  # the engine's run of this page (an identity token; it lives in the worker)
+        self.run_model: str | None = None  # the model file of the current (or last) run
         self.paths: RunPaths | None = None  # of the current (or last) run
         self.run_config: TrainConfig | None = None
         self.last_result: Finished | Failed | None = None
@@ -118,9 +178,28 @@ class TrainPage(QWidget):
         self.total_steps = 0
         self.last_step = 0
         self.tokens_done = 0
+        self.elapsed_s = 0.0  # the run's training time, from its latest Step
+        self.phase = ""  # what a starting run is doing, until its first step
+        self.ever_started = False  # a run was started from this page (the first look is over)
+        self.notify_after_s = NOTIFY_AFTER_S
+        self._segment_t0 = 0.0
+        self._created: list[str] = []  # folders the current run would create (removed if it fails early)
         self._latest_step: Step | None = None
         self._progress_dirty = False
         self.log_every = 10  # log one Step line in this many
+        self._config_model = project.model_path  # the model the hyperparameters were set for
+        # the check of the next run (plan.check_run), done by an engine job
+        self.check: RunCheck | None = None
+        self._check_job: Job | None = None
+        self._check_gen = 0
+        self._check_again = False
+        self._show_next = True  # the progress bar shows the next run's plan (not the last run's end)
+        self._encodings = EncodingCache()  # used by the check jobs only, in the worker
+        self._tray: QSystemTrayIcon | None = None
+        self.check_timer = QTimer(self)
+        self.check_timer.setSingleShot(True)
+        self.check_timer.setInterval(CHECK_DELAY_MS)
+        self.check_timer.timeout.connect(self.check_now)
 
         # --- settings (left) ---
         self.settings = TrainSettingsWidget(project)
@@ -128,84 +207,87 @@ class TrainPage(QWidget):
         scroll.setWidget(self.settings)
         scroll.setWidgetResizable(True)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        scroll.setVerticalScrollBarPolicy(Qt.ScrollBarAsNeeded)
         scroll.setFrameShape(QFrame.NoFrame)
-        scroll.setMinimumWidth(self.settings.sizeHint().width() + 24)
+        scroll.setMinimumWidth(
+            self.settings.minimumSizeHint().width() + scroll.verticalScrollBar().sizeHint().width() + 4
+        )
         self.settings_scroll = scroll
 
         # --- banner ---
-        self.banner = QFrame()
-        self.banner.setObjectName("banner")
-        self.banner_label = QLabel()
-        self.banner_label.setWordWrap(True)
-        self.banner_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.banner = MessageBar()
+        self.banner.label.setTextFormat(Qt.RichText)
+        self.banner.label.setTextInteractionFlags(Qt.TextBrowserInteraction)
+        self.banner.label.linkActivated.connect(self._link)
         self.banner_level = ""
-        close = QToolButton()
-        close.setText("✕")
-        close.setAutoRaise(True)
-        close.setToolTip("Dismiss this message")
-        close.clicked.connect(self.hide_banner)
-        bl = QHBoxLayout(self.banner)
-        bl.setContentsMargins(8, 4, 4, 4)
-        bl.addWidget(self.banner_label, 1)
-        bl.addWidget(close, 0, Qt.AlignTop)
-        self.banner.hide()
+        self._banner_plain = ""
 
         # --- controls ---
-        b = self._button
-        self.start_button = b(
-            "Start", "Ctrl+Return", self.start, "Start a new training run with these settings (Ctrl+Enter)."
-        )
-        self.pause_button = b(
+        self.start_button = PrimaryButton("Start")
+        self._bind(self.start_button, "Ctrl+Return", self.start,
+                   "Start a new training run with these settings (Ctrl+Enter).")  # fmt: skip
+        self.pause_button = self._button(
             "Pause",
             "Ctrl+P",
             self.pause,
-            "Stop after the current step and write a checkpoint; Resume continues from it (Ctrl+P).",
+            "Stop after the current step and keep the run in memory; Resume continues from it (Ctrl+P).",
         )
-        self.resume_button = b(
+        self.resume_button = self._button(
             "Resume",
             "Ctrl+Shift+Return",
             self.resume,
-            "Continue this run from its latest checkpoint (Ctrl+Shift+Enter).",
+            "Continue this run: in memory after Pause, else from its latest checkpoint (Ctrl+Shift+Enter).",
         )
-        self.stop_button = b(
+        self.stop_button = self._button(
             "Stop",
             "Ctrl+.",
             self.stop,
             "End the run after the current step; the adapter and a checkpoint are written (Ctrl+.).",
         )
-        self.resume_from_button = b("Resume from checkpoint…", None, self.choose_checkpoint,
-                                    "Continue training from a checkpoint folder (ckpt-NNNNNN, or a "
-                                    "folder of them: the newest).")  # fmt: skip
+        self.resume_from_button = self._button("From checkpoint…", None, self.choose_checkpoint,
+                                               "Continue training from a checkpoint folder of the open model "
+                                               "(ckpt-NNNNNN, or a folder of them: the newest).")  # fmt: skip
         self.state_label = QLabel()
-        self.state_label.setMinimumWidth(90)
         self.state_label.setAlignment(Qt.AlignRight | Qt.AlignVCenter)
+        self.state_label.setToolTip("The state of the training run.")
         controls = QHBoxLayout()
         controls.setSpacing(4)
         for b in (self.start_button, self.pause_button, self.resume_button, self.stop_button):
             controls.addWidget(b)
-        controls.addSpacing(8)
+        controls.addSpacing(6)
         controls.addWidget(self.resume_from_button)
         controls.addStretch(1)
         controls.addWidget(self.state_label)
+        # why Start is disabled, with a link to the page that fixes it
+        self.reason_label = QLabel()
+        self.reason_label.setWordWrap(True)
+        self.reason_label.setTextFormat(Qt.RichText)
+        self.reason_label.setTextInteractionFlags(Qt.TextBrowserInteraction)
+        self.reason_label.linkActivated.connect(self._link)
+        self.reason_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.reason_label.hide()
 
         # --- progress ---
         self.progress = QProgressBar()
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
-        self.progress.setFormat("%v / %m steps")
         self.progress.setTextVisible(True)
+        self.progress.setFormat("steps: waiting for a model and a dataset")
+        self.progress.setToolTip("Steps of the run: before Start, the step total of the current settings.")
         self.stats_label = QLabel("Not started.")
         self.stats_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        # its text changes at every tick: never let that re-layout the page
+        self.stats_label.setWordWrap(True)
+        self.stats_label.setAlignment(Qt.AlignLeft | Qt.AlignTop)
+        # its text changes at every tick: never let that re-layout the page (two lines, always)
         self.stats_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Fixed)
-        self.paths_label = QLabel()
+        self.stats_label.setFixedHeight(2 * self.stats_label.fontMetrics().lineSpacing() + 2)
+        self.paths_label = ElidedLabel()
         self.paths_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.paths_label.setWordWrap(True)
-        self.paths_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.output_button = QPushButton("Output folder…")
         self.output_button.setToolTip(
             "Choose where adapters and checkpoints are written. Default: a tune-studio-out folder "
-            "beside the project file (or the dataset)."
+            "beside the project file (or the dataset), or your data folder when that one is inside "
+            "the program or cannot be written."
         )
         self.output_button.clicked.connect(self.choose_output_folder)
         paths_row = QHBoxLayout()
@@ -215,11 +297,13 @@ class TrainPage(QWidget):
         # --- plots and log ---
         self.plots = TrainPlotsWidget()
         self.plots.timer.timeout.connect(self._refresh_progress)
+        self.plots.sig_link_activated.connect(self._link)
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(LOG_MAX_LINES)
         self.log.setLineWrapMode(QPlainTextEdit.NoWrap)
         self.log.setPlaceholderText("Events of the run appear here.")
+        self.log.setMinimumHeight(50)
         font = self.log.font()
         font.setStyleHint(font.StyleHint.Monospace)
         font.setFamily("monospace")
@@ -238,6 +322,7 @@ class TrainPage(QWidget):
         rl.setSpacing(4)
         rl.addWidget(self.banner)
         rl.addLayout(controls)
+        rl.addWidget(self.reason_label)
         rl.addWidget(self.progress)
         rl.addWidget(self.stats_label)
         rl.addLayout(paths_row)
@@ -255,16 +340,27 @@ class TrainPage(QWidget):
 
         project.subscribe(self._project_changed)
         self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
+        if dataset is not None:
+            dataset.subscribe(self._dataset_changed)
+            self.destroyed.connect(lambda *_, cb=self._dataset_changed: dataset.unsubscribe(cb))
         self._set_state("idle", force=True)
         self._show_paths()
+        self._refresh_progress(force=True)
 
     def _button(self, text: str, shortcut: str | None, slot, tip: str) -> QPushButton:
-        b = QPushButton(text)
+        return self._bind(QPushButton(text), shortcut, slot, tip)
+
+    @staticmethod
+    def _bind(b: QPushButton, shortcut: str | None, slot, tip: str) -> QPushButton:
         if shortcut:
             b.setShortcut(QKeySequence(shortcut))
         b.setToolTip(tip)
         b.clicked.connect(slot)
         return b
+
+    def _link(self, href: str) -> None:
+        if href.startswith("page:"):
+            self.sig_go_to_page.emit(href[len("page:") :])
 
     # --- state ------------------------------------------------------------------------------
     @property
@@ -277,7 +373,6 @@ class TrainPage(QWidget):
         self._state = state
         active = state in ACTIVE
         resumable = state in ("paused", "failed", "finished") and self._can_resume()
-        self.start_button.setEnabled(not active)
         self.pause_button.setEnabled(state == "training")
         self.resume_button.setEnabled(resumable)
         self.stop_button.setEnabled(state in ("loading", "training", "paused"))  # paused: end it
@@ -285,11 +380,21 @@ class TrainPage(QWidget):
         self.output_button.setEnabled(not active)
         self.settings.setEnabled(not active)
         self.state_label.setText(f"<b>{state}</b>")
+        self._update_start()
         if changed or force:
             self.sig_state_changed.emit(state)
+            if not active and changed:
+                self.schedule_check()  # memory and data may have changed with the run
 
     def _can_resume(self) -> bool:
-        """The run is paused in memory, or a checkpoint of it exists and it has steps left."""
+        """The run is paused in memory, or a checkpoint of it exists and it has steps left; and it
+        is a run of the open model."""
+        if (
+            self.run_model
+            and self.project.model_path
+            and not same_file(self.run_model, self.project.model_path)
+        ):
+            return False
         if self._state == "paused":
             return True
         if self.paths is None or latest_checkpoint(self.paths.checkpoint_dir) is None:
@@ -300,34 +405,235 @@ class TrainPage(QWidget):
 
     # --- model ------------------------------------------------------------------------------
     def set_model_info(self, info: ModelInfo | None) -> None:
-        """The open model (for the heatmaps' layer and expert counts); None when none is open."""
+        """The open model (layer and expert counts, tokenizer and template for the check, its size
+        for the presets); None when none is open. A model other than the one the settings were
+        made for resets them to their defaults (the targets stay) and forgets the old run."""
         self.info = info
+        self.check = None  # it was of another model
         if info is None:
             self.plots.set_model_shape(None, 0)
+            self.settings.set_model_size(None)
         else:
             cfg = info.summary.config
             self.plots.set_model_shape(cfg.L, cfg.E)
-        if self.banner_level == "error" and info is not None and "model" in self.banner_label.text():
+            self.settings.set_model_size(info.summary.n_params)
+            if self._config_model and not same_file(self._config_model, info.path):
+                self.project.reset_hyperparameters()
+                self._log(f"New model {Path(info.path).name}: the training settings are back to their "
+                          "defaults (the targets are kept).")  # fmt: skip
+                self.show_banner(
+                    f"{Path(info.path).name} is a new model: the training settings are back to their "
+                    "defaults (the targets are kept). Pick a preset or adjust them, then press Start.",
+                    "info",
+                )
+            self._config_model = info.path
+            if self.run_model and not same_file(self.run_model, info.path) and self._state not in ACTIVE:
+                self._forget_run()
+        if self.banner_level == "error" and info is not None and "model" in self._banner_plain.lower():
             self.hide_banner()
+        self._set_state(self._state)
+        self.schedule_check()
+
+    def _forget_run(self) -> None:
+        """The open model changed: the last run (paused in memory, or with checkpoints) is not
+        offered any more."""
+        if self._state == "paused":
+            self._log(f"The run paused at step {self.last_step} ended with its model "
+                      "(its checkpoints, if any, are kept on disk).")  # fmt: skip
+        self.run = None
+        self.run_model = None
+        self.paths = None
+        self.last_result = None
+        self.last_checkpoint = None
+        self._show_next = True
+        self._set_state("idle")
+        self._show_paths()
 
     def _project_changed(self, changed: set[str]) -> None:
+        if {"model_path", "config"} <= changed:  # a project loaded, restored or reset: its settings
+            self._config_model = self.project.model_path  # belong to its model
         if changed & {"dataset_path", "output_dir", "path", "model_path", "config"}:
             self._show_paths()
+        settings = {c[len("config.") :] for c in changed if c.startswith("config.")}
+        relevant = changed & {"model_path", "dataset_path", "template_file", "device"} or (
+            "config" in changed and (not settings or settings & CHECKED_SETTINGS)
+        )
+        if relevant:
+            self._show_next = True
+            self._set_state(self._state)  # Resume may not be offered any more
+            self.schedule_check()
+
+    def _dataset_changed(self, change) -> None:
+        if change.kind in ("reset", "inserted", "removed", "moved", "changed", "path"):
+            self._show_next = True
+            self.schedule_check()
+
+    # --- the check of the next run ----------------------------------------------------------
+    def schedule_check(self) -> None:
+        """Check the next run soon (after CHECK_DELAY_MS without another change)."""
+        self._update_start()
+        self.check_timer.start()
+
+    def check_now(self) -> Job | None:
+        """Submit the check of the next run to the engine worker (plan.check_run); its result
+        updates the progress bar and the Start button. None when there is nothing to check yet."""
+        self.check_timer.stop()
+        info, p = self.info, self.project
+        if self._state in ACTIVE:
+            return None  # checked again when the run ends
+        if info is None or self._input_blocker() is not None or not same_file(info.path, p.model_path):
+            self.check = None  # (a model still opening: checked when the window says it is open)
+            self._update_start()
+            self._refresh_progress(force=True)
+            return None
+        if self._check_job is not None and self._check_job.active:
+            self._check_again = True
+            return None
+        edited = self._edited_samples()
+        if edited is not None:
+            data = edited
+        elif self.dataset is not None and len(self.dataset) and self._doc_is_dataset_file():
+            data = self.dataset.samples()  # the file as the editor read it
+        else:
+            data = p.dataset_path
+        config, template_file, cache = p.config, p.template_file, self._encodings
+        self._check_gen += 1
+        gen = self._check_gen
+
+        def check(session, job) -> RunCheck:
+            try:  # made once per model and template file (the encodings are cached for it)
+                template = cache.template((id(info), template_file), lambda: (
+                    template_for(info.metadata, template_file) if template_file else info.template
+                ))  # fmt: skip
+            except EngineError as exc:
+                selection = check_selection(info.tensors, info.summary.config, config)
+                return replace(
+                    selection, blocker=Blocker(f"The chat template cannot be used: {exc}.", "Model")
+                )
+            return check_run(data, info.tokenizer, template, info.tensors, info.summary.config, config, cache)
+
+        self._check_job = self.engine.submit(
+            "checking the next run",
+            check,
+            on_done=lambda result, g=gen: self._check_done(g, result),
+            on_error=lambda message, g=gen: self._check_failed(g, message),
+            needs_session=False,
+        )
+        return self._check_job
+
+    def _check_done(self, gen: int, result: RunCheck) -> None:
+        self._check_job = None
+        stale = self._check_again  # something changed while it ran: check again, show this one not
+        if gen == self._check_gen and not stale:
+            self.check = result
+            self._update_start()
+            self._refresh_progress(force=True)
+        if stale:
+            self._check_again = False
+            self.check_now()
+
+    def _check_failed(self, gen: int, message: str) -> None:
+        self._check_job = None
+        if gen == self._check_gen:
+            self.check = None
+            self._log(f"The next run could not be checked: {message}")
+            self._update_start()
+        if self._check_again:
+            self._check_again = False
+            self.schedule_check()
+
+    def _input_blocker(self) -> Blocker | None:
+        """What is missing before anything can be checked: a model, a dataset."""
+        p = self.project
+        if not p.model_path:
+            return Blocker("No model is chosen. Open a .gguf model on the Model page.", "Model")
+        if not os.path.isfile(p.model_path):
+            return Blocker(f"The model file {p.model_path} does not exist any more. Open it again on the "
+                           "Model page.", "Model")  # fmt: skip
+        if self._edited_samples() is not None:
+            return None  # the editor's samples, saved or not
+        if not p.dataset_path:
+            return Blocker(
+                "No dataset is chosen. Open or create a JSONL dataset on the Dataset page.", "Dataset"
+            )
+        if not os.path.isfile(p.dataset_path):
+            return Blocker(f"The dataset file {p.dataset_path} does not exist. Choose it again on the "
+                           "Dataset page.", "Dataset")  # fmt: skip
+        return None
+
+    def blocker(self) -> Blocker | None:
+        """Why Start is disabled, or None."""
+        return self._input_blocker() or (self.check.blocker if self.check is not None else None)
+
+    def _update_start(self) -> None:
+        active = self._state in ACTIVE
+        blocker = None if active else self.blocker()
+        self.start_button.setEnabled(not active and blocker is None)
+        if blocker is not None:
+            self.reason_label.setText(
+                f"<b>Start is unavailable:</b> {self._html(blocker.reason, blocker.page)}"
+            )
+            self.reason_label.show()
+            self.start_button.setToolTip(f"Start is unavailable: {blocker.reason}")
+        else:
+            self.reason_label.hide()
+            self.start_button.setToolTip("Start a new training run with these settings (Ctrl+Enter).")
+        if not self.ever_started:
+            self.plots.show_placeholder(self._first_look())
+
+    @staticmethod
+    def _html(text: str, page: str = "") -> str:
+        link = f' <a href="page:{page}">Go to the {page} page</a>' if page else ""
+        return html.escape(text) + link
+
+    def _first_look(self) -> str:
+        """The plot area before the first run: what to do, step by step, with links."""
+        p, check = self.project, self.check
+        done, todo = "✓", "○"
+
+        def row(ok: bool | None, text: str, page: str = "") -> str:
+            link = f' — <a href="page:{page}">{page} page</a>' if page and not ok else ""
+            mark = "•" if ok is None else done if ok else todo
+            return f"<tr><td>{mark}&nbsp;</td><td>{text}{link}</td></tr>"
+
+        model = Path(p.model_path).name if p.model_path else ""
+        edited = self._edited_samples()
+        data = (f"{len(edited)} samples in the editor" if edited is not None
+                else Path(p.dataset_path).name if p.dataset_path else "")  # fmt: skip
+        if check is not None and check.plan is not None:
+            data += f" ({check.plan.n_trainable} to train)"
+        targets_ok = check is not None and (check.blocker is None or check.blocker.page != "Targets")
+        what = ""
+        if check is not None and check.n_lora_tensors + check.n_full_tensors:
+            what = f"{check.n_lora_tensors} LoRA tensors"
+            what += f" + {check.n_full_tensors} full" if check.n_full_tensors else ""
+        rows = [
+            row(bool(model), f"A model{': ' + html.escape(model) if model else ''}", "Model"),
+            row(bool(data), f"A dataset{': ' + html.escape(data) if data else ''}", "Dataset"),
+            row(targets_ok, f"What to train{': ' + what if what else ''}", "Targets"),
+            row(None, "Settings on the left: a preset, or your own"),
+        ]
+        return (
+            "<h3>Train a LoRA adapter</h3><table>" + "".join(rows) + "</table>"
+            "<p>Then press <b>Start</b> (Ctrl+Enter). The loss, learning rate, gradient norm, throughput "
+            "and LoRA norms appear here as the run goes; the Layers tab shows each adapted tensor.</p>"
+        )
 
     # --- banner -----------------------------------------------------------------------------
-    def show_banner(self, text: str, level: str = "error") -> None:
-        """A message on the page itself (error / warning / info) with what to do next."""
+    def show_banner(self, text: str, level: str = "error", page: str = "") -> None:
+        """A message on the page itself (error / warning / info) with what to do next; `page`
+        adds a link to the page that fixes it."""
         self.banner_level = level
-        self.banner.setStyleSheet(BANNER_STYLES[level])
-        self.banner_label.setText(text)
-        self.banner.show()
+        self._banner_plain = text + (f" Go to the {page} page" if page else "")
+        self.banner.show_message(level, self._html(text, page))
 
     def hide_banner(self) -> None:
         self.banner_level = ""
         self.banner.hide()
 
     def banner_text(self) -> str:
-        return self.banner_label.text() if not self.banner.isHidden() else ""
+        """The banner's message as plain text ("" when hidden)."""
+        return self._banner_plain if not self.banner.isHidden() else ""
 
     # --- paths ------------------------------------------------------------------------------
     def default_paths(self, stamp: str | None = None) -> RunPaths:
@@ -349,7 +655,6 @@ class TrainPage(QWidget):
         else:
             p = self.default_paths(stamp="<date-time>")
             self.paths_label.setText(f"Next run writes: {p.out}\nCheckpoints: {p.checkpoint_dir}")
-        self.paths_label.setToolTip(self.paths_label.text())
 
     def choose_output_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Output folder", self.project.output_folder())
@@ -359,29 +664,15 @@ class TrainPage(QWidget):
 
     # --- actions ----------------------------------------------------------------------------
     def _check_inputs(self) -> bool:
-        p = self.project
-        if not p.model_path:
-            self.show_banner("No model is chosen. Open a .gguf model on the Model page, then press Start.")
-            return False
-        if not os.path.isfile(p.model_path):
-            self.show_banner(f"The model file {p.model_path} does not exist any more. Open it again on the "
-                             "Model page.")  # fmt: skip
-            return False
-        if self._edited_samples() is not None:
-            return True  # the editor's samples, saved or not
-        if not p.dataset_path:
-            self.show_banner("No dataset is chosen. Open or create a JSONL dataset on the Dataset page, then "
-                             "press Start.")  # fmt: skip
-            return False
-        if not os.path.isfile(p.dataset_path):
-            self.show_banner(f"The dataset file {p.dataset_path} does not exist. Choose it again on the "
-                             "Dataset page.")  # fmt: skip
+        blocker = self._input_blocker()
+        if blocker is not None:
+            self.show_banner(blocker.reason, page=blocker.page)
             return False
         return True
 
     def _check_writable(self, paths: RunPaths) -> bool:
-        for folder in {os.path.dirname(os.path.abspath(paths.out)), paths.checkpoint_dir}:
-            why = writable_problem(folder)
+        for folder in dict.fromkeys([os.path.dirname(os.path.abspath(paths.out)), paths.checkpoint_dir]):
+            why = folder_problem(folder)
             if why:
                 self.show_banner(
                     f"The output folder {folder} cannot be written ({why}). Choose another output folder "
@@ -396,10 +687,13 @@ class TrainPage(QWidget):
         doc = self.dataset
         if doc is None or not len(doc):
             return None
-        saved = (
-            doc.path and self.project.dataset_path and os.path.samefile(doc.path, self.project.dataset_path)
+        return None if (self._doc_is_dataset_file() and not doc.dirty) else doc.samples()
+
+    def _doc_is_dataset_file(self) -> bool:
+        doc, path = self.dataset, self.project.dataset_path
+        return bool(
+            doc is not None and doc.path and path and os.path.isfile(path) and same_file(doc.path, path)
         )
-        return None if (saved and not doc.dirty) else doc.samples()
 
     def start(self) -> bool:
         """Start a new run with the project's settings; False (and a banner) if it cannot start."""
@@ -407,25 +701,38 @@ class TrainPage(QWidget):
             return False
         if not self._check_inputs():
             return False
+        blocker = self.blocker()
+        if blocker is not None:
+            self.show_banner(f"Cannot start: {blocker.reason}", page=blocker.page)
+            return False
         paths = self.default_paths()
         if not self._check_writable(paths):
             return False
         self.hide_banner()
         self.paths = paths
+        self._created = missing_folders(os.path.dirname(os.path.abspath(paths.out)), paths.checkpoint_dir)
         self.plots.clear()
         self.tokens_done = 0
         self.last_step = 0
-        self.total_steps = 0
+        self.elapsed_s = 0.0
+        self.total_steps = self.check.plan.total_steps if self.check and self.check.plan else 0
         self.last_checkpoint = None
         self.last_result = None
-        self._log(f"New run: {os.path.basename(self.project.model_path)} on "
-                  f"{os.path.basename(self.project.dataset_path)}; adapter → {paths.out}")  # fmt: skip
+        self.run_model = self.project.model_path
+        self.ever_started = True
+        data = self._edited_samples()
+        source = (
+            f"{len(data)} samples in the editor"
+            if data is not None
+            else os.path.basename(self.project.dataset_path)
+        )
+        self._log(f"New run: {os.path.basename(self.project.model_path)} on {source}; adapter → {paths.out}")
         self._launch(resume=None)
         return True
 
     def resume(self) -> bool:
         """Continue the current run: in memory after Pause, else from its latest checkpoint."""
-        if self._state in ACTIVE or self.paths is None:
+        if self._state in ACTIVE or self.paths is None or not self._can_resume():
             return False
         if self._state == "paused":
             self.hide_banner()
@@ -446,7 +753,8 @@ class TrainPage(QWidget):
             self.resume_from(folder)
 
     def resume_from(self, folder: str, same_run: bool = False) -> bool:
-        """Continue training from a checkpoint folder (ckpt-NNNNNN, or a folder holding them)."""
+        """Continue training from a checkpoint folder (ckpt-NNNNNN, or a folder holding them) of the
+        open model."""
         if self._state in ACTIVE or not self._check_inputs():
             return False
         ckpt = folder if os.path.basename(os.path.normpath(folder)).startswith("ckpt-") else None
@@ -456,6 +764,15 @@ class TrainPage(QWidget):
                              "-checkpoints folder), or the -checkpoints folder itself.")  # fmt: skip
             return False
         ckpt = os.path.abspath(ckpt)
+        trained_on = checkpoint_model(ckpt)
+        if trained_on and not same_file(trained_on, self.project.model_path):
+            self.show_banner(
+                f"This checkpoint was trained on {Path(trained_on).name}, not on the open model "
+                f"{Path(self.project.model_path).name}. Open {Path(trained_on).name} on the Model page to "
+                "continue it.",
+                page="Model",
+            )
+            return False
         if not same_run:
             parent = os.path.dirname(ckpt)
             out = parent[: -len("-checkpoints")] + ".gguf" if parent.endswith("-checkpoints") else None
@@ -463,9 +780,13 @@ class TrainPage(QWidget):
             if not self._check_writable(paths):
                 return False
             self.paths = paths
+            self._created = missing_folders(os.path.dirname(os.path.abspath(paths.out)))
             self.plots.clear()
             self.tokens_done = 0
+            self.elapsed_s = 0.0
             self.last_result = None
+        self.run_model = self.project.model_path
+        self.ever_started = True
         self.hide_banner()
         self._log(f"Resuming from {ckpt}")
         self._launch(resume=ckpt)
@@ -494,22 +815,36 @@ class TrainPage(QWidget):
                     return None  # the model was closed since: its checkpoints are on disk
                 return session.stop_run(job.emit)
 
+            self._segment_t0 = time.monotonic()
             self.job = self.engine.submit("ending the run", stop_paused, on_event=self._on_event,
                                           on_done=self._on_finished, on_error=self._on_failed)  # fmt: skip
+
+    def _model_is_open(self) -> bool:
+        s = self.engine.session
+        return (
+            s is not None and same_file(s.path, self.project.model_path) and s.device == self.project.device
+        )
 
     def _launch(self, resume: str | None, continue_run: bool = False) -> None:
         assert self.paths is not None
         config = replace(self.project.config, out=self.paths.out, checkpoint_dir=self.paths.checkpoint_dir)
         self.run_config = config
         self._latest_step = None
+        self._show_next = False
         p = self.project
         edited = self._edited_samples()
         data = edited if edited is not None else p.dataset_path
         if edited is not None and not continue_run:
             self._log(f"Training the {len(edited)} samples the editor shows (unsaved edits included)")
         template_file, expected = p.template_file, self.run
+        self.phase = (
+            f"Resuming at step {self.last_step}…"
+            if continue_run
+            else (PHASE_DATA if self._model_is_open() else PHASE_OPENING)
+        )
 
         def train(session, job):
+            job.emit(Phase(PHASE_DATA))
             session.set_template_file(template_file)
             if not (continue_run and session.run is expected and session.paused):
                 if continue_run:  # the run in memory is gone (another model was opened): its checkpoint
@@ -522,6 +857,7 @@ class TrainPage(QWidget):
             job.emit(RunHandle(session.run))
             return session.train(job.emit, job.should_stop, job.should_pause)
 
+        self._segment_t0 = time.monotonic()
         self.job = self.engine.submit(
             "training",
             train,
@@ -533,6 +869,7 @@ class TrainPage(QWidget):
         self._set_state("training" if continue_run else "loading")
         self._show_paths()
         self.plots.start()
+        self._refresh_progress(force=True)
 
     # --- worker signals (queued to the UI thread) -------------------------------------------
     @Slot(object)
@@ -540,12 +877,19 @@ class TrainPage(QWidget):
         if isinstance(event, RunHandle):
             self.run = event.run
             return
+        if isinstance(event, Phase):
+            if self._latest_step is None and not self.phase.startswith("Resuming"):
+                self.phase = event.text
+                self._refresh_progress(force=True)
+            return
         self.plots.add_event(event)
         if isinstance(event, Step):
             self.last_step = event.step
             self.total_steps = event.total_steps
             self.tokens_done += event.tokens
+            self.elapsed_s = event.elapsed_s
             self._latest_step = event
+            self.phase = ""
             self._progress_dirty = True
             if event.step % self.log_every == 0 or event.step == 1:
                 self._log(
@@ -566,8 +910,7 @@ class TrainPage(QWidget):
         self.total_steps = plan.total_steps
         self.last_step = plan.start_step
         self.log_every = max(1, plan.total_steps // 50)
-        self.progress.setRange(0, max(1, plan.total_steps))
-        self.progress.setValue(plan.start_step)
+        self.phase = PHASE_FIRST_STEP
         cfg = self.run_config
         mem = plan.memory_bytes.get("total", 0)
         full = f" + {len(plan.full_tensors)} full tensors" if plan.full_tensors else ""
@@ -586,35 +929,44 @@ class TrainPage(QWidget):
                 f"The dataset has {len(plan.problems)} problems (samples skipped or truncated), e.g. "
                 f"{plan.problems[0]}. Training goes on; fix them on the Dataset page.",
                 "warning",
+                page="Dataset",
             )
         self._log(line)
         self._set_state("training")
+        self._refresh_progress(force=True)
 
     def _on_failed(self, message: str) -> None:
         """The job ended with an error outside the run's own events (a bug, memory, no model)."""
         job, self.job = self.job, None
         self.plots.stop()
+        self.phase = ""
+        message = plain_words(message)
         self.show_banner(message)
         self._log(f"ERROR: {message}")
         for tb_line in (job.traceback if job is not None else "").rstrip().splitlines():
             self._log("    " + tb_line, stamp=False)
         failed = Failed(self.last_step + 1 if self.last_step else 0, message, self.last_checkpoint)
         self.last_result = failed
+        self._tidy_after_failure()
         self._set_state("failed")
+        self._refresh_progress(force=True)
         self.sig_run_finished.emit(failed)
+        self._notify_end(failed)
 
     def _on_finished(self, result: object) -> None:
         self.job = None
         self.plots.stop()
-        self._refresh_progress(force=True)
+        self.phase = ""
         if isinstance(result, Paused):
             self.last_step = result.step
             self._log(f"Paused at step {result.step}. Press Resume to go on from here.")
             self._set_state("paused")
+            self._refresh_progress(force=True)
             return
         if result is None:  # ending a paused run whose model was closed in the meantime
             self._log("The paused run was already closed with its model; its checkpoints are kept.")
             self._set_state("finished")
+            self._refresh_progress(force=True)
             return
         self.last_result = result
         self._latest_step = None
@@ -628,46 +980,139 @@ class TrainPage(QWidget):
                                    ("checkpoint", result.checkpoint_path))
                 if path
             )  # fmt: skip
-            if result.stopped:
-                self._log(f"Stopped at step {result.step}{loss}{wrote}")
-                self._set_state("finished")
-            else:
-                self._log(f"Finished at step {result.step}{loss}{wrote}")
-                self._set_state("finished")
+            self._log(f"{'Stopped' if result.stopped else 'Finished'} at step {result.step}{loss}{wrote}")
+            self._set_state("finished")
         elif isinstance(result, Failed):
             self.last_checkpoint = result.checkpoint_path or self.last_checkpoint
             where = f"at step {result.step}" if result.step else "before training started"
             self._log(f"FAILED {where}: {result.message}")
+            page = ""
             if result.checkpoint_path:
                 hint = f" The last good checkpoint is {result.checkpoint_path}: fix the cause, then Resume."
             elif not result.step:
                 hint = (" Nothing was trained: check the model (Model page), the dataset (Dataset page) "
                         "and the settings, then press Start.")  # fmt: skip
+                page = "Dataset" if "sample" in result.message or "dataset" in result.message else ""
             else:
                 hint = " Fix the cause, then press Start."
-            self.show_banner(f"Training failed {where}: {result.message}{hint}")
+            self._tidy_after_failure()
+            self.show_banner(
+                f"Training failed {where}: {_sentence(plain_words(result.message))}{hint}", page=page
+            )
             self._set_state("failed")
+        self._refresh_progress(force=True)
         self.sig_run_finished.emit(result)
+        self._notify_end(result)
+
+    def _tidy_after_failure(self) -> None:
+        """A run that failed before its first checkpoint leaves no folder behind."""
+        if self.paths is None:
+            return
+        removed = clean_failed_run(self.paths.checkpoint_dir, self._created)
+        if removed:
+            self._log("Removed the folders of the failed run: " + ", ".join(removed))
+        self._created = []
+
+    # --- notification -----------------------------------------------------------------------
+    def _notify_end(self, result: object) -> None:
+        """A long run ended: alert the window, show a tray message when there is a tray, and say
+        it in the window's status line (sig_notice)."""
+        took = time.monotonic() - self._segment_t0
+        if took < self.notify_after_s:
+            return
+        if isinstance(result, Finished):
+            what = "stopped" if result.stopped else "finished"
+            text = f"Training {what} at step {result.step} after {human_duration(took)}"
+            text += f"; adapter written: {result.adapter_path}" if result.adapter_path else ""
+        else:
+            text = f"Training failed after {human_duration(took)}: {getattr(result, 'message', '')}"
+        window = self.window()
+        QApplication.alert(window)
+        if QSystemTrayIcon.isSystemTrayAvailable():
+            if self._tray is None:
+                icon = window.windowIcon()
+                if icon.isNull():
+                    icon = self.style().standardIcon(QStyle.SP_ComputerIcon)
+                self._tray = QSystemTrayIcon(icon, self)
+                self._tray.messageClicked.connect(lambda: (window.raise_(), window.activateWindow()))
+            self._tray.show()
+            self._tray.showMessage("Tune Studio", text, QSystemTrayIcon.Information, 15_000)
+            QTimer.singleShot(20_000, self._tray, self._tray.hide)
+        if isinstance(window, QMainWindow):
+            window.statusBar().showMessage(text, 30_000)
+        self.sig_notice.emit(text)
 
     # --- progress ---------------------------------------------------------------------------
     def _refresh_progress(self, force: bool = False) -> None:
         if not (self._progress_dirty or force):
             return
         self._progress_dirty = False
-        s = self._latest_step
-        self.progress.setRange(0, max(1, self.total_steps))
-        self.progress.setValue(min(self.last_step, max(1, self.total_steps)))
-        if s is None:
+        active = self._state in ACTIVE
+        plan = self.check.plan if self.check is not None else None
+        if not active and self._show_next:  # the next run, as the check planned it
+            if plan is not None and plan.total_steps:
+                self.progress.setRange(0, plan.total_steps)
+                self.progress.setValue(0)
+                self.progress.setFormat("%v / %m steps")
+                self.stats_label.setText(f"Next run: {plan.describe(self.project.config)}.")
+            else:
+                self.progress.setRange(0, 1)
+                self.progress.setValue(0)
+                waiting = self.info is None or self._input_blocker() is not None
+                self.progress.setFormat(
+                    "steps: waiting for a model and a dataset" if waiting
+                    else "steps: no trainable sample" if plan is not None else "steps: counting…"
+                )  # fmt: skip
+                self.stats_label.setText("Not started.")
+            self.stats_label.setToolTip(self.stats_label.text())
             return
-        elapsed = human_duration(s.elapsed_s)
-        self.stats_label.setText(
-            f"{self.tokens_done:,} tokens processed · elapsed {elapsed}"
-            f" · ETA {human_duration(s.eta_s)} · {s.tokens_per_s:,.0f} tokens/s · epoch {s.epoch:.2f}"
-        )
+        total = max(1, self.total_steps)
+        self.progress.setRange(0, total)
+        self.progress.setValue(min(self.last_step, total))
+        self.progress.setFormat("%v / %m steps" if self.total_steps else "steps: counting…")
+        self.stats_label.setText(self._stats_text())
+        self.stats_label.setToolTip(self.stats_label.text())
+
+    def _stats_text(self) -> str:
+        s = self._latest_step
+        if self._state in ACTIVE and s is None:
+            return self.phase or "Starting…"
+        elapsed = human_duration(self.elapsed_s)
+        if self._state in ACTIVE and s is not None:
+            return (
+                f"Step {s.step:,} of {s.total_steps:,} · {elapsed} elapsed · {eta_words(s.eta_s)} · "
+                f"{s.tokens_per_s:,.0f} tokens/s · epoch {s.epoch:.2f} · "
+                f"{self.tokens_done:,} tokens processed"
+            )
+        if self._state == "paused":
+            return (
+                f"Paused at step {self.last_step:,} of {self.total_steps:,} · {elapsed} of training so far."
+            )
+        result = self.last_result
+        if isinstance(result, Finished):
+            what = "Stopped" if result.stopped else "Finished"
+            loss = f" · last loss {result.final_loss:.4f}" if result.final_loss is not None else ""
+            return (f"{what} at step {result.step:,} of {self.total_steps:,} · {elapsed} of training · "
+                    f"{self.tokens_done:,} tokens processed{loss}")  # fmt: skip
+        if isinstance(result, Failed):
+            return (
+                f"Failed at step {result.step:,} · {elapsed} of training."
+                if result.step
+                else "Failed before the first step."
+            )
+        return "Not started."
 
     # --- log --------------------------------------------------------------------------------
     def _log(self, line: str, stamp: bool = True) -> None:
+        """Append a line; the view follows new lines unless the person scrolled up."""
+        bar = self.log.verticalScrollBar()
+        at_end = bar.value() >= bar.maximum() - 1
+        keep = bar.value()
         self.log.appendPlainText((time.strftime("[%H:%M:%S] ") if stamp else "") + line)
+        if at_end:
+            bar.setValue(bar.maximum())
+        else:
+            bar.setValue(min(keep, bar.maximum()))
 
     # --- lifetime ---------------------------------------------------------------------------
     def is_running(self) -> bool:
@@ -679,14 +1124,24 @@ class TrainPage(QWidget):
         the engine worker (Engine.shutdown)."""
         if self.job is not None and self.job.active:
             self.job.request_stop()
+        self.check_timer.stop()
         self.plots.timer.stop()
+        if self._tray is not None:
+            self._tray.hide()
 
 
-@dataclass(frozen=True)
-class RunHandle:
-    """Sent by the training job before its first step: the engine's run, as an identity token."""
-
-    run: object
+_BYTES_REPR = re.compile(r"""\bb(['"])(.*?)\1""")
 
 
-__all__ = ["STATES", "RunPaths", "TrainPage"]
+def plain_words(message: str) -> str:
+    """A message for people: Python's byte reprs (b'hell') become quoted text ("hell")."""
+    return _BYTES_REPR.sub(lambda m: f'"{m.group(2)}"', message)
+
+
+def _sentence(message: str) -> str:
+    """A message as a sentence: ends with a full stop."""
+    message = message.strip()
+    return message if message.endswith((".", "!", "?")) else message + "."
+
+
+__all__ = ["STATES", "Phase", "RunPaths", "TrainPage", "eta_words", "human_duration", "plain_words"]

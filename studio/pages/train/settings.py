@@ -4,6 +4,10 @@ Each field is one row of `FIELDS`: the TrainConfig attribute, a label, an editor
 setting means; the tooltip adds the TrainConfig default. Editing a value calls
 `project.update_config(...)`; a change made elsewhere (a project loaded from disk) refreshes the
 editors. Rank, alpha and the targets belong to the Targets page and are not here.
+
+Above the groups, a preset combo (defaults, quick, balanced, thorough: studio.project's presets,
+whose values depend on the model's size, `set_model_size`) sets several fields at once; it shows
+"custom" when the settings match no preset, and its tooltip says what each preset sets.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -24,7 +29,7 @@ from PySide6.QtWidgets import (
 
 from engine import TrainConfig
 
-from ...project import Project
+from ...project import HYPER_PRESETS, Project, describe_preset, matching_preset, size_class
 from ...widgets.spinbox import SciSpinBox
 
 DEFAULTS = {f.name: getattr(TrainConfig(), f.name) for f in fields(TrainConfig)}
@@ -146,9 +151,20 @@ class TrainSettingsWidget(QWidget):
         self.project = project
         self.editors: dict[str, QWidget] = {}
         self._updating = False
+        self.n_params: int | None = None  # of the open model: the presets depend on it
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(4)
+        self.preset_combo = QComboBox()
+        for name in ("defaults", *HYPER_PRESETS):
+            self.preset_combo.addItem(name, name)
+        self.preset_combo.addItem("custom", None)  # the settings match no preset
+        self.preset_combo.activated.connect(self._preset_chosen)
+        preset_form = QFormLayout()
+        preset_form.setContentsMargins(6, 2, 6, 2)
+        preset_form.addRow("Preset:", self.preset_combo)
+        self.preset_label = preset_form.labelForField(self.preset_combo)
+        layout.addLayout(preset_form)
         self.groups: dict[str, QGroupBox] = {}
         for title, group in GROUPS:
             box = QGroupBox(title)
@@ -238,6 +254,42 @@ class TrainSettingsWidget(QWidget):
         finally:
             self._updating = False
         self._sync_enabled()
+        self._sync_preset()
+
+    # --- presets ----------------------------------------------------------------------------
+    def set_model_size(self, n_params: int | None) -> None:
+        """The open model's parameter count (None: no model): the presets' values follow it."""
+        self.n_params = n_params
+        self._sync_preset()
+
+    def _preset_chosen(self, index: int) -> None:
+        name = self.preset_combo.itemData(index)
+        if name:
+            self.project.apply_preset(name, self.n_params)
+        self._sync_preset()
+
+    def _sync_preset(self) -> None:
+        """Show the preset the settings match ("custom" when none) and say what each one sets."""
+        name = matching_preset(self.project.config, self.n_params)
+        combo = self.preset_combo
+        combo.blockSignals(True)
+        combo.setCurrentIndex(combo.findData(name) if name else combo.count() - 1)
+        combo.blockSignals(False)
+        size = size_class(self.n_params)[0] if self.n_params is not None else "unknown until a model is open"
+        lines = {
+            "defaults": "defaults: the engine's own settings (TrainConfig), what a new model starts with."
+        }
+        lines.update({p: describe_preset(p, self.n_params) for p in HYPER_PRESETS})
+        lines["custom"] = "custom: the settings match no preset (choosing it changes nothing)."
+        for i in range(combo.count()):
+            combo.setItemData(i, lines[combo.itemText(i)], Qt.ToolTipRole)
+        tip = (
+            f"Set several training settings at once for the model's size ({size}). Only the settings "
+            "named are changed; targets, rank and the advanced settings stay. Default: defaults.\n\n"
+            + "\n\n".join(lines[combo.itemText(i)] for i in range(combo.count()))
+        )
+        combo.setToolTip(tip)
+        self.preset_label.setToolTip(tip)
 
     def _sync_enabled(self) -> None:
         cfg = self.project.config

@@ -1,0 +1,775 @@
+"""The Chat page: a conversation with the open model, with the base model or an adapter, and the
+same prompt through both side by side.
+
+Chat tab: type a message and send it (Ctrl+Enter); the answer streams in as it is generated
+(`EngineSession.generate` with `on_token`), rendered with the model's chat template by the session;
+Stop (Ctrl+. or Escape) ends it where it is. The conversation is kept until New chat (Ctrl+N while
+the page has the focus); each answer says who gave it and has a Copy button (the last answer:
+Ctrl+Shift+C). Side by side tab: one prompt, one seed, through the base model and through the
+adapter, in two columns.
+
+On the right: which adapter (the base model, the live adapter of the current training run
+`engine.RUN`, a run's adapter from the history, or any file), a Base / Adapter toggle (Ctrl+B), the
+sampling settings, and "Export…" / "Rate answers", which hand the adapter to those pages
+(`sig_export_requested`, `sig_rate_requested`; the window routes them). An adapter made for
+another model is named before anything loads (its header against the model's tensors).
+
+Generation is a job of the app's one engine worker (studio.worker) on the model it holds; tokens
+are buffered by the worker and shown by a timer, so a fast model never floods the UI thread.
+What this page is not: it trains nothing and keeps no conversation on disk.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+import threading
+
+import numpy as np
+from PySide6.QtCore import QEvent, QSettings, Qt, QTimer, Signal
+from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QButtonGroup,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QPlainTextEdit,
+    QPushButton,
+    QSizePolicy,
+    QSplitter,
+    QTabWidget,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine import RUN, EngineError
+
+from ...project import ModelInfo, Project
+from ...widgets.banner import MessageBar
+from ...widgets.page_layout import PageLayout
+from ...widgets.runs import RunChoiceWidget, adapter_problems, app_settings, fit_message, load_runs
+from ...widgets.side_panel import SidePanelWidget
+from ...worker import Engine, Job
+from .conversation import AnswerColumnWidget, ConversationWidget, MessageWidget
+from .settings import SamplingSettingsWidget
+
+BASE = "base"  # the adapter list's "Base model" entry
+STREAM_HZ = 20
+
+
+def _keys(seq: str) -> str:
+    return QKeySequence(seq).toString(QKeySequence.NativeText)
+
+
+class ChatPage(QWidget):
+    """Chat with the model; see the module docstring."""
+
+    sig_export_requested = Signal(str)  # adapter path
+    sig_rate_requested = Signal(str, str)  # adapter path ("" for the base model: a new adapter), prompt
+    sig_answered = Signal(object)  # the engine Reply of each finished answer
+    sig_compared = Signal(object, object)  # base Reply, adapter Reply
+    sig_busy_changed = Signal(bool)
+    sig_error = Signal(str)
+
+    def __init__(
+        self,
+        project: Project,
+        engine: Engine,
+        parent: QWidget | None = None,
+        settings: QSettings | None = None,
+    ):
+        """settings: where the Runs page keeps its added folders (default: the app's settings)."""
+        super().__init__(parent)
+        self.project = project
+        self.engine = engine
+        self.settings = settings if settings is not None else app_settings()
+        self.info: ModelInfo | None = None
+        self.history: list[dict[str, str]] = []  # the conversation as the model sees it (no system)
+        self.job: Job | None = None
+        self.busy = ""  # "", "chat" or "compare"
+        self.use_adapter = False
+        self._last_adapter: object = None  # the adapter entry to go back to when toggled on
+        self._stop = threading.Event()
+        self._pieces: list[tuple[int, str]] = []  # (column, text) streamed by the worker
+        self._targets: list[MessageWidget] = []  # where column i's pieces go
+        self._fits: dict[tuple[str, float], list[str]] = {}
+        self._cancelled = lambda: None  # the job in flight's "dropped before it started"
+        self._flush_timer = QTimer(self)
+        self._flush_timer.setInterval(1000 // STREAM_HZ)
+        self._flush_timer.timeout.connect(self._flush)
+
+        self.banner = MessageBar()
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self._build_chat_tab(), "Chat")
+        self.tabs.addTab(self._build_compare_tab(), "Side by side")
+        self.tabs.setTabToolTip(0, "A conversation with the model (with the adapter, or the base model)")
+        self.tabs.setTabToolTip(1, "One prompt and seed through the base model and through the adapter")
+        self.tabs.currentChanged.connect(self._tab_changed)
+        side = self._build_side()
+        split = QSplitter(Qt.Horizontal)
+        split.addWidget(self.tabs)
+        split.addWidget(side)
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 0)
+        split.setSizes([900, 320])
+        split.setChildrenCollapsible(False)
+        self.splitter = split
+        layout = PageLayout(self)  # fills the height it is given: the buttons stay in view
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.setSpacing(4)
+        layout.addWidget(self.banner)
+        layout.addWidget(split, 1)
+        faint = self.palette().color(self.palette().ColorRole.PlaceholderText).name()
+        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
+
+        QShortcut(
+            QKeySequence("Ctrl+Shift+C"), self, self.copy_last_answer, context=Qt.WidgetWithChildrenShortcut
+        )
+        QShortcut(QKeySequence("Ctrl+B"), self, self.toggle_adapter, context=Qt.WidgetWithChildrenShortcut)
+        QShortcut(QKeySequence("Ctrl+."), self, self.stop, context=Qt.WidgetWithChildrenShortcut)
+
+        project.subscribe(self._project_changed)
+        self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
+        self.refresh_adapters()
+        self._set_busy("")
+        self._update_placeholder()
+
+    # --- building -----------------------------------------------------------------------------
+    def _build_chat_tab(self) -> QWidget:
+        self.conversation = ConversationWidget()
+        self.input = QPlainTextEdit()
+        self.input.setPlaceholderText(f"Write a message… ({_keys('Ctrl+Return')} sends, Enter is a new line)")
+        self.input.setTabChangesFocus(True)
+        self.input.setMaximumHeight(90)
+        self.input.setMinimumHeight(48)
+        self.send_button = QPushButton("Send")
+        self.send_button.setToolTip(f"Send the message; the answer streams in ({_keys('Ctrl+Return')})")
+        self.send_button.clicked.connect(self.send)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.setToolTip(f"End the answer where it is ({_keys('Ctrl+.')} or Escape)")
+        self.stop_button.clicked.connect(self.stop)
+        self.new_button = QPushButton("New chat")
+        self.new_button.setToolTip(f"Clear the conversation and start again ({_keys('Ctrl+N')} on this page)")
+        self.new_button.clicked.connect(self.new_chat)
+        self.system_edit = QPlainTextEdit()
+        self.system_edit.setPlaceholderText("System prompt (optional)")
+        self.system_edit.setToolTip(
+            "A system message before the conversation (how the model should behave). Default: none."
+        )
+        self.system_edit.setTabChangesFocus(True)
+        self.system_edit.setMaximumHeight(44)
+        self.status_label = QLabel()
+        self.status_label.setObjectName("faint")
+        self.status_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        buttons = QVBoxLayout()
+        buttons.setSpacing(3)
+        buttons.addWidget(self.send_button)
+        buttons.addWidget(self.stop_button)
+        buttons.addWidget(self.new_button)
+        buttons.addStretch(1)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.input, 1)
+        bottom.addLayout(buttons)
+        tab = QWidget()
+        tl = QVBoxLayout(tab)
+        tl.setContentsMargins(4, 4, 4, 4)
+        tl.setSpacing(4)
+        tl.addWidget(self.system_edit)
+        tl.addWidget(self.conversation, 1)
+        tl.addWidget(self.status_label)
+        tl.addLayout(bottom)
+        self._send_keys(tab, self.send)
+        return tab
+
+    @staticmethod
+    def _send_keys(tab: QWidget, slot) -> None:
+        """Ctrl+Enter anywhere in the tab (the hidden tab's keys are off)."""
+        for key in ("Ctrl+Return", "Ctrl+Enter"):
+            QShortcut(QKeySequence(key), tab, slot, context=Qt.WidgetWithChildrenShortcut)
+
+    def _build_compare_tab(self) -> QWidget:
+        self.compare_prompt = QPlainTextEdit()
+        self.compare_prompt.setPlaceholderText(
+            f"A prompt for both ({_keys('Ctrl+Return')} compares; empty: your last message in the chat)"
+        )
+        self.compare_prompt.setTabChangesFocus(True)
+        self.compare_prompt.setMaximumHeight(70)
+        self.compare_button = QPushButton("Compare")
+        self.compare_button.setToolTip(
+            "Answer the prompt with the base model, then with the adapter: the same sampling and seed, so "
+            f"the adapter is the only difference ({_keys('Ctrl+Return')})"
+        )
+        self.compare_button.clicked.connect(self.compare)
+        self.compare_stop_button = QPushButton("Stop")
+        self.compare_stop_button.setToolTip(f"End the answers where they are ({_keys('Ctrl+.')})")
+        self.compare_stop_button.clicked.connect(self.stop)
+        self.compare_status = QLabel()
+        self.compare_status.setObjectName("faint")
+        self.compare_status.setWordWrap(True)
+        self.compare_status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        row = QHBoxLayout()
+        row.addWidget(self.compare_button)
+        row.addWidget(self.compare_stop_button)
+        row.addWidget(self.compare_status, 1)
+        self.base_column = AnswerColumnWidget("Base model", "The model file as it is, without an adapter")
+        self.adapter_column = AnswerColumnWidget("With the adapter", "The model with the chosen adapter")
+        columns = QSplitter(Qt.Horizontal)
+        columns.addWidget(self.base_column)
+        columns.addWidget(self.adapter_column)
+        columns.setChildrenCollapsible(False)
+        tab = QWidget()
+        tl = QVBoxLayout(tab)
+        tl.setContentsMargins(4, 4, 4, 4)
+        tl.setSpacing(4)
+        tl.addWidget(self.compare_prompt)
+        tl.addLayout(row)
+        tl.addWidget(columns, 1)
+        self._send_keys(tab, self.compare)
+        return tab
+
+    def _build_side(self) -> QWidget:
+        box = QGroupBox("Adapter")
+        self.adapter_choice = RunChoiceWidget(
+            fixed=[
+                ("Base model (no adapter)", BASE, "The model file as it is"),
+                (
+                    "Live adapter of the training run",
+                    RUN,
+                    "The adapter of the run on the Train page as trained so far (pause the run to chat with "
+                    "it: answers wait while it takes steps)",
+                ),
+            ],  # fmt: skip
+            placeholder="",
+        )
+        self.adapter_choice.sig_changed.connect(self._adapter_changed)
+        self.base_toggle = QToolButton()
+        self.base_toggle.setText("Base")
+        self.adapter_toggle = QToolButton()
+        self.adapter_toggle.setText("Adapter")
+        self.toggle_group = QButtonGroup(self)
+        self.toggle_group.setExclusive(True)
+        for b, tip in (
+            (self.base_toggle, "Answer with the base model, the adapter off"),
+            (self.adapter_toggle, "Answer with the chosen adapter"),
+        ):
+            b.setCheckable(True)
+            b.setToolTip(f"{tip} ({_keys('Ctrl+B')} switches)")
+            b.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+            self.toggle_group.addButton(b)
+        self.base_toggle.clicked.connect(lambda: self.set_use_adapter(False))
+        self.adapter_toggle.clicked.connect(lambda: self.set_use_adapter(True))
+        toggle = QHBoxLayout()
+        toggle.setSpacing(0)
+        toggle.addWidget(self.base_toggle)
+        toggle.addWidget(self.adapter_toggle)
+        self.adapter_note = QLabel()
+        self.adapter_note.setObjectName("faint")
+        self.adapter_note.setWordWrap(True)
+        self.adapter_note.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.export_button = QPushButton("Export…")
+        self.export_button.setToolTip(
+            "Export this adapter for llama.cpp, or merge it into the model (Export page)"
+        )
+        self.export_button.clicked.connect(self.request_export)
+        self.rate_button = QPushButton("Rate answers")
+        self.rate_button.setToolTip(
+            "Go on with rating rounds on the Rewards page: this adapter (or a new one for the base model) "
+            "and your last prompt"
+        )
+        self.rate_button.clicked.connect(self.request_rate)
+        hand = QHBoxLayout()
+        hand.addWidget(self.export_button)
+        hand.addWidget(self.rate_button)
+        bl = QVBoxLayout(box)
+        bl.setContentsMargins(6, 4, 6, 6)
+        bl.setSpacing(4)
+        bl.addWidget(self.adapter_choice)
+        bl.addLayout(toggle)
+        bl.addWidget(self.adapter_note)
+        bl.addLayout(hand)
+        self.sampling = SamplingSettingsWidget()
+        inner = QWidget()
+        il = QVBoxLayout(inner)
+        il.setContentsMargins(0, 0, 4, 0)
+        il.setSpacing(6)
+        il.addWidget(box)
+        il.addWidget(self.sampling)
+        il.addStretch(1)
+        return SidePanelWidget(inner, minimum=220)  # never narrower than its controls: none is cut
+
+    # --- public API ---------------------------------------------------------------------------
+    def set_model_info(self, info: ModelInfo | None) -> None:
+        """The open model (None: none). The adapter list follows it (runs of other models are listed
+        apart, not chosen)."""
+        changed = (info.path if info else None) != (self.info.path if self.info else None)
+        self.info = info
+        if changed:
+            self.refresh_adapters()
+        self._update_placeholder()
+
+    def set_adapter(self, path: str | None, label: str = "") -> None:
+        """Chat with this adapter file from now on (None: the base model), e.g. when a run ends."""
+        if path is None:
+            self.adapter_choice.set_path(BASE)
+        else:
+            self.adapter_choice.set_path(path, label)
+        self.set_use_adapter(path is not None)
+
+    def refresh_adapters(self) -> None:
+        """Read the run history again (the chosen entry is kept)."""
+        self.adapter_choice.start_folder = self.project.output_folder()
+        self.adapter_choice.set_runs(load_runs(self.project, self.settings), self.model_path())
+
+    def model_path(self) -> str | None:
+        return self.info.path if self.info is not None else self.project.model_path
+
+    def adapter(self) -> str | None:
+        """What answers now: None (base model), engine.RUN, or an adapter file."""
+        data = self.adapter_choice.current_data()
+        if not self.use_adapter or data in (None, BASE):
+            return None
+        return str(data)
+
+    def adapter_label(self) -> str:
+        a = self.adapter()
+        if a is None:
+            return "Base model"
+        if a == RUN:
+            return "Live adapter of the training run"
+        return f"Adapter · {self._adapter_name()}"
+
+    def _adapter_name(self) -> str:
+        """The chosen adapter in a few words: its run's name (reward-tuned ones say so), or the file's."""
+        run = self.adapter_choice.current_run()
+        if run is not None:
+            return f"{run.name} (reward-tuned)" if run.kind == "rewards" else run.name
+        label = self.adapter_choice.current_label()
+        return label.removeprefix("Latest finished: ").removeprefix("File · ")
+
+    def is_busy(self) -> bool:
+        return bool(self.busy) or (self.job is not None and self.job.active)
+
+    def shutdown(self) -> None:
+        """Stop an answer (the app is quitting; the window then waits for the engine worker)."""
+        self._stop.set()
+        if self.job is not None:
+            self.engine.cancel(self.job)
+
+    def show_error(self, text: str, level: str = "error") -> None:
+        self.banner.show_message(level, text)
+        if level == "error":
+            self.sig_error.emit(text)
+
+    def banner_text(self) -> str:
+        return self.banner.text() if not self.banner.isHidden() else ""
+
+    # --- the adapter ----------------------------------------------------------------------------
+    def _adapter_changed(self, data: object, _label: str) -> None:
+        if data in (None, BASE):
+            self.use_adapter = False
+        else:
+            self._last_adapter = data
+            self.use_adapter = True
+        self._show_toggle()
+
+    def set_use_adapter(self, on: bool) -> None:
+        """The Base / Adapter toggle: on answers with the chosen adapter (or the last one chosen)."""
+        if on and self.adapter_choice.current_data() in (None, BASE):
+            if self._last_adapter is None:
+                default = self.adapter_choice.default_run()
+                self._last_adapter = default.adapter if default is not None else None
+            if self._last_adapter is None:
+                self.adapter_note.setText("Choose an adapter in the list first.")
+                self._show_toggle()
+                return
+            self.adapter_choice.set_path(self._last_adapter)  # calls _adapter_changed
+            return
+        self.use_adapter = on
+        self._show_toggle()
+
+    def toggle_adapter(self) -> None:
+        self.set_use_adapter(not self.use_adapter)
+
+    def _show_toggle(self) -> None:
+        self.base_toggle.setChecked(not self.use_adapter)
+        self.adapter_toggle.setChecked(self.use_adapter)
+        data = self.adapter_choice.current_data()
+        path = self.adapter_choice.current_path()
+        file = path if path not in (None, BASE, RUN) else None
+        self.export_button.setEnabled(file is not None and not self.busy)
+        self.rate_button.setEnabled(data != RUN and not self.busy)
+        if data == RUN:
+            self.adapter_note.setText(
+                "The run's adapter as trained so far: answers wait while it takes steps."
+            )
+        elif file is not None and not self.use_adapter:
+            self.adapter_note.setText("Answering with the base model; Adapter switches the adapter back on.")
+        elif file is not None:
+            self.adapter_note.setText(file)
+        else:
+            self.adapter_note.setText("")
+        self.adapter_note.setToolTip(file or "")
+        self._update_placeholder()
+
+    def _fit_problems(self, path: str) -> list[str]:
+        """The adapter file's header against the open model (cached while the file is unchanged)."""
+        if self.info is None:
+            return []
+        try:
+            key = (path, os.path.getmtime(path), self.info.path)
+        except OSError:
+            return [f"{path} does not exist"]
+        if key not in self._fits:
+            self._fits[key] = adapter_problems(path, self.info)
+        return self._fits[key]
+
+    def _check_adapter(self, adapter: str | None) -> bool:
+        if adapter is None or adapter == RUN:
+            return True
+        problems = self._fit_problems(adapter)
+        if problems:
+            self.show_error(fit_message(adapter, self.info, problems))
+            return False
+        return True
+
+    def request_export(self) -> None:
+        path = self.adapter_choice.current_path()
+        if path not in (None, BASE, RUN):
+            self.sig_export_requested.emit(path)
+
+    def request_rate(self) -> None:
+        data = self.adapter_choice.current_data()
+        if data == RUN:
+            return
+        path = "" if data in (None, BASE) else str(data)
+        self.sig_rate_requested.emit(path, self.last_prompt())
+
+    def last_prompt(self) -> str:
+        """The prompt to hand on: the last message sent, else what is typed."""
+        for m in reversed(self.history):
+            if m["role"] == "user":
+                return m["content"]
+        return self.input.toPlainText().strip() or self.compare_prompt.toPlainText().strip()
+
+    # --- chatting -------------------------------------------------------------------------------
+    def _check_model(self) -> str | None:
+        model = self.model_path()
+        if not model:
+            self.show_error("No model is open. Open a .gguf model on the Model page, then send again.")
+            return None
+        if not os.path.isfile(model):
+            self.show_error(
+                f"The model file {model} does not exist any more. Open it again on the Model page."
+            )
+            return None
+        return model
+
+    def _sampling(self, seed: int | None = None):
+        try:
+            return self.sampling.sampling(seed)
+        except EngineError as exc:
+            self.show_error(f"A sampling setting is not valid: {exc}. Fix it on the right, then try again.")
+            return None
+
+    def system_prompt(self) -> str:
+        return self.system_edit.toPlainText().strip()
+
+    def messages_for(self, user: str) -> list[dict[str, str]]:
+        """The conversation the model is given for the next answer: system, history, the new turn."""
+        system = self.system_prompt()
+        head = [{"role": "system", "content": system}] if system else []
+        return [*head, *self.history, {"role": "user", "content": user}]
+
+    def send(self) -> bool:
+        """Send the typed message and stream the answer; False (and why, in the page) if it cannot."""
+        if self.is_busy():
+            return False
+        text = self.input.toPlainText().strip()
+        if not text:
+            self.status_label.setText("Type a message first.")
+            self.input.setFocus()
+            return False
+        model = self._check_model()
+        adapter = self.adapter()
+        sampling = self._sampling()
+        if model is None or sampling is None or not self._check_adapter(adapter):
+            return False
+        self.banner.hide()
+        messages = self.messages_for(text)
+        user_msg = self.conversation.add("user", text, "You")
+        answer = self.conversation.add("assistant", "", self.adapter_label())
+        self.input.clear()
+        self._start_stream([answer])
+
+        def job(session, job):
+            return session.generate(messages, sampling, adapter=adapter, n=1,
+                                    on_token=lambda i, piece: self._pieces.append((0, piece)),
+                                    should_stop=self._stop.is_set)[0]  # fmt: skip
+
+        def done(reply) -> None:
+            self._end_stream()
+            answer.set_text(reply.text)
+            answer.set_meta(len(reply.tokens), reply.stop_reason)
+            self.history += [{"role": "user", "content": text}, {"role": "assistant", "content": reply.text}]
+            self.status_label.setText(self._seed_note(sampling))
+            self.sig_answered.emit(reply)
+
+        def take_back() -> None:
+            self._end_stream()
+            self.conversation.remove(answer)
+            self.conversation.remove(user_msg)
+            if not self.input.toPlainText().strip():
+                self.input.setPlainText(text)
+            self.status_label.setText("")
+
+        def failed(message: str) -> None:
+            take_back()
+            self._chat_failed(message, adapter)
+
+        def cancelled() -> None:
+            take_back()
+            self.status_label.setText(
+                "Stopped before the model began to answer; your message is back in the box."
+            )
+
+        self._submit("chat", "chatting", job, done, failed, model, cancelled)
+        return True
+
+    def _seed_note(self, sampling) -> str:
+        turns = sum(m["role"] == "user" for m in self.history)
+        seed = f"seed {sampling.seed}" if sampling.seed is not None else "a random seed"
+        return (
+            f"{turns} turn{'s' if turns != 1 else ''} · last answer: {self.adapter_label().lower()}, {seed}"
+        )
+
+    def _chat_failed(self, message: str, adapter) -> None:
+        if "context" in message and "fit" in message:
+            hint = "The conversation is longer than the model's context: start a New chat (Ctrl+N)."
+        elif adapter == RUN:
+            hint = "Start (or pause) a training run on the Train page, or choose another adapter."
+        elif adapter:
+            hint = "Choose another adapter, or the base model."
+        else:
+            hint = "Check the model on the Model page and the sampling settings, then send again."
+        self.show_error(f"Could not answer: {message}. {hint} Your message is back in the box.")
+
+    def stop(self) -> None:
+        """End the answer where it is; one still waiting for the engine is dropped."""
+        if not self.busy:
+            return
+        self._stop.set()
+        job = self.job
+        if job is not None and job.state == "queued":
+            self.engine.cancel(job)  # never runs: neither done nor failed comes back
+            self.job = None
+            self._set_busy("")
+            self._cancelled()
+
+    def new_chat(self) -> None:
+        """Clear the conversation (an answer in progress is stopped first)."""
+        self.stop()
+        self.history = []
+        self.conversation.clear()
+        self.status_label.setText("")
+        self._update_placeholder()
+        self.input.setFocus()
+
+    def copy_last_answer(self) -> str:
+        for msg in reversed(self.conversation.messages):
+            if msg.role == "assistant" and msg.text:
+                msg.copy()
+                self.status_label.setText("The last answer is on the clipboard.")
+                return msg.text
+        return ""
+
+    def answers(self) -> list[str]:
+        return [m["content"] for m in self.history if m["role"] == "assistant"]
+
+    # --- side by side -------------------------------------------------------------------------
+    def compare(self) -> bool:
+        """The same prompt and seed through the base model and through the adapter, in two columns."""
+        if self.is_busy():
+            return False
+        prompt = self.compare_prompt.toPlainText().strip() or self.last_prompt()
+        if not prompt:
+            self.compare_status.setText("Type a prompt first.")
+            self.compare_prompt.setFocus()
+            return False
+        data = self.adapter_choice.current_data()
+        adapter = None if data in (None, BASE) else str(data)
+        if adapter is None:
+            self.show_error("Choose an adapter on the right to compare with the base model.", "info")
+            return False
+        model = self._check_model()
+        seed = self.sampling.seed()
+        if seed is None:
+            seed = int(np.random.default_rng().integers(0, 2**31 - 1))
+        sampling = self._sampling(seed)
+        if model is None or sampling is None or not self._check_adapter(adapter):
+            return False
+        self.banner.hide()
+        system = self.system_prompt()
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": prompt})
+        self.adapter_column.title.setText(f"<b>With the adapter</b> · {html.escape(self._adapter_name())}")
+        for column in (self.base_column, self.adapter_column):
+            column.clear()
+        self._start_stream([self.base_column.message, self.adapter_column.message])
+        stop = self._stop
+
+        def job(session, job):
+            replies = []
+            for col, which in enumerate((None, adapter)):
+                if stop.is_set():
+                    break
+
+                def on_token(i: int, piece: str, c: int = col) -> None:
+                    self._pieces.append((c, piece))
+
+                reply = session.generate(
+                    messages, sampling, adapter=which, n=1, on_token=on_token, should_stop=stop.is_set
+                )
+                replies.append(reply[0])
+            return replies
+
+        def done(replies) -> None:
+            self._end_stream()
+            for column, reply in zip((self.base_column, self.adapter_column), replies, strict=False):
+                column.message.set_text(reply.text)
+                column.message.set_meta(len(reply.tokens), reply.stop_reason)
+            if len(replies) == 2:
+                same = replies[0].text == replies[1].text
+                what = (
+                    "The same answer: the adapter does not change this one."
+                    if same
+                    else "The answers differ."
+                )
+                self.compare_status.setText(f"Seed {seed}, the same sampling for both. {what}")
+                self.sig_compared.emit(replies[0], replies[1])
+            else:
+                self.compare_status.setText("Stopped.")
+
+        def failed(message: str) -> None:
+            self._end_stream()
+            self.compare_status.setText("")
+            self.show_error(
+                f"Could not compare: {message}. Check the adapter and the prompt, then compare again."
+            )
+
+        def cancelled() -> None:
+            self._end_stream()
+            self.compare_status.setText("Stopped before it began.")
+
+        self._submit("compare", "comparing answers", job, done, failed, model, cancelled)
+        self.compare_status.setText(f"Seed {seed}: the base model first, then the adapter…")
+        return True
+
+    # --- jobs and streaming ---------------------------------------------------------------------
+    def _submit(self, kind: str, name: str, fn, done, failed, model: str, cancelled) -> None:
+        """Run fn as an engine job: done(result) or failed(message) on the UI thread; cancelled() when
+        Stop drops it before it started (the engine calls neither then)."""
+        ahead = [j for j in self.engine.jobs if j.active]  # queued or running (the worker sets "running")
+        self._cancelled = cancelled
+
+        def on_done(result) -> None:
+            self.job = None
+            self._set_busy("")
+            done(result)
+
+        def on_error(message: str) -> None:
+            self.job = None
+            self._set_busy("")
+            failed(message)
+
+        self._set_busy(kind)
+        self.job = self.engine.submit(name, fn, on_done=on_done, on_error=on_error,
+                                      model=(model, self.project.device))  # fmt: skip
+        if ahead and self.job.state == "queued":
+            running = next((j.name for j in ahead if j.state == "running"), ahead[0].name)
+            text = f"Waiting for the engine ({running}): the answer starts when it is done or paused."
+            (self.status_label if kind == "chat" else self.compare_status).setText(text)
+
+    def _start_stream(self, targets: list[MessageWidget]) -> None:
+        self._stop.clear()
+        self._pieces = []
+        self._targets = targets
+        self._flush_timer.start()
+
+    def _flush(self) -> None:
+        pieces, self._pieces = self._pieces, []
+        if not pieces:
+            return
+        joined: dict[int, list[str]] = {}
+        for col, piece in pieces:
+            joined.setdefault(col, []).append(piece)
+        for col, parts in joined.items():
+            if 0 <= col < len(self._targets):
+                self._targets[col].append("".join(parts))
+        if self.busy == "chat":
+            self.status_label.setText("Answering…")
+
+    def _end_stream(self) -> None:
+        self._flush_timer.stop()
+        self._flush()
+        self._targets = []
+
+    def _set_busy(self, busy: str) -> None:
+        self.busy = busy
+        idle = not busy
+        self.send_button.setEnabled(idle)
+        self.compare_button.setEnabled(idle)
+        self.stop_button.setEnabled(busy == "chat")
+        self.compare_stop_button.setEnabled(busy == "compare")
+        self.adapter_choice.setEnabled(idle)
+        self.base_toggle.setEnabled(idle)
+        self.adapter_toggle.setEnabled(idle)
+        self._show_toggle()
+        self.sig_busy_changed.emit(bool(busy))
+
+    def _update_placeholder(self) -> None:
+        if not self.model_path():
+            text = "No model is open: open one on the Model page, then chat with it here."
+        else:
+            who = self.adapter_label().lower() if self.adapter() is not None else "the base model"
+            text = (
+                f"Chat with {os.path.basename(self.model_path())} ({who}).\n\nType a message below and "
+                f"press {_keys('Ctrl+Return')}. The conversation is kept until New chat ({_keys('Ctrl+N')})."
+            )
+        self.conversation.set_placeholder(text)
+
+    def _tab_changed(self, index: int) -> None:
+        if index == 1 and not self.compare_prompt.toPlainText().strip():
+            self.compare_prompt.setPlainText(self.last_prompt())
+        (self.compare_prompt if index == 1 else self.input).setFocus()
+
+    def _project_changed(self, changed: set[str]) -> None:
+        if changed & {"output_dir", "path", "dataset_path", "model_path"}:
+            self.refresh_adapters()
+            self._update_placeholder()
+
+    # --- keys -----------------------------------------------------------------------------------
+    def _is_new_chat(self, event: QKeyEvent) -> bool:
+        return event.key() == Qt.Key_N and event.modifiers() == Qt.ControlModifier
+
+    def event(self, event: QEvent) -> bool:
+        # Ctrl+N is the window's New project elsewhere; while this page has the focus it is New chat
+        if event.type() == QEvent.ShortcutOverride and self._is_new_chat(event):
+            event.accept()
+            return True
+        return super().event(event)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:  # noqa: N802 - Qt override
+        if self._is_new_chat(event):
+            self.new_chat()
+        elif event.key() == Qt.Key_Escape and self.busy:
+            self.stop()
+        else:
+            super().keyPressEvent(event)
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        self.refresh_adapters()
+
+
+__all__ = ["BASE", "ChatPage"]

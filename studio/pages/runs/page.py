@@ -1,0 +1,470 @@
+"""The Runs page: the history of training runs and rating sessions, and their loss curves compared.
+
+Every run record (`engine.find_runs`) in the project's output folder and in the folders the person
+added (remembered with QSettings, `runs/folders`) is a row: name, model, dataset, targets, steps
+done / planned, final and best loss, status (finished, stopped at step N, failed with its message,
+paused, running) and the adapter it wrote. Selecting two or more rows overlays their loss curves;
+the details below name the adapter and the checkpoints, each with a button that opens its folder.
+"Chat with it", "Rate answers" and "Export…" hand the selected run's adapter to the other pages
+through signals (the window routes them). The list is read again when a run folder changes (a
+QFileSystemWatcher), every few seconds while the page is visible, and on F5.
+
+What this is not: it trains nothing and loads no weights; it reads run records (small JSON files).
+"""
+
+from __future__ import annotations
+
+import os
+
+from PySide6.QtCore import QFileSystemWatcher, QItemSelectionModel, QSettings, Qt, QTimer, QUrl, Signal
+from PySide6.QtGui import QDesktopServices, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QMenu,
+    QPushButton,
+    QSizePolicy,
+    QSplitter,
+    QTableView,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine import RunRecord
+
+from ...project import ModelInfo, Project
+from ...widgets.elided_label import ElidedLabel
+from ...widgets.loss_overlay import LossOverlayWidget
+from ...widgets.page_layout import PageLayout
+from ...widgets.runs import (
+    app_settings,
+    extra_folders,
+    has_adapter,
+    load_runs,
+    run_folders,
+    run_label,
+    same_model,
+    set_extra_folders,
+    status_text,
+)
+from ...worker import Engine
+from .model import RunsModel
+
+POLL_MS = 3000  # re-read the records this often while the page is visible
+SETTLE_MS = 300  # after a folder changes, wait for the burst of writes to end
+
+
+class RunsPage(QWidget):
+    """The run history; see the module docstring."""
+
+    sig_chat_requested = Signal(str, str)  # adapter path, label
+    sig_rate_requested = Signal(str)  # adapter path
+    sig_export_requested = Signal(str)  # adapter path
+
+    def __init__(
+        self,
+        project: Project,
+        engine: Engine,
+        parent: QWidget | None = None,
+        settings: QSettings | None = None,
+    ):
+        """settings: where the added folders are remembered (default: the app's own settings)."""
+        super().__init__(parent)
+        self.project = project
+        self.engine = engine
+        self.settings = settings if settings is not None else app_settings()
+        self.info: ModelInfo | None = None
+        self.open_url = QDesktopServices.openUrl  # replaced in tests
+        self._signature: tuple = ()
+
+        title = QLabel("<b>Runs</b>")
+        self.folders_label = QLabel()
+        self.folders_label.setWordWrap(True)
+        self.folders_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.folders_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.add_button = QPushButton("Add folder…")
+        self.add_button.setToolTip(
+            "Also list the runs in another folder (an older project's output folder, say); remembered "
+            "for the next start. Default: only the project's output folder."
+        )
+        self.add_button.clicked.connect(self.choose_folder)
+        self.remove_button = QToolButton()
+        self.remove_button.setText("Remove folder")
+        self.remove_button.setPopupMode(QToolButton.InstantPopup)
+        self.remove_button.setToolTip("Stop listing a folder you added (nothing is deleted)")
+        self.remove_menu = QMenu(self)
+        self.remove_button.setMenu(self.remove_menu)
+        self.refresh_button = QPushButton("Refresh")
+        self.refresh_button.setToolTip("Read the run records again (F5); it also happens by itself")
+        self.refresh_button.clicked.connect(self.refresh)
+        top = QHBoxLayout()
+        top.addWidget(title)
+        top.addWidget(self.folders_label, 1)
+        top.addWidget(self.add_button)
+        top.addWidget(self.remove_button)
+        top.addWidget(self.refresh_button)
+
+        self.model = RunsModel(self)
+        self.table = QTableView()
+        self.table.setModel(self.model)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.ExtendedSelection)
+        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.setAlternatingRowColors(True)
+        self.table.setWordWrap(False)
+        self.table.verticalHeader().hide()
+        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.Interactive)
+        header.setStretchLastSection(True)
+        for col, width in enumerate((170, 150, 64, 76, 76, 110, 110, 150, 160)):
+            header.resizeSection(col, width)
+        self.table.setToolTip(
+            "Select a run to see its adapter and checkpoints; select several (Ctrl or Shift) to compare "
+            "their loss. Enter or a double-click: chat with it."
+        )
+        self.table.selectionModel().selectionChanged.connect(self._selection_changed)
+        self.table.doubleClicked.connect(lambda _: self.chat())
+        self.empty_label = QLabel()
+        self.empty_label.setWordWrap(True)
+        self.empty_label.setObjectName("faint")
+        self.empty_label.hide()
+
+        self.plot = LossOverlayWidget()
+        self.details = self._build_details()
+        bottom = QSplitter(Qt.Horizontal)
+        bottom.addWidget(self.plot)
+        bottom.addWidget(self.details)
+        bottom.setStretchFactor(0, 3)
+        bottom.setStretchFactor(1, 2)
+        bottom.setChildrenCollapsible(False)
+        upper = QWidget()
+        ul = QVBoxLayout(upper)
+        ul.setContentsMargins(0, 0, 0, 0)
+        ul.addWidget(self.table, 1)
+        ul.addWidget(self.empty_label)
+        split = QSplitter(Qt.Vertical)
+        split.addWidget(upper)
+        split.addWidget(bottom)
+        split.setStretchFactor(0, 1)
+        split.setStretchFactor(1, 1)
+        split.setChildrenCollapsible(False)
+        self.splitter = split
+
+        self.chat_button = QPushButton("Chat with it")
+        self.chat_button.setToolTip("Open the Chat page with this run's adapter (Enter)")
+        self.chat_button.clicked.connect(self.chat)
+        self.rate_button = QPushButton("Rate answers")
+        self.rate_button.setToolTip("Continue this adapter with rating rounds on the Rewards page")
+        self.rate_button.clicked.connect(self.rate)
+        self.export_button = QPushButton("Export…")
+        self.export_button.setToolTip(
+            "Export this run's adapter (or merge it into the model) on the Export page"
+        )
+        self.export_button.clicked.connect(self.export)
+        self.why_label = QLabel()
+        self.why_label.setObjectName("faint")
+        self.why_label.setWordWrap(True)
+        self.why_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        actions = QHBoxLayout()
+        actions.addWidget(self.chat_button)
+        actions.addWidget(self.rate_button)
+        actions.addWidget(self.export_button)
+        actions.addWidget(self.why_label, 1)
+
+        layout = PageLayout(self)  # fills the height it is given: the buttons stay in view
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.setSpacing(4)
+        layout.addLayout(top)
+        layout.addWidget(split, 1)
+        layout.addLayout(actions)
+        faint = self.palette().color(self.palette().ColorRole.PlaceholderText).name()
+        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
+
+        QShortcut(QKeySequence("F5"), self, self.refresh, context=Qt.WidgetWithChildrenShortcut)
+        for key in ("Return", "Enter"):
+            QShortcut(QKeySequence(key), self.table, self.chat, context=Qt.WidgetShortcut)
+
+        self.watcher = QFileSystemWatcher(self)
+        self.watcher.directoryChanged.connect(self._folder_changed)
+        self.watcher.fileChanged.connect(self._folder_changed)
+        self._settle = QTimer(self)
+        self._settle.setSingleShot(True)
+        self._settle.setInterval(SETTLE_MS)
+        self._settle.timeout.connect(self.refresh)
+        self.poll = QTimer(self)
+        self.poll.setInterval(POLL_MS)
+        self.poll.timeout.connect(self.refresh)
+
+        project.subscribe(self._project_changed)
+        self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
+        self.refresh()
+        self._update_buttons()
+
+    def _build_details(self) -> QWidget:
+        box = QGroupBox("Selected run")
+        self.detail_title = QLabel("Select a run.")
+        self.detail_title.setWordWrap(True)
+        self.detail_title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.detail_status = QLabel()
+        self.detail_status.setWordWrap(True)
+        self.detail_status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.detail_status.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.adapter_label = ElidedLabel("–")  # a path: one line, elided in the middle, whole in the tooltip
+        self.checkpoints_label = ElidedLabel("–")
+        self.settings_label = QLabel("–")
+        self.settings_label.setWordWrap(True)
+        self.settings_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.open_adapter_button = QPushButton("Open folder")
+        self.open_adapter_button.setToolTip("Show the adapter's folder in the file browser")
+        self.open_adapter_button.clicked.connect(lambda: self._open(self._adapter_folder()))
+        self.open_checkpoints_button = QPushButton("Open folder")
+        self.open_checkpoints_button.setToolTip("Show the run's checkpoint folder in the file browser")
+        self.open_checkpoints_button.clicked.connect(lambda: self._open(self._checkpoint_folder()))
+        form = QFormLayout()
+        form.setContentsMargins(0, 0, 0, 0)
+        form.setVerticalSpacing(3)
+        form.addRow("Adapter:", self._row(self.adapter_label, self.open_adapter_button))
+        form.addRow("Checkpoints:", self._row(self.checkpoints_label, self.open_checkpoints_button))
+        form.addRow("Settings:", self.settings_label)
+        layout = QVBoxLayout(box)
+        layout.setContentsMargins(8, 6, 8, 6)
+        layout.addWidget(self.detail_title)
+        layout.addWidget(self.detail_status)
+        layout.addLayout(form)
+        layout.addStretch(1)
+        box.setMinimumWidth(240)
+        return box
+
+    @staticmethod
+    def _row(label: QLabel, button: QPushButton) -> QWidget:
+        w = QWidget()
+        row = QHBoxLayout(w)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(label, 1)
+        row.addWidget(button)
+        return w
+
+    # --- public API ---------------------------------------------------------------------------
+    def set_model_info(self, info: ModelInfo | None) -> None:
+        """The open model: runs of other models are marked, and cannot be chatted with or rated."""
+        self.info = info
+        self.model.set_model(info.path if info is not None else self.project.model_path)
+        self._update_buttons()
+
+    def refresh(self) -> None:
+        """Read the run records again (the selection is kept)."""
+        folders = run_folders(self.project, self.settings)
+        runs = load_runs(self.project, self.settings)
+        signature = tuple((r.path, r.updated, r.status) for r in runs)
+        self._watch(folders, runs)
+        self._show_folders(folders)
+        if signature == self._signature:
+            return
+        self._signature = signature
+        chosen = {r.path for r in self.selected_runs()}
+        current = self.current_run()
+        current_path = current.path if current is not None else None
+        self.model.set_model(self.model_path())
+        self.model.set_runs(runs)
+        sel = self.table.selectionModel()
+        for row, r in enumerate(runs):
+            if r.path in chosen:
+                sel.select(self.model.index(row, 0), QItemSelectionModel.Select | QItemSelectionModel.Rows)
+            if r.path == current_path:
+                sel.setCurrentIndex(self.model.index(row, 0), QItemSelectionModel.NoUpdate)
+        if not runs:
+            self.empty_label.setText(
+                "No runs yet. A run appears here when it starts (Train page) or when rating rounds are "
+                "applied (Rewards page); add another folder to list older runs."
+            )
+        self.empty_label.setVisible(not runs)
+        self._selection_changed()
+
+    def runs(self) -> list[RunRecord]:
+        return list(self.model.runs)
+
+    def selected_runs(self) -> list[RunRecord]:
+        rows = sorted({i.row() for i in self.table.selectionModel().selectedRows()})
+        return [self.model.runs[r] for r in rows if r < len(self.model.runs)]
+
+    def current_run(self) -> RunRecord | None:
+        """The run the buttons act on: the focused selected row, else the first selected."""
+        selected = self.selected_runs()
+        index = self.table.currentIndex()
+        if index.isValid() and index.row() < len(self.model.runs):
+            run = self.model.runs[index.row()]
+            if run in selected:
+                return run
+        return selected[0] if selected else None
+
+    def select_runs(self, names: list[str]) -> None:
+        """Select the runs with these names (tests, and the window after a run)."""
+        sel = self.table.selectionModel()
+        sel.clearSelection()
+        for row, r in enumerate(self.model.runs):
+            if r.name in names:
+                sel.select(self.model.index(row, 0), QItemSelectionModel.Select | QItemSelectionModel.Rows)
+                sel.setCurrentIndex(self.model.index(row, 0), QItemSelectionModel.NoUpdate)
+
+    def add_folder(self, folder: str) -> None:
+        folder = os.path.abspath(folder)
+        set_extra_folders(self.settings, [*extra_folders(self.settings), folder])
+        self._signature = ()
+        self.refresh()
+
+    def remove_folder(self, folder: str) -> None:
+        set_extra_folders(self.settings, [f for f in extra_folders(self.settings) if f != folder])
+        self._signature = ()
+        self.refresh()
+
+    def choose_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Add a folder of runs", self.project.output_folder())
+        if folder:
+            self.add_folder(folder)
+
+    def model_path(self) -> str | None:
+        return self.info.path if self.info is not None else self.project.model_path
+
+    # --- actions ------------------------------------------------------------------------------
+    def _usable(self, run: RunRecord | None) -> str:
+        """Why the run's adapter cannot be used now ('' when it can)."""
+        if run is None:
+            return "Select a run."
+        if not has_adapter(run):
+            if run.status in ("running", "paused"):
+                return f"{run.name} has not written its adapter yet: it is {status_text(run)}."
+            return f"{run.name} left no adapter file ({status_text(run)})."
+        if not same_model(run, self.model_path()):
+            return (
+                f"{run.name} was trained on {os.path.basename(run.model)}, not the open model: open that "
+                "model on the Model page to use it."
+            )
+        return ""
+
+    def chat(self) -> None:
+        run = self.current_run()
+        if not self._usable(run):
+            self.sig_chat_requested.emit(run.adapter, run_label(run))
+
+    def rate(self) -> None:
+        run = self.current_run()
+        if not self._usable(run):
+            self.sig_rate_requested.emit(run.adapter)
+
+    def export(self) -> None:
+        run = self.current_run()
+        if not self._usable(run):
+            self.sig_export_requested.emit(run.adapter)
+
+    def _update_buttons(self) -> None:
+        why = self._usable(self.current_run())
+        for b in (self.chat_button, self.rate_button, self.export_button):
+            b.setEnabled(not why)
+        self.why_label.setText(why if self.current_run() is not None else "")
+
+    # --- selection and details ----------------------------------------------------------------
+    def _selection_changed(self, *_: object) -> None:
+        selected = self.selected_runs()
+        self.plot.set_runs(selected)
+        self._show_details(self.current_run())
+        self._update_buttons()
+
+    def _show_details(self, run: RunRecord | None) -> None:
+        if run is None:
+            self.detail_title.setText("Select a run." if self.model.runs else "")
+            for w in (self.detail_status, self.adapter_label, self.checkpoints_label, self.settings_label):
+                w.setText("–" if w is not self.detail_status else "")
+            self.open_adapter_button.setEnabled(False)
+            self.open_checkpoints_button.setEnabled(False)
+            return
+        kind = "rating rounds" if run.kind == "rewards" else "training run"
+        self.detail_title.setText(f"<b>{run.name}</b> ({kind})")
+        steps = f"{run.steps_done} of {run.steps_planned or '?'} steps"
+        loss = f", final loss {run.final_loss:.4f}" if run.final_loss is not None else ""
+        self.detail_status.setText(f"{status_text(run)} · {steps}{loss}")
+        adapter = run.adapter or "none named"
+        self.adapter_label.setText(adapter + ("" if has_adapter(run) else " (not written)"))
+        ckpt = run.last_checkpoint or run.checkpoints or "none"
+        self.checkpoints_label.setText(ckpt)
+        cfg = run.config or {}
+        bits = [f"rank {run.rank}", f"alpha {run.alpha:g}"]
+        for key, name in (("lr", "lr"), ("steps", "steps"), ("batch_size", "batch"), ("mode", "mode")):
+            if key in cfg:
+                bits.append(f"{name} {cfg[key]:g}" if isinstance(cfg[key], float) else f"{name} {cfg[key]}")
+        self.settings_label.setText(", ".join(bits))
+        self.open_adapter_button.setEnabled(bool(self._adapter_folder()))
+        self.open_checkpoints_button.setEnabled(bool(self._checkpoint_folder()))
+
+    def _adapter_folder(self) -> str | None:
+        run = self.current_run()
+        if run is None or not run.adapter:
+            return None
+        folder = run.adapter if os.path.isdir(run.adapter) else os.path.dirname(run.adapter)
+        return folder if os.path.isdir(folder) else None
+
+    def _checkpoint_folder(self) -> str | None:
+        run = self.current_run()
+        if run is None:
+            return None
+        for folder in (run.checkpoints, os.path.dirname(run.path) if run.path else None):
+            if folder and os.path.isdir(folder):
+                return folder
+        return None
+
+    def _open(self, folder: str | None) -> None:
+        if folder:
+            self.open_url(QUrl.fromLocalFile(folder))
+
+    # --- watching -----------------------------------------------------------------------------
+    def _watch(self, folders: list[str], runs: list[RunRecord]) -> None:
+        want = set()
+        for folder in folders:
+            if os.path.isdir(folder):
+                want.add(os.path.abspath(folder))
+        for r in runs:
+            if r.path:
+                want.add(os.path.dirname(os.path.abspath(r.path)))
+        have = set(self.watcher.directories())
+        if want - have:
+            self.watcher.addPaths(sorted(want - have))
+        if have - want:
+            self.watcher.removePaths(sorted(have - want))
+
+    def _folder_changed(self, _path: str) -> None:
+        self._settle.start()
+
+    def _show_folders(self, folders: list[str]) -> None:
+        added = extra_folders(self.settings)
+        first = folders[0] if folders else "?"
+        more = f" and {len(added)} added folder{'s' if len(added) != 1 else ''}" if added else ""
+        self.folders_label.setText(f"in {first}{more}")
+        self.folders_label.setToolTip("Runs are read from:\n" + "\n".join(folders))
+        self.remove_menu.clear()
+        for folder in added:
+            self.remove_menu.addAction(folder, lambda f=folder: self.remove_folder(f))
+        self.remove_button.setEnabled(bool(added))
+
+    def _project_changed(self, changed: set[str]) -> None:
+        if changed & {"output_dir", "path", "dataset_path", "model_path"}:
+            if "model_path" in changed and self.info is None:
+                self.model.set_model(self.project.model_path)
+            self.refresh()
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        self.refresh()
+        self.poll.start()
+
+    def hideEvent(self, event) -> None:  # noqa: N802 - Qt override
+        self.poll.stop()
+        super().hideEvent(event)
+
+
+__all__ = ["RunsPage"]

@@ -1,0 +1,369 @@
+"""What the next run would do, worked out before Start: the check behind the Train page's progress bar
+and its Start button.
+
+`check_run(...)` encodes and packs the dataset the editor shows (or the project's file) with the
+model's tokenizer and chat template, as the engine's trainer will, and returns a `RunCheck`: the step
+total, windows, samples and tokens of the run (`DataPlan`), the trainable parameters, the memory
+estimate, and the first reason the run cannot start (`Blocker`: nothing to train, no trainable
+sample, not enough memory), in plain words with the page that fixes it. It runs as a job of the
+engine worker (never on the UI thread: encoding a large dataset takes seconds); `EncodingCache`
+keeps each sample's token counts between checks, so a change of batch size, epochs or validation
+split does not encode anything again.
+
+The counting follows engine.train.trainer (`Trainer._prepare` and `start`): the validation split
+(`split_validation`, a copy of the engine's, which is not exported), `encode_samples`, first-fit
+decreasing packing into windows of n_ctx tokens (`count_windows`: the number of windows depends
+only on the sample lengths), batches of batch_size windows, and steps = `steps` or
+ceil(epochs * batches / grad_accum). The Train page's tests compare it with the engine's own `Plan`.
+
+What this module is not: it trains nothing, opens no model weights and has no Qt.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from engine import (
+    ChatTemplate,
+    DatasetError,
+    EncodeOptions,
+    EngineError,
+    MemoryEstimate,
+    Sample,
+    TensorInfo,
+    Tokenizer,
+    TrainConfig,
+    encode_samples,
+    estimate_memory,
+    load_jsonl,
+    lora_param_count,
+    select_full,
+    select_targets,
+)
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """Why Start is disabled, in plain words, and the page that fixes it ("" when it is this one)."""
+
+    reason: str
+    page: str = ""  # "Model", "Dataset", "Targets", or "" (the Train page's own settings)
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """The data side of a run, as the trainer will see it."""
+
+    n_samples: int  # samples read (the editor's, or the file's usable lines)
+    n_train: int  # samples in the training split (before encoding drops any)
+    n_val: int  # samples held out for validation
+    n_trainable: int  # training samples with at least one trained token after encoding
+    n_windows: int  # packed windows per epoch
+    batches_per_epoch: int
+    total_steps: int
+    tokens_per_epoch: int
+    label_tokens_per_epoch: int
+    problems: tuple[str, ...]  # reading and encoding problems, one line each
+
+    def describe(self, config: TrainConfig) -> str:
+        """One line for people: where the step total comes from."""
+        if config.steps:
+            how = f"{config.steps} steps as set"
+        else:
+            accum = f", {config.grad_accum} accumulated per step" if config.grad_accum > 1 else ""
+            how = (
+                f"{config.epochs:g} epoch{'s' if config.epochs != 1 else ''} of {self.batches_per_epoch} "
+                f"batch{'es' if self.batches_per_epoch != 1 else ''}{accum}"
+            )
+        val = f" / {self.n_val} validation" if self.n_val else ""
+        return (
+            f"{self.total_steps:,} steps ({how}): {self.n_train} training{val} samples in "
+            f"{self.n_windows} windows of up to {config.n_ctx} tokens, {self.tokens_per_epoch:,} tokens "
+            f"({self.label_tokens_per_epoch:,} trained) per epoch"
+        )
+
+
+@dataclass(frozen=True)
+class RunCheck:
+    """The result of `check_run`."""
+
+    plan: DataPlan | None  # None when the data could not be planned (see blocker)
+    blocker: Blocker | None  # None: the run can start
+    n_trainable_params: int = 0
+    n_lora_tensors: int = 0
+    n_full_tensors: int = 0
+    memory: MemoryEstimate | None = None
+
+
+# -- the engine's counting, from exported names ----------------------------------------------------
+
+
+def split_validation(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Indices of (train, validation) exactly as engine.train.data.split_validation splits them
+    (whole groups held out, about `fraction` of the samples, deterministic for a seed)."""
+    n = len(samples)
+    if fraction <= 0.0 or n < 2:
+        return list(range(n)), []
+    groups: dict[Any, list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(s.group if s.group else ("#", i), []).append(i)
+    members = list(groups.values())
+    target = min(max(1, round(fraction * n)), n - 1)
+    shuffled = [members[g] for g in np.random.default_rng(seed).permutation(len(members))]
+    held: list[int] = []
+    for group in shuffled:
+        if len(held) + len(group) <= target:
+            held.extend(group)
+    if not held:
+        smaller = [group for group in shuffled if len(group) < n]
+        if smaller:
+            held = min(smaller, key=len)
+    chosen = set(held)
+    return [i for i in range(n) if i not in chosen], [i for i in range(n) if i in chosen]
+
+
+def count_windows(lengths: Sequence[int], n_ctx: int) -> int:
+    """Windows that first-fit decreasing packing (engine.train.data.pack) fills with samples of these
+    lengths; the count does not depend on the order of equal lengths, so not on the shuffle."""
+    items = sorted((int(n) for n in lengths), reverse=True)
+    if not items:
+        return 0
+    size = 1
+    while size < len(items):
+        size *= 2
+    free = [n_ctx] * (2 * size)  # a max segment tree over the free room of the bins
+    used = 0
+    for length in items:
+        node = 1
+        while node < size:
+            node = 2 * node if free[2 * node] >= length else 2 * node + 1
+        used = max(used, node - size + 1)
+        free[node] -= length
+        node //= 2
+        while node:
+            free[node] = max(free[2 * node], free[2 * node + 1])
+            node //= 2
+    return used
+
+
+# -- encoding, cached ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleTokens:
+    """One sample as the trainer will see it: its tokens and trained tokens (after truncation), or
+    dropped (no trained token, or it cannot be encoded), and its problems."""
+
+    n_tokens: int
+    n_targets: int
+    dropped: bool
+    problems: tuple[tuple[int, str, str], ...]  # (line, severity, message)
+
+
+class EncodingCache:
+    """Token counts of samples between checks, used by the engine worker's jobs only (one at a time).
+
+    Entries are kept per sample object (the editor's samples are frozen: an edit makes a new one)
+    for one tokenizer, template and set of encoding options; a file is read again only when its size
+    or modification time changed."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.entries: dict[int, tuple[Sample, SampleTokens]] = {}
+        self.file_key: tuple | None = None
+        self.file_data: tuple[list[Sample], list[str]] = ([], [])
+        self.template_key: tuple | None = None
+        self.template_value: ChatTemplate | None = None
+
+    def template(self, key: tuple, make) -> ChatTemplate:
+        """The chat template for `key` (made by `make()` the first time; its errors propagate)."""
+        if key != self.template_key or self.template_value is None:
+            self.template_value = make()
+            self.template_key = key
+        return self.template_value
+
+    def read(self, path: str) -> tuple[list[Sample], list[str]]:
+        """The samples of a dataset file and its problems (DatasetError when it cannot be read)."""
+        st = os.stat(path)
+        key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+        if key != self.file_key:
+            samples, problems = load_jsonl(path)
+            self.file_key, self.file_data = key, (samples, [str(p) for p in problems])
+        return self.file_data
+
+    def encode(
+        self, samples: Sequence[Sample], tokenizer: Tokenizer, template: ChatTemplate, options: EncodeOptions
+    ) -> list[SampleTokens]:
+        key = (id(tokenizer), id(template), options)
+        if key != self.key:
+            self.key, self.entries = key, {}
+        out, entries = [], {}
+        for sample in samples:
+            hit = self.entries.get(id(sample))
+            if hit is None or hit[0] is not sample:
+                hit = (sample, _encode_one(sample, tokenizer, template, options))
+            entries[id(sample)] = hit
+            out.append(hit[1])
+        self.entries = entries  # only the current samples stay
+        return out
+
+
+def _encode_one(
+    sample: Sample, tokenizer: Tokenizer, template: ChatTemplate, options: EncodeOptions
+) -> SampleTokens:
+    encoded, problems = encode_samples([sample], tokenizer, template, options)
+    notes = tuple((p.line, p.severity, p.message.removeprefix("sample 0: ")) for p in problems)
+    if not encoded:
+        return SampleTokens(0, 0, True, notes)
+    e = encoded[0]
+    return SampleTokens(len(e.tokens), e.n_targets, False, notes)
+
+
+def _problem_line(row: int, line: int, severity: str, message: str) -> str:
+    where = f"line {line}" if line else f"sample {row + 1}"
+    return f"{where}: {severity}: {message}"
+
+
+# -- the check -------------------------------------------------------------------------------------
+
+
+def plan_data(
+    samples: Sequence[Sample],
+    read_problems: Sequence[str],
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    config: TrainConfig,
+    cache: EncodingCache | None = None,
+) -> DataPlan:
+    """The data side of a run on `samples` with `config` (see the module docstring)."""
+    cache = cache or EncodingCache()
+    options = EncodeOptions(
+        n_ctx=config.n_ctx, train_on_prompt=config.train_on_prompt, prompt_format=config.prompt_format
+    )
+    encoded = cache.encode(samples, tokenizer, template, options)
+    train, val = split_validation(samples, config.val_split, config.seed)
+    kept = [encoded[i] for i in train if not encoded[i].dropped]
+    n_windows = count_windows([e.n_tokens for e in kept], config.n_ctx)
+    n_batches = math.ceil(n_windows / config.batch_size) if n_windows else 0
+    total = config.steps or max(1, math.ceil(config.epochs * n_batches / config.grad_accum))
+    problems = [*read_problems]
+    for row, e in enumerate(encoded):
+        problems.extend(_problem_line(row, line, sev, msg) for line, sev, msg in e.problems)
+    return DataPlan(
+        n_samples=len(samples),
+        n_train=len(train),
+        n_val=len(val),
+        n_trainable=len(kept),
+        n_windows=n_windows,
+        batches_per_epoch=n_batches,
+        total_steps=total if kept else 0,
+        tokens_per_epoch=sum(e.n_tokens for e in kept),
+        label_tokens_per_epoch=sum(e.n_targets for e in kept),
+        problems=tuple(problems),
+    )
+
+
+def check_selection(
+    tensors: dict[str, TensorInfo], model_config: Any, config: TrainConfig, itemsize: int = 4
+) -> RunCheck:
+    """What the run trains and whether it fits in memory; `plan` is left None."""
+    n_layers = model_config.L
+    try:
+        names = (
+            select_targets(tensors, config.targets, n_layers)
+            if config.targets.preset != "none" or config.targets.patterns
+            else []
+        )
+        full = select_full(tensors, tuple(config.full), n_layers) if config.full else []
+    except EngineError as exc:
+        return RunCheck(None, Blocker(f"the chosen targets do not fit this model: {exc}.", "Targets"))
+    if not names and not full:
+        return RunCheck(
+            None,
+            Blocker("nothing is chosen to train: no LoRA targets and no full-weight tensors.", "Targets"),
+        )
+    n_params = lora_param_count(tensors, names, config.rank) + sum(tensors[n].n_elements for n in full)
+    memory = estimate_memory(
+        model_config,
+        tensors,
+        n_params,
+        config,
+        lora_targets=names,
+        checkpoint=config.checkpoint_choice,
+        budget=config.cache_budget,
+        itemsize=itemsize,
+    )
+    blocker = None
+    if not memory.fits():
+        blocker = Blocker(f"the run would not fit in memory: {memory.advice(config)}.", "Targets")
+    return RunCheck(None, blocker, n_params, len(names), len(full), memory)
+
+
+def check_run(
+    data: str | Sequence[Sample],
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    tensors: dict[str, TensorInfo],
+    model_config: Any,
+    config: TrainConfig,
+    cache: EncodingCache | None = None,
+    read_problems: Sequence[str] = (),
+) -> RunCheck:
+    """Everything the Start button needs to know about the next run (see the module docstring).
+
+    `data`: the samples the editor shows, or the path of the dataset file."""
+    cache = cache or EncodingCache()
+    selection = check_selection(tensors, model_config, config)
+    try:
+        if isinstance(data, str):
+            samples, read_problems = cache.read(data)
+        else:
+            samples = list(data)
+    except (DatasetError, OSError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return _with(selection, None, Blocker(f"the dataset cannot be read: {why}.", "Dataset"))
+    if not samples:
+        n = len(read_problems)
+        why = f" ({n} line{'s' if n != 1 else ''} with problems; the first: {read_problems[0]})" if n else ""
+        return _with(selection, None, Blocker(f"the dataset has no usable sample{why}.", "Dataset"))
+    plan = plan_data(samples, read_problems, tokenizer, template, config, cache)
+    if not plan.n_trainable:
+        first = f" The first problem: {plan.problems[0]}." if plan.problems else ""
+        blocker = Blocker(
+            f"no training sample has a token to learn from (answers too long for the context length, "
+            f"or no assistant answer).{first}",
+            "Dataset",
+        )
+        return _with(selection, plan, selection.blocker or blocker)
+    return _with(selection, plan, selection.blocker)
+
+
+def _with(selection: RunCheck, plan: DataPlan | None, blocker: Blocker | None) -> RunCheck:
+    return RunCheck(
+        plan,
+        selection.blocker or blocker,
+        selection.n_trainable_params,
+        selection.n_lora_tensors,
+        selection.n_full_tensors,
+        selection.memory,
+    )
+
+
+__all__ = [
+    "Blocker",
+    "DataPlan",
+    "EncodingCache",
+    "RunCheck",
+    "SampleTokens",
+    "check_run",
+    "check_selection",
+    "count_windows",
+    "plan_data",
+    "split_validation",
+]

@@ -1,0 +1,41 @@
+"""Buttons with a role: `PrimaryButton`, the one main action of a page (Start on the Train page).
+
+It is drawn in the palette's highlight colour with bold text and is the default button, and it
+follows the palette when the theme changes. It does nothing else than a QPushButton.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QEvent
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QApplication, QPushButton, QWidget
+
+
+class PrimaryButton(QPushButton):
+    """A QPushButton drawn as the page's main action (highlight colour, bold, default)."""
+
+    def __init__(self, text: str = "", parent: QWidget | None = None):
+        super().__init__(text, parent)
+        self.setDefault(True)
+        self.setAutoDefault(True)
+        font = self.font()
+        font.setBold(True)
+        self.setFont(font)
+        self.setObjectName("primaryButton")
+        self._apply_palette()
+
+    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        if event.type() == QEvent.ApplicationPaletteChange:
+            self._apply_palette()
+        super().changeEvent(event)
+
+    def _apply_palette(self) -> None:
+        app = QApplication.palette()
+        pal = QPalette(app)
+        for group in (QPalette.Active, QPalette.Inactive):
+            pal.setColor(group, QPalette.Button, app.color(QPalette.Highlight))
+            pal.setColor(group, QPalette.ButtonText, app.color(QPalette.HighlightedText))
+        self.setPalette(pal)
+
+
+__all__ = ["PrimaryButton"]
