@@ -105,9 +105,7 @@ def generate_model(spec: SynthSpec, path: str) -> str:
 def file_bytes_of(spec: SynthSpec) -> int:
     from engine.io.gguf_write import tensor_bytes
 
-    return sum(
-        tensor_bytes(s, spec.qtype if len(s) > 1 else "F32") for s in tensor_shapes(spec).values()
-    )
+    return sum(tensor_bytes(s, spec.qtype if len(s) > 1 else "F32") for s in tensor_shapes(spec).values())
 
 
 def write_dataset(path: str, n: int = 400, seed: int = 0) -> str:
@@ -189,12 +187,23 @@ def main() -> None:
     src.add_argument("--shape", choices=sorted(SHAPES), help="generate a model of this shape")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=256)
-    ap.add_argument("--budgets", default="off,auto",
-                    help="cache budgets to run, comma-separated; BUDGET:on runs it with layer checkpointing")
-    ap.add_argument("--preset", choices=("all", "moe"), default="all",
-                    help="all: every linear tensor (experts included); moe: attention + routed experts")
-    ap.add_argument("--checkpoint", default="auto", choices=("auto", "on", "off"),
-                    help="layer checkpointing (default auto: the memory plan decides)")
+    ap.add_argument(
+        "--budgets",
+        default="off,auto",
+        help="cache budgets to run, comma-separated; BUDGET:on runs it with layer checkpointing",
+    )
+    ap.add_argument(
+        "--preset",
+        choices=("all", "moe"),
+        default="all",
+        help="all: every linear tensor (experts included); moe: attention + routed experts",
+    )
+    ap.add_argument(
+        "--checkpoint",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="layer checkpointing (default auto: the memory plan decides)",
+    )
     ap.add_argument("--keep", action="store_true", help="keep a generated model file")
     ap.add_argument("--dir", default=None, help="where to write generated files (default: a temp folder)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
