@@ -38,6 +38,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ..backend import array_module, to_host
+from ..kernels.adamw import SUMSQ_CHUNK, sumsq, sumsq_fast
 
 logger = logging.getLogger(__name__)
 
@@ -116,9 +117,40 @@ def lr_at(cfg: OptimConfig, step: int) -> float:
 
 
 def _sumsq(a: np.ndarray) -> float:
-    """sum(a^2) accumulated in float64 without a float64 copy of `a`."""
-    flat = a.reshape(-1)
-    return float(np.einsum("i,i->", flat, flat, dtype=np.float64))
+    """sum(a^2) accumulated in float64, chunk by chunk (engine.kernels.adamw.sumsq)."""
+    return sumsq(a)
+
+
+def _adamw_update(p, m, v, g, gbuf, tmp, dbuf, gclip, scale, b1, b2, eps, bc2_sqrt, step_size, decay):
+    """One AdamW update in place of `p`, `m`, `v` (views of one shape) from the gradient `g`, in the
+    reference's order of float32 operations (engine.kernels.adamw.adamw_step_ref); `gbuf`, `tmp`,
+    `dbuf` are scratch of that shape. Returns the update (a view of `tmp` or `dbuf`)."""
+    if gclip > 0.0:
+        np.clip(g, -gclip, gclip, out=gbuf, casting="same_kind")
+    else:
+        np.copyto(gbuf, g, casting="same_kind")
+    g = gbuf
+    if scale != 1.0:
+        g *= scale
+    m *= b1  # m = b1 m + (1 - b1) g
+    np.multiply(g, 1.0 - b1, out=tmp)
+    m += tmp
+    v *= b2  # v = b2 v + (1 - b2) g^2
+    np.multiply(g, g, out=tmp)
+    tmp *= 1.0 - b2
+    v += tmp
+    np.sqrt(v, out=tmp)  # tmp = sqrt(v_hat) + eps
+    tmp /= bc2_sqrt
+    tmp += eps
+    np.divide(m, tmp, out=tmp)  # tmp = lr * m_hat / (sqrt(v_hat) + eps)
+    tmp *= step_size
+    if not decay:
+        p -= tmp
+        return tmp
+    np.multiply(p, decay, out=dbuf)
+    dbuf += tmp
+    p -= dbuf
+    return dbuf
 
 
 def _exceeds(g: np.ndarray, bound: float) -> bool:
@@ -202,6 +234,7 @@ class AdamW:
         self._t = dict.fromkeys(self.params, 0)
         # Two flat scratch buffers per dtype, as large as the largest param: the hot loop's only temporaries.
         self._scratch: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
+        self._scratch_decay: dict[np.dtype, np.ndarray] = {}
         for p in self.params.values() if runtime is None else ():
             size = max(p.size, self._scratch[p.dtype][0].size if p.dtype in self._scratch else 0)
             self._scratch[p.dtype] = (np.empty(size, p.dtype), np.empty(size, p.dtype))
@@ -213,6 +246,14 @@ class AdamW:
     def _buffers(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         a, b = self._scratch[p.dtype]
         return a[: p.size].reshape(p.shape), b[: p.size].reshape(p.shape)
+
+    def _decay_buffer(self, p: np.ndarray) -> np.ndarray:
+        """A third scratch buffer of p's shape (the update with weight decay), made on first use."""
+        buf = self._scratch_decay.get(p.dtype)
+        if buf is None or buf.size < p.size:
+            size = max(q.size for q in self.params.values() if q.dtype == p.dtype)
+            buf = self._scratch_decay[p.dtype] = np.empty(size, p.dtype)
+        return buf[: p.size].reshape(p.shape)
 
     def _param_norm(self) -> float:
         if self.runtime is not None:
@@ -299,43 +340,46 @@ class AdamW:
         scale = _clip_scale(norm, cfg.max_grad_norm)
         clipped = clipped or scale != 1.0
 
-        # Pass 2: per param, clipped grad -> moments -> update, in two scratch buffers.
+        # Pass 2: per param, clipped grad -> moments -> update, chunk by chunk (a chunk's dozen
+        # element-wise passes run in the cache), the update's and the param's sums of squares taken
+        # on the way, in the chunks and order of `sumsq`.
         b1, b2 = cfg.betas
-        update_sumsq = 0.0
+        update_sumsq = param_sumsq = 0.0
         for name in names:
             p, m, v = self.params[name], self._m[name], self._v[name]
-            g, tmp = self._buffers(p)
-            if cfg.gclip > 0.0:
-                np.clip(grads[name], -cfg.gclip, cfg.gclip, out=g, casting="same_kind")
-            else:
-                np.copyto(g, grads[name], casting="same_kind")
-            if scale != 1.0:
-                g *= scale
+            gbuf, tmp = self._buffers(p)
+            dbuf = self._decay_buffer(p)
             self._t[name] += 1
             t = self._t[name]
-            m *= b1  # m = b1 m + (1 - b1) g
-            np.multiply(g, 1.0 - b1, out=tmp)
-            m += tmp
-            v *= b2  # v = b2 v + (1 - b2) g^2
-            np.multiply(g, g, out=tmp)
-            tmp *= 1.0 - b2
-            v += tmp
-            np.sqrt(v, out=tmp)  # tmp = sqrt(v_hat) + eps
-            tmp /= math.sqrt(1.0 - b2**t)
-            tmp += cfg.eps
-            np.divide(m, tmp, out=tmp)  # tmp = lr * m_hat / (sqrt(v_hat) + eps)
-            tmp *= lr / (1.0 - b1**t)
-            delta = g  # g is spent; reuse it for the whole update
-            if cfg.weight_decay > 0.0 and self.decays(name):
-                np.multiply(p, lr * cfg.weight_decay, out=delta)
-                delta += tmp
+            decay = lr * cfg.weight_decay if cfg.weight_decay > 0.0 and self.decays(name) else 0.0
+            args = (cfg.gclip, scale, b1, b2, cfg.eps, math.sqrt(1.0 - b2**t), lr / (1.0 - b1**t), decay)
+            g = grads[name]
+            if (
+                p.flags.c_contiguous
+                and m.flags.c_contiguous
+                and v.flags.c_contiguous
+                and p.dtype == np.float32
+            ):
+                pf, mf, vf, gf = p.reshape(-1), m.reshape(-1), v.reshape(-1), g.reshape(-1)
+                gb, tb, db = gbuf.reshape(-1), tmp.reshape(-1), dbuf.reshape(-1)
+                du = dp = 0.0
+                for lo in range(0, pf.size, SUMSQ_CHUNK):
+                    c = slice(lo, lo + SUMSQ_CHUNK)
+                    delta = _adamw_update(pf[c], mf[c], vf[c], gf[c], gb[c], tb[c], db[c], *args)
+                    du += float(np.dot(delta, delta))
+                    dp += float(np.dot(pf[c], pf[c]))
             else:
-                np.copyto(delta, tmp)
-            p -= delta
-            update_sumsq += _sumsq(delta)
+                delta = _adamw_update(p, m, v, g, gbuf, tmp, dbuf, *args)
+                du, dp = sumsq_fast(delta), sumsq_fast(p)
+            update_sumsq += du
+            param_sumsq += dp
+        touched = set(names)
+        for name, p in self.params.items():
+            if name not in touched:
+                param_sumsq += sumsq_fast(p)
 
         self.step_count += 1
-        return StepStats(lr, grad_norm, clipped, math.sqrt(update_sumsq), self._param_norm())
+        return StepStats(lr, grad_norm, clipped, math.sqrt(update_sumsq), math.sqrt(param_sumsq))
 
     def state_dict(self) -> dict[str, np.ndarray | int | float | str]:
         """Everything needed to resume exactly: moments, update counts, step count and config.

@@ -104,8 +104,9 @@ def checks(be: Backend, rng: np.random.Generator) -> list[Check]:
         grad_norm, clipped, skipped, usq, psq = res
         assert not skipped and clipped == ref.clipped, (case, clipped, ref.clipped)
         out.append(compare("adamw_step.grad_norm", case, np.asarray(grad_norm), ref.grad_norm, 1e-12))
-        out.append(compare("adamw_step.update_sumsq", case, np.asarray(usq), ref.update_sumsq, 1e-12))
-        out.append(compare("adamw_step.param_sumsq", case, np.asarray(psq), ref.param_sumsq, 1e-12))
+        # the reported norms: float64 sums on the device, float32 chunk dots summed in float64 on the host
+        out.append(compare("adamw_step.update_sumsq", case, np.asarray(usq), ref.update_sumsq, 1e-6))
+        out.append(compare("adamw_step.param_sumsq", case, np.asarray(psq), ref.param_sumsq, 1e-6))
     return out
 
 
