@@ -79,6 +79,7 @@ class ModelPage(QWidget):
             "Layers",
             "Attention",
             "Feed-forward",
+            "Also",
             "Context",
             "Tokenizer",
             "Chat template",
@@ -281,17 +282,12 @@ class ModelPage(QWidget):
         f["Architecture"].setText(f"{c.arch}" + (f"  ({c.name})" if c.name else ""))
         f["Parameters"].setText(f"{human_count(s.n_params)} in {s.n_tensors} tensors, mostly {s.file_type}")
         f["Layers"].setText(f"{c.L} layers, {c.C} wide")
-        f["Attention"].setText(
-            f"{c.NH} query heads, {c.NKV} key/value heads, head size {c.HS}, RoPE {c.rope}"
-            + (f", q/k norm ({c.qk_norm})" if c.qk_norm else "")
-        )
-        if c.is_moe:
-            ffn = f"{c.E} experts, {c.K} per token, width {c.F_exp}" + (
-                f", shared expert {c.F_shexp}" if c.F_shexp else ""
-            )
-        else:
-            ffn = f"dense SwiGLU, width {c.F}"
-        f["Feed-forward"].setText(ffn)
+        # the engine's words for the layout (MLA ranks, sinks, sliding windows, dense-then-MoE
+        # layers, shared experts), as `tune-engine inspect` prints them
+        f["Attention"].setText(s.attention_text)
+        f["Feed-forward"].setText(s.ffn_text)
+        f["Also"].setText("\n".join(s.features) or "–")
+        self.facts.setRowVisible(f["Also"], bool(s.features))
         f["Context"].setText(f"{c.n_ctx_train} tokens")
         pre = f", {s.tokenizer_pre}" if s.tokenizer_pre else ""
         f["Tokenizer"].setText(f"{s.tokenizer_model}{pre}, {s.vocab_size} tokens")

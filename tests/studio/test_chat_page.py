@@ -143,6 +143,29 @@ def test_ctrl_n_inside_the_page_is_new_chat_not_the_windows_new_project(qtbot, e
     page.setParent(None)
 
 
+def test_coming_to_the_page_puts_the_cursor_in_the_message_box(qtbot, page):
+    window = QMainWindow()
+    qtbot.addWidget(window)
+    window.setCentralWidget(page)
+    page.hide()
+    window.show()
+    qtbot.waitExposed(window)
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow, timeout=2000)
+    page.show()  # what the window's page stack does on Ctrl+5
+    qtbot.waitUntil(page.input.hasFocus, timeout=2000)
+    qtbot.keyClicks(window.focusWidget(), "Hi")
+    assert page.input.toPlainText() == "Hi"
+    page.tabs.setCurrentIndex(1)
+    page.hide()
+    page.show()
+    qtbot.waitUntil(page.compare_prompt.hasFocus, timeout=2000)
+    page.tabs.setCurrentIndex(0)
+    page.input.clear()
+    window.takeCentralWidget()  # the page's fixture ends it
+    page.setParent(None)
+
+
 def _hold_the_engine(page: ChatPage):
     """A job that keeps the engine busy until the returned event is set (training, say)."""
     gate = threading.Event()

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from engine import TargetSpec
 from studio.pages.model import ModelPage
 from studio.project import Project
 from studio.resources import DEMO_MODEL
+from tests.conftest import GOLDEN_EXTRA
 
 
 def test_demo_model_opens_and_shows_its_facts(qtbot, engine):
@@ -84,3 +87,24 @@ def test_another_model_replaces_every_fact_of_the_old_one(qtbot, engine, synth_m
     assert "ffn_up_exps.weight" in kinds and "ffn_up.weight" not in kinds  # none of the old rows left
     assert page.kinds.rowCount() == len(opened.args[0].summary.kinds)
     assert page.memory_label.text() != dense_memory and page.error_label.isHidden()
+
+
+@pytest.mark.parametrize(
+    "name, attention, ffn, also",
+    [
+        ("deepseek2", "multi-head latent attention", "shared experts", "no LoRA to attn_k_b"),
+        ("gemma3", "sliding window 8 on 5 of 6 layers", "GEGLU", "soft-capped at 15"),
+        ("gpt-oss", "attention sinks", "clamped SwiGLU", "biases on attn_k"),
+    ],
+)
+def test_the_facts_name_each_architectures_layout(qtbot, engine, name, attention, ffn, also):
+    page = ModelPage(Project(), engine)
+    qtbot.addWidget(page)
+    with qtbot.waitSignal(page.sig_model_opened, timeout=20_000):
+        page.open_path(str(GOLDEN_EXTRA / f"{name}.gguf"))
+    f = page.fact_labels
+    assert attention in f["Attention"].text() and ffn in f["Feed-forward"].text()
+    assert also in f["Also"].text() and page.facts.isRowVisible(f["Also"])
+    with qtbot.waitSignal(page.sig_model_opened, timeout=20_000):
+        page.open_path(DEMO_MODEL)  # plain llama: nothing more to say, the row goes
+    assert not page.facts.isRowVisible(f["Also"])

@@ -770,6 +770,8 @@ class ChatPage(QWidget):
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().showEvent(event)
         self.refresh_adapters()
+        # coming to the page (Ctrl+5, the navigation), typing goes straight into the message
+        (self.compare_prompt if self.tabs.currentIndex() == 1 else self.input).setFocus()
 
 
 __all__ = ["BASE", "ChatPage"]
