@@ -294,7 +294,9 @@ class ModelPage(QWidget):
         if self.project.template_file:
             tpl = f"from {Path(self.project.template_file).name}"
         else:
-            tpl = "from the model" if s.has_chat_template else "none in the file (ChatML is used)"
+            # the default the engine chose: Gemma's turns for a Gemma vocabulary, else ChatML
+            default = f"none in the file (the {info.template.name} is used)"
+            tpl = "from the model" if s.has_chat_template else default
         f["Chat template"].setText(tpl)
         f["File"].setText(human_bytes(s.file_bytes))
         self.kinds.setSortingEnabled(False)

@@ -105,6 +105,7 @@ def test_the_facts_name_each_architectures_layout(qtbot, engine, name, attention
     f = page.fact_labels
     assert attention in f["Attention"].text() and ffn in f["Feed-forward"].text()
     assert also in f["Also"].text() and page.facts.isRowVisible(f["Also"])
+    assert f["Chat template"].text() == "none in the file (the default ChatML template is used)"
     with qtbot.waitSignal(page.sig_model_opened, timeout=20_000):
         page.open_path(DEMO_MODEL)  # plain llama: nothing more to say, the row goes
     assert not page.facts.isRowVisible(f["Also"])
