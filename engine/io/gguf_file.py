@@ -46,6 +46,13 @@ def _q(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _first_bytes_in_words(magic: bytes) -> str:
+    """What a file's first bytes are, for a person: 'it starts with "hell"' or its hex bytes."""
+    if magic and all(32 <= b < 127 for b in magic):
+        return f'it starts with "{magic.decode("ascii")}"'
+    return "it starts with the bytes " + " ".join(f"{b:02x}" for b in magic)
+
+
 def _file_kind(mode: int) -> str:
     """What a path that is not a regular file is, for messages."""
     for test, name in (
@@ -239,7 +246,8 @@ class GGUFFile:
         except OSError as exc:
             raise ModelError(f"{self.path}: cannot be read ({exc.strerror or exc})") from exc
         if magic != b"GGUF":
-            raise ModelError(f"{self.path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+            what = _first_bytes_in_words(magic)
+            raise ModelError(f"{self.path}: not a GGUF file ({what}; a GGUF file starts with GGUF)")
         try:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         except (OSError, ValueError) as exc:

@@ -127,7 +127,11 @@ def test_missing_file(tmp_path):
 def test_not_a_gguf_file(tmp_path):
     p = tmp_path / "x.gguf"
     p.write_bytes(b"PK\x03\x04" + b"\0" * 100)
-    with pytest.raises(ModelError, match="not a GGUF file"):
+    with pytest.raises(ModelError, match="not a GGUF file") as err:
+        GGUFFile(p)
+    assert "starts with the bytes 50 4b 03 04" in str(err.value) and "b'" not in str(err.value)
+    p.write_bytes(b"hello, not a model" + b"\0" * 100)
+    with pytest.raises(ModelError, match='it starts with "hell"'):
         GGUFFile(p)
 
 
