@@ -25,6 +25,7 @@ def test_reexported_adapter_matches_llama_cpp(case, tmp_path):
     for i in range(3):
         ours = model.forward(z[f"tokens_{i}"], lora=again.terms())
         err = np.abs(ours - z[f"logits_{i}"]).max()
-        assert err < 1e-4, f"{case['case']} sequence {i}: max |engine - llama.cpp| = {err:.2e}"
+        tol = case.get("tolerance", 1e-4)
+        assert err < tol, f"{case['case']} sequence {i}: max |engine - llama.cpp| = {err:.2e}"
         base = model.forward(z[f"tokens_{i}"])
         assert np.abs(base - z[f"logits_{i}"]).max() > 0.05, "the adapter must matter in llama.cpp's logits"
