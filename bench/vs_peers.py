@@ -18,6 +18,7 @@ measured in this run.
 
     /path/to/venv-with-torch/bin/python bench/vs_peers.py          # all workloads, ours and the peers
     python bench/vs_peers.py --only ours --workloads dense         # our engine alone
+    python bench/vs_peers.py --workloads full --steps 40 --rounds 3   # short steps: more of them, alternated
     python bench/vs_peers.py --llama-finetune ~/llama.cpp/build/bin/llama-finetune
 
 The peers are extras of this script (`pip install torch==2.13.0 transformers peft`), never
@@ -209,6 +210,7 @@ def model_path(spec: SynthSpec) -> str:
 
 def measure(who: str, workload: str, python: str, args) -> dict | None:
     cmd = [python, os.path.abspath(__file__), "--child", who, "--workload", workload]
+    cmd += ["--steps", str(MEASURED)]
     if args.llama_finetune:
         cmd += ["--llama-finetune", args.llama_finetune]
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -223,19 +225,24 @@ def measure(who: str, workload: str, python: str, args) -> dict | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="dense,moe,full")
+    ap.add_argument("--steps", type=int, default=MEASURED, help=f"measured steps a run (default {MEASURED})")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of each engine, alternated; their steps are pooled (default 1)")  # fmt: skip
     ap.add_argument("--only", choices=("ours", "peers"), help="run only our engine, or only the peers")
     ap.add_argument("--peer-python", default=sys.executable, help="a Python with torch, transformers, peft")
     ap.add_argument("--llama-finetune", help="path of a llama.cpp llama-finetune binary (full fine-tuning)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--workload", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    globals()["MEASURED"] = args.steps  # the run functions read it
     if args.child:
         args.who = args.child
         child(args)
         return
     rate = max(matmul_rate(), matmul_rate(n=3072, repeats=3))
     print(f"machine: {os.cpu_count()} cores; NumPy float32 matmul rate {rate / 1e9:.0f} GFLOP/s; "
-          f"sequence {T}, batch 1, {WARMUP} warm-up + {MEASURED} measured steps")  # fmt: skip
+          f"sequence {T}, batch 1, {WARMUP} warm-up + {MEASURED} measured steps, "
+          f"{args.rounds} run(s) of each, alternated")  # fmt: skip
     rows = []
     for name in args.workloads.split(","):
         w = WORKLOADS[name]
@@ -250,11 +257,18 @@ def main() -> None:
             who.append(("peft", args.peer_python))
             if args.llama_finetune and w["mode"] == "full":
                 who.append(("llama-finetune", sys.executable))
-        results = {}
-        for label, python in who:
-            r = measure(label, name, python, args)
-            if r is None:
-                continue
+        results, runs = {}, {}
+        for _ in range(args.rounds):  # ours, peer, ours, peer, ...: drift on the host hits both alike
+            for label, python in who:
+                r = measure(label, name, python, args)
+                if r is None:
+                    continue
+                if label in runs:
+                    runs[label]["times"] += r["times"]
+                    runs[label]["rss"] = max(runs[label]["rss"], r["rss"])
+                else:
+                    runs[label] = r
+        for label, r in runs.items():
             times = np.array(r["times"])
             tok = T / times
             results[label] = r | dict(med=float(np.median(tok)), lo=float(tok.min()), hi=float(tok.max()),
