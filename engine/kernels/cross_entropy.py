@@ -143,24 +143,32 @@ def lm_head_loss_ref(
         dz[np.arange(n), tgt] -= wt
         if kl:
             dz += logp
-        dhc = np.zeros((n, C), h.dtype)
-        for lo, hi, wc in row_chunks(w):
-            dhc += dz[:, lo:hi] @ wc
-            if need_dw:
-                dW[lo:hi] += dz[:, lo:hi].T @ hc
-        if lora is not None:
-            dzB = dz @ lora.B  # (n, r)
-            dhc += lora.s * (dzB @ lora.A)
-            dl[0][...] += lora.s * (dzB.T @ hc)
-            dl[1][...] += lora.s * (dz.T @ ha)
-        if tied_lora is not None:
-            dzA = dz @ tied_lora.A  # (n, r)
-            dhc += tied_lora.s * (dzA @ tied_lora.B.T)
-            dt[0][...] += tied_lora.s * (dz.T @ hb)  # dA (V, r)
-            dt[1][...] += tied_lora.s * (hc.T @ dzA)  # dB (C, r)
-        dh[rows] = dhc
+        dh[rows] = head_backward(dz, hc, w, lora, tied_lora, ha, hb, dW, dl, dt)
     grads = {"W": dW, "lora": dl, "tied_lora": dt}
     return loss, (ce_sum, int(rows_all.size)), dh, grads
+
+
+def head_backward(dz, hc, w, lora, tied_lora, ha, hb, dW, dl, dt) -> np.ndarray:
+    """The logits' gradient dz (n, V) of one block of label rows hc (n, C) pushed back through the
+    head z = hc W^T (+ s (hc A^T) B^T; + s (hc B) A^T for a tied token_embd adapter): returns dhc
+    (n, C) and adds into dW (when not None) and the LoRA factor gradients dl, dt (ha = hc A^T and
+    hb = hc B from the forward)."""
+    dhc = np.zeros(hc.shape, hc.dtype)
+    for lo, hi, wc in row_chunks(w):
+        dhc += dz[:, lo:hi] @ wc
+        if dW is not None:
+            dW[lo:hi] += dz[:, lo:hi].T @ hc
+    if lora is not None:
+        dzB = dz @ lora.B  # (n, r)
+        dhc += lora.s * (dzB @ lora.A)
+        dl[0][...] += lora.s * (dzB.T @ hc)
+        dl[1][...] += lora.s * (dz.T @ ha)
+    if tied_lora is not None:
+        dzA = dz @ tied_lora.A  # (n, r)
+        dhc += tied_lora.s * (dzA @ tied_lora.B.T)
+        dt[0][...] += tied_lora.s * (dz.T @ hb)  # dA (V, r)
+        dt[1][...] += tied_lora.s * (hc.T @ dzA)  # dB (C, r)
+    return dhc
 
 
 def _lm_head_loss_streamed_ref(h, w, targets, weights, lora, tied_lora, max_logits_bytes, h_ref, w_ref,

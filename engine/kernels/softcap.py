@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .cross_entropy import head_backward
 from .embedding import row_chunks
 from .linear import LoraTerm
 
@@ -117,20 +118,5 @@ def softcap_head_loss_ref(
             # d KL(p||q) / dz = p * (log p - log q - KL)
             dz += (kl_coef * aw)[:, None] * p * (logp - logq - klv[:, None])
         dz = softcap_backward_ref(dz, c_cap)  # through the cap to the raw logits
-        dhc = np.zeros((n, C), h.dtype)
-        for lo, hi, wc in row_chunks(w):
-            dhc += dz[:, lo:hi] @ wc
-            if need_dw:
-                dW[lo:hi] += dz[:, lo:hi].T @ hc
-        if lora is not None:
-            dzB = dz @ lora.B  # (n, r)
-            dhc += lora.s * (dzB @ lora.A)
-            dl[0][...] += lora.s * (dzB.T @ hc)
-            dl[1][...] += lora.s * (dz.T @ ha)
-        if tied_lora is not None:
-            dzA = dz @ tied_lora.A  # (n, r)
-            dhc += tied_lora.s * (dzA @ tied_lora.B.T)
-            dt[0][...] += tied_lora.s * (dz.T @ hb)  # dA (V, r)
-            dt[1][...] += tied_lora.s * (hc.T @ dzA)  # dB (C, r)
-        dh[rows] = dhc
+        dh[rows] = head_backward(dz, hc, w, lora, tied_lora, ha, hb, dW, dl, dt)
     return loss, (ce_sum, int(rows_all.size)), dh, {"W": dW, "lora": dl, "tied_lora": dt}
