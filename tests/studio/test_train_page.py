@@ -498,7 +498,16 @@ def test_a_starting_run_says_what_it_does_and_a_long_run_alerts_when_it_ends(
     monkeypatch.setattr(QApplication, "alert", staticmethod(lambda widget, ms=0: alerts.append(widget)))
     page.notify_after_s = 0.0  # every run is "long" here
     assert engine.session is None  # the model opens with the run
-    run(qtbot, page)
+    gate = Gate(monkeypatch, step=1)  # held after step 1 until the page has shown it (3 steps take ms)
+
+    def start() -> bool:
+        ok = page.start()
+        qtbot.waitUntil(gate.reached, timeout=TIMEOUT_MS)
+        qtbot.waitUntil(lambda: any(t.startswith("Step ") for t in shown), timeout=TIMEOUT_MS)
+        gate.release()
+        return ok
+
+    run(qtbot, page, start)
     settle(qtbot, page)
     phases = [t for t in shown if t in (PHASE_OPENING, PHASE_DATA, PHASE_FIRST_STEP)]
     assert phases[:3] == [PHASE_OPENING, PHASE_DATA, PHASE_FIRST_STEP], shown
