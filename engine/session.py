@@ -50,6 +50,7 @@ from .train import events as ev
 from .train.data import Sample
 from .train.norms import NormsReport, lora_norms
 from .train.reward_session import RewardSession
+from .train.threads import adjust_blas_threads
 from .train.trainer import TrainConfig, Trainer
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,8 @@ class EngineSession:
         if not self._busy.acquire(blocking=False):
             raise EngineError(f"the engine is busy; {name} has to wait until the running job ends")
         try:
+            if not self.backend.is_gpu:
+                adjust_blas_threads()  # generation, logits and reward steps too (training: every step)
             yield
         finally:
             self._busy.release()

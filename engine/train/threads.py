@@ -3,11 +3,13 @@
 OpenBLAS splits a matmul over its threads and waits for the slowest. When another program keeps
 a core busy, the thread on that core gets a fraction of it and every matmul waits for it: on the
 2-core development machine the demo's 150 steps took 25.9 s with two BLAS threads and a busy
-core, 9.7 s with one thread (10.3 s quiet with two). So before each step the trainer asks
-`BlasThreads.adjust()`, which counts the runnable threads of other processes (`procs_running` of
-/proc/stat, minus this process's runnable threads) and sets the thread count to the usable cores
-minus that count (at least one), using the median of the last few samples so that one busy
-moment does not flip it. Threads are set with threadpoolctl, for every BLAS NumPy loaded.
+core, 9.7 s with one thread (10.3 s quiet with two). So before each training step, and at the
+start of every other engine job (generation, logits, reward steps), the engine calls
+`adjust_blas_threads()`: the process's one `BlasThreads` counts the runnable threads of other
+processes (`procs_running` of /proc/stat, minus this process's runnable threads) and sets the
+thread count to the usable cores minus that count (at least one), using the lower median of the
+last three samples so that one busy moment does not flip it. Threads are set with threadpoolctl,
+for every BLAS NumPy loaded.
 
 A thread count the user chose (`OPENBLAS_NUM_THREADS`, `OMP_NUM_THREADS`, `MKL_NUM_THREADS` in the
 environment) is left alone, as is everything on a system without /proc (the count stays as BLAS
@@ -110,4 +112,15 @@ class BlasThreads:
         return n
 
 
-__all__ = ["BlasThreads", "own_running", "procs_running", "usable_cores"]
+_PROCESS: BlasThreads | None = None  # BLAS threads are process-wide, so is what sets them
+
+
+def adjust_blas_threads() -> int | None:
+    """`BlasThreads.adjust()` of the process's one controller (made on first use)."""
+    global _PROCESS
+    if _PROCESS is None:
+        _PROCESS = BlasThreads()
+    return _PROCESS.adjust()
+
+
+__all__ = ["BlasThreads", "adjust_blas_threads", "own_running", "procs_running", "usable_cores"]

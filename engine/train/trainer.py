@@ -49,7 +49,7 @@ from .memory import MemoryEstimate, estimate_memory
 from .optim import AdamW, GradAccumulator, OptimConfig
 from .rewards import group_advantages, reward_weights
 from .runs import RunRecord, read_run, record_path, tensor_kinds
-from .threads import BlasThreads
+from .threads import adjust_blas_threads
 from .train_model import Trainable, loss_and_grads
 
 log = logging.getLogger(__name__)
@@ -583,7 +583,6 @@ class Trainer:
             on_event(failed)
             return failed
         self._accumulator = GradAccumulator()
-        self._blas = BlasThreads()  # the cores other programs leave free, before each step
         started = ev.Started(self.plan)
         self._note("running")
         on_event(started)
@@ -597,7 +596,7 @@ class Trainer:
         cfg = self.config
         total, n_batches = self.plan.total_steps, self.plan.batches_per_epoch
         if not self.backend.is_gpu:
-            self._blas.adjust()
+            adjust_blas_threads()  # the cores other programs leave free, before each step
         t_step = time.perf_counter()
         acc = self._accumulator
         acc.reset()

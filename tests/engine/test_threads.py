@@ -74,3 +74,31 @@ def test_the_real_proc_gives_a_count(no_user_setting):
     busy = b.others_busy()
     assert busy is not None and busy >= 0
     assert b.choose() in (1, 2)
+
+
+def test_every_engine_job_and_every_training_step_adjusts_the_process_controller(
+    monkeypatch, tmp_path, synth_model
+):
+    """One controller for the process (BLAS threads are process-wide): the session's jobs ask it at
+    their start, a training run before each of its steps."""
+    import json
+
+    from engine import TargetSpec, TrainConfig
+    from engine.session import EngineSession
+
+    calls = []
+    monkeypatch.setattr(threads.BlasThreads, "adjust", lambda self: calls.append(self))
+    monkeypatch.setattr(threads, "_PROCESS", None)
+    session = EngineSession(synth_model("llama"))
+    session.logits([1, 2, 3])
+    assert len(calls) == 1
+    session.generate("hi", n=1)
+    assert len(calls) == 2
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "a b", "response": "c d"}) + "\n", encoding="utf-8")
+    cfg = TrainConfig(targets=TargetSpec(preset="attention"), rank=2, steps=3, n_ctx=32,
+                      checkpoint_every=0, out=str(tmp_path / "a.gguf"))  # fmt: skip
+    session.new_run(str(data), cfg)
+    session.train(lambda e: None, lambda: False)
+    assert len(calls) == 2 + 1 + 3  # the training job at its start, then before each of its 3 steps
+    assert all(c is calls[0] for c in calls)  # the same controller throughout
