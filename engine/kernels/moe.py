@@ -104,6 +104,27 @@ class ExpertsCache(NamedTuple):
     loras: tuple[LoraTerm | None, LoraTerm | None, LoraTerm | None]  # gate, up, down
 
 
+def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int):
+    """Expert e's projection of its rows: (xe W_e^T (+ s (xe A_e^T) B_e^T), xa = xe A_e^T or None)."""
+    y = xe @ w[e].T
+    if lora is None:
+        return y, None
+    xa = xe @ lora.A[e].T  # (n_e, r)
+    return y + lora.s * (xa @ lora.B[e].T), xa
+
+
+def expert_linear_backward(dy: np.ndarray, xe: np.ndarray, xa, w, lora: LoraTerm | None, e: int, dlora):
+    """Backward of `expert_linear`: returns dxe; writes expert e's (dA, dB) into `dlora` (a pair of
+    (E, ...) arrays, or None without LoRA) as the outer products of its rows (OUT_PROD_ID)."""
+    dx = dy @ w[e]
+    if lora is not None:
+        dyB = dy @ lora.B[e]  # (n_e, r)
+        dx += lora.s * (dyB @ lora.A[e])
+        dlora[0][e] = lora.s * (dyB.T @ xe)
+        dlora[1][e] = lora.s * (dy.T @ xa)
+    return dx
+
+
 def experts_forward_ref(
     x: np.ndarray,
     routing: Routing,
@@ -132,21 +153,11 @@ def experts_forward_ref(
             continue
         pairs = routing.order[lo:hi]
         xe = x[pairs // K]  # (n_e, C)
-        g = xe @ w_gate[e].T  # (n_e, F)
-        u = xe @ w_up[e].T
-        xa_g = xa_u = ha_d = None
-        if lora_gate is not None:
-            xa_g = xe @ lora_gate.A[e].T  # (n_e, r)
-            g = g + lora_gate.s * (xa_g @ lora_gate.B[e].T)
-        if lora_up is not None:
-            xa_u = xe @ lora_up.A[e].T
-            u = u + lora_up.s * (xa_u @ lora_up.B[e].T)
+        g, xa_g = expert_linear(xe, w_gate, lora_gate, e)  # (n_e, F)
+        u, xa_u = expert_linear(xe, w_up, lora_up, e)
         sg = silu(g)
         h = sg * u
-        ye = h @ w_down[e].T  # (n_e, C)
-        if lora_down is not None:
-            ha_d = h @ lora_down.A[e].T
-            ye = ye + lora_down.s * (ha_d @ lora_down.B[e].T)
+        ye, ha_d = expert_linear(h, w_down, lora_down, e)  # (n_e, C)
         pair_out[pairs] = ye
         per_expert.append(ExpertActs(e, pairs, g, u, sg, h, xa_g, xa_u, ha_d))
     y = np.einsum("nkc,nk->nc", pair_out.reshape(N, K, C), routing.weights.astype(x.dtype))
@@ -181,21 +192,10 @@ def experts_backward_ref(dy: np.ndarray, cache: ExpertsCache, w_gate, w_up, w_do
     for e, pairs, g, u, sg, h, xa_g, xa_u, ha_d in per_expert:
         xe = x[pairs // K]  # (n_e, C)
         do_e = do[pairs]  # (n_e, C)
-        dh = do_e @ w_down[e]  # (n_e, F)
-        if lora_down is not None:
-            doB = do_e @ lora_down.B[e]  # (n_e, r)
-            dh += lora_down.s * (doB @ lora_down.A[e])
-            dlora["down"][0][e] = lora_down.s * (doB.T @ h)
-            dlora["down"][1][e] = lora_down.s * (do_e.T @ ha_d)
+        dh = expert_linear_backward(do_e, h, ha_d, w_down, lora_down, e, dlora.get("down"))  # (n_e, F)
         dg, du = swiglu_backward_ref(dh, SwigluCache(g, u, sg))
-        dxe = dg @ w_gate[e]
-        dxe += du @ w_up[e]
-        for name, lora, d, xa in (("gate", lora_gate, dg, xa_g), ("up", lora_up, du, xa_u)):
-            if lora is not None:
-                dB_ = d @ lora.B[e]  # (n_e, r)
-                dxe += lora.s * (dB_ @ lora.A[e])
-                dlora[name][0][e] = lora.s * (dB_.T @ xe)
-                dlora[name][1][e] = lora.s * (d.T @ xa)
+        dxe = expert_linear_backward(dg, xe, xa_g, w_gate, lora_gate, e, dlora.get("gate"))
+        dxe += expert_linear_backward(du, xe, xa_u, w_up, lora_up, e, dlora.get("up"))
         if need_dw:
             dW["down"][e] = do_e.T @ h
             dW["gate"][e] = dg.T @ xe

@@ -23,7 +23,7 @@ import numpy as np
 
 from .glu import SwigluOaiCache, swiglu_oai_backward_ref, swiglu_oai_forward_ref
 from .linear import LoraTerm
-from .moe import Routing
+from .moe import Routing, expert_linear, expert_linear_backward
 from .swiglu import SwigluCache, swiglu_backward_ref, swiglu_forward_ref
 
 GATINGS = ("softmax", "sigmoid", "softmax_selected")
@@ -184,24 +184,14 @@ def experts_ext_forward_ref(
             continue
         pairs = routing.order[lo:hi]
         xe = x[pairs // K]  # (n_e, C)
-        g = xe @ w_gate[e].T  # (n_e, F)
-        u = xe @ w_up[e].T
-        xa_g = xa_u = ha_d = None
-        if lora_gate is not None:
-            xa_g = xe @ lora_gate.A[e].T  # (n_e, r)
-            g = g + lora_gate.s * (xa_g @ lora_gate.B[e].T)
-        if lora_up is not None:
-            xa_u = xe @ lora_up.A[e].T
-            u = u + lora_up.s * (xa_u @ lora_up.B[e].T)
+        g, xa_g = expert_linear(xe, w_gate, lora_gate, e)  # (n_e, F)
+        u, xa_u = expert_linear(xe, w_up, lora_up, e)
         if b_gate is not None:
             g = g + b_gate[e]
         if b_up is not None:
             u = u + b_up[e]
         h, c_act = fwd(g, u)
-        ye = h @ w_down[e].T  # (n_e, C)
-        if lora_down is not None:
-            ha_d = h @ lora_down.A[e].T
-            ye = ye + lora_down.s * (ha_d @ lora_down.B[e].T)
+        ye, ha_d = expert_linear(h, w_down, lora_down, e)  # (n_e, C)
         if b_down is not None:
             ye = ye + b_down[e]
         pair_out[pairs] = ye
@@ -244,21 +234,10 @@ def experts_ext_backward_ref(dy: np.ndarray, cache: ExpertsExtCache, w_gate, w_u
     for e, pairs, c_act, h, xa_g, xa_u, ha_d in per_expert:
         xe = x[pairs // K]  # (n_e, C)
         do_e = do[pairs]  # (n_e, C)
-        dh = do_e @ w_down[e]  # (n_e, F)
-        if lora_down is not None:
-            doB = do_e @ lora_down.B[e]  # (n_e, r)
-            dh += lora_down.s * (doB @ lora_down.A[e])
-            dlora["down"][0][e] = lora_down.s * (doB.T @ h)
-            dlora["down"][1][e] = lora_down.s * (do_e.T @ ha_d)
+        dh = expert_linear_backward(do_e, h, ha_d, w_down, lora_down, e, dlora.get("down"))  # (n_e, F)
         dg, du = bwd(dh, c_act)
-        dxe = dg @ w_gate[e]
-        dxe += du @ w_up[e]
-        for name, lora, d, xa in (("gate", lora_gate, dg, xa_g), ("up", lora_up, du, xa_u)):
-            if lora is not None:
-                dB_ = d @ lora.B[e]  # (n_e, r)
-                dxe += lora.s * (dB_ @ lora.A[e])
-                dlora[name][0][e] = lora.s * (dB_.T @ xe)
-                dlora[name][1][e] = lora.s * (d.T @ xa)
+        dxe = expert_linear_backward(dg, xe, xa_g, w_gate, lora_gate, e, dlora.get("gate"))
+        dxe += expert_linear_backward(du, xe, xa_u, w_up, lora_up, e, dlora.get("up"))
         if need_dw:
             dW["down"][e] = do_e.T @ h
             dW["gate"][e] = dg.T @ xe
