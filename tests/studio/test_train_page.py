@@ -709,7 +709,7 @@ def test_stall_probe_sees_every_phase_of_a_run(qtbot, engine, tmp_path, synth_mo
     probe.stop()
     assert probe.n_ticks > 10
     phases = probe.phase_max_ms()
-    assert "loading" in phases and len(phases) >= 2, phases
+    assert {"loading", "training"} <= set(phases), phases  # marked by the page's own state changes
     assert all(gap >= 0 for gap in phases.values())
     assert probe.max_gap_ms == max(phases.values())
     assert probe.percentile(99) <= probe.max_gap_ms
