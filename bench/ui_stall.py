@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         "--switch-ms",
         type=float,
         default=0.0,
-        help="sys.setswitchinterval in ms while idle (default 5; the worker sets 0.5 while busy)",
+        help="sys.setswitchinterval in ms while idle (default 5; the worker sets 0.1 while busy)",
     )
     ap.add_argument("--demo", action="store_true", help="the demo model, dataset and one-click settings")
     ap.add_argument(

@@ -142,6 +142,7 @@ class EngineSession:
             template=self.template,
             resume=resume,
             init_adapter=init_adapter,
+            tokenizer=self.tokenizer,
         )
         return self.run
 
@@ -292,6 +293,7 @@ class EngineSession:
     def open_rewards(self, **kwargs) -> RewardSession:
         """A reward session on this model and chat template (the arguments of `RewardSession`)."""
         kwargs.setdefault("template", self.template)
+        kwargs.setdefault("tokenizer", self.tokenizer)  # built once, with the session
         return RewardSession(self.model, **kwargs)
 
     # --- adapters and export ----------------------------------------------------------------------

@@ -38,7 +38,11 @@ OUT_OF_MEMORY = (
     "out of memory: lower the context length or batch size, turn layer checkpointing on, lower the "
     "weight cache (Train page, Advanced), or train fewer tensors"
 )
-SWITCH_INTERVAL_BUSY = 0.0005  # seconds: how soon the UI thread gets the interpreter while the engine works
+# seconds: how soon the UI thread gets the interpreter while the engine works. Each call from the UI's
+# Python into Qt gives the lock up, and getting it back can wait one interval while the engine runs
+# Python (parsing a header, building a vocabulary, computing norms): a plot axis repaint makes ~100
+# such calls, so at 0.5 ms a repaint could take 60-100 ms (Qwen2.5-0.5B shape); at 0.1 ms, 40 ms.
+SWITCH_INTERVAL_BUSY = 0.0001
 _IDS = itertools.count(1)
 
 

@@ -313,8 +313,12 @@ class Trainer:
         template: ChatTemplate | str | None = None,
         resume: str | None = None,
         init_adapter: str | None = None,
+        tokenizer: Tokenizer | None = None,
     ):
+        """tokenizer: the model's, when the caller has it built (an engine session): building a
+        150k-token vocabulary takes ~0.1 s in one call that holds the interpreter lock."""
         self.config = config
+        self.tokenizer = tokenizer
         if isinstance(model, Model):  # the model is open on its device already: the run computes there
             self.model = model
             self.backend = model.backend
@@ -343,7 +347,7 @@ class Trainer:
     def _prepare(self):
         cfg = self.config
         md = self.model.metadata
-        tok = Tokenizer.from_metadata(md, self.model.path)
+        tok = self.tokenizer if self.tokenizer is not None else Tokenizer.from_metadata(md, self.model.path)
         if isinstance(self.template_arg, ChatTemplate):
             template = self.template_arg
         else:  # a template file, or the model's own

@@ -46,6 +46,9 @@ from PySide6.QtWidgets import (
 from engine import Eval, ExpertUsage, LoraNorms, Started, Step, split_name
 
 REDRAW_HZ = 20
+# new LoRA-norm curves (and legend entries) made per timer tick: one costs 4-8 ms with the engine
+# running, and a run adapting 7-14 tensor kinds made them all in one tick (35-75 ms)
+NEW_CURVES_PER_TICK = 2
 # EMA weights of the training-loss smoothing (the weight of the previous smoothed value)
 SMOOTHING = {"off": 0.0, "light": 0.6, "medium": 0.85, "strong": 0.95}
 DEFAULT_SMOOTHING = "light"
@@ -418,6 +421,9 @@ class TrainPlotsWidget(QWidget):
     (1) of the dirty visible panels, round robin, so that no tick repaints everything at once: with
     a training thread competing for the GIL, a repaint of all plots in one go stalled the UI for
     100-250 ms, one panel per tick keeps it near 35 ms (bench/ui_stall.py). `flush()` draws all.
+    For the same reason the panels appear one per tick when the plots first replace the placeholder,
+    when a new run empties them and when they are shown again during a run, and a tick makes at most
+    NEW_CURVES_PER_TICK new LoRA-norm curves.
     """
 
     PANELS = ("loss", "norms", "lr", "grad_norm", "tokens_per_s", "norm_map", "experts")
@@ -444,6 +450,8 @@ class TrainPlotsWidget(QWidget):
         self._smooth_state: tuple[float, int] = (0.0, 0)
         self._dirty: set[str] = set()
         self._turn = 0  # round-robin start among the panels
+        self._unrevealed: list[QWidget] = []  # curve panels still hidden after the plots first appear
+        self.curves_tab: QWidget | None = None
 
         self.loss_pw = _plot_widget()
         self.loss_plot = _style_plot(self.loss_pw, "Loss (mean cross-entropy)", "loss")
@@ -513,7 +521,8 @@ class TrainPlotsWidget(QWidget):
             "norms": RangeKeeper(self.norms_plot),
         }
 
-        curves = QWidget()
+        curves = self.curves_tab = QWidget()
+        curves.installEventFilter(self)  # shown while a run draws: its panels appear one per tick
         grid = QGridLayout(curves)
         grid.setContentsMargins(2, 2, 2, 2)
         grid.setSpacing(4)
@@ -633,6 +642,8 @@ class TrainPlotsWidget(QWidget):
     def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt override
         if watched is self.norms_pw and event.type() == QEvent.Resize:
             self._fit_norms_legend()
+        elif watched is self.curves_tab and event.type() == QEvent.Show and self.timer.isActive():
+            self._reveal_gradually()  # the Train page or the Curves tab came back during a run
         return super().eventFilter(watched, event)
 
     def _fit_norms_legend(self) -> None:
@@ -773,7 +784,12 @@ class TrainPlotsWidget(QWidget):
         self.norm_map.show_placeholder("no data yet")
         self.set_moe(self.n_experts)
         self._dirty = {"loss", "lr", "grad_norm", "tokens_per_s", "norms"}
-        self.redraw(everything=True)
+        self.redraw(everything=True)  # the previous run's curves go at once ...
+        # ... but the emptied panels come back one per tick: all five repainted in one event-loop
+        # pass stalled the UI for 50-60 ms as the next run started
+        self._reveal_gradually()
+        if not self.timer.isActive():
+            self.stop()
 
     def truncate_after(self, step: int) -> None:
         """A run resuming at `step`: forget later points of an earlier attempt."""
@@ -823,9 +839,30 @@ class TrainPlotsWidget(QWidget):
 
     # --- drawing ----------------------------------------------------------------------------
     def start(self) -> None:
+        if self.placeholder_shown:
+            self._reveal_gradually()
         self._draining = False
         self.show_plots()
         self.timer.start()
+
+    def _reveal_gradually(self) -> None:
+        """The plots replace the placeholder: show the curve panels one per timer tick. Their first
+        paint costs 10-25 ms each; all five in one event-loop pass stalled the UI for 80-100 ms at
+        Start. Hidden panels keep their place in the layout, so nothing moves as they appear."""
+        self._unrevealed = []
+        if not self.isVisible():
+            return  # nothing is painted now: nothing to spread
+        for panel in ("loss", "norms", "lr", "grad_norm", "tokens_per_s"):
+            w = self.panel_widgets[panel]
+            policy = w.sizePolicy()
+            policy.setRetainSizeWhenHidden(True)
+            w.setSizePolicy(policy)
+            w.hide()
+            self._unrevealed.append(w)
+
+    def _reveal_all(self) -> None:
+        while self._unrevealed:
+            self._unrevealed.pop(0).show()
 
     def stop(self) -> None:
         """The run ended: keep ticking until every dirty panel is drawn, then stop the timer."""
@@ -838,13 +875,18 @@ class TrainPlotsWidget(QWidget):
         return set(self._dirty)
 
     def flush(self) -> None:
-        """Draw every dirty panel now (screenshots, tests)."""
+        """Draw every dirty panel now and show every panel (screenshots, tests)."""
+        self._reveal_all()
         self.redraw(everything=True)
 
     def redraw(self, everything: bool = False, visible_only: bool = False) -> None:
         """Draw dirty panels. A timer tick draws the dirty hidden panels (no painting: cheap) and at
         most `panels_per_tick` visible ones, round robin, so that one tick's repaint stays short.
-        everything=True draws all dirty panels (visible_only: all the visible ones)."""
+        everything=True draws all dirty panels (visible_only: all the visible ones).
+        While panels wait to be revealed (start), a tick shows one of them instead."""
+        if self._unrevealed and not everything:
+            self._unrevealed.pop(0).show()
+            return
         if not self._dirty:
             if getattr(self, "_draining", False):
                 self.timer.stop()
@@ -861,23 +903,25 @@ class TrainPlotsWidget(QWidget):
             todo = [p for p in todo if p in visible or not self.panel_widgets[p].isVisible()]
         for panel in todo:
             self._dirty.discard(panel)
-            self._draw(panel)
+            self._draw(panel, new_curves=None if everything else NEW_CURVES_PER_TICK)
             self.panel_draws += 1
 
     @staticmethod
     def _mark(curve: pg.PlotDataItem, n: int, color: str) -> None:
-        """Markers while a curve has fewer than two points (a line of one point is invisible)."""
+        """Markers while a curve has fewer than two points (a line of one point is invisible).
+        The symbol's options are set together and the curve restyled once (each of pyqtgraph's
+        setSymbol* setters rebuilds the scatter: four rebuilds per curve cost ~1.5 ms)."""
         want = "o" if n < 2 else None
         if curve.opts.get("symbol") != want:
             if want:
-                curve.setSymbol(want)
-                curve.setSymbolSize(7)
-                curve.setSymbolBrush(pg.mkBrush(color))
-                curve.setSymbolPen(None)
+                curve.opts.update(symbol=want, symbolSize=7, symbolBrush=pg.mkBrush(color), symbolPen=None)
             else:
-                curve.setSymbol(None)
+                curve.opts["symbol"] = None
+            curve.updateItems(styleUpdate=True)
 
-    def _draw(self, panel: str) -> None:
+    def _draw(self, panel: str, new_curves: int | None = None) -> None:
+        """Give `panel` its data. new_curves: at most this many new LoRA-norm curves now (the panel
+        stays dirty for the rest); None: all."""
         if panel in self.step_curves:
             x, y = self.step_series[panel].view()
             if panel == "loss":
@@ -898,14 +942,24 @@ class TrainPlotsWidget(QWidget):
             self.ranges[panel].fit(x, y)
         elif panel == "norms":
             ys = []
-            added = False
+            added = 0
             for kind in sorted(self.kind_series, key=kind_sort_key):
                 curve = self.kind_curves.get(kind)
                 if curve is None:
+                    if new_curves is not None and added >= new_curves:
+                        self._dirty.add("norms")  # the next tick makes the next ones
+                        continue
                     color = self.kind_colors[kind] = COLORS[len(self.kind_curves) % len(COLORS)]
-                    curve = self.norms_plot.plot(name=short_kind(kind), pen=pg.mkPen(color, width=1.5))
+                    x, y = self.kind_series[kind].view()
+                    # made with its final data and markers: restyling a new curve rebuilds it
+                    marker = {"symbol": "o", "symbolSize": 7, "symbolBrush": pg.mkBrush(color), "symbolPen": None}
+                    curve = self.norms_plot.plot(
+                        x, y, name=short_kind(kind), pen=pg.mkPen(color, width=1.5), **(marker if len(x) < 2 else {})
+                    )
                     self.kind_curves[kind] = curve
-                    added = True
+                    added += 1
+                    ys.append(y)
+                    continue
                 x, y = self.kind_series[kind].view()
                 curve.setData(x, y)
                 self._mark(curve, len(x), self.kind_colors[kind])
