@@ -171,3 +171,36 @@ def test_the_norms_legend_never_cuts_an_entry_nor_squashes_its_plot(plots, qtbot
         box = legend.sceneBoundingRect()
         assert view.contains(box), (size, box, view)  # no entry cut
         assert plots.norms_plot.vb.height() >= 0.5 * pw.height(), size  # the curves keep their height
+
+
+def test_a_tick_paints_little_panels_appear_and_norm_curves_are_made_a_few_at_a_time(plots, qtbot):
+    """The costly parts of a repaint are spread over timer ticks: the curve panels come back one
+    per tick after a new run empties them (and when the plots replace the placeholder), and a tick
+    makes at most NEW_CURVES_PER_TICK new LoRA-norm curves; flush() still draws everything."""
+    from engine import LoraNorms
+    from studio.widgets.plots import NEW_CURVES_PER_TICK
+
+    curve_panels = [plots.panel_widgets[p] for p in ("loss", "norms", "lr", "grad_norm", "tokens_per_s")]
+    plots.clear()
+    assert not any(w.isVisible() for w in curve_panels)  # emptied at once, shown one per tick
+    assert all(w.sizePolicy().retainSizeWhenHidden() for w in curve_panels)  # nothing moves meanwhile
+    seen = []
+    for _ in curve_panels:
+        plots.redraw()
+        seen.append(sum(w.isVisible() for w in curve_panels))
+    assert seen == [1, 2, 3, 4, 5]
+    plots.start()
+    kinds = ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"]
+    plots.add_event(LoraNorms(1, {k: 0.1 for k in kinds}, {}, {}))
+    made = []
+    while "norms" in plots.pending():
+        plots.redraw()
+        made.append(len(plots.kind_curves))
+    assert made[-1] == len(kinds) and all(b - a <= NEW_CURVES_PER_TICK for a, b in zip([0, *made], made))
+    assert legend_names(plots.norms_legend) == kinds  # in the order of the layers
+    assert plots.kind_curves["attn_q"].opts["symbol"] == "o"  # one point: a marker
+    plots.add_event(LoraNorms(2, {k: 0.2 for k in kinds}, {}, {}))
+    plots.flush()
+    assert plots.kind_curves["attn_q"].opts["symbol"] is None
+    assert list(plots.curve_data()["norm:attn_q"][1]) == [0.1, 0.2]
+    plots.stop()
