@@ -102,7 +102,9 @@ def _config_of(spec: SynthSpec):
 def run_ours(path: str, w: dict) -> dict:
     from engine.model.model import Model
     from engine.model.targets import TargetSpec, select_full, select_targets
+    from engine.train.heap import keep_step_buffers
     from engine.train.optim import AdamW, OptimConfig
+    from engine.train.threads import adjust_blas_threads
     from engine.train.train_model import Trainable, loss_and_grads
 
     model = Model.load(path)
@@ -124,6 +126,8 @@ def run_ours(path: str, w: dict) -> dict:
     )  # fmt: skip
     times = []
     for i in range(WARMUP + MEASURED):
+        adjust_blas_threads()  # what engine.Trainer does before each CPU step
+        keep_step_buffers()
         t = time.perf_counter()
         res = loss_and_grads(model, tr, batch)
         opt.step(res.grads)

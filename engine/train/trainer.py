@@ -45,6 +45,7 @@ from .checkpoint import (
     write_checkpoint,
 )
 from .data import EncodeOptions, Sample, batch_encoded, encode_samples, load_jsonl, split_validation
+from .heap import keep_step_buffers
 from .memory import MemoryEstimate, estimate_memory
 from .optim import AdamW, GradAccumulator, OptimConfig
 from .rewards import group_advantages, reward_weights
@@ -601,6 +602,7 @@ class Trainer:
         total, n_batches = self.plan.total_steps, self.plan.batches_per_epoch
         if not self.backend.is_gpu:
             adjust_blas_threads()  # the cores other programs leave free, before each step
+            keep_step_buffers()  # once per process: no page faults for the same buffers every step
         t_step = time.perf_counter()
         acc = self._accumulator
         acc.reset()

@@ -952,9 +952,18 @@ class TrainPlotsWidget(QWidget):
                     color = self.kind_colors[kind] = COLORS[len(self.kind_curves) % len(COLORS)]
                     x, y = self.kind_series[kind].view()
                     # made with its final data and markers: restyling a new curve rebuilds it
-                    marker = {"symbol": "o", "symbolSize": 7, "symbolBrush": pg.mkBrush(color), "symbolPen": None}
+                    marker = {
+                        "symbol": "o",
+                        "symbolSize": 7,
+                        "symbolBrush": pg.mkBrush(color),
+                        "symbolPen": None,
+                    }
                     curve = self.norms_plot.plot(
-                        x, y, name=short_kind(kind), pen=pg.mkPen(color, width=1.5), **(marker if len(x) < 2 else {})
+                        x,
+                        y,
+                        name=short_kind(kind),
+                        pen=pg.mkPen(color, width=1.5),
+                        **(marker if len(x) < 2 else {}),
                     )
                     self.kind_curves[kind] = curve
                     added += 1
