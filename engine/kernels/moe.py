@@ -113,7 +113,8 @@ def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int):
     if lora is None:
         return y, None
     xa = xe @ lora.A[e].T  # (n_e, r)
-    return y + lora.s * (xa @ lora.B[e].T), xa
+    y += (lora.s * xa) @ lora.B[e].T  # the scale on the (n_e, r) factor: no (n_e, n_out) temporaries
+    return y, xa
 
 
 def expert_linear_backward(dy: np.ndarray, xe: np.ndarray, xa, w, lora: LoraTerm | None, e: int, dlora):
@@ -121,10 +122,10 @@ def expert_linear_backward(dy: np.ndarray, xe: np.ndarray, xa, w, lora: LoraTerm
     (E, ...) arrays, or None without LoRA) as the outer products of its rows (OUT_PROD_ID)."""
     dx = dy @ w[e]
     if lora is not None:
-        dyB = dy @ lora.B[e]  # (n_e, r)
-        dx += lora.s * (dyB @ lora.A[e])
-        dlora[0][e] = lora.s * (dyB.T @ xe)
-        dlora[1][e] = lora.s * (dy.T @ xa)
+        dyB = lora.s * (dy @ lora.B[e])  # (n_e, r), scaled: the products below need no scaling pass
+        dx += dyB @ lora.A[e]
+        np.matmul(dyB.T, xe, out=dlora[0][e])
+        np.matmul(dy.T, lora.s * xa, out=dlora[1][e])
     return dx
 
 
