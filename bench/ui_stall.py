@@ -13,6 +13,7 @@ training tokens/s and the model's shape. Prints figures; never passes or fails.
     python bench/ui_stall.py --switch-ms 1            # with sys.setswitchinterval(0.001)
     python bench/ui_stall.py --demo                   # the demo's one-click run (150 steps)
     python bench/ui_stall.py --busy-core              # ... with the machine's other core kept busy
+    python bench/ui_stall.py --chat 200 --shape qwen2.5-0.5b   # generating 200 tokens on the Chat page
 
 The stall is the UI thread's own work (receiving events, redrawing one plot panel per tick, the
 event log) plus the time it waits for the interpreter lock while the engine runs Python between
@@ -174,6 +175,64 @@ def measure(
     }
 
 
+def measure_chat(model_path: str, max_tokens: int) -> dict:
+    """Send one chat message on the Chat page (the answer streamed into the conversation) with the
+    probe running: the stall while the engine generates. The model is opened first (its own phase)."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    from studio.pages.chat.page import ChatPage
+    from studio.project import ModelInfo, Project
+    from studio.train_probe import StallProbe
+    from studio.worker import Engine
+
+    project = Project()
+    project.update(model_path=model_path)
+    engine = Engine()
+    page = ChatPage(project, engine)
+    page.set_model_info(ModelInfo.read(model_path))
+    page.sampling.max_tokens_spin.setValue(max_tokens)
+    page.sampling.temp_spin.setValue(0.0)  # greedy: every run writes the same answer
+    page.resize(1280, 820)
+    page.show()
+    loop, probe = QEventLoop(), StallProbe(5)
+    seen: dict = {}
+    QTimer.singleShot(500, loop.quit)  # the window's first paint is not part of generating
+    loop.exec()
+    probe.start("loading")
+    opened = engine.submit("open", lambda session, job: None, on_done=lambda _: loop.quit(),
+                           on_error=lambda m: loop.quit(), model=(model_path, "cpu"))  # fmt: skip
+    loop.exec()
+    if opened.error:
+        raise SystemExit(f"cannot open {model_path}: {opened.error}")
+    probe.mark("generating")
+
+    def answered(reply) -> None:
+        seen["reply"], seen["t_end"] = reply, time.perf_counter()
+        loop.quit()
+
+    page.sig_answered.connect(answered)
+    page.sig_error.connect(lambda m: (seen.setdefault("error", m), loop.quit()))
+    page.input.setPlainText("Write a long story about a lighthouse keeper and a storm.")
+    t0 = time.perf_counter()
+    if not page.send():
+        raise SystemExit(f"the Chat page did not send: {page.status_label.text()}")
+    QTimer.singleShot(30 * 60 * 1000, loop.quit)
+    loop.exec()
+    probe.mark("finishing")
+    QTimer.singleShot(300, loop.quit)
+    loop.exec()
+    probe.stop()
+    page.shutdown()
+    page.close()
+    engine.shutdown()
+    if "error" in seen:
+        raise SystemExit(f"generation failed: {seen['error']}")
+    n = len(seen["reply"].tokens)
+    t = seen["t_end"] - t0
+    return {"max_ms": probe.max_gap_ms, "p99_ms": probe.percentile(99), "phases": probe.phase_max_ms(),
+            "ticks": probe.n_ticks, "tokens": n, "s": t}  # fmt: skip
+
+
 def report(name: str, what: str, n_ctx: int, preset: str, r: dict) -> None:
     phases = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
     print(
@@ -203,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         help="sys.setswitchinterval in ms while idle (default 5; the worker sets 0.1 while busy)",
     )
     ap.add_argument("--demo", action="store_true", help="the demo model, dataset and one-click settings")
+    ap.add_argument("--chat", type=int, metavar="TOKENS", default=0,
+                    help="generate TOKENS tokens on the Chat page instead of training (greedy)")  # fmt: skip
     ap.add_argument(
         "--busy-core",
         action="store_true",
@@ -234,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         print(f"another process (pid {hog.pid}) keeps one core busy", flush=True)
     try:
+        if args.chat:
+            return _chat(args, models)
         if args.demo:
             return _demo(args, work)
         if args.model:
@@ -263,6 +326,31 @@ def _demo(args, work: Path) -> int:
         extra={k: v for k, v in s.items() if k not in ("steps", "n_ctx")},
     )
     report("demo one-click run", str(DEMO_MODEL), s["n_ctx"], "all", r)
+    return 0
+
+
+def _chat(args, models: Path) -> int:
+    from studio.resources import DEMO_MODEL
+
+    paths = [args.model] if args.model else []
+    for name in args.shape or ([] if args.model else ["demo"]):
+        if name == "demo":
+            paths.append(str(DEMO_MODEL))
+            continue
+        path = models / f"{name}.gguf"
+        if not path.exists():
+            write_model(path, SMALL.get(name) or SHAPES[name])
+        paths.append(str(path))
+    for path in paths:
+        r = measure_chat(path, args.chat)
+        phases = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
+        print(
+            f"chat on {os.path.basename(path)}: {r['tokens']} tokens in {r['s']:.1f} s "
+            f"({r['tokens'] / max(r['s'], 1e-9):.1f} tokens/s, streamed into the page)\n"
+            f"  max UI stall {r['max_ms']:.1f} ms (p99 {r['p99_ms']:.1f} ms, {r['ticks']} ticks); "
+            f"max by phase (ms): {phases}",
+            flush=True,
+        )
     return 0
 
 

@@ -181,16 +181,32 @@ def run_peft(path: str, w: dict) -> dict:
 
 
 def run_llama_finetune(path: str, w: dict, binary: str) -> dict:
-    """llama.cpp's llama-finetune (full fine-tuning of F32 models): wall time per step from its log."""
+    """llama.cpp's llama-finetune (full fine-tuning of F32 models, AdamW), one window of T tokens a
+    step: each step's time from the timestamps of its log lines ("M.SS.mmm.uuu I epoch ..." after
+    every step), the first WARMUP steps left out; peak RSS of the process."""
+    import re
+    import resource
+
     data = os.path.join(tempfile.gettempdir(), "vs-peers-finetune.txt")
+    words = "the of and to in is was for on are as with"  # 12 words: 40 lines make ~2 windows of T tokens
     with open(data, "w", encoding="utf-8") as f:
-        f.write(" ".join("the of and to in is was for on are as with" for _ in range(400)))
-    t = time.perf_counter()
-    out = subprocess.run([binary, "-m", path, "-f", data, "-c", str(T), "-b", str(T), "-ub", str(T),
-                          "--epochs", "1", "-ngl", "0"], capture_output=True, text=True)  # fmt: skip
-    wall = time.perf_counter() - t
-    steps = max(1, out.stderr.count("train: ") or out.stdout.count("train: "))
-    return dict(times=[wall / steps] * MEASURED, rss=0, trainable=0, loss=float("nan"), note=out.returncode)
+        f.write(" ".join(words for _ in range(40 * (WARMUP + MEASURED))))
+    out_model = os.path.join(tempfile.gettempdir(), "vs-peers-finetuned.gguf")
+    cmd = [binary, "-m", path, "-f", data, "-c", str(T), "-b", str(T), "-ub", str(T), "--epochs", "1",
+           "-ngl", "0", "-lr", str(LR), "-o", out_model]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if os.path.exists(out_model):
+        os.remove(out_model)
+    log = out.stderr + out.stdout
+    # llama.cpp's log stamps are minutes.seconds.milliseconds.microseconds
+    found = re.findall(r"(\d+)\.(\d\d)\.(\d{3})\.(\d{3}) I epoch", log)
+    stamps = [int(m) * 60 + int(sec) + int(ms) / 1e3 + int(us) / 1e6 for m, sec, ms, us in found]
+    steps = np.diff(stamps)[WARMUP - 1 :] if len(stamps) > WARMUP else np.array([])
+    if out.returncode != 0 or steps.size == 0:
+        tail = "\n".join(log.splitlines()[-5:])
+        raise RuntimeError(f"llama-finetune failed (exit {out.returncode}) or logged no steps:\n{tail}")
+    rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return dict(times=[float(t) for t in steps[:MEASURED]], rss=rss, trainable=0, loss=float("nan"))
 
 
 def child(args) -> None:
@@ -289,7 +305,8 @@ def main() -> None:
                 ratio = f"{ours['med'] / r['med']:.2f}x"
                 ratio_rss = f"{ours['rss'] / r['rss']:.2f}x" if r["rss"] else "-"
             spread = f"{r['med']:.1f} ({r['lo']:.1f}-{r['hi']:.1f})"
-            print(f"{name:<9} {label:<15} {spread:>27} {r['rss'] / 2**30:9.2f}G {r['mfu']:6.0%} "
+            shown = "torch" if label == "peft" and name == "full" else label  # full fine-tuning: no PEFT
+            print(f"{name:<9} {shown:<15} {spread:>27} {r['rss'] / 2**30:9.2f}G {r['mfu']:6.0%} "
                   f"{ratio:>16} {ratio_rss:>14}")  # fmt: skip
         if ours is not None:
             steps = " ".join(f"{t:.2f}" for t in ours["times"])

@@ -1,0 +1,90 @@
+"""One MoE layer's routed experts on the CPU: forward and backward times of the NumPy path the
+trainer runs (engine.kernels.moe.experts_forward_ref / experts_backward_ref), with rank-r LoRA on
+the three expert tensors, and the rate of its base products against this machine's float32 matmul
+rate and the rate of a ~32-row expert product in the two layouts OpenBLAS is given
+(`x @ W.T` and `W @ x.T`, bench/CPU_NOTES.md).
+
+Default: the OLMoE shape of bench/vs_peers.py (C = 1024, F_exp = 512, E = 64, K = 8, 256 tokens,
+rank 16), random weights and routing. Prints figures; never passes or fails.
+
+    python bench/moe_layer.py
+    python bench/moe_layer.py --tokens 512 --experts 128 --top-k 8 --width 2048 --ffn 768
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bench.common import fmt_rate, matmul_rate  # noqa: E402
+from engine.kernels import moe  # noqa: E402
+from engine.kernels.linear import LoraTerm  # noqa: E402
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--width", type=int, default=1024, help="model width C")
+    p.add_argument("--ffn", type=int, default=512, help="expert width F")
+    p.add_argument("--experts", type=int, default=64)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--rank", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=8)
+    a = p.parse_args(argv)
+    N, C, F, E, K, r = a.tokens, a.width, a.ffn, a.experts, a.top_k, a.rank
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N, C), dtype=np.float32)
+    routing, _ = moe.route_forward_ref(rng.standard_normal((N, E)).astype(np.float32), K, False)
+    w_gate, w_up = (rng.standard_normal((E, F, C), dtype=np.float32) * 0.03 for _ in range(2))
+    w_down = rng.standard_normal((E, C, F), dtype=np.float32) * 0.03
+
+    def lora(n_out: int, n_in: int) -> LoraTerm:
+        A = rng.standard_normal((E, r, n_in), dtype=np.float32) * 0.01
+        return LoraTerm(A, rng.standard_normal((E, n_out, r), dtype=np.float32) * 0.01, 2.0)
+
+    loras = (lora(F, C), lora(F, C), lora(C, F))
+    dy = rng.standard_normal((N, C), dtype=np.float32)
+    cache = None
+
+    def forward():
+        nonlocal cache
+        _, cache = moe.experts_forward_ref(x, routing, w_gate, w_up, w_down, *loras)
+
+    def backward():
+        moe.experts_backward_ref(dy, cache, w_gate, w_up, w_down)
+
+    for _ in range(2):
+        forward()
+        backward()
+    t_fwd, t_bwd = median_time(forward, a.repeats), median_time(backward, a.repeats)
+    base = 3 * 2 * N * K * C * F  # the three base products of every routed pair, one pass
+    rows = N * K // E
+    xs = rng.standard_normal((E, rows, C), dtype=np.float32)
+    t_xw = median_time(lambda: [xs[e] @ w_gate[e].T for e in range(E)], a.repeats)
+    t_wx = median_time(lambda: [w_gate[e] @ xs[e].T for e in range(E)], a.repeats)
+    flops_one = 2 * E * rows * C * F
+    print(f"MoE layer: {N} tokens, C={C}, F={F}, E={E}, K={K}, LoRA rank {r} on gate/up/down; "
+          f"float32 matmul rate here {fmt_rate(matmul_rate())}")  # fmt: skip
+    print(f"  forward  {t_fwd * 1e3:7.1f} ms  base products at {fmt_rate(base / t_fwd)}")
+    print(f"  backward {t_bwd * 1e3:7.1f} ms  base products (dx) at {fmt_rate(base / t_bwd)}")
+    print(f"  one {rows}-row product per expert: x @ W.T {fmt_rate(flops_one / t_xw)}, "
+          f"W @ x.T {fmt_rate(flops_one / t_wx)}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
