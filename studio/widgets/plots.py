@@ -427,6 +427,7 @@ class TrainPlotsWidget(QWidget):
     """
 
     PANELS = ("loss", "norms", "lr", "grad_norm", "tokens_per_s", "norm_map", "experts")
+    CURVE_PANELS = PANELS[:5]  # the Curves tab's
     sig_link_activated = Signal(str)  # a link in the placeholder ("page:Dataset")
 
     def __init__(self, parent: QWidget | None = None):
@@ -450,7 +451,7 @@ class TrainPlotsWidget(QWidget):
         self._smooth_state: tuple[float, int] = (0.0, 0)
         self._dirty: set[str] = set()
         self._turn = 0  # round-robin start among the panels
-        self._unrevealed: list[QWidget] = []  # curve panels still hidden after the plots first appear
+        self._unrevealed: list[QWidget] = []  # curve panels to show again, one per tick
         self.curves_tab: QWidget | None = None
 
         self.loss_pw = _plot_widget()
@@ -620,6 +621,10 @@ class TrainPlotsWidget(QWidget):
             "norm_map": self.norm_map,
             "experts": self.expert_map,
         }
+        for panel in self.CURVE_PANELS:  # hidden while waiting to be revealed, they keep their place
+            policy = self.panel_widgets[panel].sizePolicy()
+            policy.setRetainSizeWhenHidden(True)
+            self.panel_widgets[panel].setSizePolicy(policy)
         self.timer = QTimer(self)
         self.timer.setInterval(int(1000 / REDRAW_HZ))
         self.timer.timeout.connect(self.redraw)
@@ -846,17 +851,15 @@ class TrainPlotsWidget(QWidget):
         self.timer.start()
 
     def _reveal_gradually(self) -> None:
-        """The plots replace the placeholder: show the curve panels one per timer tick. Their first
-        paint costs 10-25 ms each; all five in one event-loop pass stalled the UI for 80-100 ms at
+        """Hide the curve panels and show them again one per timer tick (the plots replace the
+        placeholder, a new run empties them, or they are shown again during a run). A panel's
+        first paint costs 10-25 ms; all five in one event-loop pass stalled the UI for 80-100 ms at
         Start. Hidden panels keep their place in the layout, so nothing moves as they appear."""
         self._unrevealed = []
         if not self.isVisible():
             return  # nothing is painted now: nothing to spread
-        for panel in ("loss", "norms", "lr", "grad_norm", "tokens_per_s"):
+        for panel in self.CURVE_PANELS:
             w = self.panel_widgets[panel]
-            policy = w.sizePolicy()
-            policy.setRetainSizeWhenHidden(True)
-            w.setSizePolicy(policy)
             w.hide()
             self._unrevealed.append(w)
 
