@@ -76,6 +76,7 @@ from .train.data import (
     parse_sample,
     sample_to_json,
     save_jsonl,
+    validation_indices,
 )
 from .train.events import (
     Checkpoint,
@@ -127,6 +128,6 @@ __all__ = [
     "save_jsonl", "select_backend", "select_full", "select_targets", "split_name", "Started", "Step",
     "suggest_out", "summarize", "supported_architectures", "SynthSpec", "TargetSpec", "template_for",
     "TemplateError", "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE", "TrainConfig",
-    "Trainer", "verify_export", "VERIFY_PROMPTS", "VerifyReport", "write_adapter", "write_export",
-    "write_model"
+    "Trainer", "validation_indices", "verify_export", "VERIFY_PROMPTS", "VerifyReport", "write_adapter",
+    "write_export", "write_model"
 ]  # fmt: skip

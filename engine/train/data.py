@@ -941,22 +941,14 @@ def build_batches(
 # -- validation split ---------------------------------------------------------------------------
 
 
-def split_validation(
-    samples: Sequence[Sample], fraction: float, seed: int
-) -> tuple[list[Sample], list[Sample]]:
-    """(train, validation): about `fraction` of the samples held out, whole groups at a time.
-
-    Deterministic for a seed; both lists keep the original order. Samples sharing a `group`
-    (answers to one prompt) land on the same side; text samples are groups of their own.
-    fraction 0 holds out nothing; otherwise at least one sample is held out when there are two
-    or more, and at least one stays for training. When every sample is in one group nothing
-    can be held out without splitting it, and the validation list is empty.
-    """
+def validation_indices(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Indices of `split_validation`'s (train, validation) lists, in order (what a plan counts
+    without copying samples)."""
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"fraction must be in [0, 1), got {fraction!r}")
     n = len(samples)
     if fraction == 0.0 or n < 2:
-        return list(samples), []
+        return list(range(n)), []
     groups: dict[Any, list[int]] = {}
     for i, s in enumerate(samples):
         groups.setdefault(s.group if s.group else ("#", i), []).append(i)
@@ -974,5 +966,19 @@ def split_validation(
         else:
             log.warning("all %d samples answer the same prompt: no validation split", n)
     chosen = set(held)
-    train = [s for i, s in enumerate(samples) if i not in chosen]
-    return train, [s for i, s in enumerate(samples) if i in chosen]
+    return [i for i in range(n) if i not in chosen], [i for i in range(n) if i in chosen]
+
+
+def split_validation(
+    samples: Sequence[Sample], fraction: float, seed: int
+) -> tuple[list[Sample], list[Sample]]:
+    """(train, validation): about `fraction` of the samples held out, whole groups at a time.
+
+    Deterministic for a seed; both lists keep the original order. Samples sharing a `group`
+    (answers to one prompt) land on the same side; text samples are groups of their own.
+    fraction 0 holds out nothing; otherwise at least one sample is held out when there are two
+    or more, and at least one stays for training. When every sample is in one group nothing
+    can be held out without splitting it, and the validation list is empty.
+    """
+    train, val = validation_indices(samples, fraction, seed)
+    return [samples[i] for i in train], [samples[i] for i in val]

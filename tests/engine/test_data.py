@@ -30,6 +30,7 @@ from engine.train.data import (
     parse_sample,
     save_jsonl,
     split_validation,
+    validation_indices,
 )
 from tests.conftest import DATA
 
@@ -657,6 +658,15 @@ def test_split_validation_is_deterministic_keeps_groups_and_respects_the_fractio
     assert train_groups.isdisjoint({s.group for s in val if s.group})
     assert train == [s for s in samples if any(s is t for t in train)], "original order kept"
     assert any(s.kind == "text" for s in val) or any(s.kind == "text" for s in train)
+
+
+def test_validation_indices_are_the_split_s_positions():
+    samples = _grouped_samples()
+    for fraction, seed in ((0.0, 0), (0.2, 1), (0.5, 7), (0.05, 3)):
+        train, val = validation_indices(samples, fraction, seed)
+        e_train, e_val = split_validation(samples, fraction, seed)
+        assert [samples[i] for i in train] == e_train and [samples[i] for i in val] == e_val
+        assert sorted(train + val) == list(range(len(samples))) and (fraction == 0.0) == (not val)
 
 
 def test_split_validation_edge_cases():

@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from engine import MemoryEstimate, Sample, TargetSpec, TrainConfig, Trainer, load_jsonl
+from engine import MemoryEstimate, Sample, TargetSpec, TrainConfig, Trainer
 from studio.pages.train.folders import clean_failed_run, folder_problem, missing_folders
-from studio.pages.train.plan import EncodingCache, check_run, count_windows, split_validation
+from studio.pages.train.plan import EncodingCache, check_run, count_windows
 from studio.project import (
     HYPER_PRESETS,
     ModelInfo,
@@ -76,16 +76,9 @@ def test_the_check_counts_the_steps_windows_and_tokens_the_engine_plans(synth_mo
     assert f"{plan.total_steps:,} steps" in plan.describe(config)
 
 
-def test_split_and_packing_follow_the_engine():
+def test_packing_follows_the_engine():
     from engine.train.data import pack  # the engine's own, to compare
-    from engine.train.data import split_validation as engine_split
 
-    samples, _ = load_jsonl(DEMO_DATASET)
-
-    for fraction, seed in ((0.0, 0), (0.2, 1), (0.5, 7)):
-        train, val = split_validation(samples, fraction, seed)
-        e_train, e_val = engine_split(samples, fraction, seed)
-        assert [samples[i] for i in train] == e_train and [samples[i] for i in val] == e_val
     lengths = [5, 9, 3, 3, 7, 1, 8, 2, 6, 6]
 
     class E:  # what pack reads of an Encoded

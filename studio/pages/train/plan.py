@@ -11,7 +11,7 @@ keeps each sample's token counts between checks, so a change of batch size, epoc
 split does not encode anything again.
 
 The counting follows engine.train.trainer (`Trainer._prepare` and `start`): the validation split
-(`split_validation`, a copy of the engine's, which is not exported), `encode_samples`, first-fit
+(`validation_indices`, the engine's), `encode_samples`, first-fit
 decreasing packing into windows of n_ctx tokens (`count_windows`: the number of windows depends
 only on the sample lengths), batches of batch_size windows, and steps = `steps` or
 ceil(epochs * batches / grad_accum). The Train page's tests compare it with the engine's own `Plan`.
@@ -26,8 +26,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from engine import (
     ChatTemplate,
@@ -45,6 +43,7 @@ from engine import (
     lora_param_count,
     select_full,
     select_targets,
+    validation_indices,
 )
 
 
@@ -102,30 +101,6 @@ class RunCheck:
 
 
 # -- the engine's counting, from exported names ----------------------------------------------------
-
-
-def split_validation(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Indices of (train, validation) exactly as engine.train.data.split_validation splits them
-    (whole groups held out, about `fraction` of the samples, deterministic for a seed)."""
-    n = len(samples)
-    if fraction <= 0.0 or n < 2:
-        return list(range(n)), []
-    groups: dict[Any, list[int]] = {}
-    for i, s in enumerate(samples):
-        groups.setdefault(s.group if s.group else ("#", i), []).append(i)
-    members = list(groups.values())
-    target = min(max(1, round(fraction * n)), n - 1)
-    shuffled = [members[g] for g in np.random.default_rng(seed).permutation(len(members))]
-    held: list[int] = []
-    for group in shuffled:
-        if len(held) + len(group) <= target:
-            held.extend(group)
-    if not held:
-        smaller = [group for group in shuffled if len(group) < n]
-        if smaller:
-            held = min(smaller, key=len)
-    chosen = set(held)
-    return [i for i in range(n) if i not in chosen], [i for i in range(n) if i in chosen]
 
 
 def count_windows(lengths: Sequence[int], n_ctx: int) -> int:
@@ -247,7 +222,7 @@ def plan_data(
         n_ctx=config.n_ctx, train_on_prompt=config.train_on_prompt, prompt_format=config.prompt_format
     )
     encoded = cache.encode(samples, tokenizer, template, options)
-    train, val = split_validation(samples, config.val_split, config.seed)
+    train, val = validation_indices(samples, config.val_split, config.seed)
     kept = [encoded[i] for i in train if not encoded[i].dropped]
     n_windows = count_windows([e.n_tokens for e in kept], config.n_ctx)
     n_batches = math.ceil(n_windows / config.batch_size) if n_windows else 0
@@ -365,5 +340,4 @@ __all__ = [
     "check_selection",
     "count_windows",
     "plan_data",
-    "split_validation",
 ]
