@@ -61,6 +61,15 @@ def write_dataset(path: Path, n: int = 32) -> None:
                                              {"role": "assistant", "content": answer}]}) + "\n")  # fmt: skip
 
 
+def run_events(ms: int) -> None:
+    """Let the UI thread's event loop run for `ms` milliseconds (the probe keeps ticking)."""
+    from PySide6.QtCore import QEventLoop, QTimer
+
+    loop = QEventLoop()
+    QTimer.singleShot(ms, loop.quit)
+    loop.exec()
+
+
 def measure(
     model_path: str,
     data: str,
@@ -103,9 +112,7 @@ def measure(
         widget.resize(1280, 820)
         widget.show()
         # the first paint of a newly shown window is not part of training: let it happen first
-        settle = QEventLoop()
-        QTimer.singleShot(500, settle.quit)
-        settle.exec()
+        run_events(500)
 
         def on_state(state: str) -> None:
             if state == "training":
@@ -152,9 +159,7 @@ def measure(
     loop.exec()
     probe.mark("finishing")
     # let the thread end and the last redraws happen while the probe still runs
-    end = QEventLoop()
-    QTimer.singleShot(300, end.quit)
-    end.exec()
+    run_events(300)
     probe.stop()
     if page:
         widget.shutdown()
@@ -196,8 +201,7 @@ def measure_chat(model_path: str, max_tokens: int) -> dict:
     page.show()
     loop, probe = QEventLoop(), StallProbe(5)
     seen: dict = {}
-    QTimer.singleShot(500, loop.quit)  # the window's first paint is not part of generating
-    loop.exec()
+    run_events(500)  # the window's first paint is not part of generating
     probe.start("loading")
     opened = engine.submit("open", lambda session, job: None, on_done=lambda _: loop.quit(),
                            on_error=lambda m: loop.quit(), model=(model_path, "cpu"))  # fmt: skip
@@ -219,8 +223,7 @@ def measure_chat(model_path: str, max_tokens: int) -> dict:
     QTimer.singleShot(30 * 60 * 1000, loop.quit)
     loop.exec()
     probe.mark("finishing")
-    QTimer.singleShot(300, loop.quit)
-    loop.exec()
+    run_events(300)
     probe.stop()
     page.shutdown()
     page.close()

@@ -18,12 +18,13 @@ CODE = (
 )
 
 
-def run(env_extra: dict) -> str:
+def run(code: str, env_extra: dict | None = None) -> str:
+    """stdout of `code` in a fresh interpreter at the repository root, without inherited MALLOC_* settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    env.update(env_extra)
+    env.update(env_extra or {})
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run(
-        [sys.executable, "-c", CODE], env=env, cwd=root, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True, timeout=60
     )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
@@ -31,7 +32,7 @@ def run(env_extra: dict) -> str:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_set_once_on_linux_and_a_freed_step_buffer_is_reused_without_page_faults():
-    assert run({}) == "True True"
+    assert run(CODE) == "True True"
     code = (
         "import resource, numpy as np\n"
         "from engine.train.heap import keep_step_buffers\n"
@@ -44,15 +45,11 @@ def test_set_once_on_linux_and_a_freed_step_buffer_is_reused_without_page_faults
         "before = faults(); keep_step_buffers(); after = faults()\n"
         "print(before, after)\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, cwd=root
-    )
-    assert out.returncode == 0, out.stderr
-    before, after = map(int, out.stdout.split())
-    assert before > 100 and after < before / 4, (before, after)  # without it: ~1,000 faults (this machine)
+    before, after = map(int, run(code).split())
+    if before < 50:  # transparent huge pages fault 2 MiB at a time: too few faults to tell apart
+        pytest.skip(f"only {before} page faults without the setting")
+    assert after < before / 4, (before, after)  # this machine: ~1,000 faults without it, 0 with it
 
 
 def test_the_users_own_allocator_settings_are_left_alone():
-    assert run({"MALLOC_TRIM_THRESHOLD_": "1000000"}) == "False False"
+    assert run(CODE, {"MALLOC_TRIM_THRESHOLD_": "1000000"}) == "False False"
