@@ -206,3 +206,38 @@ def test_a_tick_paints_little_panels_appear_and_norm_curves_are_made_a_few_at_a_
     assert plots.kind_curves["attn_q"].opts["symbol"] is None
     assert list(plots.curve_data()["norm:attn_q"][1]) == [0.1, 0.2]
     plots.stop()
+
+
+def test_a_new_point_repaints_the_curve_but_not_the_axes(plots, qtbot, monkeypatch):
+    """The axes draw the grid over the whole plot, so without their pixmap cache every new point
+    repainted them (Python, 2-3 ms each); they repaint only when their range or colours change."""
+    import pyqtgraph as pg
+
+    from studio.widgets.plots import ReadableAxisItem
+
+    painted = {"axis": 0, "curve": 0}
+
+    def counting(kind, paint):
+        def wrapper(self, *args):
+            painted[kind] += 1
+            return paint(self, *args)
+
+        return wrapper
+
+    monkeypatch.setattr(ReadableAxisItem, "paint", counting("axis", ReadableAxisItem.paint))
+    monkeypatch.setattr(pg.PlotCurveItem, "paint", counting("curve", pg.PlotCurveItem.paint))
+    plots.add_event(started(0, total=100))
+    for i in range(1, 4):
+        plots.add_event(step(i, 2.5 - 0.1 * i, total=100))
+    plots.flush()
+    qtbot.wait(60)
+    assert painted["axis"] > 0 and painted["curve"] > 0  # first paint: everything
+    painted.update(axis=0, curve=0)
+    plots.add_event(step(4, 2.3, total=100))  # inside the ranges already shown
+    plots.flush()
+    qtbot.waitUntil(lambda: painted["curve"] > 0, timeout=2000)
+    qtbot.wait(30)
+    assert painted["axis"] == 0
+    plots.add_event(step(5, 40.0, total=100))  # the loss axis must grow
+    plots.flush()
+    qtbot.waitUntil(lambda: painted["axis"] > 0, timeout=2000)
