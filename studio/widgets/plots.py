@@ -47,9 +47,10 @@ from PySide6.QtWidgets import (
 from engine import Eval, ExpertUsage, LoraNorms, Started, Step, split_name
 
 REDRAW_HZ = 20
-# new LoRA-norm curves (and legend entries) made per timer tick: one costs 4-8 ms with the engine
-# running, and a run adapting 7-14 tensor kinds made them all in one tick (35-75 ms)
-NEW_CURVES_PER_TICK = 2
+# new LoRA-norm curves (and legend entries) made per timer tick: one costs 4-8 ms of CPU, 10-12 ms
+# with the engine running, and a run adapting 7-14 tensor kinds made them all in one tick (35-75 ms);
+# two per tick still made the longest timer tick of a run (17-30 ms), one makes 10-12 ms
+NEW_CURVES_PER_TICK = 1
 # EMA weights of the training-loss smoothing (the weight of the previous smoothed value)
 SMOOTHING = {"off": 0.0, "light": 0.6, "medium": 0.85, "strong": 0.95}
 DEFAULT_SMOOTHING = "light"
