@@ -171,6 +171,11 @@ def _paint_plot(pw: pg.PlotWidget, pal: QPalette | None = None) -> None:
     plot.setLabel("bottom", bottom, color=text.name())
 
 
+def _marker(color: str) -> dict:
+    """The options of the round markers a curve shows while it has fewer than two points."""
+    return {"symbol": "o", "symbolSize": 7, "symbolBrush": pg.mkBrush(color), "symbolPen": None}
+
+
 def _legend(pw: pg.PlotWidget, offset: tuple[int, int], columns: int = 1) -> pg.LegendItem:
     """A legend with the palette's text colour on a translucent background (readable over curves)."""
     legend = pw.getPlotItem().addLegend(offset=offset, labelTextSize="8pt", colCount=columns)
@@ -923,7 +928,7 @@ class TrainPlotsWidget(QWidget):
         want = "o" if n < 2 else None
         if curve.opts.get("symbol") != want:
             if want:
-                curve.opts.update(symbol=want, symbolSize=7, symbolBrush=pg.mkBrush(color), symbolPen=None)
+                curve.opts.update(_marker(color))
             else:
                 curve.opts["symbol"] = None
             curve.updateItems(styleUpdate=True)
@@ -961,18 +966,12 @@ class TrainPlotsWidget(QWidget):
                     color = self.kind_colors[kind] = COLORS[len(self.kind_curves) % len(COLORS)]
                     x, y = self.kind_series[kind].view()
                     # made with its final data and markers: restyling a new curve rebuilds it
-                    marker = {
-                        "symbol": "o",
-                        "symbolSize": 7,
-                        "symbolBrush": pg.mkBrush(color),
-                        "symbolPen": None,
-                    }
                     curve = self.norms_plot.plot(
                         x,
                         y,
                         name=short_kind(kind),
                         pen=pg.mkPen(color, width=1.5),
-                        **(marker if len(x) < 2 else {}),
+                        **(_marker(color) if len(x) < 2 else {}),
                     )
                     self.kind_curves[kind] = curve
                     added += 1
