@@ -411,6 +411,8 @@ def test_the_progress_bar_shows_the_planned_steps_before_start_and_they_are_the_
         assert page.start()
         assert page.progress.maximum() == expected.total_steps and page.progress.value() == 0
         assert not page.plots.placeholder_shown
+        # the step axes have their final range before the engine starts (not at its Started event)
+        assert {k.x_hi for k in page.plots.ranges.values()} == {expected.total_steps}
     settle(qtbot, page)
     got = starts[0].plan
     assert (got.total_steps, got.n_windows, got.n_train, got.n_val) == (

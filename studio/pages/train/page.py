@@ -716,6 +716,11 @@ class TrainPage(QWidget):
         self.last_step = 0
         self.elapsed_s = 0.0
         self.total_steps = self.check.plan.total_steps if self.check and self.check.plan else 0
+        if self.total_steps:
+            # the step axes get their final range now, before the engine computes, rather than at
+            # the run's Started event: there every shown panel repainted both of its axes at once
+            # as the first matmuls began (one 29 ms chunk of UI work, 43-50 ms of wall clock)
+            self.plots.set_total_steps(self.total_steps)
         self.last_checkpoint = None
         self.last_result = None
         self.run_model = self.project.model_path
