@@ -34,7 +34,6 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import studio  # noqa: E402,F401  (first, as in the app: its OpenBLAS setting must precede NumPy)
-
 from bench.common import SHAPES  # noqa: E402
 from engine import SynthSpec, TargetSpec, write_model  # noqa: E402
 
