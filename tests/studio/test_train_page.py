@@ -411,9 +411,14 @@ def test_the_progress_bar_shows_the_planned_steps_before_start_and_they_are_the_
         assert page.start()
         assert page.progress.maximum() == expected.total_steps and page.progress.value() == 0
         assert not page.plots.placeholder_shown
-        # the step axes have their final range before the engine starts (not at its Started event)
+        # the step axes have their final range before the engine starts, and the run's Started event
+        # and steps do not move them again (each move repaints every shown panel's axes)
         assert {k.x_hi for k in page.plots.ranges.values()} == {expected.total_steps}
+        moved = []
+        for name, keeper in page.plots.ranges.items():
+            keeper.plot.sigXRangeChanged.connect(lambda *_, n=name: moved.append(n))
     settle(qtbot, page)
+    assert moved == []
     got = starts[0].plan
     assert (got.total_steps, got.n_windows, got.n_train, got.n_val) == (
         expected.total_steps, expected.n_windows, expected.n_train, expected.n_val)  # fmt: skip
