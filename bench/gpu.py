@@ -26,9 +26,11 @@ the g++ kernel emulator at tiny shapes (no kernel timings, no peer; about 40 s),
    vocabulary 128256, bf16 frozen weights, LoRA rank 16 everywhere): the median of --repeats CUDA-
    event timings after warm-up, on random data; the work it must do (bytes for memory-bound
    kernels, FLOPs for matrix ones); the achieved GB/s or TFLOP/s; the floor (work over the matching
-   ceiling) and the time over that floor. The attention kernels run on CUDA cores in fp32, so
-   their TFLOP/s are also shown against the bf16 ceiling only for scale. A kernel that raises is a
-   row with the error. (~1-2 min, NVRTC compilation included)
+   ceiling) and the time over that floor. Attention runs both ways the engine has, the tensor-core
+   path training takes ("gemm": bf16 operands, the whole square of scores) and the flash kernels
+   (fp32 SIMT, used for decoding); both are counted as the useful causal FLOPs (forward 4, backward
+   10 per visible (query, key) pair and head dimension) against the bf16 ceiling. A kernel that
+   raises is a row with the error. (~1-2 min, NVRTC compilation included)
 3. End to end (`end_to_end_rows`, bench/gpu_e2e.py has the details): training tokens/s, step time,
    TFLOP/s, MFU and peak GPU memory of
    (a) a Qwen2.5-1.5B-shaped model at Q4_K (28 layers), LoRA on every linear tensor, and
@@ -210,13 +212,18 @@ def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row
         pos = np.tile(np.arange(T), (B, 1))
         mask = cp.asarray(attention.attention_mask(pos, pos))
         visible = B * NH * T * (T + 1) / 2
-        y, cache = attention.attention_forward(q, k, v, mask, HS**-0.5)
-        dy = rnd(*y.shape)
         shape = f"B {B} T {T} NH {NH} NKV {NKV} HS {HS}"
-        fn = lambda: attention.attention_forward(q, k, v, mask, HS**-0.5)  # noqa: E731
-        add("attention_forward", shape, fn, 4 * visible * HS, "TFLOP/s", note="fp32 SIMT; causal")
-        fn = lambda: attention.attention_backward(dy, cache)  # noqa: E731
-        add("attention_backward", shape, fn, 14 * visible * HS, "TFLOP/s", note="fp32 SIMT; 7 products")
+        notes = {  # the engine's pick for training rows first (engine/kernels/attention_gemm.py)
+            "gemm": ("bf16 tensor cores; whole square", "4 GEMMs + Z again; whole square"),
+            "flash": ("fp32 SIMT; causal", "fp32 SIMT; 7 products"),
+        }
+        for method, (fwd_note, bwd_note) in notes.items():
+            y, cache = attention.attention_forward_on(rt, q, k, v, mask, HS**-0.5, method)
+            dy = rnd(*y.shape)
+            fn = lambda m=method: attention.attention_forward_on(rt, q, k, v, mask, HS**-0.5, m)  # noqa: E731
+            add(f"attention_forward {method}", shape, fn, 4 * visible * HS, "TFLOP/s", note=fwd_note)
+            fn = lambda c=cache, d=dy: attention.attention_backward(d, c)  # noqa: E731
+            add(f"attention_backward {method}", shape, fn, 10 * visible * HS, "TFLOP/s", note=bwd_note)
 
     def section_lm_head() -> None:
         h = rnd(N, C)
@@ -299,7 +306,7 @@ def finish(rows: list[Row], ceil: dict[str, float]) -> None:
             bf16 = "bf16" in row.name or "lm_head" in row.name or row.name.startswith("e2e ")
             ceiling = ceil["bf16_tflops"] if bf16 else ceil["fp32_tflops"]
             if "attention" in row.name:
-                ceiling = ceil["bf16_tflops"]  # shown for scale: the kernels are fp32 SIMT
+                ceiling = ceil["bf16_tflops"]  # useful (causal) FLOPs at the bf16 rate, for both methods
             row.floor_ms = row.work / ceiling / 1e9
 
 
@@ -325,7 +332,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=4096, help="kernels: B*T tokens (B = 2)")
     ap.add_argument("--only", nargs="*", help="norm rope swiglu embedding linear attention lm_head adamw")
-    ap.add_argument("--e2e", nargs="*", default=["dense", "moe"], choices=("dense", "moe"))
+    ap.add_argument("--e2e", nargs="*", default=["dense", "moe"], choices=("dense", "moe", "dense17"))
     ap.add_argument("--moe-layers", type=int, default=12, help="layers of the Qwen3-30B-A3B shape (48 real)")
     ap.add_argument("--batch", type=int, default=4, help="e2e: windows per step")
     ap.add_argument("--ctx", type=int, default=1024, help="e2e: tokens per window")
@@ -397,9 +404,10 @@ def main() -> int:
     finish(rows, ceil)
     text = table(rows, ceil) if not args.emulate else f"device: {name}"
     if records:
-        from bench.gpu_e2e import E2EOptions, e2e_table
+        from bench.gpu_e2e import E2EOptions, e2e_table, profile_text
 
         opts = E2EOptions(batch=args.batch, ctx=args.ctx, warmup=args.warmup, measure=args.measure)
+        text = profile_text(records) + "\n\n" + text
         text += "\n\n" + e2e_table(records, ceil["bf16_tflops"], opts)
     if out:
         os.makedirs(out, exist_ok=True)

@@ -79,6 +79,12 @@ SHAPES = {
         "qwen2", V=151936, C=1536, L=28, NH=12, NKV=2, HS=128, F=8960, tied=True, qtype="Q4_K",
         n_ctx=32768, name="qwen2.5-1.5b-shaped",
     ),
+    # Qwen3-1.7B: 28 layers, 2048 wide, 16 query / 8 KV heads of 128, FFN 6144, vocab 151936, tied; the
+    # "1.7B Q4_K_M at ubatch 128" of llama.cpp's QLoRA work (run it with --batch 1 --ctx 128)
+    "dense17": SynthSpec.for_arch(
+        "qwen3", V=151936, C=2048, L=28, NH=16, NKV=8, HS=128, F=6144, tied=True, qtype="Q4_K",
+        n_ctx=32768, name="qwen3-1.7b-shaped",
+    ),
     # Qwen3-30B-A3B: 48 layers, 2048 wide, 32 query / 4 KV heads of 128, 128 experts (8 used) of 768
     "moe": SynthSpec.for_arch(
         "qwen3moe", V=151936, C=2048, L=48, NH=32, NKV=4, HS=128, E=128, K=8, F_exp=768, qtype="Q4_K",
@@ -94,6 +100,10 @@ TINY = {
     "moe": SynthSpec.for_arch(
         "qwen3moe", V=512, C=256, L=2, NH=2, NKV=1, HS=128, E=4, K=2, F_exp=256, qtype="Q4_K", n_ctx=256,
         name="tiny-moe",
+    ),
+    "dense17": SynthSpec.for_arch(
+        "qwen3", V=512, C=256, L=2, NH=2, NKV=1, HS=128, F=512, tied=True, qtype="Q4_K", n_ctx=256,
+        name="tiny-qwen3",
     ),
 }  # fmt: skip
 DENSE_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -266,6 +276,103 @@ def _error(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()[-1500:]
 
 
+# --- one step under the profiler ----------------------------------------------------------------------
+
+PROFILE_TOP = 18  # kernels listed per profiled step
+_PEER_KINDS = (  # (category, name fragments) for kernels that are not the engine's own
+    ("GEMM (cuBLAS / CUTLASS)", ("gemm", "cutlass", "xmma", "nvjet", "sm90_", "cublas", "gemv")),
+    ("attention (torch SDPA)", ("flash", "fmha", "attention", "efficient")),
+    ("memcpy / memset", ("memcpy", "memset")),
+    ("CuPy elementwise / reductions (cupy_, cub::)", ("cupy_", "cub::")),
+    ("torch optimizer", ("multi_tensor", "adam")),
+    ("torch elementwise / reductions", ("at::native", "elementwise", "vectorized")),
+)
+
+
+def _kernel_categories() -> dict[str, str]:
+    """Kernel name -> "ours: <KernelSource name>" for every engine kernel (empty when the engine is
+    not importable, as in a peer without it)."""
+    try:
+        from engine.kernels.cuda import all_sources
+
+        return {k: f"ours: {src.name}" for src in all_sources() for k in src.kernels}
+    except Exception:  # noqa: BLE001
+        return {}
+
+
+def _category(name: str, ours: dict[str, str]) -> str:
+    if name in ours:
+        return ours[name]
+    low = name.lower()
+    for cat, keys in _PEER_KINDS:
+        if any(k in low for k in keys):
+            return cat
+    return "other"
+
+
+def profile_step(step, sync, device: str = "cuda") -> dict:
+    """Run `step()` once under torch's profiler (CUPTI: every kernel on the device, whoever launched
+    it, CuPy's and cuBLAS's too): wall time of the step, the device time of its kernels (summed),
+    launches, per category and the PROFILE_TOP kernels by time. {"error": ...} when torch's profiler
+    is not there."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+    except Exception as exc:  # noqa: BLE001
+        return {"error": f"no torch profiler: {exc}"}
+    ours = _kernel_categories()
+    sync()
+    try:
+        with profile(activities=[getattr(ProfilerActivity, device.upper())]) as prof:
+            t = time.perf_counter()
+            step()
+            sync()
+            wall = time.perf_counter() - t
+    except Exception as exc:  # noqa: BLE001 - a profile that fails is a note, not a failed run
+        return {"error": _error(exc)}
+    per: dict[str, list] = {}
+    for e in prof.events():
+        if device not in str(e.device_type).lower():
+            continue
+        row = per.setdefault(e.name, [0, 0.0])
+        row[0] += 1
+        row[1] += e.time_range.elapsed_us() / 1e3
+    cats: dict[str, list] = {}
+    for name, (n, ms) in per.items():
+        row = cats.setdefault(_category(name, ours), [0, 0.0])
+        row[0] += n
+        row[1] += ms
+    top = sorted(per.items(), key=lambda kv: -kv[1][1])[:PROFILE_TOP]
+    return {
+        "wall_ms": wall * 1e3,
+        "kernel_ms": sum(ms for _, ms in per.values()),
+        "launches": sum(n for n, _ in per.values()),
+        "categories": sorted(([c, n, ms] for c, (n, ms) in cats.items()), key=lambda r: -r[2]),
+        "top": [[name[:90], n, ms] for name, (n, ms) in top],
+    }
+
+
+def profile_text(records: list[dict]) -> str:
+    """Each profiled run's step: wall time against the device's kernel time, then where that went."""
+    out = []
+    for r in records:
+        prof = r.get("profile")
+        if not prof:
+            continue
+        head = f"profile: {r['model']} {r['who']} {r['setting']}"
+        if "error" in prof:
+            out.append(f"{head}: {prof['error']}")
+            continue
+        busy = prof["kernel_ms"] / prof["wall_ms"] if prof["wall_ms"] else float("nan")
+        out.append(
+            f"{head}: step {prof['wall_ms']:.1f} ms wall, kernels {prof['kernel_ms']:.1f} ms "
+            f"({busy:.0%} busy), {prof['launches']} launches"
+        )
+        out += [f"    {c:<40} {n:>7} {ms:9.2f} ms" for c, n, ms in prof["categories"]]
+        out.append("    top kernels:")
+        out += [f"      {ms:9.2f} ms {n:>6}x  {name}" for name, n, ms in prof["top"]]
+    return "\n".join(out)
+
+
 def engine_child(a: argparse.Namespace) -> None:
     """Load the model on the device once; per cache budget, train warmup + measure steps. Writes JSON
     to `a.result` after every step, so a run killed at its time limit still reports what it did."""
@@ -330,7 +437,7 @@ def _engine_phase(a, spec, model, backend, cp, samples, budget, phase, free0, st
     targets = MOE_TARGETS if spec.E else DENSE_TARGETS
     config = TrainConfig(
         targets=TargetSpec(preset="none", patterns=targets), rank=RANK, alpha=ALPHA, n_ctx=a.ctx,
-        batch_size=a.batch, steps=a.warmup + a.measure, lr=LR, schedule="constant", max_grad_norm=CLIP,
+        batch_size=a.batch, steps=a.warmup + a.measure + 1, lr=LR, schedule="constant", max_grad_norm=CLIP,
         cache_budget=budget, checkpoint_layers="off", norms_every=0, seed=0,
     )  # fmt: skip
     trainer = Trainer(model, samples, config)
@@ -367,6 +474,8 @@ def _engine_phase(a, spec, model, backend, cp, samples, budget, phase, free0, st
                 phase["peak_alloc"] = tracker.peak
                 tracker = None
             save()
+        if cp is not None:  # one more step, under the profiler (not among the measured ones)
+            phase["profile"] = profile_step(trainer.train_step, backend.synchronize)
     finally:
         if tracker is not None:
             tracker.__exit__(None, None, None)
@@ -479,6 +588,15 @@ def peer_child(a: argparse.Namespace) -> None:
         n_steps = a.warmup + a.measure
         batches = [torch.randint(3, spec.V, (a.batch, a.ctx), generator=gen).to(dev) for _ in range(n_steps)]
         save()
+
+        def train_step(ids):
+            out = model(input_ids=ids, labels=ids, use_cache=False)
+            out.loss.backward()
+            norm = torch.nn.utils.clip_grad_norm_(params, CLIP)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return float(out.loss.detach()), norm  # a host read: the step is done
+
         for i in range(n_steps):
             if i > a.warmup and time.perf_counter() > stop_at:
                 phase["note"] = f"time limit: {i - a.warmup} measured steps"
@@ -487,12 +605,7 @@ def peer_child(a: argparse.Namespace) -> None:
             if cuda:
                 torch.cuda.synchronize()
             t = time.perf_counter()
-            out = model(input_ids=ids, labels=ids, use_cache=False)
-            out.loss.backward()
-            norm = torch.nn.utils.clip_grad_norm_(params, CLIP)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            loss = float(out.loss.detach())  # a host read: the step is done
+            loss, norm = train_step(ids)
             if cuda:
                 torch.cuda.synchronize()
             phase["steps_s"].append(time.perf_counter() - t)
@@ -503,6 +616,9 @@ def peer_child(a: argparse.Namespace) -> None:
                 phase["peak_alloc"] = int(torch.cuda.max_memory_allocated())
                 phase["reserved"] = int(torch.cuda.max_memory_reserved())
                 phase["device"] = int(free0 - torch.cuda.mem_get_info()[0])
+            save()
+        if cuda:  # one more step, under the profiler (not among the measured ones)
+            phase["profile"] = profile_step(lambda: train_step(batches[-1]), torch.cuda.synchronize)
             save()
     except Exception as exc:  # noqa: BLE001
         res["error"] = _error(exc)
@@ -611,7 +727,14 @@ def _records(
         for key in ("load_s", "build_s", "stored_bytes", "versions", "bf16_matmul_tflops", "cupy"):
             if key in res:
                 rec[key] = res[key]
-        for key in ("start_s", "estimate_total", "checkpoint_layers", "cache_budget_bytes", "cache_peak"):
+        for key in (
+            "start_s",
+            "estimate_total",
+            "checkpoint_layers",
+            "cache_budget_bytes",
+            "cache_peak",
+            "profile",
+        ):
             if key in ph:
                 rec[key] = ph[key]
         out.append(rec)

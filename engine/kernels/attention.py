@@ -2,9 +2,12 @@
 
 `attention_mask` and `attention_forward_ref` / `attention_backward_ref` are the NumPy reference
 (the specification: it stores the (B, NKV, G, T, S) probabilities). `attention_forward` /
-`attention_backward` are the CUDA twins: flash-style tiled kernels with an online softmax that
-never store the probabilities; their cache, `FlashAttentionCache`, keeps the log-sum-exp of each
-query row instead. Not here: RoPE, the projections, the KV cache's bookkeeping.
+`attention_backward` are the CUDA twins, two ways: flash-style tiled kernels (here: fp32 on the
+CUDA cores, an online softmax that never stores the probabilities; their cache,
+`FlashAttentionCache`, keeps the log-sum-exp of each query row instead) for decoding and short
+rows, and from `attention_gemm.GEMM_MIN_T` queries up (training, prefill) bf16 tensor-core GEMMs
+over materialised scores (engine/kernels/attention_gemm.py). Not here: RoPE, the projections, the KV
+cache's bookkeeping.
 """
 
 from __future__ import annotations
@@ -483,8 +486,14 @@ def head_dim_kernel(HS: int) -> int:
     return next(d for d in ATTN_DIMS if d >= HS)
 
 
-def attention_forward_on(rt: Runtime, q: Any, k: Any, v: Any, mask: Any, scale: float):
-    """`attention_forward` on a runtime."""
+def attention_forward_on(
+    rt: Runtime, q: Any, k: Any, v: Any, mask: Any, scale: float, method: str | None = None
+):
+    """`attention_forward` on a runtime. method: "flash" (these kernels: fp32, SIMT), "gemm" (bf16
+    tensor cores, engine/kernels/attention_gemm.py), or None: "gemm" from GEMM_MIN_T queries up
+    (training, prefill), else "flash" (decoding)."""
+    from . import attention_gemm
+
     xp = rt.xp
     q, qbs = _heads(rt, q, "queries q")
     k, kbs = _heads(rt, k, "keys k")
@@ -496,11 +505,17 @@ def attention_forward_on(rt: Runtime, q: Any, k: Any, v: Any, mask: Any, scale: 
             f"attention shapes do not agree: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
             "(k and v (B, S, NKV, HS) with NH a multiple of NKV)"
         )
-    D = head_dim_kernel(HS)
     mask = xp.asarray(mask)
     if tuple(mask.shape) != (B, T, S) or mask.dtype.itemsize != 1:
         raise ValueError(f"attention mask must be bool ({B}, {T}, {S}), got {mask.dtype} {tuple(mask.shape)}")
     mask_u8 = xp.ascontiguousarray(mask).view(xp.uint8)
+    if method is None:
+        method = "gemm" if T >= attention_gemm.GEMM_MIN_T and B and S else "flash"
+    if method == "gemm":
+        return attention_gemm.forward_on(rt, q, k, v, mask_u8, scale, (qbs, kbs, vbs))
+    if method != "flash":
+        raise ValueError(f"attention method must be 'flash', 'gemm' or None, got {method!r}")
+    D = head_dim_kernel(HS)
     nQt, nKt = -(-T // TILE), -(-S // TILE)
     tiles = xp.empty((B, nQt, nKt), dtype=xp.uint8)
     o = xp.empty((B, T, NH, HS), dtype=xp.float32)
@@ -521,6 +536,10 @@ def attention_forward_on(rt: Runtime, q: Any, k: Any, v: Any, mask: Any, scale: 
 
 def attention_backward_on(rt: Runtime, dy: Any, cache: AttentionCache):
     """`attention_backward` on a runtime."""
+    from . import attention_gemm
+
+    if isinstance(cache, attention_gemm.GemmAttentionCache):
+        return attention_gemm.backward_on(rt, dy, cache)
     xp = rt.xp
     q, k, v, state, scale = cache
     if not isinstance(state, FlashState):

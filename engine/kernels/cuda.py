@@ -515,6 +515,24 @@ class Runtime:
         """
         raise NotImplementedError
 
+    def gemm_batched(
+        self,
+        a: Any,
+        b: Any,
+        out: Any,
+        *,
+        trans_a: bool = False,
+        trans_b: bool = False,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+    ) -> None:
+        """out[i] = alpha * op(a[i]) @ op(b[i]) + beta * out[i] for every i: `gemm` on 3-D arrays
+        with one leading batch axis each (any batch stride, 0 too). This default runs one `gemm`
+        per matrix; the GPU's is one strided-batched cuBLAS call."""
+        check_gemm_batched(a, b, out)
+        for i in range(out.shape[0]):
+            self.gemm(a[i], b[i], out[i], trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+
     def address(self, a: Any) -> int:
         """The address of a's first element (for pointer tables and alignment checks)."""
         raise NotImplementedError
@@ -540,6 +558,18 @@ def check_gemm(a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool) -> tuple[
     return int(M), int(N), int(K)
 
 
+def check_gemm_batched(a: Any, b: Any, out: Any) -> int:
+    """The batch count of `gemm_batched`'s operands (ValueError unless each is 3-D with the same
+    first axis, out's batch contiguous); each matrix is then checked as `check_gemm` checks it."""
+    if a.ndim != 3 or b.ndim != 3 or out.ndim != 3 or not (a.shape[0] == b.shape[0] == out.shape[0]):
+        raise ValueError(
+            f"gemm_batched takes 3-D arrays of one batch, got {a.shape}, {b.shape} -> {out.shape}"
+        )
+    if not out.flags.c_contiguous:
+        raise ValueError(f"gemm_batched writes a C-contiguous out, got strides {out.strides}")
+    return int(out.shape[0])
+
+
 class CudaRuntime(Runtime):
     """The GPU: CuPy arrays, kernels through `get_kernel`, GEMMs through cuBLAS `cublasGemmEx` on the
     current stream (bf16 operands: CUBLAS_COMPUTE_32F, tensor cores with fp32 accumulation; fp32
@@ -559,10 +589,21 @@ class CudaRuntime(Runtime):
         return int(a.data.ptr)
 
     def gemm(self, a, b, out, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> None:
+        M, N, K = check_gemm(a, b, out, trans_a, trans_b)
+        self._cublas(a, b, out, None, M, N, K, trans_a, trans_b, alpha, beta)
+
+    def gemm_batched(self, a, b, out, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> None:
+        count = check_gemm_batched(a, b, out)
+        if count == 0:
+            return
+        M, N, K = check_gemm(a[0], b[0], out[0], trans_a, trans_b)
+        self._cublas(a, b, out, count, M, N, K, trans_a, trans_b, alpha, beta)
+
+    def _cublas(self, a, b, out, count, M, N, K, trans_a, trans_b, alpha, beta) -> None:
+        """cublasGemmEx (count None: 2-D operands) or cublasGemmStridedBatchedEx (3-D, `count`)."""
         import numpy as np
         from cupy_backends.cuda.libs import cublas  # type: ignore[import-not-found]
 
-        M, N, K = check_gemm(a, b, out, trans_a, trans_b)
         if M == 0 or N == 0:
             return
         if K == 0:
@@ -580,30 +621,29 @@ class CudaRuntime(Runtime):
         beta_h = np.array(beta, dtype=np.float32)
         mode = cublas.getPointerMode(handle)
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        row = -2 if count else 0  # the axis of the matrices' rows
+        ops = (
+            cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N,
+            cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N,
+        )
         try:
             # cuBLAS is column-major: out^T (N x M) = op(b)^T (N x K) @ op(a)^T (K x M), and a row-major
             # matrix is its transpose in column-major, so b goes first and each op flips
-            cublas.gemmEx(
-                handle,
-                cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N,
-                cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N,
-                N,
-                M,
-                K,
-                alpha_h.ctypes.data,
-                b.data.ptr,
-                dtype,
-                b.strides[0] // b.itemsize,
-                a.data.ptr,
-                dtype,
-                a.strides[0] // a.itemsize,
-                beta_h.ctypes.data,
-                out.data.ptr,
-                CUDA_R_32F,
-                out.strides[0] // out.itemsize,
-                compute,
-                CUBLAS_GEMM_DEFAULT,
-            )
+            ld = [x.strides[row] // x.itemsize for x in (b, a, out)]
+            if count is None:
+                cublas.gemmEx(
+                    handle, *ops, N, M, K, alpha_h.ctypes.data,
+                    b.data.ptr, dtype, ld[0], a.data.ptr, dtype, ld[1],
+                    beta_h.ctypes.data, out.data.ptr, CUDA_R_32F, ld[2], compute, CUBLAS_GEMM_DEFAULT,
+                )  # fmt: skip
+            else:
+                st = [x.strides[0] // x.itemsize for x in (b, a, out)]
+                cublas.gemmStridedBatchedEx(
+                    handle, *ops, N, M, K, alpha_h.ctypes.data,
+                    b.data.ptr, dtype, ld[0], st[0], a.data.ptr, dtype, ld[1], st[1],
+                    beta_h.ctypes.data, out.data.ptr, CUDA_R_32F, ld[2], st[2], count, compute,
+                    CUBLAS_GEMM_DEFAULT,
+                )  # fmt: skip
         finally:
             cublas.setPointerMode(handle, mode)
 

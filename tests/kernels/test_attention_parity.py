@@ -6,10 +6,12 @@ gpu). The CUDA cache keeps the log-sum-exp rows, not the probabilities."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
-from engine.kernels import attention
-from tests.kernels.twin import FP32_TOL, Backend, Check, compare, f32, f64
+from engine.kernels import attention, attention_gemm
+from tests.kernels.twin import BF16_TOL, FP32_TOL, Backend, Check, _leaves, compare, f32, f64
 
 
 def _mask(rng, B, T, S, packed):
@@ -44,9 +46,17 @@ def cases(large: bool):
     return out
 
 
-def checks(be: Backend, rng: np.random.Generator) -> list[Check]:
+# the two CUDA paths: flash kernels (fp32, SIMT) and tensor cores (bf16 operands, attention_gemm.py)
+METHODS = {
+    "flash": (attention.FlashAttentionCache, FP32_TOL),
+    "gemm": (attention_gemm.GemmAttentionCache, BF16_TOL),
+}
+
+
+def checks(be: Backend, rng: np.random.Generator, methods=tuple(METHODS)) -> list[Check]:
     out = []
-    for B, T, S, NH, NKV, HS, packed, strided in cases(be.large):
+    for (B, T, S, NH, NKV, HS, packed, strided), method in itertools.product(cases(be.large), methods):
+        kind, tol = METHODS[method]
         q = f32(rng, B, T, NH, HS)
         S_cache = S + 11 if strided else S
         k_all = f32(rng, B, S_cache, NKV, HS)
@@ -56,21 +66,23 @@ def checks(be: Backend, rng: np.random.Generator) -> list[Check]:
         scale = HS**-0.5
         dy = f32(rng, B, T, NH * HS)
         case = f"B {B} T {T} S {S} NH {NH} NKV {NKV} HS {HS}{' packed' if packed else ''}"
-        case += " strided kv" if strided else ""
+        case += (" strided kv" if strided else "") + f" {method}"
 
-        def run(rt, q=q, k_all=k_all, v_all=v_all, S=S, mask=mask, scale=scale, dy=dy):
+        def run(
+            rt, q=q, k_all=k_all, v_all=v_all, S=S, mask=mask, scale=scale, dy=dy, method=method, kind=kind
+        ):
             kd, vd = be.put(k_all)[:, :S], be.put(v_all)[:, :S]
-            y, cache = attention.attention_forward_on(rt, be.put(q), kd, vd, be.put(mask), scale)
-            assert isinstance(cache, attention.FlashAttentionCache)
+            y, cache = attention.attention_forward_on(rt, be.put(q), kd, vd, be.put(mask), scale, method)
+            assert isinstance(cache, kind), type(cache)
             return y, attention.attention_backward_on(rt, be.put(dy), cache)
 
         y, (dq, dk, dv) = be.twice(run, f"attention {case}")
         yr, cr = attention.attention_forward_ref(f64(q), f64(k), f64(v), mask, scale)
         dqr, dkr, dvr = attention.attention_backward_ref(f64(dy), cr)
-        out.append(compare("attention_forward", case, y, yr, FP32_TOL))
-        out.append(compare("attention_backward.dq", case, dq, dqr, FP32_TOL))
-        out.append(compare("attention_backward.dk", case, dk, dkr, FP32_TOL))
-        out.append(compare("attention_backward.dv", case, dv, dvr, FP32_TOL))
+        out.append(compare("attention_forward", case, y, yr, tol))
+        out.append(compare("attention_backward.dq", case, dq, dqr, tol))
+        out.append(compare("attention_backward.dk", case, dk, dkr, tol))
+        out.append(compare("attention_backward.dv", case, dv, dvr, tol))
     return out
 
 
@@ -86,8 +98,41 @@ def test_tile_classes(backend, fresh_rng):
     q = f32(fresh_rng, B, T, 2, 8)
     kv = f32(fresh_rng, B, T, 1, 8)
     _, cache = attention.attention_forward_on(
-        backend.rt, backend.put(q), backend.put(kv), backend.put(kv), backend.put(mask), 0.3
+        backend.rt, backend.put(q), backend.put(kv), backend.put(kv), backend.put(mask), 0.3, "flash"
     )
     tiles = backend.get(cache.p.tiles)[0]
     expect = np.array([[2, 0, 0], [1, 2, 0], [1, 1, 2]], np.uint8)
     np.testing.assert_array_equal(tiles, expect)
+
+
+def test_gemm_path_is_chosen_for_long_rows_and_runs_in_chunks(backend, fresh_rng, monkeypatch):
+    """Without a method, rows of GEMM_MIN_T queries or more take the tensor cores and shorter ones
+    (decoding) the flash kernels. With a chunk budget of one entry's scores, the gemm path goes
+    through the B*NKV entries one at a time and gives the same bits as in one chunk; a query row that
+    sees no key gives 0, as the flash kernels do."""
+    B, T, NH, NKV, HS = 2, attention_gemm.GEMM_MIN_T, 4, 2, 16
+    q = f32(fresh_rng, B, T, NH, HS)
+    k = f32(fresh_rng, B, T, NKV, HS)
+    v = f32(fresh_rng, B, T, NKV, HS)
+    dy = f32(fresh_rng, B, T, NH * HS)
+    mask = _mask(fresh_rng, B, T, T, packed=True)
+    mask[1, 5] = False  # a row with no visible key
+    put = backend.put
+
+    def run(rt):
+        y, cache = attention.attention_forward_on(rt, put(q), put(k), put(v), put(mask), 0.25)
+        assert isinstance(cache, attention_gemm.GemmAttentionCache)
+        return y, attention.attention_backward_on(rt, put(dy), cache)
+
+    whole = backend.get(run(backend.rt))
+    monkeypatch.setattr(attention_gemm, "CHUNK_BYTES", 12 * (NH // NKV) * T * T)
+    assert len(attention_gemm._chunks(B * NKV, (NH // NKV) * T * T)) == B * NKV
+    chunked = backend.get(run(backend.rt))
+    for a, b in zip(_leaves(whole), _leaves(chunked), strict=True):
+        np.testing.assert_array_equal(a[1], b[1], err_msg=a[0])
+    y = whole[0].reshape(B, T, NH, HS)
+    assert not y[1, 5].any() and np.isfinite(y).all()
+    _, short = attention.attention_forward_on(
+        backend.rt, put(q[:, :1]), put(k), put(v), put(mask[:, :1]), 0.25
+    )
+    assert isinstance(short, attention.FlashAttentionCache)
