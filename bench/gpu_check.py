@@ -173,6 +173,9 @@ TRAIN_ARCHS = ("llama", "qwen3", "qwen3moe", "qwen2moe")  # dense (NORM and NEOX
 TRAIN_CE_TOL = 2e-2  # |ce_gpu - ce_cpu| / ce_cpu at every step: bf16 frozen weights, fp32 accumulation
 TRAIN_GRAD_TOL = 5e-2  # |gnorm_gpu - gnorm_cpu| / gnorm_cpu at every step (before clipping)
 GEN_TOKENS = 8  # greedy tokens of the generation check
+# the CPU's logits with the exported adapter against the device's, max |diff| / max |logit|: the
+# device multiplies bf16 roundings of the weights (5e-3..1.2e-2 measured on an H100, 10 steps)
+ADAPTER_LOGIT_TOL = 2e-2
 PROMPT = (1, 40, 41, 42, 43)
 
 
@@ -282,7 +285,7 @@ def gen_row(arch: str, path: str, model, trainer) -> dict:
     (engine.io.export.export_adapter, llama.cpp's layout), read back with LoraAdapter.load against
     the CPU model: how many greedy tokens the CPU agrees on, and the largest difference of the CPU's
     logits from the device's over the same tokens, relative to the largest logit (max rel err
-    column; must be within TRAIN_CE_TOL).
+    column; must be within ADAPTER_LOGIT_TOL).
 
     Passes when the cached tokens are the full pass's argmax at every position, or when the first
     that differs is a near tie in the full pass (two logits within 1e-3 of the largest's magnitude)."""
@@ -323,8 +326,8 @@ def gen_row(arch: str, path: str, model, trainer) -> dict:
         case = (
             f"{len(got)} greedy, cache vs full; exported adapter on cpu: {agree}/{len(got)}, logits {gap:.1e}"
         )
-        ok = ok and gap <= TRAIN_CE_TOL
-        if gap > TRAIN_CE_TOL:
+        ok = ok and gap <= ADAPTER_LOGIT_TOL
+        if gap > ADAPTER_LOGIT_TOL:
             note = (note + f"; cpu logits with the exported adapter differ by {gap:.2e} (max rel)").strip(
                 "; "
             )

@@ -621,7 +621,7 @@ class CudaRuntime(Runtime):
         beta_h = np.array(beta, dtype=np.float32)
         mode = cublas.getPointerMode(handle)
         cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-        row = -2 if count else 0  # the axis of the matrices' rows
+        row = 0 if count is None else 1  # the axis of the matrices' rows
         ops = (
             cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N,
             cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N,
