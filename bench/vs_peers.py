@@ -42,6 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from bench.common import SHAPES, forward_flops, matmul_rate  # noqa: E402
+from engine._blas_env import SPIN_LOG2  # noqa: E402
 from engine.io.synth import SynthSpec, write_model  # noqa: E402
 
 WORKLOADS = {
@@ -234,6 +235,10 @@ def measure(who: str, workload: str, python: str, args) -> dict | None:
     if args.llama_finetune:
         cmd += ["--llama-finetune", args.llama_finetune]
     env = dict(os.environ, PYTHONPATH=ROOT)
+    # the OpenBLAS spin our engine asks for when it is imported before NumPy, as in the app and the
+    # CLI (engine/_blas_env.py); this script loads NumPy first, so each child is given it (torch's
+    # own BLAS does not read it)
+    env.setdefault("OPENBLAS_THREAD_TIMEOUT", SPIN_LOG2)
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
         tail = (out.stderr.strip().splitlines() or [f"exit {out.returncode}"])[-1]

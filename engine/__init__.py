@@ -4,6 +4,7 @@ training, generation, export.
 Runs on NumPy (CPU); imports nothing from Qt. The studio and the CLI use the names exported here.
 """
 
+from . import _blas_env  # noqa: F401 - first: OpenBLAS's spin, before anything loads NumPy
 from .backend import Backend, Device, available_devices, select_backend
 from .errors import (
     ConfigError,

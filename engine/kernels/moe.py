@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..backend import array_module, to_host
+from .cpu_workers import run_each
 from .cuda import KernelSource, get_kernel
 from .linear import LoraTerm
 from .swiglu import SwigluCache, silu, swiglu_backward_ref
@@ -104,6 +105,11 @@ class ExpertsCache(NamedTuple):
     loras: tuple[LoraTerm | None, LoraTerm | None, LoraTerm | None]  # gate, up, down
 
 
+def routed_experts(routing: Routing) -> list[int]:
+    """The experts that received at least one token-slot pair, in id order."""
+    return np.flatnonzero(np.diff(routing.offsets) > 0).tolist()
+
+
 def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int):
     """Expert e's projection of its rows: (xe W_e^T (+ s (xe A_e^T) B_e^T), xa = xe A_e^T or None).
     The base product is taken as (W_e xe^T)^T: with the few rows an expert gets (~32), OpenBLAS runs
@@ -144,18 +150,16 @@ def experts_forward_ref(
     x (N, C); w_gate/w_up (E, F, C); w_down (E, C, F), each an array or a lazy stack that gives
     one expert's matrix for `w[e]` (only the experts that receive tokens are read); expert LoRA
     A (E, r, n_in), B (E, n_out, r). Each expert runs once on the rows routed to it (the MUL_MAT_ID
-    pattern), in the order of `routing.order`, which the backward pass reuses.
+    pattern), in the order of `routing.order`, which the backward pass reuses. Experts are
+    independent pieces: with more than one CPU worker they run side by side
+    (engine.kernels.cpu_workers), each writing only its own rows, with the same results.
     """
     N, C = x.shape
     K = routing.topk.shape[1]
-    E = len(routing.offsets) - 1
     pair_out = np.zeros((N * K, C), dtype=x.dtype)  # expert output per (token, slot) pair, unweighted
-    per_expert = []
-    for e in range(E):
-        lo, hi = routing.offsets[e], routing.offsets[e + 1]
-        if lo == hi:
-            continue
-        pairs = routing.order[lo:hi]
+
+    def expert(e: int) -> ExpertActs:
+        pairs = routing.order[routing.offsets[e] : routing.offsets[e + 1]]
         xe = x[pairs // K]  # (n_e, C)
         g, xa_g = expert_linear(xe, w_gate, lora_gate, e)  # (n_e, F)
         u, xa_u = expert_linear(xe, w_up, lora_up, e)
@@ -163,7 +167,9 @@ def experts_forward_ref(
         h = sg * u
         ye, ha_d = expert_linear(h, w_down, lora_down, e)  # (n_e, C)
         pair_out[pairs] = ye
-        per_expert.append(ExpertActs(e, pairs, g, u, sg, h, xa_g, xa_u, ha_d))
+        return ExpertActs(e, pairs, g, u, sg, h, xa_g, xa_u, ha_d)
+
+    per_expert = run_each(expert, routed_experts(routing))
     y = np.einsum("nkc,nk->nc", pair_out.reshape(N, K, C), routing.weights.astype(x.dtype))
     return y, ExpertsCache(x, routing, pair_out, per_expert, (lora_gate, lora_up, lora_down))
 
@@ -193,7 +199,9 @@ def experts_backward_ref(dy: np.ndarray, cache: ExpertsCache, w_gate, w_up, w_do
     for name, lora in (("gate", lora_gate), ("up", lora_up), ("down", lora_down)):
         if lora is not None:
             dlora[name] = (np.zeros_like(lora.A), np.zeros_like(lora.B))
-    for e, pairs, g, u, sg, h, xa_g, xa_u, ha_d in per_expert:
+
+    def expert(acts: ExpertActs) -> None:  # writes expert e's rows of dx_pairs, its slices of dW, dlora
+        e, pairs, g, u, sg, h, xa_g, xa_u, ha_d = acts
         xe = x[pairs // K]  # (n_e, C)
         do_e = do[pairs]  # (n_e, C)
         dh = expert_linear_backward(do_e, h, ha_d, w_down, lora_down, e, dlora.get("down"))  # (n_e, F)
@@ -205,6 +213,8 @@ def experts_backward_ref(dy: np.ndarray, cache: ExpertsCache, w_gate, w_up, w_do
             dW["gate"][e] = dg.T @ xe
             dW["up"][e] = du.T @ xe
         dx_pairs[pairs] = dxe
+
+    run_each(expert, per_expert)
     dx = dx_pairs.reshape(N, K, C).sum(axis=1)
     return dx, dweights, dW, dlora
 

@@ -21,9 +21,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .cpu_workers import run_each
 from .glu import SwigluOaiCache, swiglu_oai_backward_ref, swiglu_oai_forward_ref
 from .linear import LoraTerm
-from .moe import Routing, expert_linear, expert_linear_backward
+from .moe import Routing, expert_linear, expert_linear_backward, routed_experts
 from .swiglu import SwigluCache, swiglu_backward_ref, swiglu_forward_ref
 
 GATINGS = ("softmax", "sigmoid", "softmax_selected")
@@ -175,14 +176,10 @@ def experts_ext_forward_ref(
     fwd, _ = _acts(act)
     N, C = x.shape
     K = routing.topk.shape[1]
-    E = len(routing.offsets) - 1
     pair_out = np.zeros((N * K, C), dtype=x.dtype)
-    per_expert = []
-    for e in range(E):
-        lo, hi = routing.offsets[e], routing.offsets[e + 1]
-        if lo == hi:
-            continue
-        pairs = routing.order[lo:hi]
+
+    def expert(e: int) -> ExpertExtActs:  # writes expert e's rows of pair_out
+        pairs = routing.order[routing.offsets[e] : routing.offsets[e + 1]]
         xe = x[pairs // K]  # (n_e, C)
         g, xa_g = expert_linear(xe, w_gate, lora_gate, e)  # (n_e, F)
         u, xa_u = expert_linear(xe, w_up, lora_up, e)
@@ -195,7 +192,9 @@ def experts_ext_forward_ref(
         if b_down is not None:
             ye = ye + b_down[e]
         pair_out[pairs] = ye
-        per_expert.append(ExpertExtActs(e, pairs, c_act, h, xa_g, xa_u, ha_d))
+        return ExpertExtActs(e, pairs, c_act, h, xa_g, xa_u, ha_d)
+
+    per_expert = run_each(expert, routed_experts(routing))  # side by side on CPU workers
     y = np.einsum("nkc,nk->nc", pair_out.reshape(N, K, C), routing.weights.astype(x.dtype))
     biases = (b_gate is not None, b_up is not None, b_down is not None)
     cache = ExpertsExtCache(x, routing, pair_out, per_expert, (lora_gate, lora_up, lora_down), biases, act)
@@ -231,7 +230,9 @@ def experts_ext_backward_ref(dy: np.ndarray, cache: ExpertsExtCache, w_gate, w_u
     for name, lora in (("gate", lora_gate), ("up", lora_up), ("down", lora_down)):
         if lora is not None:
             dlora[name] = (np.zeros_like(lora.A), np.zeros_like(lora.B))
-    for e, pairs, c_act, h, xa_g, xa_u, ha_d in per_expert:
+
+    def expert(acts: ExpertExtActs) -> None:  # writes expert e's rows of dx_pairs and slices of dW, db, dlora
+        e, pairs, c_act, h, xa_g, xa_u, ha_d = acts
         xe = x[pairs // K]  # (n_e, C)
         do_e = do[pairs]  # (n_e, C)
         dh = expert_linear_backward(do_e, h, ha_d, w_down, lora_down, e, dlora.get("down"))  # (n_e, F)
@@ -247,5 +248,7 @@ def experts_ext_backward_ref(dy: np.ndarray, cache: ExpertsExtCache, w_gate, w_u
                 if name in db:
                     db[name][e] = d.sum(axis=0)
         dx_pairs[pairs] = dxe
+
+    run_each(expert, per_expert)
     dx = dx_pairs.reshape(N, K, C).sum(axis=1)
     return dx, dweights, dW, db, dlora

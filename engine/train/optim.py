@@ -39,6 +39,7 @@ import numpy as np
 
 from ..backend import array_module, to_host
 from ..kernels.adamw import SUMSQ_CHUNK, sumsq, sumsq_fast
+from ..kernels.cpu_workers import run_each
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +152,16 @@ def _adamw_update(p, m, v, g, gbuf, tmp, dbuf, gclip, scale, b1, b2, eps, bc2_sq
     dbuf += tmp
     p -= dbuf
     return dbuf
+
+
+def _update_chunk(piece: tuple) -> tuple[float, float]:
+    """`_adamw_update` on one chunk of a contiguous float32 param, with scratch of its own (chunks
+    may run side by side): returns the float32 BLAS dots of its update and of its new values, the
+    chunk sums `sumsq_fast` takes."""
+    (p, m, v, g), args = piece
+    gbuf, tmp, dbuf = (np.empty(p.size, np.float32) for _ in range(3))
+    delta = _adamw_update(p, m, v, g, gbuf, tmp, dbuf, *args)
+    return float(np.dot(delta, delta)), float(np.dot(p, p))
 
 
 def _exceeds(g: np.ndarray, bound: float) -> bool:
@@ -321,7 +332,7 @@ class AdamW:
             return self._step_on_device(grads, names, lr)
 
         # Pass 1: norms before and after element-wise clipping, for the global-norm clip.
-        grad_norm = math.sqrt(sum(_sumsq(grads[name]) for name in names))
+        grad_norm = math.sqrt(sum(run_each(lambda name: _sumsq(grads[name]), names)))  # added in order
         if not math.isfinite(grad_norm):
             logger.warning(
                 "non-finite gradient norm %s at step %d: update skipped", grad_norm, self.step_count
@@ -342,13 +353,15 @@ class AdamW:
 
         # Pass 2: per param, clipped grad -> moments -> update, chunk by chunk (a chunk's dozen
         # element-wise passes run in the cache), the update's and the param's sums of squares taken
-        # on the way, in the chunks and order of `sumsq`.
+        # on the way, in the chunks and order of `sumsq`. Chunks are independent pieces: with more
+        # than one CPU worker they run side by side (engine.kernels.cpu_workers); their sums are
+        # added below in the sequential order, so every bit is the same either way.
         b1, b2 = cfg.betas
-        update_sumsq = param_sumsq = 0.0
-        for name in names:
+        owner: list[int] = []  # per piece, the index in `names` of its param
+        sums: list[tuple[float, float] | None] = []  # per piece, (update, param) sums of squares
+        chunks: list[tuple] = []  # what `_update_chunk` takes, for the pieces whose sums are None
+        for k, name in enumerate(names):
             p, m, v = self.params[name], self._m[name], self._v[name]
-            gbuf, tmp = self._buffers(p)
-            dbuf = self._decay_buffer(p)
             self._t[name] += 1
             t = self._t[name]
             decay = lr * cfg.weight_decay if cfg.weight_decay > 0.0 and self.decays(name) else 0.0
@@ -360,19 +373,26 @@ class AdamW:
                 and v.flags.c_contiguous
                 and p.dtype == np.float32
             ):
-                pf, mf, vf, gf = p.reshape(-1), m.reshape(-1), v.reshape(-1), g.reshape(-1)
-                gb, tb, db = gbuf.reshape(-1), tmp.reshape(-1), dbuf.reshape(-1)
+                flat = tuple(a.reshape(-1) for a in (p, m, v, g))
+                for lo in range(0, p.size, SUMSQ_CHUNK):
+                    owner.append(k)
+                    sums.append(None)
+                    chunks.append((tuple(a[lo : lo + SUMSQ_CHUNK] for a in flat), args))
+            else:  # in line, with the optimizer's scratch (shared by every param, so never side by side)
+                delta = _adamw_update(p, m, v, g, *self._buffers(p), self._decay_buffer(p), *args)
+                owner.append(k)
+                sums.append((sumsq_fast(delta), sumsq_fast(p)))
+        done = iter(run_each(_update_chunk, chunks))
+        sums = [s if s is not None else next(done) for s in sums]
+        update_sumsq = param_sumsq = 0.0
+        du = dp = 0.0
+        for i, (k, (u2, p2)) in enumerate(zip(owner, sums, strict=True)):
+            du += u2
+            dp += p2
+            if i + 1 == len(owner) or owner[i + 1] != k:  # the param's last piece
+                update_sumsq += du
+                param_sumsq += dp
                 du = dp = 0.0
-                for lo in range(0, pf.size, SUMSQ_CHUNK):
-                    c = slice(lo, lo + SUMSQ_CHUNK)
-                    delta = _adamw_update(pf[c], mf[c], vf[c], gf[c], gb[c], tb[c], db[c], *args)
-                    du += float(np.dot(delta, delta))
-                    dp += float(np.dot(pf[c], pf[c]))
-            else:
-                delta = _adamw_update(p, m, v, g, gbuf, tmp, dbuf, *args)
-                du, dp = sumsq_fast(delta), sumsq_fast(p)
-            update_sumsq += du
-            param_sumsq += dp
         touched = set(names)
         for name, p in self.params.items():
             if name not in touched:

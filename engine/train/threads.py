@@ -9,7 +9,9 @@ start of every other engine job (generation, logits, reward steps), the engine c
 processes (`procs_running` of /proc/stat, minus this process's runnable threads) and sets the
 thread count to the usable cores minus that count (at least one), using the lower median of the
 last three samples so that one busy moment does not flip it. Threads are set with threadpoolctl,
-for every BLAS NumPy loaded.
+for every BLAS NumPy loaded. The same count is the number of Python workers that ops made of
+independent pieces (MoE experts, the optimizer's chunks) run on, one BLAS thread each
+(engine.kernels.cpu_workers).
 
 A thread count the user chose (`OPENBLAS_NUM_THREADS`, `OMP_NUM_THREADS`, `MKL_NUM_THREADS` in the
 environment) is left alone, as is everything on a system without /proc (the count stays as BLAS
@@ -21,11 +23,16 @@ from __future__ import annotations
 import collections
 import logging
 import os
+import time
+
+from ..kernels.cpu_workers import set_workers
 
 log = logging.getLogger(__name__)
 
 USER_SETTINGS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 SAMPLES = 3  # the median of this many step-start samples decides
+READS = 3  # a sample is the fewest runnable threads of other programs over this many reads...
+READ_GAP_S = 2e-4  # ...this far apart
 
 
 def usable_cores() -> int:
@@ -66,8 +73,15 @@ def own_running(task_dir: str = "/proc/self/task") -> int:
 class BlasThreads:
     """Sets the BLAS thread count before each training step (see the module docstring)."""
 
-    def __init__(self, cores: int | None = None, stat: str = "/proc/stat", task_dir: str = "/proc/self/task"):
+    def __init__(
+        self,
+        cores: int | None = None,
+        stat: str = "/proc/stat",
+        task_dir: str = "/proc/self/task",
+        publish: bool = False,
+    ):
         self.cores = cores or usable_cores()
+        self.publish = publish  # the process's controller: also sets engine.kernels.cpu_workers' count
         self.stat, self.task_dir = stat, task_dir
         self.user_set = next((k for k in USER_SETTINGS if os.environ.get(k)), None)
         self.samples: collections.deque[int] = collections.deque(maxlen=SAMPLES)
@@ -75,11 +89,25 @@ class BlasThreads:
         self._controller = None
 
     def others_busy(self) -> int | None:
-        """Runnable threads of other processes now, or None when /proc cannot tell."""
-        total = procs_running(self.stat)
-        if total is None:
-            return None
-        return max(0, total - own_running(self.task_dir))
+        """Runnable threads of other processes now, or None when /proc cannot tell.
+
+        This process's runnable threads are counted just before and just after the system's, and
+        the larger count is taken off: a thread of ours that is going to sleep in between (a CPU
+        worker or BLAS thread just done with the last step) was counted by the system while it ran,
+        and would otherwise pass for another program's. The fewest of `READS` such counts,
+        `READ_GAP_S` apart, is the answer: a busy program is runnable at every read, a kernel
+        thread's moment of work (kworker, kcompactd: seen flipping a quiet run to one thread for
+        three steps) at one."""
+        counts = []
+        for i in range(READS):
+            if i:
+                time.sleep(READ_GAP_S)
+            before = own_running(self.task_dir)
+            total = procs_running(self.stat)
+            if total is None:
+                return None
+            counts.append(max(0, total - max(before, own_running(self.task_dir))))
+        return min(counts)
 
     def choose(self) -> int | None:
         """The thread count for the next step from a new sample (None: leave BLAS as it is)."""
@@ -109,6 +137,8 @@ class BlasThreads:
             busy = self.cores - n
             log.info("BLAS threads %d -> %d (other programs keep %d cores busy)", self.threads, n, busy)
         self.threads = n
+        if self.publish:
+            set_workers(n)  # ops that split into pieces run them on as many Python workers
         return n
 
 
@@ -119,7 +149,7 @@ def adjust_blas_threads() -> int | None:
     """`BlasThreads.adjust()` of the process's one controller (made on first use)."""
     global _PROCESS
     if _PROCESS is None:
-        _PROCESS = BlasThreads()
+        _PROCESS = BlasThreads(publish=True)
     return _PROCESS.adjust()
 
 
