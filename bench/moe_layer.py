@@ -2,7 +2,8 @@
 trainer runs (engine.kernels.moe.experts_forward_ref / experts_backward_ref), with rank-r LoRA on
 the three expert tensors, and the rate of its base products against this machine's float32 matmul
 rate and the rate of a ~32-row expert product in the two layouts OpenBLAS is given
-(`x @ W.T` and `W @ x.T`, bench/CPU_NOTES.md).
+(`x @ W.T` and `W @ x.T`, bench/CPU_NOTES.md). The layer is timed in line and on the CPU workers
+the trainer uses when BLAS has two or more threads (engine.kernels.cpu_workers).
 
 Default: the OLMoE shape of bench/vs_peers.py (C = 1024, F_exp = 512, E = 64, K = 8, 256 tokens,
 rank 16), random weights and routing. Prints figures; never passes or fails.
@@ -18,13 +19,17 @@ import os
 import sys
 import time
 
-import numpy as np
+# the OpenBLAS spin the engine asks for (engine/_blas_env.py), set here because NumPy loads first
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "20")
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import fmt_rate, matmul_rate  # noqa: E402
-from engine.kernels import moe  # noqa: E402
+from engine.kernels import cpu_workers, moe  # noqa: E402
 from engine.kernels.linear import LoraTerm  # noqa: E402
+from engine.train.heap import keep_step_buffers  # noqa: E402
 
 
 def median_time(fn, repeats: int) -> float:
@@ -45,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--top-k", type=int, default=8)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--repeats", type=int, default=8)
+    p.add_argument("--workers", type=int, default=2, help="CPU workers of the second timing (default 2)")
     a = p.parse_args(argv)
     N, C, F, E, K, r = a.tokens, a.width, a.ffn, a.experts, a.top_k, a.rank
     rng = np.random.default_rng(0)
@@ -68,10 +74,15 @@ def main(argv: list[str] | None = None) -> None:
     def backward():
         moe.experts_backward_ref(dy, cache, w_gate, w_up, w_down)
 
-    for _ in range(2):
-        forward()
-        backward()
-    t_fwd, t_bwd = median_time(forward, a.repeats), median_time(backward, a.repeats)
+    keep_step_buffers()  # as the trainer does before its first step
+    times = {}
+    for count in (1, a.workers):  # in line, then on the CPU workers (engine.kernels.cpu_workers)
+        cpu_workers.set_workers(count)
+        for _ in range(2):
+            forward()
+            backward()
+        times[count] = median_time(forward, a.repeats), median_time(backward, a.repeats)
+    cpu_workers.set_workers(None)
     base = 3 * 2 * N * K * C * F  # the three base products of every routed pair, one pass
     rows = N * K // E
     xs = rng.standard_normal((E, rows, C), dtype=np.float32)
@@ -80,8 +91,11 @@ def main(argv: list[str] | None = None) -> None:
     flops_one = 2 * E * rows * C * F
     print(f"MoE layer: {N} tokens, C={C}, F={F}, E={E}, K={K}, LoRA rank {r} on gate/up/down; "
           f"float32 matmul rate here {fmt_rate(matmul_rate())}")  # fmt: skip
-    print(f"  forward  {t_fwd * 1e3:7.1f} ms  base products at {fmt_rate(base / t_fwd)}")
-    print(f"  backward {t_bwd * 1e3:7.1f} ms  base products (dx) at {fmt_rate(base / t_bwd)}")
+    for count, (t_fwd, t_bwd) in times.items():
+        how = "in line (BLAS as it is)" if count == 1 else f"{count} CPU workers, 1 BLAS thread each"
+        print(f"  {how}:")
+        print(f"    forward  {t_fwd * 1e3:7.1f} ms  base products at {fmt_rate(base / t_fwd)}")
+        print(f"    backward {t_bwd * 1e3:7.1f} ms  base products (dx) at {fmt_rate(base / t_bwd)}")
     print(f"  one {rows}-row product per expert: x @ W.T {fmt_rate(flops_one / t_xw)}, "
           f"W @ x.T {fmt_rate(flops_one / t_wx)}")  # fmt: skip
 

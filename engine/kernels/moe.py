@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..backend import array_module, to_host
-from .cpu_workers import run_each
+from .cpu_workers import PIECE_MIN_FLOPS, run_each
 from .cuda import KernelSource, get_kernel
 from .linear import LoraTerm
 from .swiglu import SwigluCache, silu, swiglu_backward_ref
@@ -110,17 +110,26 @@ def routed_experts(routing: Routing) -> list[int]:
     return np.flatnonzero(np.diff(routing.offsets) > 0).tolist()
 
 
+def experts_in_line(routing: Routing, C: int, F: int) -> bool:
+    """Whether the experts' pieces are too small for CPU workers: the three products' FLOPs of an
+    average routed expert under `PIECE_MIN_FLOPS` (engine.kernels.cpu_workers)."""
+    routed = max(1, int(np.count_nonzero(np.diff(routing.offsets))))
+    return 6.0 * len(routing.order) * C * F / routed < PIECE_MIN_FLOPS
+
+
 def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int):
     """Expert e's projection of its rows: (xe W_e^T (+ s (xe A_e^T) B_e^T), xa = xe A_e^T or None).
     The base product is taken as (W_e xe^T)^T: with the few rows an expert gets (~32), OpenBLAS runs
     the (n_out, n_in) x (n_in, n_e) form 35-45% faster than (n_e, n_in) x (n_in, n_out)
-    (bench/CPU_NOTES.md); y is then a column-major view, which every later use takes as it is."""
-    y = (w[e] @ xe.T).T
+    (bench/CPU_NOTES.md); y is then a column-major view, which every later use takes as it is. The
+    LoRA term is formed in the same transposed layout, so adding it is a contiguous pass; xa is
+    a column-major view too."""
+    yT = w[e] @ xe.T  # (n_out, n_e)
     if lora is None:
-        return y, None
-    xa = xe @ lora.A[e].T  # (n_e, r)
-    y += (lora.s * xa) @ lora.B[e].T  # the scale on the (n_e, r) factor: no (n_e, n_out) temporaries
-    return y, xa
+        return yT.T, None
+    xaT = lora.A[e] @ xe.T  # (r, n_e)
+    yT += lora.B[e] @ (lora.s * xaT)  # in yT's own layout: a contiguous add, the scale on the small factor
+    return yT.T, xaT.T
 
 
 def expert_linear_backward(dy: np.ndarray, xe: np.ndarray, xa, w, lora: LoraTerm | None, e: int, dlora):
@@ -169,7 +178,8 @@ def experts_forward_ref(
         pair_out[pairs] = ye
         return ExpertActs(e, pairs, g, u, sg, h, xa_g, xa_u, ha_d)
 
-    per_expert = run_each(expert, routed_experts(routing))
+    in_line = experts_in_line(routing, C, w_gate.shape[1])  # too small for CPU workers
+    per_expert = run_each(expert, routed_experts(routing), in_line=in_line)
     y = np.einsum("nkc,nk->nc", pair_out.reshape(N, K, C), routing.weights.astype(x.dtype))
     return y, ExpertsCache(x, routing, pair_out, per_expert, (lora_gate, lora_up, lora_down))
 
@@ -214,7 +224,7 @@ def experts_backward_ref(dy: np.ndarray, cache: ExpertsCache, w_gate, w_up, w_do
             dW["up"][e] = du.T @ xe
         dx_pairs[pairs] = dxe
 
-    run_each(expert, per_expert)
+    run_each(expert, per_expert, in_line=experts_in_line(routing, C, w_gate.shape[1]))
     dx = dx_pairs.reshape(N, K, C).sum(axis=1)
     return dx, dweights, dW, dlora
 

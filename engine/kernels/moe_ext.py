@@ -24,7 +24,7 @@ import numpy as np
 from .cpu_workers import run_each
 from .glu import SwigluOaiCache, swiglu_oai_backward_ref, swiglu_oai_forward_ref
 from .linear import LoraTerm
-from .moe import Routing, expert_linear, expert_linear_backward, routed_experts
+from .moe import Routing, expert_linear, expert_linear_backward, experts_in_line, routed_experts
 from .swiglu import SwigluCache, swiglu_backward_ref, swiglu_forward_ref
 
 GATINGS = ("softmax", "sigmoid", "softmax_selected")
@@ -194,7 +194,8 @@ def experts_ext_forward_ref(
         pair_out[pairs] = ye
         return ExpertExtActs(e, pairs, c_act, h, xa_g, xa_u, ha_d)
 
-    per_expert = run_each(expert, routed_experts(routing))  # side by side on CPU workers
+    in_line = experts_in_line(routing, C, w_gate.shape[1])
+    per_expert = run_each(expert, routed_experts(routing), in_line=in_line)  # side by side on CPU workers
     y = np.einsum("nkc,nk->nc", pair_out.reshape(N, K, C), routing.weights.astype(x.dtype))
     biases = (b_gate is not None, b_up is not None, b_down is not None)
     cache = ExpertsExtCache(x, routing, pair_out, per_expert, (lora_gate, lora_up, lora_down), biases, act)
@@ -249,6 +250,6 @@ def experts_ext_backward_ref(dy: np.ndarray, cache: ExpertsExtCache, w_gate, w_u
                     db[name][e] = d.sum(axis=0)
         dx_pairs[pairs] = dxe
 
-    run_each(expert, per_expert)
+    run_each(expert, per_expert, in_line=experts_in_line(routing, C, w_gate.shape[1]))
     dx = dx_pairs.reshape(N, K, C).sum(axis=1)
     return dx, dweights, dW, db, dlora

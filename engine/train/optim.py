@@ -44,6 +44,10 @@ from ..kernels.cpu_workers import run_each
 logger = logging.getLogger(__name__)
 
 SCHEDULES = ("constant", "linear", "cosine")
+# Fewer values than this are updated in line, not on CPU workers (engine.kernels.cpu_workers): the
+# tiny models' optimizer steps (tens of thousands of values, chunks of a few microseconds) only pay
+# the hand-off; 5.5M values took 12 ms on two workers against 18 ms in line (bench/CPU_NOTES.md).
+PARALLEL_MIN_VALUES = 1 << 20
 STATE_KIND = "adamw"
 
 
@@ -332,7 +336,9 @@ class AdamW:
             return self._step_on_device(grads, names, lr)
 
         # Pass 1: norms before and after element-wise clipping, for the global-norm clip.
-        grad_norm = math.sqrt(sum(run_each(lambda name: _sumsq(grads[name]), names)))  # added in order
+        small = sum(grads[name].size for name in names) < PARALLEL_MIN_VALUES  # in line, not on workers
+        grad_sumsq = run_each(lambda name: _sumsq(grads[name]), names, in_line=small)  # per param, in order
+        grad_norm = math.sqrt(sum(grad_sumsq))
         if not math.isfinite(grad_norm):
             logger.warning(
                 "non-finite gradient norm %s at step %d: update skipped", grad_norm, self.step_count
@@ -382,7 +388,7 @@ class AdamW:
                 delta = _adamw_update(p, m, v, g, *self._buffers(p), self._decay_buffer(p), *args)
                 owner.append(k)
                 sums.append((sumsq_fast(delta), sumsq_fast(p)))
-        done = iter(run_each(_update_chunk, chunks))
+        done = iter(run_each(_update_chunk, chunks, in_line=small))
         sums = [s if s is not None else next(done) for s in sums]
         update_sumsq = param_sumsq = 0.0
         du = dp = 0.0

@@ -12,7 +12,7 @@ import pytest
 from engine.kernels import cpu_workers, moe, moe_ext
 from engine.kernels.cpu_workers import CpuWorkers, spin_is_short
 from engine.kernels.linear import LoraTerm
-from engine.train import threads
+from engine.train import optim, threads
 from engine.train.optim import AdamW, OptimConfig
 
 
@@ -163,22 +163,39 @@ def run_moe(case, ext: bool):
     return y, back
 
 
+def spy_on_runs(monkeypatch) -> list[tuple[int, bool]]:
+    """Record (items, in_line) of every run_each from now on."""
+    runs = []
+    real = cpu_workers.CpuWorkers.run_each
+
+    def spy(self, fn, items, *, in_line=False):
+        runs.append((len(items), in_line))
+        return real(self, fn, items, in_line=in_line)
+
+    monkeypatch.setattr(cpu_workers.CpuWorkers, "run_each", spy)
+    return runs
+
+
 @pytest.mark.parametrize("ext", [False, True], ids=["moe", "moe_ext"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_experts_give_the_same_bits_on_two_workers(monkeypatch, ext, seed):
     case = moe_case(seed)
     in_line = run_moe(case, ext)
     monkeypatch.setattr(cpu_workers, "_PROCESS", two_workers())
-    seen = set()
-    real = cpu_workers.CpuWorkers.run_each
-
-    def spy(self, fn, items):
-        seen.add(len(items))
-        return real(self, fn, items)
-
-    monkeypatch.setattr(cpu_workers.CpuWorkers, "run_each", spy)
+    monkeypatch.setattr(moe, "PIECE_MIN_FLOPS", 0.0)  # these tiny experts are worth workers here
+    runs = spy_on_runs(monkeypatch)
     assert_same_bits(in_line, run_moe(case, ext))
-    assert max(seen) > 1  # the experts did go through the workers
+    assert len(runs) == 2 and all(n > 1 and not line for n, line in runs)  # forward and backward
+
+
+@pytest.mark.parametrize("ext", [False, True], ids=["moe", "moe_ext"])
+def test_tiny_experts_stay_in_line(monkeypatch, ext):
+    monkeypatch.setattr(cpu_workers, "_PROCESS", two_workers())
+    runs = spy_on_runs(monkeypatch)
+    run_moe(moe_case(0), ext)  # ~0.1 MFLOP an expert
+    assert len(runs) == 2 and all(line for _, line in runs)
+    x, routing, (w_gate, _, _), *_ = moe_case(0, E=64, K=8, N=256, C=1024, F=512)
+    assert not moe.experts_in_line(routing, 1024, 512)  # the OLMoE shape: ~100 MFLOP an expert
 
 
 def optimizer_case():
@@ -200,7 +217,13 @@ def run_optimizer():
 def test_adamw_gives_the_same_bits_on_two_workers(monkeypatch):
     p1, o1, s1 = run_optimizer()
     monkeypatch.setattr(cpu_workers, "_PROCESS", two_workers())
+    runs = spy_on_runs(monkeypatch)
+    assert_same_bits(run_optimizer()[0], p1)  # 240k values: updated in line
+    assert runs and all(line for _, line in runs)
+    monkeypatch.setattr(optim, "PARALLEL_MIN_VALUES", 0)
+    runs.clear()
     p2, o2, s2 = run_optimizer()
+    assert any(n > 1 and not line for n, line in runs)
     assert_same_bits(p1, p2)
     assert_same_bits(o1._m, o2._m)
     assert_same_bits(o1._v, o2._v)
