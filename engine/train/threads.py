@@ -96,8 +96,9 @@ class BlasThreads:
         worker or BLAS thread just done with the last step) was counted by the system while it ran,
         and would otherwise pass for another program's. The fewest of `READS` such counts,
         `READ_GAP_S` apart, is the answer: a busy program is runnable at every read, a kernel
-        thread's moment of work (kworker, kcompactd: seen flipping a quiet run to one thread for
-        three steps) at one."""
+        thread's moment of work (kworker, kcompactd: runnable now and then in a quiet run) at one.
+        Without it, two of five quiet runs dropped to one thread for 3-4 steps (bench/CPU_NOTES.md,
+        change 9)."""
         counts = []
         for i in range(READS):
             if i:
