@@ -18,15 +18,15 @@ does not change its sums (bit for bit the same MoE layer and optimizer step eith
 tests/engine/test_cpu_workers.py).
 
 How many workers: the BLAS thread count the engine chose for this step (engine.train.threads calls
-`set_workers` each time it sets BLAS threads: the cores other programs leave free), when the BLAS is
-OpenBLAS and its idle threads sleep soon after a call (`OPENBLAS_THREAD_TIMEOUT` at most
+`set_workers` each time it sets BLAS threads: the cores other programs leave free), provided the
+BLAS is OpenBLAS and its idle threads sleep soon after a call (`OPENBLAS_THREAD_TIMEOUT` at most
 `MAX_SPIN_LOG2`, which engine/_blas_env.py asks for): with OpenBLAS's default spin (0.1 s) the
 thread of the 2-thread call just before a run spins on beside both workers, and the experts ran
-30% slower than in line. Otherwise, until then, when the user fixed the BLAS thread count
-(`OPENBLAS_NUM_THREADS` and friends), or with one core, pieces run one after another on the
-calling thread with BLAS as it is. A call made from inside a worker, or
-while another thread's `run_each` is under way, also runs in line (never a deadlock, never more
-threads than cores).
+30% slower than in line. In every other case (a long spin, another BLAS, a thread count the user
+fixed with `OPENBLAS_NUM_THREADS` and friends, one core, before the first step) pieces run one
+after another on the calling thread with BLAS as it is. A call made from inside a worker, or while
+another thread's `run_each` is under way, also runs in line (never a deadlock, never more threads
+than cores).
 
 The worker count, the pool and the BLAS handle are process state on purpose: BLAS's thread count is
 one setting for the whole process, and the pool mirrors it (as engine.train.threads does).

@@ -163,7 +163,8 @@ def _update_chunk(piece: tuple) -> tuple[float, float]:
     may run side by side): returns the float32 BLAS dots of its update and of its new values, the
     chunk sums `sumsq_fast` takes."""
     (p, m, v, g), args = piece
-    gbuf, tmp, dbuf = (np.empty(p.size, np.float32) for _ in range(3))
+    gbuf, tmp = np.empty(p.size, np.float32), np.empty(p.size, np.float32)
+    dbuf = np.empty(p.size, np.float32) if args[-1] else None  # only weight decay writes it
     delta = _adamw_update(p, m, v, g, gbuf, tmp, dbuf, *args)
     return float(np.dot(delta, delta)), float(np.dot(p, p))
 

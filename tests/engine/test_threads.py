@@ -102,3 +102,21 @@ def test_every_engine_job_and_every_training_step_adjusts_the_process_controller
     session.train(lambda e: None, lambda: False)
     assert len(calls) == 2 + 1 + 3  # the training job at its start, then before each of its 3 steps
     assert all(c is calls[0] for c in calls)  # the same controller throughout
+
+
+def test_our_thread_going_to_sleep_between_the_counts_is_not_another_program(monkeypatch):
+    """The system's count includes a thread of ours that runs at that moment; counted just after, it
+    may already sleep. Ours are counted before and after, and the larger count is taken off."""
+    reads = iter([1, 0] * 3)  # own_running before, then after, at each of the three reads
+    monkeypatch.setattr(threads, "own_running", lambda task_dir: next(reads))
+    monkeypatch.setattr(threads, "procs_running", lambda stat: 1)  # that thread of ours, running
+    assert BlasThreads(cores=2).others_busy() == 0
+
+
+@pytest.mark.parametrize("totals, busy", [([1, 0, 0], 0), ([0, 0, 1], 0), ([1, 1, 1], 1), ([2, 1, 2], 1)])
+def test_a_sample_is_the_fewest_of_three_reads(monkeypatch, totals, busy):
+    """A kernel thread runnable at one read is a moment's work; a busy program is there every time."""
+    monkeypatch.setattr(threads, "own_running", lambda task_dir: 0)
+    reads = iter(totals)
+    monkeypatch.setattr(threads, "procs_running", lambda stat: next(reads))
+    assert BlasThreads(cores=2).others_busy() == busy
