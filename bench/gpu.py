@@ -366,7 +366,7 @@ def main() -> int:
         try:
             import cupy as cp
 
-            from engine.kernels.cuda import cuda_runtime
+            from engine.kernels.runtime import cuda_runtime
 
             rt = cuda_runtime()
             props = cp.cuda.runtime.getDeviceProperties(0)

@@ -384,10 +384,10 @@ def main() -> int:
         rng = np.random.default_rng(seed)
         props = cp.cuda.runtime.getDeviceProperties(0)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-        from engine.kernels import cuda as kcuda
+        from engine.kernels import nvrtc
 
         print(
-            f"device: {name}, CuPy {cp.__version__}, NVRTC {kcuda.nvrtc_version()}, seed {seed}", flush=True
+            f"device: {name}, CuPy {cp.__version__}, NVRTC {nvrtc.nvrtc_version()}, seed {seed}", flush=True
         )
         rows = dispatch_rows(cp)
         rows += dense_rows(Backend("gpu", cp, large=not args.small), rng, only)

@@ -293,7 +293,7 @@ def _kernel_categories() -> dict[str, str]:
     """Kernel name -> "ours: <KernelSource name>" for every engine kernel (empty when the engine is
     not importable, as in a peer without it)."""
     try:
-        from engine.kernels.cuda import all_sources
+        from engine.kernels.nvrtc import all_sources
 
         return {k: f"ours: {src.name}" for src in all_sources() for k in src.kernels}
     except Exception:  # noqa: BLE001

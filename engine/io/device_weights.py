@@ -16,7 +16,7 @@ dequantized once on the host at load and kept in device memory as bfloat16. Evic
 reused for the next tensor of the same shape once nobody holds them; kernels run in stream order,
 so a buffer is never overwritten while an earlier kernel still reads it.
 
-`runtime` is an `engine.kernels.cuda.Runtime`: the GPU's, or in tests the g++ emulator's, whose
+`runtime` is an `engine.kernels.runtime.Runtime`: the GPU's, or in tests the g++ emulator's, whose
 arrays are NumPy arrays; this module never imports CuPy itself.
 """
 

@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..backend import to_host
-from .cuda import DEVICE_HELPERS, KernelSource, Runtime, runtime_for
+from .nvrtc import DEVICE_HELPERS, KernelSource
+from .runtime import Runtime, runtime_for, to_host
 
 
 class AdamWResult(NamedTuple):

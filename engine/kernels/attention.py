@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .cuda import KernelSource, Runtime, f32_input, runtime_for
+from .nvrtc import KernelSource
+from .runtime import Runtime, f32_input, runtime_for
 
 
 def attention_mask(

@@ -42,7 +42,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .attention import AttentionCache
-from .cuda import DEVICE_HELPERS, KernelSource, Runtime, f32_input
+from .nvrtc import DEVICE_HELPERS, KernelSource
+from .runtime import Runtime, f32_input
 
 GEMM_MIN_T = 32  # queries per row from which `attention_forward_on` takes this path
 CHUNK_BYTES = 512 << 20  # scores of one chunk of entries: 12 bytes each in the backward

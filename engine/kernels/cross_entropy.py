@@ -14,10 +14,10 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import array_module
-from .cuda import DEVICE_HELPERS, KernelSource, Runtime, aligned16, f32_input, runtime_for
 from .embedding import row_chunks
 from .linear import LoraTerm, to_bf16, weight_operand
+from .nvrtc import DEVICE_HELPERS, KernelSource
+from .runtime import Runtime, aligned16, array_module, f32_input, runtime_for
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:

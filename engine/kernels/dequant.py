@@ -27,8 +27,8 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-from ..backend import array_module
-from .cuda import KernelSource, Runtime, cuda_runtime
+from .nvrtc import KernelSource
+from .runtime import Runtime, array_module, cuda_runtime
 
 # the types with a CUDA kernel, in the order of the kernel source
 GPU_TYPES = (

@@ -15,8 +15,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .cuda import KernelSource, Runtime, aligned16, cuda_runtime, f32_input, runtime_for
 from .linear import LoraTerm
+from .nvrtc import KernelSource
+from .runtime import Runtime, aligned16, cuda_runtime, f32_input, runtime_for
 
 
 def take_rows(w, idx: np.ndarray) -> np.ndarray:

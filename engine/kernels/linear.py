@@ -13,7 +13,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .cuda import KernelSource, Runtime, aligned16, f32_input, runtime_for
+from .nvrtc import KernelSource
+from .runtime import Runtime, aligned16, f32_input, runtime_for
 
 
 class LoraTerm(NamedTuple):

@@ -22,10 +22,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..backend import array_module, to_host
 from .cpu_workers import PIECE_MIN_FLOPS, run_each
-from .cuda import KernelSource, get_kernel
 from .linear import LoraTerm
+from .nvrtc import KernelSource, get_kernel
+from .runtime import array_module, to_host
 from .swiglu import SwigluCache, silu, swiglu_backward_ref
 
 

@@ -3,7 +3,7 @@
 `rmsnorm_forward_ref` / `rmsnorm_backward_ref` are the NumPy reference (the specification; the CPU
 engine's hot path). `rmsnorm_forward` / `rmsnorm_backward` are their CUDA twins (fused kernels, one
 block per row, fp32 math), with the same signatures and cache; `*_on(rt, ...)` is a twin's host
-code on a given `engine.kernels.cuda.Runtime`. Not here: q/k norms' wiring (engine.model.layers).
+code on a given `engine.kernels.runtime.Runtime`. Not here: q/k norms' wiring (engine.model.layers).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .cuda import DEVICE_HELPERS, KernelSource, Runtime, aligned16, f32_input, runtime_for
+from .nvrtc import DEVICE_HELPERS, KernelSource
+from .runtime import Runtime, aligned16, f32_input, runtime_for
 
 
 class NormCache(NamedTuple):
@@ -240,7 +241,7 @@ def _width(rt: Runtime, C: int, *arrays: Any) -> int:
 
 
 def rmsnorm_forward_on(rt: Runtime, x: Any, w: Any | None, eps: float) -> tuple[Any, NormCache]:
-    """`rmsnorm_forward` on a runtime (see `engine.kernels.cuda.Runtime`)."""
+    """`rmsnorm_forward` on a runtime (see `engine.kernels.runtime.Runtime`)."""
     xp = rt.xp
     x = f32_input(rt, x, "rmsnorm input x")
     C = x.shape[-1]

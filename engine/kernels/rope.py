@@ -12,7 +12,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .cuda import KernelSource, Runtime, aligned16, f32_input, runtime_for
+from .nvrtc import KernelSource
+from .runtime import Runtime, aligned16, f32_input, runtime_for
 
 
 def rope_angles(

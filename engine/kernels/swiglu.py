@@ -11,7 +11,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .cuda import KernelSource, Runtime, aligned16, f32_input, runtime_for
+from .nvrtc import KernelSource
+from .runtime import Runtime, aligned16, f32_input, runtime_for
 
 
 def silu(x: np.ndarray) -> np.ndarray:

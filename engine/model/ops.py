@@ -24,11 +24,6 @@ names and holds no state besides the current runtime of this thread; `engine.mod
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
-from typing import Any
-
 from ..errors import EngineError
 from ..kernels import attention as _attention
 from ..kernels import attention_ext as _attention_ext
@@ -54,25 +49,9 @@ from ..kernels.moe import ExpertActs, ExpertsCache, RouteCache, Routing
 from ..kernels.moe_ext import ExpertsExtCache, RouteExtCache
 from ..kernels.norm import NormCache
 from ..kernels.rope import RopeCache, rope_angles
+from ..kernels.runtime import current_runtime, use_runtime
 from ..kernels.softcap import SoftcapCache
 from ..kernels.swiglu import SwigluCache, sigmoid, silu
-
-_RUNTIME: contextvars.ContextVar[Any] = contextvars.ContextVar("engine_runtime", default=None)
-
-
-@contextlib.contextmanager
-def use_runtime(rt: Any) -> Iterator[Any]:
-    """Run every op of this module on kernels runtime `rt` (engine.kernels.cuda.Runtime) inside."""
-    token = _RUNTIME.set(rt)
-    try:
-        yield rt
-    finally:
-        _RUNTIME.reset(token)
-
-
-def current_runtime() -> Any:
-    """The runtime ops run on in this thread, or None (references, or twins on CuPy arguments)."""
-    return _RUNTIME.get()
 
 
 def _dispatch(module, name: str):
@@ -84,7 +63,7 @@ def _dispatch(module, name: str):
     launch = getattr(module, name + "_launch", None)
 
     def op(*args, **kwargs):
-        rt = _RUNTIME.get()
+        rt = current_runtime()
         if rt is not None:
             if on is not None:
                 return on(rt, *args, **kwargs)

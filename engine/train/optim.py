@@ -229,7 +229,7 @@ class AdamW:
     """
 
     def __init__(self, params: Mapping[str, np.ndarray], cfg: OptimConfig, runtime=None) -> None:
-        """`runtime`: an engine.kernels.cuda.Runtime whose arrays the params are (a GPU run), or None."""
+        """`runtime`: an engine.kernels.runtime.Runtime whose arrays the params are (a GPU run), or None."""
         for name, p in params.items():
             array = isinstance(p, np.ndarray) or (runtime is not None and hasattr(p, "__array_priority__"))
             if not array or not np.issubdtype(p.dtype, np.floating):

@@ -1,4 +1,4 @@
-"""A `Runtime` (engine.kernels.cuda) that runs the CUDA twins' host code on NumPy, their kernels on the CPU.
+"""A `Runtime` (engine.kernels.runtime) running the CUDA twins' host code on NumPy, their kernels on the CPU.
 
 `EmuRuntime` is what `CudaRuntime` is on a GPU: `xp` is NumPy (wrapped so that `empty` and
 `empty_like` hand out NaN-poisoned memory, as a fresh device buffer may hold anything), `launch`
@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.kernels.cuda import KernelSource, Runtime, check_gemm
+from engine.kernels.nvrtc import KernelSource
+from engine.kernels.runtime import Runtime, check_gemm
 from tests.kernels.emulate import FiberKernels
 
 _BUILT: dict[tuple[str, str], FiberKernels] = {}

@@ -98,7 +98,7 @@ class Backend:
         self.cp = cp
         self._large = large
         if name == "gpu":
-            from engine.kernels.cuda import cuda_runtime
+            from engine.kernels.runtime import cuda_runtime
 
             self.rt = cuda_runtime()
         else:
