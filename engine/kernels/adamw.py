@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .nvrtc import DEVICE_HELPERS, KernelSource
+from .nvrtc import KernelSource
 from .runtime import Runtime, runtime_for, to_host
 
 
@@ -175,132 +175,9 @@ def adamw_step_ref(
 CHUNK = 4096  # values per CUDA block (256 threads x 4 values x 4 steps)
 THREADS = 256
 
-_CUDA_SOURCE = (
-    r"""
-#define CHUNK @CHUNK@
-typedef unsigned long long u64;
-typedef long long i64;
-"""
-    + DEVICE_HELPERS
-    + r"""
-// per-tensor table: ptrs[4 t + 0..3] = p, g, m, v; coef[3 t + 0..2] = bc2, lr_bc1, lr_wd
-// flags[t]: bit 0 decay, bit 1 16-byte aligned (all four arrays and the size a multiple of 4)
 
-__device__ __forceinline__ void chunk_of(const int* chunk_tensor, const i64* chunk_start, const i64* sizes,
-                                         int* t, i64* start, i64* end) {
-    *t = chunk_tensor[blockIdx.x];
-    *start = chunk_start[blockIdx.x];
-    *end = min(*start + (i64)CHUNK, sizes[*t]);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-adamw_norms(const u64* __restrict__ ptrs, const i64* __restrict__ sizes, const int* __restrict__ chunk_tensor,
-            const i64* __restrict__ chunk_start, float gclip_f, double gclip_d, int clip_on,
-            double* __restrict__ partials) {
-    __shared__ double scratch[32];
-    int t;
-    i64 start, end;
-    chunk_of(chunk_tensor, chunk_start, sizes, &t, &start, &end);
-    const float* g = (const float*)ptrs[4 * t + 1];
-    double s_all = 0.0, s_clip = 0.0, n_out = 0.0;
-    for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
-        const float x = g[i];
-        const double xd = (double)x;
-        s_all += xd * xd;
-        if (clip_on) {
-            const double c = (double)fminf(fmaxf(x, -gclip_f), gclip_f);
-            s_clip += c * c;
-            n_out += (xd > gclip_d || xd < -gclip_d) ? 1.0 : 0.0;
-        }
-    }
-    s_all = block_sum_d(s_all, scratch);
-    s_clip = block_sum_d(s_clip, scratch);
-    n_out = block_sum_d(n_out, scratch);
-    if (threadIdx.x == 0) {
-        partials[3 * (i64)blockIdx.x + 0] = s_all;
-        partials[3 * (i64)blockIdx.x + 1] = s_clip;
-        partials[3 * (i64)blockIdx.x + 2] = n_out;
-    }
-}
-
-// out[c] = sum over rows r of partials[r * k + c], c < k; one block
-extern "C" __global__ void __launch_bounds__(256)
-adamw_reduce(const double* __restrict__ partials, int n_rows, int k, double* __restrict__ out) {
-    __shared__ double scratch[32];
-    for (int c = 0; c < k; ++c) {
-        double s = 0.0;
-        for (int r = threadIdx.x; r < n_rows; r += blockDim.x) s += partials[(i64)r * k + c];
-        s = block_sum_d(s, scratch);
-        if (threadIdx.x == 0) out[c] = s;
-    }
-}
-
-struct Hyper {
-    float b1, omb1, b2, omb2, eps, gclip, scale;
-    int clip_on, scale_on;
-};
-
-__device__ __forceinline__ void adam1(float& p, float g, float& m, float& v, float bc2, float lr_bc1,
-                                      float lr_wd, int decay, const Hyper& h, double& su, double& sp) {
-    if (h.clip_on) g = fminf(fmaxf(g, -h.gclip), h.gclip);
-    if (h.scale_on) g = __fmul_rn(g, h.scale);
-    m = __fadd_rn(__fmul_rn(m, h.b1), __fmul_rn(g, h.omb1));
-    v = __fadd_rn(__fmul_rn(v, h.b2), __fmul_rn(__fmul_rn(g, g), h.omb2));
-    float tmp = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), bc2), h.eps);
-    tmp = __fmul_rn(__fdiv_rn(m, tmp), lr_bc1);
-    const float delta = decay ? __fadd_rn(__fmul_rn(p, lr_wd), tmp) : tmp;
-    p = __fsub_rn(p, delta);
-    su += (double)delta * (double)delta;
-    sp += (double)p * (double)p;
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-adamw_update(const u64* __restrict__ ptrs, const i64* __restrict__ sizes, const float* __restrict__ coef,
-             const int* __restrict__ flags, const int* __restrict__ chunk_tensor,
-             const i64* __restrict__ chunk_start, float b1, float omb1, float b2, float omb2, float eps,
-             float gclip, int clip_on, float scale, int scale_on, double* __restrict__ partials) {
-    __shared__ double scratch[32];
-    int t;
-    i64 start, end;
-    chunk_of(chunk_tensor, chunk_start, sizes, &t, &start, &end);
-    float* p = (float*)ptrs[4 * t + 0];
-    const float* g = (const float*)ptrs[4 * t + 1];
-    float* m = (float*)ptrs[4 * t + 2];
-    float* v = (float*)ptrs[4 * t + 3];
-    const float bc2 = coef[3 * t], lr_bc1 = coef[3 * t + 1], lr_wd = coef[3 * t + 2];
-    const int decay = flags[t] & 1, vec = (flags[t] >> 1) & 1;
-    Hyper h;
-    h.b1 = b1; h.omb1 = omb1; h.b2 = b2; h.omb2 = omb2; h.eps = eps; h.gclip = gclip; h.scale = scale;
-    h.clip_on = clip_on; h.scale_on = scale_on;
-    double su = 0.0, sp = 0.0;
-    if (vec) {  // start is a multiple of CHUNK, so of 4; end - start a multiple of 4
-        for (i64 i = start + 4 * threadIdx.x; i < end; i += 4 * blockDim.x) {
-            float4 P = *(float4*)(p + i), M = *(float4*)(m + i), W = *(float4*)(v + i);
-            const float4 G = *(const float4*)(g + i);
-            adam1(P.x, G.x, M.x, W.x, bc2, lr_bc1, lr_wd, decay, h, su, sp);
-            adam1(P.y, G.y, M.y, W.y, bc2, lr_bc1, lr_wd, decay, h, su, sp);
-            adam1(P.z, G.z, M.z, W.z, bc2, lr_bc1, lr_wd, decay, h, su, sp);
-            adam1(P.w, G.w, M.w, W.w, bc2, lr_bc1, lr_wd, decay, h, su, sp);
-            *(float4*)(p + i) = P;
-            *(float4*)(m + i) = M;
-            *(float4*)(v + i) = W;
-        }
-    } else {
-        for (i64 i = start + threadIdx.x; i < end; i += blockDim.x)
-            adam1(p[i], g[i], m[i], v[i], bc2, lr_bc1, lr_wd, decay, h, su, sp);
-    }
-    su = block_sum_d(su, scratch);
-    sp = block_sum_d(sp, scratch);
-    if (threadIdx.x == 0) {
-        partials[2 * (i64)blockIdx.x + 0] = su;
-        partials[2 * (i64)blockIdx.x + 1] = sp;
-    }
-}
-"""
-).replace("@CHUNK@", str(CHUNK))
-
-SOURCE = KernelSource(
-    name="adamw", code=_CUDA_SOURCE, kernels=("adamw_norms", "adamw_reduce", "adamw_update")
+SOURCE = KernelSource.from_file(
+    "adamw.cu", kernels=("adamw_norms", "adamw_reduce", "adamw_update"), defines={"CHUNK": CHUNK}
 )
 SOURCES = (SOURCE,)
 

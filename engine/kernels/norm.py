@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .nvrtc import DEVICE_HELPERS, KernelSource
+from .nvrtc import KernelSource
 from .runtime import Runtime, aligned16, f32_input, runtime_for
 
 
@@ -69,159 +69,10 @@ def norm_threads(units: int) -> int:
     return min(1024, max(32, -(-per_thread // 32) * 32))
 
 
-_CUDA_SOURCE = (
-    r"""
-#include <cuda_bf16.h>
-#define MAXU @MAXU@
-"""
-    + DEVICE_HELPERS
-    + r"""
-template <int V> struct Row;  // V consecutive floats
-template <> struct Row<4> {
-    static __device__ __forceinline__ void load(const float* p, float (&r)[4]) {
-        const float4 t = *(const float4*)p;
-        r[0] = t.x; r[1] = t.y; r[2] = t.z; r[3] = t.w;
-    }
-    static __device__ __forceinline__ void store(float* p, const float (&r)[4]) {
-        *(float4*)p = make_float4(r[0], r[1], r[2], r[3]);
-    }
-};
-template <> struct Row<1> {
-    static __device__ __forceinline__ void load(const float* p, float (&r)[1]) { r[0] = p[0]; }
-    static __device__ __forceinline__ void store(float* p, const float (&r)[1]) { p[0] = r[0]; }
-};
-
-template <int V>
-__device__ __forceinline__ void rmsnorm_fwd(const float* __restrict__ x, const float* __restrict__ w,
-                                            float* __restrict__ y, float* __restrict__ xn,
-                                            float* __restrict__ rstd, int C, float eps, int has_w) {
-    __shared__ float scratch[32];
-    const long long row = blockIdx.x;
-    const int units = C / V;
-    const float* xr = x + row * C;
-    float r[MAXU][V];
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < MAXU; ++k) {
-        const int u = threadIdx.x + k * blockDim.x;
-        if (u < units) {
-            Row<V>::load(xr + u * V, r[k]);
-#pragma unroll
-            for (int i = 0; i < V; ++i) ss += r[k][i] * r[k][i];
-        }
-    }
-    ss = block_sum(ss, scratch);
-    const float rs = 1.0f / sqrtf(ss / (float)C + eps);
-    if (threadIdx.x == 0) rstd[row] = rs;
-#pragma unroll
-    for (int k = 0; k < MAXU; ++k) {
-        const int u = threadIdx.x + k * blockDim.x;
-        if (u < units) {
-            float a[V], b[V], ww[V];
-            if (has_w) Row<V>::load(w + u * V, ww);
-#pragma unroll
-            for (int i = 0; i < V; ++i) {
-                a[i] = r[k][i] * rs;
-                b[i] = has_w ? a[i] * ww[i] : a[i];
-            }
-            Row<V>::store(xn + row * C + u * V, a);
-            Row<V>::store(y + row * C + u * V, b);
-        }
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void rmsnorm_bwd(const float* __restrict__ dy, const float* __restrict__ xn,
-                                            const float* __restrict__ rstd, const float* __restrict__ w,
-                                            float* __restrict__ dx, float* __restrict__ dw_part,
-                                            int n_rows, int C, int rows_per_block, int has_w) {
-    // only the dw partials live in registers; dy, xn and w are read again after the reduction
-    // (from L1: a row of dy and xn is 2 C * 4 bytes), which keeps the kernel free of spills
-    __shared__ float scratch[32];
-    const int units = C / V;
-    float acc[MAXU][V];
-#pragma unroll
-    for (int k = 0; k < MAXU; ++k) {
-#pragma unroll
-        for (int i = 0; i < V; ++i) acc[k][i] = 0.0f;
-    }
-    const long long r0 = (long long)blockIdx.x * rows_per_block;
-    const long long r1 = min(r0 + rows_per_block, (long long)n_rows);
-    for (long long row = r0; row < r1; ++row) {
-        const float* g_row = dy + row * C;
-        const float* a_row = xn + row * C;
-        float dot = 0.0f;
-#pragma unroll
-        for (int k = 0; k < MAXU; ++k) {
-            const int u = threadIdx.x + k * blockDim.x;
-            if (u < units) {
-                float g[V], a[V], ww[V];
-                Row<V>::load(g_row + u * V, g);
-                Row<V>::load(a_row + u * V, a);
-                if (has_w) Row<V>::load(w + u * V, ww);
-#pragma unroll
-                for (int i = 0; i < V; ++i) {
-                    dot += (has_w ? g[i] * ww[i] : g[i]) * a[i];
-                    acc[k][i] += g[i] * a[i];
-                }
-            }
-        }
-        const float mean = block_sum(dot, scratch) / (float)C;
-        const float rs = rstd[row];
-#pragma unroll
-        for (int k = 0; k < MAXU; ++k) {
-            const int u = threadIdx.x + k * blockDim.x;
-            if (u < units) {
-                float g[V], a[V], ww[V], o[V];
-                Row<V>::load(g_row + u * V, g);
-                Row<V>::load(a_row + u * V, a);
-                if (has_w) Row<V>::load(w + u * V, ww);
-#pragma unroll
-                for (int i = 0; i < V; ++i) o[i] = rs * ((has_w ? g[i] * ww[i] : g[i]) - a[i] * mean);
-                Row<V>::store(dx + row * C + u * V, o);
-            }
-        }
-    }
-    if (has_w) {
-#pragma unroll
-        for (int k = 0; k < MAXU; ++k) {
-            const int u = threadIdx.x + k * blockDim.x;
-            if (u < units) Row<V>::store(dw_part + (long long)blockIdx.x * C + u * V, acc[k]);
-        }
-    }
-}
-
-#define NORM_KERNELS(V)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(1024) rmsnorm_fwd_v##V(                                \
-        const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,                \
-        float* __restrict__ xn, float* __restrict__ rstd, int C, float eps, int has_w) {                \
-        rmsnorm_fwd<V>(x, w, y, xn, rstd, C, eps, has_w);                                               \
-    }                                                                                                    \
-    extern "C" __global__ void __launch_bounds__(1024) rmsnorm_bwd_v##V(                                \
-        const float* __restrict__ dy, const float* __restrict__ xn, const float* __restrict__ rstd,     \
-        const float* __restrict__ w, float* __restrict__ dx, float* __restrict__ dw_part, int n_rows,   \
-        int C, int rows_per_block, int has_w) {                                                          \
-        rmsnorm_bwd<V>(dy, xn, rstd, w, dx, dw_part, n_rows, C, rows_per_block, has_w);                 \
-    }
-
-NORM_KERNELS(4)
-NORM_KERNELS(1)
-
-extern "C" __global__ void __launch_bounds__(256)
-rmsnorm_colsum(const float* __restrict__ part, float* __restrict__ out, int n_parts, int C) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float s = 0.0f;
-    for (int p = 0; p < n_parts; ++p) s += part[(long long)p * C + c];
-    out[c] = s;
-}
-"""
-).replace("@MAXU@", str(MAXU))
-
-SOURCE = KernelSource(
-    name="norm",
-    code=_CUDA_SOURCE,
+SOURCE = KernelSource.from_file(
+    "norm.cu",
     kernels=("rmsnorm_fwd_v4", "rmsnorm_fwd_v1", "rmsnorm_bwd_v4", "rmsnorm_bwd_v1", "rmsnorm_colsum"),
+    defines={"MAXU": MAXU},
 )
 SOURCES = (SOURCE,)
 

@@ -36,8 +36,9 @@ import pkgutil
 import platform
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from ..errors import EngineError
@@ -59,12 +60,57 @@ class KernelCompileError(EngineError):
 
 @dataclass(frozen=True)
 class KernelSource:
-    """One CUDA C++ translation unit of a kernel module, and the kernels it defines."""
+    """One CUDA C++ translation unit of a kernel module, and the kernels it defines.
+
+    A kernel module reads its source from `engine/kernels/cuda/<name>.cu` with `from_file`; `code`
+    as text serves tests and one-off kernels.
+    """
 
     name: str  # unique across the package, e.g. "dequant"; names the NVRTC program and the cache entry
     code: str  # CUDA C++; every kernel is `extern "C" __global__` so that its name is not mangled
     kernels: tuple[str, ...]  # the kernel names `get_kernel` may be asked for
     options: tuple[str, ...] = ()  # extra NVRTC options, e.g. ("-DTILE=256",); no -arch, no -I
+
+    @classmethod
+    def from_file(
+        cls, filename: str, kernels: Sequence[str], defines: Mapping[str, object] | None = None
+    ) -> KernelSource:
+        """The source in `engine/kernels/cuda/<filename>` (see `read_cuda_source`), named after the
+        file, with each of `defines` given to NVRTC as `-DNAME=value`: the numbers the host code
+        launches with (block and tile sizes) stay defined once, in the op module."""
+        options = tuple(f"-D{k}={v}" for k, v in (defines or {}).items())
+        return cls(os.path.splitext(filename)[0], read_cuda_source(filename), tuple(kernels), options)
+
+
+# ----------------------------------------------------------------------------------------------
+# the .cu files
+
+CUDA_DIR = "cuda"  # engine/kernels/cuda: the .cu sources and the .cuh headers they share (package data)
+_LOCAL_INCLUDE = re.compile(r'[ \t]*#include[ \t]+"([\w.-]+)"[ \t]*')
+
+
+def read_cuda_source(filename: str) -> str:
+    """The text of `engine/kernels/cuda/<filename>`, each `#include "<header>"` line replaced by the
+    text of that header (from the same folder; once per header, as `#pragma once` would), between
+    `#line` directives, so that NVRTC's messages name the file and line an editor shows.
+
+    NVRTC and the tests' g++ emulators then get one translation unit and need no include path.
+    """
+    return _expand(filename, set())
+
+
+def _expand(filename: str, seen: set[str]) -> str:
+    text = (resources.files(__package__) / CUDA_DIR / filename).read_text(encoding="utf-8")
+    out: list[str] = []
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        m = _LOCAL_INCLUDE.fullmatch(line.rstrip("\r\n"))
+        if m is None:
+            out.append(line)
+        elif m.group(1) not in seen:
+            seen.add(m.group(1))
+            body = _expand(m.group(1), seen)
+            out.append(f'#line 1 "{m.group(1)}"\n{body}#line {number + 1} "{filename}"\n')
+    return "".join(out)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -400,60 +446,3 @@ def platform_has_nvrtc_wheels() -> bool:
         "aarch64",
         "arm64",
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# device-side helpers the kernel sources share (prepended to a source's code where it uses them)
-DEVICE_HELPERS = r"""
-#include <cuda_bf16.h>
-#ifndef INFINITY
-#define INFINITY __uint_as_float(0x7f800000u)
-#endif
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ double warp_sum_d(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-// sum over the block, given to every thread; blockDim.x a multiple of 32; scratch: 32 floats of
-// shared memory; deterministic (fixed order for a given block size)
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
-    __syncthreads();  // the scratch may still be read by a previous call
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    return warp_sum(lane < nw ? scratch[lane] : 0.0f);
-}
-__device__ __forceinline__ double block_sum_d(double v, double* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_d(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    return warp_sum_d(lane < nw ? scratch[lane] : 0.0);
-}
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    return warp_max(lane < nw ? scratch[lane] : -INFINITY);
-}
-__device__ __forceinline__ float bf16_bits_to_f32(unsigned short b) {
-    return __uint_as_float((unsigned)b << 16);
-}
-__device__ __forceinline__ unsigned short f32_to_bf16_bits(float x) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-}
-"""

@@ -45,7 +45,7 @@ def built(source: KernelSource):
         if source.name == "moe":
             from tests.kernels.emulate_moe import FiberKernels as MoeKernels
 
-            _BUILT[key] = _MoeAdapter(MoeKernels(source.code, source.kernels, _workdir()))
+            _BUILT[key] = _MoeAdapter(MoeKernels(source.code, source.kernels, _workdir(), source.options))
         else:
             _BUILT[key] = FiberKernels(source.code, source.kernels, _workdir(), source.options)
     return _BUILT[key]

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.kernels.emulate import compiler
+from tests.kernels.emulate import compiler, gxx_defines
 
 SHIM = r"""
 #include <math.h>
@@ -246,7 +246,7 @@ class FiberKernels:
     pointer), np.int32 / np.int64 / np.float32 scalars, checked against the kernel's signature.
     """
 
-    def __init__(self, code: str, kernels: Iterable[str], workdir: Path):
+    def __init__(self, code: str, kernels: Iterable[str], workdir: Path, options: Iterable[str] = ()):
         gxx = compiler()
         if gxx is None:
             raise RuntimeError("g++ is not installed")
@@ -272,6 +272,7 @@ class FiberKernels:
             "-fPIC",
             "-shared",
             "-w",
+            *gxx_defines(options),
             str(src),
             "-o",
             str(lib),

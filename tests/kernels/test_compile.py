@@ -1,4 +1,7 @@
-"""Every registered CUDA kernel source compiles with NVRTC for sm_80 and sm_90, without a warning.
+"""Every CUDA kernel source compiles with NVRTC for sm_80 and sm_90, without a warning.
+
+The sources are the .cu files of engine/kernels/cuda, as the op modules declare them (`SOURCES`,
+read with `KernelSource.from_file`); every file there belongs to one declared source.
 
 Needs no GPU and runs on every machine, CI included: NVRTC and the CUDA headers come from the
 `nvidia-cuda-nvrtc` and `nvidia-cuda-runtime` wheels of the test extra. Where they are missing on a
@@ -7,6 +10,8 @@ compile must never wait for a GPU session to be found out.
 """
 
 from __future__ import annotations
+
+from importlib import resources
 
 import pytest
 
@@ -33,6 +38,23 @@ def test_registry_lists_the_kernel_modules():
     assert len(names) == len(set(names))
     for s in sources:
         assert s.kernels and all(k.isidentifier() for k in s.kernels), s.name
+
+
+def test_every_cu_file_is_a_declared_source():
+    folder = resources.files("engine.kernels") / "cuda"
+    files = sorted(f.name for f in folder.iterdir() if f.name.endswith(".cu"))
+    assert files == sorted(f"{s.name}.cu" for s in nv.all_sources())
+
+
+def test_local_headers_are_inlined_between_line_directives():
+    folder = resources.files("engine.kernels") / "cuda"
+    lines = (folder / "norm.cu").read_text().splitlines()
+    at = lines.index('#include "common.cuh"') + 1  # 1-based line of the include
+    code = nv.read_cuda_source("norm.cu")
+    assert '#include "common.cuh"' not in code.splitlines()
+    header = (folder / "common.cuh").read_text()
+    assert f'#line 1 "common.cuh"\n{header}#line {at + 1} "norm.cu"\n{lines[at]}\n' in code
+    assert code.count(header) == 1
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.skipif(compiler() is None, reason="the host emulation n
 
 @pytest.fixture(scope="module")
 def host(tmp_path_factory) -> FiberKernels:
-    return FiberKernels(moe.SOURCE.code, moe.KERNELS, tmp_path_factory.mktemp("emulate_moe"))
+    return FiberKernels(
+        moe.SOURCE.code, moe.KERNELS, tmp_path_factory.mktemp("emulate_moe"), moe.SOURCE.options
+    )
 
 
 def launcher(host: FiberKernels):
