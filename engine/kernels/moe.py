@@ -7,7 +7,7 @@ NumPy reference (the specification, and the CPU engine's hot path). `route_forwa
 `route_backward`, `experts_forward` and `experts_backward` are their CUDA twins, same signatures,
 on CuPy arrays: every expert at once in grouped kernels driven by expert offsets that stay on the
 device, so a layer's MoE forward and backward never synchronise with the host. The twins' bodies
-are the `*_launch` functions, written against an array module and a kernel launcher so that
+are the `*_on(rt, ...)` functions, written against a `Runtime` (engine.kernels.runtime) so that
 tests/kernels runs the same code on the CPU with the kernels built by g++. The dtype contract, the
 GPU cache layout (`PackedActs`) and the determinism rules are in the CUDA section below.
 
@@ -17,15 +17,14 @@ the shared expert (engine.model.layers).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from .cpu_workers import PIECE_MIN_FLOPS, run_each
 from .linear import LoraTerm
-from .nvrtc import KernelSource, get_kernel
-from .runtime import array_module, to_host
+from .nvrtc import KernelSource
+from .runtime import Runtime, runtime_for, to_host
 from .swiglu import SwigluCache, silu, swiglu_backward_ref
 
 
@@ -319,10 +318,6 @@ SOURCE = KernelSource.from_file(
 )
 SOURCES = (SOURCE,)
 
-# launch(kernel name, grid (x, y), args): runs one kernel of SOURCE with KERNEL_THREADS[name] threads
-# per block; args are arrays (pointers), None (a null pointer), np.int32 and np.float32 scalars
-Launch = Callable[[str, tuple[int, int], tuple], None]
-
 
 class PackedActs(NamedTuple):
     """`ExpertsCache.per_expert` on the GPU: every routed pair's activations in one record.
@@ -375,31 +370,12 @@ def _check_grid(name: str, grid: tuple[int, int]) -> None:
         raise ValueError(f"{name}: grid {grid} is too large for one launch; split the batch")
 
 
-def _launch(launch: Launch, name: str, grid: tuple[int, int], args: tuple) -> None:
+def _launch(rt: Runtime, name: str, grid: tuple[int, int], args: tuple) -> None:
+    """Kernel `name` of SOURCE on `rt`, KERNEL_THREADS[name] threads per block; args are arrays
+    (pointers), None (a null pointer), np.int32 and np.float32 scalars. An empty grid launches nothing."""
     if grid[0] and grid[1]:
         _check_grid(name, grid)
-        launch(name, grid, args)
-
-
-def _cupy_launch(name: str, grid: tuple[int, int], args: tuple) -> None:
-    get_kernel(SOURCE, name)(grid, (KERNEL_THREADS[name],), args)
-
-
-def runtime_launch(rt: Any) -> Launch:
-    """A `Launch` over any object with `launch(source, kernel, grid, block, args)` (a runtime in the
-    style of `engine.kernels.cuda`'s): `route_forward_launch(..., xp=rt.xp, launch=runtime_launch(rt))`."""
-
-    def launch(name: str, grid: tuple[int, int], args: tuple) -> None:
         rt.launch(SOURCE, name, grid, (KERNEL_THREADS[name],), args)
-
-    return launch
-
-
-def _device_module(a: Any, op: str) -> Any:
-    xp = array_module(a)
-    if xp is np:
-        raise TypeError(f"{op} runs on CuPy arrays, got {type(a).__name__}; use {op}_ref for NumPy arrays")
-    return xp
 
 
 def _contiguous(a: Any, what: str, dtype: Any, xp: Any) -> Any:
@@ -479,9 +455,9 @@ def _routing_arrays(routing: Routing, xp: Any) -> tuple[Any, Any, Any]:
     return order, offsets, weights
 
 
-def _rows(xp, launch, a, a_mode, lda, rw, order, offsets, K, E, Kdim, w, w_nt, J, P):
+def _rows(rt, a, a_mode, lda, rw, order, offsets, K, E, Kdim, w, w_nt, J, P):
     """moe_rows_f32: (P, J) = grouped A W_e (or A W_e^T when w_nt)."""
-    out = xp.empty((P, J), dtype=np.float32)
+    out = rt.xp.empty((P, J), dtype=np.float32)
     grid = (-(-J // ROWS_BN), row_tiles(P, E, ROWS_BM))
     args = (
         a,
@@ -498,13 +474,13 @@ def _rows(xp, launch, a, a_mode, lda, rw, order, offsets, K, E, Kdim, w, w_nt, J
         _i32(J),
         out,
     )
-    _launch(launch, "moe_rows_f32", grid, args)
+    _launch(rt, "moe_rows_f32", grid, args)
     return out
 
 
-def _outer(xp, launch, l, l_mode, ldl, r, r_mode, ldr, rw, order, offsets, K, E, I, J, scale):
+def _outer(rt, l, l_mode, ldl, r, r_mode, ldr, rw, order, offsets, K, E, I, J, scale):
     """moe_outer_f32: (E, I, J) = scale * per-expert sums of L[p] (x) R[p]."""
-    out = xp.empty((E, I, J), dtype=np.float32)
+    out = rt.xp.empty((E, I, J), dtype=np.float32)
     grid = (-(-I // OUTER_TILE) * -(-J // OUTER_TILE), E)
     args = (
         l,
@@ -520,7 +496,7 @@ def _outer(xp, launch, l, l_mode, ldl, r, r_mode, ldr, rw, order, offsets, K, E,
         _i32(I),
         _i32(J),
     )
-    _launch(launch, "moe_outer_f32", grid, (*args, _f32(scale), out))
+    _launch(rt, "moe_outer_f32", grid, (*args, _f32(scale), out))
     return out
 
 
@@ -528,9 +504,9 @@ def _outer(xp, launch, l, l_mode, ldl, r, r_mode, ldr, rw, order, offsets, K, E,
 _SORTED, _TOKEN, _TOKEN_WEIGHTED = 0, 1, 2
 
 
-def route_forward_launch(logits: Any, K: int, renorm: bool, *, xp: Any, launch: Launch):
-    """`route_forward` on array module `xp` through `launch`: the CuPy twin's body (CuPy and the GPU),
-    also run by the CPU emulation (NumPy and the kernels built with g++)."""
+def route_forward_on(rt: Runtime, logits: Any, K: int, renorm: bool):
+    """`route_forward` on a runtime: the GPU's, or in tests NumPy with the kernels built by g++."""
+    xp = rt.xp
     if logits.ndim != 2:
         raise ValueError(f"logits must be (N, E), got shape {tuple(logits.shape)}")
     N, E = logits.shape
@@ -544,18 +520,19 @@ def route_forward_launch(logits: Any, K: int, renorm: bool, *, xp: Any, launch: 
     order = xp.empty((N * K,), dtype=np.int32)
     offsets = xp.empty((E + 1,), dtype=np.int32)
     _launch(
-        launch,
+        rt,
         "moe_route_topk",
         (N, 1),
         (logits, _i32(E), _i32(K), _i32(bool(renorm)), probs, topk, weights, wsum),
     )
-    _launch(launch, "moe_route_sort", (E, 1), (topk, _i32(N * K), _i32(E), order, offsets))
+    _launch(rt, "moe_route_sort", (E, 1), (topk, _i32(N * K), _i32(E), order, offsets))
     routing = Routing(probs, topk, weights, order, offsets)
     return routing, RouteCache(routing, wsum if renorm else None, bool(renorm))
 
 
-def route_backward_launch(dweights: Any, cache: RouteCache, *, xp: Any, launch: Launch) -> Any:
-    """`route_backward` on array module `xp` through `launch` (see route_forward_launch)."""
+def route_backward_on(rt: Runtime, dweights: Any, cache: RouteCache) -> Any:
+    """`route_backward` on a runtime."""
+    xp = rt.xp
     routing, wsum, renorm = cache
     N, E = routing.probs.shape
     K = routing.topk.shape[1]
@@ -564,11 +541,12 @@ def route_backward_launch(dweights: Any, cache: RouteCache, *, xp: Any, launch: 
     dweights = _contiguous(dweights, "dweights", np.float32, xp)
     dlogits = xp.empty((N, E), dtype=np.float32)
     args = (dweights, routing.probs, routing.topk, routing.weights, wsum if renorm else None)
-    _launch(launch, "moe_route_backward", (N, 1), (*args, _i32(E), _i32(K), _i32(bool(renorm)), dlogits))
+    _launch(rt, "moe_route_backward", (N, 1), (*args, _i32(E), _i32(K), _i32(bool(renorm)), dlogits))
     return dlogits
 
 
-def experts_forward_launch(
+def experts_forward_on(
+    rt: Runtime,
     x: Any,
     routing: Routing,
     w_gate: Any,
@@ -577,11 +555,9 @@ def experts_forward_launch(
     lora_gate: LoraTerm | None = None,
     lora_up: LoraTerm | None = None,
     lora_down: LoraTerm | None = None,
-    *,
-    xp: Any,
-    launch: Launch,
 ):
-    """`experts_forward` on array module `xp` through `launch` (see route_forward_launch)."""
+    """`experts_forward` on a runtime."""
+    xp = rt.xp
     if x.ndim != 2:
         raise ValueError(f"x must be (N, C), got shape {tuple(x.shape)}")
     N, C = x.shape
@@ -598,37 +574,37 @@ def experts_forward_launch(
     )
     t = "bf16" if bf else "f32"
     tiles = row_tiles(P, E, GEMM_BM)
-    xa_g = _rows(xp, launch, x, _TOKEN, C, None, order, offsets, K, E, C, lg.A, 1, lg.r, P) if lg else None
-    xa_u = _rows(xp, launch, x, _TOKEN, C, None, order, offsets, K, E, C, lu.A, 1, lu.r, P) if lu else None
+    xa_g = _rows(rt, x, _TOKEN, C, None, order, offsets, K, E, C, lg.A, 1, lg.r, P) if lg else None
+    xa_u = _rows(rt, x, _TOKEN, C, None, order, offsets, K, E, C, lu.A, 1, lu.r, P) if lu else None
     g, u, h = (xp.empty((P, F), dtype=np.float32) for _ in range(3))
     lora_g = (xa_g, lg.B, lg.s, _i32(lg.r)) if lg else (None, None, _f32(0), _i32(0))
     lora_u = (xa_u, lu.B, lu.s, _i32(lu.r)) if lu else (None, None, _f32(0), _i32(0))
     _launch(
-        launch,
+        rt,
         f"moe_gate_up_{t}",
         (-(-F // GU_COLS), tiles),
         (x, order, offsets, _i32(K), _i32(E), _i32(C), _i32(F), wg, wu, *lora_g, *lora_u, g, u, h),
     )
-    ha_d = _rows(xp, launch, h, _SORTED, F, None, order, offsets, K, E, F, ld.A, 1, ld.r, P) if ld else None
+    ha_d = _rows(rt, h, _SORTED, F, None, order, offsets, K, E, F, ld.A, 1, ld.r, P) if ld else None
     pair_out = xp.empty((P, C), dtype=np.float32)
     lora_d = (ha_d, ld.B, ld.s, _i32(ld.r)) if ld else (None, None, _f32(0), _i32(0))
     _launch(
-        launch,
+        rt,
         f"moe_down_{t}",
         (-(-C // GEMM_BN), tiles),
         (h, order, offsets, _i32(E), _i32(C), _i32(F), wd, *lora_d, pair_out),
     )
     y = xp.empty((N, C), dtype=np.float32)
-    _launch(launch, "moe_combine", (N, 1), (pair_out, weights, _i32(K), _i32(C), y))
+    _launch(rt, "moe_combine", (N, 1), (pair_out, weights, _i32(K), _i32(C), y))
     acts = PackedActs(g, u, h, xa_g, xa_u, ha_d)
     return y, ExpertsCache(x, routing, pair_out, acts, (lora_gate, lora_up, lora_down))
 
 
-def experts_backward_launch(
-    dy: Any, cache: ExpertsCache, w_gate: Any, w_up: Any, w_down: Any, need_dw: bool = False, *, xp: Any,
-    launch: Launch,
-):  # fmt: skip
-    """`experts_backward` on array module `xp` through `launch` (see route_forward_launch)."""
+def experts_backward_on(
+    rt: Runtime, dy: Any, cache: ExpertsCache, w_gate: Any, w_up: Any, w_down: Any, need_dw: bool = False
+):
+    """`experts_backward` on a runtime."""
+    xp = rt.xp
     x, routing, pair_out, acts, loras = cache
     if not isinstance(acts, PackedActs):
         raise TypeError("experts_backward on the GPU needs the cache of the GPU experts_forward (PackedActs)")
@@ -651,11 +627,11 @@ def experts_backward_launch(
     rows = (order, offsets, K, E)
     # forward was: y_n = sum_k w_nk * down_e(h), h = silu(g) * u; do = dy w (never stored: the kernels
     # read dy[token] * w as they load it)
-    do_b = _rows(xp, launch, dy, _TOKEN_WEIGHTED, C, weights, *rows, C, ld.B, 0, ld.r, P) if ld else None
+    do_b = _rows(rt, dy, _TOKEN_WEIGHTED, C, weights, *rows, C, ld.B, 0, ld.r, P) if ld else None
     dg, du = xp.empty((P, F), dtype=np.float32), xp.empty((P, F), dtype=np.float32)
     lora_d = (do_b, ld.A, ld.s, _i32(ld.r)) if ld else (None, None, _f32(0), _i32(0))
     _launch(
-        launch,
+        rt,
         f"moe_down_back_{t}",
         (-(-F // GEMM_BN), tiles),
         (
@@ -675,39 +651,37 @@ def experts_backward_launch(
             du,
         ),
     )
-    dg_b = _rows(xp, launch, dg, _SORTED, F, None, *rows, F, lg.B, 0, lg.r, P) if lg else None
-    du_b = _rows(xp, launch, du, _SORTED, F, None, *rows, F, lu.B, 0, lu.r, P) if lu else None
+    dg_b = _rows(rt, dg, _SORTED, F, None, *rows, F, lg.B, 0, lg.r, P) if lg else None
+    du_b = _rows(rt, du, _SORTED, F, None, *rows, F, lu.B, 0, lu.r, P) if lu else None
     dx_pairs = xp.empty((P, C), dtype=np.float32)
     lora_g = (dg_b, lg.A, lg.s, _i32(lg.r)) if lg else (None, None, _f32(0), _i32(0))
     lora_u = (du_b, lu.A, lu.s, _i32(lu.r)) if lu else (None, None, _f32(0), _i32(0))
     _launch(
-        launch,
+        rt,
         f"moe_dx_{t}",
         (-(-C // GEMM_BN), tiles),
         (dg, du, order, offsets, _i32(E), _i32(C), _i32(F), wg, wu, *lora_g, *lora_u, dx_pairs),
     )
     dx = xp.empty((N, C), dtype=np.float32)
     dweights = xp.empty((N, K), dtype=np.float32)
-    _launch(launch, "moe_token_backward", (N, 1), (dx_pairs, pair_out, dy, _i32(K), _i32(C), dx, dweights))
+    _launch(rt, "moe_token_backward", (N, 1), (dx_pairs, pair_out, dy, _i32(K), _i32(C), dx, dweights))
     # OUT_PROD_ID: per-expert sums of outer products over the expert's rows
     dW = None
     if need_dw:
         dW = {
-            "gate": _outer(xp, launch, dg, _SORTED, F, x, _TOKEN, C, None, *rows, F, C, 1.0),
-            "up": _outer(xp, launch, du, _SORTED, F, x, _TOKEN, C, None, *rows, F, C, 1.0),
-            "down": _outer(xp, launch, dy, _TOKEN_WEIGHTED, C, acts.h, _SORTED, F, weights, *rows, C, F, 1.0),
+            "gate": _outer(rt, dg, _SORTED, F, x, _TOKEN, C, None, *rows, F, C, 1.0),
+            "up": _outer(rt, du, _SORTED, F, x, _TOKEN, C, None, *rows, F, C, 1.0),
+            "down": _outer(rt, dy, _TOKEN_WEIGHTED, C, acts.h, _SORTED, F, weights, *rows, C, F, 1.0),
         }
     dlora = {}
     if ld:
-        dA = _outer(xp, launch, do_b, _SORTED, ld.r, acts.h, _SORTED, F, None, *rows, ld.r, F, ld.s)
-        dB = _outer(
-            xp, launch, dy, _TOKEN_WEIGHTED, C, acts.ha_down, _SORTED, ld.r, weights, *rows, C, ld.r, ld.s
-        )
+        dA = _outer(rt, do_b, _SORTED, ld.r, acts.h, _SORTED, F, None, *rows, ld.r, F, ld.s)
+        dB = _outer(rt, dy, _TOKEN_WEIGHTED, C, acts.ha_down, _SORTED, ld.r, weights, *rows, C, ld.r, ld.s)
         dlora["down"] = (dA, dB)
     for name, lo, d, d_b, xa in (("gate", lg, dg, dg_b, acts.xa_gate), ("up", lu, du, du_b, acts.xa_up)):
         if lo:
-            dA = _outer(xp, launch, d_b, _SORTED, lo.r, x, _TOKEN, C, None, *rows, lo.r, C, lo.s)
-            dB = _outer(xp, launch, d, _SORTED, F, xa, _SORTED, lo.r, None, *rows, F, lo.r, lo.s)
+            dA = _outer(rt, d_b, _SORTED, lo.r, x, _TOKEN, C, None, *rows, lo.r, C, lo.s)
+            dB = _outer(rt, d, _SORTED, F, xa, _SORTED, lo.r, None, *rows, F, lo.r, lo.s)
             dlora[name] = (dA, dB)
     dlora = {k: dlora[k] for k in ("gate", "up", "down") if k in dlora}
     return dx, dweights, dW, dlora
@@ -719,16 +693,16 @@ def experts_backward_launch(
 
 def route_forward(logits: Any, K: int, renorm: bool):
     """CUDA twin of `route_forward_ref`: (Routing, RouteCache) of CuPy arrays (dtypes above); no host sync."""
-    xp = _device_module(logits, "route_forward")
+    rt = runtime_for(logits, "route_forward")
     with logits.device:
-        return route_forward_launch(logits, K, renorm, xp=xp, launch=_cupy_launch)
+        return route_forward_on(rt, logits, K, renorm)
 
 
 def route_backward(dweights: Any, cache: RouteCache) -> Any:
     """CUDA twin of `route_backward_ref`: dlogits (N, E) float32."""
-    xp = _device_module(dweights, "route_backward")
+    rt = runtime_for(dweights, "route_backward")
     with dweights.device:
-        return route_backward_launch(dweights, cache, xp=xp, launch=_cupy_launch)
+        return route_backward_on(rt, dweights, cache)
 
 
 def experts_forward(
@@ -745,17 +719,15 @@ def experts_forward(
 
     Expert stacks are device arrays, float32 or bf16 bits (uint16); see the dtype contract above.
     """
-    xp = _device_module(x, "experts_forward")
+    rt = runtime_for(x, "experts_forward")
     with x.device:
-        return experts_forward_launch(
-            x, routing, w_gate, w_up, w_down, lora_gate, lora_up, lora_down, xp=xp, launch=_cupy_launch
-        )
+        return experts_forward_on(rt, x, routing, w_gate, w_up, w_down, lora_gate, lora_up, lora_down)
 
 
 def experts_backward(
     dy: Any, cache: ExpertsCache, w_gate: Any, w_up: Any, w_down: Any, need_dw: bool = False
 ):
     """CUDA twin of `experts_backward_ref`: (dx, dweights, dW or None, dlora), float32 CuPy arrays."""
-    xp = _device_module(dy, "experts_backward")
+    rt = runtime_for(dy, "experts_backward")
     with dy.device:
-        return experts_backward_launch(dy, cache, w_gate, w_up, w_down, need_dw, xp=xp, launch=_cupy_launch)
+        return experts_backward_on(rt, dy, cache, w_gate, w_up, w_down, need_dw)

@@ -7,8 +7,8 @@ drawn too (training starts them at zero, which would hide a wrong dB or a droppe
 routing logits are spread so that near-ties never decide the top-k (exact ties are their own case).
 
 `run_case` runs the whole MoE path (route forward, experts forward, experts backward with dW and
-the LoRA factor gradients, route backward) through the `*_launch` bodies of `engine.kernels.moe`
-with any array module and launcher: NumPy with the g++ emulation, or CuPy on a GPU. `check_case`
+the LoRA factor gradients, route backward) through the `*_on` bodies of `engine.kernels.moe` on
+any runtime: NumPy with the g++ emulation, or CuPy on a GPU. `check_case`
 compares every output with the NumPy reference evaluated in float64 on the kernels' own routing
 (bf16 stacks: on the bf16 values), and returns the relative errors it measured.
 """
@@ -21,6 +21,7 @@ import numpy as np
 
 from engine.kernels import moe
 from engine.kernels.linear import LoraTerm
+from engine.kernels.runtime import Runtime
 
 NAMES = ("gate", "up", "down")
 
@@ -105,7 +106,7 @@ def _poison_value(dtype) -> float:
 class Poisoned:
     """An array module whose `empty` gives arrays inside a larger poisoned buffer: the array itself
     and GUARD elements on either side hold NaN (bf16 NaN for uint16, -7 for integers). Every output
-    of the launch bodies is born in `xp.empty`, so an element a kernel never wrote stays NaN, and
+    of the `*_on` bodies is born in `xp.empty`, so an element a kernel never wrote stays NaN, and
     `check_guards` finds any write past either end. `guarded(a)` places an input the same way: a read
     past its ends brings NaN into the results."""
 
@@ -138,12 +139,23 @@ class Poisoned:
             assert ok, f"a kernel wrote outside a buffer of {n} {host.dtype} elements"
 
 
-def run_case(case: MoeCase, inp: dict, xp, launch, poison: bool = True) -> dict:
-    """The MoE path of one case on array module `xp` through `launch`; every result as a host array.
+class OnArrays(Runtime):
+    """The launches of runtime `rt` with buffers from another array module `xp` (a `Poisoned` one)."""
+
+    def __init__(self, rt: Runtime, xp) -> None:
+        self.rt, self.xp = rt, xp
+
+    def launch(self, *args, **kwargs) -> None:
+        self.rt.launch(*args, **kwargs)
+
+
+def run_case(case: MoeCase, inp: dict, rt: Runtime, poison: bool = True) -> dict:
+    """The MoE path of one case on runtime `rt`; every result as a host array.
 
     With `poison` (the default), inputs and outputs live in poisoned, guarded buffers (`Poisoned`),
     and writes outside any buffer fail the run.
     """
+    xp = rt.xp
     to_host = (lambda a: a) if xp is np else (lambda a: None if a is None else xp.asnumpy(a))
     run_xp = Poisoned(xp) if poison else xp
     dev = run_xp.guarded if poison else ((lambda a: a) if xp is np else xp.asarray)
@@ -153,14 +165,11 @@ def run_case(case: MoeCase, inp: dict, xp, launch, poison: bool = True) -> dict:
         LoraTerm(dev(inp[f"A_{n}"]), dev(inp[f"B_{n}"]), inp[f"s_{n}"]) if n in case.lora else None
         for n in NAMES
     ]
-    routing, rcache = moe.route_forward_launch(
-        dev(inp["logits"]), case.K, case.renorm, xp=run_xp, launch=launch
-    )
-    y, cache = moe.experts_forward_launch(dev(inp["x"]), routing, *W, *loras, xp=run_xp, launch=launch)
-    dx, dweights, dW, dlora = moe.experts_backward_launch(
-        dev(inp["dy"]), cache, *W, need_dw=case.need_dw, xp=run_xp, launch=launch
-    )
-    dlogits = moe.route_backward_launch(dev(inp["dweights"]), rcache, xp=run_xp, launch=launch)
+    run_rt = OnArrays(rt, run_xp)
+    routing, rcache = moe.route_forward_on(run_rt, dev(inp["logits"]), case.K, case.renorm)
+    y, cache = moe.experts_forward_on(run_rt, dev(inp["x"]), routing, *W, *loras)
+    dx, dweights, dW, dlora = moe.experts_backward_on(run_rt, dev(inp["dy"]), cache, *W, need_dw=case.need_dw)
+    dlogits = moe.route_backward_on(run_rt, dev(inp["dweights"]), rcache)
     if poison:
         run_xp.check_guards()
     out = {
