@@ -14,15 +14,21 @@ head size, E experts, K experts per token, F ffn width, r LoRA rank). The functi
 whatever float dtype they are given (float32 in use, float64 in tests).
 
 The implementations live in `engine.kernels.<op>`: each `<op>_ref` there is the NumPy reference,
-the specification of the op, and `<op>` its CUDA twin. This module gives model code one name per
-op. Within `use_runtime(rt)` (what `Backend.active()` enters on a GPU) every op runs its twin on
-that runtime (`<op>_on(rt, ...)`, the MoE ops through `<op>_launch`); outside one, an op runs
-the twin when its first argument is a CuPy array and the reference otherwise. It knows no GGUF
-names and holds no state besides the current runtime of this thread; `engine.model.layers` and
-`engine.model.forward` wire the ops into models.
+the specification of the op, and `<op>_on(rt, ...)` its CUDA twin on a kernels `Runtime`. The
+table below names both for every op, so that an editor goes from `ops.rmsnorm_forward` to its
+definitions in one step. Within `use_runtime(rt)` (what `Backend.active()` enters on a GPU) every
+op runs its twin on that runtime; outside one, an op runs its twin on the GPU runtime when its
+first argument is a CuPy array (on that array's device), and the reference otherwise. An op whose
+twin is not written yet (None in the table) raises EngineError naming it, rather than running on
+the host behind the user's back. This module knows no GGUF names and holds no state (the runtime of
+this thread is engine.kernels.runtime's); `engine.model.layers` and `engine.model.forward` wire the
+ops into models.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 from ..errors import EngineError
 from ..kernels import attention as _attention
@@ -49,74 +55,70 @@ from ..kernels.moe import ExpertActs, ExpertsCache, RouteCache, Routing
 from ..kernels.moe_ext import ExpertsExtCache, RouteExtCache
 from ..kernels.norm import NormCache
 from ..kernels.rope import RopeCache, rope_angles
-from ..kernels.runtime import current_runtime, use_runtime
+from ..kernels.runtime import current_runtime, runtime_for, use_runtime
 from ..kernels.softcap import SoftcapCache
 from ..kernels.swiglu import SwigluCache, sigmoid, silu
 
 
-def _dispatch(module, name: str):
-    """The op `name` of kernels `module`: on the current runtime its `<name>_on(rt, ...)` (or
-    `<name>_launch(..., xp=, launch=)`); otherwise its NumPy reference `<name>_ref`, or its CUDA twin
-    `<name>` when the first argument is a CuPy array (a twin not written yet is an EngineError)."""
-    ref = getattr(module, name + "_ref")
-    on = getattr(module, name + "_on", None)
-    launch = getattr(module, name + "_launch", None)
+def _op(reference: Callable, twin_on: Callable | None) -> Callable:
+    """One op of the table: `reference` (`<op>_ref`, NumPy) and `twin_on` (`<op>_on(rt, ...)`, its CUDA
+    twin on a runtime, or None when there is none yet); the module docstring says which one runs."""
+    name = reference.__name__.removesuffix("_ref")
 
+    @functools.wraps(reference)
     def op(*args, **kwargs):
         rt = current_runtime()
+        on_gpu_arrays = rt is None and bool(args) and type(args[0]).__module__.startswith("cupy")
+        if rt is None and not on_gpu_arrays:
+            return reference(*args, **kwargs)
+        if twin_on is None:
+            raise EngineError(f"{reference.__module__}.{name} has no CUDA version yet")
         if rt is not None:
-            if on is not None:
-                return on(rt, *args, **kwargs)
-            if launch is not None:
-                return launch(*args, xp=rt.xp, launch=module.runtime_launch(rt), **kwargs)
-            raise EngineError(f"{module.__name__}.{name} has no CUDA version yet")
-        if args and type(args[0]).__module__.startswith("cupy"):
-            twin = getattr(module, name, None)
-            if twin is None:
-                raise EngineError(f"{module.__name__}.{name} has no CUDA version yet")
-            return twin(*args, **kwargs)
-        return ref(*args, **kwargs)
+            return twin_on(rt, *args, **kwargs)
+        with args[0].device:
+            return twin_on(runtime_for(args[0], name), *args, **kwargs)
 
     op.__name__ = op.__qualname__ = name
-    op.__doc__ = ref.__doc__
-    op.reference = ref  # type: ignore[attr-defined]
+    op.reference = reference  # type: ignore[attr-defined]
+    op.twin_on = twin_on  # type: ignore[attr-defined]
     return op
 
 
-embedding_forward = _dispatch(_embedding, "embedding_forward")
-embedding_backward = _dispatch(_embedding, "embedding_backward")
-rmsnorm_forward = _dispatch(_norm, "rmsnorm_forward")
-rmsnorm_backward = _dispatch(_norm, "rmsnorm_backward")
-linear_forward = _dispatch(_linear, "linear_forward")
-linear_backward = _dispatch(_linear, "linear_backward")
-rope_forward = _dispatch(_rope, "rope_forward")
-rope_backward = _dispatch(_rope, "rope_backward")
-attention_forward = _dispatch(_attention, "attention_forward")
-attention_backward = _dispatch(_attention, "attention_backward")
-swiglu_forward = _dispatch(_swiglu, "swiglu_forward")
-swiglu_backward = _dispatch(_swiglu, "swiglu_backward")
-route_forward = _dispatch(_moe, "route_forward")
-route_backward = _dispatch(_moe, "route_backward")
-experts_forward = _dispatch(_moe, "experts_forward")
-experts_backward = _dispatch(_moe, "experts_backward")
-lm_head_loss = _dispatch(_cross_entropy, "lm_head_loss")
-project = _dispatch(_cross_entropy, "project")
-# ops of the architectures added with issue 17 (references only so far: a GPU backend says so)
-attention_ext_forward = _dispatch(_attention_ext, "attention_ext_forward")
-attention_ext_backward = _dispatch(_attention_ext, "attention_ext_backward")
-geglu_forward = _dispatch(_glu, "geglu_forward")
-geglu_backward = _dispatch(_glu, "geglu_backward")
-swiglu_oai_forward = _dispatch(_glu, "swiglu_oai_forward")
-swiglu_oai_backward = _dispatch(_glu, "swiglu_oai_backward")
-mla_kv_forward = _dispatch(_mla, "mla_kv_forward")
-mla_kv_backward = _dispatch(_mla, "mla_kv_backward")
-route_ext_forward = _dispatch(_moe_ext, "route_ext_forward")
-route_ext_backward = _dispatch(_moe_ext, "route_ext_backward")
-experts_ext_forward = _dispatch(_moe_ext, "experts_ext_forward")
-experts_ext_backward = _dispatch(_moe_ext, "experts_ext_backward")
-softcap_forward = _dispatch(_softcap, "softcap_forward")
-softcap_backward = _dispatch(_softcap, "softcap_backward")
-softcap_head_loss = _dispatch(_softcap, "softcap_head_loss")
+# every op: its NumPy reference, and its CUDA twin on a runtime
+embedding_forward = _op(_embedding.embedding_forward_ref, _embedding.embedding_forward_on)
+embedding_backward = _op(_embedding.embedding_backward_ref, _embedding.embedding_backward_on)
+rmsnorm_forward = _op(_norm.rmsnorm_forward_ref, _norm.rmsnorm_forward_on)
+rmsnorm_backward = _op(_norm.rmsnorm_backward_ref, _norm.rmsnorm_backward_on)
+linear_forward = _op(_linear.linear_forward_ref, _linear.linear_forward_on)
+linear_backward = _op(_linear.linear_backward_ref, _linear.linear_backward_on)
+rope_forward = _op(_rope.rope_forward_ref, _rope.rope_forward_on)
+rope_backward = _op(_rope.rope_backward_ref, _rope.rope_backward_on)
+attention_forward = _op(_attention.attention_forward_ref, _attention.attention_forward_on)
+attention_backward = _op(_attention.attention_backward_ref, _attention.attention_backward_on)
+swiglu_forward = _op(_swiglu.swiglu_forward_ref, _swiglu.swiglu_forward_on)
+swiglu_backward = _op(_swiglu.swiglu_backward_ref, _swiglu.swiglu_backward_on)
+route_forward = _op(_moe.route_forward_ref, _moe.route_forward_on)
+route_backward = _op(_moe.route_backward_ref, _moe.route_backward_on)
+experts_forward = _op(_moe.experts_forward_ref, _moe.experts_forward_on)
+experts_backward = _op(_moe.experts_backward_ref, _moe.experts_backward_on)
+lm_head_loss = _op(_cross_entropy.lm_head_loss_ref, _cross_entropy.lm_head_loss_on)
+project = _op(_cross_entropy.project_ref, _cross_entropy.project_on)
+# the newer architectures' ops: references only so far (a GPU backend refuses them by name)
+attention_ext_forward = _op(_attention_ext.attention_ext_forward_ref, None)
+attention_ext_backward = _op(_attention_ext.attention_ext_backward_ref, None)
+geglu_forward = _op(_glu.geglu_forward_ref, None)
+geglu_backward = _op(_glu.geglu_backward_ref, None)
+swiglu_oai_forward = _op(_glu.swiglu_oai_forward_ref, None)
+swiglu_oai_backward = _op(_glu.swiglu_oai_backward_ref, None)
+mla_kv_forward = _op(_mla.mla_kv_forward_ref, None)
+mla_kv_backward = _op(_mla.mla_kv_backward_ref, None)
+route_ext_forward = _op(_moe_ext.route_ext_forward_ref, None)
+route_ext_backward = _op(_moe_ext.route_ext_backward_ref, None)
+experts_ext_forward = _op(_moe_ext.experts_ext_forward_ref, None)
+experts_ext_backward = _op(_moe_ext.experts_ext_backward_ref, None)
+softcap_forward = _op(_softcap.softcap_forward_ref, None)
+softcap_backward = _op(_softcap.softcap_backward_ref, None)
+softcap_head_loss = _op(_softcap.softcap_head_loss_ref, None)
 
 __all__ = [
     "AttentionCache", "EmbeddingCache", "ExpertActs", "ExpertsCache", "LinearCache", "LoraTerm",
