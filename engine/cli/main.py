@@ -3,7 +3,8 @@
 Each subcommand parses its arguments, calls the engine, and prints. Errors the
 engine reports (`EngineError`) and unreadable inputs become one line on stderr
 and exit code 2, never a traceback. `norms` and `export` live in
-`engine.cli.tools`, `reward` in `engine.cli.reward`.
+`engine.cli.tools`, `reward` in `engine.cli.reward`; the options and the session
+every command that computes shares are in `engine.cli.common`.
 """
 
 from __future__ import annotations
@@ -22,37 +23,15 @@ from ..errors import EngineError
 from ..io.files import atomic_write
 from ..model.generate import GREEDY, SamplingConfig
 from ..model.summary import human_bytes, human_count, summarize
-from ..session import EngineSession
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
+from .common import add_runtime_options, open_session
 
 EXIT_USAGE = 2
 
 
 class CliError(Exception):
     """A problem with the command's own inputs (a file that cannot be read, a bad value)."""
-
-
-def add_runtime_options(s: argparse.ArgumentParser) -> None:
-    """--device and --cache-budget, for every command that computes with the model."""
-    s.add_argument("--device", default="cpu", help="cpu (default), cuda:N, or auto (a GPU when usable)")
-    s.add_argument(
-        "--cache-budget",
-        default="auto",
-        help="dequantized weights kept between uses: auto (what memory is free; default), off, or a "
-        "size such as 2G; the weights themselves stay quantized as the file stores them",
-    )
-
-
-def open_session(args: argparse.Namespace) -> EngineSession:
-    """The engine session of `args.model` on `args.device`, with the weight cache of
-    `args.cache_budget` and the chat template of `args.template_file` when the command has one."""
-    return EngineSession(
-        args.model,
-        device=args.device,
-        cache_budget=args.cache_budget,
-        template_file=getattr(args, "template_file", None),
-    )
 
 
 def _read_text(path: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import attention_gemm
 from .nvrtc import KernelSource
 from .runtime import Runtime, f32_input, runtime_for
 
@@ -172,8 +173,6 @@ def attention_forward_on(
     """`attention_forward` on a runtime. method: "flash" (these kernels: fp32, SIMT), "gemm" (bf16
     tensor cores, engine/kernels/attention_gemm.py), or None: "gemm" from GEMM_MIN_T queries up
     (training, prefill), else "flash" (decoding)."""
-    from . import attention_gemm
-
     xp = rt.xp
     q, qbs = _heads(rt, q, "queries q")
     k, kbs = _heads(rt, k, "keys k")
@@ -216,8 +215,6 @@ def attention_forward_on(
 
 def attention_backward_on(rt: Runtime, dy: Any, cache: AttentionCache):
     """`attention_backward` on a runtime."""
-    from . import attention_gemm
-
     if isinstance(cache, attention_gemm.GemmAttentionCache):
         return attention_gemm.backward_on(rt, dy, cache)
     xp = rt.xp

@@ -41,7 +41,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .attention import AttentionCache
 from .nvrtc import KernelSource
 from .runtime import Runtime, f32_input
 
@@ -58,11 +57,15 @@ class GemmState(NamedTuple):
     mask: Any  # (B, T, S) uint8 on the device
 
 
-class GemmAttentionCache(AttentionCache):
-    """AttentionCache of the tensor-core path: qg = Qh (B*NKV, G*T, HS), kt = Kh (B*NKV, S, HS),
-    vt = Vh (B*NKV, S, HS), all bf16 bits (uint16); p = GemmState; scale."""
+class GemmAttentionCache(NamedTuple):
+    """The tensor-core path's cache: the fields of the reference's AttentionCache in this path's
+    layouts (its own type, as attention.py, which picks this path, imports this module)."""
 
-    __slots__ = ()
+    qg: Any  # Qh (B*NKV, G*T, HS) bf16 bits (uint16)
+    kt: Any  # Kh (B*NKV, S, HS) bf16 bits
+    vt: Any  # Vh (B*NKV, S, HS) bf16 bits
+    p: GemmState
+    scale: float
 
 
 SOURCE = KernelSource.from_file(
