@@ -9,7 +9,7 @@ bf16 GEMM paths: 1e-2; AdamW: bit for bit). Also: dequantization (every GPU type
 dtypes, bit for bit), the MoE kernels (tests/kernels/moe_report.py, when present), and a check that
 engine.model.ops sends CuPy arrays to the twins.
 
-Training (`train_rows`): tiny synthetic models (engine.io.synth, Q8_0 weights) of two dense kinds,
+Training (`train_rows`): tiny synthetic models (engine.testing, Q8_0 weights) of two dense kinds,
 llama (NORM RoPE) and qwen3 (NEOX RoPE, q/k norms), and two MoE kinds, qwen3moe (renormalised top-k)
 and qwen2moe (shared expert with its sigmoid gate), each trained --train-steps steps (10) by
 `engine.Trainer` on the CPU and on the GPU from the same file, chats, config and seed (rank-4 LoRA on
@@ -213,9 +213,9 @@ def train_rows(backend, steps: int, seed: int, workdir: str) -> tuple[list[dict]
     Same file (Q8_0 weights: the CPU multiplies their exact float32 values, the device bf16 roundings
     of them), same chats, same config and seed: rank-4 LoRA on every tensor of the `all` preset
     (attention, FFN or experts, the router), AdamW lr 5e-3 constant, 48-token windows."""
-    from engine.io.synth import SynthSpec, write_model
     from engine.model.model import Model
     from engine.model.targets import TargetSpec
+    from engine.testing import SynthSpec, write_model
     from engine.train import events as ev
     from engine.train.trainer import TrainConfig
 
@@ -282,7 +282,7 @@ def train_rows(backend, steps: int, seed: int, workdir: str) -> tuple[list[dict]
 def gen_row(arch: str, path: str, model, trainer) -> dict:
     """Greedy tokens with the KV cache on the device against a full forward pass on the device, both
     with the adapter the device run trained; then that adapter exported as an adapter GGUF
-    (engine.io.export.export_adapter, llama.cpp's layout), read back with LoraAdapter.load against
+    (engine.export.write.export_adapter, llama.cpp's layout), read back with LoraAdapter.load against
     the CPU model: how many greedy tokens the CPU agrees on, and the largest difference of the CPU's
     logits from the device's over the same tokens, relative to the largest logit (max rel err
     column; must be within ADAPTER_LOGIT_TOL).
@@ -313,7 +313,7 @@ def gen_row(arch: str, path: str, model, trainer) -> dict:
             note = f"first difference at token {i}: cached {got[i]}, full {want[i]}, logit gap {gap:.3e}"
         # the adapter the device trained, through the export path (an adapter GGUF in llama.cpp's
         # layout) and read back as any adapter file is, checked against the CPU model's tensors
-        from engine.io.export import export_adapter
+        from engine.export.write import export_adapter
         from engine.model.lora import LoraAdapter
 
         cpu_model = Model.load(path)

@@ -66,7 +66,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from engine.io.synth import SynthSpec  # noqa: E402
+from engine.testing import SynthSpec  # noqa: E402
 
 GIB = 2**30
 RANK, ALPHA, LR, CLIP = 16, 32.0, 1e-4, 1.0
@@ -192,7 +192,7 @@ def write_shaped(spec: SynthSpec, path: str, seed: int = 0) -> str:
     Every tensor of one shape gets the same bytes (layer 0's), drawn at random from a pool of
     quantized blocks; routers, norms and biases are F32."""
     from engine.io.gguf_write import LazyTensor, write_gguf
-    from engine.io.synth import model_metadata, tensor_shapes
+    from engine.testing import model_metadata, tensor_shapes
 
     rng = np.random.default_rng(seed)
     pool = _block_pool(spec.qtype, rng)
@@ -794,7 +794,7 @@ def run_end_to_end(opts: E2EOptions, bf16_tflops: float, log=print) -> list[dict
 
 def _file_bytes(spec: SynthSpec) -> int:
     from engine.io.gguf_write import tensor_bytes
-    from engine.io.synth import tensor_shapes
+    from engine.testing import tensor_shapes
 
     return sum(
         tensor_bytes(s, spec.qtype if len(s) > 1 and not n.endswith("ffn_gate_inp.weight") else "F32")

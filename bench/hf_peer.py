@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import transformers
 
-from engine.io.synth import SynthSpec
+from engine.testing import SynthSpec
 
 BOS = 1
 HF_CLASS = {  # GGUF general.architecture (dense or MoE) -> transformers class

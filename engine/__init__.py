@@ -15,17 +15,7 @@ from .errors import (
     TemplateError,
     TokenizerError,
 )
-from .io.export import (
-    ADAPTER_TYPES,
-    MergeReport,
-    adapter_tensor_types,
-    export_adapter,
-    export_merged,
-    export_size,
-    fit_problems,
-    merged_tensor_types,
-)
-from .io.export_check import (
+from .export.check import (
     BAD_MARK,
     MERGE_TYPES,
     OK_MARK,
@@ -41,8 +31,18 @@ from .io.export_check import (
     suggest_out,
     write_export,
 )
+from .export.verify import TOLERANCE, VERIFY_PROMPTS, PromptResult, VerifyReport, verify_export
+from .export.write import (
+    ADAPTER_TYPES,
+    MergeReport,
+    adapter_tensor_types,
+    export_adapter,
+    export_merged,
+    export_size,
+    fit_problems,
+    merged_tensor_types,
+)
 from .io.gguf_file import GGUFFile, TensorInfo, dequantizable_types
-from .io.synth import SynthSpec, write_adapter, write_model
 from .model.archs import ARCHS, ArchSpec, ModelConfig, supported_architectures
 from .model.generate import GREEDY, Generation, SamplingConfig, generate
 from .model.lora import LoraAdapter, lora_shapes
@@ -61,8 +61,8 @@ from .model.targets import (
     select_targets,
     split_name,
 )
-from .model.verify import TOLERANCE, VERIFY_PROMPTS, PromptResult, VerifyReport, verify_export
 from .session import RUN, EngineSession, Reply, template_for
+from .testing import SynthSpec, write_adapter, write_model
 from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from .text.tokenizer import Tokenizer
 from .train.data import (

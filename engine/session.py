@@ -35,7 +35,8 @@ import numpy as np
 
 from .backend import Backend, select_backend
 from .errors import DatasetError, EngineError
-from .io.export_check import CheckReport, ExportRequest, check_export, write_export
+from .export.check import CheckReport, ExportRequest, check_export, write_export
+from .export.verify import VerifyReport, verify_export
 from .io.weights import AUTO
 from .model.generate import GREEDY, SamplingConfig
 from .model.generate import generate as generate_tokens
@@ -43,7 +44,6 @@ from .model.lora import LoraAdapter
 from .model.model import Model
 from .model.ops import LoraTerm
 from .model.summary import ModelSummary, summarize
-from .model.verify import VerifyReport, verify_export
 from .text.chat_template import template_for
 from .text.tokenizer import Tokenizer
 from .train import events as ev
@@ -316,7 +316,7 @@ class EngineSession:
             return write_export(request, adapter, on_progress, should_stop)
 
     def verify_export(self, request: ExportRequest, adapter: LoraAdapter, path: str) -> VerifyReport:
-        """Reload `path` and compare its logits with this model + `adapter` (see engine.model.verify)."""
+        """Reload `path` and compare its logits with this model + `adapter` (see engine.export.verify)."""
         same = request.base and os.path.exists(request.base) and os.path.samefile(request.base, self.path)
         with self.job("verifying the export"):
             if same:

@@ -461,7 +461,7 @@ class Trainer:
     # --- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, folder: str) -> str:
         """Write adapter + exact state into `folder/ckpt-<step>` atomically; prune old checkpoints."""
-        from ..io.export import export_adapter
+        from ..export.write import export_adapter
 
         meta = {
             "step": self.step,
@@ -843,7 +843,7 @@ class Trainer:
         return failed
 
     def _finish(self, on_event, *, stopped: bool, last_ckpt: str | None) -> ev.Finished | ev.Failed:
-        from ..io.export import export_adapter
+        from ..export.write import export_adapter
 
         cfg = self.config
         try:
@@ -875,7 +875,7 @@ class Trainer:
 
     def _export_full(self, out: str) -> str:
         """Runs with full-weight tensors write a whole model: base + trained tensors (+ merged LoRA)."""
-        from ..io.export import export_merged
+        from ..export.write import export_merged
 
         stem = out[:-5] if out.endswith(".gguf") else out
         path = stem + ".model.gguf" if self.trainable.pairs else out

@@ -148,7 +148,7 @@ def test_generation_and_reward_steps_on_the_device(synth_model, emulated, tmp_pa
 
 
 def test_a_corrupt_tensor_is_named_on_the_device_too(tmp_path, emulated):
-    from engine.io.synth import SynthSpec, random_weights, write_model
+    from engine.testing import SynthSpec, random_weights, write_model
 
     spec = SynthSpec.for_arch("llama", seed=35)
     weights = random_weights(spec)

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.io.synth import SynthSpec, write_model
 from engine.model.model import Model
 from engine.model.targets import TargetSpec, lora_candidates, select_full, select_targets, split_name
+from engine.testing import SynthSpec, write_model
 from engine.train.train_model import Trainable, loss_and_grads
 from tests.conftest import ARCHS
 from tests.gradcheck import assert_grads_close, check_grads

@@ -6,6 +6,9 @@ weight type `engine.io.quantize` can write) with a real SentencePiece-style
 vocabulary (byte fallback, ChatML control tokens, a chat template), so that
 every part of the engine can be exercised on it. `write_adapter` writes a
 random LoRA adapter in llama.cpp's layout. Nothing here is downloaded.
+
+A top layer of its own: it writes models of every architecture in the table, and no other module of
+the engine imports it (the import contracts in pyproject.toml hold that).
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ModelError
-from ..model.archs import ARCHS
-from .gguf_write import write_gguf
+from .errors import ModelError
+from .io.gguf_write import write_gguf
+from .model.archs import ARCHS
 
 CHATML = (
     "{% for message in messages %}"
@@ -376,7 +379,7 @@ def random_adapter(
     model, targets: list[str], rank: int = 4, seed: int = 0, std: float = 0.1
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Random non-zero LoRA pairs for the named tensors of a loaded `engine.model.Model`."""
-    from ..model.lora import lora_shapes  # local: lora imports ops only, but keep synth light to import
+    from .model.lora import lora_shapes  # local: lora imports ops only, but keep synth light to import
 
     rng = np.random.default_rng(seed)
     pairs = {}
