@@ -13,9 +13,9 @@ and the CLI can say it in plain words.
 the CPU silently: an unusable device is an `EngineError` naming the reason. CuPy is optional:
 this module imports on any machine, and a CuPy that imports without a driver or GPU means CPU.
 
-It sits just above `engine.kernels` (whose runtime it holds and enters) and below the model, the
-weight store and training, which all take a `Backend`; `array_module` and `to_host` are the
-kernels' own, offered here to the code above.
+It sits just above `engine.kernels` (whose runtime it holds and enters) and below the files, the
+model and training (the model and the trainer take a `Backend`); `array_module` and `to_host` are
+the kernels' own, offered here to the code above.
 """
 
 from __future__ import annotations
