@@ -384,7 +384,9 @@ class DeviceAdamW:
                 if k in (0, 2, 3) and (a.dtype.name != "float32" or not a.flags.c_contiguous):
                     raise ValueError(f"DeviceAdamW: tensor {i} part {k} must be C-contiguous float32")
                 if a.size != p.size or (a.ndim == 2 and a.strides[1] != a.itemsize):
-                    raise ValueError(f"DeviceAdamW: tensor {i} part {k} has shape {a.shape}, strides {a.strides}")
+                    raise ValueError(
+                        f"DeviceAdamW: tensor {i} part {k} has shape {a.shape}, strides {a.strides}"
+                    )
                 ptrs[5 * i + k] = rt.address(a)
             g_ld = g.strides[0] // 4 if g.ndim == 2 else cols
             s_ld = (sh.strides[0] // 2 if sh.ndim == 2 else cols) if sh is not None else cols
@@ -415,17 +417,30 @@ class DeviceAdamW:
         coef = np.zeros(3 * self.T, np.float32)
         for i, t in enumerate(steps):
             dec = self.decay[i] and weight_decay > 0.0
-            coef[3 * i : 3 * i + 3] = (math.sqrt(1.0 - b2**t), lr / (1.0 - b1**t), lr * weight_decay if dec else 0.0)
+            coef[3 * i : 3 * i + 3] = (
+                math.sqrt(1.0 - b2**t),
+                lr / (1.0 - b1**t),
+                lr * weight_decay if dec else 0.0,
+            )
         return coef
 
-    def step(self, stats, *, betas, eps: float, gclip: float, max_grad_norm: float, shadow_only: bool = False):
+    def step(
+        self, stats, *, betas, eps: float, gclip: float, max_grad_norm: float, shadow_only: bool = False
+    ):
         """The step's launches (no host read): norms, decision, update, stats[2:10] (module STATS)."""
         rt, n = self.rt, self.n_chunks
         if n == 0:
             return
         clip_on = gclip > 0.0
         if not shadow_only:
-            args = (self.ptrs, self.dims, self.chunk_tensor, self.chunk_start, np.float32(gclip), np.float64(gclip))
+            args = (
+                self.ptrs,
+                self.dims,
+                self.chunk_tensor,
+                self.chunk_start,
+                np.float32(gclip),
+                np.float64(gclip),
+            )
             rt.launch(SOURCE, "adamw_norms_dev", (n,), (THREADS,), (*args, np.int32(clip_on), self.part3))
             args = (self.part3, np.int32(n), np.int32(clip_on), np.float64(max_grad_norm), stats)
             rt.launch(SOURCE, "adamw_decide", (1,), (THREADS,), args)

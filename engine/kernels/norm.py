@@ -72,8 +72,13 @@ def norm_threads(units: int) -> int:
 SOURCE = KernelSource.from_file(
     "norm.cu",
     kernels=(
-        "rmsnorm_fwd_v4", "rmsnorm_fwd_v1", "rmsnorm_bwd_v4", "rmsnorm_bwd_v1", "rmsnorm_colsum",
-        "rmsnorm_fwd_out", "rmsnorm_bwd_acc",
+        "rmsnorm_fwd_v4",
+        "rmsnorm_fwd_v1",
+        "rmsnorm_bwd_v4",
+        "rmsnorm_bwd_v1",
+        "rmsnorm_colsum",
+        "rmsnorm_fwd_out",
+        "rmsnorm_bwd_acc",
     ),  # fmt: skip
     defines={"MAXU": MAXU},
 )
@@ -178,7 +183,9 @@ def rmsnorm_bwd_acc_ref(dy: np.ndarray, x: np.ndarray, rstd: np.ndarray, w: np.n
     return dres + dx
 
 
-def rmsnorm_fwd_out_on(rt: Runtime, x: Any, w: Any, eps: float, out: Any, rstd: Any, copy: Any = None) -> None:
+def rmsnorm_fwd_out_on(
+    rt: Runtime, x: Any, w: Any, eps: float, out: Any, rstd: Any, copy: Any = None
+) -> None:
     """`rmsnorm_fwd_out_ref` into `out` (N, C) bf16 bits (uint16, rows may be strided) or float32,
     `rstd` (N,) float32; with `copy` (N, C) float32, x is copied there too."""
     N, C = x.shape

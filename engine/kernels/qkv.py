@@ -95,7 +95,9 @@ def _grid(N: int, NH: int, NKV: int) -> int:
 
 def _check(HS: int, half: int) -> None:
     if HS > 256 or HS % 2 or 2 * half > HS:
-        raise ValueError(f"qkv_rope takes heads of at most 256 even dims with n_rot <= HS, got HS {HS}, n_rot {2 * half}")
+        raise ValueError(
+            f"qkv_rope takes heads of at most 256 even dims with n_rot <= HS, got HS {HS}, n_rot {2 * half}"
+        )
 
 
 def qkv_rope_forward_on(rt: Runtime, qkv, bias, q_norm, k_norm, eps, cos, sin, style, NH, NKV, HS, out=None):
@@ -114,7 +116,9 @@ def qkv_rope_forward_on(rt: Runtime, qkv, bias, q_norm, k_norm, eps, cos, sin, s
     return q, k, v
 
 
-def qkv_rope_backward_on(rt: Runtime, dq, dk, dv, qkv, bias, q_norm, k_norm, eps, cos, sin, style, NH, NKV, HS, out):
+def qkv_rope_backward_on(
+    rt: Runtime, dq, dk, dv, qkv, bias, q_norm, k_norm, eps, cos, sin, style, NH, NKV, HS, out
+):
     """`qkv_rope_backward_ref` on a runtime, dz written as bf16 bits into `out`'s first columns."""
     N = qkv.shape[0]
     half = cos.shape[-1]

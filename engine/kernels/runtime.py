@@ -178,8 +178,12 @@ def check_gemm(a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool) -> tuple[
         raise ValueError(
             f"gemm takes float32 or bf16 (uint16) operands of one kind, got {a.dtype}, {b.dtype}"
         )
-    if out.dtype.name not in ("float32", "uint16") or (out.dtype.name == "uint16" and a.dtype.name != "uint16"):
-        raise ValueError(f"gemm writes float32 (or bf16 bits from bf16 operands), got {out.dtype} from {a.dtype}")
+    if out.dtype.name not in ("float32", "uint16") or (
+        out.dtype.name == "uint16" and a.dtype.name != "uint16"
+    ):
+        raise ValueError(
+            f"gemm writes float32 (or bf16 bits from bf16 operands), got {out.dtype} from {a.dtype}"
+        )
     for name, x in (("a", a), ("b", b), ("out", out)):
         if x.strides[1] != x.itemsize or (x.shape[0] > 1 and x.strides[0] < x.shape[1] * x.itemsize):
             raise ValueError(f"gemm operand {name} needs unit inner stride, got strides {x.strides}")
@@ -212,7 +216,9 @@ class CudaRuntime(Runtime):
     def upload(self, dst: Any, host: np.ndarray) -> None:
         host = np.ascontiguousarray(host, dtype=dst.dtype)
         if host.shape != tuple(dst.shape) or not dst.flags.c_contiguous:
-            raise ValueError(f"upload of {host.shape} into {tuple(dst.shape)} (contiguous: {dst.flags.c_contiguous})")
+            raise ValueError(
+                f"upload of {host.shape} into {tuple(dst.shape)} (contiguous: {dst.flags.c_contiguous})"
+            )
         dst.set(host)  # an asynchronous copy on the current stream when the host memory allows
 
     def capture(self):
@@ -314,7 +320,9 @@ def _cuda_capture(rt: CudaRuntime) -> Iterator[CudaGraph]:
 
     handle = cupy.cuda.device.get_cublas_handle()
     if not hasattr(cublas, "setWorkspace"):
-        raise CaptureError(f"this CuPy ({cupy.__version__}) cannot give cuBLAS a workspace (cublasSetWorkspace)")
+        raise CaptureError(
+            f"this CuPy ({cupy.__version__}) cannot give cuBLAS a workspace (cublasSetWorkspace)"
+        )
     if rt._workspace is None:
         rt._workspace = cupy.empty(CUBLAS_WORKSPACE_BYTES, dtype=cupy.uint8)
     cublas.setWorkspace(handle, rt._workspace.data.ptr, CUBLAS_WORKSPACE_BYTES)

@@ -130,6 +130,14 @@ def swiglu_fwd_bf16_on(rt: Runtime, gu: Any, F: int, h: Any) -> Any:
 def swiglu_bwd_bf16_on(rt: Runtime, dh: Any, gu: Any, F: int, dgu: Any) -> Any:
     """forward was h = silu(g) u: dg, du as bf16 bits into dgu[:, :F], dgu[:, F:2F]."""
     N = gu.shape[0]
-    args = (dh, gu, np.int64(gu.strides[0] // 2), dgu, np.int64(dgu.strides[0] // 2), np.int64(N), np.int32(F))
+    args = (
+        dh,
+        gu,
+        np.int64(gu.strides[0] // 2),
+        dgu,
+        np.int64(dgu.strides[0] // 2),
+        np.int64(N),
+        np.int32(F),
+    )
     rt.launch(SOURCE, "swiglu_bwd_bf16", (elementwise_grid(N * F, 1),), (THREADS,), args)
     return dgu

@@ -91,6 +91,7 @@ _CHOICES = {
     "schedule": ("constant", "linear", "cosine"),
     "reward_mode": ("none", "weighted", "group"),
     "out_type": ("F32", "F16", "Q8_0"),
+    "gpu_step": ("graph", "eager", "generic"),
 }
 
 
@@ -154,6 +155,8 @@ class TrainConfig:
     norms_every: int = 1  # steps between LoraNorms events
     out: str | None = None  # adapter GGUF written at the end
     out_type: str = "F32"  # F32 | F16 | Q8_0
+    gpu_step: str = "graph"  # on a GPU, a dense model's step: "graph" (the fused step captured as one CUDA
+    # graph, replayed), "eager" (the fused step launched from Python), "generic" (the op-by-op path)
 
     def __post_init__(self) -> None:
         """Every field checked, so that the CLI and the app get the same one-line messages."""
@@ -206,6 +209,12 @@ class TrainConfig:
         t = TargetSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()})
         d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
         return cls(targets=t, **d)
+
+
+def _replace_config(cfg: TrainConfig, **changes) -> TrainConfig:
+    from dataclasses import replace
+
+    return replace(cfg, **changes)
 
 
 def _check_rank(model, targets: list[str], rank: int) -> None:
@@ -588,6 +597,9 @@ class Trainer:
             on_event(failed)
             return failed
         self._accumulator = GradAccumulator()
+        self._fused = self._graph = None
+        self._fused_why = self._fused_reason()
+        self._fused_runs = 0
         started = ev.Started(self.plan)
         self._note("running")
         on_event(started)
@@ -604,6 +616,8 @@ class Trainer:
             adjust_blas_threads()  # the cores other programs leave free, before each step
             keep_step_buffers()  # once per process: no page faults for the same buffers every step
         t_step = time.perf_counter()
+        if self._fused_why is None:
+            return self._fused_train_step(on_event, t_step)
         acc = self._accumulator
         acc.reset()
         loss = ce_sum = 0.0
@@ -642,7 +656,15 @@ class Trainer:
                 f"the gradient became {stats.grad_norm} at step {self.step + 1}: "
                 "training stopped; lower the learning rate. The last good checkpoint is kept.",
             )
-        exploded = self._exploded()
+        return self._after_step(
+            on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, self._exploded()
+        )
+
+    def _after_step(self, on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, exploded):
+        """What follows an optimizer step on either path: the exploded-weights check, the Step event,
+        norms, evaluation, checkpoint."""
+        cfg = self.config
+        total, n_batches = self.plan.total_steps, self.plan.batches_per_epoch
         if exploded:
             return self._fail(
                 on_event,
@@ -695,6 +717,80 @@ class Trainer:
             self._note("running")
             on_event(ev.Checkpoint(self.step, self.last_ckpt))
         return step
+
+    # --- the fused GPU step ----------------------------------------------------------------------
+    def _fused_reason(self) -> str | None:
+        """Why this run takes the generic op-by-op path (logged on a GPU), or None: the fused step."""
+        if not self.backend.is_gpu:
+            return "CPU"
+        from .dense_step import unsupported
+
+        cfg = self.config
+        why = "gpu_step is generic" if cfg.gpu_step == "generic" else unsupported(
+            self.model, self.trainable, cfg.grad_accum, cfg.reward_mode == "group" and cfg.kl_coef > 0,
+            self.memory.checkpoint,
+        )  # fmt: skip
+        if why:
+            log.info("training step: the generic op-by-op path (%s)", why)
+        return why
+
+    def _fused_train_step(self, on_event, t_step: float):
+        """One step of the fused dense step (engine.train.dense_step): the inputs uploaded, the step
+        replayed as a CUDA graph (captured at the second step; the first runs eagerly and warms up:
+        kernels loaded, memory pools grown), one read of its scalars at the end."""
+        from .dense_step import DenseStep, stats_of
+        from .optim import StepStats, lr_at
+
+        cfg = self.config
+        n_batches = self.plan.batches_per_epoch
+        m = self.step  # grad_accum is 1 on this path
+        batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
+        if self._fused is None:
+            self._fused = DenseStep(self.model, self.trainable, self.optimizer, cfg.batch_size, cfg.n_ctx)
+            log.info("training step: the fused dense step (%s)", "captured as a CUDA graph from the second step"
+                     if cfg.gpu_step == "graph" else "eager")  # fmt: skip
+        fused = self._fused
+        lr = lr_at(self.optimizer.cfg, self.optimizer.step_count)
+        n_label = fused.load(batch, lr)
+        with self.backend.active():
+            if self._graph is None and cfg.gpu_step == "graph" and self._fused_runs == 1:
+                try:
+                    with self.backend.runtime.capture() as graph:
+                        fused.run()
+                    self._graph = graph
+                except Exception as exc:  # noqa: BLE001 - any failure to capture means eager steps
+                    log.warning("training step: runs eagerly, the capture as a CUDA graph failed (%s: %s)",
+                                type(exc).__name__, exc)  # fmt: skip
+                    self.config = cfg = _replace_config(cfg, gpu_step="eager")
+            if self._graph is not None:
+                self._graph.replay()
+            else:
+                fused.run()
+        self._fused_runs += 1
+        st = fused.read()  # the step's one host read
+        fused.finish(st)
+        loss, ce_sum = st["loss"], st["ce_sum"]
+        if not math.isfinite(loss):
+            return self._fail(
+                on_event,
+                f"the loss became {loss} at step {self.step + 1}: training stopped. "
+                "Lower the learning rate or check the data; the last good checkpoint is kept.",
+            )
+        grad_norm, update_norm, param_norm, peak = stats_of(st)
+        if not math.isfinite(grad_norm):
+            return self._fail(
+                on_event,
+                f"the gradient became {grad_norm} at step {self.step + 1}: "
+                "training stopped; lower the learning rate. The last good checkpoint is kept.",
+            )
+        stats = StepStats(lr, grad_norm, bool(st["clipped"]), update_norm, param_norm)
+        exploded = None
+        if st["nonfinite_params"]:
+            exploded = f"became non-finite ({int(st['nonfinite_params'])} values)"
+        elif peak > MAX_PARAM:
+            exploded = f"exploded to {peak:.3g}"
+        n_tok = batch.n_tokens
+        return self._after_step(on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, None, exploded)
 
     def _exploded(self) -> str | None:
         """What is wrong with the parameters after a step (not finite, or far beyond what training

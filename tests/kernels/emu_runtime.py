@@ -146,9 +146,27 @@ class EmuCaptureError(RuntimeError):
 
 # NumPy functions that only make views or ask about shapes: no kernel on a GPU
 _VIEW_FUNCS = {
-    "reshape", "transpose", "swapaxes", "moveaxis", "squeeze", "expand_dims", "broadcast_to", "shape",
-    "ndim", "size", "result_type", "may_share_memory", "shares_memory", "atleast_1d", "atleast_2d",
-    "iscomplexobj", "isscalar", "can_cast", "diagonal", "real", "imag",
+    "reshape",
+    "transpose",
+    "swapaxes",
+    "moveaxis",
+    "squeeze",
+    "expand_dims",
+    "broadcast_to",
+    "shape",
+    "ndim",
+    "size",
+    "result_type",
+    "may_share_memory",
+    "shares_memory",
+    "atleast_1d",
+    "atleast_2d",
+    "iscomplexobj",
+    "isscalar",
+    "can_cast",
+    "diagonal",
+    "real",
+    "imag",
 }
 # functions whose CuPy version reads the device (the size of its result depends on the data)
 _SYNC_FUNCS = {"nonzero", "flatnonzero", "argwhere", "unique", "array_equal", "allclose", "isclose"}
@@ -166,36 +184,47 @@ class DeviceArray(np.ndarray):
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         rt = DeviceArray._rt
-        if rt is not None:
-            rt._op("glue", f"{ufunc.__name__}.{method}" if method != "__call__" else ufunc.__name__)
-        args = [x.view(np.ndarray) if isinstance(x, DeviceArray) else x for x in inputs]
+        args = [_base(x) for x in inputs]
         out = kwargs.get("out")
         if out is not None:
-            kwargs["out"] = tuple(o.view(np.ndarray) if isinstance(o, DeviceArray) else o for o in out)
-        result = getattr(ufunc, method)(*args, **kwargs)
+            kwargs["out"] = tuple(_base(o) for o in out)
+        fn = getattr(ufunc, method)
+        result = fn(*args, **kwargs)
+        if out is None:
+            result = result if isinstance(result, (np.ndarray, tuple)) else np.asarray(result)
+            outs = result if isinstance(result, tuple) else (result,)
+            kw = dict(kwargs, out=tuple(outs))
+        else:
+            kw = kwargs
+        if rt is not None:
+            name = f"{ufunc.__name__}.{method}" if method != "__call__" else ufunc.__name__
+            rt._op("glue", name, lambda: fn(*args, **kw))
         if out is not None:
             return out[0] if len(out) == 1 else out
-        if isinstance(result, np.ndarray):
-            return result.view(DeviceArray)
         if isinstance(result, tuple):
             return tuple(r.view(DeviceArray) if isinstance(r, np.ndarray) else r for r in result)
-        return np.asarray(result).view(DeviceArray)  # a 0-d device array, as CuPy's reductions give
+        return result.view(DeviceArray)  # 0-d for a whole reduction, as CuPy gives it
 
     def __array_function__(self, func, types, args, kwargs):
         rt = DeviceArray._rt
         name = func.__name__
-        if rt is not None and not rt._depth and name not in _VIEW_FUNCS:
-            rt._op("read" if name in _SYNC_FUNCS else "glue", name)
+        counted = rt is not None and not rt._depth and name not in _VIEW_FUNCS
         if rt is not None:
             rt._depth += 1
         try:
             out = super().__array_function__(func, types, args, kwargs)
-            if isinstance(out, np.ndarray) and not isinstance(out, DeviceArray) and name not in _SYNC_FUNCS:
-                return out.view(DeviceArray)
-            return out
         finally:
             if rt is not None:
                 rt._depth -= 1
+        if counted:
+            thunk = None
+            if isinstance(out, np.ndarray) and name not in _SYNC_FUNCS:
+                res, a, kw = _base(out), _bases(args), _bases(kwargs)
+                thunk = lambda: np.copyto(res, func(*a, **kw))  # noqa: E731
+            rt._op("read" if name in _SYNC_FUNCS else "glue", name, thunk)
+        if isinstance(out, np.ndarray) and not isinstance(out, DeviceArray) and name not in _SYNC_FUNCS:
+            return out.view(DeviceArray)
+        return out
 
     def __getitem__(self, key):
         out = np.ndarray.__getitem__(self, key)
@@ -204,10 +233,11 @@ class DeviceArray(np.ndarray):
         return out
 
     def __setitem__(self, key, value) -> None:
+        base, val = self.view(np.ndarray), _base(value)
+        base[key] = val
         rt = DeviceArray._rt
         if rt is not None:
-            rt._op("glue", "setitem")
-        self.view(np.ndarray)[key] = value.view(np.ndarray) if isinstance(value, DeviceArray) else value
+            rt._op("glue", "setitem", lambda: base.__setitem__(key, val))
 
     def _read(self, what: str):
         rt = DeviceArray._rt
@@ -237,22 +267,39 @@ class DeviceArray(np.ndarray):
         return np.array(self._read("get"))
 
     def astype(self, dtype, *a, **kw):
+        base = self.view(np.ndarray)
+        out = np.ndarray.astype(base, dtype, *a, **kw)
         rt = DeviceArray._rt
         if rt is not None:
-            rt._op("glue", "astype")
-        return np.ndarray.astype(self.view(np.ndarray), dtype, *a, **kw).view(DeviceArray)
+            rt._op("glue", "astype", lambda: np.copyto(out, base, casting="unsafe"))
+        return out.view(DeviceArray)
 
     def copy(self, order="C"):
+        base = self.view(np.ndarray)
+        out = np.ndarray.copy(base, order)
         rt = DeviceArray._rt
         if rt is not None:
-            rt._op("glue", "copy")
-        return np.ndarray.copy(self.view(np.ndarray), order).view(DeviceArray)
+            rt._op("glue", "copy", lambda: np.copyto(out, base))
+        return out.view(DeviceArray)
 
     def fill(self, value) -> None:
+        base = self.view(np.ndarray)
+        base.fill(value)
         rt = DeviceArray._rt
         if rt is not None:
-            rt._op("glue", "fill")
-        self.view(np.ndarray).fill(value)
+            rt._op("glue", "fill", lambda: base.fill(value))
+
+
+def _base(x):
+    return x.view(np.ndarray) if isinstance(x, DeviceArray) else x
+
+
+def _bases(x):
+    if isinstance(x, dict):
+        return {k: _bases(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(_bases(v) for v in x)
+    return _base(x)
 
 
 class _DeviceNumpy(_PoisonNumpy):
@@ -268,15 +315,18 @@ class _DeviceNumpy(_PoisonNumpy):
 
     def _new(self, a: np.ndarray, what: str | None) -> DeviceArray:
         self._rt._op("alloc", what or "empty")
-        if what is not None:
-            self._rt._op("glue", what)
+        if what is not None:  # a fill kernel: replayed as one
+            first = a.copy()
+            self._rt._op("glue", what, lambda: np.copyto(a, first))
         return a.view(DeviceArray)
 
     def empty(self, shape, dtype=float, order="C"):
         return self._new(poison_like(shape, dtype), None)
 
     def empty_like(self, a, dtype=None, order="K", subok=True, shape=None):
-        return self._new(poison_like(a.shape if shape is None else shape, a.dtype if dtype is None else dtype), None)
+        return self._new(
+            poison_like(a.shape if shape is None else shape, a.dtype if dtype is None else dtype), None
+        )
 
     def zeros(self, shape, dtype=float, order="C"):
         return self._new(np.zeros(shape, dtype), "zeros")
@@ -313,8 +363,10 @@ class _DeviceNumpy(_PoisonNumpy):
         if a.flags.c_contiguous and (dtype is None or np.dtype(dtype) == a.dtype):
             return a
         self._rt._op("alloc", "ascontiguousarray")
-        self._rt._op("glue", "ascontiguousarray")
-        return np.ascontiguousarray(a.view(np.ndarray), dtype=dtype).view(DeviceArray)
+        base = a.view(np.ndarray)
+        out = np.ascontiguousarray(base, dtype=dtype)
+        self._rt._op("glue", "ascontiguousarray", lambda: np.copyto(out, base, casting="unsafe"))
+        return out.view(DeviceArray)
 
 
 class EmuGraph:
@@ -370,10 +422,14 @@ class RecordingRuntime(EmuRuntime):
         self.counts[kind] = self.counts.get(kind, 0) + 1
         self.ops.append((kind, name))
 
-    def _op(self, kind: str, name: str) -> None:
+    def _op(self, kind: str, name: str, thunk=None) -> None:
+        """One device operation; inside a capture, glue is recorded (`thunk` redoes it on replay)."""
         if self._graph is not None:
             if kind == "alloc":
                 self._count("alloc_in_capture", name)
+                return
+            if kind == "glue" and thunk is not None:
+                self._graph.ops.append((name, thunk))
                 return
             raise EmuCaptureError(f"{kind} ({name}) inside a captured region")
         self._count(kind, name)
@@ -381,7 +437,9 @@ class RecordingRuntime(EmuRuntime):
     # --- device work ---------------------------------------------------------------------------
     def launch(self, source, kernel, grid, block, args, shared_mem=0) -> None:
         if self._graph is not None:
-            self._graph.ops.append((kernel, lambda: EmuRuntime.launch(self, source, kernel, grid, block, args, shared_mem)))
+            self._graph.ops.append(
+                (kernel, lambda: EmuRuntime.launch(self, source, kernel, grid, block, args, shared_mem))
+            )
             return
         self._count("launch", kernel)
         EmuRuntime.launch(self, source, kernel, grid, block, args, shared_mem)
