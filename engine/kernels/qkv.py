@@ -13,8 +13,6 @@ the attention.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from .norm import rmsnorm_backward_ref, rmsnorm_forward_ref

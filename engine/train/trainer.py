@@ -611,7 +611,7 @@ class Trainer:
         A non-finite loss or gradient ends the run with `Failed`, keeping the last good checkpoint."""
         assert self.plan is not None and not self.done, "start() the run first; it must have steps left"
         cfg = self.config
-        total, n_batches = self.plan.total_steps, self.plan.batches_per_epoch
+        n_batches = self.plan.batches_per_epoch
         if not self.backend.is_gpu:
             adjust_blas_threads()  # the cores other programs leave free, before each step
             keep_step_buffers()  # once per process: no page faults for the same buffers every step
@@ -747,8 +747,8 @@ class Trainer:
         batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
         if self._fused is None:
             self._fused = DenseStep(self.model, self.trainable, self.optimizer, cfg.batch_size, cfg.n_ctx)
-            log.info("training step: the fused dense step (%s)", "captured as a CUDA graph from the second step"
-                     if cfg.gpu_step == "graph" else "eager")  # fmt: skip
+            how = "captured as a CUDA graph from the second step" if cfg.gpu_step == "graph" else "eager"
+            log.info("training step: the fused dense step (%s)", how)
         fused = self._fused
         lr = lr_at(self.optimizer.cfg, self.optimizer.step_count)
         n_label = fused.load(batch, lr)
