@@ -104,9 +104,9 @@ def qkv_rope_forward_on(rt: Runtime, qkv, bias, q_norm, k_norm, eps, cos, sin, s
     N = qkv.shape[0]
     half = cos.shape[-1]
     _check(HS, half)
-    q, k, v = out if out is not None else (
-        xp.empty((N, NH, HS), xp.float32), xp.empty((N, NKV, HS), xp.float32), xp.empty((N, NKV, HS), xp.float32)
-    )  # fmt: skip
+    if out is None:
+        out = tuple(xp.empty((N, H, HS), xp.float32) for H in (NH, NKV, NKV))
+    q, k, v = out
     ld = np.int64(qkv.strides[0] // 2)
     args = (qkv, ld, bias, q_norm, k_norm, cos, sin, q, k, v, np.int64(N), np.int32(NH), np.int32(NKV))
     args += (np.int32(HS), np.int32(half), np.int32(style == "neox"), np.float32(eps))

@@ -45,6 +45,7 @@ import numpy as np
 from ..kernels import attention_gemm, embedding, linear
 from ..kernels.adamw import STATS, DeviceAdamW
 from ..kernels.cross_entropy import lm_head_loss_on
+from ..kernels.dequant import dequant_on
 from ..kernels.norm import rmsnorm_bwd_acc_on, rmsnorm_fwd_out_on
 from ..kernels.qkv import qkv_rope_backward_on, qkv_rope_forward_on
 from ..kernels.swiglu import swiglu_bwd_bf16_on, swiglu_fwd_bf16_on
@@ -74,6 +75,7 @@ class _Group:
     n_out: int  # rows of all W together
     n_in: int
     lora: tuple[int, ...]  # members with LoRA (indices into names), in slot order
+    raw: Any  # ring mode: (stored blocks of every member, type) for one dequantization, or None
     W: Any  # (n_out + rg, n_in) bf16: the member weights, then the A rows (persistent mode)
     A16: Any  # (rg, n_in) bf16: this layer's A rows (ring mode; None when they live in W)
     Bblk: Any  # (n_out, rg) bf16: block-diagonal B copies (zeros off the blocks), or None
@@ -264,16 +266,17 @@ class DenseStep:
             Wbuf = xp.empty((n_out + rg, n_in), xp.uint16)
             for n, row, s in zip(names, rows, shapes, strict=True):
                 W.dequant_into(n, Wbuf[row : row + s[0]])
-            A16 = None
+            A16 = raw = None
         else:  # one buffer per group shape, refilled at each use
             if key not in ring:
                 ring[key] = xp.empty((n_out + rg, n_in), xp.uint16)
             Wbuf = ring[key]
             A16 = xp.empty((rg, n_in), xp.uint16) if rg else None
+            raw = W.join(names) if len(names) > 1 else None
         Bblk = xp.zeros((n_out, rg), xp.uint16) if rg else None
         gA = xp.empty((rg, n_in), xp.float32) if rg else None
         gB = xp.empty((n_out, rg), xp.float32) if rg else None
-        return _Group(names, rows, n_out, n_in, lora, Wbuf, A16, Bblk, gA, gB)
+        return _Group(names, rows, n_out, n_in, lora, raw, Wbuf, A16, Bblk, gA, gB)
 
     def write_shadows(self) -> None:
         """The bf16 copies of the LoRA factors (after a resume or a change from outside)."""
@@ -351,13 +354,17 @@ class DenseStep:
         self.opt.step_count += 1
 
     # --- a layer ---------------------------------------------------------------------------------
-    def _weights(self, grp: _Group) -> Any:
-        """The group's [W; A] buffer, refilled first in ring mode (the dequantization is captured)."""
+    def _weights(self, grp: _Group, with_a: bool = True) -> Any:
+        """The group's [W; A] buffer, refilled first in ring mode (the dequantization is captured;
+        the A rows are copied in only when the GEMM reads them)."""
         if not self.persistent:
             W = self.model.weights
-            for n, row in zip(grp.names, grp.rows, strict=True):
-                W.dequant_into(n, grp.W[row : row + W.infos[n].shape[0]])
-            if grp.A16 is not None:
+            if grp.raw is not None:  # the members' blocks side by side: one launch
+                dequant_on(self.rt, grp.raw[0], grp.raw[1], out=grp.W[: grp.n_out], dtype="bfloat16")
+            else:
+                for n, row in zip(grp.names, grp.rows, strict=True):
+                    W.dequant_into(n, grp.W[row : row + W.infos[n].shape[0]])
+            if grp.A16 is not None and with_a:
                 grp.W[grp.n_out :] = grp.A16
         return grp.W
 
@@ -371,11 +378,11 @@ class DenseStep:
 
     def _residual_forward(self, grp: _Group, x16: Any, res: Any, xa16: Any) -> None:
         """res += x W^T + s (x A^T) B^T (float32 residual stream; x A^T kept in xa16)."""
-        Wb = self._weights(grp)
+        Wb = self._weights(grp, with_a=False)
         n = grp.n_out
         self.rt.gemm(x16, Wb[:n], res, trans_b=True, beta=1.0)
         if grp.rg:
-            self.rt.gemm(x16, Wb[n:], xa16, trans_b=True)
+            self.rt.gemm(x16, Wb[n:] if grp.A16 is None else grp.A16, xa16, trans_b=True)
             self.rt.gemm(xa16, grp.Bblk, res, trans_b=True, alpha=self.s, beta=1.0)
 
     def _fresh_backward(self, grp: _Group, G: Any, xa16: Any, x16: Any, dx: Any) -> None:
