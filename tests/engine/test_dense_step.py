@@ -89,7 +89,9 @@ def test_graph_replay_equals_the_eager_step_bit_for_bit(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="engine.train.trainer"):
         a, b = _steps(eager, 4), _steps(graph, 4)
     assert "runs eagerly" not in caplog.text
-    assert rt.counts.get("capture") == 1 and graph._graph.replays == 3  # captured once, replayed for 3 batches
+    assert (
+        rt.counts.get("capture") == 1 and graph._graph.replays == 3
+    )  # captured once, replayed for 3 batches
     for x, y in zip(a, b, strict=True):
         assert (x.loss, x.grad_norm, x.mean_ce) == (y.loss, y.grad_norm, y.mean_ce)
     for name, p in eager.trainable.params().items():
@@ -106,7 +108,9 @@ def test_a_step_reads_the_host_once_and_uploads_only_its_inputs(tmp_path):
     rt.reset()
     _steps(trainer, 1)
     assert rt.counts.get("read") == 1
-    assert rt.counts.get("upload") == 7  # tokens, targets, weights, mask, cos, sin, the optimizer's coefficients
+    assert (
+        rt.counts.get("upload") == 7
+    )  # tokens, targets, weights, mask, cos, sin, the optimizer's coefficients
     kinds = [name for kind, name in rt.ops if kind == "read"]
     assert kinds == ["read"]  # DenseStep.read, after every launch of the step
     assert rt.ops[-1] == ("read", "read")
@@ -145,7 +149,9 @@ def test_the_captured_step_holds_no_host_read_upload_or_foreign_allocation(tmp_p
     rt.reset()
     _steps(trainer, 2)  # captured (any read, upload or unreplayable op inside would raise), then replayed
     assert trainer._graph is not None and rt.counts.get("capture") == 1
-    assert "alloc" not in rt.counts  # nothing allocated outside the graph's pool: the step's buffers are static
+    assert (
+        "alloc" not in rt.counts
+    )  # nothing allocated outside the graph's pool: the step's buffers are static
     assert rt.counts.get("launch", 0) == rt.counts.get("gemm", 0) == 0  # the replays ran everything
     assert rt.counts.get("read") == 2  # one a step
 
@@ -167,7 +173,9 @@ def test_a_layer_costs_at_most_70_device_operations(tmp_path, arch):
         (tmp_path / budget).mkdir()
         one, two = (_ops_per_step(tmp_path / budget, arch, L, budget) for L in (1, 2))
         per_layer = two - one
-        print(f"{arch} cache {budget}: {per_layer} device operations a layer, {one - per_layer} a step besides")
+        print(
+            f"{arch} cache {budget}: {per_layer} device operations a layer, {one - per_layer} a step besides"
+        )
         assert per_layer <= MAX_OPS_PER_LAYER
 
 

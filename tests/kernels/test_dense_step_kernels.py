@@ -48,7 +48,18 @@ def test_qkv_rope_matches_the_reference(backend, fresh_rng, case):
     put = backend.put
 
     def run(rt):
-        args = (put(b), put(qn), put(kn), eps, put(cos.reshape(N, -1)), put(sin.reshape(N, -1)), style, NH, NKV, HS)
+        args = (
+            put(b),
+            put(qn),
+            put(kn),
+            eps,
+            put(cos.reshape(N, -1)),
+            put(sin.reshape(N, -1)),
+            style,
+            NH,
+            NKV,
+            HS,
+        )
         x = put(bits.reshape(N, -1))
         q, k, v = qkv.qkv_rope_forward_on(rt, x, *args)
         out = rt.xp.zeros((N, bits.shape[-1] + 2), dtype=rt.xp.uint16)
@@ -58,7 +69,9 @@ def test_qkv_rope_matches_the_reference(backend, fresh_rng, case):
 
     q, k, v, out = backend.twice(run, "qkv_rope")
     for name, got, want in (("q", q, ref[0]), ("k", k, ref[1]), ("v", v, ref[2])):
-        c = compare(f"qkv_rope_forward.{name}", str(case), np.asarray(got).reshape(want.shape), want, FP32_TOL)
+        c = compare(
+            f"qkv_rope_forward.{name}", str(case), np.asarray(got).reshape(want.shape), want, FP32_TOL
+        )
         assert c.ok, c.message
     n = (NH + 2 * NKV) * HS
     dz = bf16_values(np.asarray(out)[:, :n]).reshape(dz_ref.shape)
@@ -92,7 +105,12 @@ def test_qkv_rope_backward_is_the_gradient_of_its_forward(case):
 @pytest.mark.parametrize("C", [64, 96])
 def test_fused_norms_match_the_reference(backend, fresh_rng, C):
     N = 7
-    x, w, dy, dres = f32(fresh_rng, N, C), 1 + 0.1 * f32(fresh_rng, C), f32(fresh_rng, N, C), f32(fresh_rng, N, C)
+    x, w, dy, dres = (
+        f32(fresh_rng, N, C),
+        1 + 0.1 * f32(fresh_rng, C),
+        f32(fresh_rng, N, C),
+        f32(fresh_rng, N, C),
+    )
     y_ref, rstd_ref = norm.rmsnorm_fwd_out_ref(x.astype(np.float64), w, 1e-5)
     acc_ref = norm.rmsnorm_bwd_acc_ref(dy, x, rstd_ref, w, dres)
     put = backend.put
@@ -203,7 +221,9 @@ def test_the_head_loss_over_padded_rows_is_the_loss_of_the_label_rows(backend, f
 
     def run(rt):
         out = rt.xp.zeros(4, rt.xp.float64)
-        _, _, dh, _ = lm_head_loss_on(rt, put(h), put(w), put(targets), put(weights), padded=True, out=out[1:3])
+        _, _, dh, _ = lm_head_loss_on(
+            rt, put(h), put(w), put(targets), put(weights), padded=True, out=out[1:3]
+        )
         return out, dh
 
     out, dh = backend.twice(run, "padded head loss")
