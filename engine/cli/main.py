@@ -231,6 +231,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         lr=args.lr, schedule=args.schedule, warmup_steps=args.warmup, weight_decay=args.weight_decay,
         gclip=args.gclip, max_grad_norm=args.max_grad_norm,
         reward_mode=args.reward_mode, kl_coef=args.kl,
+        objective=args.objective, dpo_beta=args.beta, orpo_lambda=args.orpo_lambda,
         checkpoint_layers=args.checkpoint_layers, checkpoint_every=args.checkpoint_every or 0,
         device=args.device, cache_budget=args.cache_budget,
         checkpoint_dir=ckpt_dir, eval_every=args.eval_every, out=out, out_type=args.out_type,
@@ -243,6 +244,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CliError(f"{args.events}: cannot be written ({exc})") from exc
     stop = {"requested": False}
+    total = {"steps": 1}
 
     def on_event(e) -> None:
         if events_file is not None:
@@ -261,6 +263,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             if len(p.problems) > 20:
                 print(f"  ... and {len(p.problems) - 20} more problems", file=sys.stderr)
         elif isinstance(e, ev.Step):
+            total["steps"] = e.total_steps
             line = (f"step {e.step}/{e.total_steps}  loss {e.mean_ce:.4f}  lr {e.lr:.2e}  "
                     f"grad {e.grad_norm:.3f}  {e.tokens_per_s:.0f} tok/s  elapsed {_fmt_time(e.elapsed_s)}  "
                     f"eta {_fmt_time(e.eta_s)}")  # fmt: skip
@@ -270,6 +273,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                 print(f"\r[{'#' * done}{'.' * (width - done)}] {line}", end="", file=sys.stderr, flush=True)
             elif e.step == e.total_steps or e.step % max(1, e.total_steps // 20) == 0 or e.step == 1:
                 print(line, file=sys.stderr)
+        elif isinstance(e, ev.PreferenceStep) and not tty:
+            if e.step == 1 or e.step % max(1, total["steps"] // 20) == 0:
+                print(f"  pairs: accuracy {e.accuracy:.3f}  margin {e.margin:+.4f}  log p chosen "
+                      f"{e.chosen_logp:.3f} rejected {e.rejected_logp:.3f}", file=sys.stderr)  # fmt: skip
+        elif isinstance(e, ev.PreferenceEval):
+            print(f"{chr(10) if tty else ''}held-out pairs at step {e.step}: accuracy {e.accuracy:.3f}, "
+                  f"margin {e.margin:+.4f}, {e.objective} loss {e.loss:.4f} ({e.n_pairs} pairs)",
+                  file=sys.stderr)  # fmt: skip
         elif isinstance(e, ev.Eval):
             print(f"{chr(10) if tty else ''}eval at step {e.step}: loss {e.mean_ce:.4f} "
                   f"(perplexity {e.perplexity:.2f}, {e.n_tokens} tokens)", file=sys.stderr)  # fmt: skip
@@ -428,6 +439,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--kl", type=float, default=0.0, help="group mode: KL penalty to the base model (default 0)"
     )
+    s.add_argument(
+        "--objective",
+        default="sft",
+        choices=("sft", "dpo", "orpo"),
+        help="sft: learn the answers; dpo / orpo: learn from preference pairs (prompt, chosen, rejected); "
+        "DPO's reference is the model with the adapter off (default sft)",
+    )
+    s.add_argument("--beta", type=float, default=0.1, help="DPO beta (default 0.1)")
+    s.add_argument("--orpo-lambda", type=float, default=0.1, help="ORPO lambda (default 0.1)")
     s.add_argument(
         "--checkpoint-layers",
         nargs="?",

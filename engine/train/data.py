@@ -10,7 +10,8 @@ each with an optional ``"reward"`` (or ``"score"``) number. Two common shapes ar
 become ``"messages"`` samples: ShareGPT's ``{"conversations": [{"from", "value"}, ...]}`` and
 Alpaca's ``{"instruction", "input", "output"}``. Where a line has keys of several shapes the
 first in that order wins (messages, conversations, prompt/response, instruction/output, text);
-other keys are ignored.
+other keys are ignored. A line with "chosen" and "rejected" is a preference pair (DPO, ORPO), read
+by `engine.train.pref_data` into a "preference" sample.
 
 `load_jsonl` never stops at a bad line: it returns the samples it could read and a `Problem`
 per line it could not (an "error": the sample is skipped) or has doubts about (a "warning": the
@@ -106,13 +107,15 @@ class Sample:
     """One training example, as read from a dataset line (comparable; not hashable: messages are dicts)."""
 
     line: int  # 1-based line in the file (0 if made in memory)
-    kind: str  # "messages" | "prompt" | "text"
+    kind: str  # "messages" | "prompt" | "text" | "preference"
     messages: tuple[dict, ...]  # role/content dicts; for "prompt" the derived user and assistant pair
     prompt: str | None  # "prompt" samples only
     response: str | None  # "prompt" samples only
     text: str | None  # "text" samples only
     reward: float | None  # from "reward" (or "score"); None when the line has none
     group: str  # samples answering the same prompt share it ("" for text samples)
+    rejected: str | None = None  # "preference" samples only: the worse answer (messages end with the
+    # chosen one, so a preference trains as a conversation on its chosen answer: engine.train.pref_data)
 
 
 def _json_type(value: Any) -> str:
@@ -319,6 +322,10 @@ def _parse_sample(obj: Any, line: int) -> tuple[Sample | None, list[Problem]]:
         problems.append(Problem(line, trouble, ERROR))
         return None, problems
     ok, reward = _parse_reward(obj, problems, line)
+    if "chosen" in obj or "rejected" in obj:  # a preference pair (engine.train.pref_data)
+        from .pref_data import parse_preference
+
+        return parse_preference(obj, line, reward if ok else None, problems, ok)
 
     kind = "messages"
     prompt = response = text = None
@@ -382,8 +389,12 @@ def sample_to_json(sample: Sample) -> dict[str, Any]:
         obj = {"prompt": sample.prompt, "response": sample.response}
     elif sample.kind == "messages":
         obj = {"messages": [dict(m) for m in sample.messages]}
+    elif sample.kind == "preference":
+        from .pref_data import preference_to_json
+
+        obj = preference_to_json(sample)
     else:
-        raise ValueError(f"sample kind {sample.kind!r} is not one of messages, prompt, text")
+        raise ValueError(f"sample kind {sample.kind!r} is not one of messages, prompt, text, preference")
     if sample.reward is not None:
         obj["reward"] = sample.reward
     return obj

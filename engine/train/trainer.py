@@ -84,6 +84,8 @@ _FLOAT_RANGES = (  # field, lowest, highest, lowest excluded
     ("gclip", 0.0, 1e9, False),
     ("max_grad_norm", 0.0, 1e9, False),
     ("kl_coef", 0.0, 1e3, False),
+    ("dpo_beta", 0.0, 1e3, True),
+    ("orpo_lambda", 0.0, 1e3, False),
 )
 _CHOICES = {
     "lora_init": ("kaiming", "gaussian"),
@@ -92,6 +94,7 @@ _CHOICES = {
     "reward_mode": ("none", "weighted", "group"),
     "out_type": ("F32", "F16", "Q8_0"),
     "gpu_step": ("graph", "eager", "generic"),
+    "objective": ("sft", "dpo", "orpo"),
 }
 
 
@@ -143,6 +146,11 @@ class TrainConfig:
     # rewards
     reward_mode: str = "none"  # none | weighted (reward-weighted SFT) | group (group-relative)
     kl_coef: float = 0.0  # group mode: weight of KL(adapter || base) per label token
+    # preferences (engine.train.preferences): "sft" trains the samples' answers (a preference sample: its
+    # chosen one); "dpo" and "orpo" train on pairs of a chosen and a rejected answer
+    objective: str = "sft"
+    dpo_beta: float = 0.1  # DPO: beta, how far the adapter may move from the base model (higher: less)
+    orpo_lambda: float = 0.1  # ORPO: lambda, the weight of the odds-ratio term beside the SFT loss
     # runtime
     device: str = "cpu"  # where the run computes: "cpu", "cuda:N" or "auto" (engine.backend)
     cache_budget: str = "auto"  # dequantized weights kept between uses: "auto", "off" or a size ("4G")
@@ -177,6 +185,11 @@ class TrainConfig:
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.objective != "sft" and self.reward_mode != "none":
+            raise ConfigError(
+                f"objective {self.objective} learns from preference pairs, not rewards: set reward_mode to "
+                f"none (got {self.reward_mode})"
+            )
         if not isinstance(self.full, tuple) or not all(isinstance(x, str) for x in self.full):
             raise ConfigError(f"full must be a tuple of tensor names, globs or kinds, got {self.full!r}")
 
@@ -352,6 +365,7 @@ class Trainer:
         self._loss_window: deque[float] = deque(maxlen=STALL_STEPS)
         self._norm_window: deque[float] = deque(maxlen=STALL_STEPS)
         self._stall_warned = False
+        self.preference = None  # the PreferenceObjective of a DPO or ORPO run (engine.train.preferences)
 
     # --- data ---------------------------------------------------------------------------------
     def _prepare(self):
@@ -376,6 +390,8 @@ class Trainer:
                 "the dataset has no usable sample" + (f" ({len(problems)} problems)" if problems else "")
             )
         train, val = split_validation(samples, cfg.val_split, cfg.seed)
+        if cfg.objective != "sft":
+            return self._prepare_pairs(tok, template, train, val, problems)
         options = EncodeOptions(
             n_ctx=cfg.n_ctx, train_on_prompt=cfg.train_on_prompt, prompt_format=cfg.prompt_format
         )
@@ -402,8 +418,39 @@ class Trainer:
         self._epoch_cache: dict[int, list] = {}
         return self.batches_for_epoch(0)
 
+    def _prepare_pairs(self, tok, template, train, val, problems):
+        """DPO and ORPO: the preference samples as pairs of token sequences, `batch_size` pairs a batch;
+        the validation split holds out whole prompts' pairs (the held-out accuracy)."""
+        from .pref_data import encode_pairs, pair_batches
+        from .preferences import PreferenceObjective
+
+        cfg = self.config
+        pairs, p1 = encode_pairs(train, tok, template, cfg.n_ctx)
+        val_pairs, p2 = encode_pairs(val, tok, template, cfg.n_ctx) if val else ([], [])
+        self.problems = [*problems, *p1, *p2]
+        if not pairs:
+            raise DatasetError(
+                f"no preference pair to train with {cfg.objective.upper()}: the dataset needs lines with "
+                '"prompt" (or "messages"), "chosen" and "rejected"'
+                + ("; " + "; ".join(str(p) for p in self.problems[:3]) if self.problems else "")
+            )
+        self.enc_train, self.weights, self.normalize = pairs, None, "tokens"
+        self.val_batches = pair_batches(val_pairs, cfg.n_ctx, cfg.batch_size) if val_pairs else []
+        self.n_train, self.n_val = len(pairs), len(val_pairs)
+        self.preference = PreferenceObjective(
+            self.model, cfg.objective, beta=cfg.dpo_beta, lam=cfg.orpo_lambda
+        )
+        self._epoch_cache = {}
+        return self.batches_for_epoch(0)
+
     def batches_for_epoch(self, epoch: int) -> list:
         """Deterministic batches of one epoch (shuffled by seed + epoch): the basis of exact resume."""
+        if epoch not in self._epoch_cache and self.preference is not None:
+            from .pref_data import pair_batches
+
+            cfg = self.config
+            self._epoch_cache = {epoch: pair_batches(self.enc_train, cfg.n_ctx, cfg.batch_size,
+                                                     shuffle_seed=cfg.seed + epoch)}  # fmt: skip
         if epoch not in self._epoch_cache:
             self._epoch_cache = {
                 epoch: batch_encoded(
@@ -450,7 +497,8 @@ class Trainer:
             model.config,
             model.tensors,
             self.trainable.n_params,
-            cfg,
+            # a batch of preference pairs holds two answers per pair
+            cfg if self.preference is None else _replace_config(cfg, batch_size=2 * cfg.batch_size),
             lora_targets=self.trainable.pairs,
             checkpoint=cfg.checkpoint_choice,
             budget=cfg.cache_budget,
@@ -534,6 +582,7 @@ class Trainer:
             "training.dataset_sha256": self.dataset_sha256,
             "training.base_model": os.path.basename(self.model.path),
             "training.reward_mode": self.config.reward_mode,
+            "training.objective": self.config.objective,
             "training.tool": "tune-studio",
         }
 
@@ -589,6 +638,7 @@ class Trainer:
                 memory_bytes=self.memory.to_dict(),
                 problems=tuple(str(p) for p in self.problems),
                 start_step=self.step,
+                objective=cfg.objective,
             )
         except EngineError as exc:
             self.ended = True
@@ -623,16 +673,21 @@ class Trainer:
         loss = ce_sum = 0.0
         n_tok = n_label = 0
         counts = grads = None
+        figures = []
         for j in range(cfg.grad_accum):
             m = self.step * cfg.grad_accum + j  # global micro-batch index
             batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
-            res = loss_and_grads(
-                self.model,
-                self.trainable,
-                batch,
-                checkpoint=self.memory.checkpoint,
-                kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
-            )
+            if self.preference is not None:
+                res = self.preference.loss_and_grads(self.trainable, batch, checkpoint=self.memory.checkpoint)
+                figures.append(res.extra)
+            else:
+                res = loss_and_grads(
+                    self.model,
+                    self.trainable,
+                    batch,
+                    checkpoint=self.memory.checkpoint,
+                    kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
+                )
             if cfg.grad_accum > 1:
                 acc.add(res.grads)
             else:
@@ -657,12 +712,13 @@ class Trainer:
                 "training stopped; lower the learning rate. The last good checkpoint is kept.",
             )
         return self._after_step(
-            on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, self._exploded()
+            on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, self._exploded(), figures
         )
 
-    def _after_step(self, on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, exploded):
+    def _after_step(self, on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, exploded,
+                    figures=None):  # fmt: skip
         """What follows an optimizer step on either path: the exploded-weights check, the Step event,
-        norms, evaluation, checkpoint."""
+        norms, evaluation, checkpoint. figures: a preference run's, per micro-batch."""
         cfg = self.config
         total, n_batches = self.plan.total_steps, self.plan.batches_per_epoch
         if exploded:
@@ -673,7 +729,7 @@ class Trainer:
                 "is kept.",
             )
         self.step += 1
-        self.last_ce = ce_sum / max(1, n_label)
+        self.last_ce = ce_sum / max(1, n_label) if not figures else loss  # a preference run: its objective
         seconds = time.perf_counter() - t_step
         self.train_seconds += seconds
         self._recent.append(seconds)
@@ -693,6 +749,10 @@ class Trainer:
         if self.record is not None:
             self.record.add_loss(self.step, self.last_ce)
         on_event(step)
+        if figures:
+            from .preferences import merge_figures
+
+            on_event(ev.PreferenceStep(self.step, self.config.objective, **asdict(merge_figures(figures))))
         if self.trainable.pairs:
             self._loss_window.append(self.last_ce)
             self._norm_window.append(stats.param_norm)
@@ -723,6 +783,9 @@ class Trainer:
         """Why this run takes the generic op-by-op path (logged on a GPU), or None: the fused step."""
         if not self.backend.is_gpu:
             return "CPU"
+        if self.preference is not None:
+            log.info("training step: the generic op-by-op path (a preference objective)")
+            return "a preference objective"
         from .dense_step import unsupported
 
         cfg = self.config
@@ -858,7 +921,12 @@ class Trainer:
                 return result
         return self.finish(on_event)
 
-    def evaluate(self) -> ev.Eval:
+    def evaluate(self) -> ev.Eval | ev.PreferenceEval:
+        if self.preference is not None:  # the held-out pairs
+            f = self.preference.evaluate(self.trainable, self.val_batches)
+            if self.record is not None:
+                self.record.add_val_loss(self.step, f.loss)
+            return ev.PreferenceEval(self.step, self.config.objective, **asdict(f))
         ce = n = 0
         for b in self.val_batches:
             res = loss_and_grads(self.model, self.trainable, b, backward=False)
