@@ -1,20 +1,10 @@
 """Preference pairs: a prompt with a better ("chosen") and a worse ("rejected") answer.
 
-A preference line of a JSON Lines dataset has a prompt and two answers::
-
-    {"prompt": "...", "chosen": "...", "rejected": "..."}
-    {"messages": [{"role": "system", ...}, {"role": "user", ...}], "chosen": "...", "rejected": "..."}
-
-and, as other tools write them, the prompt may also be a list of messages (TRL's conversational
-form), ShareGPT "conversations" or Alpaca "instruction"/"input"; each answer may be a string, an
-assistant message ({"role": "assistant", "content": ...}), a ShareGPT turn ({"from": "gpt",
-"value": ...}) or a list of one of those; and with no prompt at all, "chosen" and "rejected" may be
-two whole conversations sharing everything but their last assistant turn (TRL's implicit prompt).
-`parse_preference` (called by `engine.train.data.parse_sample` for any line with "chosen" or
-"rejected") reads them into a `Sample` of kind "preference": its messages are the prompt and the
-chosen answer (so it also trains as an ordinary conversation, on its chosen answer), its
-`rejected` the other answer. Problems are by line, like every dataset's. `preference_to_json` writes
-one back in the first shape (a string prompt stays a string).
+Preference lines of a JSON Lines dataset ({"prompt" or "messages", "chosen", "rejected"}, and the
+shapes other tools write) are read by `engine.train.data.parse_sample` into samples of kind
+"preference": their messages are the prompt and the chosen answer (so one also trains as an
+ordinary conversation, on its chosen answer), their `rejected` the other answer; problems are by
+line, like every dataset's.
 
 For training (engine.train.preferences): `encode_pairs` turns preference samples into pairs of
 token sequences (the same prompt, each answer trained: its tokens are the ones whose
@@ -42,18 +32,13 @@ import numpy as np
 from ..errors import DatasetError
 from ..io.files import durable_append
 from .data import (
-    ERROR,
+    PREFERENCE,
     WARNING,
     Batch,
     Encoded,
     EncodeOptions,
     Problem,
     Sample,
-    _group_key,
-    _json_type,
-    _parse_alpaca,
-    _parse_messages,
-    _parse_sharegpt,
     encode_samples,
     make_batches,
     pack,
@@ -64,168 +49,8 @@ if TYPE_CHECKING:
     from ..text.chat_template import ChatTemplate
     from ..text.tokenizer import Tokenizer
 
-KIND = "preference"
+KIND = PREFERENCE
 CHOICES = ("A", "B", "tie", "skip")  # what a person can answer to a blind pair
-_PLACEHOLDER = "x"  # an assistant turn appended so that a prompt can be validated as a conversation
-
-
-def _answer(value: Any, key: str, problems: list[Problem], line: int) -> str | None:
-    """The text of one answer: a string, an assistant message, a ShareGPT turn, or a list of one."""
-    if isinstance(value, list):
-        if len(value) != 1:
-            problems.append(
-                Problem(
-                    line,
-                    f'"{key}" must be one answer (a string or one assistant message), '
-                    f"got a list of {len(value)}",
-                    ERROR,
-                )
-            )
-            return None
-        value = value[0]
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and ("content" in value or "value" in value):
-        role = value.get("role", value.get("from", "assistant"))
-        text = value.get("content", value.get("value"))
-        if role not in ("assistant", "gpt"):
-            problems.append(Problem(line, f'"{key}" must be an assistant answer, got role {role!r}', ERROR))
-            return None
-        if not isinstance(text, str):
-            problems.append(
-                Problem(line, f'"{key}": the answer must be a string, got {_json_type(text)}', ERROR)
-            )
-            return None
-        return text
-    problems.append(
-        Problem(line, f'"{key}" must be a string or an assistant message, got {_json_type(value)}', ERROR)
-    )
-    return None
-
-
-def _prompt_messages(obj: Mapping[str, Any], problems: list[Problem], line: int) -> tuple | None:
-    """The conversation before the answers, validated; None (with problems) when unusable."""
-    end = {"role": "assistant", "content": _PLACEHOLDER}
-    if "prompt" in obj and isinstance(obj["prompt"], str):
-        messages: tuple | None = ({"role": "user", "content": obj["prompt"]}, end)
-        if not obj["prompt"].strip():
-            problems.append(Problem(line, "the prompt is empty", WARNING))
-    elif "prompt" in obj or "messages" in obj:
-        key = "prompt" if "prompt" in obj else "messages"
-        value = obj[key]
-        if not isinstance(value, list):
-            problems.append(
-                Problem(
-                    line, f'"{key}" must be a string or a list of messages, got {_json_type(value)}', ERROR
-                )
-            )
-            return None
-        messages = _parse_messages([*value, end], key, problems, line)
-    elif "conversations" in obj:
-        value = obj["conversations"]
-        turns = [*value, {"from": "gpt", "value": _PLACEHOLDER}] if isinstance(value, list) else value
-        messages = _parse_sharegpt(turns, problems, line)
-    elif "instruction" in obj:
-        messages = _parse_alpaca({**obj, "output": _PLACEHOLDER}, problems, line)
-    else:
-        return None
-    if messages is None:
-        return None
-    prompt = messages[:-1]
-    if not prompt:
-        problems.append(Problem(line, "the prompt is empty: no conversation comes before the answers", ERROR))
-        return None
-    if prompt[-1]["role"] == "assistant":
-        problems.append(
-            Problem(
-                line,
-                'the prompt ends with an assistant turn; "chosen" and "rejected" are '
-                "the next assistant answer, after a user turn",
-                ERROR,
-            )
-        )
-        return None
-    return prompt
-
-
-def _implicit(obj: Mapping[str, Any], problems: list[Problem], line: int) -> tuple | None:
-    """Two whole conversations sharing all but their last (assistant) turn: (prompt, chosen, rejected)."""
-    chosen, rejected = obj["chosen"], obj["rejected"]
-    if not (
-        isinstance(chosen, list) and isinstance(rejected, list) and len(chosen) >= 2 and len(rejected) >= 2
-    ):
-        problems.append(
-            Problem(
-                line,
-                'a preference needs a prompt: "prompt" (or "messages") with "chosen" and '
-                '"rejected" answers, or "chosen" and "rejected" as two whole '
-                "conversations that differ only in their last turn",
-                ERROR,
-            )
-        )
-        return None
-    a = _parse_messages(chosen, "chosen", problems, line)
-    b = _parse_messages(rejected, "rejected", problems, line)
-    if a is None or b is None:
-        return None
-    if a[:-1] != b[:-1] or a[-1]["role"] != "assistant" or b[-1]["role"] != "assistant":
-        problems.append(
-            Problem(
-                line,
-                '"chosen" and "rejected" must be the same conversation up to their last '
-                "turn, an assistant answer",
-                ERROR,
-            )
-        )
-        return None
-    return a[:-1], a[-1]["content"], b[-1]["content"]
-
-
-def parse_preference(
-    obj: Mapping[str, Any], line: int, reward: float | None, problems: list[Problem], reward_ok: bool = True
-) -> tuple[Sample | None, list[Problem]]:
-    """A "preference" `Sample` from a decoded line with "chosen"/"rejected" (see the module docstring),
-    or None and the reasons; `problems` holds what was found before (it is extended and returned)."""
-    for key in ("chosen", "rejected"):
-        if key not in obj:
-            other = "rejected" if key == "chosen" else "chosen"
-            problems.append(Problem(line, f'a preference pair needs "{key}" as well as "{other}"', ERROR))
-            return None, problems
-    has_prompt = any(k in obj for k in ("prompt", "messages", "conversations", "instruction"))
-    if has_prompt:
-        prompt = _prompt_messages(obj, problems, line)
-        chosen = _answer(obj["chosen"], "chosen", problems, line)
-        rejected = _answer(obj["rejected"], "rejected", problems, line)
-        if prompt is None or chosen is None or rejected is None:
-            return None, problems
-    else:
-        found = _implicit(obj, problems, line)
-        if found is None:
-            return None, problems
-        prompt, chosen, rejected = found
-    if not reward_ok:
-        return None, problems
-    for key, text in (("chosen", chosen), ("rejected", rejected)):
-        if not text.strip():
-            problems.append(Problem(line, f'the "{key}" answer is empty', WARNING))
-    if chosen == rejected:
-        problems.append(
-            Problem(line, '"chosen" and "rejected" are the same answer: the pair teaches nothing', WARNING)
-        )
-    messages = (*prompt, {"role": "assistant", "content": chosen})
-    text_prompt = obj["prompt"] if isinstance(obj.get("prompt"), str) else None
-    sample = Sample(line, KIND, messages, text_prompt, None, None, reward, _group_key(messages), rejected)
-    return sample, problems
-
-
-def preference_to_json(sample: Sample) -> dict[str, Any]:
-    """The JSON object of a "preference" sample ({"prompt" or "messages", "chosen", "rejected"})."""
-    prompt = sample.messages[:-1]
-    simple = sample.prompt is not None and len(prompt) == 1 and prompt[0].get("content") == sample.prompt
-    obj: dict[str, Any] = {"prompt": sample.prompt} if simple else {"messages": [dict(m) for m in prompt]}
-    obj["chosen"] = sample.messages[-1].get("content") if sample.messages else ""
-    obj["rejected"] = sample.rejected if sample.rejected is not None else ""
-    return obj
 
 
 def chosen_text(sample: Sample) -> str:
@@ -429,7 +254,5 @@ __all__ = [
     "KIND",
     "pair_batches",
     "PairBatch",
-    "parse_preference",
-    "preference_to_json",
     "with_answers",
 ]
