@@ -88,6 +88,8 @@ from .train.events import (
     LoraNorms,
     Paused,
     Plan,
+    PreferenceEval,
+    PreferenceStep,
     RunWarning,
     Started,
     Step,
@@ -95,6 +97,10 @@ from .train.events import (
 )
 from .train.memory import MemoryEstimate, estimate_memory
 from .train.norms import NormsReport, lora_norms
+from .train.pref_data import CHOICES as PREFERENCE_CHOICES
+from .train.pref_data import BlindPair, append_preference, blind_pair, chosen_text, with_answers
+from .train.reward_fns import BUILTINS as BUILTIN_CHECKS
+from .train.reward_fns import CheckError, CheckSpec, Score, Scorer, reference_of
 from .train.reward_session import (
     Answer,
     Preview,
@@ -102,33 +108,48 @@ from .train.reward_session import (
     RewardError,
     RewardSession,
     RoundResult,
+    ScoredGroup,
     load_ratings,
     parse_rating,
     rating_from_stars,
 )
 from .train.rewards import group_advantages, reward_weights
+from .train.rounds import (
+    AutoRounds,
+    Example,
+    PromptItem,
+    RoundProgress,
+    RoundReport,
+    RoundsConfig,
+    load_prompts,
+    prompt_from_json,
+    round_table,
+)
 from .train.runs import RunRecord, find_runs, latest_finished
 from .train.trainer import TrainConfig, Trainer
 
 __all__ = [
-    "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "ARCHS", "ArchSpec",
-    "available_devices", "Backend", "BAD_MARK", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
-    "check_export", "CheckItem", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckReport",
-    "ConfigError", "DatasetError", "dequantizable_types", "Device", "encode_samples", "Encoded",
-    "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
-    "event_to_json", "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError",
-    "ExportRequest", "Failed", "find_checkpoints", "find_runs", "Finished", "fit_problems", "generate",
-    "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "KVCache",
-    "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_ratings",
-    "lora_candidates", "lora_norms", "lora_param_count", "lora_shapes", "LoraAdapter", "LoraNorms",
-    "LoraTerm", "MemoryEstimate", "MERGE_TYPES", "merged_tensor_types", "MergeReport", "Model",
+    "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "append_preference", "ARCHS",
+    "ArchSpec", "AutoRounds", "available_devices", "Backend", "BAD_MARK", "Batch", "blind_pair", "BlindPair",
+    "BUILTIN_CHECKS", "Candidate", "CHATML_TEMPLATE", "ChatTemplate", "check_export", "CheckError",
+    "CheckItem", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckReport", "CheckSpec",
+    "chosen_text", "ConfigError", "DatasetError", "dequantizable_types", "Device", "encode_samples",
+    "Encoded", "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
+    "event_to_json", "Example", "ExpertUsage", "export_adapter", "export_merged", "export_size",
+    "ExportError", "ExportRequest", "Failed", "find_checkpoints", "find_runs", "Finished", "fit_problems",
+    "generate", "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count",
+    "KVCache", "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_prompts",
+    "load_ratings", "lora_candidates", "lora_norms", "lora_param_count", "lora_shapes", "LoraAdapter",
+    "LoraNorms", "LoraTerm", "MemoryEstimate", "MERGE_TYPES", "merged_tensor_types", "MergeReport", "Model",
     "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "OK_MARK", "parse_layers", "parse_rating",
-    "parse_sample", "Paused", "Plan", "PRESETS", "Preview", "Problem", "PromptResult", "quantizable_types",
-    "rating_from_stars", "Reply", "reward_weights", "RewardConfig", "RewardError", "RewardSession",
-    "RoundResult", "RUN", "run_of", "RunRecord", "RunWarning", "Sample", "sample_to_json", "SamplingConfig",
-    "save_jsonl", "select_backend", "select_full", "select_targets", "split_name", "Started", "Step",
-    "suggest_out", "summarize", "supported_architectures", "SynthSpec", "TargetSpec", "template_for",
+    "parse_sample", "Paused", "Plan", "PREFERENCE_CHOICES", "PreferenceEval", "PreferenceStep", "PRESETS",
+    "Preview", "Problem", "prompt_from_json", "PromptItem", "PromptResult", "quantizable_types",
+    "rating_from_stars", "reference_of", "Reply", "reward_weights", "RewardConfig", "RewardError",
+    "RewardSession", "round_table", "RoundProgress", "RoundReport", "RoundResult", "RoundsConfig", "RUN",
+    "run_of", "RunRecord", "RunWarning", "Sample", "sample_to_json", "SamplingConfig", "save_jsonl", "Score",
+    "ScoredGroup", "Scorer", "select_backend", "select_full", "select_targets", "split_name", "Started",
+    "Step", "suggest_out", "summarize", "supported_architectures", "SynthSpec", "TargetSpec", "template_for",
     "TemplateError", "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE", "TrainConfig",
-    "Trainer", "validation_indices", "verify_export", "VERIFY_PROMPTS", "VerifyReport", "write_adapter",
-    "write_export", "write_model"
+    "Trainer", "validation_indices", "verify_export", "VERIFY_PROMPTS", "VerifyReport", "with_answers",
+    "write_adapter", "write_export", "write_model"
 ]  # fmt: skip

@@ -146,6 +146,15 @@ class Answer:
 
 
 @dataclass(frozen=True)
+class ScoredGroup:
+    """A prompt's answers and their rewards from checks, for `RewardSession.apply_groups`."""
+
+    prompt: str  # the user message
+    system: str | None  # its system message, if any
+    answers: tuple[tuple[str, float | None, dict | None], ...]  # (text, reward or None, each check's value)
+
+
+@dataclass(frozen=True)
 class Preview:
     """What apply() would do with the ratings so far, for the UI before applying.
 
@@ -231,10 +240,12 @@ def load_ratings(path: str | os.PathLike[str]) -> tuple[list[Sample], list[Probl
     return kept, problems
 
 
-def _append_record(path: str, record: dict[str, Any]) -> None:
-    """Append one JSON line and flush it to disk (as `engine.data.append_jsonl`, with extra keys)."""
+def _append_record(path: str, record: dict[str, Any] | list[dict[str, Any]]) -> None:
+    """Append one JSON line (or several, with one flush) and flush it to disk (as
+    `engine.data.append_jsonl`, with extra keys)."""
     try:
-        line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+        records = record if isinstance(record, list) else [record]
+        line = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records)
     except (TypeError, ValueError) as exc:
         raise RewardError(f"the rating cannot be written as JSON: {exc}") from exc
     try:
@@ -570,11 +581,27 @@ class RewardSession:
             log.info("round %d: %s", self.round, preview.message)
             return result
 
-        cfg = self.config
         base = self._messages(self.prompt, self.system)
+        loss = self._train_step([([*base, {"role": "assistant", "content": text}], x) for text, x in train])
+        self._round_applied = True
+        result = RoundResult(
+            self.round, self.step, self.prompt, mean_reward, loss, preview.n_rated, preview.weights, True,
+        )  # fmt: skip
+        self.history.append(result)
+        log.info("round %d: step %d, loss %.4f, mean reward %s", self.round, self.step, loss, mean_reward)
+        if self.checkpoint_dir:
+            self.checkpoint()
+            self._note(result)
+        return result
+
+    def _train_step(self, items: list[tuple[list[dict], float]], mode: str | None = None) -> float:
+        """One optimizer step on conversations ending in an answer, each with its weight (weighted
+        mode) or advantage (group mode); returns the objective before the step."""
+        cfg = self.config
+        mode = mode or cfg.mode
         samples = []
-        for text, _ in train:
-            sample, problems = parse_sample({"messages": [*base, {"role": "assistant", "content": text}]})
+        for messages, _ in items:
+            sample, problems = parse_sample({"messages": messages})
             assert sample is not None, problems
             samples.append(sample)
         encoded, problems = encode_samples(samples, self.tokenizer, self.template, EncodeOptions(cfg.n_ctx))
@@ -585,11 +612,11 @@ class RewardSession:
                 f"no rated answer could be encoded for training: {problems[0] if problems else ''}; "
                 "raise n_ctx or shorten the prompt"
             )
-        normalize = "tokens" if cfg.mode == "weighted" else "samples"
+        normalize = "tokens" if mode == "weighted" else "samples"
         (batch,) = batch_encoded(
-            encoded, cfg.n_ctx, len(encoded), weights=[x for _, x in train], normalize=normalize
+            encoded, cfg.n_ctx, len(encoded), weights=[x for _, x in items], normalize=normalize
         )
-        kl = cfg.kl_coef if cfg.mode == "group" else 0.0
+        kl = cfg.kl_coef if mode == "group" else 0.0
         res = loss_and_grads(self.model, self.trainable, batch, kl_coef=kl)
         if not math.isfinite(res.loss):
             raise RewardError(f"the loss is {res.loss}: no step taken; lower the learning rate")
@@ -600,14 +627,64 @@ class RewardSession:
         if not math.isfinite(stats.grad_norm):
             raise RewardError(f"the gradient norm is {stats.grad_norm}: no step taken; lower the lr")
         self.step += 1
-        self._round_applied = True
-        result = RoundResult(
-            self.round, self.step, self.prompt, mean_reward, float(res.loss), preview.n_rated,
-            preview.weights, True,
-        )  # fmt: skip
+        return float(res.loss)
+
+    # --- unattended rounds (engine.train.rounds) ------------------------------------------------
+    def sample(
+        self,
+        prompt: str,
+        *,
+        system: str | None = None,
+        n: int | None = None,
+        seed: int | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[Answer]:
+        """`n` answers with the adapter's current weights, outside the rating rounds: the round being
+        rated (its answers, ratings and corrections) is left as it is."""
+        n = self.config.n_samples if n is None else n
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise RewardError(f"n must be an integer >= 1, got {n!r}")
+        messages = self._messages(prompt, system)
+        return self._answers(messages, n, seed, self.trainable.terms(), None, should_stop)
+
+    def apply_groups(self, groups: list[ScoredGroup]) -> RoundResult:
+        """One group-relative step on the scored answers of several prompts (an unattended round):
+        within each prompt's answers A = (r - mean) / (std + eps); an answer whose reward is None (a
+        check failed) is left out. Every scored answer is appended to the ratings file first, with its
+        checks ("source": "checks"). A round whose every group has equal rewards takes no step."""
+        self.round += 1
+        self._round_step = self.step
+        ckpt = self._checkpoint
+        adapter = ckpt[0] if ckpt is not None and ckpt[1] == self.step else None
+        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        rewards, keys, items, records = [], [], [], []
+        for g, group in enumerate(groups):
+            base = self._messages(group.prompt, group.system)
+            for i, (text, reward, checks) in enumerate(group.answers):
+                if reward is None:
+                    continue
+                records.append({
+                    "messages": [*base, {"role": "assistant", "content": text}], "reward": float(reward),
+                    "prompt": group.prompt, "answer": i, "mode": "group", "round": self.round,
+                    "step": self.step, "adapter": adapter, "session": self.session_id, "time": stamp,
+                    "source": "checks", "checks": dict(checks or {}),
+                })  # fmt: skip
+                rewards.append(float(reward))
+                keys.append(g)
+                items.append(([*base, {"role": "assistant", "content": text}], 0.0))
+        if records:
+            _append_record(self.ratings_path, records)  # before the step: no score is ever lost
+        adv = group_advantages(rewards, keys, eps=_GROUP_EPS) if rewards else np.zeros(0)
+        train = [(m, float(a)) for (m, _), a in zip(items, adv, strict=True) if a != 0.0]
+        mean = float(np.mean(rewards)) if rewards else float("nan")
+        label = groups[0].prompt if len(groups) == 1 else f"{len(groups)} prompts"
+        loss, applied = float("nan"), bool(train)
+        if train:
+            loss = self._train_step(train, mode="group")
+        weights = tuple(float(a) for a in adv)
+        result = RoundResult(self.round, self.step, label, mean, loss, len(rewards), weights, applied)
         self.history.append(result)
-        log.info("round %d: step %d, loss %.4f, mean reward %s", self.round, self.step, res.loss, mean_reward)
-        if self.checkpoint_dir:
+        if applied and self.checkpoint_dir:
             self.checkpoint()
             self._note(result)
         return result
@@ -728,5 +805,5 @@ class RewardSession:
 
 __all__ = [
     "Answer", "load_ratings", "MODES", "parse_rating", "Preview", "rating_from_stars", "RewardConfig",
-    "RewardError", "RewardSession", "RoundResult",
+    "RewardError", "RewardSession", "RoundResult", "ScoredGroup",
 ]  # fmt: skip
