@@ -68,6 +68,8 @@ from engine import (
     Failed,
     Finished,
     Paused,
+    PreferenceEval,
+    PreferenceStep,
     Started,
     Step,
     TrainConfig,
@@ -82,6 +84,7 @@ from ...widgets.banner import MessageBar
 from ...widgets.buttons import PrimaryButton
 from ...widgets.elided_label import ElidedLabel
 from ...widgets.plots import TrainPlotsWidget
+from ...widgets.preference_plots import PreferencePlotsWidget
 from ...worker import Engine, Job
 from .folders import checkpoint_model, clean_failed_run, folder_problem, missing_folders, same_file
 from .plan import Blocker, EncodingCache, RunCheck, check_run, check_selection
@@ -297,6 +300,11 @@ class TrainPage(QWidget):
         # --- plots and log ---
         self.plots = TrainPlotsWidget()
         self.plots.timer.timeout.connect(self._refresh_progress)
+        # a DPO / ORPO run's figures, a tab of the plots shown while such a run is on them
+        self.preference_plots = PreferencePlotsWidget()
+        self.plots.tabs.addTab(self.preference_plots, "Preferences")
+        self.plots.tabs.setTabVisible(self.plots.tabs.count() - 1, False)
+        self.plots.timer.timeout.connect(self.preference_plots.redraw)
         self.plots.sig_link_activated.connect(self._link)
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
@@ -725,6 +733,7 @@ class TrainPage(QWidget):
         self.last_result = None
         self.run_model = self.project.model_path
         self.ever_started = True
+        self.preference_plots.clear()
         data = self._edited_samples()
         source = (
             f"{len(data)} samples in the editor"
@@ -888,7 +897,9 @@ class TrainPage(QWidget):
                 self._refresh_progress(force=True)
             return
         self.plots.add_event(event)
-        if isinstance(event, Step):
+        if isinstance(event, (PreferenceStep, PreferenceEval)):
+            self._on_preference(event)
+        elif isinstance(event, Step):
             self.last_step = event.step
             self.total_steps = event.total_steps
             self.tokens_done += event.tokens
@@ -910,8 +921,31 @@ class TrainPage(QWidget):
             self.last_checkpoint = event.path
             self._log(f"checkpoint at step {event.step}: {event.path}")
 
+    def _on_preference(self, event: PreferenceStep | PreferenceEval) -> None:
+        self.preference_plots.add_event(event)
+        if isinstance(event, PreferenceEval):
+            self._log(f"held-out pairs at step {event.step}: accuracy {event.accuracy:.0%}, margin "
+                      f"{event.margin:+.4f}, {event.objective.upper()} loss {event.loss:.4f} "
+                      f"({event.n_pairs} pairs)")  # fmt: skip
+        elif event.step % self.log_every == 0 or event.step == 1:
+            self._log(f"  pairs: accuracy {event.accuracy:.0%}, margin {event.margin:+.4f}, log p chosen "
+                      f"{event.chosen_logp:.3f}, rejected {event.rejected_logp:.3f}")  # fmt: skip
+
+    def _show_objective(self, objective: str, total_steps: int) -> None:
+        """The plots of a run with this objective: the Preferences tab for DPO and ORPO."""
+        tabs = self.plots.tabs
+        index = tabs.indexOf(self.preference_plots)
+        preference = objective != "sft"
+        tabs.setTabVisible(index, preference)
+        self.plots.set_loss_title(
+            f"Loss ({objective.upper()} objective)" if preference else "Loss (mean cross-entropy)"
+        )
+        if preference:
+            self.preference_plots.set_run(objective, total_steps)
+
     def _on_started(self, event: Started) -> None:
         plan = event.plan
+        self._show_objective(plan.objective, plan.total_steps)
         self.total_steps = plan.total_steps
         self.last_step = plan.start_step
         self.log_every = max(1, plan.total_steps // 50)
