@@ -245,6 +245,7 @@ class MainWindow(QMainWindow):
         self.chat_page.sig_rate_requested.connect(self._rate_from)
         self.chat_page.sig_export_requested.connect(self._export_from)
         self.chat_page.sig_train_choices.connect(self._train_on_choices)
+        self.rewards_page.sig_train_choices.connect(self._train_on_choices)
         self.rewards_page.sig_round_applied.connect(lambda _: self._refresh_runs())
         self.rewards_page.sig_adapter_saved.connect(lambda _: self._refresh_runs())
         # the Rewards page's "From dataset…" offers the dataset as edited, not only as saved: it is

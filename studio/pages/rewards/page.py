@@ -8,6 +8,9 @@ says what the step will do (mean, spread, the advantage or weight of each answer
 when all ratings are equal), and Apply (Ctrl+Shift+Enter) takes one optimizer step; the round
 joins the history table and the plots of mean reward and loss. The Side by side tab sends one
 prompt and seed through the base model and through the adapter. Save adapter… writes a LoRA GGUF.
+The A/B tab shows two answers of the adapter blind and saves the person's choice as a preference pair
+(rewards/ab.py); the Unattended tab runs rounds of sample, score with checks, step, with nobody
+rating (rewards/auto.py).
 
 The adapter the rounds continue ("Continue:") comes from the run history (`engine.find_runs`): by
 default the latest finished run of the open model (`engine.latest_finished`; a stopped run is listed,
@@ -72,6 +75,8 @@ from ...widgets.runs import (
 )
 from ...widgets.side_panel import SidePanelWidget
 from ...worker import Engine, Job
+from .ab import ABTabWidget
+from .auto import AutoRoundsWidget
 from .cards import CARD_KEYS, AnswerCardWidget, AnswerGridWidget
 from .panels import (
     DiagnosticsWidget,
@@ -93,6 +98,7 @@ BUSY_TEXT = {
     "applying": "Applying the step…",
     "comparing": "Comparing…",
     "saving": "Saving the adapter…",
+    "rounds": "Running unattended rounds…",
 }
 
 
@@ -123,6 +129,7 @@ class RewardsPage(QWidget):
     sig_compared = Signal(object, object)  # base Answer, adapter Answer
     sig_busy_changed = Signal(str)  # the running task ("generating", "applying", ...) or "" when idle
     sig_error = Signal(str)  # a problem shown in the page
+    sig_train_choices = Signal(str)  # the preferences file of the A/B tab: train on it (DPO)
 
     def __init__(
         self,
@@ -163,8 +170,19 @@ class RewardsPage(QWidget):
         self.tabs = QTabWidget()
         self.tabs.addTab(rate_tab, "Rate answers")
         self.tabs.addTab(self.side_by_side, "Side by side")
+        self.ab = ABTabWidget(self)
+        self.ab.sig_train_choices.connect(self.sig_train_choices)
+        self.tabs.addTab(self.ab, "A/B")
+        self.auto = AutoRoundsWidget(self)
+        self.tabs.addTab(self.auto, "Unattended")
         self.tabs.setTabToolTip(0, "Generate answers, rate them, apply a training step")
         self.tabs.setTabToolTip(1, "The same prompt and seed through the base model and through the adapter")
+        self.tabs.setTabToolTip(
+            2, "Two answers of the adapter, shown blind: choose the better one (a preference pair)"
+        )
+        self.tabs.setTabToolTip(
+            3, "Rounds with nobody rating: sample answers, score them with checks, take a step"
+        )
         self.tabs.currentChanged.connect(self._tab_changed)
         right = self._build_right()
 
@@ -509,6 +527,9 @@ class RewardsPage(QWidget):
         for card in self.cards:
             card.setEnabled(idle)
         self.adapter_choice.setEnabled(idle)
+        if hasattr(self, "auto"):  # (the tabs are built after the first call)
+            self.ab.set_busy(bool(busy))
+            self.auto.page_busy(busy)
         self._update_apply_enabled()
         if busy:
             self.status_label.setText(BUSY_TEXT.get(busy, busy))
