@@ -19,6 +19,13 @@ Two ways to turn ratings into a step (DESIGN.md §2.7, `engine.train.rewards`):
   loss = sum_i A_i * mean_t CE(y_i,t) / n, so answers below the mean are pushed down, above it up;
   plus `kl_coef` x KL(adapter || base model) per answer token, weighted by |A_i|.
 
+Checks beside ratings: `score_answers(scorer)` scores the round's answers with checks
+(engine.train.reward_fns); an answer's reward is then the checks' weighted sum plus
+`scorer.rating_weight` x the person's rating (the rating is one more source), and a rating line
+carries the answer's "checks". `sample()` and `apply_groups()` serve unattended rounds
+(engine.train.rounds): answers outside the rating round, and one group-relative step on the scored
+answers of several prompts.
+
 A correction is a target the person wrote: it takes part with reward 1.0 and gets the round's
 highest weight (1.0 in weighted mode; max(1, highest advantage) in group mode). When every rated
 answer has the same rating (one rated answer included) and there is no correction, the ratings
@@ -75,6 +82,7 @@ from ..text.tokenizer import Tokenizer
 from .checkpoint import ADAPTER_FILE, CheckpointError, read_checkpoint, write_checkpoint
 from .data import EncodeOptions, Problem, Sample, batch_encoded, encode_samples, load_jsonl, parse_sample
 from .optim import AdamW, OptimConfig
+from .reward_fns import Score, Scorer
 from .rewards import group_advantages, reward_weights
 from .runs import RunRecord
 from .train_model import Trainable, loss_and_grads
@@ -300,6 +308,8 @@ class RewardSession:
         self.answers: list[Answer] = []
         self.ratings: list[float | None] = []
         self.corrections: dict[int, str] = {}  # answer index -> corrected text, this round
+        self.check_scores: list[Score | None] = []  # this round's answers scored by checks (score_answers)
+        self.scorer: Scorer | None = None  # the checks, and the weight of a rating beside them
         self._round_step = 0  # steps taken when this round's answers were generated
         self._round_adapter: str | None = None  # checkpoint holding those weights
         self._round_applied = False
@@ -413,6 +423,7 @@ class RewardSession:
         self.prompt, self.system = prompt, system
         self.answers = answers
         self.ratings = [None] * len(answers)
+        self.check_scores = [None] * len(answers)
         self.corrections = {}
         self._round_step = self.step
         self._round_applied = False
@@ -427,6 +438,24 @@ class RewardSession:
     def adapter_answer(self, prompt: str, *, seed: int, system: str | None = None) -> Answer:
         """One answer with the adapter's current weights, with the session's sampling and `seed`."""
         return self._answers(self._messages(prompt, system), 1, seed, self.trainable.terms())[0]
+
+    # --- checks beside the ratings ----------------------------------------------------------------
+    def score_answers(self, scorer: Scorer, sample: dict | None = None) -> list[Score]:
+        """Score this round's answers with checks (engine.train.reward_fns; `sample`: the prompt's line,
+        the reference answer for instance). From now on an answer's reward in this round is
+        `scorer.combine(its checks, its rating)`: the person's rating is one more source, weighted by
+        `scorer.rating_weight`; an answer whose check failed is left out."""
+        if not self.answers or self.prompt is None:
+            raise RewardError("there are no answers to score: generate answers first")
+        self.scorer = scorer
+        self.check_scores = [scorer.score(self.prompt, a.text, sample or {}) for a in self.answers]
+        return list(self.check_scores)
+
+    def rewards(self) -> list[float | None]:
+        """Each answer's reward this round: its rating, or with checks, their sum with the rating's share."""
+        if self.scorer is None or not any(sc is not None for sc in self.check_scores):
+            return list(self.ratings)
+        return [self.scorer.combine(sc, r) for sc, r in zip(self.check_scores, self.ratings, strict=True)]
 
     # --- ratings --------------------------------------------------------------------------------
     def _check_index(self, index: int) -> None:
@@ -452,7 +481,12 @@ class RewardSession:
             "session": self.session_id,
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
             "stop_reason": self.answers[index].stop_reason,
+            **self._checks_of(index),
         }
+
+    def _checks_of(self, index: int) -> dict[str, Any]:
+        sc = self.check_scores[index] if index < len(self.check_scores) else None
+        return {} if sc is None else {"checks": dict(sc.parts), "check_reward": sc.total}
 
     def rate(self, index: int, reward: float | None) -> None:
         """Rate answer `index` with a reward in [-1, 1], or None to skip it.
@@ -496,7 +530,7 @@ class RewardSession:
     def _plan(self) -> tuple[Preview, list[tuple[str, float]]]:
         """The preview, and the (answer text, weight) pairs a step would train on."""
         mode = self.config.mode
-        rated = [(i, r) for i, r in enumerate(self.ratings) if r is not None]
+        rated = [(i, r) for i, r in enumerate(self.rewards()) if r is not None]  # ratings (and checks)
         fixes = sorted(self.corrections.items())
         rewards = [r for _, r in rated] + [CORRECTION_REWARD] * len(fixes)
         if mode == "weighted":

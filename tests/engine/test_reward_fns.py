@@ -271,3 +271,24 @@ def test_cli_runs_unattended_rounds_with_checks(tmp_path, monkeypatch, capsys):
     missing = str(tmp_path / "none.jsonl")
     rc, _, stderr = run_cli(monkeypatch, capsys, [*argv[:2], "--prompts", missing, *argv[4:]])
     assert rc == 2 and "the prompts file cannot be read" in stderr
+
+
+def test_checks_and_the_persons_rating_combine_in_a_rated_round(demo, tmp_path):
+    session = _session(demo, tmp_path, n_samples=4, temperature=3.0)
+    answers = session.generate("What is 3 plus 4?", seed=1)
+    assert session.rewards() == [None] * 4  # nothing rated, nothing scored
+    scorer = Scorer(["exact"], rating_weight=0.5)
+    scores = session.score_answers(scorer, {"reference": "3 plus 4 is 7."})
+    exact = [float(a.text.strip() == "3 plus 4 is 7.") for a in answers]
+    assert [sc.total for sc in scores] == exact
+    session.rate(0, -1.0)  # the person disagrees with the check on answer 0
+    rewards = session.rewards()
+    assert rewards[0] == exact[0] - 0.5 and rewards[1:] == exact[1:]
+    row = [json.loads(x) for x in (tmp_path / "scored.jsonl").read_text().splitlines()][-1]
+    assert row["reward"] == -1.0 and row["checks"] == {"exact": exact[0]} and row["check_reward"] == exact[0]
+    preview = session.preview()
+    assert preview.n_rated == 4  # every scored answer takes part, rated or not
+    assert not preview.no_signal and session.apply().applied  # the rating sets answer 0 apart
+    # a new round: the checks are not carried over to answers they did not score
+    session.generate("What is 3 plus 4?", seed=2)
+    assert session.rewards() == [None] * 4

@@ -149,3 +149,27 @@ def test_a_persons_check_runs_when_started_and_its_errors_are_shown(qtbot, page,
     ):
         assert auto.start()
     assert "regex:(: not a valid pattern" in page.banner_text()
+
+
+def test_rated_rounds_can_be_scored_by_checks_beside_the_rating(qtbot, page):  # noqa: F811
+    _hot(page)
+    _sums_dataset(page)  # the prompt's reference comes from the dataset
+    page.auto.checks.rating_weight.setValue(0.5)
+    page.checks_box.setChecked(True)
+    page.prompt_edit.setPlainText("What is 3 plus 4?")
+    with qtbot.waitSignal(
+        page.sig_busy_changed, timeout=TIMEOUT_MS, check_params_cb=lambda b: b == "scoring"
+    ):
+        assert page.generate()
+    qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
+    s = page.session
+    assert all(sc is not None for sc in s.check_scores) and s.scorer.rating_weight == 0.5
+    assert all("checks" in card.meta.text() for card in page.cards)
+    exact = [sc.total for sc in s.check_scores]
+    assert exact == [float(a.text.strip() == "3 plus 4 is 7.") for a in s.answers]
+    # no rating at all: the checks alone can take the step, and a rating moves its answer
+    page.rate(0, -1.0)
+    assert s.rewards()[0] == exact[0] - 0.5
+    with qtbot.waitSignal(page.sig_round_applied, timeout=TIMEOUT_MS) as applied:
+        assert page.apply()
+    assert applied.args[0].applied and applied.args[0].n_rated == 4

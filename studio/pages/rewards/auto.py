@@ -139,6 +139,19 @@ class ChecksWidget(QGroupBox):
         grid.addWidget(self.python_box, r, 0)
         grid.addWidget(self.python_button, r, 1)
         grid.addWidget(self.python_weight, r, 2)
+        r += 1
+        self.rating_weight = QDoubleSpinBox()
+        self.rating_weight.setRange(0.0, 100.0)
+        self.rating_weight.setSingleStep(0.25)
+        self.rating_weight.setValue(1.0)
+        self.rating_weight.setToolTip(
+            'With "Score with checks" on the Rate answers tab: the weight of your rating beside the checks '
+            "(reward = checks + weight × rating); 0 = the checks alone. Default: 1."
+        )
+        label = QLabel("Your rating (Rate answers tab)")
+        label.setToolTip(self.rating_weight.toolTip())
+        grid.addWidget(label, r, 0, 1, 2)
+        grid.addWidget(self.rating_weight, r, 2)
         grid.setColumnStretch(1, 1)
 
     def choose_python(self) -> None:

@@ -41,6 +41,7 @@ from dataclasses import replace
 from PySide6.QtCore import QCoreApplication, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
+    QCheckBox,
     QFileDialog,
     QFrame,
     QGroupBox,
@@ -58,7 +59,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import Answer, EngineError, RewardConfig, RewardSession, RoundResult, load_jsonl
+from engine import Answer, EngineError, RewardConfig, RewardSession, RoundResult, Scorer, load_jsonl
 
 from ...paths import writable_problem
 from ...project import ModelInfo, Project
@@ -76,7 +77,7 @@ from ...widgets.runs import (
 from ...widgets.side_panel import SidePanelWidget
 from ...worker import Engine, Job
 from .ab import ABTabWidget
-from .auto import AutoRoundsWidget
+from .auto import AutoRoundsWidget, prompts_of_samples
 from .cards import CARD_KEYS, AnswerCardWidget, AnswerGridWidget
 from .panels import (
     DiagnosticsWidget,
@@ -99,6 +100,7 @@ BUSY_TEXT = {
     "comparing": "Comparing…",
     "saving": "Saving the adapter…",
     "rounds": "Running unattended rounds…",
+    "scoring": "Scoring the answers with checks…",
 }
 
 
@@ -316,6 +318,13 @@ class RewardsPage(QWidget):
         self.keys_label = QLabel(CARD_KEYS)
         self.keys_label.setObjectName("faint")
         self.keys_label.setWordWrap(True)
+        self.checks_box = QCheckBox("Score with checks")
+        self.checks_box.setToolTip(
+            "Score each round's answers with the checks of the Unattended tab too: an answer's reward is "
+            "then the checks' sum plus your rating times the rating's weight set there (your rating is one "
+            "more source). Default: off."
+        )
+        self.checks_box.toggled.connect(lambda on: self._score_round() if on else None)
         tab = QWidget()
         tl = QVBoxLayout(tab)
         tl.setContentsMargins(4, 4, 4, 4)
@@ -325,7 +334,10 @@ class RewardsPage(QWidget):
         tl.addLayout(buttons)
         tl.addWidget(self.status_label)
         tl.addWidget(self.grid, 1)
-        tl.addWidget(self.keys_label)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.keys_label, 1)
+        bottom.addWidget(self.checks_box)
+        tl.addLayout(bottom)
         return tab
 
     def _build_right(self) -> QWidget:
@@ -879,6 +891,8 @@ class RewardsPage(QWidget):
         self._show_paths()
         self._set_busy("")
         self.grid.focus_card(0)
+        if self.checks_box.isChecked():
+            self._score_round()
         self.sig_generated.emit(list(answers))
 
     def _show_cards(self, answers: list[Answer]) -> None:
@@ -980,6 +994,35 @@ class RewardsPage(QWidget):
                 return
             self.refresh_preview()
 
+    # --- checks beside the ratings ----------------------------------------------------------------
+    def _score_round(self) -> bool:
+        """Score the round's answers with the Unattended tab's checks, in the worker (a person's file
+        runs there); the cards show the scores and the preview counts them beside the ratings."""
+        s = self.session
+        if s is None or not s.answers or self.busy or any(c.locked for c in self.cards):
+            return False
+        specs = self.auto.checks.specs()
+        if not specs:
+            self.show_error(
+                "Tick at least one check on the Unattended tab to score the answers with.", "info"
+            )
+            return False
+        weight = float(self.auto.checks.rating_weight.value())
+        prompt = s.prompt
+        items = prompts_of_samples(self.samples or [])
+        sample = next((it.sample for it in items if it.prompt == prompt), {})
+
+        def job(engine_session):
+            return s.score_answers(Scorer(specs, rating_weight=weight), sample)
+
+        def done(scores) -> None:
+            for card, sc in zip(self.cards, scores, strict=False):
+                card.set_check(sc)
+            self.refresh_preview()
+
+        self._run("scoring", job, done, needs_model=False)
+        return True
+
     # --- apply --------------------------------------------------------------------------------
     def apply(self) -> bool:
         """One training step on the round's ratings, in the worker; False (and why) if it cannot."""
@@ -993,7 +1036,8 @@ class RewardsPage(QWidget):
         if any(c.locked for c in self.cards):
             self.show_error("This round was applied already: press Generate for new answers.", "info")
             return False
-        if not any(c.state == "rated" or c.corrected is not None for c in self.cards):
+        scored = any(sc is not None and sc.total is not None for sc in getattr(s, "check_scores", []))
+        if not scored and not any(c.state == "rated" or c.corrected is not None for c in self.cards):
             self.show_error(
                 "Nothing is rated yet, so there is nothing to learn from. Rate the answers first: focus a "
                 "card and press 1–5 (or use the thumbs or the slider), or write a better answer with Edit…; "
