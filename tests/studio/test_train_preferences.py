@@ -59,6 +59,7 @@ def test_a_dpo_run_fills_the_preferences_tab_and_counts_pairs(qtbot, engine, tmp
     page.preference_plots.redraw(everything=True)
     assert isinstance(result, Finished) and result.step == 8
     assert tabs.isTabVisible(tabs.indexOf(page.preference_plots))
+    assert tabs.currentWidget() is page.preference_plots  # shown when the run starts
     assert "DPO" in page.plots.loss_plot.texts[0]
     data = page.preference_plots.curve_data()
     for key in ("chosen_logp", "rejected_logp", "margin", "accuracy"):
@@ -84,4 +85,5 @@ def test_a_dpo_run_fills_the_preferences_tab_and_counts_pairs(qtbot, engine, tmp
     run(qtbot, page)
     settle(qtbot, page)
     assert not tabs.isTabVisible(tabs.indexOf(page.preference_plots))
+    assert tabs.currentWidget() is not page.preference_plots
     assert page.plots.loss_plot.texts[0] == "Loss (mean cross-entropy)"

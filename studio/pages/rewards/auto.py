@@ -82,12 +82,18 @@ COLUMNS = ("Round", "Mean reward", "Spread", "No signal", "Answers", "Errors", "
 
 def prompts_of_samples(samples) -> list:
     """The dataset's samples as prompts for rounds (engine PromptItem): the prompt of each, and its
-    answer as the reference a check compares with; text samples have no prompt and are left out."""
+    answer (a preference pair: its chosen one) as the reference a check compares with; text samples
+    have no prompt and are left out."""
     items, seen = [], set()
     for s in samples:
         if s.kind == "text":
             continue
-        item, _ = prompt_from_json(sample_to_json(s), s.line)
+        obj = sample_to_json(s)
+        if s.kind == "preference":  # a pair's chosen answer is the reference
+            obj = {k: v for k, v in obj.items() if k not in ("chosen", "rejected")} | {
+                "reference": obj["chosen"]
+            }
+        item, _ = prompt_from_json(obj, s.line)
         if item is not None and (item.prompt, item.system) not in seen:
             seen.add((item.prompt, item.system))
             items.append(item)

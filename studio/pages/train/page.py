@@ -942,6 +942,7 @@ class TrainPage(QWidget):
         )
         if preference:
             self.preference_plots.set_run(objective, total_steps)
+            tabs.setCurrentIndex(index)  # the figures a preference run is watched by
 
     def _on_started(self, event: Started) -> None:
         plan = event.plan
