@@ -93,10 +93,17 @@ class PreferencePlotsWidget(QWidget):
         for pw in self.pws.values():
             _paint_plot(pw)
 
-    def set_run(self, objective: str, total_steps: int) -> None:
-        """A preference run starts: its objective names the margin's reward; the step axis is known."""
+    def set_run(self, objective: str, total_steps: int, held_out: bool = True) -> None:
+        """A preference run starts: its objective names the margin's reward; the step axis is known;
+        without held-out pairs their curves are left out of the legends."""
         self.objective = objective
         self.total_steps = total_steps
+        for key, (panel, name, _, held) in SERIES.items():
+            if held:
+                legend = self.legends[panel]
+                legend.removeItem(self.curves[key])
+                if held_out:
+                    legend.addItem(self.curves[key], name)
         for keeper in self.ranges.values():
             keeper.set_total(total_steps)
 

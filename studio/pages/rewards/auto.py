@@ -63,6 +63,8 @@ from engine import (
     sample_to_json,
 )
 
+from ...widgets.plots import COLORS, _legend, _plot_widget, _style_plot
+
 # (check, option placeholder, default option, what it does)
 BUILTIN_ROWS = (
     ("exact", ":i ignores case", "", "1 when the answer equals the reference answer (spaces collapsed)"),
@@ -77,7 +79,7 @@ BUILTIN_ROWS = (
     ("json", "", "", "1 when the answer is valid JSON (a ```json block counts)"),
     ("length", "MIN-MAX characters", "1-400", "1 when the answer's length is within the bounds"),
 )
-COLUMNS = ("Round", "Mean reward", "Spread", "No signal", "Answers", "Errors", "Loss")
+COLUMNS = ("Round", "Mean", "Spread", "No signal", "Answers", "Errors", "Loss")
 
 
 def prompts_of_samples(samples) -> list:
@@ -270,23 +272,31 @@ class AutoRoundsWidget(QWidget):
         self.table.setSelectionBehavior(QTableWidget.SelectRows)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.itemSelectionChanged.connect(self._show_selected)
-        self.plot_widget = pg.PlotWidget()
-        self.plot_widget.setMinimumHeight(120)
-        plot = self.plot_widget.getPlotItem()
-        plot.setTitle("Reward per round", size="9pt")
-        plot.setLabel("bottom", "round")
-        plot.showGrid(x=True, y=True, alpha=0.2)
-        plot.addLegend(offset=(-10, 10), labelTextSize="8pt")
+        self.plot_widget = _plot_widget()
+        plot = _style_plot(self.plot_widget, "Reward per round", "reward", "round")
+        self.plot_widget.setToolTip(
+            "Mean reward of each round's answers (the band: ± their spread) and the share of prompts whose "
+            "answers all scored alike (no signal: nothing to learn from them)."
+        )
+        _legend(self.plot_widget, offset=(-10, 10))
         self.mean_curve = plot.plot(
-            name="mean", pen=pg.mkPen("#1f77b4", width=2), symbol="o", symbolSize=5, symbolBrush="#1f77b4"
+            name="mean",
+            pen=pg.mkPen(COLORS[0], width=2),
+            symbol="o",
+            symbolSize=5,
+            symbolBrush=COLORS[0],
+            symbolPen=None,
         )
         self.upper = plot.plot(pen=pg.mkPen(None))
         self.lower = plot.plot(pen=pg.mkPen(None))
-        self.band = pg.FillBetweenItem(self.upper, self.lower, brush=pg.mkBrush(31, 119, 180, 50))
+        band = pg.mkColor(COLORS[0])
+        band.setAlpha(50)
+        self.band = pg.FillBetweenItem(self.upper, self.lower, brush=pg.mkBrush(band))
         plot.addItem(self.band)
         self.flat_curve = plot.plot(
-            name="no signal (share)", pen=pg.mkPen("#d62728", width=1.5, style=Qt.DashLine)
+            name="no signal (share)", pen=pg.mkPen(COLORS[3], width=1.5, style=Qt.DashLine)
         )
+        plot.enableAutoRange()
         self.examples = QPlainTextEdit()
         self.examples.setReadOnly(True)
         self.examples.setPlaceholderText(
@@ -308,7 +318,7 @@ class AutoRoundsWidget(QWidget):
         split.addWidget(scroll)
         split.addWidget(right)
         split.setStretchFactor(1, 1)
-        split.setSizes([330, 600])
+        split.setSizes([260, 420])
         split.setChildrenCollapsible(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)

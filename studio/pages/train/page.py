@@ -931,7 +931,7 @@ class TrainPage(QWidget):
             self._log(f"  pairs: accuracy {event.accuracy:.0%}, margin {event.margin:+.4f}, log p chosen "
                       f"{event.chosen_logp:.3f}, rejected {event.rejected_logp:.3f}")  # fmt: skip
 
-    def _show_objective(self, objective: str, total_steps: int) -> None:
+    def _show_objective(self, objective: str, total_steps: int, held_out: bool = True) -> None:
         """The plots of a run with this objective: the Preferences tab for DPO and ORPO."""
         tabs = self.plots.tabs
         index = tabs.indexOf(self.preference_plots)
@@ -941,12 +941,12 @@ class TrainPage(QWidget):
             f"Loss ({objective.upper()} objective)" if preference else "Loss (mean cross-entropy)"
         )
         if preference:
-            self.preference_plots.set_run(objective, total_steps)
+            self.preference_plots.set_run(objective, total_steps, held_out)
             tabs.setCurrentIndex(index)  # the figures a preference run is watched by
 
     def _on_started(self, event: Started) -> None:
         plan = event.plan
-        self._show_objective(plan.objective, plan.total_steps)
+        self._show_objective(plan.objective, plan.total_steps, plan.n_val > 0)
         self.total_steps = plan.total_steps
         self.last_step = plan.start_step
         self.log_every = max(1, plan.total_steps // 50)
