@@ -125,9 +125,16 @@ def cmd_reward(args: argparse.Namespace) -> int:
         print("end of input: stopping", file=sys.stderr)
     except KeyboardInterrupt:
         interrupted = True
+    return _finish(session, args, interrupted, session.round, "ratings")
+
+
+def _finish(session, args: argparse.Namespace, interrupted: bool, rounds: int, what: str) -> int:
+    """Write the adapter (also after Ctrl-C: what was applied so far), say where, and go on with the
+    interrupt when there was one."""
+    if interrupted:
         print("\ninterrupted: writing what was applied so far", file=sys.stderr)
     path = session.save_adapter(args.out)
-    print(f"adapter: {path} ({session.step} steps in {session.round} rounds); ratings: {args.ratings}")
+    print(f"adapter: {path} ({session.step} steps in {rounds} rounds); {what}: {args.ratings}")
     if interrupted:
         raise KeyboardInterrupt
     return 0
@@ -186,12 +193,7 @@ def _unattended(args: argparse.Namespace, scorer: Scorer, items) -> int:
         rounds.run(on_event)
     except KeyboardInterrupt:
         interrupted = True
-        print("\ninterrupted: writing what was applied so far", file=sys.stderr)
-    path = session.save_adapter(args.out)
-    print(f"adapter: {path} ({session.step} steps in {rounds.done} rounds); scored answers: {args.ratings}")
-    if interrupted:
-        raise KeyboardInterrupt
-    return 0
+    return _finish(session, args, interrupted, rounds.done, "scored answers")
 
 
 def add_command(subparsers) -> None:

@@ -16,6 +16,7 @@ import os
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
+    QFileDialog,
     QFrame,
     QHBoxLayout,
     QLabel,
@@ -184,4 +185,58 @@ class PreferenceRecorder:
         )
 
 
-__all__ = ["BlindChoiceWidget", "PREFERENCES_FILE", "PreferenceRecorder"]
+class PreferencesFileRow(QWidget):
+    """Where a page's choices go, with "Preferences file…" to choose another file and "Train on
+    choices" (`sig_train_choices(path)`, enabled once the file exists)."""
+
+    sig_train_choices = Signal(str)
+
+    def __init__(self, recorder: PreferenceRecorder, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.recorder = recorder
+        self.label = QLabel()
+        self.label.setObjectName("faint")
+        self.label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.file_button = QPushButton("Preferences file…")
+        self.file_button.setToolTip(
+            "Choose the JSON Lines file the A/B choices are appended to (never rewritten). Default: "
+            f"{PREFERENCES_FILE} in the project's output folder (the Chat and Rewards pages share it)."
+        )
+        self.file_button.clicked.connect(self.choose_file)
+        self.train_button = QPushButton("Train on choices")
+        self.train_button.setToolTip(
+            "Open the preferences file on the Dataset page and set the Train page's objective to DPO"
+        )
+        self.train_button.clicked.connect(self.train_on_choices)
+        row = QHBoxLayout(self)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.label, 1)
+        row.addWidget(self.file_button)
+        row.addWidget(self.train_button)
+        self.refresh()
+
+    def choose_file(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(
+            self, "Preferences file", self.recorder.path(), "JSON Lines (*.jsonl)",
+            options=QFileDialog.DontConfirmOverwrite,  # appended to, never replaced
+        )  # fmt: skip
+        if path:
+            self.recorder.custom_path = path
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Show the file and how many pairs this page saved; Train on choices once it exists."""
+        path = self.recorder.path()
+        n = self.recorder.saved
+        saved = f" · {n} pair{'s' if n != 1 else ''} saved here" if n else ""
+        self.label.setText(f"Choices → {os.path.basename(path)}{saved}")
+        self.label.setToolTip(path)
+        self.train_button.setEnabled(os.path.isfile(path))
+
+    def train_on_choices(self) -> None:
+        path = self.recorder.path()
+        if os.path.isfile(path):
+            self.sig_train_choices.emit(path)
+
+
+__all__ = ["BlindChoiceWidget", "PREFERENCES_FILE", "PreferenceRecorder", "PreferencesFileRow"]

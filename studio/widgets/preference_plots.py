@@ -15,7 +15,16 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QWidget
 
 from engine import PreferenceEval, PreferenceStep
 
-from .plots import COLORS, RangeKeeper, Series, _legend, _marker, _paint_plot, _plot_widget, _style_plot
+from .plots import (
+    COLORS,
+    RangeKeeper,
+    Series,
+    TrainPlotsWidget,
+    _legend,
+    _paint_plot,
+    _plot_widget,
+    _style_plot,
+)
 
 PANELS = ("logp", "margin", "accuracy")
 # series -> (panel, legend name, colour, held out)
@@ -27,17 +36,6 @@ SERIES = {
     "accuracy": ("accuracy", "training pairs", COLORS[0], False),
     "val_accuracy": ("accuracy", "held-out pairs", COLORS[1], True),
 }
-
-
-def _mark(curve: pg.PlotDataItem, n: int, color: str) -> None:
-    """Markers while a curve has fewer than two points (a line of one point is invisible)."""
-    want = "o" if n < 2 else None
-    if curve.opts.get("symbol") != want:
-        if want:
-            curve.opts.update(_marker(color))
-        else:
-            curve.opts["symbol"] = None
-        curve.updateItems(styleUpdate=True)
 
 
 class PreferencePlotsWidget(QWidget):
@@ -144,7 +142,7 @@ class PreferencePlotsWidget(QWidget):
                 x, y = self.series[key].view()
                 self.curves[key].setData(x, y)
                 if not SERIES[key][3]:
-                    _mark(self.curves[key], len(x), color)
+                    TrainPlotsWidget._mark(self.curves[key], len(x), color)
                 ys.append((x, y))
             if panel != "accuracy":
                 x = np.concatenate([x for x, _ in ys]) if ys else np.zeros(0)

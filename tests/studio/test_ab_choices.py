@@ -64,7 +64,7 @@ def test_blind_choices_hide_the_sides_until_chosen_and_save_pairs(qtbot, page, t
     assert page.preferences.skipped == 1 and blind.choice == "skip"
     samples, problems = load_jsonl(path)
     assert len(samples) == 1 and samples[0].kind == "preference" and not problems
-    assert page.train_choices_button.isEnabled() and "1 pair saved" in page.preferences_label.text()
+    assert page.train_choices_button.isEnabled() and "1 pair saved" in page.preferences_row.label.text()
     with qtbot.waitSignal(page.sig_train_choices) as train:
         qtbot.mouseClick(page.train_choices_button, Qt.LeftButton)
     assert train.args == [path]

@@ -35,7 +35,6 @@ from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
-    QFileDialog,
     QGroupBox,
     QHBoxLayout,
     QLabel,
@@ -54,7 +53,7 @@ from engine import RUN, EngineError, blind_pair
 
 from ...project import ModelInfo, Project
 from ...widgets.banner import MessageBar
-from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder
+from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import RunChoiceWidget, adapter_problems, app_settings, fit_message, load_runs
 from ...widgets.side_panel import SidePanelWidget
@@ -244,24 +243,9 @@ class ChatPage(QWidget):
         self.compare_stack.addWidget(columns)
         self.compare_stack.addWidget(self.blind)
         self.blind_check.toggled.connect(lambda on: self.compare_stack.setCurrentIndex(1 if on else 0))
-        self.preferences_label = QLabel()
-        self.preferences_label.setObjectName("faint")
-        self.preferences_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.preferences_button = QPushButton("Preferences file…")
-        self.preferences_button.setToolTip(
-            "Choose the JSON Lines file the A/B choices are appended to (never rewritten). Default: "
-            "preferences.jsonl in the project's output folder."
-        )
-        self.preferences_button.clicked.connect(self.choose_preferences_file)
-        self.train_choices_button = QPushButton("Train on choices")
-        self.train_choices_button.setToolTip(
-            "Open the preferences file on the Dataset page and set the Train page's objective to DPO"
-        )
-        self.train_choices_button.clicked.connect(self.train_on_choices)
-        files = QHBoxLayout()
-        files.addWidget(self.preferences_label, 1)
-        files.addWidget(self.preferences_button)
-        files.addWidget(self.train_choices_button)
+        self.preferences_row = PreferencesFileRow(self.preferences)
+        self.preferences_row.sig_train_choices.connect(self.sig_train_choices)
+        self.train_choices_button = self.preferences_row.train_button
         tab = QWidget()
         tl = QVBoxLayout(tab)
         tl.setContentsMargins(4, 4, 4, 4)
@@ -269,7 +253,7 @@ class ChatPage(QWidget):
         tl.addWidget(self.compare_prompt)
         tl.addLayout(row)
         tl.addWidget(self.compare_stack, 1)
-        tl.addLayout(files)
+        tl.addWidget(self.preferences_row)
         self._send_keys(tab, self.compare)
         return tab
 
@@ -740,31 +724,8 @@ class ChatPage(QWidget):
         self.compare_prompt.setFocus()
         self.sig_chosen.emit(choice)
 
-    def choose_preferences_file(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Preferences file", self.preferences.path(), "JSON Lines (*.jsonl)",
-            options=QFileDialog.DontConfirmOverwrite,  # appended to, never replaced
-        )  # fmt: skip
-        if path:
-            self.preferences.custom_path = path
-            self._show_preferences()
-
     def _show_preferences(self) -> None:
-        path = self.preferences.path()
-        n = self.preferences.saved
-        saved = f" · {n} pair{'s' if n != 1 else ''} saved here" if n else ""
-        self.preferences_label.setText(f"Choices → {os.path.basename(path)}{saved}")
-        self.preferences_label.setToolTip(path)
-        self.train_choices_button.setEnabled(os.path.isfile(path))
-
-    def train_on_choices(self) -> None:
-        path = self.preferences.path()
-        if not os.path.isfile(path):
-            self.show_error(
-                "No choice is saved yet: turn on Blind A/B, compare, and choose the better answer.", "info"
-            )
-            return
-        self.sig_train_choices.emit(path)
+        self.preferences_row.refresh()
 
     # --- jobs and streaming ---------------------------------------------------------------------
     def _submit(self, kind: str, name: str, fn, done, failed, model: str, cancelled) -> None:

@@ -12,12 +12,9 @@ What it is not: it takes no training step (the pairs train on the Train page).
 
 from __future__ import annotations
 
-import os
-
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import (
-    QFileDialog,
     QHBoxLayout,
     QLabel,
     QLineEdit,
@@ -30,7 +27,7 @@ from PySide6.QtWidgets import (
 
 from engine import EngineError, blind_pair
 
-from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder
+from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
 
 
 class ABTabWidget(QWidget):
@@ -63,25 +60,12 @@ class ABTabWidget(QWidget):
         self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.blind = BlindChoiceWidget()
         self.blind.sig_chosen.connect(self._chosen)
-        self.file_label = QLabel()
-        self.file_label.setObjectName("faint")
-        self.file_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.file_button = QPushButton("Preferences file…")
-        self.file_button.setToolTip(
-            "Choose the JSON Lines file the choices are appended to (never rewritten). Default: "
-            "preferences.jsonl in the project's output folder, as on the Chat page."
-        )
-        self.file_button.clicked.connect(self.choose_file)
-        self.train_button = QPushButton("Train on choices")
-        self.train_button.setToolTip("Open the preferences file on the Dataset page and train with DPO")
-        self.train_button.clicked.connect(self.train_on_choices)
+        self.files = PreferencesFileRow(self.preferences)
+        self.files.sig_train_choices.connect(self.sig_train_choices)
+        self.train_button = self.files.train_button
         row = QHBoxLayout()
         row.addWidget(self.system_edit, 1)
         row.addWidget(self.pair_button)
-        files = QHBoxLayout()
-        files.addWidget(self.file_label, 1)
-        files.addWidget(self.file_button)
-        files.addWidget(self.train_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.setSpacing(4)
@@ -90,8 +74,7 @@ class ABTabWidget(QWidget):
         layout.addLayout(row)
         layout.addWidget(self.status)
         layout.addWidget(self.blind, 1)
-        layout.addLayout(files)
-        self.show_file()
+        layout.addWidget(self.files)
 
     def set_busy(self, busy: bool) -> None:
         self.pair_button.setEnabled(not busy)
@@ -106,14 +89,8 @@ class ABTabWidget(QWidget):
             page.show_error("Type a prompt first, then press New pair.", "info")
             self.prompt_edit.setFocus()
             return False
-        if not page._check_ready():
-            return False
-        try:
-            config = page.settings.reward_config()
-        except EngineError as exc:
-            page.show_error(
-                f"A sampling setting is not valid: {exc}. Fix it on the left, then press New pair."
-            )
+        config = page.ready_config("New pair")
+        if config is None:
             return False
         page.banner.hide()
         self.prompt_edit.setPlainText(prompt)
@@ -165,33 +142,8 @@ class ABTabWidget(QWidget):
             )
             return
         self.blind.status.setText(text + " New pair (Ctrl+Enter) for the next one.")
-        self.show_file()
+        self.files.refresh()
         self.sig_chosen.emit(choice)
-
-    def choose_file(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(
-            self,
-            "Preferences file",
-            self.preferences.path(),
-            "JSON Lines (*.jsonl)",
-            options=QFileDialog.DontConfirmOverwrite,  # appended to, never replaced
-        )
-        if path:
-            self.preferences.custom_path = path
-            self.show_file()
-
-    def show_file(self) -> None:
-        path = self.preferences.path()
-        n = self.preferences.saved
-        saved = f" · {n} pair{'s' if n != 1 else ''} saved here" if n else ""
-        self.file_label.setText(f"Choices → {os.path.basename(path)}{saved}")
-        self.file_label.setToolTip(path)
-        self.train_button.setEnabled(os.path.isfile(path))
-
-    def train_on_choices(self) -> None:
-        path = self.preferences.path()
-        if os.path.isfile(path):
-            self.sig_train_choices.emit(path)
 
 
 __all__ = ["ABTabWidget"]

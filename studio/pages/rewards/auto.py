@@ -396,12 +396,8 @@ class AutoRoundsWidget(QWidget):
         if page.busy or self.state in ("running", "pausing", "stopping"):
             return False
         resume = self.state == "paused" and self.rounds is not None and not self.rounds.finished
-        if not page._check_ready():
-            return False
-        try:
-            config = page.settings.reward_config()
-        except EngineError as exc:
-            page.show_error(f"A sampling setting is not valid: {exc}. Fix it on the left, then press Start.")
+        config = page.ready_config("Start")
+        if config is None:
             return False
         if config.mode != "group":
             page.show_error(

@@ -759,6 +759,20 @@ class RewardsPage(QWidget):
                 return False
         return True
 
+    def ready_config(self, button: str) -> RewardConfig | None:
+        """The form's RewardConfig when a task can start (a model, an adapter that fits it, a ratings
+        file that can be written); None, and why in the page, when it cannot (`button`: what to press
+        again)."""
+        if not self._check_ready():
+            return None
+        try:
+            return self.settings.reward_config()
+        except EngineError as exc:
+            self.show_error(
+                f"A sampling setting is not valid: {exc}. Fix it on the left, then press {button}."
+            )
+            return None
+
     def _session_maker(self):
         """A function (run in the worker) that makes the session, with everything read here."""
         model = self.info.path if self.info is not None else self.project.model_path
@@ -792,14 +806,8 @@ class RewardsPage(QWidget):
             )
             self.prompt_edit.setFocus()
             return False
-        if not self._check_ready():
-            return False
-        try:
-            config = self.settings.reward_config()
-        except EngineError as exc:
-            self.show_error(
-                f"A sampling setting is not valid: {exc}. Fix it on the left, then press Generate."
-            )
+        config = self.ready_config("Generate")
+        if config is None:
             return False
         self.banner.hide()
         system = self.system_edit.text().strip() or None
