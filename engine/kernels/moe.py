@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import moe_gemm
 from .cpu_workers import PIECE_MIN_FLOPS, run_each
 from .linear import LoraTerm
 from .nvrtc import KernelSource
@@ -573,6 +574,11 @@ def experts_forward_on(
         _lora(lora_down, "down", E, C, F, xp),
     )
     t = "bf16" if bf else "f32"
+    if bf and moe_gemm.route() == "tc":  # v2: tensor-core grouped GEMMs, LoRA folded into K
+        *packed, pair_out = moe_gemm.experts_forward_tc(rt, x, order, offsets, K, wg, wu, wd, lg, lu, ld)
+        y = xp.empty((N, C), dtype=np.float32)
+        _launch(rt, "moe_combine", (N, 1), (pair_out, weights, _i32(K), _i32(C), y))
+        return y, ExpertsCache(x, routing, pair_out, PackedActs(*packed), (lora_gate, lora_up, lora_down))
     tiles = row_tiles(P, E, GEMM_BM)
     xa_g = _rows(rt, x, _TOKEN, C, None, order, offsets, K, E, C, lg.A, 1, lg.r, P) if lg else None
     xa_u = _rows(rt, x, _TOKEN, C, None, order, offsets, K, E, C, lu.A, 1, lu.r, P) if lu else None
@@ -623,6 +629,14 @@ def experts_backward_on(
         _lora(loras[2], "down", E, C, F, xp),
     )
     t = "bf16" if bf else "f32"
+    if bf and moe_gemm.route() == "tc":
+        dx_pairs, dW, dlora = moe_gemm.experts_backward_tc(
+            rt, x, dy, weights, order, offsets, K, wg, wu, wd, lg, lu, ld, tuple(acts), need_dw
+        )
+        dx = xp.empty((N, C), dtype=np.float32)
+        dweights = xp.empty((N, K), dtype=np.float32)
+        _launch(rt, "moe_token_backward", (N, 1), (dx_pairs, pair_out, dy, _i32(K), _i32(C), dx, dweights))
+        return dx, dweights, dW, dlora
     tiles = row_tiles(P, E, GEMM_BM)
     rows = (order, offsets, K, E)
     # forward was: y_n = sum_k w_nk * down_e(h), h = silu(g) * u; do = dy w (never stored: the kernels

@@ -71,6 +71,8 @@ CUDA_R_16BF = 14
 CUBLAS_COMPUTE_32F = 68
 CUBLAS_COMPUTE_32F_PEDANTIC = 69
 CUBLAS_GEMM_DEFAULT = -1
+STATIC_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute (cuda.h)
 
 
 class Runtime:
@@ -176,11 +178,17 @@ class CudaRuntime(Runtime):
         import cupy
 
         self.xp = cupy
+        self._smem_optin: dict[int, int] = {}  # id of a loaded kernel -> dynamic shared memory allowed
 
     def launch(self, source, kernel, grid, block, args, shared_mem=0) -> None:
         if min(grid) <= 0:
             return
-        get_kernel(source, kernel)(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+        fn = get_kernel(source, kernel)
+        if shared_mem > STATIC_SMEM_LIMIT and self._smem_optin.get(id(fn), 0) < shared_mem:
+            # above 48 KB a kernel must opt in to its dynamic shared memory, once per size
+            self.xp.cuda.driver.funcSetAttribute(fn.ptr, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)
+            self._smem_optin[id(fn)] = shared_mem
+        fn(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 
     def address(self, a: Any) -> int:
         return int(a.data.ptr)

@@ -42,7 +42,7 @@ def built(source: KernelSource):
     warp-wide tensor-core instructions, on its own emulator, tests/kernels/emulate_moe.py)."""
     key = (source.name, source.code)
     if key not in _BUILT:
-        if source.name == "moe":
+        if source.name in ("moe", "moe_gemm"):
             from tests.kernels.emulate_moe import FiberKernels as MoeKernels
 
             _BUILT[key] = _MoeAdapter(MoeKernels(source.code, source.kernels, _workdir(), source.options))
@@ -59,7 +59,7 @@ class _MoeAdapter:
 
     def launch(self, kernel, grid, block, args, shared_mem=0, reverse=False) -> None:
         grid = tuple(grid) + (1,) * (2 - len(grid))
-        self.kernels.launch(kernel, grid[:2], int(block[0]), tuple(args))
+        self.kernels.launch(kernel, grid[:2], int(block[0]), tuple(args), shared_mem=shared_mem)
 
 
 def poison_like(shape, dtype) -> np.ndarray:

@@ -148,6 +148,15 @@ class OnArrays(Runtime):
     def launch(self, *args, **kwargs) -> None:
         self.rt.launch(*args, **kwargs)
 
+    def address(self, a) -> int:
+        return self.rt.address(a)
+
+    def gemm(self, *args, **kwargs) -> None:
+        self.rt.gemm(*args, **kwargs)
+
+    def gemm_batched(self, *args, **kwargs) -> None:
+        self.rt.gemm_batched(*args, **kwargs)
+
 
 def run_case(case: MoeCase, inp: dict, rt: Runtime, poison: bool = True) -> dict:
     """The MoE path of one case on runtime `rt`; every result as a host array.
