@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import moe_gemm
+from . import moe_cublas, moe_gemm
 from .cpu_workers import PIECE_MIN_FLOPS, run_each
 from .linear import LoraTerm
 from .nvrtc import KernelSource
@@ -574,8 +574,10 @@ def experts_forward_on(
         _lora(lora_down, "down", E, C, F, xp),
     )
     t = "bf16" if bf else "f32"
-    if bf and moe_gemm.route() == "tc":  # v2: tensor-core grouped GEMMs, LoRA folded into K
-        *packed, pair_out = moe_gemm.experts_forward_tc(rt, x, order, offsets, K, wg, wu, wd, lg, lu, ld)
+    route = moe_gemm.route() if bf else "v1"
+    if route != "v1":  # v2: grouped GEMMs on the tensor cores (our kernels, or cuBLAS over row tiles)
+        forward = moe_gemm.experts_forward_tc if route == "tc" else moe_cublas.experts_forward_cublas
+        *packed, pair_out = forward(rt, x, order, offsets, K, wg, wu, wd, lg, lu, ld)
         y = xp.empty((N, C), dtype=np.float32)
         _launch(rt, "moe_combine", (N, 1), (pair_out, weights, _i32(K), _i32(C), y))
         return y, ExpertsCache(x, routing, pair_out, PackedActs(*packed), (lora_gate, lora_up, lora_down))
@@ -629,8 +631,10 @@ def experts_backward_on(
         _lora(loras[2], "down", E, C, F, xp),
     )
     t = "bf16" if bf else "f32"
-    if bf and moe_gemm.route() == "tc":
-        dx_pairs, dW, dlora = moe_gemm.experts_backward_tc(
+    route = moe_gemm.route() if bf else "v1"
+    if route != "v1":
+        backward = moe_gemm.experts_backward_tc if route == "tc" else moe_cublas.experts_backward_cublas
+        dx_pairs, dW, dlora = backward(
             rt, x, dy, weights, order, offsets, K, wg, wu, wd, lg, lu, ld, tuple(acts), need_dw
         )
         dx = xp.empty((N, C), dtype=np.float32)

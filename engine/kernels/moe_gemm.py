@@ -483,40 +483,60 @@ def experts_backward_tc(rt: Runtime, x, dy, rw, order, offsets, K: int, wg, wu, 
     gemm = Gemm(dgu, 2 * F, False, 2 * F, wg, F, C, C, w0b=wu, split=F, ax=ext_dx, KX=RX, wx=wx, wx_rows=RX,
                 ldwx=C)  # fmt: skip
     _launch_gemm(rt, "mg_scatter_nn", gemm, *rows, (dx_pairs,))
-    # OUT_PROD_ID: per-expert sums of outer products over each expert's rows, on the tensor cores
+    dyb_blocks = {"down": (ext_do, 0), "gate": (ext_dx, 0), "up": (ext_dx, rg)}
+    dW, dlora = out_prods(rt, x, dy, rw, order, offsets, K, lg, lu, ld, h, ha_d, xa_g, xa_u, dgu, dyb_blocks,
+                          need_dw)  # fmt: skip
+    return dx_pairs, dW, dlora
+
+
+def out_prods(rt: Runtime, x, dy, rw, order, offsets, K: int, lg, lu, ld, h, ha_d, xa_g, xa_u, dgu, dyb_blocks,
+              need_dw: bool):  # fmt: skip
+    """OUT_PROD_ID of a MoE layer on the tensor cores: (dW or None, dlora). dgu is [dg | du] (P, 2F) bf16;
+    dyb_blocks maps "gate", "up", "down" to (buffer, column) of the bf16 s (d B) rows of that weight's
+    LoRA (s_d dy B_d unweighted for down, s_g dg B_g, s_u du B_u), as the dx and down-backward products
+    used them."""
+    xp = rt.xp
+    C = x.shape[1]
+    E, F = offsets.shape[0] - 1, h.shape[1]
+    P = order.shape[0]
     tok, srt = OuterOperand(None, token=True), OuterOperand(None)
-    tok_w = OuterOperand(None, token=True, weighted=True)
-    srt_w = OuterOperand(None, weighted=True)
+    tok_w, srt_w = OuterOperand(None, token=True, weighted=True), OuterOperand(None, weighted=True)
 
     def outer(shape, lb, I, ldl, lop, rb, J, ldr, rop, transpose=False):
         out = xp.empty(shape, dtype=np.float32)
         outer_into(rt, out, lb, I, ldl, lop, rb, J, ldr, rop, order, offsets, K, rw, 1.0, transpose)
         return out
 
+    def block(name, r):  # that weight's s (d B) rows, 8 wide (zeros past r): 16-byte aligned rows
+        buf, col = dyb_blocks[name]
+        out = xp.zeros((P, _pad8(r)), dtype=np.uint16)
+        out[:, :r] = buf[:, col : col + r]
+        return out
+
+    def scaled(a, s, r):  # s * a (P, r) float32, 8 wide
+        out = xp.zeros((P, _pad8(r)), dtype=np.float32)
+        out[:, :r] = a * np.float32(s)
+        return out
+
     dW = None
-    if need_dw:
+    if need_dw:  # forward was: g = x W_g^T, u = x W_u^T, pair_out = h W_d^T (+ LoRA); dy weighted by w
         dW = {
             "gate": outer((E, F, C), dgu, F, 2 * F, srt, x, C, C, tok),
             "up": outer((E, F, C), _flat_at(dgu, F), F, 2 * F, srt, x, C, C, tok),
             "down": outer((E, C, F), dy, C, C, tok_w, h, F, F, srt),
         }
     dlora = {}
-    if ld:
-        r8 = _pad8(ld.r)  # the LoRA blocks are zero past r: 8-wide reads stay inside ext
-        dA = outer((E, r8, F), ext_do, r8, RXd, srt_w, h, F, F, srt)[:, : ld.r]
-        hs = xp.zeros((P, r8), dtype=np.float32)  # s_d h A_d^T, 8 wide
-        hs[:, : ld.r] = ha_d * np.float32(ld.s)
-        dB = outer((E, C, r8), hs, r8, r8, srt_w, dy, C, C, tok, transpose=True)[:, :, : ld.r]
-        dlora["down"] = (xp.ascontiguousarray(dA), xp.ascontiguousarray(dB))
-    for name, lo, col, off, xa in (("gate", lg, 0, 0, xa_g), ("up", lu, rg, F, xa_u)):
-        if lo is None:
+    if ld:  # dA_d = s (w dy B_d)^T h, dB_d = s (w dy)^T (h A_d^T)
+        r8 = _pad8(ld.r)
+        dA = outer((E, r8, F), block("down", ld.r), r8, r8, srt_w, h, F, F, srt)[:, : ld.r]
+        dB = outer((E, C, r8), scaled(ha_d, ld.s, ld.r), r8, r8, srt_w, dy, C, C, tok, transpose=True)
+        dlora["down"] = (xp.ascontiguousarray(dA), xp.ascontiguousarray(dB[:, :, : ld.r]))
+    for name, lo, off, xa in (("gate", lg, 0, xa_g), ("up", lu, F, xa_u)):
+        if lo is None:  # dA = s (d B)^T x, dB = s d^T (x A^T), d = dg or du
             continue
         r8 = _pad8(lo.r)
-        blk = xp.zeros((P, r8), dtype=np.uint16)  # s dg B (this weight's block of ext_dx, 8-aligned)
-        blk[:, : lo.r] = ext_dx[:, col : col + lo.r]
-        dA = outer((E, r8, C), blk, r8, r8, srt, x, C, C, tok)[:, : lo.r]
-        xs = xp.zeros((P, r8), dtype=np.float32)
-        xs[:, : lo.r] = xa * np.float32(lo.s)
-        dB = outer((E, F, r8), xs, r8, r8, srt, _flat_at(dgu, off), F, 2 * F, srt, transpose=True)[:, :, : lo.r]
-        dlora[name] = (xp.ascontiguousarray(dA), xp.ascontiguousarray(dB))
-    return dx_pairs, dW, {k: dlora[k] for k in ("gate", "up", "down") if k in dlora}
+        dA = outer((E, r8, C), block(name, lo.r), r8, r8, srt, x, C, C, tok)[:, : lo.r]
+        dB = outer((E, F, r8), scaled(xa, lo.s, lo.r), r8, r8, srt, _flat_at(dgu, off), F, 2 * F, srt,
+                   transpose=True)  # fmt: skip
+        dlora[name] = (xp.ascontiguousarray(dA), xp.ascontiguousarray(dB[:, :, : lo.r]))
+    return dW, {k: dlora[k] for k in ("gate", "up", "down") if k in dlora}

@@ -157,6 +157,9 @@ class OnArrays(Runtime):
     def gemm_batched(self, *args, **kwargs) -> None:
         self.rt.gemm_batched(*args, **kwargs)
 
+    def gemm_indexed(self, *args, **kwargs) -> None:
+        self.rt.gemm_indexed(*args, **kwargs)
+
 
 def run_case(case: MoeCase, inp: dict, rt: Runtime, poison: bool = True) -> dict:
     """The MoE path of one case on runtime `rt`; every result as a host array.

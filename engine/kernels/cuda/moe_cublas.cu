@@ -1,0 +1,115 @@
+// The cuBLAS route of the MoE expert GEMMs: the tile plan, the gather of rows into a padded tile layout
+// (every expert's rows start a fresh MC_TILE-row tile, padding rows are zeros), and the epilogues that
+// bring cuBLAS's padded fp32 products back to sorted rows or to pair order. The products themselves are
+// one pointer-array batched cuBLAS call per weight (Runtime.gemm_indexed). Host side: engine/kernels/moe_cublas.py.
+
+#include <cuda_bf16.h>
+#include "moe_tiles.cuh"
+
+// set by moe_cublas.py (-D): MC_THREADS, MC_TILE (rows per tile)
+
+__device__ __forceinline__ u16 mc_bf16(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+
+// mc_plan: tile t's expert, first sorted row and row count (tiles past the last: expert 0, 0 rows, so
+// their product reads expert 0's weights against zero rows). Launch: grid T (the row-tile bound), MC_THREADS.
+extern "C" __global__ void __launch_bounds__(MC_THREADS)
+mc_plan(const int* __restrict__ offsets, int E, int* __restrict__ tile_e, int* __restrict__ tile_p0,
+        int* __restrict__ tile_rows) {
+    __shared__ int s_scan[MC_THREADS];
+    __shared__ int s_found[3];
+    TileRows tr;
+    const bool live = find_tile<MC_THREADS>(offsets, E, MC_TILE, blockIdx.x, s_scan, s_found, tr);
+    if (threadIdx.x == 0) {
+        tile_e[blockIdx.x] = live ? tr.e : 0;
+        tile_p0[blockIdx.x] = live ? tr.p0 : 0;
+        tile_rows[blockIdx.x] = live ? tr.rows : 0;
+    }
+}
+
+// mc_gather: dst[t * MC_TILE + i, :D] = bf16(src row of sorted pair p0(t) + i) (zeros past the tile's
+// rows): the row src[p] (mode 0) or src[order[p] / K] (mode 1), float32 (src_f32) or bf16, row stride ld.
+// Launch: grid (T * MC_TILE), MC_THREADS. Floor: T MC_TILE D 2 written + the rows read.
+extern "C" __global__ void __launch_bounds__(MC_THREADS)
+mc_gather(const void* __restrict__ src, long long ld, int mode, int src_f32, const int* __restrict__ order,
+          int K, const int* __restrict__ tile_p0, const int* __restrict__ tile_rows, int D,
+          u16* __restrict__ dst) {
+    const int q = blockIdx.x, t = q / MC_TILE, i = q % MC_TILE;
+    u16* out = dst + (i64)q * D;
+    if (i >= tile_rows[t]) {
+        for (int c = threadIdx.x; c < D; c += MC_THREADS) out[c] = 0;
+        return;
+    }
+    const int p = tile_p0[t] + i;
+    const i64 row = mode ? (i64)(order[p] / K) : (i64)p;
+    if (src_f32) {
+        const float* s = (const float*)src + row * ld;
+        for (int c = threadIdx.x; c < D; c += MC_THREADS) out[c] = mc_bf16(s[c]);
+    } else {
+        const u16* s = (const u16*)src + row * ld;
+        for (int c = threadIdx.x; c < D; c += MC_THREADS) out[c] = s[c];
+    }
+}
+
+// mc_swiglu: g, u (padded fp32 products) -> g, u, h (P, F) fp32 in sorted rows and h as bf16 in the
+// padded layout (zeros in padding rows) for the down product. Launch: grid (T * MC_TILE), MC_THREADS.
+extern "C" __global__ void __launch_bounds__(MC_THREADS)
+mc_swiglu(const float* __restrict__ cg, const float* __restrict__ cu, const int* __restrict__ tile_p0,
+          const int* __restrict__ tile_rows, int F, float* __restrict__ g, float* __restrict__ u,
+          float* __restrict__ h, u16* __restrict__ hb_pad) {
+    const int q = blockIdx.x, t = q / MC_TILE, i = q % MC_TILE;
+    const bool live = i < tile_rows[t];
+    const i64 p = live ? tile_p0[t] + i : 0;
+    for (int f = threadIdx.x; f < F; f += MC_THREADS) {
+        if (!live) {
+            hb_pad[(i64)q * F + f] = 0;
+            continue;
+        }
+        const float gv = cg[(i64)q * F + f], uv = cu[(i64)q * F + f];
+        const float hv = gv / (1.0f + expf(-gv)) * uv;
+        g[p * F + f] = gv;
+        u[p * F + f] = uv;
+        h[p * F + f] = hv;
+        hb_pad[(i64)q * F + f] = mc_bf16(hv);
+    }
+}
+
+// mc_swiglu_back: dh = rw[pair] * (padded fp32 product dy W_d), then the SwiGLU backward with the cached
+// g, u: [dg | du] bf16 in sorted rows (P, 2F) and in the padded layout (zeros in padding rows).
+// Launch: grid (T * MC_TILE), MC_THREADS.
+extern "C" __global__ void __launch_bounds__(MC_THREADS)
+mc_swiglu_back(const float* __restrict__ cdh, const float* __restrict__ rw, const int* __restrict__ order,
+               const int* __restrict__ tile_p0, const int* __restrict__ tile_rows, int F,
+               const float* __restrict__ g, const float* __restrict__ u, u16* __restrict__ dgu,
+               u16* __restrict__ dgu_pad) {
+    const int q = blockIdx.x, t = q / MC_TILE, i = q % MC_TILE;
+    const bool live = i < tile_rows[t];
+    const i64 p = live ? tile_p0[t] + i : 0;
+    const float w = live ? rw[order[p]] : 0.0f;
+    for (int f = threadIdx.x; f < F; f += MC_THREADS) {
+        if (!live) {
+            dgu_pad[(i64)q * 2 * F + f] = 0;
+            dgu_pad[(i64)q * 2 * F + F + f] = 0;
+            continue;
+        }
+        const float dh = w * cdh[(i64)q * F + f];
+        const float gv = g[p * F + f], uv = u[p * F + f];
+        const float sig = 1.0f / (1.0f + expf(-gv));
+        const float sg = gv / (1.0f + expf(-gv));
+        const u16 dg = mc_bf16(dh * uv * (sig * (1.0f + gv * (1.0f - sig)))), du = mc_bf16(dh * sg);
+        dgu[p * 2 * F + f] = dg;
+        dgu[p * 2 * F + F + f] = du;
+        dgu_pad[(i64)q * 2 * F + f] = dg;
+        dgu_pad[(i64)q * 2 * F + F + f] = du;
+    }
+}
+
+// mc_scatter: out[order[p]] = the padded fp32 product's row of sorted pair p (pair order: pair_out, dx_pairs).
+// Launch: grid (T * MC_TILE), MC_THREADS.
+extern "C" __global__ void __launch_bounds__(MC_THREADS)
+mc_scatter(const float* __restrict__ c, const int* __restrict__ order, const int* __restrict__ tile_p0,
+           const int* __restrict__ tile_rows, int D, float* __restrict__ out) {
+    const int q = blockIdx.x, t = q / MC_TILE, i = q % MC_TILE;
+    if (i >= tile_rows[t]) return;
+    const i64 pair = order[tile_p0[t] + i];
+    for (int d = threadIdx.x; d < D; d += MC_THREADS) out[pair * D + d] = c[(i64)q * D + d];
+}
