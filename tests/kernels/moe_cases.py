@@ -231,9 +231,14 @@ def row_err(got: np.ndarray, ref: np.ndarray) -> float:
     return float((np.linalg.norm(got - ref, axis=1) / den).max())
 
 
-def tolerance(case: MoeCase) -> float:
-    """float32 stacks: float32 arithmetic; bf16 stacks: activations rounded to bf16 on the tensor cores."""
-    return 2e-5 if case.dtype == "float32" else 1e-2
+def tolerance(case: MoeCase, route: str = "v1") -> float:
+    """float32 stacks: float32 arithmetic; bf16 stacks: activations rounded to bf16 on the tensor cores
+    (route v1), and on the v2 routes (engine.kernels.moe_gemm) the LoRA factors, their intermediates,
+    dy and [dg | du] too, every product's operands bf16: about 2.5x v1's error on these cases, whose
+    LoRA terms are as large as the base products (B is drawn, not zero)."""
+    if case.dtype == "float32":
+        return 2e-5
+    return 1e-2 if route == "v1" else 2e-2
 
 
 def reference(case: MoeCase, inp: dict, got: dict) -> dict:
@@ -285,7 +290,7 @@ def reference(case: MoeCase, inp: dict, got: dict) -> dict:
 EXACT = ("topk", "order", "offsets")
 
 
-def check_case(case: MoeCase, inp: dict, got: dict) -> dict[str, float]:
+def check_case(case: MoeCase, inp: dict, got: dict, route: str = "v1") -> dict[str, float]:
     """Compare every output with the reference; AssertionError naming the first bad one and its errors.
 
     Returns {output: relative error} (0.0 for the exact integer outputs).
@@ -294,7 +299,7 @@ def check_case(case: MoeCase, inp: dict, got: dict) -> dict[str, float]:
     assert set(got) == set(ref), f"{case}: outputs {sorted(got)} but reference {sorted(ref)}"
     errors: dict[str, float] = {}
     bad: list[str] = []
-    tol = tolerance(case)
+    tol = tolerance(case, route)
     for k in ref:
         if k in EXACT:
             same = got[k].shape == ref[k].shape and np.array_equal(got[k], ref[k])

@@ -57,19 +57,24 @@ mc_swiglu(const float* __restrict__ cg, const float* __restrict__ cu, const int*
           const int* __restrict__ tile_rows, int F, float* __restrict__ g, float* __restrict__ u,
           float* __restrict__ h, u16* __restrict__ hb_pad) {
     const int q = blockIdx.x, t = q / MC_TILE, i = q % MC_TILE;
-    const bool live = i < tile_rows[t];
-    const i64 p = live ? tile_p0[t] + i : 0;
+    u16* hq = hb_pad + (i64)q * F;
+    if (i >= tile_rows[t]) {
+        for (int f = threadIdx.x; f < F; f += MC_THREADS) hq[f] = 0;
+        return;
+    }
+    const i64 p = tile_p0[t] + i;
+    const float* gq = cg + (i64)q * F;
+    const float* uq = cu + (i64)q * F;
+    float* gp = g + p * F;
+    float* up = u + p * F;
+    float* hp = h + p * F;
     for (int f = threadIdx.x; f < F; f += MC_THREADS) {
-        if (!live) {
-            hb_pad[(i64)q * F + f] = 0;
-            continue;
-        }
-        const float gv = cg[(i64)q * F + f], uv = cu[(i64)q * F + f];
+        const float gv = gq[f], uv = uq[f];
         const float hv = gv / (1.0f + expf(-gv)) * uv;
-        g[p * F + f] = gv;
-        u[p * F + f] = uv;
-        h[p * F + f] = hv;
-        hb_pad[(i64)q * F + f] = mc_bf16(hv);
+        gp[f] = gv;
+        up[f] = uv;
+        hp[f] = hv;
+        hq[f] = mc_bf16(hv);
     }
 }
 
