@@ -315,7 +315,11 @@ def check_case(case: MoeCase, inp: dict, got: dict, route: str = "v1") -> dict[s
         t = 2e-5 if k in ("probs", "weights", "dlogits") else tol
         e, re_ = rel_err(got[k], ref[k]), row_err(got[k], ref[k])
         errors[k] = e
-        if not (e <= t and re_ <= 10 * t):
+        # a row is one dot product per element (rows of a gradient: d_f times a vector), and one that
+        # nearly cancels carries more of bf16's error: on the v2 routes, whose LoRA and gradient
+        # operands are bf16 too, a tiny case's worst row reaches 0.4 (a wrong row is > 1)
+        rows_limit = (10 if route == "v1" else 25) * t
+        if not (e <= t and re_ <= rows_limit):
             bad.append(f"{k}: rel err {e:.3g}, worst row {re_:.3g} (tolerance {t:g})")
     assert not bad, f"{case} ({case.dtype}): " + "; ".join(bad)
     return errors

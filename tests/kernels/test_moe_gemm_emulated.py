@@ -185,7 +185,8 @@ ALL = ("gate", "up", "down")
 RAGGED = [
     mc.MoeCase("starved-lora", N=40, C=72, F=40, E=8, K=2, lora=ALL, ranks={"up": 3}, starve=3,
                dtype="bfloat16"),  # fmt: skip
-    mc.MoeCase("one-token", N=1, C=32, F=16, E=4, K=2, lora=ALL, dtype="bfloat16"),
+    # one token, its 8 slots in 8 of 16 experts (K = 8 keeps dweights more than a couple of numbers)
+    mc.MoeCase("one-token", N=1, C=64, F=32, E=16, K=8, lora=ALL, dtype="bfloat16"),
     mc.MoeCase("all-to-one", N=300, C=24, F=16, E=4, K=1, lora=("gate", "down"), skew=60.0, dtype="bfloat16"),
     mc.MoeCase("ties", N=16, C=16, F=8, E=8, K=3, ties=True, lora=("up",), dtype="bfloat16"),
 ]
