@@ -205,7 +205,9 @@ def _train(model, samples, config) -> tuple[list, object, object]:
     return [e for e in got if isinstance(e, ev.Step)], end, trainer
 
 
-def train_rows(backend, steps: int, seed: int, workdir: str) -> tuple[list[dict], list[str]]:
+def train_rows(
+    backend, steps: int, seed: int, workdir: str, archs: tuple[str, ...] = TRAIN_ARCHS
+) -> tuple[list[dict], list[str]]:
     """`steps` training steps of tiny dense and MoE models on the CPU and on `backend` (an engine
     Backend: the GPU, or the g++ emulator): per step the two cross-entropies and gradient norms and
     their relative differences, a pass/fail row per model, and the generation check (`gen_row`).
@@ -229,7 +231,7 @@ def train_rows(backend, steps: int, seed: int, workdir: str) -> tuple[list[dict]
         targets=TargetSpec(preset="all"), rank=4, alpha=8, lr=5e-3, steps=steps, n_ctx=48,
         schedule="constant", norms_every=0, checkpoint_layers="off", seed=0,
     )  # fmt: skip
-    for arch in TRAIN_ARCHS:
+    for arch in archs:
         op = f"train {arch}"
         t0 = time.perf_counter()
         try:
@@ -354,6 +356,8 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", help=f"checks to run: {' '.join(OPS)} dequant moe train")
     ap.add_argument("--small", action="store_true", help="test sizes only (no real-model shapes)")
     ap.add_argument("--train-steps", type=int, default=10, help="steps of the CPU-vs-device training check")
+    ap.add_argument("--train-archs", nargs="*", default=list(TRAIN_ARCHS), choices=TRAIN_ARCHS,
+                    help="models of the training check (default: all)")  # fmt: skip
     ap.add_argument(
         "--emulate",
         action="store_true",
@@ -403,7 +407,7 @@ def main() -> int:
             rows.append(_fail("train", exc))
         else:
             with tempfile.TemporaryDirectory(prefix="gpu-check-") as folder:
-                more, train_lines = train_rows(backend, args.train_steps, seed, folder)
+                more, train_lines = train_rows(backend, args.train_steps, seed, folder, tuple(args.train_archs))
             rows += more
     text = table(rows)
     failures = [r for r in rows if not r["ok"]]
