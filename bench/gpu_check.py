@@ -407,7 +407,9 @@ def main() -> int:
             rows.append(_fail("train", exc))
         else:
             with tempfile.TemporaryDirectory(prefix="gpu-check-") as folder:
-                more, train_lines = train_rows(backend, args.train_steps, seed, folder, tuple(args.train_archs))
+                more, train_lines = train_rows(
+                    backend, args.train_steps, seed, folder, tuple(args.train_archs)
+                )
             rows += more
     text = table(rows)
     failures = [r for r in rows if not r["ok"]]

@@ -1,4 +1,4 @@
-"""GPU benchmark of the MoE expert kernels on a Qwen3-30B-A3B-shaped layer, per route, beside torch._grouped_mm.
+"""GPU benchmark of the MoE expert kernels on a Qwen3-30B-A3B-shaped layer, per route, beside _grouped_mm.
 
 The layer: C = 2048, F_exp = 768, E = 128, K = 8, bf16 expert stacks, rank-16 LoRA on gate, up and
 down; P = 8 x tokens routed pairs. The routes (engine.kernels.moe_gemm.route, $TUNE_MOE_GEMM): "tc"
@@ -142,9 +142,16 @@ ROLE_KERNELS = {
            "dx": ("moe_dx_bf16",)},
     "tc": {"gate_up": ("mg_gate_up",), "down": ("mg_scatter_nt",), "down_back": ("mg_down_back",),
            "dx": ("mg_scatter_nn",)},
-    "cublas": {"gate_up": (f"cublas nt n{F} k{C}",), "down": (f"cublas nt n{C} k{F}",),
-               "down_back": (f"cublas nn n{F} k{C}",), "dx": (f"cublas nn n{C} k{F}",)},
 }  # fmt: skip
+
+
+def cublas_roles(c: int, f: int) -> dict[str, tuple[str, ...]]:
+    """The cuBLAS route's calls of each product, by the names KernelTimer gives them."""
+    return {"gate_up": (f"cublas nt n{f} k{c}",), "down": (f"cublas nt n{c} k{f}",),
+            "down_back": (f"cublas nn n{f} k{c}",), "dx": (f"cublas nn n{c} k{f}",)}  # fmt: skip
+
+
+ROLE_KERNELS["cublas"] = cublas_roles(C, F)
 
 
 def role_flops(P: int) -> dict[str, float]:
@@ -419,10 +426,12 @@ def bench_size(cp, torch, T: int, repeats: int, ceil: dict, routes: list[str]) -
     flops = role_flops(P)
     wb = weight_bytes()
     row["floors_s"] = {
-        r: max(flops[r] / (ceil["bf16_matmul_tflops"] * 1e12), wb * (2 / 3 if r in ("gate_up", "dx") else 1 / 3)
-               / (ceil["copy_gbps"] * 1e9))
+        r: max(
+            flops[r] / (ceil["bf16_matmul_tflops"] * 1e12),
+            wb * (2 / 3 if r in ("gate_up", "dx") else 1 / 3) / (ceil["copy_gbps"] * 1e9),
+        )
         for r in ROLES
-    }  # fmt: skip
+    }
     row["grouped_mm"] = grouped_mm_baseline(cp, torch, L, routing, repeats)
     rt = CudaRuntime()
     clock = EventClock(cp)
@@ -433,7 +442,9 @@ def bench_size(cp, torch, T: int, repeats: int, ceil: dict, routes: list[str]) -
             _, cache = moe.experts_forward(L["x"], routing, *W(L), *loras(L))
             y0, _ = moe.experts_forward(L["x"], routing, *W(L))
             rec["rel_err_vs_f32_loop"] = check_against_loop(cp, L, routing, y0)
-            rec["experts_forward_s"] = time_events(cp, lambda: moe.experts_forward(L["x"], routing, *W(L)), repeats)
+            rec["experts_forward_s"] = time_events(
+                cp, lambda: moe.experts_forward(L["x"], routing, *W(L)), repeats
+            )
             rec["experts_forward_lora_s"] = time_events(
                 cp, lambda: moe.experts_forward(L["x"], routing, *W(L), *loras(L)), repeats
             )
@@ -471,7 +482,7 @@ def format_table(rows: list[dict], ceil: dict, sync: dict | None) -> str:
         for role in ROLES:
             t_ref = g.get(f"{role}_s")
             cells = []
-            for route, rec in r["routes"].items():
+            for rec in r["routes"].values():
                 t = rec.get("roles_s", {}).get(role)
                 tl = rec.get("roles_lora_s", {}).get(role)
                 if t is None:
@@ -490,8 +501,9 @@ def format_table(rows: list[dict], ceil: dict, sync: dict | None) -> str:
                 continue
             out.append(
                 f"{route:>7}: experts fwd {rec['experts_forward_s'] * 1e3:.2f}, fwd+LoRA "
-                f"{rec['experts_forward_lora_s'] * 1e3:.2f}, bwd+LoRA {rec['experts_backward_lora_s'] * 1e3:.2f} "
-                f"ms; error vs fp32 loop {rec['rel_err_vs_f32_loop']:.1e}"
+                f"{rec['experts_forward_lora_s'] * 1e3:.2f}, "
+                f"bwd+LoRA {rec['experts_backward_lora_s'] * 1e3:.2f} ms; "
+                f"error vs fp32 loop {rec['rel_err_vs_f32_loop']:.1e}"
             )
             top = sorted(rec["kernels_lora_s"].items(), key=lambda kv: -kv[1])[:8]
             out.append("         kernels (+LoRA): " + ", ".join(f"{k} {v * 1e3:.3f}" for k, v in top))
@@ -499,9 +511,10 @@ def format_table(rows: list[dict], ceil: dict, sync: dict | None) -> str:
             out.append(f"torch._grouped_mm: {g['error']}")
     if sync is not None:
         out.append(
-            f"host syncs over {sync['layers']} MoE layers (fwd+bwd, route {sync['route']}): {sync['counted_syncs']} "
-            f"counted in patched calls ({len(sync['patched'])} patched, {len(sync['unpatchable'])} not "
-            f"patchable); host {'BLOCKED' if sync['host_blocked'] else 'not blocked'}: "
+            f"host syncs over {sync['layers']} MoE layers (fwd+bwd, route {sync['route']}): "
+            f"{sync['counted_syncs']} counted in patched calls ({len(sync['patched'])} patched, "
+            f"{len(sync['unpatchable'])} not patchable); "
+            f"host {'BLOCKED' if sync['host_blocked'] else 'not blocked'}: "
             f"{sync['host_s'] * 1e3:.1f} ms while a {sync['total_s'] * 1e3:.0f} ms kernel ran ahead"
         )
     return "\n".join(out)
@@ -514,21 +527,20 @@ def emulate(routes: list[str]) -> int:
     from tests.kernels.emu_runtime import EmuRuntime
 
     C, F, E, K, R = 64, 32, 8, 2, 4
-    ROLE_KERNELS["cublas"] = {"gate_up": (f"cublas nt n{F} k{C}",), "down": (f"cublas nt n{C} k{F}",),
-                              "down_back": (f"cublas nn n{F} k{C}",), "dx": (f"cublas nn n{C} k{F}",)}  # fmt: skip
+    ROLE_KERNELS["cublas"] = cublas_roles(C, F)
     rt = EmuRuntime()
     rt.xp = np
     rng = np.random.default_rng(0)
     T = 24
-    L = {"logits": rng.standard_normal((T, E)).astype(np.float32), "x": rng.standard_normal((T, C)).astype(np.float32),
-         "dy": rng.standard_normal((T, C)).astype(np.float32)}  # fmt: skip
+    L = {k: rng.standard_normal(shape).astype(np.float32) for k, shape in
+         (("logits", (T, E)), ("x", (T, C)), ("dy", (T, C)))}  # fmt: skip
     for n, (n_out, n_in) in {"gate": (F, C), "up": (F, C), "down": (C, F)}.items():
         w = (rng.standard_normal((E, n_out, n_in)) * n_in**-0.5).astype(np.float32)
         L[f"w_{n}"] = ((w.view(np.uint32) + 0x8000) >> 16).astype(np.uint16)
-        L[f"lora_{n}"] = LoraTerm(rng.standard_normal((E, R, n_in)).astype(np.float32) * 0.1,
-                                  rng.standard_normal((E, n_out, R)).astype(np.float32) * 0.1, 2.0)  # fmt: skip
-    row = {"tokens": T, "pairs": T * K, "routes": {}, "route_forward_s": 0.0, "route_backward_s": 0.0,
-           "floors_s": dict.fromkeys(ROLES, 1.0), "grouped_mm": {"error": "no torch under --emulate"}}  # fmt: skip
+        A = rng.standard_normal((E, R, n_in)).astype(np.float32) * 0.1
+        L[f"lora_{n}"] = LoraTerm(A, rng.standard_normal((E, n_out, R)).astype(np.float32) * 0.1, 2.0)
+    row = {"tokens": T, "pairs": T * K, "routes": {}, "route_forward_s": 0.0, "route_backward_s": 0.0}
+    row |= {"floors_s": dict.fromkeys(ROLES, 1.0), "grouped_mm": {"error": "no torch under --emulate"}}
     for route in routes:
         rec = {"rel_err_vs_f32_loop": float("nan"), "experts_forward_s": 0.0, "experts_forward_lora_s": 0.0,
                "experts_backward_lora_s": 0.0}  # fmt: skip

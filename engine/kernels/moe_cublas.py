@@ -1,4 +1,4 @@
-"""MoE expert GEMMs through cuBLAS: the grouped products as pointer-array batched GEMMs over fixed-size row tiles.
+"""MoE expert GEMMs through cuBLAS: the grouped products as pointer-array batched GEMMs over row tiles.
 
 The route the issue asked to time beside our own kernel (engine.kernels.moe_gemm): the library's GEMMs,
 with gather and scatter as kernels of their own (engine/kernels/cuda/moe_cublas.cu).
@@ -63,7 +63,9 @@ class TilePlan:
         self.p0 = xp.empty((self.T,), dtype=np.int32)
         self.rows = xp.empty((self.T,), dtype=np.int32)
         if self.T:
-            rt.launch(SOURCE, "mc_plan", (self.T,), (MC_THREADS,), (offsets, _i32(E), self.e, self.p0, self.rows))
+            rt.launch(
+                SOURCE, "mc_plan", (self.T,), (MC_THREADS,), (offsets, _i32(E), self.e, self.p0, self.rows)
+            )
 
     def gather(self, src: Any, D: int, token: bool, ld: int | None = None) -> Any:
         """(T, MC_TILE, D) bf16: each tile's rows of `src` (sorted rows, or the pairs' token rows)."""
@@ -133,7 +135,9 @@ def experts_forward_cublas(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, l
         ext = xp.zeros((P, RX), dtype=np.uint16)
         ha_d = xp.empty((P, ld.r), dtype=np.float32)
         hb = to_bf16(rt, h)
-        mg._skinny(rt, hb, F, False, F, mg._bf16_copy(rt, ld.A, (E, ld.r, F)), ld.r, *rows, ha_d, ext, RX, ld.s)
+        mg._skinny(
+            rt, hb, F, False, F, mg._bf16_copy(rt, ld.A, (E, ld.r, F)), ld.r, *rows, ha_d, ext, RX, ld.s
+        )
         _lora_segment(rt, plan, ext, RX, mg._bf16_copy(rt, ld.B, (E, C, RX)), C, True, cd)
     pair_out = xp.empty((P, C), dtype=np.float32)
     plan.scatter(cd.reshape(-1, C), pair_out)

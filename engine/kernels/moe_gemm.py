@@ -255,7 +255,9 @@ def _launch_gemm(rt: Runtime, kernel: str, g: Gemm, order, offsets, K: int, E: i
     if not (grid[0] and grid[1]):
         return
     if grid[1] > 65535:
-        raise ValueError(f"{kernel}: {P} pairs make {grid[1]} row tiles, over one launch's 65535; split the batch")
+        raise ValueError(
+            f"{kernel}: {P} pairs make {grid[1]} row tiles, over one launch's 65535; split the batch"
+        )
     args = _gemm_args(g, order, offsets, K, E) + extra
     rt.launch(SOURCE, kernel, grid, (MG_THREADS,), args, shared_mem=smem_bytes(bn, nt))
 
@@ -450,7 +452,6 @@ def experts_backward_tc(rt: Runtime, x, dy, rw, order, offsets, K: int, wg, wu, 
     g, u, h, xa_g, xa_u, ha_d = acts
     rows = (order, offsets, K, E, P)
     dyb = to_bf16(rt, dy)  # (N, C)
-    hb = to_bf16(rt, h)  # (P, F)
     # forward was: pair_out[p] = h_p W_d^T + s_d (h_p A_d^T) B_d^T; y_n = sum_k w_nk pair_out[n, k]
     ext_do = wx = None
     RXd = 0
@@ -489,8 +490,25 @@ def experts_backward_tc(rt: Runtime, x, dy, rw, order, offsets, K: int, wg, wu, 
     return dx_pairs, dW, dlora
 
 
-def out_prods(rt: Runtime, x, dy, rw, order, offsets, K: int, lg, lu, ld, h, ha_d, xa_g, xa_u, dgu, dyb_blocks,
-              need_dw: bool):  # fmt: skip
+def out_prods(
+    rt: Runtime,
+    x,
+    dy,
+    rw,
+    order,
+    offsets,
+    K: int,
+    lg,
+    lu,
+    ld,
+    h,
+    ha_d,
+    xa_g,
+    xa_u,
+    dgu,
+    dyb_blocks,
+    need_dw: bool,
+):
     """OUT_PROD_ID of a MoE layer on the tensor cores: (dW or None, dlora). dgu is [dg | du] (P, 2F) bf16;
     dyb_blocks maps "gate", "up", "down" to (buffer, column) of the bf16 s (d B) rows of that weight's
     LoRA (s_d dy B_d unweighted for down, s_g dg B_g, s_u du B_u), as the dx and down-backward products

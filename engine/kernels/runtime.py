@@ -133,7 +133,15 @@ class Runtime:
             self.gemm(a[i], b[i], out[i], trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
 
     def gemm_indexed(
-        self, a: Any, b: Any, index: Any, out: Any, *, trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0
+        self,
+        a: Any,
+        b: Any,
+        index: Any,
+        out: Any,
+        *,
+        trans_b: bool = False,
+        alpha: float = 1.0,
+        beta: float = 0.0,
     ) -> None:
         """out[t] = alpha * a[t] @ op(b[index[t]]) + beta * out[t] for every t (op(x) = x.T when
         trans_b): a batch of products whose right operand is picked from a stack by an int32 index
@@ -217,7 +225,9 @@ class CudaRuntime(Runtime):
         fn = get_kernel(source, kernel)
         if shared_mem > STATIC_SMEM_LIMIT and self._smem_optin.get(id(fn), 0) < shared_mem:
             # above 48 KB a kernel must opt in to its dynamic shared memory, once per size
-            self.xp.cuda.driver.funcSetAttribute(fn.ptr, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem)
+            self.xp.cuda.driver.funcSetAttribute(
+                fn.ptr, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem
+            )
             self._smem_optin[id(fn)] = shared_mem
         fn(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 

@@ -238,8 +238,9 @@ static void emu_mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], const unsi
 static void emu_cp_async16(void* dst, const void* src, int bytes) {
     if (((uintptr_t)dst % 16 || (bytes && (uintptr_t)src % 16)) && !emu_faulted) {
         emu_faulted = 1;
-        std::snprintf(emu_error, sizeof emu_error, "misaligned cp.async (%p <- %p, thread %u of block (%u, %u))",
-                      dst, src, threadIdx.x, blockIdx.x, blockIdx.y);
+        std::snprintf(emu_error, sizeof emu_error,
+                      "misaligned cp.async (%p <- %p, thread %u of block (%u, %u))", dst, src, threadIdx.x,
+                      blockIdx.x, blockIdx.y);
     }
     emu_copies[threadIdx.x].push_back({dst, src, bytes, emu_groups[threadIdx.x]});
 }
@@ -392,7 +393,9 @@ class FiberKernels:
             )
         return {np.int32: ctypes.c_int32, np.int64: ctypes.c_int64, np.float32: ctypes.c_float}[expected](a)
 
-    def launch(self, name: str, grid: tuple[int, int], threads: int, args: tuple, shared_mem: int = 0) -> None:
+    def launch(
+        self, name: str, grid: tuple[int, int], threads: int, args: tuple, shared_mem: int = 0
+    ) -> None:
         sig = self._sig[name]
         if len(args) != len(sig):
             raise TypeError(f"{name} takes {len(sig)} arguments, got {len(args)}")

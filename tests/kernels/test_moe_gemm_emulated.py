@@ -1,4 +1,4 @@
-"""The MoE GEMM v2 kernels (engine/kernels/cuda/moe_gemm.cu, moe_cublas.cu) on the CPU against their references.
+"""The MoE GEMM v2 kernels (engine/kernels/cuda/moe_gemm.cu, moe_cublas.cu) on the CPU against references.
 
 Needs g++, no GPU. The emulator (tests/kernels/emulate_moe.py) runs what the kernels use: cp.async
 copies that land only at their thread's wait_group, ldmatrix (plain and transposed) with the PTX
@@ -183,8 +183,9 @@ def test_grouped_mm_refuses_float_operands(fresh_rng):
 
 ALL = ("gate", "up", "down")
 RAGGED = [
-    mc.MoeCase("starved-lora", N=40, C=72, F=40, E=8, K=2, lora=ALL, ranks={"up": 3}, starve=3,
-               dtype="bfloat16"),  # fmt: skip
+    mc.MoeCase(
+        "starved-lora", N=40, C=72, F=40, E=8, K=2, lora=ALL, ranks={"up": 3}, starve=3, dtype="bfloat16"
+    ),  # fmt: skip
     # one token, its 8 slots in 8 of 16 experts (K = 8 keeps dweights more than a couple of numbers)
     mc.MoeCase("one-token", N=1, C=64, F=32, E=16, K=8, lora=ALL, dtype="bfloat16"),
     mc.MoeCase("all-to-one", N=300, C=24, F=16, E=4, K=1, lora=("gate", "down"), skew=60.0, dtype="bfloat16"),
