@@ -244,7 +244,12 @@ def experts_backward_ref(dy: np.ndarray, cache: ExpertsCache, w_gate, w_up, w_do
 #   GPU must expose `__cuda_array_interface__` (it is taken as a CuPy view, no copy); anything else
 #   is a TypeError, never a silent host-to-device copy per layer. LoRA factors A (E, r, n_in) and
 #   B (E, n_out, r) float32, any rank per weight. Outputs are float32.
-# - Numerics: bf16 stacks run the base matmuls on the tensor cores (mma.sync m16n8k16 bf16, fp32
+# - Routes: bf16 stacks take the v2 expert kernels of engine.kernels.moe_gemm (`moe_gemm.route()`:
+#   "tc", its tensor-core grouped GEMMs with the LoRA folded into K and OUT_PROD_ID on the tensor
+#   cores, or "cublas", engine.kernels.moe_cublas) unless $TUNE_MOE_GEMM=v1 picks the kernels below;
+#   the v2 routes round every product's operands to bf16 (LoRA factors and intermediates too), with
+#   fp32 sums. The routing, cache layout, combine and token reductions are the same on every route.
+# - Numerics (v1): bf16 stacks run the base matmuls on the tensor cores (mma.sync m16n8k16 bf16, fp32
 #   accumulation) with the activation operand (x, h, dy*w, dg|du) rounded to bf16 as it is loaded;
 #   float32 stacks run them in float32 FMA (no tf32). LoRA products, the SwiGLU, the routing and
 #   every weight or factor gradient (OUT_PROD_ID) run in float32 from float32 activations.
