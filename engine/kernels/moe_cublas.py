@@ -116,7 +116,7 @@ def experts_forward_cublas(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, l
         RX = mg._pad_bk(lo.r)
         ext = xp.zeros((P, RX), dtype=np.uint16)
         xa = xp.empty((P, lo.r), dtype=np.float32)
-        mg._skinny(rt, xb, C, True, C, mg._bf16_copy(rt, lo.A, (E, lo.r, C)), lo.r, *rows, xa, ext, RX, lo.s)
+        mg._skinny(rt, xb, C, True, C, to_bf16(rt, lo.A), lo.r, *rows, xa, ext, RX, lo.s)
         lora[name] = (xa, ext, RX, mg._bf16_copy(rt, lo.B, (E, F, RX)))
     cg = _product(rt, plan, x_pad, wg, F, True)
     cu = _product(rt, plan, x_pad, wu, F, True)
@@ -136,7 +136,7 @@ def experts_forward_cublas(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, l
         ha_d = xp.empty((P, ld.r), dtype=np.float32)
         hb = to_bf16(rt, h)
         mg._skinny(
-            rt, hb, F, False, F, mg._bf16_copy(rt, ld.A, (E, ld.r, F)), ld.r, *rows, ha_d, ext, RX, ld.s
+            rt, hb, F, False, F, to_bf16(rt, ld.A), ld.r, *rows, ha_d, ext, RX, ld.s
         )
         _lora_segment(rt, plan, ext, RX, mg._bf16_copy(rt, ld.B, (E, C, RX)), C, True, cd)
     pair_out = xp.empty((P, C), dtype=np.float32)

@@ -412,7 +412,7 @@ def experts_forward_tc(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, lg: L
         for lo, col, row, name in ((lg, 0, 0, "g"), (lu, rg, F, "u")):
             if lo is None:
                 continue
-            a_b = _bf16_copy(rt, lo.A, (E, lo.r, C))
+            a_b = to_bf16(rt, lo.A)
             xa = xp.empty((P, lo.r), dtype=np.float32)
             _skinny(rt, xb, C, True, C, a_b, lo.r, *rows, xa, _flat_at(ext, col), RX, lo.s)
             _pack(rt, lo.B, wx, row, col)
@@ -430,7 +430,7 @@ def experts_forward_tc(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, lg: L
         RX = _pad_bk(ld.r)
         ext = xp.zeros((P, RX), dtype=np.uint16)  # [s_d h A_d^T | 0]
         wx = xp.zeros((E, C, RX), dtype=np.uint16)  # rows c: [B_d[c] | 0]
-        a_b = _bf16_copy(rt, ld.A, (E, ld.r, F))
+        a_b = to_bf16(rt, ld.A)
         ha_d = xp.empty((P, ld.r), dtype=np.float32)
         _skinny(rt, hb, F, False, F, a_b, ld.r, *rows, ha_d, ext, RX, ld.s)
         _pack(rt, ld.B, wx, 0, 0)
