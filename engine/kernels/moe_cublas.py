@@ -135,9 +135,7 @@ def experts_forward_cublas(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, l
         ext = xp.zeros((P, RX), dtype=np.uint16)
         ha_d = xp.empty((P, ld.r), dtype=np.float32)
         hb = to_bf16(rt, h)
-        mg._skinny(
-            rt, hb, F, False, F, to_bf16(rt, ld.A), ld.r, *rows, ha_d, ext, RX, ld.s
-        )
+        mg._skinny(rt, hb, F, False, F, to_bf16(rt, ld.A), ld.r, *rows, ha_d, ext, RX, ld.s)
         _lora_segment(rt, plan, ext, RX, mg._bf16_copy(rt, ld.B, (E, C, RX)), C, True, cd)
     pair_out = xp.empty((P, C), dtype=np.float32)
     plan.scatter(cd.reshape(-1, C), pair_out)

@@ -314,9 +314,9 @@ def grouped_outer_on(
     scale: float = 1.0,
     transpose: bool = False,
 ) -> Any:
-    """`grouped_outer_ref` on a runtime: operands float32 or bf16 bits, unit inner stride, rows of a
-    multiple of 8 elements (a flat view may start a column block: give `left.a` as (rows, I) with the
-    row stride in `ld`... use `outer_into` for views); (E, I, J) float32 out."""
+    """`grouped_outer_ref` on a runtime: C-contiguous operands, float32 or bf16 bits, I and J multiples
+    of 8; (E, I, J) float32 out, (E, J, I) with `transpose`. (`outer_into` takes a column block of a
+    wider buffer: a flat view where the block starts, and the row stride.)"""
     E = offsets.shape[0] - 1
     I, J = left.a.shape[1], right.a.shape[1]
     out = rt.xp.empty((E, J, I) if transpose else (E, I, J), dtype=np.float32)
