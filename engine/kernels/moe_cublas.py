@@ -8,7 +8,8 @@ Why this form. cuBLASLt's grouped GEMM with per-group sizes in device memory
 13.2), and is marked experimental there; the device machine's CUDA 13.0 ships cuBLAS 13.0/13.1, whose
 cublasLt.h has no grouped mode (read from the nvidia-cublas 13.0.0.19, 13.1.1.3 and 13.1.2.11 wheels'
 headers; 13.2.0.9's is the first with it). A newer cuBLAS cannot be carried there either: its wheel is
-about 420 MB. `cublasGemmGroupedBatchedEx` (cuBLAS >= 12.5) takes m, n, k and the group sizes in
+about 420 MB; and its pointer-array kernels are sm_100 builds only (libcublasLt 13.2 and 13.10's
+kernel names), so on Hopper the grouped mode would likely find no algorithm. `cublasGemmGroupedBatchedEx` (cuBLAS >= 12.5) takes m, n, k and the group sizes in
 *host* arrays: every layer would read the expert counts back to the host (a synchronisation), and a
 captured graph would replay the counts of the capture. What cuBLAS 13.0 can do without either is a
 pointer-array batched GEMM (`cublasGemmBatchedEx`), whose pointer arrays live on the device: split
