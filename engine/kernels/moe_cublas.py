@@ -9,15 +9,16 @@ Why this form. cuBLASLt's grouped GEMM with per-group sizes in device memory
 cublasLt.h has no grouped mode (read from the nvidia-cublas 13.0.0.19, 13.1.1.3 and 13.1.2.11 wheels'
 headers; 13.2.0.9's is the first with it). A newer cuBLAS cannot be carried there either: its wheel is
 about 420 MB; and its pointer-array kernels are sm_100 builds only (libcublasLt 13.2 and 13.10's
-kernel names), so on Hopper the grouped mode would likely find no algorithm. `cublasGemmGroupedBatchedEx` (cuBLAS >= 12.5) takes m, n, k and the group sizes in
-*host* arrays: every layer would read the expert counts back to the host (a synchronisation), and a
-captured graph would replay the counts of the capture. What cuBLAS 13.0 can do without either is a
-pointer-array batched GEMM (`cublasGemmBatchedEx`), whose pointer arrays live on the device: split
-every expert's rows into tiles of MC_TILE rows (its last one padded with zero rows), gather the tiles'
-rows into a padded buffer, and multiply tile t by expert e(t)'s weights, for the fixed upper bound
-T = ceil(P / MC_TILE) + E of tiles (tiles past the last multiply zero rows). Shapes depend on P and E
-only: no host read, capturable. The price: padding rows and dead tiles (at P = 32768, E = 128,
-MC_TILE 64: at most 8192 extra rows, +25%), the gather and scatter passes, and no fusion of the
+kernel names), so on Hopper the grouped mode would likely find no algorithm.
+`cublasGemmGroupedBatchedEx` (cuBLAS >= 12.5) takes m, n, k and the group sizes in *host* arrays: every
+layer would read the expert counts back to the host (a synchronisation), and a captured graph would
+replay the counts of the capture. What cuBLAS 13.0 can do without either is a pointer-array batched GEMM
+(`cublasGemmBatchedEx`), whose pointer arrays live on the device: split every expert's rows into tiles
+of MC_TILE rows (its last one padded with zero rows), gather the tiles' rows into a padded buffer, and
+multiply tile t by expert e(t)'s weights, for the fixed upper bound T = ceil(P / MC_TILE) + E of tiles
+(tiles past the last multiply zero rows). Shapes depend on P and E only: no host read, capturable. The
+price: padding rows and dead tiles (at P = 32768, E = 128, MC_TILE 64: at most 8192 extra rows, +25%),
+the gather and scatter passes, and no fusion of the
 SwiGLU or the LoRA (the LoRA term is a second batched product accumulated into the first, beta = 1).
 
 `experts_forward_cublas` / `experts_backward_cublas` have the signatures and results of
