@@ -34,6 +34,8 @@ class Plan:
     memory_bytes: dict[str, int]  # estimate: weights, trainable + optimizer, activations, total
     problems: tuple[str, ...]  # dataset problems, one line each ("line 12: ...")
     start_step: int  # 0, or the step a resumed run starts from
+    ranks: int = 1  # processes the run is spread over (data parallel: engine.train.parallel)
+    hosts: tuple[str, ...] = ()  # the machine each rank runs on, in rank order
 
 
 @dataclass(frozen=True)
