@@ -157,6 +157,12 @@ class Collective:
     def is_root(self) -> bool:
         return self.rank == 0
 
+    @property
+    def parallel(self) -> bool:
+        """Whether training goes through the data-parallel path (every backend but single, even with
+        one rank: a one-process MPI or NCCL run checks the same code a larger one runs)."""
+        return self.kind != "single"
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rank {self.rank} of {self.size} on {self.host})"
 

@@ -161,7 +161,7 @@ def sharded_eval(trainer) -> tuple[float, int]:
 def on_root(comm: Collective, fn: Callable[[], T], *, timeout: float | None = None) -> T:
     """`fn()` on rank 0 alone; its result on every rank, or on every rank the OSError or EngineError
     it raised (rebuilt from its message), so that all ranks fail together."""
-    if comm.size == 1:
+    if not comm.parallel:
         return fn()
     outcome: tuple = ("ok", None)
     if comm.is_root:
@@ -222,7 +222,8 @@ def run_facts(trainer) -> dict[str, Any]:
     return facts
 
 
-def _differences(mine: dict, root: dict) -> list[str]:
+def _differences(mine: dict, root: dict, rank: int) -> list[str]:
+    """What differs between rank `rank`'s facts and rank 0's, one phrase each."""
     out = []
     for key in sorted(set(mine) | set(root), key=lambda k: list(root).index(k) if k in root else 99):
         a, b = root.get(key), mine.get(key)
@@ -230,10 +231,10 @@ def _differences(mine: dict, root: dict) -> list[str]:
             continue
         if isinstance(a, dict) and isinstance(b, dict):
             fields = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-            said = ", ".join(f"{k} {a.get(k)!r} vs {b.get(k)!r}" for k in fields)
+            said = ", ".join(f"{k}: rank 0 {a.get(k)!r}, rank {rank} {b.get(k)!r}" for k in fields)
             out.append(f"the settings differ ({said})")
         else:
-            out.append(f"the {key} differs (rank 0: {a}; this rank: {b})")
+            out.append(f"the {key} differs (rank 0: {a}; rank {rank}: {b})")
     return out
 
 
@@ -259,7 +260,7 @@ def join(trainer, failure: EngineError | None) -> None:
     root = everyone[0]["facts"]
     if not problems:
         for r, other in enumerate(everyone[1:], start=1):
-            diffs = _differences(other["facts"], root)
+            diffs = _differences(other["facts"], root, r)
             if diffs:
                 who = f"rank {r} ({other['host']}) does not match rank 0 ({everyone[0]['host']})"
                 problems.append(f"{who}: " + "; ".join(diffs))
@@ -296,7 +297,7 @@ def check_same(trainer) -> bool:
     """Whether every rank holds the same parameters and optimizer moments (a digest of each,
     compared); when not, rank 0's are given to every rank and a warning logged. False then."""
     tr, comm = trainer, trainer.comm
-    if comm.size == 1:
+    if not comm.parallel:
         return True
     h = hashlib.sha256()
     for name, p in tr.trainable.params().items():
@@ -307,6 +308,7 @@ def check_same(trainer) -> bool:
     if len(set(digests)) == 1:
         return True
     differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    tr.resyncs += 1
     log.warning("ranks %s drifted from rank 0 at step %d: rank 0's parameters go to all", differ, tr.step)
     sync_from_root(tr, with_optimizer=True, timeout=step_timeout(comm, tr._recent))
     return False

@@ -322,6 +322,8 @@ class Trainer:
         self._joined = False  # the ranks exchanged their facts (engine.train.parallel.join)
         self.hosts: list[str] = [self.comm.host]  # the machine of each rank (set by parallel.join)
         self.rank_lost = False  # the run failed because another rank stopped answering
+        self.resyncs = 0  # times ranks that drifted from rank 0 were given its parameters (expect none)
+        self._silent_rank: RankTimeout | None = None  # a rank stopped answering while ranks agreed to stop
         self.tokenizer = tokenizer
         if isinstance(model, Model):  # the model is open on its device already: the run computes there
             self.model = model
@@ -572,7 +574,7 @@ class Trainer:
             self.optimizer = AdamW(self.trainable.params(), cfg.optim(total), runtime=self.backend.runtime)
             if self.resume and root:
                 self._load_checkpoint(self.resume)
-            if self.comm.size > 1:  # every rank's facts checked, then rank 0's state on every rank
+            if self.comm.parallel:  # every rank's facts checked, then rank 0's state on every rank
                 parallel.join(self, None)
             self.plan = ev.Plan(
                 n_train=self.n_train,
@@ -592,7 +594,7 @@ class Trainer:
                 hosts=tuple(self.hosts),
             )
         except EngineError as exc:
-            if self.comm.size > 1 and not self._joined:
+            if self.comm.parallel and not self._joined:
                 try:  # the other ranks wait for this one's word before step 1: it is this failure
                     parallel.join(self, exc)
                 except EngineError as joined:
@@ -619,7 +621,7 @@ class Trainer:
             adjust_blas_threads()  # the cores other programs leave free, before each step
             keep_step_buffers()  # once per process: no page faults for the same buffers every step
         t_step = time.perf_counter()
-        if self.comm.size > 1:  # this rank's share of the step, summed over the ranks
+        if self.comm.parallel:  # this rank's share of the step, summed over the ranks
             try:
                 loss, ce_sum, n_label, n_tok, counts, grads, m = parallel.sharded_step(self)
             except RankTimeout as exc:
@@ -780,6 +782,9 @@ class Trainer:
         """End the run: a last evaluation (when it ran to the end), a checkpoint, the adapter (and
         the model of full-weight tensors); `Finished`, or `Failed` when a file cannot be written."""
         cfg = self.config
+        if self._silent_rank is not None:  # the stop was agreed without one rank: fail, write nothing
+            self.ended = True
+            return self._lost(on_event, self._silent_rank)
         if not stopped and self.val_batches and not (cfg.eval_every and self.step % cfg.eval_every == 0):
             try:
                 on_event(self.evaluate())
@@ -791,9 +796,13 @@ class Trainer:
     def agree_stop(self, requested: bool) -> bool:
         """Whether the run stops before its next step: `requested` in one process; with several
         ranks, True on every rank as soon as one asks (a stop reaches them at different moments)."""
-        if self.comm.size == 1:
+        if not self.comm.parallel:
             return requested
-        return self.comm.any(requested, timeout=parallel.step_timeout(self.comm, self._recent))
+        try:
+            return self.comm.any(requested, timeout=parallel.step_timeout(self.comm, self._recent))
+        except RankTimeout as exc:  # `finish` then reports it
+            self._silent_rank = exc
+            return True
 
     def run(
         self,
@@ -816,7 +825,7 @@ class Trainer:
     def evaluate(self) -> ev.Eval:
         """Mean cross-entropy over the validation batches (with several ranks, each takes a share)."""
         ce = n = 0
-        if self.comm.size > 1:
+        if self.comm.parallel:
             ce, n = parallel.sharded_eval(self)
         else:
             for b in self.val_batches:
