@@ -510,9 +510,9 @@ class NcclCollective(Collective):
     def _run(self, arrays: Sequence[Any], timeout: float | None, what: str, op) -> int:
         """Pack each bucket on the device, run `op(buf, nccl_type, stream)` on it, unpack."""
         cupy = self.cupy
-        stream = cupy.cuda.get_current_stream()
         payload = 0
         with cupy.cuda.Device(self.device_index):
+            stream = cupy.cuda.get_current_stream()  # after the work that made the arrays
             staged = {i: cupy.asarray(a) for i, a in enumerate(arrays) if isinstance(a, np.ndarray)}
             work = [staged.get(i, a) for i, a in enumerate(arrays)]
             for slot, bucket in enumerate(bucket_plan(work, self.bucket_bytes)):
