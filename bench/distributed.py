@@ -241,8 +241,9 @@ def main() -> None:
             print("|---|---|---|---|---|---|---|---|")
             for r in rows:
                 share = 100 * r["transfer_ms"] / 1e3 / r["step_s"]
-                cells = [f"{r['step_s']:.3f}", f"{r['tok_s']:.0f}", f"{r['payload_mb']:.2f}", f"{r['sent_mb']:.2f}",
-                         f"{r['transfer_ms']:.1f}", f"{r['wait_ms']:.1f}", f"{share:.1f}%"]  # fmt: skip
+                cells = [f"{r['step_s']:.3f}", f"{r['tok_s']:.0f}", f"{r['payload_mb']:.2f}",
+                         f"{r['sent_mb']:.2f}", f"{r['transfer_ms']:.1f}", f"{r['wait_ms']:.1f}",
+                         f"{share:.1f}%"]  # fmt: skip
                 print(f"| {r['ranks']} | " + " | ".join(cells) + " |")
             for r in rows:
                 for a in r["alone"]:
