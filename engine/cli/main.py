@@ -263,6 +263,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         device=args.device, cache_budget=args.cache_budget,
         checkpoint_dir=ckpt_dir, eval_every=args.eval_every, out=out, out_type=args.out_type,
     )  # fmt: skip
+    if args.settings:
+        config = ranks.settings_config(args.settings, config, args.checkpoint_dir, CliError)
     tty = sys.stderr.isatty()
     events_file = None
     if args.events and root:
@@ -482,6 +484,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--template-file", help="Jinja chat template overriding the model's")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--events", help="write every event as one JSON line to this file")
+    s.add_argument(
+        "--settings",
+        help="a run's settings as JSON (what the studio writes: every TrainConfig field); they replace "
+        "the training options above, while --out, --checkpoint-dir, --device and --cache-budget still apply",
+    )
     add_runtime_options(s)
     ranks.add_options(s)
     s.set_defaults(func=cmd_train)

@@ -14,10 +14,12 @@ ends every rank at once through MPI_Abort with a non-zero status; a failure ever
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 
 from ..train.collective import (
     DEFAULT_TIMEOUT_S,
@@ -29,6 +31,7 @@ from ..train.collective import (
     resolve_kind,
 )
 from ..train.threads import usable_cores
+from ..train.trainer import TrainConfig
 
 
 def add_options(s: argparse.ArgumentParser) -> None:
@@ -118,3 +121,20 @@ def open_ranks(args: argparse.Namespace) -> Collective:
 def several_ranks_wanted(args: argparse.Namespace) -> bool:
     """`--ranks N` (N > 1) in a process no launcher started: it must start the ranks itself."""
     return getattr(args, "ranks", 1) > 1 and launched_size() == 1
+
+
+def settings_config(path: str, given: TrainConfig, checkpoint_dir: str | None, error) -> TrainConfig:
+    """The TrainConfig of a settings file, with the command line's paths and runtime (`given`)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            loaded = TrainConfig.from_json(json.load(f))
+    except OSError as exc:
+        raise error(f"{path}: cannot be read ({exc.strerror or exc})") from exc
+    except (ValueError, TypeError) as exc:
+        raise error(f"{path}: not a run's settings ({exc})") from exc
+    out = given.out
+    if checkpoint_dir is None and loaded.checkpoint_every and out:
+        checkpoint_dir = os.path.splitext(out)[0] + ".checkpoints"
+    return replace(
+        loaded, out=out, checkpoint_dir=checkpoint_dir, device=given.device, cache_budget=given.cache_budget
+    )

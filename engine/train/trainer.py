@@ -592,6 +592,8 @@ class Trainer:
                 start_step=self.step,
                 ranks=self.comm.size,
                 hosts=tuple(self.hosts),
+                model=self.model.path,
+                dataset=self.data if isinstance(self.data, str) else f"{len(self.data)} samples (edited)",
             )
         except EngineError as exc:
             if self.comm.parallel and not self._joined:
