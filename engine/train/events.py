@@ -37,6 +37,8 @@ class Plan:
     ranks: int = 1  # processes the run is spread over (data parallel: engine.train.parallel)
     hosts: tuple[str, ...] = ()  # the machine each rank runs on, in rank order
     model: str = ""  # the model file trained (rank 0's path)
+    lora_rank: int = 0  # the adapter's rank r and alpha
+    lora_alpha: float = 0.0
     dataset: str = ""  # the dataset file, or "N samples (edited)"
 
 

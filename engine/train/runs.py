@@ -194,6 +194,7 @@ def run_from_events(path: str) -> RunRecord | None:
     rec = RunRecord(
         name=stem, model=plan.model, dataset=plan.dataset, targets=tensor_kinds(plan.lora_targets),
         n_targets=len(plan.lora_targets), full=list(plan.full_tensors), steps_planned=plan.total_steps,
+        rank=plan.lora_rank, alpha=plan.lora_alpha,
         steps_done=plan.start_step,
     )  # fmt: skip
     for e in events:
@@ -219,6 +220,7 @@ def run_from_events(path: str) -> RunRecord | None:
     rec.path = path
     try:
         rec.updated = datetime.fromtimestamp(os.path.getmtime(path), timezone.utc).isoformat()
+        rec.started = rec.updated
     except OSError:
         pass
     return rec

@@ -593,6 +593,8 @@ class Trainer:
                 ranks=self.comm.size,
                 hosts=tuple(self.hosts),
                 model=self.model.path,
+                lora_rank=self.trainable.rank,
+                lora_alpha=self.trainable.alpha,
                 dataset=self.data if isinstance(self.data, str) else f"{len(self.data)} samples (edited)",
             )
         except EngineError as exc:
