@@ -309,46 +309,37 @@ class MpiCollective(Collective):
             raise CollectiveError(f"cannot send arrays of {buf.dtype} over MPI")
         return [buf, getattr(self.MPI, name)]
 
-    def allreduce(self, arrays: Sequence[Any], *, timeout: float | None = None) -> None:
-        if not arrays:
-            return
-        self._arrive(timeout, "reach the gradient all-reduce")
+    def _buckets(self, arrays: Sequence[Any], timeout: float | None, what: str, start, unpack: bool) -> int:
+        """Every rank arrived, each bucket packed and `start(buffer)`ed (all in flight at once), the
+        requests waited for, the results unpacked; the payload's bytes."""
+        self._arrive(timeout, f"reach {what}")
         t0 = time.perf_counter()
         plan = bucket_plan(arrays, self.bucket_bytes)
-        bufs, requests = [], []
-        for slot, bucket in enumerate(plan):
-            buf = self._pack(arrays, bucket, slot)
-            bufs.append(buf)
-            requests.append(self.comm.Iallreduce(self.MPI.IN_PLACE, self._typed(buf), op=self.MPI.SUM))
-        self._wait(requests, timeout, "finish the gradient all-reduce", patient=False)
-        for bucket, buf in zip(plan, bufs, strict=True):
-            self._unpack(arrays, bucket, buf)
-        payload = sum(b.nbytes for b in bufs)
-        self.stats.calls += 1
-        self.stats.payload_bytes += payload
-        self.stats.sent_bytes += payload * 2 * (self.size - 1) // self.size
-        self.stats.transfer_s += time.perf_counter() - t0
-
-    def broadcast(self, arrays: Sequence[Any], root: int = 0, *, timeout: float | None = None) -> None:
-        if not arrays:
-            return
-        self._arrive(timeout, "reach a broadcast")
-        t0 = time.perf_counter()
-        plan = bucket_plan(arrays, self.bucket_bytes)
-        bufs, requests = [], []
-        for slot, bucket in enumerate(plan):
-            buf = self._pack(arrays, bucket, slot)
-            bufs.append(buf)
-            requests.append(self.comm.Ibcast(self._typed(buf), root=root))
-        self._wait(requests, timeout, "finish a broadcast", patient=False)
-        if self.rank != root:
+        bufs = [self._pack(arrays, bucket, slot) for slot, bucket in enumerate(plan)]
+        self._wait([start(self._typed(buf)) for buf in bufs], timeout, f"finish {what}", patient=False)
+        if unpack:
             for bucket, buf in zip(plan, bufs, strict=True):
                 self._unpack(arrays, bucket, buf)
         payload = sum(b.nbytes for b in bufs)
         self.stats.calls += 1
         self.stats.payload_bytes += payload
-        self.stats.sent_bytes += payload * (self.size - 1) if self.rank == root else 0
         self.stats.transfer_s += time.perf_counter() - t0
+        return payload
+
+    def allreduce(self, arrays: Sequence[Any], *, timeout: float | None = None) -> None:
+        if not arrays:
+            return
+        MPI = self.MPI
+        start = lambda b: self.comm.Iallreduce(MPI.IN_PLACE, b, op=MPI.SUM)  # noqa: E731
+        payload = self._buckets(arrays, timeout, "the gradient all-reduce", start, unpack=True)
+        self.stats.sent_bytes += payload * 2 * (self.size - 1) // self.size
+
+    def broadcast(self, arrays: Sequence[Any], root: int = 0, *, timeout: float | None = None) -> None:
+        if not arrays:
+            return
+        start = lambda b: self.comm.Ibcast(b, root=root)  # noqa: E731
+        payload = self._buckets(arrays, timeout, "a broadcast", start, unpack=self.rank != root)
+        self.stats.sent_bytes += payload * (self.size - 1) if self.rank == root else 0
 
     # small host messages ------------------------------------------------------------------------
     def broadcast_object(self, obj: Any = None, root: int = 0, *, timeout: float | None = None) -> Any:
