@@ -2,7 +2,7 @@
 in communication for 1, 2 and 4 local ranks, and a paper estimate of a Qwen3-30B-A3B-shaped LoRA
 run across 4 machines on 1 GbE and 10 GbE from those figures.
 
-    python bench/distributed.py [--ranks 1 2 4] [--shapes olmoe-tiny qwen2-tiny] [--steps 8]
+    python bench/distributed.py [--ranks 1 2 4] [--shapes olmoe-1b-7b-scaled qwen2-tiny] [--steps 6]
         [--batch 4] [--ctx 256] [--rank 16] [--allreduce-mb 1 16 64]
 
 Each row is one run of `engine.Trainer` (rank-16 LoRA on every linear tensor, experts included;
@@ -119,7 +119,8 @@ def run_ranks(n: int, model: str, data: str, args, folder: str) -> list[dict]:
           "--out", out, "--steps", str(args.steps), "--batch", str(args.batch), "--ctx", str(args.ctx),
           "--rank", str(args.rank), "--allreduce-mb", *[str(x) for x in args.allreduce_mb]]  # fmt: skip
     env = dict(os.environ)
-    env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    if n > 1:  # as --ranks does: the cores shared between the ranks (one rank: the engine's own choice)
+        env.setdefault("OPENBLAS_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
     if n == 1:
         command = [*me, "--collective", "single"]
     else:
@@ -214,8 +215,8 @@ def _config(spec):
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
-    p.add_argument("--shapes", nargs="+", default=["olmoe-tiny", "qwen2-tiny"])
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--shapes", nargs="+", default=["olmoe-1b-7b-scaled", "qwen2-tiny"])
+    p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--ctx", type=int, default=256)
     p.add_argument("--rank", type=int, default=16)

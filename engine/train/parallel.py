@@ -219,6 +219,7 @@ def run_facts(trainer) -> dict[str, Any]:
     settings = {k: v for k, v in cfg.to_json().items() if k not in PER_RANK_SETTINGS}
     facts["settings"] = json.loads(json.dumps(settings, sort_keys=True, default=str))
     facts["adapter to continue"] = f"sha256 {cached_sha256(tr.init_adapter)}" if tr.init_adapter else "none"
+    facts["resume"] = "from rank 0's checkpoint" if tr.resume else "a new run"  # rank 0 alone reads it
     return facts
 
 
