@@ -63,8 +63,10 @@ def test_nccl_allreduce_and_broadcast_equal_the_reference(cuda):
     comm.close()
 
 
-def test_cuda_with_one_nccl_rank_trains_what_the_single_path_trains(cuda, tmp_path):
+def test_cuda_with_one_nccl_rank_trains_what_the_single_path_trains(cuda, tmp_path, monkeypatch):
     from engine.cli.main import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the model-hash cache
     from engine.io.synth import SynthSpec, write_model
     from engine.model.lora import LoraAdapter
 
