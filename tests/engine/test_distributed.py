@@ -344,3 +344,16 @@ def test_a_rank_that_drifted_is_given_rank_0s_parameters_before_anything_is_writ
     for k in r0:
         if not k.startswith("__"):
             np.testing.assert_array_equal(r1[k], r0[k], err_msg=k)
+
+
+def test_ranks_without_an_mpi_launcher_is_a_one_line_error(files, tmp_path, monkeypatch, capsys):
+    import engine.cli.ranks as ranks_module
+    from engine.cli.main import main
+
+    monkeypatch.setattr(ranks_module, "find_mpiexec", lambda: None)
+    code = main(["train", *train_args(files, "llama", tmp_path / "a.gguf", "--ranks", "2")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--ranks needs MPI's launcher (mpiexec): pip install 'tune-studio[mpi]'" in err
+    assert main(["train", *train_args(files, "llama", tmp_path / "a.gguf", "--ranks", "0")]) == 2
+    assert "--ranks must be at least 1" in capsys.readouterr().err
+    assert not (tmp_path / "a.gguf").exists()

@@ -63,6 +63,7 @@ def test_stop_ends_every_process_after_a_step_with_checkpoint_and_adapter(
         assert page.start()
         assert not page.pause_button.isEnabled()  # no Pause with processes
         qtbot.waitUntil(lambda: page.last_step >= 2, timeout=TIMEOUT_MS)
+        assert page.state_label.text() == "<b>training</b> on 2 processes"
         page.stop()
         assert page.state == "stopping"
     result = done.args[0]

@@ -181,6 +181,7 @@ class TrainPage(QWidget):
         self.job: Job | None = None  # the training job in flight
         self.proc_run: ProcessRun | None = None  # a run on several processes beside the app
         self.machines_dialog: MachinesDialog | None = None
+        self._ranks = 1  # processes of the run in flight (its Started event says)
         self.run = None  # the engine's run of this page (an identity token; it lives in the worker)
         self.run_model: str | None = None  # the model file of the current (or last) run
         self.paths: RunPaths | None = None  # of the current (or last) run
@@ -406,7 +407,8 @@ class TrainPage(QWidget):
         self.processes.setEnabled(not active)
         self.output_button.setEnabled(not active)
         self.settings.setEnabled(not active)
-        self.state_label.setText(f"<b>{state}</b>")
+        ranks = f" on {self._ranks} processes" if self._ranks > 1 and active else ""
+        self.state_label.setText(f"<b>{state}</b>{ranks}")
         self._update_start()
         if changed or force:
             self.sig_state_changed.emit(state)
@@ -867,6 +869,7 @@ class TrainPage(QWidget):
         assert self.paths is not None
         config = replace(self.project.config, out=self.paths.out, checkpoint_dir=self.paths.checkpoint_dir)
         self.run_config = config
+        self._ranks = 1
         self._latest_step = None
         self._show_next = False
         p = self.project
@@ -932,6 +935,7 @@ class TrainPage(QWidget):
         command = files.command(p.model_path, ranks=n, template_file=p.template_file, device=p.device)
         self._log(f"Training on {n} processes: {' '.join(command[3:])}")
         self._log(f"Events: {files.events}; output of the processes: {files.output}")
+        self._ranks = n
         self.proc_run = ProcessRun(command, files, self)
         self.proc_run.sig_event.connect(self._on_event)
         self.proc_run.sig_done.connect(self._on_finished)
@@ -1027,6 +1031,7 @@ class TrainPage(QWidget):
                 page="Dataset",
             )
         self._log(line)
+        self._ranks = plan.ranks
         if plan.ranks > 1:
             hosts = ", ".join(f"rank {r} on {h}" for r, h in enumerate(plan.hosts))
             self._log(f"{plan.ranks} processes, each with a share of every step's windows: {hosts}")
