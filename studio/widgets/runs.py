@@ -43,14 +43,19 @@ def app_settings() -> QSettings:
 
 
 # --- folders and records ------------------------------------------------------------------------
-def extra_folders(settings: QSettings | None) -> list[str]:
-    """The folders added on the Runs page, in the order they were added."""
+def _paths(settings: QSettings | None, key: str) -> list[str]:
+    """A list of paths kept under `key` (QSettings gives a lone one as a string)."""
     if settings is None:
         return []
-    value = settings.value(FOLDERS_KEY, [])
+    value = settings.value(key, [])
     if isinstance(value, str):
         value = [value]
     return [p for p in (value or []) if isinstance(p, str) and p]
+
+
+def extra_folders(settings: QSettings | None) -> list[str]:
+    """The folders added on the Runs page, in the order they were added."""
+    return _paths(settings, FOLDERS_KEY)
 
 
 def set_extra_folders(settings: QSettings, folders: Sequence[str]) -> None:
@@ -71,12 +76,7 @@ def run_folders(project, settings: QSettings | None = None) -> list[str]:
 
 def followed_events(settings: QSettings | None) -> list[str]:
     """The events files the Runs page follows, in the order they were added."""
-    if settings is None:
-        return []
-    value = settings.value(FOLLOWED_KEY, [])
-    if isinstance(value, str):
-        value = [value]
-    return [p for p in (value or []) if isinstance(p, str) and p]
+    return _paths(settings, FOLLOWED_KEY)
 
 
 def add_followed(settings: QSettings | None, path: str) -> None:
