@@ -60,7 +60,7 @@ its row's error. One device call of about 8 minutes (file ~1 min, each side ~3 m
 
     python bench/gpu.py [--sections kernels e2e] [--repeats 20] [--only attention lm_head ...]
         [--e2e dense moe] [--moe-layers 12] [--batch 4] [--ctx 1024] [--warmup 2] [--measure 5]
-        [--budgets off,auto] [--no-peer] [--budget-s 540] [--emulate]
+        [--budgets off,auto] [--no-peer] [--budget-s 540] [--caps engine:dense=80,...] [--emulate]
 """
 
 from __future__ import annotations
@@ -285,12 +285,16 @@ def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row
 def end_to_end_rows(args: argparse.Namespace, ceil: dict[str, float], log) -> tuple[list[Row], list[dict]]:
     """Whole training steps timed end to end (bench/gpu_e2e.py): a `Row` per run for the kernel
     table (work = FLOPs of a step, against the bf16 ceiling) and the full records for the e2e table."""
-    from bench.gpu_e2e import E2EOptions, run_end_to_end
+    from bench.gpu_e2e import CAPS, E2EOptions, run_end_to_end
 
+    caps = dict(CAPS)
+    for item in filter(None, (args.caps or "").split(",")):  # "engine:dense=80,peer:dense=60"
+        key, _, value = item.partition("=")
+        caps[key] = float(value)
     opts = E2EOptions(
         shapes=tuple(args.e2e), moe_layers=args.moe_layers, batch=args.batch, ctx=args.ctx,
         warmup=args.warmup, measure=args.measure, budgets=tuple(args.budgets.split(",")),
-        peer=not args.no_peer, emulate=args.emulate, workdir=args.workdir, deadline=args.deadline,
+        peer=not args.no_peer, emulate=args.emulate, workdir=args.workdir, deadline=args.deadline, caps=caps,
     )  # fmt: skip
     records = run_end_to_end(opts, ceil.get("bf16_tflops", float("nan")), log=log)
     rows = []
@@ -350,6 +354,7 @@ def main() -> int:
     ap.add_argument("--no-peer", action="store_true", help="e2e: the engine only, no transformers + PEFT")
     ap.add_argument("--workdir", default=None, help="e2e: keep the generated model files here")
     ap.add_argument("--budget-s", type=float, default=540.0, help="seconds for the whole script")
+    ap.add_argument("--caps", default="", help="e2e: seconds per child, e.g. engine:dense=80,peer:dense=60")
     ap.add_argument(
         "--emulate",
         action="store_true",

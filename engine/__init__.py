@@ -65,6 +65,7 @@ from .session import RUN, EngineSession, Reply, template_for
 from .testing import SynthSpec, write_adapter, write_model
 from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from .text.tokenizer import Tokenizer
+from .train.commands import local_ranks_available, shell_line, train_command
 from .train.data import (
     Batch,
     Encoded,
@@ -91,7 +92,9 @@ from .train.events import (
     RunWarning,
     Started,
     Step,
+    event_from_json,
     event_to_json,
+    follow_events,
 )
 from .train.memory import MemoryEstimate, estimate_memory
 from .train.norms import NormsReport, lora_norms
@@ -107,7 +110,7 @@ from .train.reward_session import (
     rating_from_stars,
 )
 from .train.rewards import group_advantages, reward_weights
-from .train.runs import RunRecord, find_runs, latest_finished
+from .train.runs import RunRecord, find_runs, latest_finished, run_from_events
 from .train.trainer import TrainConfig, Trainer
 
 __all__ = [
@@ -116,7 +119,9 @@ __all__ = [
     "check_export", "CheckItem", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckReport",
     "ConfigError", "DatasetError", "dequantizable_types", "Device", "encode_samples", "Encoded",
     "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
-    "event_to_json", "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError",
+    "event_from_json", "event_to_json", "ExpertUsage", "follow_events", "local_ranks_available",
+    "run_from_events", "shell_line", "train_command", "export_adapter", "export_merged", "export_size",
+    "ExportError",
     "ExportRequest", "Failed", "find_checkpoints", "find_runs", "Finished", "fit_problems", "generate",
     "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "KVCache",
     "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_ratings",

@@ -156,6 +156,39 @@ class DeviceWeights(Mapping):
         info = self.infos[name]
         return dequant_on(self.rt, self._raw[name], info.qtype, dtype="float32").reshape(info.shape)
 
+    def dequant_into(self, name: str, out) -> None:
+        """Write the bf16 bits of matrix `name` into `out` (its shape, C-contiguous, uint16; a block
+        of rows of a larger buffer): the fused training step's own weight buffers, which the
+        cache never hands out or evicts (a captured graph reads them). One launch (a type without
+        a CUDA dequantizer: one device copy). No host read."""
+        fixed = self._fixed.get(name)
+        if fixed is not None:
+            out[...] = fixed
+            return
+        info = self.infos[name]
+        dequant_on(
+            self.rt, self._raw[name], info.qtype, out=out.reshape(-1, info.shape[-1]), dtype="bfloat16"
+        )
+
+    def join(self, names) -> tuple[Any, str] | None:
+        """Put the stored blocks of matrices `names` (the same type and row length) one after the
+        other in one device buffer, each tensor's own bytes becoming a view of it (no copy kept), and
+        return (that buffer, the type): one dequantization launch then writes them all. None when
+        they cannot be joined (other types, a type dequantized on the host)."""
+        if any(n not in self._raw for n in names):
+            return None
+        qtypes = {self.infos[n].qtype for n in names}
+        widths = {self._raw[n].reshape(self.infos[n].shape[0], -1).shape[1] for n in names}
+        if len(qtypes) != 1 or len(widths) != 1:
+            return None
+        parts = [self._raw[n].reshape(self.infos[n].shape[0], -1) for n in names]
+        joined = self.xp.concatenate(parts)
+        row = 0
+        for n, part in zip(names, parts, strict=True):
+            self._raw[n] = joined[row : row + part.shape[0]].reshape(self._raw[n].shape)
+            row += part.shape[0]
+        return joined, qtypes.pop()
+
     def _get(self, name: str):
         arr = self._cache.get(name)
         if arr is not None:

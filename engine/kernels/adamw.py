@@ -177,8 +177,13 @@ THREADS = 256
 
 
 SOURCE = KernelSource.from_file(
-    "adamw.cu", kernels=("adamw_norms", "adamw_reduce", "adamw_update"), defines={"CHUNK": CHUNK}
-)
+    "adamw.cu",
+    kernels=(
+        "adamw_norms", "adamw_reduce", "adamw_update", "adamw_norms_dev", "adamw_decide", "adamw_update_dev",
+        "adamw_finish",
+    ),
+    defines={"CHUNK": CHUNK},
+)  # fmt: skip
 SOURCES = (SOURCE,)
 
 
@@ -337,3 +342,112 @@ def adamw_step(
         gclip=gclip,
         max_grad_norm=max_grad_norm,
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# The fused training step's AdamW (engine.train.dense_step): the same update as `adamw_step_ref`,
+# bit for bit, with every decision on the device so that a step reads the host once, at its end:
+# adamw_norms_dev (the gradient norms' block partials; gradients may be row-strided views into the
+# GEMMs' outputs), adamw_decide (one block: the norms added in adamw_reduce's order, the global-norm
+# clip's scale, the skip of a step whose gradient norm or loss is not finite), adamw_update_dev (the
+# update, skipped on the device when decided so; the bf16 bits of each new parameter written where
+# the next step's GEMMs read them, its "shadow"; partials of the update's and params' squares, of
+# max |p| and of non-finite params: the trainer's check of exploded weights, folded in), adamw_finish
+# (one block: those into the stats). The tables are built once (`DeviceAdamW`), the per-step
+# coefficients (learning rate, bias corrections) uploaded before each step.
+
+STATS = ("loss", "ce_sum", "grad_sumsq", "clipped", "skipped", "update_sumsq", "param_sumsq", "max_abs_param",
+         "nonfinite_params", "clip_scale")  # fmt: skip
+
+
+class DeviceAdamW:
+    """The static launch tables of the device-decided AdamW over a fixed set of tensors.
+
+    tensors: per tensor (p, g, m, v, shadow): p, m, v C-contiguous float32; g float32 of p's shape
+    as a 2-D view whose rows may be strided; shadow None or a 2-D bf16 (uint16) view of p's shape
+    (rows may be strided). decay: per tensor, whether weight decay applies.
+    """
+
+    def __init__(self, rt: Runtime, tensors, decay) -> None:
+        xp = rt.xp
+        self.rt = rt
+        T = len(tensors)
+        ptrs = np.zeros(5 * T, np.uint64)
+        dims = np.zeros(4 * T, np.int64)
+        flags = np.zeros(T, np.int32)
+        cts, css = [], []
+        for i, (p, g, m, v, sh) in enumerate(tensors):
+            rows, cols = (p.shape[0], int(np.prod(p.shape[1:]))) if p.ndim > 1 else (1, p.size)
+            for k, a in enumerate((p, g, m, v, sh)):
+                if a is None:
+                    continue
+                if k in (0, 2, 3) and (a.dtype.name != "float32" or not a.flags.c_contiguous):
+                    raise ValueError(f"DeviceAdamW: tensor {i} part {k} must be C-contiguous float32")
+                if a.size != p.size or (a.ndim == 2 and a.strides[1] != a.itemsize):
+                    raise ValueError(
+                        f"DeviceAdamW: tensor {i} part {k} has shape {a.shape}, strides {a.strides}"
+                    )
+                ptrs[5 * i + k] = rt.address(a)
+            g_ld = g.strides[0] // 4 if g.ndim == 2 else cols
+            s_ld = (sh.strides[0] // 2 if sh.ndim == 2 else cols) if sh is not None else cols
+            dims[4 * i : 4 * i + 4] = (p.size, cols if g.ndim == 2 else p.size, g_ld, s_ld)
+            if g.ndim != 2:
+                dims[4 * i + 1] = p.size
+                dims[4 * i + 2] = p.size
+            flags[i] = int(bool(decay[i]))
+            starts = np.arange(0, p.size, CHUNK, dtype=np.int64)
+            cts.append(np.full(starts.size, i, np.int32))
+            css.append(starts)
+        ct = np.concatenate(cts) if cts else np.zeros(0, np.int32)
+        self.n_chunks = int(ct.size)
+        self.T = T
+        self.ptrs, self.dims, self.flags = xp.asarray(ptrs), xp.asarray(dims), xp.asarray(flags)
+        self.chunk_tensor = xp.asarray(ct)
+        self.chunk_start = xp.asarray(np.concatenate(css) if css else np.zeros(0, np.int64))
+        self.coef = xp.zeros(3 * T, dtype=xp.float32)
+        self.decay = [bool(d) for d in decay]
+        n = max(1, self.n_chunks)
+        self.part3 = xp.empty((n, 3), dtype=xp.float64)
+        self.part4 = xp.empty((n, 4), dtype=xp.float64)
+        self._keep = tensors  # the arrays the table points into stay alive with it
+
+    def coefficients(self, steps, lr: float, betas, weight_decay: float) -> np.ndarray:
+        """The per-step float32 coefficients (host), as `adamw_table` computes them."""
+        b1, b2 = betas
+        coef = np.zeros(3 * self.T, np.float32)
+        for i, t in enumerate(steps):
+            dec = self.decay[i] and weight_decay > 0.0
+            coef[3 * i : 3 * i + 3] = (
+                math.sqrt(1.0 - b2**t),
+                lr / (1.0 - b1**t),
+                lr * weight_decay if dec else 0.0,
+            )
+        return coef
+
+    def step(
+        self, stats, *, betas, eps: float, gclip: float, max_grad_norm: float, shadow_only: bool = False
+    ):
+        """The step's launches (no host read): norms, decision, update, stats[2:10] (module STATS)."""
+        rt, n = self.rt, self.n_chunks
+        if n == 0:
+            return
+        clip_on = gclip > 0.0
+        if not shadow_only:
+            args = (
+                self.ptrs,
+                self.dims,
+                self.chunk_tensor,
+                self.chunk_start,
+                np.float32(gclip),
+                np.float64(gclip),
+            )
+            rt.launch(SOURCE, "adamw_norms_dev", (n,), (THREADS,), (*args, np.int32(clip_on), self.part3))
+            args = (self.part3, np.int32(n), np.int32(clip_on), np.float64(max_grad_norm), stats)
+            rt.launch(SOURCE, "adamw_decide", (1,), (THREADS,), args)
+        b1, b2 = betas
+        args = (self.ptrs, self.dims, self.coef, self.flags, self.chunk_tensor, self.chunk_start)
+        args += (np.float32(b1), np.float32(1.0 - b1), np.float32(b2), np.float32(1.0 - b2), np.float32(eps))
+        args += (np.float32(gclip), np.int32(clip_on), None if shadow_only else stats, np.int32(shadow_only))
+        rt.launch(SOURCE, "adamw_update_dev", (n,), (THREADS,), (*args, self.part4))
+        if not shadow_only:
+            rt.launch(SOURCE, "adamw_finish", (1,), (THREADS,), (self.part4, np.int32(n), stats))

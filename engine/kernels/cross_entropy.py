@@ -351,21 +351,33 @@ def lm_head_loss_on(
     w_ref: Any = None,
     kl_coef: float = 0.0,
     backward: bool = True,
+    padded: bool = False,
+    out: Any = None,
 ):
     """`lm_head_loss` on a runtime (`min_rows` is the reference's row blocking; the twin streams
-    the vocabulary over all label rows at once and ignores it)."""
+    the vocabulary over all label rows at once and ignores it).
+
+    padded: fixed shapes for a captured step: every row is computed, targets (N,) int32 and weights
+    (N,) float32 on the device as they are, rows with a target < 0 (weight 0) add nothing to the
+    loss, ce_sum or gradients; n_tokens is then N (the caller counts its label rows itself). No
+    device read, no upload. out: a float64 (2,) device array to write (loss, ce_sum) into."""
     xp = rt.xp
     h = f32_input(rt, h, "hidden states h")
     N, C = h.shape
     V = int(w.shape[0])
     kl = bool(kl_coef) and h_ref is not None
-    rows, tgt, wt, n = _label_rows(rt, targets, weights)
+    if padded:
+        if kl or targets.dtype.name != "int32" or weights.dtype.name != "float32":
+            raise ValueError("padded rows take int32 targets and float32 weights on the device, without KL")
+        rows, tgt, wt, n = None, targets, weights, N
+    else:
+        rows, tgt, wt, n = _label_rows(rt, targets, weights)
     if lora is not None:
         lora = LoraTerm(f32_input(rt, lora.A, "LoRA A"), f32_input(rt, lora.B, "LoRA B"), float(lora.s))
     if tied_lora is not None:
         A_t = f32_input(rt, tied_lora.A, "tied LoRA A")
         tied_lora = LoraTerm(A_t, f32_input(rt, tied_lora.B, "tied LoRA B"), float(tied_lora.s))
-    dh = xp.zeros((N, C), dtype=xp.float32)
+    dh = xp.zeros((N, C), dtype=xp.float32) if not padded else None
     grads: dict[str, Any] = {"W": None, "lora": None, "tied_lora": None}
     if need_dw:
         grads["W"] = xp.zeros((V, C), dtype=xp.float32)
@@ -374,11 +386,12 @@ def lm_head_loss_on(
     if tied_lora is not None:
         shapes = (tied_lora.A.shape, tied_lora.B.shape)
         grads["tied_lora"] = tuple(xp.zeros(s, dtype=xp.float32) for s in shapes)
-    out = xp.zeros(2, dtype=xp.float64)
+    if out is None:
+        out = xp.zeros(2, dtype=xp.float64)
     if n == 0:
         return out[0], (out[1], 0), dh, grads
 
-    hc = xp.ascontiguousarray(h[rows])  # (n, C)
+    hc = h if rows is None else xp.ascontiguousarray(h[rows])  # (n, C)
     hr = xp.ascontiguousarray(f32_input(rt, h_ref, "reference hidden states h_ref")[rows]) if kl else None
     ha = hb = None
     if lora is not None:
@@ -435,7 +448,7 @@ def lm_head_loss_on(
         args = (z, z if zr is None else zr, tgt, np.int32(hi - lo), np.int32(lo), vec, np.int32(kl))
         rt.launch(SOURCE, "ce_stats", (n,), (THREADS,), (*args, m, s, zt, mr, sr, ez, ezr))
     lse, lse_r, klv = (xp.empty(n, dtype=f32) for _ in range(3))
-    args = (m, s, zt, wt, mr, sr, ez, ezr, np.int32(n), np.int32(kl), np.float32(kl_coef))
+    args = (m, s, zt, wt, mr, sr, ez, ezr, tgt, np.int32(n), np.int32(kl), np.float32(kl_coef))
     rt.launch(SOURCE, "ce_finish", (1,), (THREADS,), (*args, lse, lse_r, klv, out))
     if not backward:
         return out[0], (out[1], n), dh, grads
@@ -469,6 +482,8 @@ def lm_head_loss_on(
     if tied_lora is not None:
         rt.gemm(dzA, tied_lora.B, dhc, trans_b=True, alpha=tied_lora.s, beta=1.0)  # dh += s (dz A) B^T
         rt.gemm(hc, dzA, grads["tied_lora"][1], trans_a=True, alpha=tied_lora.s)  # dB = s h^T (dz A)
+    if rows is None:
+        return out[0], (out[1], n), dhc, grads
     dh[rows] = dhc
     return out[0], (out[1], n), dh, grads
 

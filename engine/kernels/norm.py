@@ -71,7 +71,15 @@ def norm_threads(units: int) -> int:
 
 SOURCE = KernelSource.from_file(
     "norm.cu",
-    kernels=("rmsnorm_fwd_v4", "rmsnorm_fwd_v1", "rmsnorm_bwd_v4", "rmsnorm_bwd_v1", "rmsnorm_colsum"),
+    kernels=(
+        "rmsnorm_fwd_v4",
+        "rmsnorm_fwd_v1",
+        "rmsnorm_bwd_v4",
+        "rmsnorm_bwd_v1",
+        "rmsnorm_colsum",
+        "rmsnorm_fwd_out",
+        "rmsnorm_bwd_acc",
+    ),  # fmt: skip
     defines={"MAXU": MAXU},
 )
 SOURCES = (SOURCE,)
@@ -150,3 +158,49 @@ def rmsnorm_forward(x: Any, w: Any | None, eps: float) -> tuple[Any, NormCache]:
 def rmsnorm_backward(dy: Any, cache: NormCache, w: Any | None) -> tuple[Any, Any | None]:
     """CUDA twin of `rmsnorm_backward_ref`: (dx, dw or None) from dy and the forward's cache."""
     return rmsnorm_backward_on(runtime_for(dy, "rmsnorm_backward"), dy, cache, w)
+
+
+# ----------------------------------------------------------------------------------------------
+# The fused training step's norms (engine.train.dense_step): the forward writes its output where
+# the next GEMM reads it (bf16 bits, or float32 for the output head) and copies the residual stream
+# into the buffer the GEMM after it adds into; the backward recomputes xn from x and rstd, adds dx
+# into the residual gradient in place and writes its bf16 bits for the next GEMM. Frozen weights:
+# no dw. One block per row (norm_threads(C) threads, scalar loads). Floors: forward 10 bytes per
+# value (read x, write y bf16 and the copy), backward 14 (read dy, x, dres; write dres, bf16).
+
+
+def rmsnorm_fwd_out_ref(x: np.ndarray, w: np.ndarray, eps: float):
+    """(y, rstd): y = x rstd w, rstd = 1 / sqrt(mean(x^2) + eps) per row (N,); x (N, C)."""
+    y, cache = rmsnorm_forward_ref(x, w, eps)
+    return y, cache.rstd[..., 0]
+
+
+def rmsnorm_bwd_acc_ref(dy: np.ndarray, x: np.ndarray, rstd: np.ndarray, w: np.ndarray, dres: np.ndarray):
+    """forward was: y = x rstd w.  Returns dres + dx (the residual stream's gradient with this
+    norm's input gradient added)."""
+    xn = x * rstd[:, None]
+    dx, _ = rmsnorm_backward_ref(dy, NormCache(xn, rstd[:, None]), w)
+    return dres + dx
+
+
+def rmsnorm_fwd_out_on(
+    rt: Runtime, x: Any, w: Any, eps: float, out: Any, rstd: Any, copy: Any = None
+) -> None:
+    """`rmsnorm_fwd_out_ref` into `out` (N, C) bf16 bits (uint16, rows may be strided) or float32,
+    `rstd` (N,) float32; with `copy` (N, C) float32, x is copied there too."""
+    N, C = x.shape
+    bf16 = out.dtype.name == "uint16"
+    ld = np.int64(out.strides[0] // out.itemsize)
+    args = (x, w, out if bf16 else None, None if bf16 else out, ld, rstd, copy, np.int32(C), np.float32(eps))
+    rt.launch(SOURCE, "rmsnorm_fwd_out", (N,), (norm_threads(C),), args)
+
+
+def rmsnorm_bwd_acc_on(
+    rt: Runtime, dy: Any, x: Any, rstd: Any, w: Any, dres: Any, out16: Any = None, accumulate: bool = True
+) -> None:
+    """`rmsnorm_bwd_acc_ref` in place of `dres` (N, C) float32 (accumulate False: dres = dx), and
+    its bf16 bits into `out16` (N, >= C, rows may be strided) when given."""
+    N, C = dy.shape
+    ld = np.int64(out16.strides[0] // 2 if out16 is not None else 0)
+    args = (dy, x, rstd, w, dres, out16, ld, np.int32(C), np.int32(accumulate))
+    rt.launch(SOURCE, "rmsnorm_bwd_acc", (N,), (norm_threads(C),), args)

@@ -108,9 +108,11 @@ class Runtime:
     ) -> None:
         """out = alpha * op(a) @ op(b) + beta * out, row-major, op(x) = x.T when trans_x.
 
-        out: float32 (M, N), C-contiguous. a, b: 2-D with unit inner stride (rows may be strided),
-        both float32 (fp32 products and sums) or both bf16 bits as uint16 (bf16 products,
-        fp32 accumulation). beta = 0 never reads out (it may hold NaN).
+        a, b: 2-D with unit inner stride (rows may be strided), both float32 (fp32 products and
+        sums) or both bf16 bits as uint16 (bf16 products, fp32 accumulation). out (M, N): float32,
+        or with bf16 operands bf16 bits (uint16: the fp32 result rounded once, nearest-even; beta
+        reads out widened); unit inner stride, rows may be strided (a block of columns of a wider
+        buffer). beta = 0 never reads out (it may hold NaN).
         """
         raise NotImplementedError
 
@@ -154,6 +156,35 @@ class Runtime:
         """The address of a's first element (for pointer tables and alignment checks)."""
         raise NotImplementedError
 
+    # --- what a captured step needs: static inputs, one read, a graph --------------------------
+    def upload(self, dst: Any, host: np.ndarray) -> None:
+        """Copy host values into the existing device array `dst` (same shape; cast to its dtype),
+        in stream order: how a captured step's static input buffers are filled before a replay."""
+        raise NotImplementedError
+
+    def read(self, *arrays: Any) -> list[np.ndarray]:
+        """Host copies of device arrays: waits for the device (the one read at a step's end)."""
+        return [to_host(a) for a in arrays]
+
+    def capture(self) -> contextlib.AbstractContextManager[Graph]:
+        """`with rt.capture() as graph:` records the device work issued inside (kernels, GEMMs,
+        array operations, allocations from a private pool the graph keeps) instead of doing it;
+        `graph.replay()` then runs it again, as often as wanted, with no host code. Inside, a host
+        read or an upload is an error (CaptureError). A runtime that cannot capture raises
+        CaptureError at once, saying why."""
+        raise CaptureError(f"{type(self).__name__} cannot capture device work as a graph")
+
+
+class CaptureError(RuntimeError):
+    """Device work cannot be captured as a graph (or did something a graph cannot hold)."""
+
+
+class Graph:
+    """Captured device work (`Runtime.capture`): `replay()` runs it on the runtime's stream."""
+
+    def replay(self) -> None:
+        raise NotImplementedError
+
 
 def check_gemm(a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
     """(M, N, K) of a GEMM after checking shapes, dtypes and layouts (ValueError naming them)."""
@@ -167,9 +198,13 @@ def check_gemm(a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool) -> tuple[
         raise ValueError(
             f"gemm takes float32 or bf16 (uint16) operands of one kind, got {a.dtype}, {b.dtype}"
         )
-    if out.dtype.name != "float32" or not out.flags.c_contiguous:
-        raise ValueError(f"gemm writes a C-contiguous float32 out, got {out.dtype} strides {out.strides}")
-    for name, x in (("a", a), ("b", b)):
+    if out.dtype.name not in ("float32", "uint16") or (
+        out.dtype.name == "uint16" and a.dtype.name != "uint16"
+    ):
+        raise ValueError(
+            f"gemm writes float32 (or bf16 bits from bf16 operands), got {out.dtype} from {a.dtype}"
+        )
+    for name, x in (("a", a), ("b", b), ("out", out)):
         if x.strides[1] != x.itemsize or (x.shape[0] > 1 and x.strides[0] < x.shape[1] * x.itemsize):
             raise ValueError(f"gemm operand {name} needs unit inner stride, got strides {x.strides}")
     return int(M), int(N), int(K)
@@ -182,8 +217,8 @@ def check_gemm_batched(a: Any, b: Any, out: Any) -> int:
         raise ValueError(
             f"gemm_batched takes 3-D arrays of one batch, got {a.shape}, {b.shape} -> {out.shape}"
         )
-    if not out.flags.c_contiguous:
-        raise ValueError(f"gemm_batched writes a C-contiguous out, got strides {out.strides}")
+    if not out.flags.c_contiguous or out.dtype.name != "float32":
+        raise ValueError(f"gemm_batched writes a C-contiguous out (float32), got {out.dtype} {out.strides}")
     return int(out.shape[0])
 
 
@@ -218,6 +253,18 @@ class CudaRuntime(Runtime):
 
         self.xp = cupy
         self._smem_optin: dict[int, int] = {}  # id of a loaded kernel -> dynamic shared memory allowed
+        self._workspace: Any = None  # cuBLAS's workspace, set once before any capture
+
+    def upload(self, dst: Any, host: np.ndarray) -> None:
+        host = np.ascontiguousarray(host, dtype=dst.dtype)
+        if host.shape != tuple(dst.shape) or not dst.flags.c_contiguous:
+            raise ValueError(
+                f"upload of {host.shape} into {tuple(dst.shape)} (contiguous: {dst.flags.c_contiguous})"
+            )
+        dst.set(host)  # an asynchronous copy on the current stream when the host memory allows
+
+    def capture(self):
+        return _cuda_capture(self)
 
     def launch(self, source, kernel, grid, block, args, shared_mem=0) -> None:
         if min(grid) <= 0:
@@ -291,6 +338,7 @@ class CudaRuntime(Runtime):
             return
         bf16 = a.dtype.name == "uint16"
         dtype = CUDA_R_16BF if bf16 else CUDA_R_32F
+        out_type = CUDA_R_16BF if out.dtype.name == "uint16" else CUDA_R_32F
         compute = CUBLAS_COMPUTE_32F if bf16 else CUBLAS_COMPUTE_32F_PEDANTIC
         handle = self.xp.cuda.device.get_cublas_handle()
         cublas.setStream(handle, self.xp.cuda.get_current_stream().ptr)
@@ -311,18 +359,67 @@ class CudaRuntime(Runtime):
                 cublas.gemmEx(
                     handle, *ops, N, M, K, alpha_h.ctypes.data,
                     b.data.ptr, dtype, ld[0], a.data.ptr, dtype, ld[1],
-                    beta_h.ctypes.data, out.data.ptr, CUDA_R_32F, ld[2], compute, CUBLAS_GEMM_DEFAULT,
+                    beta_h.ctypes.data, out.data.ptr, out_type, ld[2], compute, CUBLAS_GEMM_DEFAULT,
                 )  # fmt: skip
             else:
                 st = [x.strides[0] // x.itemsize for x in (b, a, out)]
                 cublas.gemmStridedBatchedEx(
                     handle, *ops, N, M, K, alpha_h.ctypes.data,
                     b.data.ptr, dtype, ld[0], st[0], a.data.ptr, dtype, ld[1], st[1],
-                    beta_h.ctypes.data, out.data.ptr, CUDA_R_32F, ld[2], st[2], count, compute,
+                    beta_h.ctypes.data, out.data.ptr, out_type, ld[2], st[2], count, compute,
                     CUBLAS_GEMM_DEFAULT,
                 )  # fmt: skip
         finally:
             cublas.setPointerMode(handle, mode)
+
+
+CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS's workspace for captured GEMMs (it allocates none itself then)
+
+
+class CudaGraph(Graph):
+    """A CUDA graph captured from a private stream, with the memory pool its buffers came from
+    (kept alive and used by nothing else, so no buffer the graph reads is ever handed out again)."""
+
+    def __init__(self, graph: Any, stream: Any, pool: Any) -> None:
+        self.graph, self.stream, self.pool = graph, stream, pool
+
+    def replay(self) -> None:
+        import cupy
+
+        # the replay runs after what the current stream holds (the static inputs' uploads) and
+        # before what comes next on it (the read of the step's scalars)
+        current = cupy.cuda.get_current_stream()
+        self.stream.wait_event(current.record())
+        self.graph.launch(stream=self.stream)
+        current.wait_event(self.stream.record())
+
+
+@contextlib.contextmanager
+def _cuda_capture(rt: CudaRuntime) -> Iterator[CudaGraph]:
+    import cupy
+    from cupy_backends.cuda.libs import cublas  # type: ignore[import-not-found]
+
+    handle = cupy.cuda.device.get_cublas_handle()
+    if not hasattr(cublas, "setWorkspace"):
+        raise CaptureError(
+            f"this CuPy ({cupy.__version__}) cannot give cuBLAS a workspace (cublasSetWorkspace)"
+        )
+    if rt._workspace is None:
+        rt._workspace = cupy.empty(CUBLAS_WORKSPACE_BYTES, dtype=cupy.uint8)
+    cublas.setWorkspace(handle, rt._workspace.data.ptr, CUBLAS_WORKSPACE_BYTES)
+    pool = cupy.cuda.MemoryPool()
+    stream = cupy.cuda.Stream(non_blocking=True)
+    current = cupy.cuda.get_current_stream()
+    stream.wait_event(current.record())  # what was queued before (weights, inputs) comes first
+    holder = CudaGraph(None, stream, pool)
+    with stream, cupy.cuda.using_allocator(pool.malloc):
+        stream.begin_capture()
+        try:
+            yield holder
+        finally:
+            graph = stream.end_capture()  # raises when something inside broke the capture
+    holder.graph = graph
+    current.wait_event(stream.record())
 
 
 @functools.lru_cache(maxsize=1)

@@ -61,7 +61,9 @@ def swiglu_backward_ref(dh: np.ndarray, cache: SwigluCache):
 #   -0, as NumPy's float32; expf is IEEE-faithful (within 2 ulp), no fast-math.
 
 
-SOURCE = KernelSource.from_file("swiglu.cu", kernels=("swiglu_fwd", "swiglu_bwd"))
+SOURCE = KernelSource.from_file(
+    "swiglu.cu", kernels=("swiglu_fwd", "swiglu_bwd", "swiglu_fwd_bf16", "swiglu_bwd_bf16")
+)
 SOURCES = (SOURCE,)
 
 THREADS = 256
@@ -106,3 +108,36 @@ def swiglu_forward(g: Any, u: Any) -> tuple[Any, SwigluCache]:
 def swiglu_backward(dh: Any, cache: SwigluCache) -> tuple[Any, Any]:
     """CUDA twin of `swiglu_backward_ref`: (dg, du); silu(g) is recomputed from cache.g."""
     return swiglu_backward_on(runtime_for(dh, "swiglu_backward"), dh, cache)
+
+
+# ----------------------------------------------------------------------------------------------
+# The fused training step's SwiGLU (engine.train.dense_step): the same forward and backward as the
+# reference above (`swiglu_forward_ref`, `swiglu_backward_ref`), on bf16 bits where the GEMMs write
+# and read them. g and u are columns [0, F) and [F, 2F) of the gate/up projection's output `gu`
+# (N, >= 2F, rows may be strided); h leaves as bf16 bits (N, F) for the down projection; dh comes in
+# as float32 (N, F) and dg, du leave as bf16 bits in columns [0, F) and [F, 2F) of `dgu`. fp32 math
+# in between. Floors: forward 6 bytes per value, backward 12.
+
+
+def swiglu_fwd_bf16_on(rt: Runtime, gu: Any, F: int, h: Any) -> Any:
+    """h = silu(g) u (bf16 bits into `h` (N, F)) from bf16 bits g = gu[:, :F], u = gu[:, F:2F]."""
+    N = gu.shape[0]
+    args = (gu, np.int64(gu.strides[0] // 2), h, np.int64(N), np.int32(F))
+    rt.launch(SOURCE, "swiglu_fwd_bf16", (elementwise_grid(N * F, 1),), (THREADS,), args)
+    return h
+
+
+def swiglu_bwd_bf16_on(rt: Runtime, dh: Any, gu: Any, F: int, dgu: Any) -> Any:
+    """forward was h = silu(g) u: dg, du as bf16 bits into dgu[:, :F], dgu[:, F:2F]."""
+    N = gu.shape[0]
+    args = (
+        dh,
+        gu,
+        np.int64(gu.strides[0] // 2),
+        dgu,
+        np.int64(dgu.strides[0] // 2),
+        np.int64(N),
+        np.int32(F),
+    )
+    rt.launch(SOURCE, "swiglu_bwd_bf16", (elementwise_grid(N * F, 1),), (THREADS,), args)
+    return dgu

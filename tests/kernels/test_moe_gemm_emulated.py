@@ -230,6 +230,46 @@ def test_v2_launch_plan_depends_on_shapes_only(route, fresh_rng, monkeypatch):
         assert {"mc_plan", "mc_gather", "mc_swiglu", "mc_swiglu_back", "mc_scatter"} <= names
 
 
+@needs_gxx
+@pytest.mark.parametrize("route", ["tc", "cublas"])
+def test_v2_layer_replays_as_a_captured_graph(route, fresh_rng, monkeypatch):
+    """A MoE layer's forward and backward (routing, experts with LoRA on every weight and dW, router
+    backward) captured once on the emulator's RecordingRuntime, which refuses a host read or an upload
+    inside a capture as CUDA does, then replayed on new logits, x and dy uploaded into the same
+    buffers: the replay's outputs are the eager run's on those inputs, bit for bit."""
+    from engine.kernels import moe
+    from engine.kernels.linear import LoraTerm
+    from tests.kernels.emu_runtime import RecordingRuntime
+
+    monkeypatch.setenv("TUNE_MOE_GEMM", route)
+    case = mc.MoeCase("graph", N=24, C=32, F=16, E=6, K=2, lora=ALL, ranks={"up": 3}, dtype="bfloat16")
+    inp = mc.make_inputs(case, fresh_rng)
+    rt = RecordingRuntime()
+    xp = rt.xp
+    W = [xp.asarray(inp[f"w_{n}_bits"]) for n in mc.NAMES]
+    loras = [LoraTerm(xp.asarray(inp[f"A_{n}"]), xp.asarray(inp[f"B_{n}"]), inp[f"s_{n}"]) for n in mc.NAMES]
+    bufs = {k: xp.asarray(inp[k]) for k in ("logits", "x", "dy")}
+
+    def layer():
+        routing, rcache = moe.route_forward_on(rt, bufs["logits"], case.K, case.renorm)
+        y, cache = moe.experts_forward_on(rt, bufs["x"], routing, *W, *loras)
+        dx, dweights, dW, dlora = moe.experts_backward_on(rt, bufs["dy"], cache, *W, need_dw=True)
+        dlogits = moe.route_backward_on(rt, dweights, rcache)
+        return [y, dx, dweights, dlogits, *dlora["up"], *dlora["down"], dW["gate"], dW["down"]]
+
+    layer()
+    with rt.capture() as graph:  # a host read, an upload or unrecordable glue inside would raise
+        captured = layer()
+    fresh = mc.make_inputs(case, fresh_rng)
+    for k, buf in bufs.items():
+        rt.upload(buf, fresh[k])
+    graph.replay()
+    eager = layer()
+    for i, (a, b) in enumerate(zip(captured, eager, strict=True)):
+        assert np.array_equal(a.view(np.ndarray), b.view(np.ndarray)), f"output {i} differs after the replay"
+    assert not np.array_equal(captured[0].view(np.ndarray), mc.run_case(case, inp, host_runtime())["y"])
+
+
 def test_route_names(monkeypatch):
     monkeypatch.delenv("TUNE_MOE_GEMM", raising=False)
     assert moe_gemm.route() == moe_gemm.DEFAULT_ROUTE

@@ -128,12 +128,13 @@ def spin_cycles(cp, spin, seconds: float) -> int:
 
 @pytest.mark.parametrize("route", ["tc", "cublas"])
 def test_layer_replays_as_a_cuda_graph(gpu, route, fresh_rng, monkeypatch):
-    """A MoE layer's forward and backward captured once in a CUDA graph (what the trainer's captured
-    step needs: launch shapes and buffers from array shapes only, nothing read back), then replayed on
-    new routing logits and activations written into the same input buffers: the replay's outputs are
-    the eager run's on those inputs, bit for bit."""
+    """A MoE layer's forward and backward captured once as a CUDA graph through the runtime's own
+    capture (`CudaRuntime.capture`: a private stream and pool, cuBLAS's workspace set; what the
+    trainer's captured step uses), then replayed on new routing logits and activations uploaded into
+    the same input buffers: the replay's outputs are the eager run's on those inputs, bit for bit."""
     cp = gpu
     monkeypatch.setenv("TUNE_MOE_GEMM", route)
+    rt = cuda_runtime()
     case = mc.MoeCase("graph", N=256, C=256, F=128, E=16, K=4, lora=("gate", "up", "down"), dtype="bfloat16")
     inp = mc.make_inputs(case, fresh_rng)
     dev = {k: cp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in inp.items()}
@@ -142,23 +143,19 @@ def test_layer_replays_as_a_cuda_graph(gpu, route, fresh_rng, monkeypatch):
     bufs = {k: dev[k].copy() for k in ("logits", "x", "dy")}
 
     def layer():
-        routing, rcache = moe.route_forward(bufs["logits"], case.K, case.renorm)
-        y, cache = moe.experts_forward(bufs["x"], routing, *W, *loras)
-        dx, dweights, _, dlora = moe.experts_backward(bufs["dy"], cache, *W, need_dw=False)
-        return [y, dx, dweights, moe.route_backward(dweights, rcache), *dlora["up"]]
+        routing, rcache = moe.route_forward_on(rt, bufs["logits"], case.K, case.renorm)
+        y, cache = moe.experts_forward_on(rt, bufs["x"], routing, *W, *loras)
+        dx, dweights, _, dlora = moe.experts_backward_on(rt, bufs["dy"], cache, *W, need_dw=False)
+        return [y, dx, dweights, moe.route_backward_on(rt, dweights, rcache), *dlora["up"]]
 
-    layer()  # compile, load, and fill the memory pool with every size the layer allocates
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        stream.begin_capture()
+    layer()  # compile and load every kernel outside the capture
+    with rt.capture() as graph:
         captured = layer()
-        graph = stream.end_capture()
     fresh = mc.make_inputs(case, fresh_rng)
-    for k in bufs:
-        bufs[k][...] = cp.asarray(fresh[k])
-    cp.cuda.Device().synchronize()  # the new inputs are in place before the graph's stream reads them
-    graph.launch(stream)
-    stream.synchronize()
+    for k, buf in bufs.items():
+        rt.upload(buf, fresh[k])
+    graph.replay()
+    cp.cuda.get_current_stream().synchronize()
     eager = layer()
     for name, a, b in zip(("y", "dx", "dweights", "dlogits", "dA_up", "dB_up"), captured, eager, strict=True):
         assert np.array_equal(cp.asnumpy(a), cp.asnumpy(b)), f"{route}: {name} differs after the replay"

@@ -82,8 +82,8 @@ ce_stats(const float* __restrict__ z, const float* __restrict__ zr, const int* _
 extern "C" __global__ void __launch_bounds__(256)
 ce_finish(const float* __restrict__ m, const float* __restrict__ s, const float* __restrict__ zt,
           const float* __restrict__ wt, const float* __restrict__ mr, const float* __restrict__ sr,
-          const float* __restrict__ ez, const float* __restrict__ ezr, int n, int kl, float kl_coef,
-          float* __restrict__ lse, float* __restrict__ lse_r, float* __restrict__ klv,
+          const float* __restrict__ ez, const float* __restrict__ ezr, const int* __restrict__ tgt, int n,
+          int kl, float kl_coef, float* __restrict__ lse, float* __restrict__ lse_r, float* __restrict__ klv,
           double* __restrict__ out) {
     __shared__ double scratch[32];
     double loss = 0.0, ce_sum = 0.0;
@@ -91,6 +91,7 @@ ce_finish(const float* __restrict__ m, const float* __restrict__ s, const float*
         const float l = m[i] + logf(s[i]);
         const float ce = l - zt[i];
         lse[i] = l;
+        if (tgt[i] < 0) continue;  // a padding row (fixed shapes): no loss, no gradient (its weight is 0)
         loss += (double)(wt[i] * ce);
         ce_sum += (double)ce;
         if (kl) {

@@ -144,3 +144,51 @@ rmsnorm_colsum(const float* __restrict__ part, float* __restrict__ out, int n_pa
     for (int p = 0; p < n_parts; ++p) s += part[(long long)p * C + c];
     out[c] = s;
 }
+
+// ---- the fused step's norms (engine/kernels/norm.py, "fused" section) -------------------------------
+// rmsnorm_fwd_out: one block per row (threads over the row, scalar loads); y = x rstd w written as bf16
+// bits (out16, row stride ld_out) or float32 (out32), rstd[row]; copy (when not null) gets x: the
+// residual stream's next buffer, which the GEMM after adds into (beta = 1).
+extern "C" __global__ void __launch_bounds__(1024)
+rmsnorm_fwd_out(const float* __restrict__ x, const float* __restrict__ w, unsigned short* __restrict__ out16,
+                float* __restrict__ out32, long long ld_out, float* __restrict__ rstd, float* __restrict__ copy,
+                int C, float eps) {
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    const float* xr = x + row * C;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) ss += xr[c] * xr[c];
+    ss = block_sum(ss, scratch);
+    const float rs = 1.0f / sqrtf(ss / (float)C + eps);
+    if (threadIdx.x == 0) rstd[row] = rs;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const float v = xr[c];
+        const float y = (v * rs) * w[c];
+        if (out16) out16[row * ld_out + c] = f32_to_bf16_bits(y);
+        else out32[row * ld_out + c] = y;
+        if (copy) copy[row * C + c] = v;
+    }
+}
+
+// rmsnorm_bwd_acc: forward was y = x rstd w (xn = x rstd recomputed from x and the saved rstd);
+// dres (+)= rstd (dy w - xn mean(dy w xn)) in place (accumulate 0: =), and its bf16 bits into out16
+// (row stride ld16) for the next GEMM. No weight gradient (frozen norms). One block per row.
+extern "C" __global__ void __launch_bounds__(1024)
+rmsnorm_bwd_acc(const float* __restrict__ dy, const float* __restrict__ x, const float* __restrict__ rstd,
+                const float* __restrict__ w, float* __restrict__ dres, unsigned short* __restrict__ out16,
+                long long ld16, int C, int accumulate) {
+    __shared__ float scratch[32];
+    const long long row = blockIdx.x;
+    const float* g = dy + row * C;
+    const float* xr = x + row * C;
+    const float rs = rstd[row];
+    float dot = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dot += (g[c] * w[c]) * (xr[c] * rs);
+    const float mean = block_sum(dot, scratch) / (float)C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        const float d = rs * (g[c] * w[c] - (xr[c] * rs) * mean);
+        const float v = accumulate ? dres[row * C + c] + d : d;
+        dres[row * C + c] = v;
+        if (out16) out16[row * ld16 + c] = f32_to_bf16_bits(v);
+    }
+}

@@ -1,4 +1,5 @@
 // SwiGLU forward and backward, elementwise. Host side and design: engine/kernels/swiglu.py.
+#include <cuda_bf16.h>
 
 __device__ __forceinline__ float sigmoid_f(float g) { return 1.0f / (1.0f + expf(-g)); }
 __device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
@@ -39,5 +40,33 @@ swiglu_bwd(const float* __restrict__ dh, const float* __restrict__ g, const floa
         const float2 r = bwd1(dh[i], g[i], u[i]);
         dg[i] = r.x;
         du[i] = r.y;
+    }
+}
+
+// ---- the fused step's SwiGLU: g, u as bf16 bits in the columns of the gate/up projection's output
+// (row stride ld_in), h = silu(g) u as bf16 bits (N, F); the backward reads dh float32 (N, F) and
+// writes dg, du as bf16 bits into columns [0, F) and [F, 2F) of a buffer of row stride ld_out
+__device__ __forceinline__ float bf(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
+__device__ __forceinline__ unsigned short tobf(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+
+extern "C" __global__ void __launch_bounds__(256)
+swiglu_fwd_bf16(const unsigned short* __restrict__ gu, long long ld_in, unsigned short* __restrict__ h,
+                long long N, int F) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < N * F; i += stride) {
+        const long long n = i / F, f = i % F;
+        h[i] = tobf(fwd1(bf(gu[n * ld_in + f]), bf(gu[n * ld_in + F + f])));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+swiglu_bwd_bf16(const float* __restrict__ dh, const unsigned short* __restrict__ gu, long long ld_in,
+                unsigned short* __restrict__ dgu, long long ld_out, long long N, int F) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < N * F; i += stride) {
+        const long long n = i / F, f = i % F;
+        const float2 r = bwd1(dh[i], bf(gu[n * ld_in + f]), bf(gu[n * ld_in + F + f]));
+        dgu[n * ld_out + f] = tobf(r.x);
+        dgu[n * ld_out + F + f] = tobf(r.y);
     }
 }
