@@ -130,7 +130,7 @@ def ceilings(cp, rt, repeats: int) -> dict[str, float]:
 
 def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row]:
     """Each twin at a Llama-3-8B-shaped size (see the module docstring)."""
-    from engine.kernels import adamw, attention, cross_entropy, embedding, linear, norm, rope, swiglu
+    from engine.kernels import adamw, attention, cross_entropy, embedding, glu, linear, norm, rope
     from engine.kernels.linear import LoraTerm
 
     C, NH, NKV, HS, F, V, r = 4096, 32, 8, 128, 14336, 128256, 16
@@ -171,9 +171,9 @@ def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row
 
     def section_swiglu() -> None:
         g, u, dh = rnd(N, F, scale=2.0), rnd(N, F), rnd(N, F)
-        _, cache = swiglu.swiglu_forward(g, u)
-        add("swiglu_forward", f"({N}, {F})", lambda: swiglu.swiglu_forward(g, u), 12 * N * F, "GB/s")
-        add("swiglu_backward", f"({N}, {F})", lambda: swiglu.swiglu_backward(dh, cache), 20 * N * F, "GB/s")
+        _, cache = glu.glu_forward(g, u)
+        add("swiglu_forward", f"({N}, {F})", lambda: glu.glu_forward(g, u), 12 * N * F, "GB/s")
+        add("swiglu_backward", f"({N}, {F})", lambda: glu.glu_backward(dh, cache), 20 * N * F, "GB/s")
 
     def section_embedding() -> None:
         table = linear.to_bf16(rt, rnd(V, C))

@@ -63,7 +63,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-OPS = ("norm", "rope", "swiglu", "embedding", "linear", "attention", "cross_entropy", "adamw")
+OPS = ("norm", "rope", "glu", "embedding", "linear", "attention", "cross_entropy", "adamw")
 
 
 def _row(op: str, case: str, max_abs: float, max_rel: float, ok: bool, note: str = "") -> dict:
@@ -158,7 +158,7 @@ def dispatch_rows(cp) -> list[dict]:
 
         x = cp.asarray(np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32))
         y, _ = ops.rmsnorm_forward(x, cp.ones(64, cp.float32), 1e-6)
-        h, _ = ops.swiglu_forward(x, x)
+        h, _ = ops.glu_forward(x, x)
         ok = type(y).__module__.startswith("cupy") and type(h).__module__.startswith("cupy")
         return [
             _row("ops dispatch", "rmsnorm, swiglu on CuPy", 0.0, 0.0, ok, "" if ok else "ran on the host")

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ..errors import EngineError
 from . import attention_gemm
 from .nvrtc import KernelSource
 from .runtime import Runtime, f32_input, runtime_for
@@ -37,46 +38,69 @@ def attention_mask(
 class AttentionCache(NamedTuple):
     qg: np.ndarray  # (B, NKV, G, T, HS) queries grouped by their key/value head
     kt: np.ndarray  # (B, NKV, 1, HS, S) keys, transposed
-    vt: np.ndarray  # (B, NKV, 1, S, HS) values
+    vt: np.ndarray  # (B, NKV, 1, S, HSV) values
     p: np.ndarray  # (B, NKV, G, T, S) attention probabilities (0 where masked)
     scale: float
+    p_sink: np.ndarray | None = None  # (B, NKV, G, T, 1) the probability mass each row gave its sink
 
 
-def attention_forward_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float):
-    """Grouped-query attention. q (B, T, NH, HS); k, v (B, S, NKV, HS); mask (B, T, S) bool.
+def attention_forward_ref(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
+                          sinks: np.ndarray | None = None):  # fmt: skip
+    """Grouped-query attention. q (B, T, NH, HS); k (B, S, NKV, HS); v (B, S, NKV, HSV), HSV the value
+    head size (HS but for multi-head latent attention); mask (B, T, S) bool; sinks (NH,) or None.
 
-    Query head h reads key/value head h // (NH / NKV). Returns (B, T, NH*HS).
+    Query head h reads key/value head h // (NH / NKV). z = q k^T * scale where the mask shows the key
+    (-inf elsewhere); with sinks, head h's softmax has one more logit, sinks[h] (not scaled), whose
+    value is zero (gpt-oss): p = exp(z - m) / (sum exp(z - m) + exp(sink - m)). Returns
+    (B, T, NH*HSV). Sliding windows are masks (engine.model.forward builds them).
     """
     B, T, NH, HS = q.shape
-    NKV = k.shape[2]
+    NKV, HSV = k.shape[2], v.shape[3]
     G = NH // NKV
     qg = q.reshape(B, T, NKV, G, HS).transpose(0, 2, 3, 1, 4)  # (B, NKV, G, T, HS)
     kt = k.transpose(0, 2, 3, 1)[:, :, None]  # (B, NKV, 1, HS, S)
     att = (qg @ kt) * scale  # (B, NKV, G, T, S)
     m = mask[:, None, None]  # (B, 1, 1, T, S)
     att = np.where(m, att, -np.inf)
-    att = att - att.max(axis=-1, keepdims=True)
-    p = np.exp(att)
-    p /= p.sum(axis=-1, keepdims=True)  # (B, NKV, G, T, S)
-    vt = v.transpose(0, 2, 1, 3)[:, :, None]  # (B, NKV, 1, S, HS)
-    out = p @ vt  # (B, NKV, G, T, HS)
-    y = out.transpose(0, 3, 1, 2, 4).reshape(B, T, NH * HS)
-    return y, AttentionCache(qg, kt, vt, p, scale)
+    mx = att.max(axis=-1, keepdims=True)  # (B, NKV, G, T, 1)
+    if sinks is not None:
+        s = sinks.astype(q.dtype).reshape(1, NKV, G, 1, 1)
+        mx = np.maximum(mx, s)
+    p = np.exp(att - mx)
+    denom = p.sum(axis=-1, keepdims=True)
+    p_sink = None
+    if sinks is not None:
+        e_sink = np.exp(s - mx)
+        denom = denom + e_sink
+        p_sink = e_sink / denom
+    p /= denom  # (B, NKV, G, T, S)
+    vt = v.transpose(0, 2, 1, 3)[:, :, None]  # (B, NKV, 1, S, HSV)
+    out = p @ vt  # (B, NKV, G, T, HSV)
+    y = out.transpose(0, 3, 1, 2, 4).reshape(B, T, NH * HSV)
+    return y, AttentionCache(qg, kt, vt, p, scale, p_sink)
 
 
 def attention_backward_ref(dy: np.ndarray, cache: AttentionCache):
-    """forward was: y = softmax(mask(q k^T * scale)) v, per KV group.  Returns (dq, dk, dv)."""
-    qg, kt, vt, p, scale = cache
+    """forward was: y = softmax([z, sink]) [v, 0] per KV group, z = mask(q k^T * scale).
+
+    Returns (dq (B, T, NH, HS), dk (B, S, NKV, HS), dv (B, S, NKV, HSV), dsinks (NH,) or None without
+    sinks)."""
+    qg, kt, vt, p, scale, p_sink = cache
     B, NKV, G, T, HS = qg.shape
-    do = dy.reshape(B, T, NKV, G, HS).transpose(0, 2, 3, 1, 4)  # (B, NKV, G, T, HS)
+    HSV = vt.shape[-1]
+    do = dy.reshape(B, T, NKV, G, HSV).transpose(0, 2, 3, 1, 4)  # (B, NKV, G, T, HSV)
     dp = do @ vt.swapaxes(-1, -2)  # (B, NKV, G, T, S)
-    dv = (p.swapaxes(-1, -2) @ do).sum(axis=2)  # (B, NKV, S, HS)
-    datt = p * (dp - (dp * p).sum(axis=-1, keepdims=True))  # softmax backward; masked p = 0
+    dv = (p.swapaxes(-1, -2) @ do).sum(axis=2)  # (B, NKV, S, HSV)
+    D = (dp * p).sum(axis=-1, keepdims=True)  # a sink's value is 0: it adds p_sink * 0
+    datt = p * (dp - D)  # softmax backward; masked p = 0
+    dsinks = None
+    if p_sink is not None:
+        dsinks = (-(p_sink * D)).sum(axis=(0, 3, 4)).reshape(NKV * G)  # (NH,)
     datt *= scale
     dqg = datt @ kt.swapaxes(-1, -2)  # (B, NKV, G, T, HS)
     dk = (datt.swapaxes(-1, -2) @ qg).sum(axis=2)  # (B, NKV, S, HS)
     dq = dqg.transpose(0, 3, 1, 2, 4).reshape(B, T, NKV * G, HS)
-    return dq, dk.transpose(0, 2, 1, 3), dv.transpose(0, 2, 1, 3)
+    return dq, dk.transpose(0, 2, 1, 3), dv.transpose(0, 2, 1, 3), dsinks
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,12 +192,24 @@ def head_dim_kernel(HS: int) -> int:
 
 
 def attention_forward_on(
-    rt: Runtime, q: Any, k: Any, v: Any, mask: Any, scale: float, method: str | None = None
+    rt: Runtime,
+    q: Any,
+    k: Any,
+    v: Any,
+    mask: Any,
+    scale: float,
+    sinks: Any = None,
+    *,
+    method: str | None = None,
 ):
     """`attention_forward` on a runtime. method: "flash" (these kernels: fp32, SIMT), "gemm" (bf16
     tensor cores, engine/kernels/attention_gemm.py), or None: "gemm" from GEMM_MIN_T queries up
     (training, prefill), else "flash" (decoding)."""
     xp = rt.xp
+    if sinks is not None:
+        raise EngineError("attention_forward on CUDA does not take sinks yet")
+    if v.shape[-1] != q.shape[-1]:
+        raise EngineError("attention_forward on CUDA does not take a value head size of its own yet")
     q, qbs = _heads(rt, q, "queries q")
     k, kbs = _heads(rt, k, "keys k")
     v, vbs = _heads(rt, v, "values v")
@@ -218,7 +254,7 @@ def attention_backward_on(rt: Runtime, dy: Any, cache: AttentionCache):
     if isinstance(cache, attention_gemm.GemmAttentionCache):
         return attention_gemm.backward_on(rt, dy, cache)
     xp = rt.xp
-    q, k, v, state, scale = cache
+    q, k, v, state, scale, _ = cache
     if not isinstance(state, FlashState):
         raise TypeError(
             "attention_backward (CUDA) needs the cache of attention_forward (CUDA), a FlashAttentionCache; "
@@ -241,7 +277,7 @@ def attention_backward_on(rt: Runtime, dy: Any, cache: AttentionCache):
     if not (B and T and S):
         for a in (dq, dk, dv):
             a.fill(0)
-        return dq, dk, dv
+        return dq, dk, dv, None
     nQt, nKt = -(-T // TILE), -(-S // TILE)
     dims = (np.int32(T), np.int32(S), np.int32(NH), np.int32(NKV), np.int32(HS))
     strides = (np.int64(qbs), np.int64(kbs), np.int64(vbs), np.float32(scale))
@@ -249,14 +285,15 @@ def attention_backward_on(rt: Runtime, dy: Any, cache: AttentionCache):
     rt.launch(SOURCE, f"attn_bwd_dq_d{D}", (nQt, NH, B), (THREADS,), args)
     args = (q, k, v, dout, state.lse, Dbuf, state.mask, state.tiles, dk, dv, *dims, *strides)
     rt.launch(SOURCE, f"attn_bwd_dkdv_d{D}", (nKt, NKV, B), (THREADS,), args)
-    return dq, dk, dv
+    return dq, dk, dv, None
 
 
-def attention_forward(q: Any, k: Any, v: Any, mask: Any, scale: float):
-    """CUDA twin of `attention_forward_ref`: y (B, T, NH*HS) and a FlashAttentionCache."""
-    return attention_forward_on(runtime_for(q, "attention_forward"), q, k, v, mask, scale)
+def attention_forward(q: Any, k: Any, v: Any, mask: Any, scale: float, sinks: Any = None):
+    """CUDA twin of `attention_forward_ref`: y (B, T, NH*HSV) and a FlashAttentionCache or a
+    GemmAttentionCache."""
+    return attention_forward_on(runtime_for(q, "attention_forward"), q, k, v, mask, scale, sinks)
 
 
 def attention_backward(dy: Any, cache: AttentionCache):
-    """CUDA twin of `attention_backward_ref`: (dq (B, T, NH, HS), dk, dv (B, S, NKV, HS))."""
+    """CUDA twin of `attention_backward_ref`: (dq (B, T, NH, HS), dk, dv (B, S, NKV, HS), dsinks)."""
     return attention_backward_on(runtime_for(dy, "attention_backward"), dy, cache)

@@ -66,6 +66,7 @@ class GemmAttentionCache(NamedTuple):
     vt: Any  # Vh (B*NKV, S, HS) bf16 bits
     p: GemmState
     scale: float
+    p_sink: Any = None  # unused: the sinks' gradient comes from lse (see backward_on)
 
 
 SOURCE = KernelSource.from_file(
@@ -127,7 +128,7 @@ def forward_on(rt: Runtime, q: Any, k: Any, v: Any, mask_u8: Any, scale: float, 
 def backward_on(rt: Runtime, dy: Any, cache: GemmAttentionCache):
     """(dq (B, T, NH, HS), dk, dv (B, S, NKV, HS)) float32 for the forward that made `cache`."""
     xp = rt.xp
-    Qh, Kh, Vh, state, scale = cache
+    Qh, Kh, Vh, state, scale, _ = cache
     B, NH, T = state.lse.shape
     E, S, HS = Kh.shape
     NKV = E // B
@@ -165,4 +166,4 @@ def backward_on(rt: Runtime, dy: Any, cache: GemmAttentionCache):
     dq = xp.ascontiguousarray(dQh.reshape(B, NH, T, HS).transpose(0, 2, 1, 3))
     dk = xp.ascontiguousarray(dKh.reshape(B, NKV, S, HS).transpose(0, 2, 1, 3))
     dv = xp.ascontiguousarray(dVh.reshape(B, NKV, S, HS).transpose(0, 2, 1, 3))
-    return dq, dk, dv
+    return dq, dk, dv, None

@@ -168,7 +168,9 @@ def run_case(case: MoeCase, inp: dict, rt: Runtime, poison: bool = True) -> dict
     run_rt = OnArrays(rt, run_xp)
     routing, rcache = moe.route_forward_on(run_rt, dev(inp["logits"]), case.K, case.renorm)
     y, cache = moe.experts_forward_on(run_rt, dev(inp["x"]), routing, *W, *loras)
-    dx, dweights, dW, dlora = moe.experts_backward_on(run_rt, dev(inp["dy"]), cache, *W, need_dw=case.need_dw)
+    dx, dweights, dW, dlora, _ = moe.experts_backward_on(
+        run_rt, dev(inp["dy"]), cache, *W, need_dw=case.need_dw
+    )
     dlogits = moe.route_backward_on(run_rt, dev(inp["dweights"]), rcache)
     if poison:
         run_xp.check_guards()
@@ -242,7 +244,7 @@ def reference(case: MoeCase, inp: dict, got: dict) -> dict:
     W = [f64[f"w_{n}"] for n in NAMES]
     loras = [LoraTerm(f64[f"A_{n}"], f64[f"B_{n}"], inp[f"s_{n}"]) if n in case.lora else None for n in NAMES]
     y, cache = moe.experts_forward_ref(f64["x"], routing, *W, *loras)
-    dx, dweights, dW, dlora = moe.experts_backward_ref(f64["dy"], cache, *W, need_dw=case.need_dw)
+    dx, dweights, dW, dlora, _ = moe.experts_backward_ref(f64["dy"], cache, *W, need_dw=case.need_dw)
     dlogits = moe.route_backward_ref(f64["dweights"], rcache_ref)
     ref = {
         "probs": routing_ref.probs,

@@ -72,13 +72,15 @@ def checks(be: Backend, rng: np.random.Generator, methods=tuple(METHODS)) -> lis
             rt, q=q, k_all=k_all, v_all=v_all, S=S, mask=mask, scale=scale, dy=dy, method=method, kind=kind
         ):
             kd, vd = be.put(k_all)[:, :S], be.put(v_all)[:, :S]
-            y, cache = attention.attention_forward_on(rt, be.put(q), kd, vd, be.put(mask), scale, method)
+            y, cache = attention.attention_forward_on(
+                rt, be.put(q), kd, vd, be.put(mask), scale, method=method
+            )
             assert isinstance(cache, kind), type(cache)
             return y, attention.attention_backward_on(rt, be.put(dy), cache)
 
-        y, (dq, dk, dv) = be.twice(run, f"attention {case}")
+        y, (dq, dk, dv, _) = be.twice(run, f"attention {case}")
         yr, cr = attention.attention_forward_ref(f64(q), f64(k), f64(v), mask, scale)
-        dqr, dkr, dvr = attention.attention_backward_ref(f64(dy), cr)
+        dqr, dkr, dvr, _ = attention.attention_backward_ref(f64(dy), cr)
         out.append(compare("attention_forward", case, y, yr, tol))
         out.append(compare("attention_backward.dq", case, dq, dqr, tol))
         out.append(compare("attention_backward.dk", case, dk, dkr, tol))
@@ -98,7 +100,7 @@ def test_tile_classes(backend, fresh_rng):
     q = f32(fresh_rng, B, T, 2, 8)
     kv = f32(fresh_rng, B, T, 1, 8)
     _, cache = attention.attention_forward_on(
-        backend.rt, backend.put(q), backend.put(kv), backend.put(kv), backend.put(mask), 0.3, "flash"
+        backend.rt, backend.put(q), backend.put(kv), backend.put(kv), backend.put(mask), 0.3, method="flash"
     )
     tiles = backend.get(cache.p.tiles)[0]
     expect = np.array([[2, 0, 0], [1, 2, 0], [1, 1, 2]], np.uint8)
