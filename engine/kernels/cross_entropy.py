@@ -17,7 +17,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import EngineError
 from .embedding import row_chunks
 from .linear import LoraTerm, to_bf16, weight_operand
 from .nvrtc import KernelSource
@@ -57,8 +56,9 @@ def _softmax_inplace_pair(z: np.ndarray) -> np.ndarray:
 
 
 class SoftcapCache(NamedTuple):
-    t: np.ndarray  # tanh(z / cap)
+    t: np.ndarray | None  # tanh(z / cap) (None from the CUDA twin, whose backward recomputes it from z)
     cap: float
+    z: Any = None  # the CUDA twin's: the input z
 
 
 def softcap_forward_ref(z: np.ndarray, cap: float):
@@ -333,13 +333,19 @@ def _lm_head_loss_streamed_ref(h, w, targets, weights, lora, tied_lora, max_logi
 # pass 2 (backward): z again, ce_grad turns it into dz = w (p - onehot) (+ kl_coef |w| p (log p -
 #   log q - KL)) in place, one block per row; then cuBLAS: dh_c += dz W_c (bf16 when W is), the
 #   LoRA factor gradients, and dW_c = dz^T hc when need_dw.
+# Soft-cap (cap > 0): the row kernels cap each logit as they read it (ce_stats: cap tanh(z / cap) of
+#   the policy's and the reference's logits; ce_grad: dz through the cap, times 1 - tanh^2), so the
+#   chunk buffer holds the raw logits and nothing more is stored. softcap_fwd / softcap_bwd are the
+#   cap alone (inference logits), elementwise; their cache keeps z and the backward recomputes tanh.
 # Cost: FLOPs 2 n C V per GEMM pass (forward: 1, with KL 2; backward: 2 more, +1 with need_dw), at
 # the bf16 tensor-core rate for a bf16 head; bytes: the head read once per pass (V C 2 for bf16)
 # plus the chunk logits written and read twice (n Vc 4 each); the row kernels are memory-bound at
 # 8 bytes per logit.
 
 
-SOURCE = KernelSource.from_file("cross_entropy.cu", kernels=("ce_stats", "ce_finish", "ce_grad"))
+SOURCE = KernelSource.from_file(
+    "cross_entropy.cu", kernels=("ce_stats", "ce_finish", "ce_grad", "softcap_fwd", "softcap_bwd")
+)
 SOURCES = (SOURCE,)
 
 THREADS = 256
@@ -391,8 +397,6 @@ def lm_head_loss_on(
     """`lm_head_loss` on a runtime (`min_rows` is the reference's row blocking; the twin streams
     the vocabulary over all label rows at once and ignores it)."""
     xp = rt.xp
-    if cap:
-        raise EngineError("lm_head_loss on CUDA does not take a soft-cap yet")
     h = f32_input(rt, h, "hidden states h")
     N, C = h.shape
     V = int(w.shape[0])
@@ -471,7 +475,7 @@ def lm_head_loss_on(
         z, zr = logits(lo, hi, blk)
         vec = np.int32((hi - lo) % 4 == 0 and aligned16(rt, z, zr))
         args = (z, z if zr is None else zr, tgt, np.int32(hi - lo), np.int32(lo), vec, np.int32(kl))
-        rt.launch(SOURCE, "ce_stats", (n,), (THREADS,), (*args, m, s, zt, mr, sr, ez, ezr))
+        rt.launch(SOURCE, "ce_stats", (n,), (THREADS,), (*args, np.float32(cap), m, s, zt, mr, sr, ez, ezr))
     lse, lse_r, klv = (xp.empty(n, dtype=f32) for _ in range(3))
     args = (m, s, zt, wt, mr, sr, ez, ezr, np.int32(n), np.int32(kl), np.float32(kl_coef))
     rt.launch(SOURCE, "ce_finish", (1,), (THREADS,), (*args, lse, lse_r, klv, out))
@@ -486,7 +490,9 @@ def lm_head_loss_on(
         width = hi - lo
         vec = np.int32(width % 4 == 0 and aligned16(rt, z, zr))
         args = (z, z if zr is None else zr, tgt, wt, lse, lse_r, klv, np.int32(width), np.int32(lo), vec)
-        rt.launch(SOURCE, "ce_grad", (n,), (THREADS,), (*args, np.int32(kl), np.float32(kl_coef)))
+        rt.launch(
+            SOURCE, "ce_grad", (n,), (THREADS,), (*args, np.int32(kl), np.float32(kl_coef), np.float32(cap))
+        )
         dz = z
         if blk.dtype.name == "uint16":
             rt.gemm(to_bf16(rt, dz), blk, dhc, beta=1.0)  # dh += dz W (bf16 x bf16, fp32 sums)
@@ -531,6 +537,31 @@ def project_on(rt: Runtime, h: Any, w: Any) -> Any:
         if not whole:
             out[:, lo:hi] = z
     return out.reshape(*h.shape[:-1], V)
+
+
+def softcap_forward_on(rt: Runtime, z: Any, cap: float):
+    """`softcap_forward` on a runtime: y = cap tanh(z / cap); the cache keeps z, not tanh."""
+    z = f32_input(rt, z, "soft-cap input z")
+    y = rt.xp.empty(z.shape, dtype=rt.xp.float32)
+    grid = max(1, min(65535, -(-z.size // THREADS)))
+    rt.launch(SOURCE, "softcap_fwd", (grid,), (THREADS,), (z, y, np.int64(z.size), np.float32(cap)))
+    return y, SoftcapCache(None, float(cap), z)
+
+
+def softcap_backward_on(rt: Runtime, dy: Any, cache: SoftcapCache) -> Any:
+    """`softcap_backward` on a runtime (tanh recomputed from the cache's z)."""
+    z = cache.z
+    dy = f32_input(rt, dy, "soft-cap gradient dy")
+    if z is None or dy.shape != z.shape:
+        raise ValueError(
+            "softcap_backward (CUDA) needs the cache of softcap_forward (CUDA) and dy of its shape"
+        )
+    dz = rt.xp.empty(z.shape, dtype=rt.xp.float32)
+    grid = max(1, min(65535, -(-z.size // THREADS)))
+    rt.launch(
+        SOURCE, "softcap_bwd", (grid,), (THREADS,), (dy, z, dz, np.int64(z.size), np.float32(cache.cap))
+    )
+    return dz
 
 
 def project(h: Any, w: Any) -> Any:

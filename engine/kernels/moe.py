@@ -34,7 +34,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..errors import EngineError
 from .glu import GluCache, glu_backward_ref, glu_forward_ref, silu
 from .linear import LoraTerm
 from .nvrtc import KernelSource
@@ -321,27 +320,31 @@ def experts_backward_ref(dy: np.ndarray, cache: ExpertsCache, w_gate, w_up, w_do
 # CUDA
 #
 # Dtype contract of the CuPy twins (everything C-contiguous, on one device):
-# - route_forward: logits (N, E) float32, 1 <= K <= E <= MAX_E. The Routing it returns holds probs
-#   (N, E) float32, topk (N, K) int32, weights (N, K) float32, order (N*K,) int32 and offsets (E+1,)
-#   int32 (the reference gives int64 ids; the values are the same). RouteCache.wsum is (N, 1)
-#   float32 when renormalised, else None.
+# - route_forward: logits (N, E) float32, 1 <= K <= E <= MAX_E, bias (E,) float32 or None, n_group
+#   <= ROUTE_THREADS. The Routing it returns holds probs (N, E) float32, topk (N, K) int32, weights
+#   (N, K) float32, order (N*K,) int32 and offsets (E+1,) int32 (the reference gives int64 ids; the
+#   values are the same). RouteCache.w_sel is (N, K) float32, wsum (N, 1) float32 when renormalised,
+#   else None; clamped is None (the backward recomputes it from w_sel, the same float sum).
 # - experts_forward: x (N, C) float32; the three expert stacks are CuPy arrays w_gate/w_up
 #   (E, F, C) and w_down (E, C, F), all float32 or all bf16 given as uint16 bit patterns (CuPy has
 #   no bfloat16 dtype; the weight store dequantizes a GGUF stack into such a buffer with
 #   `dequant(..., dtype="bfloat16")`); C and F multiples of 8 (16-byte rows). A lazy stack on the
 #   GPU must expose `__cuda_array_interface__` (it is taken as a CuPy view, no copy); anything else
 #   is a TypeError, never a silent host-to-device copy per layer. LoRA factors A (E, r, n_in) and
-#   B (E, n_out, r) float32, any rank per weight. Outputs are float32.
+#   B (E, n_out, r) float32, any rank per weight; biases b_gate, b_up (E, F) and b_down (E, C) float32
+#   or None; act "silu" or "swiglu_oai" (cuda/glu.cuh, fused into the gate/up epilogue and the down
+#   backward). Outputs are float32; the bias gradients (need_db) are per-expert column sums, through
+#   the OUT_PROD_ID kernel against a column of ones.
 # - Numerics: bf16 stacks run the base matmuls on the tensor cores (mma.sync m16n8k16 bf16, fp32
 #   accumulation) with the activation operand (x, h, dy*w, dg|du) rounded to bf16 as it is loaded;
-#   float32 stacks run them in float32 FMA (no tf32). LoRA products, the SwiGLU, the routing and
+#   float32 stacks run them in float32 FMA (no tf32). LoRA products, biases, the activation, the routing and
 #   every weight or factor gradient (OUT_PROD_ID) run in float32 from float32 activations.
 #
-# The GPU cache: ExpertsCache(x, routing, pair_out, per_expert, loras) as on the CPU, where
-# per_expert is one PackedActs record instead of a list: the (N*K, F) arrays g, u, h and the
+# The GPU cache: ExpertsCache(x, routing, pair_out, per_expert, loras, biases, act) as on the CPU, where
+# per_expert is one PackedActs record instead of a list: the (N*K, F) arrays g, u (biases included), h and the
 # (N*K, r) LoRA intermediates of every routed pair, rows in sorted order (row p belongs to pair
 # routing.order[p], and the rows of expert e are offsets[e]:offsets[e+1]); pair_out is (N*K, C)
-# by pair id, as in the reference. silu(g) is not kept: the backward recomputes it.
+# by pair id, as in the reference. The activation of g is not kept: the backward recomputes it.
 #
 # No host synchronisation anywhere on this path: shapes come from array metadata, and every
 # kernel that works per expert reads the expert offsets on the device. The grouped kernels are
@@ -593,6 +596,10 @@ def _outer(rt, l, l_mode, ldl, r, r_mode, ldr, rw, order, offsets, K, E, I, J, s
 _SORTED, _TOKEN, _TOKEN_WEIGHTED = 0, 1, 2
 
 
+GATING_CODES = {"softmax": 0, "sigmoid": 1, "softmax_selected": 2}  # moe_route_topk's `gating`
+ACT_CODES = {"silu": 0, "swiglu_oai": 2}  # the experts' `act` (cuda/glu.cuh ACT_SILU, ACT_OAI)
+
+
 def route_forward_on(
     rt: Runtime,
     logits: Any,
@@ -606,45 +613,63 @@ def route_forward_on(
 ):
     """`route_forward` on a runtime: the GPU's, or in tests NumPy with the kernels built by g++."""
     xp = rt.xp
-    if gating != "softmax" or scale != 1.0 or bias is not None or n_group > 1:
-        raise EngineError("route_forward on CUDA takes softmax gating without scale, bias or groups only yet")
     if logits.ndim != 2:
         raise ValueError(f"logits must be (N, E), got shape {tuple(logits.shape)}")
     N, E = logits.shape
-    if not 1 <= K <= E or E > MAX_E:
-        raise ValueError(f"need 1 <= K <= E <= {MAX_E}; got K={K}, E={E}")
+    check_routing_options(E, K, gating, n_group, group_used)
+    if E > MAX_E or n_group > ROUTE_THREADS:
+        raise ValueError(
+            f"the GPU router takes E <= {MAX_E} and n_group <= {ROUTE_THREADS}; got {E}, {n_group}"
+        )
     logits = _contiguous(logits, "logits", np.float32, xp)
+    if bias is not None:
+        bias = _contiguous(xp.asarray(bias), "routing bias", np.float32, xp)
+        if tuple(bias.shape) != (E,):
+            raise ValueError(f"the routing bias must be (E,) = ({E},), got {tuple(bias.shape)}")
     probs = xp.empty((N, E), dtype=np.float32)
     topk = xp.empty((N, K), dtype=np.int32)
     weights = xp.empty((N, K), dtype=np.float32)
+    w_sel = xp.empty((N, K), dtype=np.float32)
     wsum = xp.empty((N, 1), dtype=np.float32)
     order = xp.empty((N * K,), dtype=np.int32)
     offsets = xp.empty((E + 1,), dtype=np.int32)
-    _launch(
-        rt,
-        "moe_route_topk",
-        (N, 1),
-        (logits, _i32(E), _i32(K), _i32(bool(renorm)), probs, topk, weights, wsum),
+    options = (
+        _i32(GATING_CODES[gating]),
+        bias,
+        _i32(n_group if n_group > 1 else 0),
+        _i32(group_used),
+        _f32(scale),
     )
+    outs = (probs, topk, weights, w_sel, wsum)
+    _launch(rt, "moe_route_topk", (N, 1), (logits, _i32(E), _i32(K), _i32(bool(renorm)), *options, *outs))
     _launch(rt, "moe_route_sort", (E, 1), (topk, _i32(N * K), _i32(E), order, offsets))
     routing = Routing(probs, topk, weights, order, offsets)
-    return routing, RouteCache(routing, gating, None, wsum if renorm else None, None, float(scale))
+    return routing, RouteCache(routing, gating, w_sel, wsum if renorm else None, None, float(scale))
 
 
 def route_backward_on(rt: Runtime, dweights: Any, cache: RouteCache) -> Any:
     """`route_backward` on a runtime."""
     xp = rt.xp
-    routing, _, _, wsum, _, _ = cache
-    renorm = wsum is not None
+    routing, gating, w_sel, wsum, _, scale = cache
     N, E = routing.probs.shape
     K = routing.topk.shape[1]
     if tuple(dweights.shape) != (N, K):
         raise ValueError(f"dweights must be (N, K) = {(N, K)}, got {tuple(dweights.shape)}")
     dweights = _contiguous(dweights, "dweights", np.float32, xp)
     dlogits = xp.empty((N, E), dtype=np.float32)
-    args = (dweights, routing.probs, routing.topk, routing.weights, wsum if renorm else None)
-    _launch(rt, "moe_route_backward", (N, 1), (*args, _i32(E), _i32(K), _i32(bool(renorm)), dlogits))
+    renorm = wsum is not None
+    args = (dweights, routing.probs, routing.topk, w_sel, wsum, _i32(E), _i32(K), _i32(renorm))
+    _launch(rt, "moe_route_backward", (N, 1), (*args, _i32(GATING_CODES[gating]), _f32(scale), dlogits))
     return dlogits
+
+
+def _bias(b: Any, what: str, E: int, n: int, xp: Any) -> Any:
+    if b is None:
+        return None
+    b = _contiguous(xp.asarray(b), what, np.float32, xp)
+    if tuple(b.shape) != (E, n):
+        raise ValueError(f"{what} must be (E, {n}) with E={E}, got {tuple(b.shape)}")
+    return b
 
 
 def experts_forward_on(
@@ -665,8 +690,7 @@ def experts_forward_on(
 ):
     """`experts_forward` on a runtime."""
     xp = rt.xp
-    if act != "silu" or b_gate is not None or b_up is not None or b_down is not None:
-        raise EngineError("experts_forward on CUDA takes act silu without biases only yet")
+    check_expert_act(act)
     if x.ndim != 2:
         raise ValueError(f"x must be (N, C), got shape {tuple(x.shape)}")
     N, C = x.shape
@@ -681,6 +705,11 @@ def experts_forward_on(
         _lora(lora_up, "up", E, F, C, xp),
         _lora(lora_down, "down", E, C, F, xp),
     )
+    bg, bu, bd = (
+        _bias(b_gate, "b_gate", E, F, xp),
+        _bias(b_up, "b_up", E, F, xp),
+        _bias(b_down, "b_down", E, C, xp),
+    )
     t = "bf16" if bf else "f32"
     tiles = row_tiles(P, E, GEMM_BM)
     xa_g = _rows(rt, x, _TOKEN, C, None, order, offsets, K, E, C, lg.A, 1, lg.r, P) if lg else None
@@ -688,12 +717,9 @@ def experts_forward_on(
     g, u, h = (xp.empty((P, F), dtype=np.float32) for _ in range(3))
     lora_g = (xa_g, lg.B, lg.s, _i32(lg.r)) if lg else (None, None, _f32(0), _i32(0))
     lora_u = (xa_u, lu.B, lu.s, _i32(lu.r)) if lu else (None, None, _f32(0), _i32(0))
-    _launch(
-        rt,
-        f"moe_gate_up_{t}",
-        (-(-F // GU_COLS), tiles),
-        (x, order, offsets, _i32(K), _i32(E), _i32(C), _i32(F), wg, wu, *lora_g, *lora_u, g, u, h),
-    )
+    dims = (_i32(K), _i32(E), _i32(C), _i32(F))
+    args = (x, order, offsets, *dims, wg, wu, *lora_g, *lora_u, bg, bu, _i32(ACT_CODES[act]), g, u, h)
+    _launch(rt, f"moe_gate_up_{t}", (-(-F // GU_COLS), tiles), args)
     ha_d = _rows(rt, h, _SORTED, F, None, order, offsets, K, E, F, ld.A, 1, ld.r, P) if ld else None
     pair_out = xp.empty((P, C), dtype=np.float32)
     lora_d = (ha_d, ld.B, ld.s, _i32(ld.r)) if ld else (None, None, _f32(0), _i32(0))
@@ -701,12 +727,13 @@ def experts_forward_on(
         rt,
         f"moe_down_{t}",
         (-(-C // GEMM_BN), tiles),
-        (h, order, offsets, _i32(E), _i32(C), _i32(F), wd, *lora_d, pair_out),
+        (h, order, offsets, _i32(E), _i32(C), _i32(F), wd, *lora_d, bd, pair_out),
     )
     y = xp.empty((N, C), dtype=np.float32)
     _launch(rt, "moe_combine", (N, 1), (pair_out, weights, _i32(K), _i32(C), y))
     acts = PackedActs(g, u, h, xa_g, xa_u, ha_d)
-    return y, ExpertsCache(x, routing, pair_out, acts, (lora_gate, lora_up, lora_down))
+    biases = (bg is not None, bu is not None, bd is not None)
+    return y, ExpertsCache(x, routing, pair_out, acts, (lora_gate, lora_up, lora_down), biases, act)
 
 
 def experts_backward_on(
@@ -721,7 +748,7 @@ def experts_backward_on(
 ):
     """`experts_backward` on a runtime."""
     xp = rt.xp
-    x, routing, pair_out, acts, loras, _, _ = cache
+    x, routing, pair_out, acts, loras, biases, act = cache
     if not isinstance(acts, PackedActs):
         raise TypeError("experts_backward on the GPU needs the cache of the GPU experts_forward (PackedActs)")
     N, C = x.shape
@@ -746,27 +773,9 @@ def experts_backward_on(
     do_b = _rows(rt, dy, _TOKEN_WEIGHTED, C, weights, *rows, C, ld.B, 0, ld.r, P) if ld else None
     dg, du = xp.empty((P, F), dtype=np.float32), xp.empty((P, F), dtype=np.float32)
     lora_d = (do_b, ld.A, ld.s, _i32(ld.r)) if ld else (None, None, _f32(0), _i32(0))
-    _launch(
-        rt,
-        f"moe_down_back_{t}",
-        (-(-F // GEMM_BN), tiles),
-        (
-            dy,
-            weights,
-            order,
-            offsets,
-            _i32(K),
-            _i32(E),
-            _i32(C),
-            _i32(F),
-            wd,
-            *lora_d,
-            acts.g,
-            acts.u,
-            dg,
-            du,
-        ),
-    )
+    dims = (_i32(K), _i32(E), _i32(C), _i32(F))
+    args = (dy, weights, order, offsets, *dims, wd, *lora_d, acts.g, acts.u, _i32(ACT_CODES[act]), dg, du)
+    _launch(rt, f"moe_down_back_{t}", (-(-F // GEMM_BN), tiles), args)
     dg_b = _rows(rt, dg, _SORTED, F, None, *rows, F, lg.B, 0, lg.r, P) if lg else None
     du_b = _rows(rt, du, _SORTED, F, None, *rows, F, lu.B, 0, lu.r, P) if lu else None
     dx_pairs = xp.empty((P, C), dtype=np.float32)
@@ -800,7 +809,17 @@ def experts_backward_on(
             dB = _outer(rt, d, _SORTED, F, xa, _SORTED, lo.r, None, *rows, F, lo.r, lo.s)
             dlora[name] = (dA, dB)
     dlora = {k: dlora[k] for k in ("gate", "up", "down") if k in dlora}
-    return dx, dweights, dW, dlora, None
+    db = None
+    if need_db:  # per-expert column sums: OUT_PROD_ID against a column of ones
+        ones = xp.ones((P, 1), dtype=np.float32)
+        sources = {"gate": (dg, _SORTED, F, None, F), "up": (du, _SORTED, F, None, F),
+                   "down": (dy, _TOKEN_WEIGHTED, C, weights, C)}  # fmt: skip
+        db = {}
+        for key, has in zip(("gate", "up", "down"), biases, strict=True):
+            if has:
+                src, mode, ld, rw, n = sources[key]
+                db[key] = _outer(rt, src, mode, ld, ones, _SORTED, 1, rw, *rows, n, 1, 1.0).reshape(E, n)
+    return dx, dweights, dW, dlora, db
 
 
 # ----------------------------------------------------------------------------------------------

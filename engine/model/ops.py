@@ -94,8 +94,8 @@ rope_forward = _op(_rope.rope_forward_ref, _rope.rope_forward_on)
 rope_backward = _op(_rope.rope_backward_ref, _rope.rope_backward_on)
 attention_forward = _op(_attention.attention_forward_ref, _attention.attention_forward_on)
 attention_backward = _op(_attention.attention_backward_ref, _attention.attention_backward_on)
-mla_kv_forward = _op(_mla.mla_kv_forward_ref, None)
-mla_kv_backward = _op(_mla.mla_kv_backward_ref, None)
+mla_kv_forward = _op(_mla.mla_kv_forward_ref, _mla.mla_kv_forward_on)
+mla_kv_backward = _op(_mla.mla_kv_backward_ref, _mla.mla_kv_backward_on)
 glu_forward = _op(_glu.glu_forward_ref, _glu.glu_forward_on)
 glu_backward = _op(_glu.glu_backward_ref, _glu.glu_backward_on)
 route_forward = _op(_moe.route_forward_ref, _moe.route_forward_on)
@@ -104,8 +104,8 @@ experts_forward = _op(_moe.experts_forward_ref, _moe.experts_forward_on, _moe_cp
 experts_backward = _op(_moe.experts_backward_ref, _moe.experts_backward_on, _moe_cpu.experts_backward_cpu)
 lm_head_loss = _op(_cross_entropy.lm_head_loss_ref, _cross_entropy.lm_head_loss_on)
 project = _op(_cross_entropy.project_ref, _cross_entropy.project_on)
-softcap_forward = _op(_cross_entropy.softcap_forward_ref, None)
-softcap_backward = _op(_cross_entropy.softcap_backward_ref, None)
+softcap_forward = _op(_cross_entropy.softcap_forward_ref, _cross_entropy.softcap_forward_on)
+softcap_backward = _op(_cross_entropy.softcap_backward_ref, _cross_entropy.softcap_backward_on)
 
 __all__ = [
     "AttentionCache", "EmbeddingCache", "ExpertActs", "ExpertsCache", "GluCache", "LinearCache", "LoraTerm",

@@ -247,7 +247,12 @@ def test_softcap_and_the_capped_head_loss(rng):
     assert_grads_close(check_grads(lambda: run(False)[0], {"h": h, "w": w, "A": A, "B": B}, grads))
 
 
-def test_new_ops_say_they_have_no_cuda_version_on_a_gpu_backend(rng):
+def test_every_op_has_a_cuda_twin_and_one_without_would_say_so(rng):
+    table = [getattr(ops, n) for n in ops.__all__ if hasattr(getattr(ops, n), "twin_on")]
+    assert len(table) >= 20 and all(op.twin_on is not None for op in table), [
+        op.__name__ for op in table if op.twin_on is None
+    ]
+    untwinned = ops._op(ops.softcap_forward.reference, None)
     with ops.use_runtime(object()):
         with pytest.raises(EngineError, match="no CUDA version yet"):
-            ops.mla_kv_forward(_r(rng, 1, 2, 3), _r(rng, 2, 3, 4), _r(rng, 2, 4, 3))
+            untwinned(_r(rng, 2, 3), 15.0)
