@@ -22,6 +22,7 @@ Inputs are drawn fresh on every run (the `fresh_rng` fixture), never zeros.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -112,8 +113,11 @@ class Backend:
 
     @property
     def large(self) -> bool:
-        """Whether real-model sizes are affordable (on a GPU, not in the emulator), unless told."""
-        return self.name == "gpu" if self._large is None else self._large
+        """Whether real-model sizes are affordable (on a GPU, not in the emulator), unless told (or
+        unless $TUNE_PARITY_SMALL is set: test sizes on a GPU too, for a short device call)."""
+        if self._large is not None:
+            return self._large
+        return self.name == "gpu" and not os.environ.get("TUNE_PARITY_SMALL")
 
     def put(self, a: Any) -> Any:
         """A host array (or None) as this backend's array."""
