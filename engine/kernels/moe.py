@@ -26,6 +26,10 @@ CUDA section below.
 
 Not here: choosing or dequantizing expert weights (the weight store), the router's own linear layer
 (its bias included: engine.kernels.linear), shared experts (engine.model.layers).
+
+Longer than the other op modules (about 870 lines) on purpose: it is four ops (routing and the
+experts, forward and backward) whose GPU twins share one dtype contract, one cache layout and one
+set of determinism rules; split by op, each part would restate them.
 """
 
 from __future__ import annotations

@@ -193,3 +193,30 @@ def test_a_corrupt_tensor_is_named_on_the_device_too(tmp_path, emulated):
     model = Model.load(path, backend=emulated)
     with pytest.raises(ModelError, match="blk.1.attn_k.weight"):
         model.forward(np.array([1, 2, 3]))
+
+
+def test_vectors_and_biases_of_any_stored_type_are_float32_on_the_device(tmp_path, emulated):
+    """gpt-oss's (E, F) expert biases are matrices by shape but vectors by role; norms stored F16 or
+    BF16 (as some conversions write them) are read as float32, the values the CPU reads."""
+    from engine.io.gguf_write import write_gguf
+    from engine.testing import SynthSpec, model_metadata, random_weights
+
+    spec = SynthSpec.for_arch("gpt-oss", seed=36)
+    weights = random_weights(spec)
+    types = {n: ("F32" if a.ndim < 2 or n.endswith(".bias") else "F16") for n, a in weights.items()}
+    types["blk.0.attn_norm.weight"] = "F16"
+    types["blk.1.attn_norm.weight"] = "BF16"
+    path = write_gguf(
+        tmp_path / "m.gguf", spec.arch, model_metadata(spec), {n: (a, types[n]) for n, a in weights.items()}
+    )
+    cpu, dev = Model.load(path), Model.load(path, backend=emulated)
+    for name in (
+        "blk.0.attn_norm.weight",
+        "blk.1.attn_norm.weight",
+        "blk.0.ffn_gate_exps.bias",
+        "blk.0.attn_sinks.weight",
+    ):
+        got = dev.weights[name]
+        assert got.dtype == np.float32 and got.shape == cpu.weights.infos[name].shape, name
+        np.testing.assert_array_equal(got, cpu.weights.dense(name))
+    assert dev.weights["blk.0.ffn_gate_exps.weight"].dtype == np.uint16  # the stacks: bf16 bits, on use
