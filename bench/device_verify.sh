@@ -26,7 +26,7 @@ OUT=${OUT:-/tmp/device-verify-out}
 W=$OUT/verify
 mkdir -p "$W"
 C=${CHECK_S:-240}
-OPS_A=${CHECK_OPS_A:-norm rope swiglu embedding linear attention}
+OPS_A=${CHECK_OPS_A:-norm rope glu embedding linear attention}
 OPS_B=${CHECK_OPS_B:-cross_entropy adamw dequant moe}
 MOE_CASES="k1-norenorm-bfloat16 or skewed-bfloat16 or ties-float32"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
