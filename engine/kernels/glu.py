@@ -145,9 +145,7 @@ def glu_backward_ref(dh: np.ndarray, cache: GluCache):
 #   tanhf in fp32. The backward's derivative is the exact tanh form's, as the reference's.
 
 ACT_CODES = {"silu": 0, "gelu": 1, "swiglu_oai": 2}  # the `act` argument of the kernels (cuda/glu.cuh)
-SOURCE = KernelSource.from_file(
-    "glu.cu", kernels=("glu_fwd", "glu_bwd", "glu_fwd_bf16", "glu_bwd_bf16")
-)
+SOURCE = KernelSource.from_file("glu.cu", kernels=("glu_fwd", "glu_bwd", "glu_fwd_bf16", "glu_bwd_bf16"))
 SOURCES = (SOURCE,)
 
 THREADS = 256
