@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import functools
 from collections.abc import Iterator
 from types import ModuleType
@@ -313,26 +314,51 @@ class CudaGraph(Graph):
         current.wait_event(self.stream.record())
 
 
+def _set_cublas_workspace(cublas: Any, handle: int, ptr: int, nbytes: int) -> None:
+    """cublasSetWorkspace on CuPy's cuBLAS handle: through CuPy's binding where it has one (CuPy 14
+    has none), else through the libcublas this process already loaded (the same library and handle)."""
+    if hasattr(cublas, "setWorkspace"):
+        cublas.setWorkspace(handle, ptr, nbytes)
+        return
+    lib = _loaded_cublas()
+    fn = lib.cublasSetWorkspace_v2
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    status = fn(ctypes.c_void_p(handle), ctypes.c_void_p(ptr), ctypes.c_size_t(nbytes))
+    if status != 0:
+        raise CaptureError(f"cublasSetWorkspace_v2 failed with status {status}")
+
+
+def _loaded_cublas() -> ctypes.CDLL:
+    """The libcublas mapped into this process (CuPy loaded it; dlopen of the same path returns it)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            paths = sorted({line.split()[-1] for line in f if "/libcublas.so" in line})
+    except OSError:
+        paths = []
+    if not paths:
+        raise CaptureError("cannot find the libcublas CuPy loaded, to give cuBLAS a workspace for capture")
+    return ctypes.CDLL(paths[0])
+
+
 @contextlib.contextmanager
 def _cuda_capture(rt: CudaRuntime) -> Iterator[CudaGraph]:
     import cupy
     from cupy_backends.cuda.libs import cublas  # type: ignore[import-not-found]
 
     handle = cupy.cuda.device.get_cublas_handle()
-    if not hasattr(cublas, "setWorkspace"):
-        raise CaptureError(
-            f"this CuPy ({cupy.__version__}) cannot give cuBLAS a workspace (cublasSetWorkspace)"
-        )
     if rt._workspace is None:
         rt._workspace = cupy.empty(CUBLAS_WORKSPACE_BYTES, dtype=cupy.uint8)
-    cublas.setWorkspace(handle, rt._workspace.data.ptr, CUBLAS_WORKSPACE_BYTES)
+    _set_cublas_workspace(cublas, handle, rt._workspace.data.ptr, CUBLAS_WORKSPACE_BYTES)
     pool = cupy.cuda.MemoryPool()
     stream = cupy.cuda.Stream(non_blocking=True)
     current = cupy.cuda.get_current_stream()
     stream.wait_event(current.record())  # what was queued before (weights, inputs) comes first
     holder = CudaGraph(None, stream, pool)
     with stream, cupy.cuda.using_allocator(pool.malloc):
-        stream.begin_capture()
+        # relaxed: a first use inside the capture (a module load, the pool growing) is not an error
+        mode = getattr(cupy.cuda.runtime, "streamCaptureModeRelaxed", None)
+        stream.begin_capture() if mode is None else stream.begin_capture(mode=mode)
         try:
             yield holder
         finally:
