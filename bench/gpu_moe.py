@@ -379,7 +379,7 @@ def host_sync_check(cp, L, layers: int = 4) -> dict:
     def layer():
         routing, rcache = moe.route_forward(L["logits"], K, True)
         _, cache = moe.experts_forward(L["x"], routing, *W(L), *loras(L))
-        _, dweights, _, _ = moe.experts_backward(L["dy"], cache, *W(L), need_dw=False)
+        _, dweights, _, _, _ = moe.experts_backward(L["dy"], cache, *W(L), need_dw=False)
         moe.route_backward(dweights, rcache)
 
     spin = cp.RawKernel(_SPIN, "spin")

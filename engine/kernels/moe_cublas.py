@@ -18,13 +18,15 @@ of MC_TILE rows (its last one padded with zero rows), gather the tiles' rows int
 multiply tile t by expert e(t)'s weights, for the fixed upper bound T = ceil(P / MC_TILE) + E of tiles
 (tiles past the last multiply zero rows). Shapes depend on P and E only: no host read, capturable. The
 price: padding rows and dead tiles (at P = 32768, E = 128, MC_TILE 64: at most 8192 extra rows, +25%),
-the gather and scatter passes, and no fusion of the
-SwiGLU or the LoRA (the LoRA term is a second batched product accumulated into the first, beta = 1).
+the gather and scatter passes, and no fusion of the gated activation, the biases or the LoRA (the
+activation and the biases are the gather/scatter kernels' epilogues, the LoRA term a second batched
+product accumulated into the first, beta = 1).
 
 `experts_forward_cublas` / `experts_backward_cublas` have the signatures and results of
 engine.kernels.moe_gemm's `experts_forward_tc` / `experts_backward_tc` (engine.kernels.moe picks one by
 `moe_gemm.route()`); they share its LoRA intermediates (the skinny tensor-core products) and its
-OUT_PROD_ID kernels, which are not grouped GEMMs over tiles (they sum over each expert's rows).
+OUT_PROD_ID kernels (weight, LoRA factor and bias gradients), which are not grouped GEMMs over tiles
+(they sum over each expert's rows).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from .runtime import Runtime
 MC_THREADS = 256
 MC_TILE = 64  # rows per tile of the batched products
 
-KERNELS = ("mc_plan", "mc_gather", "mc_swiglu", "mc_swiglu_back", "mc_scatter")
+KERNELS = ("mc_plan", "mc_gather", "mc_glu", "mc_glu_back", "mc_scatter")
 SOURCE = KernelSource.from_file(
     "moe_cublas.cu", kernels=KERNELS, defines={"MC_THREADS": MC_THREADS, "MC_TILE": MC_TILE}
 )
@@ -77,9 +79,9 @@ class TilePlan:
         self._launch("mc_gather", args)
         return out
 
-    def scatter(self, c: Any, out: Any) -> None:
-        """out[order[p]] = c's row of sorted pair p."""
-        self._launch("mc_scatter", (c, self.order, self.p0, self.rows, _i32(out.shape[1]), out))
+    def scatter(self, c: Any, out: Any, bias: Any = None) -> None:
+        """out[order[p]] = c's row of sorted pair p (+ bias[e] (E, D) of its expert when given)."""
+        self._launch("mc_scatter", (c, self.order, self.e, self.p0, self.rows, _i32(out.shape[1]), bias, out))
 
     def _launch(self, kernel: str, args: tuple) -> None:
         if self.T:
@@ -101,7 +103,8 @@ def _lora_segment(rt, plan, ext, RX, wx, n, trans_b, c) -> None:
         _product(rt, plan, plan.gather(ext, RX, False), wx, n, trans_b, beta=1.0, out=c)
 
 
-def experts_forward_cublas(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, lg, lu, ld):
+def experts_forward_cublas(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, lg, lu, ld,
+                           epi: mg.Epilogue = mg.NO_EPILOGUE):  # fmt: skip
     """`moe_gemm.experts_forward_tc` with the grouped products on cuBLAS (see the module docstring)."""
     xp = rt.xp
     N, C = x.shape
@@ -128,7 +131,8 @@ def experts_forward_cublas(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, l
             _lora_segment(rt, plan, ext, RX, wx, F, True, c)
     g, u, h = (xp.empty((P, F), dtype=np.float32) for _ in range(3))
     hb_pad = xp.empty((plan.T, MC_TILE, F), dtype=np.uint16)
-    plan._launch("mc_swiglu", (cg, cu, plan.p0, plan.rows, _i32(F), g, u, h, hb_pad))
+    glu = (cg, cu, plan.e, plan.p0, plan.rows, _i32(F), epi.b_gate, epi.b_up, _i32(epi.act), g, u, h, hb_pad)
+    plan._launch("mc_glu", glu)
     del cg, cu
     cd = _product(rt, plan, hb_pad, wd, C, True)
     ha_d = None
@@ -140,16 +144,16 @@ def experts_forward_cublas(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, l
         mg._skinny(rt, hb, F, False, F, to_bf16(rt, ld.A), ld.r, *rows, ha_d, ext, RX, ld.s)
         _lora_segment(rt, plan, ext, RX, mg._bf16_copy(rt, ld.B, (E, C, RX)), C, True, cd)
     pair_out = xp.empty((P, C), dtype=np.float32)
-    plan.scatter(cd.reshape(-1, C), pair_out)
+    plan.scatter(cd.reshape(-1, C), pair_out, epi.b_down)
     xa_g = lora["g"][0] if "g" in lora else None
     xa_u = lora["u"][0] if "u" in lora else None
     return g, u, h, xa_g, xa_u, ha_d, pair_out
 
 
 def experts_backward_cublas(rt: Runtime, x, dy, rw, order, offsets, K: int, wg, wu, wd, lg, lu, ld, acts,
-                            need_dw: bool):  # fmt: skip
-    """`moe_gemm.experts_backward_tc` with the grouped products on cuBLAS; OUT_PROD_ID on the shared
-    tensor-core kernels."""
+                            need_dw: bool, act: int = 0, db_keys: tuple[str, ...] = ()):  # fmt: skip
+    """`moe_gemm.experts_backward_tc` with the grouped products on cuBLAS; OUT_PROD_ID (weight, LoRA
+    factor and bias gradients) on the shared tensor-core kernels."""
     xp = rt.xp
     N, C = x.shape
     E, F = wg.shape[0], wg.shape[1]
@@ -171,7 +175,7 @@ def experts_backward_cublas(rt: Runtime, x, dy, rw, order, offsets, K: int, wg, 
         _lora_segment(rt, plan, ext, RX, mg._bf16_copy(rt, ld.A, (E, RX, F)), F, False, cdh)
     dgu = xp.empty((P, 2 * F), dtype=np.uint16)
     dgu_pad = xp.empty((plan.T, MC_TILE, 2 * F), dtype=np.uint16)
-    plan._launch("mc_swiglu_back", (cdh, rw, order, plan.p0, plan.rows, _i32(F), g, u, dgu, dgu_pad))
+    plan._launch("mc_glu_back", (cdh, rw, order, plan.p0, plan.rows, _i32(F), g, u, _i32(act), dgu, dgu_pad))
     del cdh
     # dx = dg W_g + du W_u + s_g (dg B_g) A_g + s_u (du B_u) A_u
     cdx = _product(rt, plan, dgu_pad[:, :, :F], wg, C, False)
@@ -189,4 +193,4 @@ def experts_backward_cublas(rt: Runtime, x, dy, rw, order, offsets, K: int, wg, 
     plan.scatter(cdx.reshape(-1, C), dx_pairs)
     dW, dlora = mg.out_prods(rt, x, dy, rw, order, offsets, K, lg, lu, ld, h, ha_d, xa_g, xa_u, dgu, blocks,
                              need_dw)  # fmt: skip
-    return dx_pairs, dW, dlora
+    return dx_pairs, dW, dlora, mg.bias_grads(rt, dy, rw, order, offsets, K, dgu, db_keys)

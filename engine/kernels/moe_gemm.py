@@ -14,9 +14,11 @@ Two ops, each a NumPy reference (the specification) and its CUDA twin on a `Runt
   expert's rows in sorted order (same bits every run).
 
 `experts_forward_tc` and `experts_backward_tc` run a whole MoE layer's expert part with these kernels
-(bf16 expert stacks): the fused variants of the grouped GEMM (SwiGLU in the gate/up epilogue, the
-scatter to pair order in down and dx, the SwiGLU backward in the down backward) and the LoRA folded
-into K everywhere. engine.kernels.moe calls them for bf16 stacks (`route`), and keeps the layer's
+(bf16 expert stacks): the fused variants of the grouped GEMM (the gate and up biases and the gated
+activation in the gate/up epilogue, the scatter to pair order with the down bias in down and dx, the
+activation's backward in the down backward; the activations of engine/kernels/cuda/glu.cuh: SwiGLU and
+gpt-oss's clamped SwiGLU), the LoRA folded into K everywhere, and the bias gradients as OUT_PROD_ID
+against a column of ones. engine.kernels.moe calls them for bf16 stacks (`route`), and keeps the layer's
 routing, cache, combine and token reductions; their results are checked by the same parity cases as
 the v1 kernels (tests/kernels/moe_cases.py).
 
@@ -390,11 +392,25 @@ def _skinny(rt, a0, lda0, gather, K0, w, r, order, offsets, K, E, P, out_f, out_
     _launch_gemm(rt, "mg_skinny_nt", g, order, offsets, K, E, P, extra)
 
 
+class Epilogue(NamedTuple):
+    """What the expert epilogues add (engine.kernels.moe validates it): the biases b_gate, b_up (E, F)
+    and b_down (E, C) float32 or None, and the gated activation as a cuda/glu.cuh ACT_* code."""
+
+    b_gate: Any = None
+    b_up: Any = None
+    b_down: Any = None
+    act: int = 0  # ACT_SILU
+
+
+NO_EPILOGUE = Epilogue()  # SwiGLU, no biases
+
+
 def experts_forward_tc(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, lg: LoraF | None,
-                       lu: LoraF | None, ld: LoraF | None):  # fmt: skip
+                       lu: LoraF | None, ld: LoraF | None, epi: Epilogue = NO_EPILOGUE):  # fmt: skip
     """The expert part of a MoE layer's forward on the tensor cores (bf16 stacks as uint16 bits):
-    (g, u, h, xa_g, xa_u, ha_d, pair_out), the arrays of engine.kernels.moe's PackedActs (rows sorted)
-    and the (P, C) expert outputs in pair order. No host synchronisation."""
+    (g, u, h, xa_g, xa_u, ha_d, pair_out), the arrays of engine.kernels.moe's PackedActs (rows sorted;
+    g and u with their biases) and the (P, C) expert outputs in pair order (down bias included). No
+    host synchronisation."""
     xp = rt.xp
     N, C = x.shape
     E, F = wg.shape[0], wg.shape[1]
@@ -423,7 +439,7 @@ def experts_forward_tc(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, lg: L
     g, u, h = (xp.empty((P, F), dtype=np.float32) for _ in range(3))
     hb = xp.empty((P, F), dtype=np.uint16)
     gemm = Gemm(xb, C, True, C, wg, F, C, F, w0b=wu, split=1, ax=ext, KX=RX, wx=wx, wx_rows=2 * F, ldwx=RX)
-    _launch_gemm(rt, "mg_gate_up", gemm, *rows, (g, u, h, hb))
+    _launch_gemm(rt, "mg_gate_up", gemm, *rows, (epi.b_gate, epi.b_up, _i32(epi.act), g, u, h, hb))
     ext = wx = None
     RX = 0
     if ld:
@@ -436,15 +452,17 @@ def experts_forward_tc(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, lg: L
         _pack(rt, ld.B, wx, 0, 0)
     pair_out = xp.empty((P, C), dtype=np.float32)
     gemm = Gemm(hb, F, False, F, wd, C, F, C, ax=ext, KX=RX, wx=wx, wx_rows=C, ldwx=RX)
-    _launch_gemm(rt, "mg_scatter_nt", gemm, *rows, (pair_out,))
+    _launch_gemm(rt, "mg_scatter_nt", gemm, *rows, (epi.b_down, pair_out))
     return g, u, h, xa_g, xa_u, ha_d, pair_out
 
 
 def experts_backward_tc(rt: Runtime, x, dy, rw, order, offsets, K: int, wg, wu, wd, lg: LoraF | None,
-                        lu: LoraF | None, ld: LoraF | None, acts, need_dw: bool):  # fmt: skip
+                        lu: LoraF | None, ld: LoraF | None, acts, need_dw: bool, act: int = 0,
+                        db_keys: tuple[str, ...] = ()):  # fmt: skip
     """The expert part of a MoE layer's backward on the tensor cores: (dx_pairs (P, C) in pair order,
-    dW {"gate", "up", "down"} or None, dlora {name: (dA, dB)}). `acts` is the forward's
-    (g, u, h, xa_g, xa_u, ha_d); rw the routing weights (N, K)."""
+    dW {"gate", "up", "down"} or None, dlora {name: (dA, dB)}, db {name: (E, n_out)} of the names in
+    `db_keys`). `acts` is the forward's (g, u, h, xa_g, xa_u, ha_d); rw the routing
+    weights (N, K); act the forward's activation (a glu.cuh ACT_* code)."""
     xp = rt.xp
     N, C = x.shape
     E, F = wg.shape[0], wg.shape[1]
@@ -464,7 +482,7 @@ def experts_backward_tc(rt: Runtime, x, dy, rw, order, offsets, K: int, wg, wu, 
         _pack(rt, ld.A, wx, 0, 0)
     dgu = xp.empty((P, 2 * F), dtype=np.uint16)  # [dg | du] bf16
     gemm = Gemm(dyb, C, True, C, wd, C, F, F, split=C, ax=ext_do, KX=RXd, wx=wx, wx_rows=RXd, ldwx=F)
-    _launch_gemm(rt, "mg_down_back", gemm, *rows, (rw, g, u, dgu))
+    _launch_gemm(rt, "mg_down_back", gemm, *rows, (rw, g, u, _i32(act), dgu))
     # forward was: g = x W_g^T + s_g (x A_g^T) B_g^T, u likewise; dx = dg W_g + du W_u + LoRA terms
     ext_dx = wx = None
     RX = 0
@@ -487,7 +505,31 @@ def experts_backward_tc(rt: Runtime, x, dy, rw, order, offsets, K: int, wg, wu, 
     dyb_blocks = {"down": (ext_do, 0), "gate": (ext_dx, 0), "up": (ext_dx, rg)}
     dW, dlora = out_prods(rt, x, dy, rw, order, offsets, K, lg, lu, ld, h, ha_d, xa_g, xa_u, dgu, dyb_blocks,
                           need_dw)  # fmt: skip
-    return dx_pairs, dW, dlora
+    return dx_pairs, dW, dlora, bias_grads(rt, dy, rw, order, offsets, K, dgu, db_keys)
+
+
+def bias_grads(rt: Runtime, dy, rw, order, offsets, K: int, dgu, keys: tuple[str, ...]) -> dict:
+    """The expert bias gradients of the names in `keys` ("gate", "up", "down"), each (E, n_out) float32:
+    per-expert column sums of dg, du (the bf16 [dg | du] rows) and w dy (rounded to bf16 as staged), as
+    OUT_PROD_ID against a column of ones (mg_outer_skinny, 8 ones wide for 16-byte rows; row 0 kept).
+    forward was: g = ... + b_g[e], u = ... + b_u[e], pair_out = ... + b_d[e]."""
+    if not keys:
+        return {}
+    xp = rt.xp
+    E, F, C = offsets.shape[0] - 1, dgu.shape[1] // 2, dy.shape[1]
+    P = order.shape[0]
+    ones = xp.full((P, 8), 0x3F80, dtype=np.uint16)  # bf16 1.0
+    srt = OuterOperand(None)
+    sources = {"gate": (dgu, F, 2 * F, srt), "up": (_flat_at(dgu, F), F, 2 * F, srt),
+               "down": (dy, C, C, OuterOperand(None, token=True, weighted=True))}  # fmt: skip
+    db = {}
+    for key in ("gate", "up", "down"):
+        if key in keys:
+            buf, n, ld, op = sources[key]
+            out = xp.empty((E, 8, n), dtype=np.float32)
+            outer_into(rt, out, ones, 8, 8, srt, buf, n, ld, op, order, offsets, K, rw, 1.0, False)
+            db[key] = xp.ascontiguousarray(out[:, 0, :])
+    return db
 
 
 def out_prods(

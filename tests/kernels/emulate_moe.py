@@ -55,8 +55,10 @@ SHIM = r"""
 
 struct uint4 { unsigned int x, y, z, w; };
 struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+static inline float2 make_float2(float a, float b) { return {a, b}; }
 
 struct emu_dim3 { unsigned x, y, z; };
 static emu_dim3 blockIdx, threadIdx, blockDim, gridDim;

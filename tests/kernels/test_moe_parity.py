@@ -63,7 +63,7 @@ def test_twins_dispatch_through_ops(gpu, fresh_rng):
     assert isinstance(routing.order, cp.ndarray) and routing.order.dtype == cp.int32
     y, cache = ops.experts_forward(cp.asarray(inp["x"]), routing, *W, *loras)
     assert isinstance(cache.per_expert, moe.PackedActs)
-    dx, dweights, dW, dlora = ops.experts_backward(cp.asarray(inp["dy"]), cache, *W, need_dw=False)
+    dx, dweights, dW, dlora, _ = ops.experts_backward(cp.asarray(inp["dy"]), cache, *W, need_dw=False)
     assert dW is None and set(dlora) == {"gate", "down"}
     dlogits = ops.route_backward(dweights, rcache)
     got = mc.run_case(case, inp, cuda_runtime())
@@ -145,7 +145,7 @@ def test_layer_replays_as_a_cuda_graph(gpu, route, fresh_rng, monkeypatch):
     def layer():
         routing, rcache = moe.route_forward_on(rt, bufs["logits"], case.K, case.renorm)
         y, cache = moe.experts_forward_on(rt, bufs["x"], routing, *W, *loras)
-        dx, dweights, _, dlora = moe.experts_backward_on(rt, bufs["dy"], cache, *W, need_dw=False)
+        dx, dweights, _, dlora, _ = moe.experts_backward_on(rt, bufs["dy"], cache, *W, need_dw=False)
         return [y, dx, dweights, moe.route_backward_on(rt, dweights, rcache), *dlora["up"]]
 
     layer()  # compile and load every kernel outside the capture
@@ -175,7 +175,7 @@ def test_no_host_synchronisation(gpu, fresh_rng):
     def layer():
         routing, rcache = moe.route_forward(dev["logits"], case.K, case.renorm)
         y, cache = moe.experts_forward(dev["x"], routing, *W, *loras)
-        dx, dweights, _, dlora = moe.experts_backward(dev["dy"], cache, *W, need_dw=True)
+        dx, dweights, _, dlora, _ = moe.experts_backward(dev["dy"], cache, *W, need_dw=True)
         return moe.route_backward(dweights, rcache), dx, y
 
     spin = spin_kernel(cp)

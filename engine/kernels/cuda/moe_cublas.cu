@@ -1,9 +1,11 @@
 // The cuBLAS route of the MoE expert GEMMs: the tile plan, the gather of rows into a padded tile layout
 // (every expert's rows start a fresh MC_TILE-row tile, padding rows are zeros), and the epilogues that
-// bring cuBLAS's padded fp32 products back to sorted rows or to pair order. The products themselves are
-// one pointer-array batched cuBLAS call per weight (Runtime.gemm_indexed). Host side: engine/kernels/moe_cublas.py.
+// bring cuBLAS's padded fp32 products back to sorted rows or to pair order, with the expert biases and the
+// gated activation (cuda/glu.cuh). The products themselves are one pointer-array batched cuBLAS call per
+// weight (Runtime.gemm_indexed). Host side: engine/kernels/moe_cublas.py.
 
 #include <cuda_bf16.h>
+#include "glu.cuh"
 #include "moe_tiles.cuh"
 
 // set by moe_cublas.py (-D): MC_THREADS, MC_TILE (rows per tile)
@@ -50,12 +52,14 @@ mc_gather(const void* __restrict__ src, long long ld, int mode, int src_f32, con
     }
 }
 
-// mc_swiglu: g, u (padded fp32 products) -> g, u, h (P, F) fp32 in sorted rows and h as bf16 in the
-// padded layout (zeros in padding rows) for the down product. Launch: grid (T * MC_TILE), MC_THREADS.
+// mc_glu: g, u (padded fp32 products) + the biases b_gate[e], b_up[e] (E, F; either null) -> g, u,
+// h = act(g, u) (P, F) fp32 in sorted rows and h as bf16 in the padded layout (zeros in padding rows)
+// for the down product. Launch: grid (T * MC_TILE), MC_THREADS.
 extern "C" __global__ void __launch_bounds__(MC_THREADS)
-mc_swiglu(const float* __restrict__ cg, const float* __restrict__ cu, const int* __restrict__ tile_p0,
-          const int* __restrict__ tile_rows, int F, float* __restrict__ g, float* __restrict__ u,
-          float* __restrict__ h, u16* __restrict__ hb_pad) {
+mc_glu(const float* __restrict__ cg, const float* __restrict__ cu, const int* __restrict__ tile_e,
+       const int* __restrict__ tile_p0, const int* __restrict__ tile_rows, int F, const float* __restrict__ b_gate,
+       const float* __restrict__ b_up, int act, float* __restrict__ g, float* __restrict__ u, float* __restrict__ h,
+       u16* __restrict__ hb_pad) {
     const int q = blockIdx.x, t = q / MC_TILE, i = q % MC_TILE;
     u16* hq = hb_pad + (i64)q * F;
     if (i >= tile_rows[t]) {
@@ -68,9 +72,11 @@ mc_swiglu(const float* __restrict__ cg, const float* __restrict__ cu, const int*
     float* gp = g + p * F;
     float* up = u + p * F;
     float* hp = h + p * F;
+    const float* bg = b_gate ? b_gate + (i64)tile_e[t] * F : nullptr;
+    const float* bu = b_up ? b_up + (i64)tile_e[t] * F : nullptr;
     for (int f = threadIdx.x; f < F; f += MC_THREADS) {
-        const float gv = gq[f], uv = uq[f];
-        const float hv = gv / (1.0f + expf(-gv)) * uv;
+        const float gv = bg ? gq[f] + bg[f] : gq[f], uv = bu ? uq[f] + bu[f] : uq[f];
+        const float hv = glu_f(act, gv, uv, nullptr);
         gp[f] = gv;
         up[f] = uv;
         hp[f] = hv;
@@ -78,14 +84,14 @@ mc_swiglu(const float* __restrict__ cg, const float* __restrict__ cu, const int*
     }
 }
 
-// mc_swiglu_back: dh = rw[pair] * (padded fp32 product dy W_d), then the SwiGLU backward with the cached
-// g, u: [dg | du] bf16 in sorted rows (P, 2F) and in the padded layout (zeros in padding rows).
-// Launch: grid (T * MC_TILE), MC_THREADS.
+// mc_glu_back: dh = rw[pair] * (padded fp32 product dy W_d), then the backward of h = act(g, u) with the
+// cached g, u (biases included): [dg | du] bf16 in sorted rows (P, 2F) and in the padded layout (zeros in
+// padding rows). Launch: grid (T * MC_TILE), MC_THREADS.
 extern "C" __global__ void __launch_bounds__(MC_THREADS)
-mc_swiglu_back(const float* __restrict__ cdh, const float* __restrict__ rw, const int* __restrict__ order,
-               const int* __restrict__ tile_p0, const int* __restrict__ tile_rows, int F,
-               const float* __restrict__ g, const float* __restrict__ u, u16* __restrict__ dgu,
-               u16* __restrict__ dgu_pad) {
+mc_glu_back(const float* __restrict__ cdh, const float* __restrict__ rw, const int* __restrict__ order,
+            const int* __restrict__ tile_p0, const int* __restrict__ tile_rows, int F,
+            const float* __restrict__ g, const float* __restrict__ u, int act, u16* __restrict__ dgu,
+            u16* __restrict__ dgu_pad) {
     const int q = blockIdx.x, t = q / MC_TILE, i = q % MC_TILE;
     const bool live = i < tile_rows[t];
     const i64 p = live ? tile_p0[t] + i : 0;
@@ -96,11 +102,8 @@ mc_swiglu_back(const float* __restrict__ cdh, const float* __restrict__ rw, cons
             dgu_pad[(i64)q * 2 * F + F + f] = 0;
             continue;
         }
-        const float dh = w * cdh[(i64)q * F + f];
-        const float gv = g[p * F + f], uv = u[p * F + f];
-        const float sig = 1.0f / (1.0f + expf(-gv));
-        const float sg = gv / (1.0f + expf(-gv));
-        const u16 dg = mc_bf16(dh * uv * (sig * (1.0f + gv * (1.0f - sig)))), du = mc_bf16(dh * sg);
+        const float2 d = glu_back_f(act, w * cdh[(i64)q * F + f], g[p * F + f], u[p * F + f], nullptr);
+        const u16 dg = mc_bf16(d.x), du = mc_bf16(d.y);
         dgu[p * 2 * F + f] = dg;
         dgu[p * 2 * F + F + f] = du;
         dgu_pad[(i64)q * 2 * F + f] = dg;
@@ -108,13 +111,18 @@ mc_swiglu_back(const float* __restrict__ cdh, const float* __restrict__ rw, cons
     }
 }
 
-// mc_scatter: out[order[p]] = the padded fp32 product's row of sorted pair p (pair order: pair_out, dx_pairs).
-// Launch: grid (T * MC_TILE), MC_THREADS.
+// mc_scatter: out[order[p]] = the padded fp32 product's row of sorted pair p, + bias[e] (E, D) when not
+// null (pair order: pair_out with the down bias, dx_pairs). Launch: grid (T * MC_TILE), MC_THREADS.
 extern "C" __global__ void __launch_bounds__(MC_THREADS)
-mc_scatter(const float* __restrict__ c, const int* __restrict__ order, const int* __restrict__ tile_p0,
-           const int* __restrict__ tile_rows, int D, float* __restrict__ out) {
+mc_scatter(const float* __restrict__ c, const int* __restrict__ order, const int* __restrict__ tile_e,
+           const int* __restrict__ tile_p0, const int* __restrict__ tile_rows, int D, const float* __restrict__ bias,
+           float* __restrict__ out) {
     const int q = blockIdx.x, t = q / MC_TILE, i = q % MC_TILE;
     if (i >= tile_rows[t]) return;
     const i64 pair = order[tile_p0[t] + i];
-    for (int d = threadIdx.x; d < D; d += MC_THREADS) out[pair * D + d] = c[(i64)q * D + d];
+    const float* b = bias ? bias + (i64)tile_e[t] * D : nullptr;
+    for (int d = threadIdx.x; d < D; d += MC_THREADS) {
+        const float v = c[(i64)q * D + d];
+        out[pair * D + d] = b ? v + b[d] : v;
+    }
 }

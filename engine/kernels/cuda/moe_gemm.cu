@@ -2,10 +2,12 @@
 // cp.async pipeline into padded shared memory, ldmatrix fragments, mma.sync m16n8k16 with fp32
 // accumulation, 128 x 128 tiles over 8 warps, the expert LoRA folded into the K dimension of the base
 // product (a second K segment: the rank-r intermediates beside the activations, the LoRA factor beside
-// the weights); OUT_PROD_ID (per-expert sums of outer products) on the tensor cores; the packing of
-// LoRA factors into bf16. Host side, layouts and determinism: engine/kernels/moe_gemm.py.
+// the weights); the expert biases and the gated activation (cuda/glu.cuh: SwiGLU, gpt-oss's clamped
+// SwiGLU) in the epilogues; OUT_PROD_ID (per-expert sums of outer products) on the tensor cores; the
+// packing of LoRA factors into bf16. Host side, layouts and determinism: engine/kernels/moe_gemm.py.
 
 #include <cuda_bf16.h>
+#include "glu.cuh"
 #include "moe_tiles.cuh"
 
 // set by moe_gemm.py (-D): MG_THREADS (8 warps), MG_BM, MG_BN, MG_SBN (skinny tiles), MG_BK, MG_STAGES,
@@ -76,7 +78,7 @@ __device__ __forceinline__ float mg_f32(u16 b) { return __uint_as_float((u32)b <
 // Launch: grid (column tiles, row_tiles(P, E, BM)), MG_THREADS threads, dynamic shared memory
 // mg_smem_bytes(BN, NT) (moe_gemm.py). Blocks past the last row tile exit at once.
 
-enum { EPI_ROWS = 0, EPI_SCATTER = 1, EPI_SWIGLU = 2, EPI_SWIGLU_BWD = 3 };
+enum { EPI_ROWS = 0, EPI_SCATTER = 1, EPI_GLU = 2, EPI_GLU_BWD = 3 };
 
 struct GemmArgs {
     const u16* a0;
@@ -240,14 +242,16 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& g, const TileRows& tr,
 }
 
 // Epilogues: EPI_ROWS writes acc to out_f[p, col] (ld_f) and/or bf16(scale * acc) to out_b[p, col]
-// (ld_b), either may be null; EPI_SCATTER writes acc to out_f[order[p], col]; EPI_SWIGLU and
-// EPI_SWIGLU_BWD are the gate/up and down-backward epilogues (mg_gate_up, mg_down_back below).
+// (ld_b), either may be null; EPI_SCATTER writes acc (+ bias[e, col] when bias is not null) to
+// out_f[order[p], col]; EPI_GLU and EPI_GLU_BWD are the gate/up and down-backward epilogues (mg_gate_up,
+// mg_down_back below). `act` is a glu.cuh ACT_* code; biases are (E, N) float32 or null.
 template <int BN, bool NT, int EPI>
 __device__ __forceinline__ void gemm_body(const GemmArgs& g, float* __restrict__ out_f, i64 ld_f,
                                           u16* __restrict__ out_b, i64 ld_b, float scale,
                                           const float* __restrict__ rw, const float* __restrict__ gin,
                                           const float* __restrict__ uin, float* __restrict__ uout,
-                                          float* __restrict__ hout) {
+                                          float* __restrict__ hout, const float* __restrict__ bias,
+                                          const float* __restrict__ bias2, int act) {
     extern __shared__ __align__(16) unsigned char smem[];
     __shared__ int s_scan[MG_THREADS];
     __shared__ int s_found[3];
@@ -265,14 +269,19 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& g, float* __restrict__
     const int f0 = blockIdx.x * (BN / 2);
     gemm_tile<BN, NT>(g, tr, f0, s_arow, smem);
     const float* Cs = (const float*)smem;
-    if (EPI == EPI_SWIGLU) {
-        // g = acc (gate columns), u = acc (up columns), h = silu(g) u: fp32 g, u, h and bf16 h, rows p
+    if (EPI == EPI_GLU) {
+        // g = acc (gate columns) + b_gate[e], u = acc (up columns) + b_up[e], h = act(g, u): fp32 g, u, h
+        // and bf16 h, rows p (bias: b_gate, bias2: b_up, either null)
+        const float* bge = bias ? bias + (i64)tr.e * g.N : nullptr;
+        const float* bue = bias2 ? bias2 + (i64)tr.e * g.N : nullptr;
         for (int idx = tid; idx < MG_BM * (BN / 2); idx += MG_THREADS) {
             const int m = idx / (BN / 2), n = idx % (BN / 2), f = f0 + n;
             if (m >= tr.rows || f >= g.N) continue;
             const i64 p = tr.p0 + m;
-            const float gv = Cs[m * (BN + 4) + n], uv = Cs[m * (BN + 4) + BN / 2 + n];
-            const float hv = gv / (1.0f + expf(-gv)) * uv;  // silu, as the reference writes it
+            float gv = Cs[m * (BN + 4) + n], uv = Cs[m * (BN + 4) + BN / 2 + n];
+            if (bge) gv += bge[f];
+            if (bue) uv += bue[f];
+            const float hv = glu_f(act, gv, uv, nullptr);
             out_f[p * ld_f + f] = gv;
             uout[p * ld_f + f] = uv;
             hout[p * ld_f + f] = hv;
@@ -281,6 +290,7 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& g, float* __restrict__
         return;
     }
     const int n0 = blockIdx.x * BN;
+    const float* be = bias ? bias + (i64)tr.e * g.N : nullptr;
     for (int idx = tid; idx < MG_BM * BN; idx += MG_THREADS) {
         const int m = idx / BN, n = idx % BN, col = n0 + n;
         if (m >= tr.rows || col >= g.N) continue;
@@ -290,14 +300,11 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& g, float* __restrict__
             if (out_f) out_f[p * ld_f + col] = v;
             if (out_b) out_b[p * ld_b + col] = mg_bf16(scale * v);
         } else if (EPI == EPI_SCATTER) {
-            out_f[(i64)s_pair[m] * ld_f + col] = v;
-        } else {  // EPI_SWIGLU_BWD: dh = rw * acc, then the SwiGLU backward with the cached g, u
-            const float dh = v * rw[s_pair[m]];
-            const float gv = gin[p * g.N + col], uv = uin[p * g.N + col];
-            const float sig = 1.0f / (1.0f + expf(-gv));
-            const float sg = gv / (1.0f + expf(-gv));
-            out_b[p * ld_b + col] = mg_bf16(dh * uv * (sig * (1.0f + gv * (1.0f - sig))));
-            out_b[p * ld_b + g.N + col] = mg_bf16(dh * sg);
+            out_f[(i64)s_pair[m] * ld_f + col] = be ? v + be[col] : v;
+        } else {  // EPI_GLU_BWD: dh = rw * acc, then the activation's backward with the cached g, u
+            const float2 d = glu_back_f(act, v * rw[s_pair[m]], gin[p * g.N + col], uin[p * g.N + col], nullptr);
+            out_b[p * ld_b + col] = mg_bf16(d.x);
+            out_b[p * ld_b + g.N + col] = mg_bf16(d.y);
         }
     }
 }
@@ -310,52 +317,56 @@ __device__ __forceinline__ void gemm_body(const GemmArgs& g, float* __restrict__
 #define MG_GEMM_ARGS \
     GemmArgs { a0, lda0, gather, order, offsets, K, E, K0, w0a, w0b, ldw0, w0_estride, split, ax, ldx, KX, wx, ldwx, wx_estride, N }
 
+// Every kernel below asks for two blocks of MG_THREADS an SM (__launch_bounds__(MG_THREADS, 2): at most 128
+// registers a thread), the occupancy the tiles are sized for, whatever ptxas version builds them.
+
 // mg_rows_{nt,nn}: the plain grouped product, out_f = acc and out_b = bf16(scale * acc) in sorted rows
 // (a column offset is the caller's pointer). mg_skinny_nt: the same with MG_SBN-wide tiles, for the rank-r LoRA
 // intermediates (x A^T, h A^T, dy B, dg B). Floor: 2 P K N FLOPs.
-extern "C" __global__ void __launch_bounds__(MG_THREADS)
+extern "C" __global__ void __launch_bounds__(MG_THREADS, 2)
 mg_rows_nt(MG_GEMM_PARAMS, float* __restrict__ out_f, i64 ld_f, u16* __restrict__ out_b, i64 ld_b, float scale) {
     gemm_body<MG_BN, true, EPI_ROWS>(MG_GEMM_ARGS, out_f, ld_f, out_b, ld_b, scale, nullptr, nullptr, nullptr,
-                                     nullptr, nullptr);
+                                     nullptr, nullptr, nullptr, nullptr, 0);
 }
-extern "C" __global__ void __launch_bounds__(MG_THREADS)
+extern "C" __global__ void __launch_bounds__(MG_THREADS, 2)
 mg_rows_nn(MG_GEMM_PARAMS, float* __restrict__ out_f, i64 ld_f, u16* __restrict__ out_b, i64 ld_b, float scale) {
     gemm_body<MG_BN, false, EPI_ROWS>(MG_GEMM_ARGS, out_f, ld_f, out_b, ld_b, scale, nullptr, nullptr, nullptr,
-                                      nullptr, nullptr);
+                                      nullptr, nullptr, nullptr, nullptr, 0);
 }
-extern "C" __global__ void __launch_bounds__(MG_THREADS)
+extern "C" __global__ void __launch_bounds__(MG_THREADS, 2)
 mg_skinny_nt(MG_GEMM_PARAMS, float* __restrict__ out_f, i64 ld_f, u16* __restrict__ out_b, i64 ld_b,
              float scale) {
     gemm_body<MG_SBN, true, EPI_ROWS>(MG_GEMM_ARGS, out_f, ld_f, out_b, ld_b, scale, nullptr, nullptr, nullptr,
-                                      nullptr, nullptr);
+                                      nullptr, nullptr, nullptr, nullptr, 0);
 }
 // mg_gate_up: split NT tile (64 gate + 64 up columns of W_gate[e], W_up[e]), K = C (+ the LoRA segment
-// [s_g x A_g^T | s_u x A_u^T] against [B_g | B_u]); writes g, u, h (P, F) fp32 and h bf16. Floor: 4 P C F.
-extern "C" __global__ void __launch_bounds__(MG_THREADS)
-mg_gate_up(MG_GEMM_PARAMS, float* __restrict__ g, float* __restrict__ u, float* __restrict__ h,
-           u16* __restrict__ hb) {
-    gemm_body<MG_BN, true, EPI_SWIGLU>(MG_GEMM_ARGS, g, (i64)N, hb, (i64)N, 1.0f, nullptr, nullptr, nullptr, u,
-                                       h);
+// [s_g x A_g^T | s_u x A_u^T] against [B_g | B_u]); g and u get their biases b_gate, b_up (E, F) when
+// not null, h = act(g, u); writes g, u, h (P, F) fp32 and h bf16. Floor: 4 P C F.
+extern "C" __global__ void __launch_bounds__(MG_THREADS, 2)
+mg_gate_up(MG_GEMM_PARAMS, const float* __restrict__ b_gate, const float* __restrict__ b_up, int act,
+           float* __restrict__ g, float* __restrict__ u, float* __restrict__ h, u16* __restrict__ hb) {
+    gemm_body<MG_BN, true, EPI_GLU>(MG_GEMM_ARGS, g, (i64)N, hb, (i64)N, 1.0f, nullptr, nullptr, nullptr, u, h,
+                                    b_gate, b_up, act);
 }
-// mg_scatter_{nt,nn}: acc to out[order[p]] (pair order): the down projection (NT over W_down[e]) and
-// dx (NN over [W_gate[e]; W_up[e]], split at k = F). Floor: 2 P K N.
-extern "C" __global__ void __launch_bounds__(MG_THREADS)
-mg_scatter_nt(MG_GEMM_PARAMS, float* __restrict__ out) {
+// mg_scatter_{nt,nn}: acc to out[order[p]] (pair order): the down projection (NT over W_down[e], plus
+// b_down[e] (E, C) when not null) and dx (NN over [W_gate[e]; W_up[e]], split at k = F). Floor: 2 P K N.
+extern "C" __global__ void __launch_bounds__(MG_THREADS, 2)
+mg_scatter_nt(MG_GEMM_PARAMS, const float* __restrict__ b_down, float* __restrict__ out) {
     gemm_body<MG_BN, true, EPI_SCATTER>(MG_GEMM_ARGS, out, (i64)N, nullptr, 0, 1.0f, nullptr, nullptr, nullptr,
-                                        nullptr, nullptr);
+                                        nullptr, nullptr, b_down, nullptr, 0);
 }
-extern "C" __global__ void __launch_bounds__(MG_THREADS)
+extern "C" __global__ void __launch_bounds__(MG_THREADS, 2)
 mg_scatter_nn(MG_GEMM_PARAMS, float* __restrict__ out) {
     gemm_body<MG_BN, false, EPI_SCATTER>(MG_GEMM_ARGS, out, (i64)N, nullptr, 0, 1.0f, nullptr, nullptr, nullptr,
-                                         nullptr, nullptr);
+                                         nullptr, nullptr, nullptr, nullptr, 0);
 }
-// mg_down_back: NN over W_down[e] (C, F), A = dy[token] bf16; dh = rw[pair] * acc, then the SwiGLU
-// backward with the cached fp32 g, u: writes [dg | du] (P, 2F) bf16. Floor: 2 P C F.
-extern "C" __global__ void __launch_bounds__(MG_THREADS)
+// mg_down_back: NN over W_down[e] (C, F), A = dy[token] bf16; dh = rw[pair] * acc, then the backward of
+// h = act(g, u) with the cached fp32 g, u (biases included): writes [dg | du] (P, 2F) bf16. Floor: 2 P C F.
+extern "C" __global__ void __launch_bounds__(MG_THREADS, 2)
 mg_down_back(MG_GEMM_PARAMS, const float* __restrict__ rw, const float* __restrict__ gin,
-             const float* __restrict__ uin, u16* __restrict__ dgu) {
-    gemm_body<MG_BN, false, EPI_SWIGLU_BWD>(MG_GEMM_ARGS, nullptr, 0, dgu, (i64)2 * N, 1.0f, rw, gin, uin,
-                                            nullptr, nullptr);
+             const float* __restrict__ uin, int act, u16* __restrict__ dgu) {
+    gemm_body<MG_BN, false, EPI_GLU_BWD>(MG_GEMM_ARGS, nullptr, 0, dgu, (i64)2 * N, 1.0f, rw, gin, uin, nullptr,
+                                         nullptr, nullptr, nullptr, act);
 }
 
 // ---- OUT_PROD_ID on the tensor cores ---------------------------------------------------------------
@@ -500,11 +511,11 @@ __device__ __forceinline__ void outer_body(OuterSrc L, OuterSrc R, const float* 
         const int *__restrict__ offsets, int K, int I, int J, float scale, int transpose, float *__restrict__ out
 // mg_outer: 128 x 128 tiles (expert weight gradients, I and J both large); mg_outer_skinny: 32 x 128
 // tiles (the LoRA factor gradients, I = r).
-extern "C" __global__ void __launch_bounds__(MG_THREADS) mg_outer(MG_OUTER_PARAMS) {
+extern "C" __global__ void __launch_bounds__(MG_THREADS, 2) mg_outer(MG_OUTER_PARAMS) {
     outer_body<128>(OuterSrc{l, ldl, l_mode, l_f32, l_rw}, OuterSrc{r, ldr, r_mode, r_f32, r_rw}, rw, order,
                     offsets, K, I, J, scale, transpose, out);
 }
-extern "C" __global__ void __launch_bounds__(MG_THREADS) mg_outer_skinny(MG_OUTER_PARAMS) {
+extern "C" __global__ void __launch_bounds__(MG_THREADS, 2) mg_outer_skinny(MG_OUTER_PARAMS) {
     outer_body<32>(OuterSrc{l, ldl, l_mode, l_f32, l_rw}, OuterSrc{r, ldr, r_mode, r_f32, r_rw}, rw, order,
                    offsets, K, I, J, scale, transpose, out);
 }
