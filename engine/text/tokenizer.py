@@ -30,6 +30,7 @@ or " 's" for some BPE vocabularies), so concatenated `token_bytes` equal `decode
 
 from __future__ import annotations
 
+import bisect
 import logging
 import operator
 import os
@@ -142,6 +143,28 @@ _EOG_TEXTS = frozenset({
 })  # fmt: skip
 # gpt-oss: always rendered, so llama.cpp forces them USER_DEFINED.
 _FORCED_USER_DEFINED = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
+
+
+def _token_ranges(
+    to_chars: Any, n: int, length: int, spans: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """Per span [a, b), the tokens [k0, k1) that are part of it, given `to_chars(k)` (the library's
+    character range of token k) for the n tokens of a text of `length` characters."""
+
+    def start(k: int) -> int:  # encode_with_offsets' start of token k (the text's end past the last)
+        return 0 if k == 0 else length if k >= n else to_chars(k)[0]
+
+    tokens = range(n)
+    ranges = []
+    for a, b in spans:
+        # the first token starting at or after b; the first one ending after a (or empty, at >= a)
+        k1 = bisect.bisect_left(tokens, True, key=lambda k, b=b: start(k) >= b)
+        k0 = bisect.bisect_left(
+            tokens, True, key=lambda k, a=a: (e := start(k + 1)) > a or (e == start(k) and e >= a)
+        )
+        ranges.append((k0, max(k0, k1)))
+    return ranges
+
 
 # -- pre-tokenizer regexes, verbatim from llama.cpp's llm_tokenizer_bpe ---------------
 # Each entry is applied in order to the pieces the previous one produced (llama.cpp's
@@ -771,6 +794,50 @@ class Tokenizer:
                 starts[k] = starts[k - 1]
         ends = [*starts[1:], len(text)]
         return ids, list(zip(starts, ends, strict=True))
+
+    def encode_batch_ranges(
+        self,
+        texts: Sequence[str],
+        spans: Sequence[Sequence[tuple[int, int]] | None],
+        *,
+        parse_special: bool = True,
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """Per text, its token ids (no BOS/EOS added) and, per character span [a, b) of `spans`,
+        the tokens that are part of it as `encode_with_offsets` defines it, as a range [k0, k1).
+
+        The same ids and the same tokens as `encode_with_offsets` and its offsets give, for many
+        texts at once: the `tokenizers` library encodes them on its threads (`encodings`), and the
+        tokens of a span are found by a binary search over the tokens' start characters
+        (`ranges_of`), so a long text costs a few lookups per span instead of one per token. None
+        in `spans` asks for the ids only.
+        """
+        return self.ranges_of(self.encodings(texts, parse_special=parse_special), texts, spans)
+
+    def encodings(self, texts: Sequence[str], *, parse_special: bool = True) -> list:
+        """The `tokenizers` library's encodings of `texts` (no BOS/EOS added), made on its threads
+        with the interpreter lock released: for `ranges_of`. TokenizerError for a text that is not
+        a str or not Unicode."""
+        for t in texts:
+            if not isinstance(t, str):
+                raise TokenizerError(f"{self._source}: cannot tokenize a {type(t).__name__}; expected str")
+        return self._encodings(self._special if parse_special else self._plain, list(texts))
+
+    @staticmethod
+    def ranges_of(
+        encodings: Sequence[Any], texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]] | None]
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """`encode_batch_ranges` of encodings made by `encodings(texts)`. The start characters of
+        a text's tokens never decrease (the library emits tokens in text order and maps them back
+        through order-keeping normalizers and pre-tokenizers), so a binary search finds a span's
+        tokens."""
+        out: list[tuple[list[int], list[tuple[int, int]]]] = []
+        for text, encoding, text_spans in zip(texts, encodings, spans, strict=True):
+            ids = encoding.ids
+            if not text_spans or not ids:
+                out.append((ids, []))
+                continue
+            out.append((ids, _token_ranges(encoding.token_to_chars, len(ids), len(text), text_spans)))
+        return out
 
     def _encodings(self, tk: HFTokenizer, texts: list[str]) -> list:
         """The `tokenizers` encodings of `texts`; TokenizerError for text that is not Unicode (an
