@@ -31,6 +31,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import hashlib
 import itertools
 import json
 import logging
@@ -826,6 +827,7 @@ class ChatTemplate:
             raise TemplateError(f"{name} cannot be compiled: {type(exc).__name__}: {_line(exc)}") from exc
         self._marks_generation = _GENERATION_TAG.search(source) is not None
         self.fast_spans = fast_spans
+        self._now = clock
         self._reads_clock = "strftime_now" in source
         self._passes_through: bool | None = None  # passes_contents_through, once asked
         nonce = secrets.token_hex(6)
@@ -951,6 +953,19 @@ class ChatTemplate:
                 )
             spans.append(span)
         return text, spans
+
+    def fingerprint(self) -> str:
+        """A SHA-256 (hex) of what decides this template's renders: its source, its BOS/EOS token
+        strings and its name (error messages carry it); for a template that reads the clock, the
+        day too (a date-stamping template renders differently tomorrow)."""
+        h = hashlib.sha256()
+        parts = [self.source, self.bos_token, self.eos_token, self.name]
+        if self._reads_clock:
+            parts.append(self._now().strftime("%Y-%m-%d"))
+        for part in parts:
+            h.update(part.encode("utf-8", "surrogatepass"))
+            h.update(b"\0")
+        return h.hexdigest()
 
     @property
     def passes_contents_through(self) -> bool:

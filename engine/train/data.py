@@ -861,30 +861,46 @@ def _reference_template(template: ChatTemplate) -> ChatTemplate:
 _BATCH = 512  # samples tokenized in one call of the tokenizers library (spread over its threads)
 
 
+def encode_chunks(
+    samples: Iterable[Sample],
+    tokenizer: Tokenizer,
+    template: ChatTemplate | None,
+    options: EncodeOptions,
+) -> Iterator[tuple[list[Sample], list[Encoded | None], list[list[Problem]]]]:
+    """Samples, a few hundred at a time, with their encodings (None for one that is dropped) and
+    problems, as `encode_samples` gives them (`Encoded.index` counts the samples from 0).
+
+    Each chunk goes through three stages: each conversation's text and reply spans come from one
+    `render_with_spans` (which renders each conversation structure once for templates that pass
+    contents through); the texts are tokenized by the library's parallel batch encoding, on a
+    thread of its own while the next chunk is read and rendered; the trained tokens of a span are
+    found as a range, not token by token. `samples` is consumed as the chunks are taken, so a
+    stream of samples is never held whole."""
+    index = 0
+    for chunk, results in _pipelined(_chunks(samples, _BATCH), tokenizer, template, options):
+        encodings: list[Encoded | None] = []
+        problems: list[list[Problem]] = []
+        for sample, result in zip(chunk, results, strict=True):
+            if isinstance(result, Exception):
+                encodings.append(None)
+                problems.append([_unencodable(sample, index, result)])
+            else:
+                encoded, problem = _finish(sample, index, result[0], result[1], options.n_ctx)
+                encodings.append(encoded)
+                problems.append([problem] if problem is not None else [])
+            index += 1
+        yield chunk, encodings, problems
+
+
 def encode_iter(
     samples: Iterable[Sample],
     tokenizer: Tokenizer,
     template: ChatTemplate | None,
     options: EncodeOptions,
 ) -> Iterator[tuple[Sample, Encoded | None, list[Problem]]]:
-    """Per sample, in order: the sample, its encoding (None when it is dropped) and its problems,
-    as `encode_samples` gives them (`Encoded.index` counts the samples from 0).
-
-    Samples go `_BATCH` at a time through three stages: each conversation's text and reply spans
-    come from one `render_with_spans` (which renders each conversation structure once for
-    templates that pass contents through); the texts are tokenized by the library's parallel
-    batch encoding, on a thread of its own while the next samples are read and rendered; the
-    trained tokens of a span are found as a range, not token by token. `samples` is consumed as
-    the encodings are taken, so a stream of samples is never held whole."""
-    index = 0
-    for chunk, results in _pipelined(_chunks(samples, _BATCH), tokenizer, template, options):
-        for sample, result in zip(chunk, results, strict=True):
-            if isinstance(result, Exception):
-                yield sample, None, [_unencodable(sample, index, result)]
-            else:
-                encoded, problem = _finish(sample, index, result[0], result[1], options.n_ctx)
-                yield sample, encoded, [problem] if problem is not None else []
-            index += 1
+    """`encode_chunks` one sample at a time: (sample, encoding or None, problems)."""
+    for chunk, encodings, problems in encode_chunks(samples, tokenizer, template, options):
+        yield from zip(chunk, encodings, problems, strict=True)
 
 
 def encode_samples(
@@ -1021,22 +1037,22 @@ class _Chunk:
                 continue
             if kind == "raw":
                 p, r = encoded[k][0], encoded[k + 1][0]
-                if eos is not None:
-                    r = [*r, eos]
-                ids = p + r
-                mask = np.ones(len(ids), dtype=bool)
-                mask[: len(p)] = top
+                ids = p + r + [eos] if eos is not None else p + r
+                ranges = [(len(p), len(ids))]
+                if top:
+                    ranges = [(0, len(ids))]
             else:
                 ids, ranges = encoded[k]
-                mask = np.ones(len(ids), dtype=bool) if top else np.zeros(len(ids), dtype=bool)
-                for k0, k1 in ranges:
-                    mask[k0:k1] = True
-            if add_bos and (not ids or ids[0] != bos):
-                ids = [bos, *ids]
-                mask = np.concatenate(([False], mask))
-            tokens = np.asarray(ids, dtype=np.int32)
+                if top:
+                    ranges = [(0, len(ids))]
+            lead = 1 if add_bos and (not ids or ids[0] != bos) else 0  # a BOS goes first, untrained
+            tokens = np.empty(lead + len(ids), dtype=np.int32)
+            tokens[:lead] = bos
+            tokens[lead:] = ids
+            mask = np.zeros(len(tokens), dtype=bool)
+            for k0, k1 in ranges:
+                mask[lead + k0 : lead + k1] = True
             if top and len(mask):
-                mask[:] = True
                 mask[0] = not (bos is not None and tokens[0] == bos)
             out.append((tokens, mask))
         return out

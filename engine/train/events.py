@@ -32,8 +32,9 @@ class Plan:
     lora_targets: tuple[str, ...]  # adapted tensor names
     full_tensors: tuple[str, ...]  # tensors trained in full
     memory_bytes: dict[str, int]  # estimate: weights, trainable + optimizer, activations, total
-    problems: tuple[str, ...]  # dataset problems, one line each ("line 12: ...")
+    problems: tuple[str, ...]  # dataset problems, one line each ("line 12: ..."): the first 1000
     start_step: int  # 0, or the step a resumed run starts from
+    problems_total: int = 0  # how many dataset problems there are (problems lists the first 1000)
 
 
 @dataclass(frozen=True)
