@@ -992,30 +992,31 @@ class ChatTemplate:
     # placeholders to learn what each character of content costs, and a conversation whose contents
     # could reach the limit is rendered for real.
 
-    def _substituted(self, messages: Any, add_generation_prompt: bool) -> str | None:
+    def _substituted(
+        self,
+        messages: Any,
+        add_generation_prompt: bool,
+        known: dict[int, tuple[Any, str] | None] | None = None,
+    ) -> str | None:
         """`render(messages, add_generation_prompt=...)` from the skeleton of its structure; None when
         the conversation must be rendered for real (not plain data, or contents that could reach
-        the size limit). `TemplateError` as the render would raise it."""
+        the size limit). `TemplateError` as the render would raise it. `known`: each message's
+        structure key and content, by id, kept across calls about the same messages."""
         if not isinstance(messages, (list, tuple)):
             return None
-        keys: list[Any] = []
+        if known is None:
+            known = {}
+        keys: list[Any] = [add_generation_prompt]
         contents: list[str] = []
         for m in messages:
-            if type(m) is not dict:
+            found = known.get(id(m), _UNKNOWN)
+            if found is _UNKNOWN:
+                found = known[id(m)] = _message_key(m)
+            if found is None:
                 return None
-            content = m.get("content")
-            if type(content) is not str:
-                return None
-            role = m.get("role")
-            if len(m) == 2 and type(role) is str:
-                keys.append((role, not content, next(iter(m)) == "role"))
-            else:
-                key = _structure_of(m)
-                if key is None:
-                    return None
-                keys.append(key)
-            contents.append(content)
-        skeleton = self._skeleton((add_generation_prompt, *keys), messages, add_generation_prompt)
+            keys.append(found[0])
+            contents.append(found[1])
+        skeleton = self._skeleton(tuple(keys), messages, add_generation_prompt)
         if skeleton is None:
             return None
         rendered, spent, per_char = skeleton
@@ -1280,24 +1281,36 @@ class _Renders:
     template passes contents through (`ChatTemplate._substituted`), else for real. With
     `fast_spans` False, every render is made for real, as the reference."""
 
-    __slots__ = ("template", "extra", "_memo", "_keep", "_fast", "_memoise")
+    __slots__ = ("template", "extra", "_memo", "_keep", "_fast", "_memoise", "_known")
 
     def __init__(self, template: ChatTemplate, extra: dict[str, Any]):
         self.template = template
         self.extra = extra
         self._memo: dict[tuple, str] = {}
-        self._keep: list[Any] = []  # the conversations memoised, alive so that their ids stay theirs
+        self._keep: list[Any] = []  # the conversations rendered, alive so that their ids stay theirs
         self._memoise = template.fast_spans and not template._reads_clock
         self._fast = self._memoise and not extra and template.passes_contents_through
+        self._known: dict[int, tuple[Any, str] | None] = {}  # each message's structure key, by id
 
     def __call__(self, messages: Any, add_generation_prompt: bool = False) -> str:
         key = None
         if self._memoise and isinstance(messages, (list, tuple)):
+            self._keep.append(messages)  # alive for the whole call: ids in _memo and _known stay theirs
             key = (add_generation_prompt, *map(id, messages))
             text = self._memo.get(key)
             if text is not None:
                 return text
-        text = self.template._substituted(messages, add_generation_prompt) if self._fast else None
+        text = None
+        if self._fast:
+            text = self.template._substituted(messages, add_generation_prompt, self._known)
+        if text is None:
+            text = self.template.render(messages, add_generation_prompt=add_generation_prompt, **self.extra)
+        if key is not None:
+            self._memo[key] = text
+        return text
+        text = (
+            self.template._substituted(messages, add_generation_prompt, self._known) if self._fast else None
+        )
         if text is None:
             text = self.template.render(messages, add_generation_prompt=add_generation_prompt, **self.extra)
         if key is not None:
@@ -1307,6 +1320,23 @@ class _Renders:
 
 
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
+_UNKNOWN = object()
+
+
+def _message_key(m: Any) -> tuple[Any, str] | None:
+    """(a hashable stand-in for everything in a message but its content's text, the content), or
+    None when the message cannot be rendered from a skeleton (not a dict, content not a str, a
+    field that is not plain data)."""
+    if type(m) is not dict:
+        return None
+    content = m.get("content")
+    if type(content) is not str:
+        return None
+    role = m.get("role")
+    if len(m) == 2 and type(role) is str:
+        return (role, not content, next(iter(m)) == "role"), content
+    key = _structure_of(m)
+    return None if key is None else (key, content)
 
 
 def _structure_of(message: dict) -> tuple | None:

@@ -41,6 +41,7 @@ they are truncated and reported.
 from __future__ import annotations
 
 import codecs
+import collections
 import concurrent.futures
 import hashlib
 import itertools
@@ -146,6 +147,12 @@ def _parse_messages(value: Any, key: str, problems: list[Problem], line: int) ->
     out: list[dict] = []
     ok = True
     for i, m in enumerate(value):
+        if type(m) is dict and len(m) == 2 and m.get("role") in ROLES and type(m.get("content")) is str:
+            # the common message, {"role", "content"}: what the checks below make of it
+            if not m["content"].strip():
+                problems.append(Problem(line, f"{key}[{i}] ({m['role']}) has empty content", WARNING))
+            out.append(dict(m))
+            continue
         where = f"{key}[{i}]"
         if not isinstance(m, dict):
             problems.append(Problem(line, f"{where} must be an object, got {_json_type(m)}", ERROR))
@@ -859,6 +866,7 @@ def _reference_template(template: ChatTemplate) -> ChatTemplate:
 
 
 _BATCH = 512  # samples tokenized in one call of the tokenizers library (spread over its threads)
+_IN_FLIGHT = 2  # chunks rendered and handed to the tokenizing thread ahead of the one assembled
 
 
 def encode_chunks(
@@ -946,17 +954,18 @@ def _pipelined(
         yield first, work.assemble()
         return
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenize") as pool:
-        pending = None
+        pending: collections.deque[tuple[_Chunk, concurrent.futures.Future]] = collections.deque()
         for chunk in itertools.chain((first, second), chunks):
             work = _Chunk(chunk, tokenizer, template, options)
-            future = pool.submit(work.tokenize)
-            if pending is not None:
-                pending[1].result()
-                yield pending[0].samples, pending[0].assemble()
-            pending = (work, future)
-        assert pending is not None
-        pending[1].result()
-        yield pending[0].samples, pending[0].assemble()
+            pending.append((work, pool.submit(work.tokenize)))
+            if len(pending) > _IN_FLIGHT:  # the library always has the next chunk waiting
+                done, future = pending.popleft()
+                future.result()
+                yield done.samples, done.assemble()
+        while pending:
+            done, future = pending.popleft()
+            future.result()
+            yield done.samples, done.assemble()
 
 
 class _Chunk:
