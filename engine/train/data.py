@@ -874,6 +874,8 @@ def encode_chunks(
     tokenizer: Tokenizer,
     template: ChatTemplate | None,
     options: EncodeOptions,
+    *,
+    batch: int = _BATCH,
 ) -> Iterator[tuple[list[Sample], list[Encoded | None], list[list[Problem]]]]:
     """Samples, a few hundred at a time, with their encodings (None for one that is dropped) and
     problems, as `encode_samples` gives them (`Encoded.index` counts the samples from 0).
@@ -883,9 +885,12 @@ def encode_chunks(
     contents through); the texts are tokenized by the library's parallel batch encoding, on a
     thread of its own while the next chunk is read and rendered; the trained tokens of a span are
     found as a range, not token by token. `samples` is consumed as the chunks are taken, so a
-    stream of samples is never held whole."""
+    stream of samples is never held whole. `batch`: samples per chunk (smaller chunks give the
+    interpreter up more often, for a program that must stay responsive)."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
     index = 0
-    for chunk, results in _pipelined(_chunks(samples, _BATCH), tokenizer, template, options):
+    for chunk, results in _pipelined(_chunks(samples, batch), tokenizer, template, options):
         encodings: list[Encoded | None] = []
         problems: list[list[Problem]] = []
         for sample, result in zip(chunk, results, strict=True):
@@ -905,9 +910,12 @@ def encode_iter(
     tokenizer: Tokenizer,
     template: ChatTemplate | None,
     options: EncodeOptions,
+    *,
+    batch: int = _BATCH,
 ) -> Iterator[tuple[Sample, Encoded | None, list[Problem]]]:
-    """`encode_chunks` one sample at a time: (sample, encoding or None, problems)."""
-    for chunk, encodings, problems in encode_chunks(samples, tokenizer, template, options):
+    """`encode_samples` one sample at a time, as a stream: (sample, its encoding or None when it
+    is dropped, its problems), in order, `batch` samples tokenized at once (see `encode_chunks`)."""
+    for chunk, encodings, problems in encode_chunks(samples, tokenizer, template, options, batch=batch):
         yield from zip(chunk, encodings, problems, strict=True)
 
 
