@@ -13,11 +13,8 @@ asked for it (a window closed while a file is read) without a running QThread be
 the loader is a QObject on the UI thread, so its signals reach the page queued, and a job whose
 loader is gone stops. Only host data crosses.
 
-A background thread that runs Python holds the interpreter in turns with the UI thread, and a
-table that repaints asks Python for hundreds of cells: each could wait a switch interval.
-`UiGate` knows when the UI thread is awake (the event loop's `awake` and `aboutToBlock`), and the
-jobs pause between small pieces of work until it sleeps again (at most `PAUSE_S`), so that the UI
-thread runs its Python at full speed.
+The jobs give way to the UI thread between small pieces of work (`studio.ui_gate.UiGate`), so
+that a table repainting while a file is read does not wait for the interpreter.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from PySide6.QtCore import QAbstractEventDispatcher, QObject, QThread, Signal
+from PySide6.QtCore import QObject, Signal
 
 from engine import (
     ChatTemplate,
@@ -43,32 +40,14 @@ from engine import (
 )
 
 from ...dataset_document import DocumentIndex, index_of
+from ...ui_gate import UiGate
 from .table import PreparedRows, RowCounts, count_row, make_rows
 
 log = logging.getLogger(__name__)
 
-PAUSE_S = 0.05  # the longest a job waits for the UI thread to go idle before it works again
 PROGRESS_S = 0.1  # seconds between progress reports
 COUNT_BATCH = 64  # samples tokenized at once while counting (small: the interpreter is given up often)
 HAND_OVER = 4096  # counts handed to the UI thread at once
-
-
-class UiGate:
-    """Whether the UI thread is awake (processing events), for threads that give way to it.
-
-    Made on the UI thread; `pause()` (any thread) waits while the UI thread is awake, at most
-    PAUSE_S, with the interpreter released."""
-
-    def __init__(self) -> None:
-        self._idle = threading.Event()
-        self._idle.set()
-        dispatcher = QAbstractEventDispatcher.instance(QThread.currentThread())
-        if dispatcher is not None:
-            dispatcher.awake.connect(self._idle.clear)
-            dispatcher.aboutToBlock.connect(self._idle.set)
-
-    def pause(self) -> None:
-        self._idle.wait(PAUSE_S)
 
 
 @dataclass(frozen=True)
@@ -126,7 +105,7 @@ class DatasetLoader(QObject):
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
-        self.gate = UiGate()
+        self.gate = UiGate.for_app()
         self._load_job = 0  # the load that may go on; older ones stop
         self._count_gen = -1  # the counting that may go on
 
@@ -234,4 +213,4 @@ class _Gone(Exception):
     """The loader a job reports to was deleted."""
 
 
-__all__ = ["COUNT_BATCH", "DatasetLoader", "LoadResult", "UiGate"]
+__all__ = ["COUNT_BATCH", "DatasetLoader", "LoadResult", "read_dataset"]

@@ -78,6 +78,7 @@ from engine import (
 from ...dataset_document import DatasetDocument
 from ...paths import latest_checkpoint
 from ...project import ModelInfo, Project
+from ...ui_gate import UiGate
 from ...widgets.banner import MessageBar
 from ...widgets.buttons import PrimaryButton
 from ...widgets.elided_label import ElidedLabel
@@ -194,7 +195,8 @@ class TrainPage(QWidget):
         self._check_gen = 0
         self._check_again = False
         self._show_next = True  # the progress bar shows the next run's plan (not the last run's end)
-        self._encodings = EncodingCache()  # used by the check jobs only, in the worker
+        # used by the check jobs only, in the worker, which give the UI thread its turn as they go
+        self._encodings = EncodingCache(pause=UiGate.for_app().pause)
         self._tray: QSystemTrayIcon | None = None
         self.check_timer = QTimer(self)
         self.check_timer.setSingleShot(True)
