@@ -5,8 +5,10 @@ real main window with a model open (the demo model: token counts are made for ev
 File > Open dataset does, while a QTimer on the UI thread fires every 5 ms and records the gaps
 between its timeouts (studio.train_probe.StallProbe). Then searches the samples for a word,
 sorts by token count, and selects a problem, as a person would. Prints the longest gap per
-phase, the time until the rows show, until every row is counted, and each step's time. Prints
-figures; never passes or fails.
+phase, the UI thread's longest piece of work (its own CPU time between two ticks: a gap longer
+than that was spent waiting for the interpreter or for a core that other programs held), the
+time until the rows show, until every row is counted, and each step's time. Prints figures;
+never passes or fails.
 
     python bench/dataset_stall.py                    # 100,000 samples, offscreen
     python bench/dataset_stall.py --samples 20000
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=100_000)
     ap.add_argument("--data", help="a dataset to open instead of a generated one")
     ap.add_argument("--no-model", action="store_true", help="open no model (no token counts)")
-    ap.add_argument("--show", action="store_true", help="a real window (use with xvfb-run) instead of offscreen")
+    ap.add_argument("--show", action="store_true", help="a real window (with xvfb-run) instead of offscreen")
     ap.add_argument("--shot", help="save a screenshot of the window after each step: PATH-<step>.png")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each step")
     args = ap.parse_args(argv)
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.data:
         t = time.perf_counter()
         write_chats(data, args.samples)
-        print(f"wrote {args.samples:,} samples ({data.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t:.1f} s")
+        size = data.stat().st_size / 2**20
+        print(f"wrote {args.samples:,} samples ({size:.0f} MiB) in {time.perf_counter() - t:.1f} s")
     window = MainWindow(QSettings(str(work / "settings.ini"), QSettings.IniFormat))
     window.ask_unsaved = lambda text: "discard"
     window.resize(1400, 900)
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     probe.mark("searching")
     t = time.perf_counter()
     page.search.setText("question 4242")
-    searched_s = wait(app, lambda: page.proxy.rowCount() < page.model.rowCount() and not page.busy(), args.timeout)
+    searched_s = wait(app, lambda: not page.busy() and page.proxy.rowCount() < page.model.rowCount(), args.timeout)
     search_rows = page.proxy.rowCount()
     shot("searched")
     page.search.setText("")
@@ -119,15 +122,22 @@ def main(argv: list[str] | None = None) -> int:
     shot("problem")
     probe.stop()
     phases = ", ".join(f"{k} {v:.1f}" for k, v in probe.phase_max_ms().items())
+    bounds = [*probe.phases, (len(probe.busy), "")]
+    busy = ", ".join(
+        f"{name} {1000 * max(probe.busy[i:j], default=0.0):.1f}"
+        for (i, name), (j, _) in zip(bounds[:-1], bounds[1:], strict=True)
+    )
+    model = "none" if args.no_model else DEMO_MODEL.name
     print(
-        f"{page.model.rowCount():,} samples, model {'none' if args.no_model else DEMO_MODEL.name}, "
-        f"Qt platform {app.platformName()}\n"
-        f"  open_path returned in {opened_s * 1000:.0f} ms; rows shown after {rows_s:.1f} s; every row's tokens "
-        f"counted after {counted_s:.1f} s\n"
+        f"{page.model.rowCount():,} samples, model {model}, Qt platform {app.platformName()}, "
+        f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n"
+        f"  open_path returned in {opened_s * 1000:.0f} ms; rows shown after {rows_s:.1f} s; "
+        f"every row's tokens counted after {counted_s:.1f} s\n"
         f"  search: {search_rows:,} rows in {searched_s:.2f} s; sort by tokens {sorted_s:.2f} s; "
         f"{n_problems:,} problems, one selected in {problem_s:.2f} s\n"
         f"  max UI stall {probe.max_gap_ms:.1f} ms (p99 {probe.percentile(99):.1f} ms, {probe.n_ticks} ticks); "
-        f"max by phase (ms): {phases}",
+        f"max by phase (ms): {phases}\n"
+        f"  the UI thread's longest piece of work {probe.max_busy_ms:.1f} ms; by phase (ms): {busy}",
         flush=True,
     )
     window.close()

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 
 PROGRESS_S = 0.1  # seconds between progress reports
 COUNT_BATCH = 64  # samples tokenized at once while counting (small: the interpreter is given up often)
-HAND_OVER = 4096  # counts handed to the UI thread at once
+HAND_OVER = 1024  # counts handed to the UI thread at once
 
 
 @dataclass(frozen=True)
@@ -193,7 +193,7 @@ class DatasetLoader(QObject):
                 encode_iter(given(), tokenizer, template, options, batch=COUNT_BATCH)
             ):
                 out.append(count_row(sample, encoded, problems, k))
-                if len(out) >= HAND_OVER or time.monotonic() - last > 0.5:
+                if len(out) >= HAND_OVER or time.monotonic() - last > 0.25:
                     self._emit(self.sig_counts, generation, out)
                     out, last = [], time.monotonic()
             if out:

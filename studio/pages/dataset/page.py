@@ -100,6 +100,7 @@ class DatasetPage(QWidget):
         self.model = SamplesModel(self.document, parent=self)
         self.proxy = SamplesFilterModel(self)
         self.proxy.setSourceModel(self.model)
+        self.proxy.sig_searched.connect(self._update_labels)
         self.loader = DatasetLoader(self)
         self.loader.sig_progress.connect(self._load_progress)
         self.loader.sig_loaded.connect(self._load_done)
@@ -455,8 +456,8 @@ class DatasetPage(QWidget):
         return self._load_job is not None
 
     def busy(self) -> bool:
-        """Reading a file, or listing its problems (both in the background)."""
-        return self.loading or self._problems_builder.busy
+        """Reading a file, searching, or listing its problems (in the background)."""
+        return self.loading or self.proxy.searching or self._problems_builder.busy
 
     def cancel_loading(self) -> None:
         """Stop reading a file in the background; the dataset shown stays as it is."""
@@ -1018,6 +1019,7 @@ class DatasetPage(QWidget):
 
     def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
         if event.type() == QEvent.PaletteChange:
+            self.model.forget_looks()
             self._refresh_tokens()
         super().changeEvent(event)
 

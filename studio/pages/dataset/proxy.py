@@ -3,8 +3,10 @@
 `SamplesFilterModel` shows the rows of a `SamplesModel` in an order and a subset held as arrays:
 sorting takes one array of keys from the model (`SamplesModel.sort_keys`, made in one pass and
 sorted by NumPy, stable, as Qt sorts) and searching tests each row's casefolded text once (typing
-more letters only looks again at the rows that matched). Qt's `QSortFilterProxyModel` asks the
-model for every row and compares through Python callbacks, seconds on such a table.
+more letters only looks again at the rows that matched), `SEARCH_SLICE` rows per turn of the
+event loop: the table shows the last result until the new one is complete (`sig_searched`).
+Qt's `QSortFilterProxyModel` asks the model for every row and compares through Python callbacks,
+seconds on such a table.
 
 Changes of the layout (a sort, a search, rows added, removed or moved) keep the selection and
 the current row: persistent indexes follow their row objects. The row being edited can be kept
@@ -25,19 +27,30 @@ from PySide6.QtCore import (
     QObject,
     QPersistentModelIndex,
     Qt,
+    QTimer,
+    Signal,
 )
 
 from .table import SampleRow, SamplesModel
 
 Index = QModelIndex | QPersistentModelIndex
+SEARCH_SLICE = 5_000  # rows a search tests per turn of the event loop (a few milliseconds)
 
 
 class SamplesFilterModel(QAbstractProxyModel):
     """Sorts `SamplesModel` by its sort keys and keeps the rows whose text contains the search."""
 
+    sig_searched = Signal()  # a search is complete: the rows shown match it
+
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
         self._needle = ""
+        self._search: tuple[str, np.ndarray, int, list[np.ndarray]] | None = None  # under way
+        self._search_timer = QTimer(self)
+        self._search_timer.setInterval(0)
+        self._search_timer.setSingleShot(True)
+        self._search_timer.timeout.connect(self._search_step)
+        self._sorted: tuple[int, bool] | None = None  # (column, descending) the order was made for
         self._pinned: SampleRow | None = None
         self._column = -1  # sorted by this column (-1: dataset order)
         self._descending = False
@@ -62,11 +75,11 @@ class SamplesFilterModel(QAbstractProxyModel):
                 (model.modelAboutToBeReset, self.beginResetModel),
                 (model.modelReset, self._source_reset),
                 (model.rowsAboutToBeInserted, lambda *_: self._hold()),
-                (model.rowsInserted, lambda *_: self._rows_changed()),
+                (model.rowsInserted, self._rows_inserted),
                 (model.rowsAboutToBeRemoved, lambda *_: self._hold()),
-                (model.rowsRemoved, lambda *_: self._rows_changed()),
+                (model.rowsRemoved, self._rows_removed),
                 (model.rowsAboutToBeMoved, lambda *_: self._hold()),
-                (model.rowsMoved, lambda *_: self._rows_changed()),
+                (model.rowsMoved, self._rows_moved),
                 (model.dataChanged, self._data_changed),
                 (model.headerDataChanged, self.headerDataChanged),
             ):
@@ -82,20 +95,53 @@ class SamplesFilterModel(QAbstractProxyModel):
 
     def _source_reset(self) -> None:
         self._matches = None
+        self._sorted = None
         self._recompute()
         self.endResetModel()
+        if self._needle:
+            self._start_search()
 
-    def _rows_changed(self) -> None:
-        self._matches = None  # rows moved under the matches: test them again
+    def _rows_inserted(self, parent: QModelIndex, first: int, last: int) -> None:
+        if self._matches is not None:
+            model = self._model()
+            rows = model.rows()[first : last + 1] if model is not None else []
+            new = np.fromiter((self._matched_needle in r.search_text() for r in rows), bool, len(rows))
+            self._matches = np.concatenate((self._matches[:first], new, self._matches[first:]))
+        self._restart_search()
+        self._sorted = None
+        self._relayout(held=True)
+
+    def _rows_removed(self, parent: QModelIndex, first: int, last: int) -> None:
+        if self._matches is not None:
+            self._matches = np.delete(self._matches, np.arange(first, last + 1))
+        self._restart_search()
+        self._sorted = None
+        self._relayout(held=True)
+
+    def _rows_moved(self, parent: QModelIndex, first: int, last: int, dest: QModelIndex, row: int) -> None:
+        if self._matches is not None:
+            moved = self._matches[first : last + 1].copy()
+            rest = np.delete(self._matches, np.arange(first, last + 1))
+            at = row if row < first else row - (last - first + 1)
+            self._matches = np.concatenate((rest[:at], moved, rest[at:]))
+        self._restart_search()
+        self._sorted = None
         self._relayout(held=True)
 
     def _data_changed(self, top_left: QModelIndex, bottom_right: QModelIndex, roles: Any = ()) -> None:
         first, last = top_left.row(), bottom_right.row()
         columns = range(top_left.column(), bottom_right.column() + 1)
         texts = SamplesModel.COL_WORDS in columns or SamplesModel.COL_SHAPE in columns
+        if self._matches is not None and texts:  # the rows' text may have changed: test them again
+            model = self._model()
+            rows = model.rows()[first : last + 1] if model is not None else []
+            self._matches[first : last + 1] = np.fromiter(
+                (self._matched_needle in r.search_text() for r in rows), bool, len(rows)
+            )
+            self._restart_search()
+        if self._column in columns:
+            self._sorted = None
         if (self._needle and texts) or self._column in columns:
-            if self._needle and texts:
-                self._matches = None
             self._relayout()
             return
         rows = self._where[first : last + 1]
@@ -118,7 +164,61 @@ class SamplesFilterModel(QAbstractProxyModel):
             return
         self._needle = needle
         self._pinned = None  # a new search shows what matches, the selected row included or not
+        self._start_search()
+
+    @property
+    def searching(self) -> bool:
+        """A search is under way (the rows shown are the last complete search's)."""
+        return self._search is not None
+
+    def _start_search(self) -> None:
+        """Test the rows for the needle, a slice at a time; when done, show what matches."""
+        model = self._model()
+        needle = self._needle
+        self._search_timer.stop()
+        if model is None or not needle:
+            self._search = None
+            self._matches, self._matched_needle = None, ""
+            self._relayout()
+            self.sig_searched.emit()
+            return
+        n = model.rowCount()
+        narrowing = (
+            self._matches is not None and len(self._matches) == n and needle.startswith(self._matched_needle)
+        )
+        candidates = np.flatnonzero(self._matches) if narrowing else np.arange(n)  # typing on: fewer rows
+        self._search = (needle, candidates, 0, [])
+        self._search_step()
+
+    def _restart_search(self) -> None:
+        if self._search is not None:
+            self._search = None
+            self._matches = None
+            self._start_search()
+
+    def _search_step(self) -> None:
+        if self._search is None:
+            return
+        model = self._model()
+        needle, candidates, done, found = self._search
+        if model is None:
+            self._search = None
+            return
+        rows = model.rows()
+        part = candidates[done : done + SEARCH_SLICE]
+        keep = np.fromiter((needle in rows[i].search_text() for i in part.tolist()), bool, len(part))
+        found.append(part[keep])
+        done += len(part)
+        if done < len(candidates):
+            self._search = (needle, candidates, done, found)
+            self._search_timer.start()
+            return
+        matches = np.zeros(len(rows), dtype=bool)
+        matches[np.concatenate(found) if found else np.zeros(0, dtype=np.int64)] = True
+        self._search = None
+        self._matches, self._matched_needle = matches, needle
         self._relayout()
+        self.sig_searched.emit()
 
     def sort(self, column: int, order: Qt.SortOrder = Qt.AscendingOrder) -> None:
         """Sort by a column (stable: equal keys keep the dataset's order); by # ascending is the
@@ -126,6 +226,8 @@ class SamplesFilterModel(QAbstractProxyModel):
         descending = order == Qt.DescendingOrder
         if column == SamplesModel.COL_INDEX and not descending:
             column = -1
+        if (column, descending) == (self._column, self._descending) and self._sorted == (column, descending):
+            return  # sorted so already (the view asks twice: sortByColumn, then its header)
         self._column, self._descending = column, descending
         self._relayout()
 
@@ -143,22 +245,11 @@ class SamplesFilterModel(QAbstractProxyModel):
             self._relayout()
 
     def _visible(self, model: SamplesModel) -> np.ndarray:
-        """Source rows that pass the search (all without one), in dataset order."""
+        """Source rows that pass the last complete search (all without one), in dataset order."""
         n = model.rowCount()
-        if not self._needle:
+        matches = self._matches
+        if not self._needle or matches is None or len(matches) != n:
             return np.arange(n)
-        rows = model.rows()
-        needle = self._needle
-        if self._matches is not None and len(self._matches) == n and needle.startswith(self._matched_needle):
-            candidates = np.flatnonzero(self._matches)  # typing on: only the rows that matched can match
-            keep = np.fromiter(
-                (needle in rows[i].search_text() for i in candidates.tolist()), bool, len(candidates)
-            )
-            matches = np.zeros(n, dtype=bool)
-            matches[candidates[keep]] = True
-        else:
-            matches = np.fromiter((needle in r.search_text() for r in rows), dtype=bool, count=n)
-        self._matches, self._matched_needle = matches, needle
         shown = matches
         if self._pinned is not None:
             at = model.row_of(self._pinned)
@@ -176,10 +267,9 @@ class SamplesFilterModel(QAbstractProxyModel):
         if self._column >= 0 and len(order):
             keys = model.sort_keys(self._column)[order]
             if self._descending:  # stable, equal keys in dataset order, as Qt's descending sort
-                keys = -keys if keys.dtype.kind in "if" else keys
-                if keys.dtype.kind not in "if":
-                    keys = -np.unique(keys, return_inverse=True)[1]
+                keys = -keys
             order = order[np.argsort(keys, kind="stable")]
+        self._sorted = (self._column, self._descending)
         self._order = order
         where = np.full(model.rowCount(), -1, dtype=np.int64)
         where[order] = np.arange(len(order))
@@ -207,9 +297,14 @@ class SamplesFilterModel(QAbstractProxyModel):
         self._recompute()
         model = self._model()
         old, new = [], []
+        if model is not None and len(self._held) > 4:  # many: one pass over the rows finds them all
+            at = {id(r): i for i, r in enumerate(model.rows())}
+            row_of = lambda obj: at.get(id(obj), -1)  # noqa: E731
+        else:
+            row_of = model.row_of if model is not None else (lambda obj: -1)
         for index, obj in self._held:
             old.append(QModelIndex(index))
-            source = model.row_of(obj) if model is not None and obj is not None else -1
+            source = row_of(obj) if obj is not None else -1
             row = int(self._where[source]) if 0 <= source < len(self._where) else -1
             new.append(self.index(row, index.column()) if row >= 0 else QModelIndex())
         self._held = []

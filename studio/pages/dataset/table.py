@@ -17,6 +17,7 @@ are `studio.pages.dataset.proxy.SamplesFilterModel`'s.
 
 from __future__ import annotations
 
+import operator
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -65,6 +66,14 @@ SHAPE_HELP = {
     "prompt": "a prompt and its response",
     "text": "plain text (every token is trained)",
 }
+
+
+_ROLES = frozenset(
+    {Qt.DisplayRole, SortRole, Qt.ToolTipRole, Qt.TextAlignmentRole, Qt.ForegroundRole, Qt.DecorationRole,
+     Qt.FontRole}
+)  # fmt: skip
+_RIGHT = Qt.AlignRight | Qt.AlignVCenter
+_LEFT = Qt.AlignLeft | Qt.AlignVCenter
 
 
 def _dark() -> bool:
@@ -169,6 +178,7 @@ class SampleRow:
     encode_problems: list[Problem] = field(default_factory=list)
     text: str | None = None  # all its text, casefolded (search), made when first needed
     words: str | None = None  # its first words (the column), made when first needed
+    key: str | None = None  # the same, casefolded: how the column sorts
 
     def search_text(self) -> str:
         if self.text is None:
@@ -180,6 +190,12 @@ class SampleRow:
             self.words = first_words(self.sample)
         return self.words
 
+    def words_key(self) -> str:
+        """Its first words as they sort (casefolded)."""
+        if self.key is None:
+            self.key = self.first_words().casefold()
+        return self.key
+
 
 @dataclass
 class PreparedRows:
@@ -189,6 +205,7 @@ class PreparedRows:
     rows: list[SampleRow]
     by_sample: dict[int, SampleRow]  # id(sample) -> its row
     read: list[int]  # reading problems, errors, samples with a reward
+    word_ranks: np.ndarray  # how the rows sort by first words
 
 
 def make_rows(
@@ -207,7 +224,7 @@ def make_rows(
             return None
         row = SampleRow(s, problems_for(s))
         row.search_text()
-        row.first_words()
+        row.words_key()
         rows.append(row)
         by_sample[id(s)] = row
         if row.problems:
@@ -215,7 +232,7 @@ def make_rows(
             read[1] += sum(1 for p in row.problems if p.severity == "error")
         if s.reward is not None:
             read[2] += 1
-    return PreparedRows(list(samples), rows, by_sample, read)
+    return PreparedRows(list(samples), rows, by_sample, read, _dense_ranks([r.words_key() for r in rows]))
 
 
 @dataclass(frozen=True)
@@ -297,6 +314,8 @@ class SamplesModel(QAbstractTableModel):
         self._counting = False  # the counter is at work for this generation
         self._prepared: PreparedRows | None = None  # rows a loader made
         self._encoded: dict[int, tuple[Sample, Encoded | None]] = {}  # the token view's last samples
+        self._looks: dict[tuple[str, str], Any] = {}  # brushes, icons and the font, made once
+        self._word_ranks: np.ndarray | None = None  # how the rows sort by first words (made ahead)
         # totals over the rows: read problems and errors, rewards; counted rows, their tokens, problems
         self._read = [0, 0, 0]  # problems, errors, with reward
         self._counted = [0, 0, 0, 0, 0]  # rows, tokens, trained, problems, errors
@@ -429,17 +448,13 @@ class SamplesModel(QAbstractTableModel):
                 dtype=np.float64,
                 count=n,
             )
-        if col in (self.COL_SHAPE, self.COL_WORDS):
-            texts = (
-                [r.sample.kind for r in rows]
-                if col == self.COL_SHAPE
-                else [r.first_words().casefold() for r in rows]
-            )
-            return (
-                np.unique(np.array(texts, dtype=str), return_inverse=True)[1].ravel()
-                if texts
-                else np.arange(0)
-            )
+        if col == self.COL_SHAPE:
+            kinds = {kind: i for i, kind in enumerate(sorted({r.sample.kind for r in rows}))}
+            return np.fromiter((kinds[r.sample.kind] for r in rows), dtype=np.int64, count=n)
+        if col == self.COL_WORDS:
+            if self._word_ranks is None or len(self._word_ranks) != n:
+                self._word_ranks = _dense_ranks([r.words_key() for r in rows])
+            return self._word_ranks
         gen, ok = self._gen, self.has_encoder()
         if col == self.COL_TOKENS:
             values = (r.n_tokens if ok and r.count_gen == gen else -1 for r in rows)
@@ -569,6 +584,7 @@ class SamplesModel(QAbstractTableModel):
 
     def _set_rows(self, rows: list[SampleRow]) -> None:
         self._rows = rows
+        self._word_ranks = None
         self._by_sample = {id(r.sample): r for r in rows}
         self._read = [0, 0, 0]
         self._counted = [0, 0, 0, 0, 0]
@@ -585,6 +601,7 @@ class SamplesModel(QAbstractTableModel):
         self._read = list(prepared.read)
         self._counted = [0, 0, 0, 0, 0]
         self._counting = False
+        self._word_ranks = prepared.word_ranks
 
     def _new_row(self, sample: Sample) -> SampleRow:
         r = SampleRow(sample, self.document.problems_for(sample))
@@ -602,6 +619,8 @@ class SamplesModel(QAbstractTableModel):
     def _document_changed(self, change: DatasetChange) -> None:
         """Mirror a change of the document in the rows (with the begin/end calls views need)."""
         doc, kind = self.document, change.kind
+        if kind in ("inserted", "removed", "moved", "changed"):
+            self._word_ranks = None
         if kind == "reset":
             prepared, self._prepared = self._prepared, None
             self.beginResetModel()
@@ -650,7 +669,7 @@ class SamplesModel(QAbstractTableModel):
             r.encode_problems = [replace(p, line=new.line) for p in r.encode_problems]
         else:
             r.count_gen = -1
-            r.text = r.words = None
+            r.text = r.words = r.key = None
         r.sample, r.problems = new, self.document.problems_for(new)
         self._by_sample[id(new)] = r
         self._account_read(r, +1)
@@ -688,40 +707,70 @@ class SamplesModel(QAbstractTableModel):
         return Qt.ItemIsSelectable | Qt.ItemIsEnabled
 
     def data(self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.DisplayRole) -> Any:
-        if not index.isValid() or not (0 <= index.row() < len(self._rows)):
+        # A view asks for a dozen roles per cell: the ones answered here are few, and the answers are
+        # made once (brushes, icons, the font) so that a repaint of the rows in sight stays cheap.
+        if role not in _ROLES:
             return None
-        row, col = index.row(), index.column()
+        row = index.row()
+        if not 0 <= row < len(self._rows) or not index.isValid():
+            return None
+        col = index.column()
         r = self._rows[row]
-        s = r.sample
-        if role in (Qt.DisplayRole, SortRole):
+        if role == Qt.DisplayRole or role == SortRole:
             return self._value(row, col, r, sort=role == SortRole)
+        if role == Qt.TextAlignmentRole:
+            return _RIGHT if col in self._RIGHT_COLUMNS else _LEFT
         if role == Qt.ToolTipRole:
             return self._tooltip(col, r)
-        if role == Qt.TextAlignmentRole:
-            if col in (self.COL_INDEX, self.COL_LINE, self.COL_REWARD, self.COL_TOKENS, self.COL_TRAINED):
-                return Qt.AlignRight | Qt.AlignVCenter
-            return Qt.AlignLeft | Qt.AlignVCenter
-        if role == Qt.ForegroundRole and col == self.COL_PROBLEMS:
-            self._ensure_counted(r)
-            problems = self._all_problems(r)
-            if any(p.severity == "error" for p in problems):
-                return QBrush(QColor(TEXT_COLOURS["error"][_dark()]))
-            if problems:
-                return QBrush(QColor(TEXT_COLOURS["warning"][_dark()]))
-        if role == Qt.ForegroundRole and col == self.COL_LINE and not s.line:
-            return QBrush(QColor(TEXT_COLOURS["new"][_dark()]))
-        if role == Qt.DecorationRole and col == self.COL_PROBLEMS:
-            self._ensure_counted(r)
-            problems = self._all_problems(r)
-            if problems and QApplication.instance() is not None:
-                error = any(p.severity == "error" for p in problems)
-                icon = QStyle.SP_MessageBoxCritical if error else QStyle.SP_MessageBoxWarning
-                return QApplication.style().standardIcon(icon)
+        if role == Qt.ForegroundRole:
+            if col == self.COL_PROBLEMS:
+                severity = self._severity(r)
+                return self._look("brush", severity) if severity else None
+            if col == self.COL_LINE and not r.sample.line:
+                return self._look("brush", "new")
+            return None
+        if role == Qt.DecorationRole:
+            if col == self.COL_PROBLEMS:
+                severity = self._severity(r)
+                return self._look("icon", severity) if severity else None
+            return None
         if role == Qt.FontRole and col == self.COL_SHAPE:
-            font = QFont()
-            font.setItalic(True)
-            return font
+            return self._look("font", "italic")
         return None
+
+    _RIGHT_COLUMNS = frozenset({0, 1, 4, 5, 6})  # index, line, reward, tokens, trained
+
+    def _severity(self, r: SampleRow) -> str:
+        """ "error", "warning" or "" for a row's problems (counting it first)."""
+        self._ensure_counted(r)
+        problems = self._all_problems(r)
+        if not problems:
+            return ""
+        return "error" if any(p.severity == "error" for p in problems) else "warning"
+
+    def _look(self, kind: str, name: str) -> Any:
+        """A brush, icon or font made once (again after the palette changes: `forget_looks`)."""
+        key = (kind, name)
+        found = self._looks.get(key)
+        if found is None:
+            if kind == "brush":
+                found = QBrush(QColor(TEXT_COLOURS[name][_dark()]))
+            elif kind == "icon":
+                if QApplication.instance() is None:
+                    return None
+                icon = QStyle.SP_MessageBoxCritical if name == "error" else QStyle.SP_MessageBoxWarning
+                found = QApplication.style().standardIcon(icon)
+            else:
+                found = QFont()
+                found.setItalic(True)
+            self._looks[key] = found
+        return found
+
+    def forget_looks(self) -> None:
+        """The palette or style changed: make brushes and icons again."""
+        self._looks.clear()
+        if self._rows:
+            self.dataChanged.emit(self.index(0, 0), self.index(len(self._rows) - 1, self.columnCount() - 1))
 
     def _value(self, row: int, col: int, r: SampleRow, *, sort: bool) -> Any:
         s = r.sample
@@ -732,8 +781,7 @@ class SamplesModel(QAbstractTableModel):
         if col == self.COL_SHAPE:
             return s.kind
         if col == self.COL_WORDS:
-            words = r.first_words()
-            return words.casefold() if sort else words
+            return r.words_key() if sort else r.first_words()
         if col == self.COL_REWARD:
             if s.reward is None:
                 return -1e300 if sort else ""
@@ -784,8 +832,22 @@ class SamplesModel(QAbstractTableModel):
         return self.HEADER_TIPS[col]
 
 
+def _dense_ranks(keys: list[Any]) -> np.ndarray:
+    """Per key, its rank among the distinct keys in sorted order (equal keys, equal ranks)."""
+    n = len(keys)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    order = sorted(range(n), key=keys.__getitem__)
+    ordered = [keys[i] for i in order]
+    pairs = zip(ordered[:-1], ordered[1:], strict=True)
+    steps = np.fromiter((a != b for a, b in pairs), dtype=bool, count=n - 1)
+    ranks = np.empty(n, dtype=np.int64)
+    ranks[np.asarray(order)] = np.concatenate(([0], np.cumsum(steps)))
+    return ranks
+
+
 def _same_objects(samples: list[Sample], doc: DatasetDocument) -> bool:
-    return len(samples) == len(doc) and all(a is b for a, b in zip(samples, doc.iter_samples(), strict=True))
+    return len(samples) == len(doc) and all(map(operator.is_, samples, doc.iter_samples()))
 
 
 __all__ = [
