@@ -75,6 +75,7 @@ class DatasetPage(QWidget):
     undo, redo, document (DatasetDocument), is_modified, path, model (SamplesModel), samples."""
 
     sig_dataset_opened = Signal(str)  # a file was opened (its absolute path)
+    sig_dataset_opening = Signal(str)  # a large file is being read in the background (its path)
     sig_modified = Signal(bool)  # the dataset now differs (True) or not (False) from the file
     sig_error = Signal(str)  # an error, also shown in the page
     sig_saved = Signal(str)  # the dataset was written to this path
@@ -475,6 +476,7 @@ class DatasetPage(QWidget):
         self.load_bar.setFormat("%p%")
         self.load_strip.show()
         self.message.hide()
+        self.sig_dataset_opening.emit(path)
         self.splitter.setEnabled(False)  # edits would be replaced by the file being read
         for action in self._actions:
             if action is not self.action_open:
