@@ -10,7 +10,9 @@ nothing.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 import numpy as np
 from PySide6.QtCore import QObject, Qt, QTimer
@@ -49,6 +51,16 @@ class StallProbe(QObject):
 
     def stop(self) -> None:
         self.timer.stop()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Not measuring while the body runs (a screenshot taken for the record, say)."""
+        self.timer.stop()
+        try:
+            yield
+        finally:
+            self._last, self._last_cpu = time.perf_counter(), time.thread_time()
+            self.timer.start()
 
     def _tick(self) -> None:
         now, cpu = time.perf_counter(), time.thread_time()

@@ -526,6 +526,7 @@ class DatasetPage(QWidget):
         path = result.path
         self.model.prepare_rows(result.rows)
         self.document.reset(result.samples, path, saved=True, problems=result.problems, index=result.index)
+        self._fit_number_columns()
         self.project.update(dataset_path=path)
         n, n_problems, name = len(result.samples), len(result.problems), Path(path).name
         if self.skipped:
@@ -543,6 +544,16 @@ class DatasetPage(QWidget):
         else:
             self.message.hide()
         self.sig_dataset_opened.emit(path)
+
+    def _fit_number_columns(self) -> None:
+        """Widen # and Line to hold the largest position and line (100,000 needs six digits)."""
+        last_line = max((s.line for s in self.document.iter_samples()), default=0)
+        digits = len(str(max(len(self.document), last_line)))
+        fm = self.fontMetrics()
+        for col, title in ((SamplesModel.COL_INDEX, "#"), (SamplesModel.COL_LINE, "Line")):
+            width = max(fm.horizontalAdvance("0" * max(digits, 4)), fm.horizontalAdvance(title + "0")) + 12
+            if self.table.columnWidth(col) < width:
+                self.table.setColumnWidth(col, width)
 
     def _count_in_background(self, generation: int, samples: list[Sample]) -> bool:
         """The table's counter: count tokens on the loader's thread (many rows; few are counted here)."""

@@ -34,6 +34,7 @@ from PySide6.QtCore import (
 from .table import SampleRow, SamplesModel
 
 Index = QModelIndex | QPersistentModelIndex
+_FLAGS = Qt.ItemIsSelectable | Qt.ItemIsEnabled
 SEARCH_SLICE = 5_000  # rows a search tests per turn of the event loop (a few milliseconds)
 
 
@@ -60,6 +61,7 @@ class SamplesFilterModel(QAbstractProxyModel):
         self._matched_needle = ""
         self._held: list[tuple[QPersistentModelIndex, SampleRow | None]] = []  # during a layout change
         self._connections: list[Any] = []
+        self._source: SamplesModel | None = None
 
     # --- the source ---------------------------------------------------------------------------
     def setSourceModel(self, model: QAbstractItemModel) -> None:  # noqa: N802 - Qt override
@@ -70,6 +72,7 @@ class SamplesFilterModel(QAbstractProxyModel):
         self._connections = []
         self.beginResetModel()
         super().setSourceModel(model)
+        self._source = model if isinstance(model, SamplesModel) else None
         if model is not None:
             for signal, slot in (
                 (model.modelAboutToBeReset, self.beginResetModel),
@@ -90,8 +93,7 @@ class SamplesFilterModel(QAbstractProxyModel):
         self.endResetModel()
 
     def _model(self) -> SamplesModel | None:
-        model = self.sourceModel()
-        return model if isinstance(model, SamplesModel) else None
+        return self._source
 
     def _source_reset(self) -> None:
         self._matches = None
@@ -336,8 +338,7 @@ class SamplesFilterModel(QAbstractProxyModel):
         return 0 if parent.isValid() else len(self._order)
 
     def columnCount(self, parent: Index = QModelIndex()) -> int:  # noqa: N802, B008
-        model = self.sourceModel()
-        return 0 if parent.isValid() or model is None else model.columnCount()
+        return 0 if parent.isValid() or self._model() is None else len(SamplesModel.COLUMNS)
 
     def hasChildren(self, parent: Index = QModelIndex()) -> bool:  # noqa: N802, B008
         return not parent.isValid() and len(self._order) > 0
@@ -354,6 +355,18 @@ class SamplesFilterModel(QAbstractProxyModel):
 
     def sibling(self, row: int, column: int, index: Index) -> QModelIndex:
         return self.index(row, column)
+
+    # A repaint asks for a dozen roles of every cell in sight: answered here in one call each, not
+    # through mapToSource and the source's data (two calls and an index each).
+    def data(self, index: Index, role: int = Qt.DisplayRole) -> Any:
+        model = self._model()
+        row = index.row()
+        if model is None or not 0 <= row < len(self._order):
+            return None
+        return model.cell(int(self._order[row]), index.column(), role)
+
+    def flags(self, index: Index) -> Qt.ItemFlag:
+        return _FLAGS if index.isValid() else Qt.NoItemFlags
 
 
 __all__ = ["SamplesFilterModel"]

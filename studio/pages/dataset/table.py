@@ -709,12 +709,14 @@ class SamplesModel(QAbstractTableModel):
     def data(self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.DisplayRole) -> Any:
         # A view asks for a dozen roles per cell: the ones answered here are few, and the answers are
         # made once (brushes, icons, the font) so that a repaint of the rows in sight stays cheap.
-        if role not in _ROLES:
+        if role not in _ROLES or not index.isValid():
             return None
-        row = index.row()
-        if not 0 <= row < len(self._rows) or not index.isValid():
+        return self.cell(index.row(), index.column(), role)
+
+    def cell(self, row: int, col: int, role: int) -> Any:
+        """`data` of the cell at (row, col), without an index (the filter model asks this way)."""
+        if role not in _ROLES or not 0 <= row < len(self._rows):
             return None
-        col = index.column()
         r = self._rows[row]
         if role == Qt.DisplayRole or role == SortRole:
             return self._value(row, col, r, sort=role == SortRole)
