@@ -547,8 +547,8 @@ class DatasetPage(QWidget):
 
     def _fit_number_columns(self) -> None:
         """Widen # and Line to hold the largest position and line (100,000 needs six digits)."""
-        last_line = max((s.line for s in self.document.iter_samples()), default=0)
-        digits = len(str(max(len(self.document), last_line)))
+        last_line = self.document.sample(len(self.document) - 1).line if len(self.document) else 0
+        digits = len(str(max(len(self.document), last_line)))  # a file's lines only grow
         fm = self.fontMetrics()
         for col, title in ((SamplesModel.COL_INDEX, "#"), (SamplesModel.COL_LINE, "Line")):
             width = max(fm.horizontalAdvance("0" * max(digits, 4)), fm.horizontalAdvance(title + "0")) + 12
@@ -947,7 +947,9 @@ class DatasetPage(QWidget):
         if change.kind == "reset":  # opened, or replaced (a recovered autosave)
             self.proxy.set_pinned(None)
             self.refresh()
-            if len(self.document):
+            if len(self.document) > 20_000:  # a large file: show it first, select the first sample next
+                QTimer.singleShot(0, self._select_first)
+            elif len(self.document):
                 self.select_rows([0])
         elif change.kind == "history":
             self._update_history_actions()
@@ -958,6 +960,10 @@ class DatasetPage(QWidget):
         elif change.kind == "dirty":
             self._update_labels()
             self.sig_modified.emit(self.document.dirty)
+
+    def _select_first(self) -> None:
+        if len(self.document) and self.current_row() < 0:
+            self.select_rows([0])
 
     def _update_history_actions(self) -> None:
         doc = self.document
