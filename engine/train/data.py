@@ -799,26 +799,35 @@ def _finish(
 ) -> tuple[Encoded | None, Problem | None]:
     """A sample's encoding cut to n_ctx, and the problem it has (a truncation warning, or an error
     when no trained token is left: then no encoding)."""
-    where = "" if sample.line else f"sample {index}: "
     n = len(tokens)
     truncated = n > n_ctx
     kept_tokens, kept = (tokens[:n_ctx], mask[:n_ctx]) if truncated else (tokens, mask)
     if not kept[1:].any():
-        if truncated:
-            first = int(np.argmax(mask))
-            message = (
-                f"{where}no trained tokens left after truncating its {n} tokens to n_ctx={n_ctx}: "
-                f"the first trained token is token {first}; raise n_ctx or shorten the prompt"
-            )
-        else:
-            message = f"{where}has no trained tokens ({n} tokens)"
-        return None, Problem(sample.line, message, ERROR)
+        return None, _no_trained_tokens(sample, index, n, n_ctx, int(np.argmax(mask)))
     problem = None
     if truncated:
-        cut = int(np.count_nonzero(mask[n_ctx:]))
-        message = f"{where}{n} tokens, truncated to n_ctx={n_ctx} ({cut} trained tokens cut off)"
-        problem = Problem(sample.line, message, WARNING)
+        problem = _truncation(sample, index, n, n_ctx, int(np.count_nonzero(mask[n_ctx:])))
     return Encoded(index, kept_tokens, kept, 1.0, truncated), problem
+
+
+def _no_trained_tokens(sample: Sample, index: int, n: int, n_ctx: int, first: int) -> Problem:
+    """The error of a sample left with no trained token (`first`: its first trained token, 0: none)."""
+    where = "" if sample.line else f"sample {index}: "
+    if n > n_ctx:
+        message = (
+            f"{where}no trained tokens left after truncating its {n} tokens to n_ctx={n_ctx}: "
+            f"the first trained token is token {first}; raise n_ctx or shorten the prompt"
+        )
+    else:
+        message = f"{where}has no trained tokens ({n} tokens)"
+    return Problem(sample.line, message, ERROR)
+
+
+def _truncation(sample: Sample, index: int, n: int, n_ctx: int, cut: int) -> Problem:
+    """The warning of a sample cut to n_ctx (`cut`: trained tokens cut off)."""
+    where = "" if sample.line else f"sample {index}: "
+    message = f"{where}{n} tokens, truncated to n_ctx={n_ctx} ({cut} trained tokens cut off)"
+    return Problem(sample.line, message, WARNING)
 
 
 def _unencodable(sample: Sample, index: int, exc: Exception) -> Problem:
@@ -869,6 +878,34 @@ _BATCH = 512  # samples tokenized in one call of the tokenizers library (spread 
 _IN_FLIGHT = 2  # chunks rendered and handed to the tokenizing thread ahead of the one assembled
 
 
+@dataclass
+class EncodedChunk:
+    """A few hundred samples encoded as `encode_samples` encodes them, in flat arrays: sample k's
+    tokens before truncation are tokens[starts[k]:starts[k] + lengths[k]] (trained alike); it keeps
+    kept[k] of them (0: it is dropped), truncated[k] says it was cut, targets[k] counts its kept
+    trained tokens after the first (`Encoded.n_targets`); problems[k] are its problems."""
+
+    samples: list[Sample]
+    first_index: int  # `Encoded.index` of samples[0]
+    tokens: np.ndarray  # int32, every sample's tokens before truncation, one after another
+    trained: np.ndarray  # bool, alike
+    starts: np.ndarray  # int64 (m,)
+    lengths: np.ndarray  # int64 (m,): tokens before truncation (0 for a sample that failed)
+    kept: np.ndarray  # int64 (m,): tokens kept; 0: dropped
+    truncated: np.ndarray  # bool (m,)
+    targets: np.ndarray  # int64 (m,)
+    problems: list[list[Problem]]
+
+    def encoded(self, k: int) -> Encoded | None:
+        """Sample k's `Encoded` (views of the chunk's arrays), or None when it is dropped."""
+        n = int(self.kept[k])
+        if not n:
+            return None
+        a = int(self.starts[k])
+        return Encoded(self.first_index + k, self.tokens[a : a + n], self.trained[a : a + n], 1.0,
+                       bool(self.truncated[k]))  # fmt: skip
+
+
 def encode_chunks(
     samples: Iterable[Sample],
     tokenizer: Tokenizer,
@@ -876,33 +913,25 @@ def encode_chunks(
     options: EncodeOptions,
     *,
     batch: int = _BATCH,
-) -> Iterator[tuple[list[Sample], list[Encoded | None], list[list[Problem]]]]:
-    """Samples, a few hundred at a time, with their encodings (None for one that is dropped) and
-    problems, as `encode_samples` gives them (`Encoded.index` counts the samples from 0).
+) -> Iterator[EncodedChunk]:
+    """Samples, a few hundred at a time, encoded as `encode_samples` encodes them
+    (`Encoded.index` counts the samples from 0), as flat arrays (`EncodedChunk`).
 
     Each chunk goes through three stages: each conversation's text and reply spans come from one
     `render_with_spans` (which renders each conversation structure once for templates that pass
     contents through); the texts are tokenized by the library's parallel batch encoding, on a
-    thread of its own while the next chunk is read and rendered; the trained tokens of a span are
-    found as a range, not token by token. `samples` is consumed as the chunks are taken, so a
-    stream of samples is never held whole. `batch`: samples per chunk (smaller chunks give the
+    thread of its own while the next chunk is read and rendered; the chunk's tokens are laid out
+    in one array, a span's trained tokens found as a range (not token by token), and truncation
+    and masks worked out with array operations. `samples` is consumed as the chunks are taken, so
+    a stream of samples is never held whole. `batch`: samples per chunk (smaller chunks give the
     interpreter up more often, for a program that must stay responsive)."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     index = 0
-    for chunk, results in _pipelined(_chunks(samples, batch), tokenizer, template, options):
-        encodings: list[Encoded | None] = []
-        problems: list[list[Problem]] = []
-        for sample, result in zip(chunk, results, strict=True):
-            if isinstance(result, Exception):
-                encodings.append(None)
-                problems.append([_unencodable(sample, index, result)])
-            else:
-                encoded, problem = _finish(sample, index, result[0], result[1], options.n_ctx)
-                encodings.append(encoded)
-                problems.append([problem] if problem is not None else [])
-            index += 1
-        yield chunk, encodings, problems
+    for work in _pipelined(_chunks(samples, batch), tokenizer, template, options):
+        chunk = work.assemble(index)
+        index += len(chunk.samples)
+        yield chunk
 
 
 def encode_iter(
@@ -915,8 +944,9 @@ def encode_iter(
 ) -> Iterator[tuple[Sample, Encoded | None, list[Problem]]]:
     """`encode_samples` one sample at a time, as a stream: (sample, its encoding or None when it
     is dropped, its problems), in order, `batch` samples tokenized at once (see `encode_chunks`)."""
-    for chunk, encodings, problems in encode_chunks(samples, tokenizer, template, options, batch=batch):
-        yield from zip(chunk, encodings, problems, strict=True)
+    for chunk in encode_chunks(samples, tokenizer, template, options, batch=batch):
+        for k, sample in enumerate(chunk.samples):
+            yield sample, chunk.encoded(k), chunk.problems[k]
 
 
 def encode_samples(
@@ -949,9 +979,9 @@ def _pipelined(
     tokenizer: Tokenizer,
     template: ChatTemplate | None,
     options: EncodeOptions,
-) -> Iterator[tuple[list[Sample], list[tuple[np.ndarray, np.ndarray] | Exception]]]:
-    """(chunk, per-sample results) in order; each chunk's tokenization runs on a worker thread
-    (the library releases the interpreter lock) while the next chunk is read and rendered here."""
+) -> Iterator[_Chunk]:
+    """Each chunk rendered and tokenized, in order; the tokenization runs on a worker thread (the
+    library releases the interpreter lock) while the next chunks are read and rendered here."""
     first = next(chunks, None)
     if first is None:
         return
@@ -959,7 +989,7 @@ def _pipelined(
     if second is None:  # one chunk: no thread
         work = _Chunk(first, tokenizer, template, options)
         work.tokenize()
-        yield first, work.assemble()
+        yield work
         return
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenize") as pool:
         pending: collections.deque[tuple[_Chunk, concurrent.futures.Future]] = collections.deque()
@@ -969,11 +999,11 @@ def _pipelined(
             if len(pending) > _IN_FLIGHT:  # the library always has the next chunk waiting
                 done, future = pending.popleft()
                 future.result()
-                yield done.samples, done.assemble()
+                yield done
         while pending:
             done, future = pending.popleft()
             future.result()
-            yield done.samples, done.assemble()
+            yield done
 
 
 class _Chunk:
@@ -1024,55 +1054,115 @@ class _Chunk:
         except TokenizerError:
             self.failed = True
 
-    def assemble(self) -> list[tuple[np.ndarray, np.ndarray] | Exception]:
-        """Per sample, (token ids int32, trained bool) before truncation, or the error that stops it."""
+    def assemble(self, first_index: int) -> EncodedChunk:
+        """The chunk's samples as `_encode_one` and `_finish` make them, in flat arrays."""
         tokenizer, options = self.tokenizer, self.options
+        m = len(self.samples)
+        lengths = np.zeros(m, dtype=np.int64)
+        errors: dict[int, Exception] = {}
+        pieces: list[Iterable[int]] = []  # every sample's ids, in order
+        bounds: list[int] = []  # trained ranges [a, b) in the chunk's flat array, flattened
         if self.failed or self.encodings is None:  # find the text that is not Unicode, sample by sample
-            return [_encode_alone(s, tokenizer, self.template, options) for s in self.samples]
-        encoded = tokenizer.ranges_of(self.encodings, self.texts, self.spans)
-        self.encodings = None
-        bos, eos = tokenizer.bos_id, tokenizer.eos_id
-        add_bos = tokenizer.add_bos and bos is not None
-        top = options.train_on_prompt
-        out: list[tuple[np.ndarray, np.ndarray] | Exception] = []
-        for job in self.jobs:
-            if isinstance(job, Exception):
-                out.append(job)
-                continue
-            kind, k = job
-            if kind == "text":
-                ids = encoded[k][0]
-                if add_bos and (not ids or ids[0] != bos):
-                    ids = [bos, *ids]
-                starts_with_bos = bos is not None and bool(ids) and ids[0] == bos
-                if eos is not None and (not ids or ids[-1] != eos):
-                    ids = [*ids, eos]
-                tokens = np.asarray(ids, dtype=np.int32)
-                mask = np.ones(len(tokens), dtype=bool)
-                mask[:1] = not starts_with_bos
-                out.append((tokens, mask))
-                continue
-            if kind == "raw":
-                p, r = encoded[k][0], encoded[k + 1][0]
-                ids = p + r + [eos] if eos is not None else p + r
-                ranges = [(len(p), len(ids))]
-                if top:
-                    ranges = [(0, len(ids))]
-            else:
-                ids, ranges = encoded[k]
-                if top:
-                    ranges = [(0, len(ids))]
-            lead = 1 if add_bos and (not ids or ids[0] != bos) else 0  # a BOS goes first, untrained
-            tokens = np.empty(lead + len(ids), dtype=np.int32)
-            tokens[:lead] = bos
-            tokens[lead:] = ids
-            mask = np.zeros(len(tokens), dtype=bool)
-            for k0, k1 in ranges:
-                mask[lead + k0 : lead + k1] = True
-            if top and len(mask):
-                mask[0] = not (bos is not None and tokens[0] == bos)
-            out.append((tokens, mask))
-        return out
+            masks = []
+            for k, sample in enumerate(self.samples):
+                result = _encode_alone(sample, tokenizer, self.template, options)
+                if isinstance(result, Exception):
+                    errors[k] = result
+                    continue
+                pieces.append(result[0].tolist())
+                masks.append(result[1])
+                lengths[k] = len(result[0])
+            trained = np.concatenate(masks) if masks else np.zeros(0, dtype=bool)
+        else:
+            encoded = tokenizer.ranges_of(self.encodings, self.texts, self.spans)
+            self.encodings = None
+            bos, eos = tokenizer.bos_id, tokenizer.eos_id
+            add_bos = tokenizer.add_bos and bos is not None
+            top = options.train_on_prompt
+            at = 0  # where the sample starts in the flat array
+            for k, job in enumerate(self.jobs):
+                if isinstance(job, Exception):
+                    errors[k] = job
+                    continue
+                kind, j = job
+                ids = encoded[j][0]
+                if kind == "text":  # every token trained but a first BOS; EOS appended unless last
+                    lead = 1 if add_bos and (not ids or ids[0] != bos) else 0  # a BOS first, untrained
+                    last = ids[-1] if ids else (bos if lead else None)
+                    tail = 1 if eos is not None and last != eos else 0
+                    n = lead + len(ids) + tail
+                    first = bos if lead else (ids[0] if ids else None)
+                    bounds += (at + (1 if bos is not None and first == bos else 0), at + n)
+                    pieces += ((bos,) * lead, ids, (eos,) * tail)
+                else:
+                    if kind == "raw":  # the prompt, then the response and EOS (trained)
+                        prompt, response = ids, encoded[j + 1][0]
+                        body = [*prompt, *response, eos] if eos is not None else [*prompt, *response]
+                        spans = [(len(prompt), len(body))]
+                    else:
+                        body, spans = ids, encoded[j][1]
+                    lead = 1 if add_bos and (not body or body[0] != bos) else 0  # a BOS first, untrained
+                    n = lead + len(body)
+                    pieces += ((bos,) * lead, body)
+                    if top and n:  # every token trained, but a first BOS
+                        first = bos if lead else body[0]
+                        bounds += (at + (1 if bos is not None and first == bos else 0), at + n)
+                    else:
+                        for k0, k1 in spans:
+                            bounds += (at + lead + k0, at + lead + k1)
+                lengths[k] = n
+                at += n
+            trained = _ranges_mask(bounds, at)
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1])) if m else np.zeros(0, dtype=np.int64)
+        total = int(lengths.sum())
+        tokens = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int32, count=total)
+        return _truncate(self.samples, first_index, tokens, trained, starts, lengths, errors, options.n_ctx)
+
+
+def _ranges_mask(bounds: list[int], n: int) -> np.ndarray:
+    """A bool array of n that is True inside any of the ranges [a, b) listed as a, b, a, b, ..."""
+    edges = np.zeros(n + 1, dtype=np.int32)
+    if bounds:
+        b = np.asarray(bounds, dtype=np.int64)
+        np.add.at(edges, b[0::2], 1)
+        np.add.at(edges, b[1::2], -1)
+    return np.cumsum(edges[:-1]) > 0
+
+
+def _truncate(
+    samples: list[Sample],
+    first_index: int,
+    tokens: np.ndarray,
+    trained: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    errors: dict[int, Exception],
+    n_ctx: int,
+) -> EncodedChunk:
+    """`_finish` for a chunk at once: what each sample keeps, and its problems."""
+    m = len(samples)
+    ends = starts + lengths
+    kept = np.minimum(lengths, n_ctx)
+    before = np.concatenate(([0], np.cumsum(trained, dtype=np.int64)))  # trained tokens before each position
+    targets = before[starts + kept] - before[np.minimum(starts + 1, starts + kept)]
+    truncated = lengths > n_ctx
+    failed = np.zeros(m, dtype=bool)
+    failed[list(errors)] = True
+    dropped = (targets == 0) | failed
+    problems: list[list[Problem]] = [[] for _ in range(m)]
+    for k, exc in errors.items():
+        problems[k].append(_unencodable(samples[k], first_index + k, exc))
+    for k in np.flatnonzero(dropped & ~failed).tolist():
+        a, n = int(starts[k]), int(lengths[k])
+        first = int(np.argmax(trained[a : a + n])) if n else 0
+        problems[k].append(_no_trained_tokens(samples[k], first_index + k, n, n_ctx, first))
+    for k in np.flatnonzero(truncated & ~dropped).tolist():
+        cut = int(before[ends[k]] - before[starts[k] + n_ctx])
+        problems[k].append(_truncation(samples[k], first_index + k, int(lengths[k]), n_ctx, cut))
+    kept[dropped] = 0
+    targets[dropped] = 0
+    return EncodedChunk(samples, first_index, tokens, trained, starts, lengths, kept, truncated & ~dropped,
+                        targets, problems)  # fmt: skip
 
 
 def _encode_alone(

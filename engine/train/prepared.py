@@ -62,6 +62,7 @@ from ..io.files import atomic_write
 from .data import (
     Batch,
     Encoded,
+    EncodedChunk,
     EncodeOptions,
     Problem,
     Sample,
@@ -448,14 +449,14 @@ def _write(
     groups: dict[bytes, int] = {}
     next_report = time.monotonic()
     try:
-        for chunk, encodings, found in encode_chunks(samples, tokenizer, template, options):
+        for chunk in encode_chunks(samples, tokenizer, template, options):
             if problems:  # what reading found so far (in line order)
                 writer.read_problems(problems)
                 problems.clear()
             group_ids = [
-                -1 if not s.group else groups.setdefault(digest(s.group), len(groups)) for s in chunk
+                -1 if not s.group else groups.setdefault(digest(s.group), len(groups)) for s in chunk.samples
             ]
-            writer.add(chunk, encodings, group_ids, found)
+            writer.add(chunk, group_ids)
             if time.monotonic() >= next_report:
                 report(PrepareProgress("preparing", read[0], total, writer.n_samples))
                 next_report = time.monotonic() + 0.1
@@ -491,33 +492,27 @@ class _Writer:
         self._files[name].write(data)
         self._hashes[name].update(data)
 
-    def add(
-        self,
-        samples: list[Sample],
-        encodings: list[Encoded | None],
-        groups: list[int],
-        problems: list[list[Problem]],
-    ) -> None:
-        """A chunk of samples (numbered from `n_samples`), their encodings (None: dropped), group
-        numbers and encoding problems."""
+    def add(self, chunk: EncodedChunk, groups: list[int]) -> None:
+        """A chunk of encoded samples (numbered from `n_samples`) and their group numbers."""
+        samples = chunk.samples
         table = np.zeros(len(samples), dtype=SAMPLE_DTYPE)
-        kept = [e for e in encodings if e is not None]
-        lengths = np.array([len(e.tokens) if e is not None else 0 for e in encodings], dtype=np.int64)
-        table["start"] = self.n_tokens + np.cumsum(lengths) - lengths
-        table["length"] = lengths
-        table["targets"] = [e.n_targets if e is not None else 0 for e in encodings]
+        kept = chunk.kept
+        table["start"] = self.n_tokens + np.cumsum(kept) - kept
+        table["length"] = kept
+        table["targets"] = chunk.targets
         table["line"] = [s.line for s in samples]
         table["reward"] = [np.nan if s.reward is None else s.reward for s in samples]
         table["group"] = groups
-        table["flags"] = [0 if e is None else KEPT | (TRUNCATED if e.truncated else 0) for e in encodings]
+        table["flags"] = np.where(kept > 0, KEPT, 0) | np.where(chunk.truncated, TRUNCATED, 0)
         self._tables.append(table)
-        if kept:
-            self._put(
-                "tokens.bin", np.concatenate([e.tokens for e in kept]).astype(self.token_dtype).tobytes()
-            )
-            self._put("trained.bin", np.concatenate([e.trained for e in kept]).astype(np.bool_).tobytes())
-        self.n_tokens += int(lengths.sum())
-        for k, found in enumerate(problems):
+        if kept.any():  # the kept part of each sample, one after another
+            starts = chunk.starts[kept > 0]
+            counts = kept[kept > 0]
+            at = np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+            self._put("tokens.bin", chunk.tokens[at].astype(self.token_dtype).tobytes())
+            self._put("trained.bin", chunk.trained[at].tobytes())
+        self.n_tokens += int(kept.sum())
+        for k, found in enumerate(chunk.problems):
             i = self.n_samples + k
             prefix = f"sample {i}: "
             for p in found:

@@ -681,3 +681,37 @@ def test_a_plan_lists_the_first_problems_and_counts_them_all(synth_model, tmp_pa
     plan = started.plan
     assert len(plan.problems) == 1000 and plan.problems_total == 1100
     assert plan.problems[0].startswith("line 1: warning: ") and "truncated to n_ctx=16" in plan.problems[0]
+
+
+EDGE_SAMPLES = (
+    {"text": "<s>starts with a BOS and ends with an EOS</s>"},
+    {"text": "</s>"},
+    {"text": " "},
+    {"text": "<|im_end|> ends the turn <|endoftext|>"},
+    {"prompt": "", "response": "an answer"},
+    {"prompt": "a question", "response": ""},
+    {"prompt": "<s>", "response": "</s>"},
+    {"messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]},
+    {"messages": [{"role": "assistant", "content": "<s>"}]},
+)
+
+
+@pytest.mark.parametrize("vocab", ["spm", "gemma", "qwen2", "phi3"])
+def test_edge_samples_encode_as_the_reference(vocab, tokenizers):
+    """BOS and EOS written in the text, empty prompts and replies, a single space: the flat-array
+    assembly gives what the reference gives, in every prompt format and with train_on_prompt."""
+    samples = [s for obj in EDGE_SAMPLES if (s := parse_sample(obj, 3)[0]) is not None]
+    samples += [s for obj in EDGE_SAMPLES if (s := parse_sample(obj, 0)[0]) is not None]  # made in memory
+    template = _template(CHATML_TEMPLATE)
+    tok = tokenizers[vocab]
+    for options in (
+        EncodeOptions(4096),
+        EncodeOptions(3),
+        EncodeOptions(4096, train_on_prompt=True),
+        EncodeOptions(4096, prompt_format="raw"),
+        EncodeOptions(4, train_on_prompt=True, prompt_format="raw"),
+    ):
+        _assert_same_encodings(
+            encode_samples(samples, tok, template, options),
+            encode_samples_ref(samples, tok, template, options),
+        )
