@@ -312,6 +312,7 @@ class PackedBatches(Sequence[Batch]):
         self.n_windows = len(self._starts) - 1
         self.n_tokens = int(lengths.sum())  # sample tokens per epoch (no padding)
         self.n_label_tokens = int(table["targets"].sum())  # tokens with a loss term per epoch
+        self._last: tuple[int, Batch] | None = None  # the batch made last
 
     def __len__(self) -> int:
         return math.ceil(self.n_windows / self.batch_size)
@@ -322,6 +323,13 @@ class PackedBatches(Sequence[Batch]):
             i += n
         if not 0 <= i < n:
             raise IndexError(f"batch {i} of {n}")
+        if self._last is not None and self._last[0] == i:  # asked again at once (a shape, then the batch)
+            return self._last[1]
+        batch = self._make(i)
+        self._last = (i, batch)
+        return batch
+
+    def _make(self, i: int) -> Batch:
         first = i * self.batch_size
         last = min(first + self.batch_size, self.n_windows)
         windows = [

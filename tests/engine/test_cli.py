@@ -189,9 +189,9 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
 
 
 def test_train_norms_export_round_trip(tmp_path, capsys):
-    from engine.io.synth import SynthSpec, write_model
     from engine.model.lora import LoraAdapter
     from engine.model.model import Model
+    from engine.testing import SynthSpec, write_model
 
     model_path = write_model(tmp_path / "m.gguf", SynthSpec.for_arch("qwen2moe", seed=4))
     data = DATA / "datasets" / "sample_data.jsonl"

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import engine
-import engine.io.export_check as export_check
+import engine.export.check as export_check
 from engine import (
     ChatTemplate,
     GGUFFile,

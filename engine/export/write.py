@@ -59,10 +59,10 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import ExportError, ModelError
+from ..io.gguf_file import GGUFFile, dequantizable_types
+from ..io.gguf_write import LazyTensor, tensor_bytes, write_gguf
+from ..io.quantize import quantizable_types
 from ..model.lora import SUFFIX_A, SUFFIX_B, LoraAdapter, effective_scale, lora_shapes
-from .gguf_file import GGUFFile, dequantizable_types
-from .gguf_write import LazyTensor, tensor_bytes, write_gguf
-from .quantize import quantizable_types
 
 log = logging.getLogger(__name__)
 
