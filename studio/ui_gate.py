@@ -21,7 +21,7 @@ import threading
 
 from PySide6.QtCore import QAbstractEventDispatcher, QCoreApplication, QThread
 
-PAUSE_S = 0.5  # the longest background work waits for the UI thread to go idle
+PAUSE_S = 0.02  # the longest background work waits for the UI thread to go idle (its bursts are shorter)
 SWITCH_INTERVAL_S = 0.0001  # the engine worker's busy interval (studio.worker.SWITCH_INTERVAL_BUSY)
 _ATTRIBUTE = "_tune_studio_ui_gate"
 

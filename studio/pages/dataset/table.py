@@ -17,6 +17,7 @@ are `studio.pages.dataset.proxy.SamplesFilterModel`'s.
 
 from __future__ import annotations
 
+import heapq
 import operator
 import time
 import weakref
@@ -834,12 +835,17 @@ class SamplesModel(QAbstractTableModel):
         return self.HEADER_TIPS[col]
 
 
-def _dense_ranks(keys: list[Any]) -> np.ndarray:
-    """Per key, its rank among the distinct keys in sorted order (equal keys, equal ranks)."""
+def _dense_ranks(keys: list[Any], run: int = 8192) -> np.ndarray:
+    """Per key, its rank among the distinct keys in sorted order (equal keys, equal ranks).
+
+    Sorted a run of keys at a time and merged: one sort call holds the interpreter for its whole
+    length, and a loader thread must not hold it from the UI thread for long."""
     n = len(keys)
     if not n:
         return np.zeros(0, dtype=np.int64)
-    order = sorted(range(n), key=keys.__getitem__)
+    key = keys.__getitem__
+    runs = [sorted(range(a, min(a + run, n)), key=key) for a in range(0, n, run)]
+    order = runs[0] if len(runs) == 1 else list(heapq.merge(*runs, key=key))  # stable: ties by index
     ordered = [keys[i] for i in order]
     pairs = zip(ordered[:-1], ordered[1:], strict=True)
     steps = np.fromiter((a != b for a, b in pairs), dtype=bool, count=n - 1)
