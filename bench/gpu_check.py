@@ -203,6 +203,10 @@ TRAIN_GRAD_TOL = 5e-2  # |gnorm_gpu - gnorm_cpu| / gnorm_cpu at every step (befo
 GEN_TOKENS = 8  # greedy tokens of the generation check
 # the CPU's logits with the exported adapter against the device's, max |diff| / max |logit|: the
 # device multiplies bf16 roundings of the weights (5e-3..1.2e-2 measured on an H100, 10 steps)
+# a step whose routed slots differ between the CPU and the device (a top-k near tie decided the other
+# way on the two; V3's group limits make them more frequent): that step's loss and gradient norm
+ROUTED_CE_TOL = 1e-1
+ROUTED_GRAD_TOL = 1e-1
 ADAPTER_LOGIT_TOL = 2e-2
 PROMPT = (1, 40, 41, 42, 43)
 
@@ -230,7 +234,9 @@ def _train(model, samples, config) -> tuple[list, object, object]:
     got: list = []
     trainer = Trainer(model, samples, config)
     end = trainer.run(got.append, lambda: False)
-    return [e for e in got if isinstance(e, ev.Step)], end, trainer
+    usage = {e.step: np.asarray(e.counts) for e in got if isinstance(e, ev.ExpertUsage)}
+    steps = [e for e in got if isinstance(e, ev.Step)]
+    return [(e, usage.get(e.step)) for e in steps], end, trainer
 
 
 def train_rows(
@@ -278,26 +284,33 @@ def train_rows(
                 raise RuntimeError(f"the CPU run failed at step {cpu_end.step}: {cpu_end.message}")
             worst_abs = worst_rel = worst_g = 0.0
             all_ok = len(dev) == len(cpu) == steps
-            for a, b in zip(cpu, dev, strict=False):
+            for (a, a_use), (b, b_use) in zip(cpu, dev, strict=False):
                 d_ce = abs(b.mean_ce - a.mean_ce)
                 rel = d_ce / max(abs(a.mean_ce), 1e-12)
                 rel_g = abs(b.grad_norm - a.grad_norm) / max(abs(a.grad_norm), 1e-12)
                 host = isinstance(b.mean_ce, float) and isinstance(b.grad_norm, float)
-                ok = bool(rel <= TRAIN_CE_TOL and rel_g <= TRAIN_GRAD_TOL and host and np.isfinite(b.mean_ce))
+                # a top-k near tie decided the other way moves tokens to other experts: that step's
+                # loss may differ by more than rounding (the next steps show whether training agrees)
+                moved = 0 if a_use is None or b_use is None else int(np.abs(a_use - b_use).sum()) // 2
+                ce_tol, g_tol = (ROUTED_CE_TOL, ROUTED_GRAD_TOL) if moved else (TRAIN_CE_TOL, TRAIN_GRAD_TOL)
+                ok = bool(rel <= ce_tol and rel_g <= g_tol and host and np.isfinite(b.mean_ce))
                 all_ok &= ok
                 worst_abs, worst_rel, worst_g = max(worst_abs, d_ce), max(worst_rel, rel), max(worst_g, rel_g)
                 verdict = "pass" if ok else "FAIL"
                 lines.append(
                     f"{arch:<12} {b.step:>4} {a.mean_ce:9.5f} {b.mean_ce:9.5f} {rel:9.2e} {a.grad_norm:9.4f} "
                     f"{b.grad_norm:9.4f} {rel_g:9.2e}  {verdict}"
+                    + (f" ({moved} routed slots differ)" if moved else "")
                 )
                 case = f"step {b.step}: ce {a.mean_ce:.4f}/{b.mean_ce:.4f}, |g| rel {rel_g:.1e}"
                 note = (
                     ""
                     if ok
-                    else f"ce rel {rel:.2e} (tol {TRAIN_CE_TOL}), |g| rel {rel_g:.2e} (tol {TRAIN_GRAD_TOL})"
+                    else f"ce rel {rel:.2e} (tol {ce_tol}), |g| rel {rel_g:.2e} (tol {g_tol})"
+                    + (f"; {moved} routed slots differ" if moved else "")
                 )
                 rows.append(_row(op, case, d_ce, rel, ok, note))
+            cpu, dev = [e for e, _ in cpu], [e for e, _ in dev]
             learns = bool(dev) and dev[-1].mean_ce < dev[0].mean_ce
             all_ok &= learns
             case = f"{len(dev)}/{steps} steps cpu vs {backend.device}: |g| rel <= {worst_g:.1e}" + (
@@ -356,15 +369,22 @@ def gen_row(arch: str, path: str, model, trainer) -> dict:
         [h] = generate(cpu_model, list(PROMPT), sampling=sampling, lora=host_terms)
         agree = sum(int(a) == int(b) for a, b in zip(h.tokens, got, strict=False))
         z_cpu = np.asarray(cpu_model.forward(np.array(list(PROMPT) + got[:-1]), lora=host_terms), np.float64)
-        gap = float(np.abs(z_cpu - z).max() / max(np.abs(z).max(), 1e-30))
+        per_pos = np.abs(z_cpu - z).max(axis=-1) / max(np.abs(z).max(), 1e-30)
+        gap = float(per_pos.max())
+        over = int((per_pos > ADAPTER_LOGIT_TOL).sum())
         case = (
             f"{len(got)} greedy, cache vs full; exported adapter on cpu: {agree}/{len(got)}, logits {gap:.1e}"
         )
-        ok = ok and gap <= ADAPTER_LOGIT_TOL
-        if gap > ADAPTER_LOGIT_TOL:
-            note = (note + f"; cpu logits with the exported adapter differ by {gap:.2e} (max rel)").strip(
-                "; "
-            )
+        # an MoE model may route one position's token to other experts on the CPU than on the device
+        # (a top-k near tie): one such position is allowed, and said
+        allowed = 1 if model.config.E else 0
+        ok = ok and over <= allowed
+        if over:
+            why = " (one allowed: a routing near tie)" if over <= allowed else ""
+            note = (
+                note + f"; cpu logits with the exported adapter differ by {gap:.2e} (max rel) at {over} of "
+                f"{len(per_pos)} positions{why}"
+            ).strip("; ")
         return _row(op, case, float(len(diff)), gap, ok, note)
     except Exception as exc:  # noqa: BLE001
         return _fail(op, exc)

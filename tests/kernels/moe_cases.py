@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from engine.kernels import moe
+from engine.kernels.glu import OAI_LIMIT
 from engine.kernels.linear import LoraTerm
 from engine.kernels.runtime import Runtime
 
@@ -249,6 +250,23 @@ def tolerance(case: MoeCase) -> float:
     return 2e-5 if case.dtype == "float32" else 1e-2
 
 
+def _device_clamp_sides(cache: moe.ExpertsCache, routing: moe.Routing, got: dict) -> moe.ExpertsCache:
+    """gpt-oss's clamps make the activation's derivative jump at g = 7 and |u| = 7. Where the kernels'
+    g or u (bf16 products: about 3e-3 relative) fall on the other side of a limit than the float64
+    reference's, the reference differentiates at the kernels' value, so both take the same side of
+    the jump (one such element otherwise moves a whole row's gradients by its full size)."""
+    L = OAI_LIMIT
+    acts = []
+    for a in cache.per_expert:
+        lo = int(routing.offsets[a.e])
+        gd = got["g"][lo : lo + len(a.pairs)].astype(np.float64)
+        ud = got["u"][lo : lo + len(a.pairs)].astype(np.float64)
+        g = np.where((a.g < L) != (gd < L), gd, a.g)
+        u = np.where((np.abs(a.u) < L) != (np.abs(ud) < L), ud, a.u)
+        acts.append(a._replace(g=g, u=u))
+    return cache._replace(per_expert=acts)
+
+
 def reference(case: MoeCase, inp: dict, got: dict) -> dict:
     """The NumPy reference in float64 on the kernels' own routing (top-k ids, order, offsets)."""
     f64 = {
@@ -271,6 +289,8 @@ def reference(case: MoeCase, inp: dict, got: dict) -> dict:
     loras = [LoraTerm(f64[f"A_{n}"], f64[f"B_{n}"], inp[f"s_{n}"]) if n in case.lora else None for n in NAMES]
     b = {f"b_{n}": f64[f"b_{n}"] for n in case.biases}
     y, cache = moe.experts_forward_ref(f64["x"], routing, *W, *loras, act=case.act, **b)
+    if case.act == "swiglu_oai":
+        cache = _device_clamp_sides(cache, routing, got)
     dx, dweights, dW, dlora, db = moe.experts_backward_ref(
         f64["dy"], cache, *W, need_dw=case.need_dw, need_db=bool(case.biases)
     )
@@ -317,6 +337,10 @@ def check_case(case: MoeCase, inp: dict, got: dict) -> dict[str, float]:
     errors: dict[str, float] = {}
     bad: list[str] = []
     tol = tolerance(case)
+    # a row's error against its own norm: 10x the tolerance; gpt-oss's bf16 rows 25x, whose biases put
+    # the pre-activations at 5-15 (bf16 rounds them by 0.02-0.06) where the clamped SwiGLU's slope is
+    # steepest relative to the row (measured up to 10.3x on rows at the floor of 0.1 x the rms norm)
+    row_factor = 25 if case.act == "swiglu_oai" and case.dtype == "bfloat16" else 10
     for k in ref:
         if k in EXACT:
             same = got[k].shape == ref[k].shape and np.array_equal(got[k], ref[k])
@@ -332,7 +356,7 @@ def check_case(case: MoeCase, inp: dict, got: dict) -> dict[str, float]:
         t = 2e-5 if k in ("probs", "weights", "w_sel", "dlogits") else tol
         e, re_ = rel_err(got[k], ref[k]), row_err(got[k], ref[k])
         errors[k] = e
-        if not (e <= t and re_ <= 10 * t):
+        if not (e <= t and re_ <= row_factor * t):
             bad.append(f"{k}: rel err {e:.3g}, worst row {re_:.3g} (tolerance {t:g})")
     assert not bad, f"{case} ({case.dtype}): " + "; ".join(bad)
     return errors

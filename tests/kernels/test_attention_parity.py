@@ -8,6 +8,7 @@ GPU (marker gpu). The CUDA cache keeps the log-sum-exp rows, not the probabiliti
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import NamedTuple
 
@@ -119,10 +120,24 @@ def checks(be: Backend, rng: np.random.Generator, methods=tuple(METHODS)) -> lis
         out.append(compare("attention_backward.dk", case, dk, dkr, tol))
         out.append(compare("attention_backward.dv", case, dv, dvr, tol))
         if c.sinks:
-            out.append(compare("attention_backward.dsinks", case, dsinks, dsr, tol))
+            out.append(_dsinks_check(case, dsinks, dsr, cr, f64(dy), tol))
         else:
             assert dsinks is None, f"{case}: a gradient of sinks there are none of"
     return out
+
+
+def _dsinks_check(case: str, dsinks, dsr, cr, dy, tol: float) -> Check:
+    """dsinks[h] sums -p_sink D over the rows of head h, terms of both signs that can cancel to far
+    below their size (a few rows in the small cases): its error is measured against the norm of
+    sum |p_sink D|, the scale its rounding works at, not against the sum itself."""
+    qg, _, vt, p, _, p_sink = cr
+    B, NKV, G, T, _ = qg.shape
+    do = dy.reshape(B, T, NKV, G, vt.shape[-1]).transpose(0, 2, 3, 1, 4)
+    D = ((do @ vt.swapaxes(-1, -2)) * p).sum(axis=-1, keepdims=True)
+    size = np.linalg.norm((p_sink * np.abs(D)).sum(axis=(0, 3, 4)))
+    c = compare("attention_backward.dsinks", case, dsinks, dsr, tol)
+    rel = float(np.linalg.norm(np.asarray(dsinks, np.float64) - dsr)) / max(float(size), 1e-30)
+    return dataclasses.replace(c, rel=rel, ok=c.nan == 0 and rel <= tol)
 
 
 def test_attention_parity(backend, fresh_rng):
