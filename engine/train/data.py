@@ -12,9 +12,10 @@ Alpaca's ``{"instruction", "input", "output"}``. Where a line has keys of severa
 first in that order wins (messages, conversations, prompt/response, instruction/output, text);
 other keys are ignored.
 
-`load_jsonl` never stops at a bad line: it returns the samples it could read and a `Problem`
-per line it could not (an "error": the sample is skipped) or has doubts about (a "warning": the
-sample is kept). `DatasetError` only when the file cannot be read at all.
+`load_jsonl` (or `iter_jsonl`, a sample at a time) never stops at a bad line: it returns the
+samples it could read and a `Problem` per line it could not (an "error": the sample is skipped)
+or has doubts about (a "warning": the sample is kept). `DatasetError` only when the file cannot
+be read at all. Duplicates are found by a 16-byte digest of each sample, never by keeping it.
 
 `encode_samples` turns samples into tokens and a per-token "trained" mask: the tokens the model
 must learn to produce. Conversations go through the model's chat template; a token is trained
@@ -23,8 +24,15 @@ when its characters overlap an assistant reply as `ChatTemplate.render_with_span
 message ("chat") or the prompt, the response and EOS tokenized one after the other, as
 llama.cpp's finetune-qlora does ("raw"). Text samples train every token after BOS and an EOS
 appended. Control tokens written in the data ("<|im_end|>") are parsed as control tokens.
+`encode_samples_ref` does it one sample at a time with the template's reference renders: the
+specification. `encode_samples` (and the streams `encode_iter`, `encode_chunks`) give the same
+tokens, masks and problems faster: a conversation is rendered once (its structure once, for
+templates that pass contents through), a few hundred texts are tokenized at once by the library's
+threads while the next ones are read, a reply's tokens are found as a range, and masks,
+truncation and problems are array operations over the chunk.
 
-`pack` puts whole samples into windows of `n_ctx` tokens (first-fit decreasing) and
+`pack` puts whole samples into windows of `n_ctx` tokens (first-fit decreasing, a run of equal
+lengths at a time; `pack_ref` one sample at a time, the specification) and
 `make_batches` lays the windows out as (B, T) arrays with positions restarting at 0 for each
 sample and a segment number per sample, so that attention can be kept inside each sample.
 
