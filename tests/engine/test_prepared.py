@@ -676,7 +676,9 @@ def test_a_plan_lists_the_first_problems_and_counts_them_all(synth_model, tmp_pa
     with open(path, "w", encoding="utf-8") as f:
         for i in range(1100):
             f.write(json.dumps({"text": f"sample {i} " * 20}) + "\n")
-    run = Trainer(synth_model("llama"), str(path), TrainConfig(steps=1, n_ctx=16, data_cache="off"))
+    run = Trainer(
+        synth_model("llama"), str(path), TrainConfig(steps=1, n_ctx=16, data_cache=str(tmp_path / "prepared"))
+    )
     started = run.start()
     plan = started.plan
     assert len(plan.problems) == 1000 and plan.problems_total == 1100
@@ -715,3 +717,18 @@ def test_edge_samples_encode_as_the_reference(vocab, tokenizers):
             encode_samples(samples, tok, template, options),
             encode_samples_ref(samples, tok, template, options),
         )
+
+
+def test_without_a_cache_the_files_are_temporary(tokenizers, tmp_path, monkeypatch):
+    """cache None ("off" for a run): a temporary folder, gone when the prepared data is closed."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    path = _chat_file(tmp_path / "chats.jsonl", 30)
+    data = prepare_data(path, tokenizers["spm"], _template(CHATML_TEMPLATE), EncodeOptions(64), cache=None)
+    folder = Path(data.folder)
+    assert folder.parent == tmp_path / "tmp" and (folder / "tokens.bin").exists() and not data.reused
+    assert len(data.encoded(0).tokens) > 0
+    data.close()
+    assert not folder.exists()
