@@ -235,6 +235,7 @@ class MainWindow(QMainWindow):
         self.model_page.sig_error.connect(self._model_failed)
         self.dataset_page.sig_modified.connect(lambda _: self._update_title())
         self.dataset_page.sig_dataset_opened.connect(self._dataset_opened)
+        self.dataset_page.sig_dataset_opening.connect(self._dataset_opening)
         self.targets_page.sig_selection_changed.connect(lambda _: self._steps_timer.start())
         self.train_page.sig_state_changed.connect(self._training_state)
         self.train_page.sig_run_finished.connect(self._run_finished)
@@ -695,6 +696,11 @@ class MainWindow(QMainWindow):
 
     def _dataset_opened(self, path: str) -> None:
         self._add_recent("recent/datasets", path)
+        if not self._quiet:
+            self.show_page(self.page_names.index("Dataset"))
+
+    def _dataset_opening(self, _path: str) -> None:
+        """A large file is being read in the background: show its progress on the Dataset page."""
         if not self._quiet:
             self.show_page(self.page_names.index("Dataset"))
 

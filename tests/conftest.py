@@ -25,6 +25,17 @@ def golden_cases() -> list[dict]:
     return json.loads((GOLDEN_MODELS / "manifest.json").read_text())["cases"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def user_data_folder(tmp_path_factory) -> Path:
+    """The app's data folder ($TUNE_STUDIO_DATA) for the whole session: under the test's temporary
+    folder, so that runs keep their prepared datasets (engine.train.prepared) there, never in
+    the home folder."""
+    folder = tmp_path_factory.mktemp("user-data")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TUNE_STUDIO_DATA", str(folder))
+        yield folder
+
+
 @pytest.fixture(scope="session")
 def synth_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("synth")

@@ -269,8 +269,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"{'on' if m['checkpoint'] else 'off'})", file=sys.stderr)  # fmt: skip
             for problem in p.problems[:20]:
                 print(f"  {problem}", file=sys.stderr)
-            if len(p.problems) > 20:
-                print(f"  ... and {len(p.problems) - 20} more problems", file=sys.stderr)
+            total = max(p.problems_total, len(p.problems))  # the plan lists the first 1000
+            if total > 20:
+                print(f"  ... and {total - 20} more problems", file=sys.stderr)
         elif isinstance(e, ev.Step):
             line = (f"step {e.step}/{e.total_steps}  loss {e.mean_ce:.4f}  lr {e.lr:.2e}  "
                     f"grad {e.grad_norm:.3f}  {e.tokens_per_s:.0f} tok/s  elapsed {_fmt_time(e.elapsed_s)}  "

@@ -95,9 +95,15 @@ def test_the_encoding_cache_encodes_each_sample_once(synth_model, monkeypatch):
 
     info = ModelInfo.read(synth_model("llama"))
     samples = [Sample(0, "text", (), None, None, f"sample number {i}", None, "") for i in range(6)]
-    calls = []
-    real = plan_module.encode_samples
-    monkeypatch.setattr(plan_module, "encode_samples", lambda s, *a: calls.append(len(s)) or real(s, *a))
+    calls = []  # one entry per sample encoded
+    real = plan_module.encode_iter
+
+    def counting(samples, *args, **kwargs):
+        for sample, encoded, problems in real(samples, *args, **kwargs):
+            calls.append(sample)
+            yield sample, encoded, problems
+
+    monkeypatch.setattr(plan_module, "encode_iter", counting)
     cache = EncodingCache()
     args = (info.tokenizer, info.template, info.tensors, info.summary.config)
     first = check_run(samples, *args, TrainConfig(n_ctx=64), cache)

@@ -87,6 +87,7 @@ from engine import (
 from ...dataset_document import DatasetDocument
 from ...paths import latest_checkpoint
 from ...project import ModelInfo, Project
+from ...ui_gate import UiGate
 from ...widgets.banner import MessageBar
 from ...widgets.buttons import PrimaryButton
 from ...widgets.elided_label import ElidedLabel
@@ -207,7 +208,8 @@ class TrainPage(QWidget):
         self._check_gen = 0
         self._check_again = False
         self._show_next = True  # the progress bar shows the next run's plan (not the last run's end)
-        self._encodings = EncodingCache()  # used by the check jobs only, in the worker
+        # used by the check jobs only, in the worker, which give the UI thread its turn as they go
+        self._encodings = EncodingCache(pause=UiGate.for_app().pause)
         self._tray: QSystemTrayIcon | None = None
         self.check_timer = QTimer(self)
         self.check_timer.setSingleShot(True)
@@ -1022,10 +1024,11 @@ class TrainPage(QWidget):
             f"memory ≈ {human_bytes(mem)}"
         )
         if plan.problems:
-            shown = "; ".join(plan.problems[:3]) + ("; …" if len(plan.problems) > 3 else "")
-            line += f"; {len(plan.problems)} dataset problems: {shown}"
+            n_problems = max(plan.problems_total, len(plan.problems))  # the plan lists the first 1000
+            shown = "; ".join(plan.problems[:3]) + ("; …" if n_problems > 3 else "")
+            line += f"; {n_problems} dataset problems: {shown}"
             self.show_banner(
-                f"The dataset has {len(plan.problems)} problems (samples skipped or truncated), e.g. "
+                f"The dataset has {n_problems} problems (samples skipped or truncated), e.g. "
                 f"{plan.problems[0]}. Training goes on; fix them on the Dataset page.",
                 "warning",
                 page="Dataset",
