@@ -17,6 +17,7 @@ from .errors import (
 )
 from .io.export import (
     ADAPTER_TYPES,
+    MERGE_BASE_TYPE,
     MergeReport,
     adapter_tensor_types,
     export_adapter,
@@ -28,6 +29,7 @@ from .io.export import (
 from .io.export_check import (
     BAD_MARK,
     MERGE_TYPES,
+    MIN_EFFECT_KEPT,
     OK_MARK,
     CheckItem,
     CheckpointEntry,
@@ -61,7 +63,15 @@ from .model.targets import (
     select_targets,
     split_name,
 )
-from .model.verify import TOLERANCE, VERIFY_PROMPTS, PromptResult, VerifyReport, verify_export
+from .model.verify import (
+    TOLERANCE,
+    VERIFY_PROMPTS,
+    PromptResult,
+    VerifyReport,
+    failed_name,
+    quarantine,
+    verify_export,
+)
 from .session import RUN, EngineSession, Reply, template_for
 from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from .text.tokenizer import Tokenizer
@@ -121,7 +131,8 @@ __all__ = [
     "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "KVCache",
     "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_ratings",
     "lora_candidates", "lora_norms", "lora_param_count", "lora_shapes", "LoraAdapter", "LoraNorms",
-    "LoraTerm", "MemoryEstimate", "MERGE_TYPES", "merged_tensor_types", "MergeReport", "Model",
+    "LoraTerm", "MemoryEstimate", "MERGE_BASE_TYPE", "MERGE_TYPES", "MIN_EFFECT_KEPT", "failed_name",
+    "quarantine", "merged_tensor_types", "MergeReport", "Model",
     "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "OK_MARK", "parse_layers", "parse_rating",
     "parse_sample", "Paused", "Plan", "PRESETS", "Preview", "Problem", "PromptResult", "quantizable_types",
     "rating_from_stars", "Reply", "reward_weights", "RewardConfig", "RewardError", "RewardSession",
