@@ -105,6 +105,13 @@ from .train.events import (
 )
 from .train.memory import MemoryEstimate, estimate_memory
 from .train.norms import NormsReport, lora_norms
+from .train.resume import (
+    SAMPLES_FILE,
+    CheckpointInfo,
+    describe_settings,
+    read_checkpoint_info,
+    trajectory_changes,
+)
 from .train.reward_session import (
     Answer,
     Preview,
@@ -123,7 +130,8 @@ from .train.trainer import TrainConfig, Trainer
 __all__ = [
     "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "ARCHS", "ArchSpec",
     "available_devices", "Backend", "BAD_MARK", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
-    "check_export", "CheckItem", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckReport",
+    "check_export", "CheckItem", "CheckpointInfo", "describe_settings", "read_checkpoint_info",
+    "SAMPLES_FILE", "trajectory_changes", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckReport",
     "ConfigError", "DatasetError", "dequantizable_types", "Device", "encode_samples", "Encoded",
     "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
     "event_to_json", "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError",
