@@ -75,6 +75,7 @@ from .model.verify import (
 from .session import RUN, EngineSession, Reply, template_for
 from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from .text.tokenizer import Tokenizer
+from .train.advice import plan_warning
 from .train.data import (
     Batch,
     Encoded,
@@ -107,6 +108,7 @@ from .train.memory import MemoryEstimate, estimate_memory
 from .train.norms import NormsReport, lora_norms
 from .train.resume import (
     SAMPLES_FILE,
+    TRAJECTORY_FIELDS,
     CheckpointInfo,
     describe_settings,
     read_checkpoint_info,
@@ -131,7 +133,8 @@ __all__ = [
     "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "ARCHS", "ArchSpec",
     "available_devices", "Backend", "BAD_MARK", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
     "check_export", "CheckItem", "CheckpointInfo", "describe_settings", "read_checkpoint_info",
-    "SAMPLES_FILE", "trajectory_changes", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckReport",
+    "SAMPLES_FILE", "trajectory_changes", "TRAJECTORY_FIELDS", "Checkpoint", "checkpoint_roots",
+    "CheckpointEntry", "CheckReport",
     "ConfigError", "DatasetError", "dequantizable_types", "Device", "encode_samples", "Encoded",
     "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
     "event_to_json", "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError",
@@ -142,7 +145,8 @@ __all__ = [
     "LoraTerm", "MemoryEstimate", "MERGE_BASE_TYPE", "MERGE_TYPES", "MIN_EFFECT_KEPT", "failed_name",
     "quarantine", "merged_tensor_types", "MergeReport", "Model",
     "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "OK_MARK", "parse_layers", "parse_rating",
-    "parse_sample", "Paused", "Plan", "PRESETS", "Preview", "Problem", "PromptResult", "quantizable_types",
+    "parse_sample", "Paused", "plan_warning", "Plan", "PRESETS", "Preview", "Problem", "PromptResult",
+    "quantizable_types",
     "rating_from_stars", "Reply", "reward_weights", "RewardConfig", "RewardError", "RewardSession",
     "RoundResult", "RUN", "run_of", "RunRecord", "RunWarning", "Sample", "sample_to_json", "SamplingConfig",
     "save_jsonl", "select_backend", "select_full", "select_targets", "split_name", "Started", "Step",

@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
     from pyqtgraph.util.garbage_collector import GarbageCollector
-    from PySide6.QtCore import QEventLoop, QSettings, QStandardPaths, QTimer
+    from PySide6.QtCore import QEventLoop, QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
     from engine import TargetSpec
@@ -181,16 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         window.show()
         window.offer_recovery()
     if args.demo:
-        # runs of the demo go to the user's data folder (or beside the screenshots), never into the install
-        runs = (
-            Path(args.screenshot) / "runs"
-            if args.screenshot
-            else Path(QStandardPaths.writableLocation(QStandardPaths.AppLocalDataLocation)) / "demo-runs"
-        )
+        # runs of the demo go to its runs home in the app's data folder (or beside the screenshots),
+        # never into the install
         window.start_project(
             model=str(DEMO_MODEL),
             dataset=str(DEMO_DATASET),
-            output_dir=str(runs),
+            output_dir=str(Path(args.screenshot) / "runs") if args.screenshot else None,
             config=dict(targets=TargetSpec(preset="all"), **DEMO_SETTINGS),
         )
     if args.path:

@@ -272,7 +272,9 @@ def _resume_changes(args: argparse.Namespace, info, config) -> list[str]:
     from ..train.resume import trajectory_changes
 
     changes = trajectory_changes(info.config, config)
-    if not info.same_data(args.data):
+    if not info.knows_data:
+        print(f"note: {info.path} does not record its dataset; continuing on {args.data}", file=sys.stderr)
+    elif not info.same_data(args.data):
         changes.append(f"dataset {info.describe_data()} -> {args.data} (other samples)")
     if info.model and not _same_path(info.model, args.model):
         changes.append(f"model {info.model} -> {args.model}")
@@ -290,6 +292,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from ..train import events as ev
+    from ..train.advice import plan_warning
     from ..train.resume import describe_settings, read_checkpoint_info
     from ..train.trainer import TrainConfig
 
@@ -342,6 +345,9 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"{p.total_steps} steps{start}; memory estimate {human_bytes(m['total'])} at peak "
                   f"(model file {human_bytes(m['stored'])}, weight cache {human_bytes(m['cache'])}, "
                   f"layer checkpointing {'on' if m['checkpoint'] else 'off'})", file=sys.stderr)  # fmt: skip
+            weak = plan_warning(p.total_steps, config.lr, p.start_step)
+            if weak:
+                print(f"warning: {weak}", file=sys.stderr)
             for problem in p.problems[:20]:
                 print(f"  {problem}", file=sys.stderr)
             if len(p.problems) > 20:

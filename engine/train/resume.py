@@ -91,6 +91,11 @@ class CheckpointInfo:
             return True
         return bool(self.dataset_sha256) and file_sha256(path) == self.dataset_sha256
 
+    @property
+    def knows_data(self) -> bool:
+        """The checkpoint records its dataset (older checkpoints do not: their data cannot be checked)."""
+        return bool(self.dataset_sha256 or self.samples_file)
+
     def describe_data(self) -> str:
         if self.dataset:
             return self.dataset

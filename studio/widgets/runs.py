@@ -1,7 +1,9 @@
 """Run records as the pages show them, and the adapter choice that Chat, Rewards and Export share.
 
 - `run_folders(project, settings)`: where the app looks for run records (engine `find_runs`): the
-  project's output folder and the folders added on the Runs page (remembered with QSettings under
+  project's runs home (`Project.output_folder()`), the open model's own folder under the app's data
+  folder when the project chose another, the `tune-studio-out` folder older versions wrote, and the
+  folders added on the Runs page or written to by a run (remembered with QSettings under
   `runs/folders`); `load_runs` reads them.
 - `status_text`, `run_label`: a run's state and a one-line name for lists ("stopped at step 2 of
   150", "Reward-tuned: …").
@@ -54,9 +56,26 @@ def set_extra_folders(settings: QSettings, folders: Sequence[str]) -> None:
     settings.setValue(FOLDERS_KEY, list(dict.fromkeys(folders)))
 
 
+def remember_folder(settings: QSettings | None, folder: str) -> bool:
+    """Add `folder` to the remembered run folders (a run wrote there); True when it was new."""
+    if settings is None:
+        return False
+    folder = os.path.abspath(folder)
+    known = extra_folders(settings)
+    if any(same_file(folder, f) for f in known):
+        return False
+    set_extra_folders(settings, [*known, folder])
+    return True
+
+
 def run_folders(project, settings: QSettings | None = None) -> list[str]:
-    """The project's output folder, then the added folders (no repeats)."""
-    folders = [project.output_folder(), *extra_folders(settings)]
+    """The project's runs home, the model's default home, the legacy folder, then the remembered
+    folders (no repeats)."""
+    folders = [project.output_folder(), project.default_output_folder()]
+    legacy = project.legacy_output_folder()
+    if legacy:
+        folders.append(legacy)
+    folders += extra_folders(settings)
     seen, out = set(), []
     for f in folders:
         key = os.path.normcase(os.path.abspath(f))
@@ -92,6 +111,25 @@ def same_model(run: RunRecord, model_path: str | None) -> bool:
 
 def has_adapter(run: RunRecord) -> bool:
     return bool(run.adapter) and os.path.exists(run.adapter)
+
+
+def resume_checkpoint(run: RunRecord) -> str | None:
+    """The checkpoint a training run that did not finish can be resumed from (its last one, else the
+    newest in its checkpoint folder), or None: finished runs, rating sessions and runs without one."""
+    if run.kind != "training" or run.status == "finished":
+        return None
+    if run.steps_planned and run.steps_done >= run.steps_planned:
+        return None
+    last = run.last_checkpoint
+    if last and os.path.isfile(os.path.join(last, "state.npz")):
+        return last
+    folder = run.checkpoints
+    if folder and os.path.isdir(folder):
+        names = sorted(n for n in os.listdir(folder) if n.startswith("ckpt-"))
+        for name in reversed(names):
+            if os.path.isfile(os.path.join(folder, name, "state.npz")):
+                return os.path.join(folder, name)
+    return None
 
 
 def _when(iso: str) -> str:
@@ -415,6 +453,8 @@ __all__ = [
     "has_adapter",
     "load_runs",
     "model_name",
+    "remember_folder",
+    "resume_checkpoint",
     "run_folders",
     "run_label",
     "same_file",

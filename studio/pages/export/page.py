@@ -220,6 +220,18 @@ class ExportPage(QWidget):
     def model_path(self) -> str | None:
         return self.info.path if self.info is not None else self.project.model_path
 
+    def reset(self) -> None:
+        """A new project: no adapter chosen, no result, the default type and name."""
+        self.adapter_choice.files = []
+        self.adapter_choice.reset()
+        self.merge_check.setChecked(False)
+        self.type_combo.set_qtype("F32")
+        self.result.clear()
+        self.result_label.setText("")
+        self.out_edit.clear()
+        self._out_auto = True
+        self.banner.hide()
+
     def shutdown(self) -> None:
         """The app is quitting: close the dialog (a merge in flight stops between tensors); the window
         then waits for the engine worker."""
