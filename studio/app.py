@@ -21,7 +21,8 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-# one click trains the demo's persona in about twenty seconds on two CPU cores
+# one click trains the demo's persona in about twenty seconds on two CPU cores; its dataset mixes the
+# world's own facts in (resources/demo/make_dataset.py), so the demo keeps answering them
 DEMO_SETTINGS = dict(
     rank=8,
     alpha=16.0,
