@@ -127,9 +127,10 @@ def display_problem(
     what = "Qt's xcb platform plugin (X11) needs" if any(s in xcb for s, _ in missing) else "Qt needs"
     names = ", ".join(soname for soname, _ in missing)
     packages = " ".join(dict.fromkeys(package for _, package in missing))
+    sudo = "" if getattr(os, "geteuid", lambda: 1)() == 0 else "sudo "  # root has no sudo on a bare box
     return (
         f"tune-studio: cannot open a window: {what} {names}, not installed; "
-        f"install with: sudo apt-get install {packages}"
+        f"install with: {sudo}apt-get update && {sudo}apt-get install -y {packages}"
     )
 
 
@@ -191,7 +192,16 @@ def main(argv: list[str] | None = None) -> int:
             config=dict(targets=TargetSpec(preset="all"), **DEMO_SETTINGS),
         )
     if args.path:
-        window.open_any(args.path)
+        # a file named on the command line is what the person opens: the project is not changed by it
+        suffix = Path(args.path).suffix.lower()
+        if suffix == ".gguf":
+            window.start_project(model=args.path)
+        elif suffix == ".jsonl" and os.path.isfile(args.path):
+            window.open_any(args.path)
+            window.project.dirty = False
+            window._update_title()
+        else:
+            window.open_any(args.path)
     window.show()
     if not args.screenshot:
         return app.exec()

@@ -916,8 +916,8 @@ class MainWindow(QMainWindow):
         return [p for p in (value or []) if isinstance(p, str)]
 
     def _add_recent(self, key: str, path: str) -> None:
-        path = os.path.abspath(path)
-        paths = [path] + [p for p in self._recent(key) if p != path]
+        path = os.path.realpath(path)  # one entry per file, however it was named (links, "..")
+        paths = [path] + [p for p in self._recent(key) if os.path.realpath(p) != path and p != path]
         self.settings.setValue(key, paths[:MAX_RECENT])
         self._refresh_recent_menus()
 
@@ -928,13 +928,14 @@ class MainWindow(QMainWindow):
             (self.recent_projects_menu, "recent/projects", self.open_project),
         ):
             menu.clear()
-            paths = [p for p in self._recent(key) if os.path.exists(p)]
+            paths = list(dict.fromkeys(os.path.realpath(p) for p in self._recent(key) if os.path.exists(p)))
             for p in paths:
                 menu.addAction(
                     self._action(Path(p).name, lambda _=False, p=p, opener=opener: opener(p), tip=p)
                 )
             menu.setEnabled(bool(paths))
-        self.model_page.set_recent([p for p in self._recent("recent/models") if os.path.exists(p)])
+        models = [os.path.realpath(p) for p in self._recent("recent/models") if os.path.exists(p)]
+        self.model_page.set_recent(list(dict.fromkeys(models)))
 
     def _restore_state(self) -> None:
         geometry = self.settings.value("main/geometry")

@@ -734,7 +734,18 @@ def test_cli_merge_verifies_by_default_and_a_failed_file_is_renamed(q4_small_upd
     assert "lost the fine-tune" in captured.err and "llama-cli" not in captured.out
     assert not bad.exists() and (tmp_path / "requant.failed.gguf").exists()
     no_check = tmp_path / "unchecked.gguf"
-    argv = ["export", lora, "--model", base, "--merge", "--out", str(no_check), "--type", "base", "--no-verify"]
+    argv = [
+        "export",
+        lora,
+        "--model",
+        base,
+        "--merge",
+        "--out",
+        str(no_check),
+        "--type",
+        "base",
+        "--no-verify",
+    ]
     assert _run(argv) == 0 and no_check.exists()
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("What is the answer?\n\nhello world\n")

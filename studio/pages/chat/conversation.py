@@ -98,6 +98,8 @@ class MessageWidget(QFrame):
             f"QLabel#body {{ color: {pal.color(QPalette.Text).name()}; font-size: 14px; }}"
             f"QLabel#who {{ color: {pal.color(QPalette.Text).name()}; }}"
             f"QLabel#meta {{ color: {faint}; }}"
+            # the Copy button inherits the bubble's sheet: its text takes the palette's, on any theme
+            f"QToolButton {{ color: {pal.color(QPalette.ButtonText).name()}; }}"
         )
 
     def set_text(self, text: str) -> None:

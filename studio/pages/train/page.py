@@ -317,7 +317,7 @@ class TrainPage(QWidget):
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(LOG_MAX_LINES)
-        self.log.setLineWrapMode(QPlainTextEdit.NoWrap)
+        self.log.setLineWrapMode(QPlainTextEdit.WidgetWidth)  # long lines wrap: nothing hides sideways
         self.log.setPlaceholderText("Events of the run appear here.")
         self.log.setMinimumHeight(50)
         font = self.log.font()
