@@ -30,6 +30,8 @@ from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QPushButton, 
 
 from engine import EngineError, GGUFFile, RunRecord, find_runs, latest_finished, lora_shapes
 
+from ..project import model_runs_folder
+
 FOLDERS_KEY = "runs/folders"
 SETTINGS_ORG, SETTINGS_APP = "TuneStudio", "TuneStudio"  # the window's own QSettings
 ADAPTER_FILE = "adapter.gguf"  # inside a checkpoint folder
@@ -68,6 +70,17 @@ def remember_folder(settings: QSettings | None, folder: str) -> bool:
     return True
 
 
+def model_homes(project) -> list[str]:
+    """Every model's runs home under the app's data folder (runs/<model>-<hash>): the history lists
+    the runs of every model, those of the open one first to hand."""
+    root = model_runs_folder(None)  # user_data_folder()/runs
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    return [os.path.join(root, n) for n in names if os.path.isdir(os.path.join(root, n))]
+
+
 def run_folders(project, settings: QSettings | None = None) -> list[str]:
     """The project's runs home, the model's default home, the legacy folder, then the remembered
     folders (no repeats)."""
@@ -75,6 +88,7 @@ def run_folders(project, settings: QSettings | None = None) -> list[str]:
     legacy = project.legacy_output_folder()
     if legacy:
         folders.append(legacy)
+    folders += model_homes(project)
     folders += extra_folders(settings)
     seen, out = set(), []
     for f in folders:
@@ -301,8 +315,13 @@ class RunChoiceWidget(QWidget):
         self._rebuild(keep)
 
     def default_run(self) -> RunRecord | None:
-        """The latest finished run of the open model that left an adapter file."""
+        """The latest finished run of the open model that left an adapter file (None without a model)."""
+        if not self.model_path:
+            return None
         return latest_finished([r for r in self.runs if same_model(r, self.model_path)])
+
+    def _mine(self, run: RunRecord) -> bool:
+        return bool(self.model_path) and same_model(run, self.model_path)
 
     def set_path(self, path: str | None, label: str = "") -> None:
         """Choose `path` (a run's adapter, or any file: listed as a file) or a fixed entry's data."""
@@ -391,8 +410,8 @@ class RunChoiceWidget(QWidget):
         for label, data, tip in self.fixed:
             self._add(label, data, tip)
         default = self.default_run()
-        mine = [r for r in self.runs if same_model(r, self.model_path)]
-        others = [r for r in self.runs if not same_model(r, self.model_path)]
+        mine = [r for r in self.runs if self._mine(r)]
+        others = [r for r in self.runs if not self._mine(r)]
         for r in mine:
             usable = has_adapter(r)
             latest = r is default and r.kind != "rewards"  # a reward-tuned one says so in its label
@@ -406,7 +425,8 @@ class RunChoiceWidget(QWidget):
             name = self.file_labels.get(path) or os.path.basename(os.path.normpath(path))
             self._add(f"File · {name}", path, path)
         if others:
-            self._header(f"Runs of other models ({len(others)}): open their model to use them")
+            whose = "other models" if self.model_path else "their models"
+            self._header(f"Runs of {whose} ({len(others)}): open their model to use them")
             for r in others:
                 tip = f"Made for {r.model}: open that model on the Model page to use it"
                 self._add(f"   {run_label(r)} · {model_name(r.model)}", r.adapter, tip, False)

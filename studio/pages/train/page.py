@@ -206,6 +206,7 @@ class TrainPage(QWidget):
         self._config_model = project.model_path  # the model the hyperparameters were set for
         # the check of the next run (plan.check_run), done by an engine job
         self.check: RunCheck | None = None
+        self.check_config: TrainConfig | None = None  # the settings `check` was made with
         self._check_job: Job | None = None
         self._check_gen = 0
         self._check_again = False
@@ -560,17 +561,18 @@ class TrainPage(QWidget):
         self._check_job = self.engine.submit(
             "checking the next run",
             check,
-            on_done=lambda result, g=gen: self._check_done(g, result),
+            on_done=lambda result, g=gen, c=config: self._check_done(g, result, c),
             on_error=lambda message, g=gen: self._check_failed(g, message),
             needs_session=False,
         )
         return self._check_job
 
-    def _check_done(self, gen: int, result: RunCheck) -> None:
+    def _check_done(self, gen: int, result: RunCheck, config: TrainConfig | None = None) -> None:
         self._check_job = None
         stale = self._check_again  # something changed while it ran: check again, show this one not
         if gen == self._check_gen and not stale:
             self.check = result
+            self.check_config = config  # the settings it checked
             plan = result.plan
             if plan is not None and plan.n_usable:  # a preset follows the dataset (it may check again)
                 stats = DataStats(plan.n_usable, plan.usable_tokens, plan.longest, self.project.config.n_ctx)
@@ -906,7 +908,11 @@ class TrainPage(QWidget):
         if run_data is None and not info.knows_data:
             run_data = page_data  # an older checkpoint that does not record its data: the page's
         answer = "run"
-        if run_data is None or differences:
+        # settings the person shaped by hand (no preset's) are a question; a preset is a suggestion
+        # for new runs, and the run's own settings take its place without one
+        custom = matching_preset(p.config, self.settings.n_params, self.settings.data) is None
+        data_differs = any(d.startswith("dataset ") for d in differences)
+        if run_data is None or data_differs or (differences and custom):
             if run_data is None and page_data is None:
                 self.show_banner(
                     f"The data this run trained on is gone ({info.describe_data()}). Open a dataset on the "
