@@ -665,9 +665,8 @@ class TrainPlotsWidget(QWidget):
     def _fit_norms_legend(self) -> None:
         """Fit the legend of the LoRA-norm curves to the plot's size: under the plot, in as many
         columns as its width takes (1 to 4); over the plot's top left corner, on a translucent
-        background, in as few columns as its height allows, when the plot is too short to give a
-        legend of its own rows (a 1024x640 window), so that the curves keep their height, no entry is
-        cut, and the legend stays where growing norms are not (the start of the run, up high)."""
+        background, when the plot is too short to give a legend of its own rows (a 1024x640 window),
+        so that the curves keep their height and no entry is cut."""
         pw, legend = self.norms_pw, self.norms_legend
         width, short = pw.width(), pw.height() < NORMS_LEGEND_UNDER_MIN_HEIGHT
         size = "7pt" if width < 420 or short else "8pt"
@@ -677,8 +676,6 @@ class TrainPlotsWidget(QWidget):
                 label.setText(label.text, size=size)
         if short != self.norms_legend_over:
             self.norms_legend_over = short
-            if not short:
-                legend.layout.setVerticalSpacing(0)
             if short:
                 self.norms_plot.layout.removeItem(legend)
                 legend.setParentItem(self.norms_plot.vb)  # its top left corner stays at the view's
@@ -691,17 +688,8 @@ class TrainPlotsWidget(QWidget):
                 legend.setPen(pg.mkPen(None))
         widest = max((label.item.boundingRect().width() for _, label in legend.items), default=60.0)
         per_column = widest + 20 + 10  # the sample, the spacing
-        if short:
-            # over the plot: a narrow block in the top left corner, as few columns as the height
-            # allows, where the norms (which grow from 0 as the run goes) are not: never a band
-            # across the top that the curves run under
-            legend.layout.setVerticalSpacing(-6)  # its rows close together
-            rows = max(1, int((pw.height() - 70) // 21))  # a row is ~21 px high with its sample
-            fit = max(1, min(4, int((width - 80) // per_column)))  # the columns its width takes
-            narrow = -(-len(legend.items) // rows)  # the fewest columns its height allows
-            columns = narrow if narrow <= fit else fit  # too small a plot for a corner: a band
-        else:
-            columns = max(1, min(4, int((width - 24) // per_column)))
+        room = (width - 80) if short else width - 24  # over the plot: not over its axis
+        columns = max(1, min(4, int(room // per_column)))
         if columns != legend.columnCount:
             legend.setColumnCount(columns)
         else:
@@ -826,6 +814,17 @@ class TrainPlotsWidget(QWidget):
         self._smooth.clear()
         self._smooth_state = (0.0, 0)
         self._dirty |= {"loss", "lr", "grad_norm", "tokens_per_s", "norms"}
+
+    def add_history(self, losses, val_losses=()) -> None:
+        """The loss curve a run drew before this window saw it ([step, loss] pairs of its record): a
+        resumed run shows its whole curve, not only the steps after the checkpoint."""
+        for step, loss in losses:
+            self.step_series["loss"].append(step, loss)
+        for step, loss in val_losses:
+            self.val_series.append(step, loss)
+        if val_losses:
+            self.set_validation(True)
+        self._dirty.add("loss")
 
     def add_event(self, event: object) -> None:
         """Buffer one engine event (cheap); the timer draws it."""

@@ -105,6 +105,9 @@ def test_close_mid_run_relaunch_and_resume_from_runs_finishes_the_same_run(
     steps = [e for e in events if isinstance(e, Step)]
     assert [s.step for s in steps] == list(range(stopped.step + 1, planned + 1))  # the count goes on
     assert steps[0].elapsed_s > elapsed
+    again.train_page.plots.flush()
+    x, _ = again.train_page.plots.curve_data()["loss"]
+    assert list(x) == list(range(1, planned + 1))  # the whole curve: the first window's steps too
     reference = Trainer(tiny_q4, facts, config.__class__(**{**config.__dict__, "out": None}))
     reference_events = []
     reference.run(reference_events.append)

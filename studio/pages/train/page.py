@@ -75,6 +75,7 @@ from engine import (
     Step,
     TrainConfig,
     describe_settings,
+    find_runs,
     human_bytes,
     plan_warning,
     read_checkpoint_info,
@@ -876,6 +877,12 @@ class TrainPage(QWidget):
         if not (same_run and self.paths is not None and same_file(self.paths.checkpoint_dir, parent)):
             self.plots.clear()
             self.last_result = None
+            record = next(iter(find_runs([parent])), None)  # the run's own curve up to its checkpoint
+            if record is not None:
+                self.plots.add_history(
+                    [x for x in record.losses if x[0] <= info.step],
+                    [x for x in record.val_losses if x[0] <= info.step],
+                )
         self.paths = paths
         self._created = missing_folders(os.path.dirname(os.path.abspath(paths.out)))
         self.tokens_done, self.elapsed_s, self.last_step = info.tokens, info.seconds, info.step
