@@ -345,7 +345,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                   f"{p.total_steps} steps{start}; memory estimate {human_bytes(m['total'])} at peak "
                   f"(model file {human_bytes(m['stored'])}, weight cache {human_bytes(m['cache'])}, "
                   f"layer checkpointing {'on' if m['checkpoint'] else 'off'})", file=sys.stderr)  # fmt: skip
-            weak = plan_warning(p.total_steps, config.lr, p.start_step)
+            weak = plan_warning(p.total_steps, config.lr)  # the whole run's plan, resumed or not
             if weak:
                 print(f"warning: {weak}", file=sys.stderr)
             for problem in p.problems[:20]:
