@@ -290,7 +290,7 @@ def test_resume_from_a_chosen_checkpoint_folder(qtbot, engine, monkeypatch, tmp_
     result = run(qtbot, other, lambda: other.resume_from(str(ckpt_dir)))  # the folder: newest inside
     settle(qtbot, other)
     assert isinstance(result, Finished) and result.step == 8
-    assert list(other.plots.curve_data()["loss"][0]) == [7, 8]
+    assert list(other.plots.curve_data()["loss"][0]) == list(range(1, 9))  # the run's curve, then 7, 8
     assert other.paths.checkpoint_dir == str(ckpt_dir)
     assert other.paths.out == str(ckpt_dir)[: -len("-checkpoints")] + ".gguf"
     assert not other.resume_from(str(tmp_path))  # not a checkpoint: a banner, no run
