@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.kernels import moe  # noqa: E402
 from engine.kernels.linear import LoraTerm  # noqa: E402
+from engine.kernels.runtime import CudaRuntime  # noqa: E402
 
 C, F, E, K, R = 2048, 768, 128, 8, 16  # Qwen3-30B-A3B layer; LoRA rank
 
@@ -130,19 +131,20 @@ def loras(L):
 # ---- per-kernel times -------------------------------------------------------------------------------
 
 
-class KernelTimer:
-    """A launcher for the *_launch bodies that records CUDA events around every kernel."""
+class KernelTimer(CudaRuntime):
+    """The GPU runtime, recording CUDA events around every kernel the *_on bodies launch."""
 
     def __init__(self, cp):
+        super().__init__()
         self.cp = cp
         self.events: list[tuple[str, object, object]] = []
 
-    def __call__(self, name, grid, args):
+    def launch(self, source, kernel, grid, block, args, shared_mem=0):
         a, b = self.cp.cuda.Event(), self.cp.cuda.Event()
         a.record()
-        moe._cupy_launch(name, grid, args)
+        super().launch(source, kernel, grid, block, args, shared_mem)
         b.record()
-        self.events.append((name, a, b))
+        self.events.append((kernel, a, b))
 
     def collect(self) -> dict[str, float]:
         if self.events:
@@ -299,7 +301,7 @@ def host_sync_check(cp, L, layers: int = 4) -> dict:
     def layer():
         routing, rcache = moe.route_forward(L["logits"], K, True)
         _, cache = moe.experts_forward(L["x"], routing, *W(L), *loras(L))
-        _, dweights, _, _ = moe.experts_backward(L["dy"], cache, *W(L), need_dw=False)
+        _, dweights, _, _, _ = moe.experts_backward(L["dy"], cache, *W(L), need_dw=False)
         moe.route_backward(dweights, rcache)
 
     spin = cp.RawKernel(_SPIN, "spin")
@@ -361,9 +363,9 @@ def bench_size(cp, torch, T: int, repeats: int, ceil: dict, dw_max_tokens: int) 
     timer = KernelTimer(cp)
     per_kernel: dict[str, float] = defaultdict(float)
     for _ in range(repeats):
-        r2, c2 = moe.route_forward_launch(L["logits"], K, True, xp=cp, launch=timer)
-        _, ec = moe.experts_forward_launch(L["x"], r2, *W(L), *loras(L), xp=cp, launch=timer)
-        moe.experts_backward_launch(L["dy"], ec, *W(L), need_dw=False, xp=cp, launch=timer)
+        r2, c2 = moe.route_forward_on(timer, L["logits"], K, True)
+        _, ec = moe.experts_forward_on(timer, L["x"], r2, *W(L), *loras(L))
+        moe.experts_backward_on(timer, L["dy"], ec, *W(L), need_dw=False)
         for k, v in timer.collect().items():
             per_kernel[k] += v / repeats
     row["kernels_s"] = dict(per_kernel)

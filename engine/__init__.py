@@ -15,18 +15,7 @@ from .errors import (
     TemplateError,
     TokenizerError,
 )
-from .io.export import (
-    ADAPTER_TYPES,
-    MERGE_BASE_TYPE,
-    MergeReport,
-    adapter_tensor_types,
-    export_adapter,
-    export_merged,
-    export_size,
-    fit_problems,
-    merged_tensor_types,
-)
-from .io.export_check import (
+from .export.check import (
     BAD_MARK,
     MERGE_TYPES,
     MIN_EFFECT_KEPT,
@@ -43,8 +32,27 @@ from .io.export_check import (
     suggest_out,
     write_export,
 )
+from .export.verify import (
+    TOLERANCE,
+    VERIFY_PROMPTS,
+    PromptResult,
+    VerifyReport,
+    failed_name,
+    quarantine,
+    verify_export,
+)
+from .export.write import (
+    ADAPTER_TYPES,
+    MERGE_BASE_TYPE,
+    MergeReport,
+    adapter_tensor_types,
+    export_adapter,
+    export_merged,
+    export_size,
+    fit_problems,
+    merged_tensor_types,
+)
 from .io.gguf_file import GGUFFile, TensorInfo, dequantizable_types
-from .io.synth import SynthSpec, write_adapter, write_model
 from .model.archs import ARCHS, ArchSpec, ModelConfig, supported_architectures
 from .model.generate import GREEDY, Generation, SamplingConfig, generate
 from .model.lora import LoraAdapter, lora_shapes
@@ -63,19 +71,12 @@ from .model.targets import (
     select_targets,
     split_name,
 )
-from .model.verify import (
-    TOLERANCE,
-    VERIFY_PROMPTS,
-    PromptResult,
-    VerifyReport,
-    failed_name,
-    quarantine,
-    verify_export,
-)
 from .session import RUN, EngineSession, Reply, template_for
+from .testing import SynthSpec, write_adapter, write_model
 from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from .text.tokenizer import Tokenizer
 from .train.advice import plan_warning
+from .train.commands import local_ranks_available, shell_line, train_command
 from .train.data import (
     Batch,
     Encoded,
@@ -102,7 +103,9 @@ from .train.events import (
     RunWarning,
     Started,
     Step,
+    event_from_json,
     event_to_json,
+    follow_events,
 )
 from .train.memory import MemoryEstimate, estimate_memory
 from .train.norms import NormsReport, lora_norms
@@ -126,7 +129,7 @@ from .train.reward_session import (
     rating_from_stars,
 )
 from .train.rewards import group_advantages, reward_weights
-from .train.runs import RunRecord, find_runs, latest_finished
+from .train.runs import RunRecord, find_runs, latest_finished, run_from_events
 from .train.trainer import TrainConfig, Trainer
 
 __all__ = [
@@ -137,7 +140,9 @@ __all__ = [
     "CheckpointEntry", "CheckReport",
     "ConfigError", "DatasetError", "dequantizable_types", "Device", "encode_samples", "Encoded",
     "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
-    "event_to_json", "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError",
+    "event_from_json", "event_to_json", "ExpertUsage", "follow_events", "local_ranks_available",
+    "run_from_events", "shell_line", "train_command", "export_adapter", "export_merged", "export_size",
+    "ExportError",
     "ExportRequest", "Failed", "find_checkpoints", "find_runs", "Finished", "fit_problems", "generate",
     "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "KVCache",
     "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_ratings",

@@ -42,7 +42,7 @@ def synth_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def synth_model(synth_dir):
     """synth_model(arch, **spec_overrides) -> path of a tiny model written once per session."""
-    from engine.io.synth import SynthSpec, write_model
+    from engine.testing import SynthSpec, write_model
 
     made: dict[tuple, str] = {}
 

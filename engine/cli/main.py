@@ -3,7 +3,8 @@
 Each subcommand parses its arguments, calls the engine, and prints. Errors the
 engine reports (`EngineError`) and unreadable inputs become one line on stderr
 and exit code 2, never a traceback. `norms` and `export` live in
-`engine.cli.tools`, `reward` in `engine.cli.reward`.
+`engine.cli.tools`, `reward` in `engine.cli.reward`; the options and the session
+every command that computes shares are in `engine.cli.common`.
 """
 
 from __future__ import annotations
@@ -22,37 +23,16 @@ from ..errors import EngineError
 from ..io.files import atomic_write
 from ..model.generate import GREEDY, SamplingConfig
 from ..model.summary import human_bytes, human_count, summarize
-from ..session import EngineSession
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
+from . import ranks
+from .common import add_runtime_options, open_session
 
 EXIT_USAGE = 2
 
 
 class CliError(Exception):
     """A problem with the command's own inputs (a file that cannot be read, a bad value)."""
-
-
-def add_runtime_options(s: argparse.ArgumentParser) -> None:
-    """--device and --cache-budget, for every command that computes with the model."""
-    s.add_argument("--device", default="cpu", help="cpu (default), cuda:N, or auto (a GPU when usable)")
-    s.add_argument(
-        "--cache-budget",
-        default="auto",
-        help="dequantized weights kept between uses: auto (what memory is free; default), off, or a "
-        "size such as 2G; the weights themselves stay quantized as the file stores them",
-    )
-
-
-def open_session(args: argparse.Namespace) -> EngineSession:
-    """The engine session of `args.model` on `args.device`, with the weight cache of
-    `args.cache_budget` and the chat template of `args.template_file` when the command has one."""
-    return EngineSession(
-        args.model,
-        device=args.device,
-        cache_budget=args.cache_budget,
-        template_file=getattr(args, "template_file", None),
-    )
 
 
 def _read_text(path: str) -> str:
@@ -298,6 +278,12 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.epochs is not None and args.steps is not None:
         raise CliError("give --epochs or --steps, not both")
+    if args.ranks < 1:
+        raise CliError(f"--ranks must be at least 1, got {args.ranks}")
+    if ranks.several_ranks_wanted(args):
+        return ranks.launch_local(args.ranks, args.argv, CliError)
+    comm = args.comm = ranks.open_ranks(args)
+    root = comm.is_root  # with several ranks, rank 0 alone prints progress and writes events
     out = args.out
     given = _given_settings(args)
     info = read_checkpoint_info(args.resume) if args.resume else None
@@ -312,6 +298,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         else os.path.splitext(out)[0] + ".checkpoints" if config.checkpoint_every else None
     )  # fmt: skip
     config = replace(config, checkpoint_dir=ckpt_dir)
+    if args.settings:  # the file's settings replace the options; a resumed run keeps its checkpoint folder
+        folder = ckpt_dir if info is not None else args.checkpoint_dir
+        config = ranks.settings_config(args.settings, config, folder, CliError)
     if info is not None:
         changes = _resume_changes(args, info, config)
         if changes and not args.accept_changes:
@@ -321,11 +310,12 @@ def cmd_train(args: argparse.Namespace) -> int:
                 "as it was, or add --accept-changes to continue with them"
             )
         planned = f" of {info.total_steps}" if info.total_steps else ""
-        print(f"resuming {info.path} at step {info.step}{planned}: {describe_settings(config)}"
-              + (f" (changed: {'; '.join(changes)})" if changes else ""), file=sys.stderr)  # fmt: skip
+        if root:
+            print(f"resuming {info.path} at step {info.step}{planned}: {describe_settings(config)}"
+                  + (f" (changed: {'; '.join(changes)})" if changes else ""), file=sys.stderr)  # fmt: skip
     tty = sys.stderr.isatty()
     events_file = None
-    if args.events:
+    if args.events and root:
         try:
             events_file = open(args.events, "w", encoding="utf-8")  # noqa: SIM115 - closed below
         except OSError as exc:
@@ -333,6 +323,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     stop = {"requested": False}
 
     def on_event(e) -> None:
+        if not root:
+            return
         if events_file is not None:
             events_file.write(ev.event_to_json(e) + "\n")
             events_file.flush()
@@ -376,21 +368,29 @@ def cmd_train(args: argparse.Namespace) -> int:
         if stop["requested"]:
             raise KeyboardInterrupt
         stop["requested"] = True
-        print("\nstopping after this step (Ctrl-C again to abort)", file=sys.stderr)
+        if root:
+            print("\nstopping after this step (Ctrl-C again to abort)", file=sys.stderr)
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         session = open_session(args)
-        session.new_run(args.data, config, resume=args.resume, init_adapter=args.init_adapter)
+        run = session.new_run(
+            args.data, config, resume=args.resume, init_adapter=args.init_adapter, collective=comm
+        )
         result = session.train(on_event, lambda: stop["requested"])
     finally:
         signal.signal(signal.SIGINT, previous)
         if events_file is not None:
             events_file.close()
-    if tty:
+    if tty and root:
         print(file=sys.stderr)
     if isinstance(result, ev.Failed):
+        # every rank failed the same way (they agree before step 1 and on every step), unless another
+        # rank stopped answering: then main() ends them all
+        args.ranks_agree = not run.rank_lost
         raise CliError(result.message)
+    if not root:
+        return 0
     what = "stopped" if result.stopped else "finished"
     loss = f", loss {result.final_loss:.4f}" if result.final_loss is not None else ""
     print(f"{what} after {result.step} steps{loss}")
@@ -546,7 +546,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--template-file", help="Jinja chat template overriding the model's")
     s.add_argument("--seed", type=int, default=None, help="shuffling, split and LoRA init (default 0)")
     s.add_argument("--events", help="write every event as one JSON line to this file")
+    s.add_argument(
+        "--settings",
+        help="a run's settings as JSON (what the studio writes: every TrainConfig field); they replace "
+        "the training options above, while --out, --checkpoint-dir, --device and --cache-budget still apply",
+    )
     add_runtime_options(s)
+    ranks.add_options(s)
     s.set_defaults(func=cmd_train)
 
     from .reward import add_command as add_reward_command
@@ -558,14 +564,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s"
     )
+    code = _run(args)
+    comm = getattr(args, "comm", None)
+    if comm is not None and comm.size > 1 and code != 0 and not getattr(args, "ranks_agree", False):
+        comm.abort(code)  # this rank failed alone: end every rank now, none waits for it
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except (EngineError, CliError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        comm = getattr(args, "comm", None)
+        if comm is None or comm.size == 1:
+            print(f"error: {exc}", file=sys.stderr)
+        elif comm.is_root or not getattr(args, "ranks_agree", False):  # an agreed failure: said once
+            who = "" if getattr(args, "ranks_agree", False) else f"rank {comm.rank} ({comm.host}): "
+            print(f"error: {who}{exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 `add_commands(subparsers)` registers both subcommands on the `tune-engine` parser
 (engine/cli.py calls it). Each command parses nothing itself, calls the engine
-(`engine.train.norms`, `engine.io.export`) and prints; `EngineError`s propagate to the
+(`engine.train.norms`, `engine.export.write`) and prints; `EngineError`s propagate to the
 CLI's main, which turns them into one line and exit code 2.
 """
 
@@ -14,7 +14,9 @@ import os
 import sys
 
 from ..errors import ExportError
-from ..io.export import (
+from ..export.check import ExportRequest, check_export
+from ..export.verify import quarantine, verify_export
+from ..export.write import (
     ADAPTER_TYPES,
     MERGE_BASE_TYPE,
     adapter_tensor_types,
@@ -22,11 +24,9 @@ from ..io.export import (
     export_merged,
     fit_problems,
 )
-from ..io.export_check import ExportRequest, check_export
 from ..io.gguf_file import GGUFFile
 from ..io.quantize import quantizable_types
 from ..model.lora import LoraAdapter
-from ..model.verify import quarantine, verify_export
 from ..train.norms import NormsReport, lora_norms
 
 

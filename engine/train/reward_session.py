@@ -660,7 +660,7 @@ class RewardSession:
 
     def save_adapter(self, path: str, qtype: str = "F32") -> str:
         """Write the adapter as a llama.cpp LoRA GGUF with training.* facts; returns the path."""
-        from ..io.export import export_adapter
+        from ..export.write import export_adapter
 
         adapter = self.trainable.to_adapter(self.model.config.arch)
         return export_adapter(adapter, path, qtype=qtype, training=self._training_facts())

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..backend import parse_device, select_backend, to_host
 from ..errors import ConfigError, DatasetError, EngineError, ModelError
+from ..io.hashes import file_sha256
 from ..io.weights import parse_budget
 from ..model.lora import LoraAdapter
 from ..model.model import Model
@@ -37,6 +38,7 @@ from ..model.targets import TargetSpec, select_full, select_targets
 from ..text.chat_template import ChatTemplate, template_for
 from ..text.tokenizer import Tokenizer
 from . import events as ev
+from . import parallel
 from .checkpoint import (
     SAMPLES_FILE,
     STATE_FILE,
@@ -45,6 +47,7 @@ from .checkpoint import (
     read_checkpoint,
     write_checkpoint,
 )
+from .collective import Collective, RankTimeout
 from .data import (
     EncodeOptions,
     Sample,
@@ -100,6 +103,7 @@ _CHOICES = {
     "schedule": ("constant", "linear", "cosine"),
     "reward_mode": ("none", "weighted", "group"),
     "out_type": ("F32", "F16", "Q8_0"),
+    "gpu_step": ("graph", "eager", "generic"),
 }
 
 
@@ -163,6 +167,8 @@ class TrainConfig:
     norms_every: int = 1  # steps between LoraNorms events
     out: str | None = None  # adapter GGUF written at the end
     out_type: str = "F32"  # F32 | F16 | Q8_0
+    gpu_step: str = "graph"  # on a GPU, a dense model's step: "graph" (the fused step captured as one CUDA
+    # graph, replayed), "eager" (the fused step launched from Python), "generic" (the op-by-op path)
 
     def __post_init__(self) -> None:
         """Every field checked, so that the CLI and the app get the same one-line messages."""
@@ -215,6 +221,12 @@ class TrainConfig:
         t = TargetSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()})
         d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
         return cls(targets=t, **d)
+
+
+def _replace_config(cfg: TrainConfig, **changes) -> TrainConfig:
+    from dataclasses import replace
+
+    return replace(cfg, **changes)
 
 
 def _check_rank(model, targets: list[str], rank: int) -> None:
@@ -303,14 +315,6 @@ def clean_stale_temporaries(folder: str | None, max_age_s: float = 0.0) -> int:
     return removed
 
 
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class Trainer:
     """One training run of a model on a dataset. Build it, then call `run` (in a worker thread)."""
 
@@ -324,10 +328,20 @@ class Trainer:
         resume: str | None = None,
         init_adapter: str | None = None,
         tokenizer: Tokenizer | None = None,
+        collective: Collective | None = None,
     ):
         """tokenizer: the model's, when the caller has it built (an engine session): building a
-        150k-token vocabulary takes ~0.1 s in one call that holds the interpreter lock."""
+        150k-token vocabulary takes ~0.1 s in one call that holds the interpreter lock.
+        collective: the ranks this run is spread over (engine.train.collective; one process by
+        default); with several, every rank builds the same Trainer and calls the same methods, and
+        rank 0 alone writes the checkpoints, the adapter and the run's record (engine.train.parallel)."""
         self.config = config
+        self.comm = collective if collective is not None else Collective()
+        self._joined = False  # the ranks exchanged their facts (engine.train.parallel.join)
+        self.hosts: list[str] = [self.comm.host]  # the machine of each rank (set by parallel.join)
+        self.rank_lost = False  # the run failed because another rank stopped answering
+        self.resyncs = 0  # times ranks that drifted from rank 0 were given its parameters (expect none)
+        self._silent_rank: RankTimeout | None = None  # a rank stopped answering while ranks agreed to stop
         self.tokenizer = tokenizer
         if isinstance(model, Model):  # the model is open on its device already: the run computes there
             self.model = model
@@ -387,9 +401,10 @@ class Trainer:
             )
         if not isinstance(self.data, str) and cfg.checkpoint_dir:
             # samples from the app's editor: a copy beside the checkpoints, so that the run can be
-            # resumed on exactly these samples after the editor changed or the app closed
-            os.makedirs(cfg.checkpoint_dir, exist_ok=True)
-            save_jsonl(os.path.join(cfg.checkpoint_dir, SAMPLES_FILE), samples)
+            # resumed on exactly these samples after the editor changed or the app closed (rank 0 writes)
+            if self.comm.is_root:
+                os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+                save_jsonl(os.path.join(cfg.checkpoint_dir, SAMPLES_FILE), samples)
             self.samples_file = SAMPLES_FILE
         train, val = split_validation(samples, cfg.val_split, cfg.seed)
         options = EncodeOptions(
@@ -486,7 +501,7 @@ class Trainer:
     # --- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, folder: str) -> str:
         """Write adapter + exact state into `folder/ckpt-<step>` atomically; prune old checkpoints."""
-        from ..io.export import export_adapter
+        from ..export.write import export_adapter
 
         meta = {
             "step": self.step,
@@ -502,6 +517,7 @@ class Trainer:
             "alpha": self.trainable.alpha,
             "lora_targets": sorted(self.trainable.pairs),
             "full": sorted(self.trainable.full),
+            "ranks": self.comm.size,  # a checkpoint resumes with any number of ranks
         }
         adapter = None
         if self.trainable.pairs:
@@ -589,19 +605,21 @@ class Trainer:
         Every problem (bad data, a model that cannot train, a run that will not fit) ends in a
         `Failed` event instead, and the run is over."""
         self.last_ce = None
+        root = self.comm.is_root  # with several ranks only rank 0 reads the checkpoint and writes files
         try:
             cfg = self.config
-            if self.resume:
+            if self.resume and root:
                 self.resume = resolve_checkpoint(self.resume)
             self.last_ckpt = self.resume
-            check_outputs(
-                {"adapter": cfg.out, "checkpoint folder": cfg.checkpoint_dir},
-                {"model": self.model.path, "dataset": self.data if isinstance(self.data, str) else None,
-                 "adapter to continue": self.init_adapter},
-            )  # fmt: skip
-            clean_stale_temporaries(cfg.checkpoint_dir)
-            if cfg.out:
-                clean_stale_temporaries(os.path.dirname(os.path.abspath(cfg.out)), max_age_s=600)
+            if root:
+                check_outputs(
+                    {"adapter": cfg.out, "checkpoint folder": cfg.checkpoint_dir},
+                    {"model": self.model.path, "dataset": self.data if isinstance(self.data, str) else None,
+                     "adapter to continue": self.init_adapter},
+                )  # fmt: skip
+                clean_stale_temporaries(cfg.checkpoint_dir)
+                if cfg.out:
+                    clean_stale_temporaries(os.path.dirname(os.path.abspath(cfg.out)), max_age_s=600)
             batches = self._prepare()
             cfg = self.config
             n_batches = len(batches)
@@ -609,14 +627,16 @@ class Trainer:
             self.trainable = self._build_trainable()
             self.memory = self._plan_memory()
             self.optimizer = AdamW(self.trainable.params(), cfg.optim(total), runtime=self.backend.runtime)
-            if self.resume:
+            if self.resume and root:
                 self._load_checkpoint(self.resume)
-                if self.step >= total:
-                    raise ConfigError(
-                        f"the checkpoint is at step {self.step} and these settings plan {total} steps: "
-                        "nothing is left to train. Resume with the checkpoint's own settings"
-                        + self._planned_note()
-                    )
+            if self.comm.parallel:  # every rank's facts checked, then rank 0's state on every rank
+                parallel.join(self, None)
+            if self.resume and self.step >= total:  # every rank has rank 0's step now: all fail alike
+                raise ConfigError(
+                    f"the checkpoint is at step {self.step} and these settings plan {total} steps: "
+                    "nothing is left to train. Resume with the checkpoint's own settings"
+                    + self._planned_note()
+                )
             self.plan = ev.Plan(
                 n_train=self.n_train,
                 n_val=self.n_val,
@@ -633,14 +653,28 @@ class Trainer:
                 start_step=self.step,
                 start_tokens=self.tokens_done,
                 start_seconds=self.train_seconds,
+                ranks=self.comm.size,
+                hosts=tuple(self.hosts),
+                model=self.model.path,
+                lora_rank=self.trainable.rank,
+                lora_alpha=self.trainable.alpha,
+                dataset=self.data if isinstance(self.data, str) else f"{len(self.data)} samples (edited)",
             )
         except EngineError as exc:
+            if self.comm.parallel and not self._joined:
+                try:  # the other ranks wait for this one's word before step 1: it is this failure
+                    parallel.join(self, exc)
+                except EngineError as joined:
+                    exc = joined
             self.ended = True
             failed = ev.Failed(0, str(exc), self.last_ckpt)
             self._note("failed", str(exc))
             on_event(failed)
             return failed
         self._accumulator = GradAccumulator()
+        self._fused = self._graph = None
+        self._fused_why = self._fused_reason()
+        self._fused_runs = 0
         started = ev.Started(self.plan)
         self._note("running")
         on_event(started)
@@ -651,51 +685,41 @@ class Trainer:
 
         A non-finite loss or gradient ends the run with `Failed`, keeping the last good checkpoint."""
         assert self.plan is not None and not self.done, "start() the run first; it must have steps left"
-        cfg = self.config
-        total, n_batches = self.plan.total_steps, self.plan.batches_per_epoch
         if not self.backend.is_gpu:
             adjust_blas_threads()  # the cores other programs leave free, before each step
             keep_step_buffers()  # once per process: no page faults for the same buffers every step
         t_step = time.perf_counter()
-        acc = self._accumulator
-        acc.reset()
-        loss = ce_sum = 0.0
-        n_tok = n_label = 0
-        counts = grads = None
-        for j in range(cfg.grad_accum):
-            m = self.step * cfg.grad_accum + j  # global micro-batch index
-            batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
-            res = loss_and_grads(
-                self.model,
-                self.trainable,
-                batch,
-                checkpoint=self.memory.checkpoint,
-                kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
-            )
-            if cfg.grad_accum > 1:
-                acc.add(res.grads)
-            else:
-                grads = res.grads  # one micro-batch: its gradients are the step's, no copies
-            loss += res.loss / cfg.grad_accum
-            ce_sum += res.ce_sum
-            n_label += res.n_tokens
-            n_tok += batch.n_tokens
-            if res.expert_counts is not None:
-                counts = res.expert_counts if counts is None else counts + res.expert_counts
+        if self._fused_why is None:
+            return self._fused_train_step(on_event, t_step)
+        if self.comm.parallel:  # this rank's share of the step, summed over the ranks
+            try:
+                loss, ce_sum, n_label, n_tok, counts, grads, m = parallel.sharded_step(self)
+            except RankTimeout as exc:
+                return self._lost(on_event, exc)
+        else:
+            loss, ce_sum, n_label, n_tok, counts, grads, m = self._local_step()
         if not math.isfinite(loss):
             return self._fail(
                 on_event,
                 f"the loss became {loss} at step {self.step + 1}: training stopped. "
                 "Lower the learning rate or check the data; the last good checkpoint is kept.",
             )
-        stats = self.optimizer.step(acc.mean() if cfg.grad_accum > 1 else grads)
+        stats = self.optimizer.step(grads)
         if not math.isfinite(stats.grad_norm):
             return self._fail(
                 on_event,
                 f"the gradient became {stats.grad_norm} at step {self.step + 1}: "
                 "training stopped; lower the learning rate. The last good checkpoint is kept.",
             )
-        exploded = self._exploded()
+        return self._after_step(
+            on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, self._exploded()
+        )
+
+    def _after_step(self, on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, exploded):
+        """What follows an optimizer step on either path: the exploded-weights check, the Step event,
+        norms, evaluation, checkpoint."""
+        cfg = self.config
+        total, n_batches = self.plan.total_steps, self.plan.batches_per_epoch
         if exploded:
             return self._fail(
                 on_event,
@@ -731,24 +755,144 @@ class Trainer:
             self._watch_progress(on_event)
         if counts is not None:
             on_event(ev.ExpertUsage(self.step, to_host(counts)))
-        if self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0:
+        norms_due = self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0
+        if norms_due and self.comm.is_root:  # what only rank 0 reports, only rank 0 computes
             on_event(self._norms_event())
-        if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
-            on_event(self.evaluate())
-        if cfg.checkpoint_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-            try:
-                path = self.save_checkpoint(cfg.checkpoint_dir)
-            except OSError as exc:
-                why = _os_error(exc)
-                return self._fail(
-                    on_event,
-                    f"the checkpoint of step {self.step} could not be written: {why}. Training stopped; "
-                    "the last good checkpoint is kept.",
+        try:
+            if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
+                on_event(self.evaluate())
+            if cfg.checkpoint_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                parallel.check_same(self)  # every rank holds rank 0's parameters (one digest each)
+                path = parallel.on_root(
+                    self.comm,
+                    lambda: self.save_checkpoint(cfg.checkpoint_dir),
+                    timeout=parallel.step_timeout(self.comm, self._recent),
                 )
-            self.last_ckpt = path
-            self._note("running")
-            on_event(ev.Checkpoint(self.step, self.last_ckpt))
+            else:
+                return step
+        except OSError as exc:
+            why = _os_error(exc)
+            return self._fail(
+                on_event,
+                f"the checkpoint of step {self.step} could not be written: {why}. Training stopped; "
+                "the last good checkpoint is kept.",
+            )
+        except RankTimeout as exc:
+            return self._lost(on_event, exc)
+        except EngineError as exc:  # rank 0 could not write the checkpoint
+            return self._fail(on_event, f"{exc}. Training stopped; the last good checkpoint is kept.")
+        self.last_ckpt = path
+        self._note("running")
+        on_event(ev.Checkpoint(self.step, self.last_ckpt))
         return step
+
+    # --- the fused GPU step ----------------------------------------------------------------------
+    def _fused_reason(self) -> str | None:
+        """Why this run takes the generic op-by-op path (logged on a GPU), or None: the fused step."""
+        if not self.backend.is_gpu:
+            return "CPU"
+        if self.comm.parallel:
+            return "data-parallel ranks take the generic step"
+        from .dense_step import unsupported
+
+        cfg = self.config
+        why = "gpu_step is generic" if cfg.gpu_step == "generic" else unsupported(
+            self.model, self.trainable, cfg.grad_accum, cfg.reward_mode == "group" and cfg.kl_coef > 0,
+            self.memory.checkpoint,
+        )  # fmt: skip
+        if why:
+            log.info("training step: the generic op-by-op path (%s)", why)
+        return why
+
+    def _fused_train_step(self, on_event, t_step: float):
+        """One step of the fused dense step (engine.train.dense_step): the inputs uploaded, the step
+        replayed as a CUDA graph (captured at the second step; the first runs eagerly and warms up:
+        kernels loaded, memory pools grown), one read of its scalars at the end."""
+        from .dense_step import DenseStep, stats_of
+        from .optim import StepStats, lr_at
+
+        cfg = self.config
+        n_batches = self.plan.batches_per_epoch
+        m = self.step  # grad_accum is 1 on this path
+        batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
+        if self._fused is None:
+            self._fused = DenseStep(self.model, self.trainable, self.optimizer, cfg.batch_size, cfg.n_ctx)
+            how = "captured as a CUDA graph from the second step" if cfg.gpu_step == "graph" else "eager"
+            log.info("training step: the fused dense step (%s)", how)
+        fused = self._fused
+        lr = lr_at(self.optimizer.cfg, self.optimizer.step_count)
+        n_label = fused.load(batch, lr)
+        with self.backend.active():
+            if self._graph is None and cfg.gpu_step == "graph" and self._fused_runs == 1:
+                try:
+                    with self.backend.runtime.capture() as graph:
+                        fused.run()
+                    self._graph = graph
+                except Exception as exc:  # noqa: BLE001 - any failure to capture means eager steps
+                    log.warning("training step: runs eagerly, the capture as a CUDA graph failed (%s: %s)",
+                                type(exc).__name__, exc)  # fmt: skip
+                    self.config = cfg = _replace_config(cfg, gpu_step="eager")
+            if self._graph is not None:
+                self._graph.replay()
+            else:
+                fused.run()
+        self._fused_runs += 1
+        st = fused.read()  # the step's one host read
+        fused.finish(st)
+        loss, ce_sum = st["loss"], st["ce_sum"]
+        if not math.isfinite(loss):
+            return self._fail(
+                on_event,
+                f"the loss became {loss} at step {self.step + 1}: training stopped. "
+                "Lower the learning rate or check the data; the last good checkpoint is kept.",
+            )
+        grad_norm, update_norm, param_norm, peak = stats_of(st)
+        if not math.isfinite(grad_norm):
+            return self._fail(
+                on_event,
+                f"the gradient became {grad_norm} at step {self.step + 1}: "
+                "training stopped; lower the learning rate. The last good checkpoint is kept.",
+            )
+        stats = StepStats(lr, grad_norm, bool(st["clipped"]), update_norm, param_norm)
+        exploded = None
+        if st["nonfinite_params"]:
+            exploded = f"became non-finite ({int(st['nonfinite_params'])} values)"
+        elif peak > MAX_PARAM:
+            exploded = f"exploded to {peak:.3g}"
+        n_tok = batch.n_tokens
+        return self._after_step(on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, None, exploded)
+
+    def _local_step(self):
+        """The step's micro-batches in this process: (loss, ce_sum, label tokens, sample tokens,
+        expert counts, gradients, index of the last micro-batch)."""
+        cfg = self.config
+        n_batches = self.plan.batches_per_epoch
+        acc = self._accumulator
+        acc.reset()
+        loss = ce_sum = 0.0
+        n_tok = n_label = 0
+        counts = grads = None
+        for j in range(cfg.grad_accum):
+            m = self.step * cfg.grad_accum + j  # global micro-batch index
+            batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
+            res = loss_and_grads(
+                self.model,
+                self.trainable,
+                batch,
+                checkpoint=self.memory.checkpoint,
+                kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
+            )
+            if cfg.grad_accum > 1:
+                acc.add(res.grads)
+            else:
+                grads = res.grads  # one micro-batch: its gradients are the step's, no copies
+            loss += res.loss / cfg.grad_accum
+            ce_sum += res.ce_sum
+            n_label += res.n_tokens
+            n_tok += batch.n_tokens
+            if res.expert_counts is not None:
+                counts = res.expert_counts if counts is None else counts + res.expert_counts
+        return loss, ce_sum, n_label, n_tok, counts, acc.mean() if cfg.grad_accum > 1 else grads, m
 
     def _exploded(self) -> str | None:
         """What is wrong with the parameters after a step (not finite, or far beyond what training
@@ -793,10 +937,27 @@ class Trainer:
         """End the run: a last evaluation (when it ran to the end), a checkpoint, the adapter (and
         the model of full-weight tensors); `Finished`, or `Failed` when a file cannot be written."""
         cfg = self.config
+        if self._silent_rank is not None:  # the stop was agreed without one rank: fail, write nothing
+            self.ended = True
+            return self._lost(on_event, self._silent_rank)
         if not stopped and self.val_batches and not (cfg.eval_every and self.step % cfg.eval_every == 0):
-            on_event(self.evaluate())
+            try:
+                on_event(self.evaluate())
+            except RankTimeout as exc:
+                return self._lost(on_event, exc)
         self.ended = True
         return self._finish(on_event, stopped=stopped, last_ckpt=self.last_ckpt)
+
+    def agree_stop(self, requested: bool) -> bool:
+        """Whether the run stops before its next step: `requested` in one process; with several
+        ranks, True on every rank as soon as one asks (a stop reaches them at different moments)."""
+        if not self.comm.parallel:
+            return requested
+        try:
+            return self.comm.any(requested, timeout=parallel.step_timeout(self.comm, self._recent))
+        except RankTimeout as exc:  # `finish` then reports it
+            self._silent_rank = exc
+            return True
 
     def run(
         self,
@@ -809,7 +970,7 @@ class Trainer:
             if isinstance(started, ev.Failed):
                 return started
         while not self.done:
-            if should_stop():
+            if self.agree_stop(should_stop()):
                 return self.finish(on_event, stopped=True)
             result = self.train_step(on_event)
             if isinstance(result, ev.Failed):
@@ -817,11 +978,15 @@ class Trainer:
         return self.finish(on_event)
 
     def evaluate(self) -> ev.Eval:
+        """Mean cross-entropy over the validation batches (with several ranks, each takes a share)."""
         ce = n = 0
-        for b in self.val_batches:
-            res = loss_and_grads(self.model, self.trainable, b, backward=False)
-            ce += res.ce_sum
-            n += res.n_tokens
+        if self.comm.parallel:
+            ce, n = parallel.sharded_eval(self)
+        else:
+            for b in self.val_batches:
+                res = loss_and_grads(self.model, self.trainable, b, backward=False)
+                ce += res.ce_sum
+                n += res.n_tokens
         result = ev.Eval(self.step, ce / max(1, n), n)
         if self.record is not None:
             self.record.add_val_loss(self.step, result.mean_ce)
@@ -833,7 +998,7 @@ class Trainer:
         written is logged, never a reason to stop training."""
         cfg = self.config
         path = record_path(cfg.checkpoint_dir, cfg.out)
-        if path is None:
+        if path is None or not self.comm.is_root:  # one record per run, written by rank 0
             return
         if self.record is None:
             self.record = self._new_record(path)
@@ -889,6 +1054,11 @@ class Trainer:
             {t.name: t.norm_delta for t in report.tensors},
         )
 
+    def _lost(self, on_event, exc: RankTimeout) -> ev.Failed:
+        """Another rank stopped answering: the run fails here (the caller ends every rank)."""
+        self.rank_lost = True
+        return self._fail(on_event, f"{exc}. The last good checkpoint is kept.")
+
     def _fail(self, on_event, message: str, last_ckpt: str | None = None) -> ev.Failed:
         self.ended = True
         failed = ev.Failed(self.step + 1, message, last_ckpt or self.last_ckpt)
@@ -897,13 +1067,17 @@ class Trainer:
         return failed
 
     def _finish(self, on_event, *, stopped: bool, last_ckpt: str | None) -> ev.Finished | ev.Failed:
-        from ..io.export import export_adapter
+        from ..export.write import export_adapter
 
         cfg = self.config
-        try:
-            if cfg.checkpoint_dir and (not last_ckpt or not last_ckpt.endswith(f"ckpt-{self.step:06d}")):
-                last_ckpt = self.save_checkpoint(cfg.checkpoint_dir)
-                on_event(ev.Checkpoint(self.step, last_ckpt))
+        new_ckpt = cfg.checkpoint_dir and (not last_ckpt or not last_ckpt.endswith(f"ckpt-{self.step:06d}"))
+        saved = [last_ckpt]  # the newest checkpoint, even when the adapter cannot be written after it
+
+        def write() -> tuple[str | None, str | None, str | None]:  # on rank 0 alone with several ranks
+            ckpt = self.save_checkpoint(cfg.checkpoint_dir) if new_ckpt else last_ckpt
+            if new_ckpt:
+                saved[0] = ckpt
+                on_event(ev.Checkpoint(self.step, ckpt))
             adapter_path = merged_path = None
             if cfg.out and self.trainable.pairs:
                 adapter_path = export_adapter(
@@ -911,15 +1085,24 @@ class Trainer:
                 )
             if cfg.out and self.trainable.full:
                 merged_path = self._export_full(cfg.out)
+            return ckpt, adapter_path, merged_path
+
+        try:
+            parallel.check_same(self)  # every rank holds rank 0's parameters (one digest each)
+            last_ckpt, adapter_path, merged_path = parallel.on_root(
+                self.comm, write, timeout=parallel.step_timeout(self.comm, self._recent)
+            )
+        except RankTimeout as exc:
+            return self._lost(on_event, exc)
         except OSError as exc:
             return self._fail(
                 on_event,
                 f"training finished but the result could not be written: {_os_error(exc)}",
-                last_ckpt,
+                saved[0],
             )
         except EngineError as exc:
             return self._fail(
-                on_event, f"training finished but the result could not be written: {exc}", last_ckpt
+                on_event, f"training finished but the result could not be written: {exc}", saved[0]
             )
         done = ev.Finished(self.step, stopped, self.last_ce, adapter_path, merged_path, last_ckpt)
         self.last_ckpt = last_ckpt
@@ -929,7 +1112,7 @@ class Trainer:
 
     def _export_full(self, out: str) -> str:
         """Runs with full-weight tensors write a whole model: base + trained tensors (+ merged LoRA)."""
-        from ..io.export import export_merged
+        from ..export.write import export_merged
 
         stem = out[:-5] if out.endswith(".gguf") else out
         path = stem + ".model.gguf" if self.trainable.pairs else out

@@ -4,7 +4,9 @@
   project's runs home (`Project.output_folder()`), the open model's own folder under the app's data
   folder when the project chose another, the `tune-studio-out` folder older versions wrote, and the
   folders added on the Runs page or written to by a run (remembered with QSettings under
-  `runs/folders`); `load_runs` reads them.
+  `runs/folders`); `load_runs` reads them, and the runs of the events files the Runs page follows
+  (`runs/followed`: runs on other processes or machines, engine `run_from_events`), which take the
+  place of their own record when both are found.
 - `status_text`, `run_label`: a run's state and a one-line name for lists ("stopped at step 2 of
   150", "Reward-tuned: …").
 - `same_model`, `adapter_problems`: is a run or an adapter file made for the open model? The
@@ -28,11 +30,12 @@ from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QPushButton, QSizePolicy, QWidget
 
-from engine import EngineError, GGUFFile, RunRecord, find_runs, latest_finished, lora_shapes
+from engine import EngineError, GGUFFile, RunRecord, find_runs, latest_finished, lora_shapes, run_from_events
 
 from ..project import model_runs_folder
 
 FOLDERS_KEY = "runs/folders"
+FOLLOWED_KEY = "runs/followed"  # events files of runs started outside the app
 SETTINGS_ORG, SETTINGS_APP = "TuneStudio", "TuneStudio"  # the window's own QSettings
 ADAPTER_FILE = "adapter.gguf"  # inside a checkpoint folder
 LORA_A, LORA_B = ".lora_a", ".lora_b"
@@ -44,14 +47,19 @@ def app_settings() -> QSettings:
 
 
 # --- folders and records ------------------------------------------------------------------------
-def extra_folders(settings: QSettings | None) -> list[str]:
-    """The folders added on the Runs page, in the order they were added."""
+def _paths(settings: QSettings | None, key: str) -> list[str]:
+    """A list of paths kept under `key` (QSettings gives a lone one as a string)."""
     if settings is None:
         return []
-    value = settings.value(FOLDERS_KEY, [])
+    value = settings.value(key, [])
     if isinstance(value, str):
         value = [value]
     return [p for p in (value or []) if isinstance(p, str) and p]
+
+
+def extra_folders(settings: QSettings | None) -> list[str]:
+    """The folders added on the Runs page, in the order they were added."""
+    return _paths(settings, FOLDERS_KEY)
 
 
 def set_extra_folders(settings: QSettings, folders: Sequence[str]) -> None:
@@ -99,12 +107,41 @@ def run_folders(project, settings: QSettings | None = None) -> list[str]:
     return out
 
 
+def followed_events(settings: QSettings | None) -> list[str]:
+    """The events files the Runs page follows, in the order they were added."""
+    return _paths(settings, FOLLOWED_KEY)
+
+
+def add_followed(settings: QSettings | None, path: str) -> None:
+    """Follow a run's events file on the Runs page (remembered for the next start)."""
+    settings = settings if settings is not None else app_settings()
+    settings.setValue(FOLLOWED_KEY, list(dict.fromkeys([*followed_events(settings), os.path.abspath(path)])))
+
+
+def remove_followed(settings: QSettings, path: str) -> None:
+    settings.setValue(FOLLOWED_KEY, [p for p in followed_events(settings) if p != path])
+
+
 def load_runs(project, settings: QSettings | None = None) -> list[RunRecord]:
-    """Every run record in the run folders, newest first (never raises: broken records are skipped)."""
+    """Every run record in the run folders and every followed events file's run, newest first
+    (never raises: broken records are skipped)."""
     try:
-        return find_runs(run_folders(project, settings))
+        runs = find_runs(run_folders(project, settings))
     except OSError:
-        return []
+        runs = []
+    followed = [r for r in (run_from_events(p) for p in followed_events(settings)) if r is not None]
+    if not followed:
+        return runs
+    folders = {os.path.normcase(os.path.abspath(r.checkpoints)) for r in followed if r.checkpoints}
+    adapters = {os.path.normcase(os.path.abspath(r.adapter)) for r in followed if r.adapter}
+
+    def shadowed(r: RunRecord) -> bool:  # the followed events are the fresher account of the same run
+        return bool(
+            (r.checkpoints and os.path.normcase(os.path.abspath(r.checkpoints)) in folders)
+            or (r.adapter and os.path.normcase(os.path.abspath(r.adapter)) in adapters)
+        )
+
+    return sorted([*followed, *(r for r in runs if not shadowed(r))], key=lambda r: r.started, reverse=True)
 
 
 def same_file(a: str | None, b: str | None) -> bool:

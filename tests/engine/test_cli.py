@@ -189,9 +189,9 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
 
 
 def test_train_norms_export_round_trip(tmp_path, capsys):
-    from engine.io.synth import SynthSpec, write_model
     from engine.model.lora import LoraAdapter
     from engine.model.model import Model
+    from engine.testing import SynthSpec, write_model
 
     model_path = write_model(tmp_path / "m.gguf", SynthSpec.for_arch("qwen2moe", seed=4))
     data = DATA / "datasets" / "sample_data.jsonl"
@@ -241,9 +241,9 @@ def test_train_resume_without_options_continues_the_checkpoints_run(tmp_path, ca
     """`train MODEL DATA --out B --resume CKPT` with no other option takes the checkpoint's settings and
     runs to its planned step: the adapter equals the uninterrupted run's; an option that changes the
     trajectory is refused unless accepted, and so is a checkpoint that has nothing left to train."""
-    from engine.io.synth import SynthSpec, write_model
     from engine.model.lora import LoraAdapter
     from engine.model.model import Model
+    from engine.testing import SynthSpec, write_model
 
     model_path = write_model(tmp_path / "m.gguf", SynthSpec.for_arch("llama", seed=3))
     first = tmp_path / "a.gguf"

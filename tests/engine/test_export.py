@@ -15,8 +15,8 @@ from gguf.quants import dequantize
 
 from engine.cli.tools import add_commands
 from engine.errors import ExportError
-from engine.io import export as export_mod
-from engine.io.export import (
+from engine.export import write as export_mod
+from engine.export.write import (
     MergeReport,
     adapter_tensor_types,
     export_adapter,
@@ -26,9 +26,9 @@ from engine.io.export import (
 from engine.io.gguf_file import GGUFFile
 from engine.io.gguf_write import LazyTensor, write_gguf
 from engine.io.quantize import quantize
-from engine.io.synth import SynthSpec, random_adapter, write_model
 from engine.model.lora import LoraAdapter
 from engine.model.model import Model
+from engine.testing import SynthSpec, random_adapter, write_model
 from tests.conftest import GOLDEN_MODELS
 
 TOKENS = np.array([1, 280, 290, 270, 299, 7, 260, 265, 3, 300 - 2])
@@ -118,7 +118,7 @@ def test_q8_0_writes_f16_for_rows_that_are_not_whole_blocks(synth_model, tmp_pat
         "blk.1.ffn_up_exps.weight.lora_a": "Q8_0",
         "blk.1.ffn_up_exps.weight.lora_b": "F16",
     }
-    with caplog.at_level(logging.WARNING, logger="engine.io.export"):
+    with caplog.at_level(logging.WARNING, logger="engine.export.write"):
         path = export_adapter(adapter, tmp_path / "a.gguf", qtype="Q8_0")
     assert "blk.0.attn_q.weight.lora_b" in caplog.text and "F16" in caplog.text
     assert {n: t.qtype for n, t in GGUFFile(path).tensors.items()} == plan
@@ -659,7 +659,7 @@ def test_cli_export_merged(tmp_path, capsys):
 def test_export_size_estimate_is_close_to_the_written_file(tmp_path):
     from engine import LoraAdapter, Model, SynthSpec, export_size, write_model
     from engine.io.gguf_file import GGUFFile
-    from engine.io.synth import random_adapter
+    from engine.testing import random_adapter
 
     base_path = write_model(tmp_path / "m.gguf", SynthSpec.for_arch("qwen3moe", qtype="Q8_0"))
     model = Model.load(base_path)
@@ -680,7 +680,7 @@ def test_export_size_estimate_is_close_to_the_written_file(tmp_path):
 @pytest.fixture(scope="module")
 def q4_small_update(tmp_path_factory):
     """A Q4_0 llama and an adapter whose update is far below a Q4 step (as a real LoRA's is)."""
-    from engine.io.synth import random_adapter
+    from engine.testing import random_adapter
 
     folder = tmp_path_factory.mktemp("q4")
     base = write_model(folder / "q4.gguf", SynthSpec.for_arch("llama", qtype="Q4_0"))

@@ -9,11 +9,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from engine.io.synth import SynthSpec, write_model
 from engine.model.generate import GREEDY, generate
 from engine.model.lora import LoraAdapter
 from engine.model.model import Model
 from engine.model.targets import TargetSpec
+from engine.testing import SynthSpec, write_model
 from engine.text.chat_template import ChatTemplate
 from engine.text.tokenizer import Tokenizer
 from engine.train import events as ev

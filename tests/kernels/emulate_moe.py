@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.kernels.emulate import compiler
+from tests.kernels.emulate import compiler, gxx_defines
 
 SHIM = r"""
 #include <math.h>
@@ -50,8 +50,10 @@ SHIM = r"""
 
 struct uint4 { unsigned int x, y, z, w; };
 struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+static inline float2 make_float2(float a, float b) { return {a, b}; }
 
 struct emu_dim3 { unsigned x, y, z; };
 static emu_dim3 blockIdx, threadIdx, blockDim, gridDim;
@@ -246,7 +248,7 @@ class FiberKernels:
     pointer), np.int32 / np.int64 / np.float32 scalars, checked against the kernel's signature.
     """
 
-    def __init__(self, code: str, kernels: Iterable[str], workdir: Path):
+    def __init__(self, code: str, kernels: Iterable[str], workdir: Path, options: Iterable[str] = ()):
         gxx = compiler()
         if gxx is None:
             raise RuntimeError("g++ is not installed")
@@ -272,6 +274,7 @@ class FiberKernels:
             "-fPIC",
             "-shared",
             "-w",
+            *gxx_defines(options),
             str(src),
             "-o",
             str(lib),

@@ -36,12 +36,10 @@ class MoeParityRow:
 
 def moe_parity_report(seed: int | None = None, cases: list | None = None) -> list[MoeParityRow]:
     """Run the MoE parity cases on the current CUDA device; one row per case (see the module doc)."""
-    import cupy as cp
 
-    from engine.kernels import moe
+    from engine.kernels.runtime import cuda_runtime
 
-    def launch(name, grid, args):
-        moe._cupy_launch(name, grid, args)
+    rt = cuda_runtime()
 
     seed = int(np.random.SeedSequence().entropy % 2**63) if seed is None else seed
     rng = np.random.default_rng(seed)
@@ -51,8 +49,8 @@ def moe_parity_report(seed: int | None = None, cases: list | None = None) -> lis
         inp = mc.make_inputs(case, rng)
         msg, errors, same = "", {}, False
         try:
-            first = mc.run_case(case, inp, cp, launch)
-            second = mc.run_case(case, inp, cp, launch)
+            first = mc.run_case(case, inp, rt)
+            second = mc.run_case(case, inp, rt)
             same = all(np.array_equal(first[k], second[k]) for k in first)
             try:
                 errors = mc.check_case(case, inp, first)

@@ -19,29 +19,25 @@ import numpy as np
 import pytest
 
 from engine.kernels import moe
+from engine.kernels.runtime import cuda_runtime
 from engine.model import ops
 from tests.kernels import moe_cases as mc
 
 pytestmark = pytest.mark.gpu
 
 
-def cupy_launch(name, grid, args):
-    moe._cupy_launch(name, grid, args)
-
-
 @pytest.mark.parametrize("case", mc.cases(gpu=True), ids=lambda c: f"{c.name}-{c.dtype}")
 def test_moe_matches_reference_and_repeats_bitwise(gpu, case, fresh_rng):
-    cp = gpu
     inp = mc.make_inputs(case, fresh_rng)
-    first = mc.run_case(case, inp, cp, cupy_launch)
+    first = mc.run_case(case, inp, cuda_runtime())
     mc.check_case(case, inp, first)
-    second = mc.run_case(case, inp, cp, cupy_launch)
+    second = mc.run_case(case, inp, cuda_runtime())
     differ = [k for k in first if not np.array_equal(first[k], second[k], equal_nan=False)]
     assert not differ, f"{case}: a second run gave different bits in {differ}"
 
 
 def test_twins_dispatch_through_ops(gpu, fresh_rng):
-    """engine.model.ops runs the CUDA twins for CuPy arrays, with the same results as the launch bodies."""
+    """engine.model.ops runs the CUDA twins for CuPy arrays, with the same results as the `*_on` bodies."""
     cp = gpu
     case = mc.MoeCase("ops", N=64, C=128, F=64, E=8, K=2, lora=("gate", "down"), dtype="bfloat16")
     inp = mc.make_inputs(case, fresh_rng)
@@ -56,10 +52,10 @@ def test_twins_dispatch_through_ops(gpu, fresh_rng):
     assert isinstance(routing.order, cp.ndarray) and routing.order.dtype == cp.int32
     y, cache = ops.experts_forward(cp.asarray(inp["x"]), routing, *W, *loras)
     assert isinstance(cache.per_expert, moe.PackedActs)
-    dx, dweights, dW, dlora = ops.experts_backward(cp.asarray(inp["dy"]), cache, *W, need_dw=False)
+    dx, dweights, dW, dlora, _ = ops.experts_backward(cp.asarray(inp["dy"]), cache, *W, need_dw=False)
     assert dW is None and set(dlora) == {"gate", "down"}
     dlogits = ops.route_backward(dweights, rcache)
-    got = mc.run_case(case, inp, cp, cupy_launch)
+    got = mc.run_case(case, inp, cuda_runtime())
     assert np.array_equal(cp.asnumpy(y), got["y"]) and np.array_equal(cp.asnumpy(dx), got["dx"])
     assert dlogits.shape == (case.N, case.E) and bool(cp.isfinite(dlogits).all())
     acts = moe.unpack_acts(cache.per_expert, routing)
@@ -133,7 +129,7 @@ def test_no_host_synchronisation(gpu, fresh_rng):
     def layer():
         routing, rcache = moe.route_forward(dev["logits"], case.K, case.renorm)
         y, cache = moe.experts_forward(dev["x"], routing, *W, *loras)
-        dx, dweights, _, dlora = moe.experts_backward(dev["dy"], cache, *W, need_dw=True)
+        dx, dweights, _, dlora, _ = moe.experts_backward(dev["dy"], cache, *W, need_dw=True)
         return moe.route_backward(dweights, rcache), dx, y
 
     spin = spin_kernel(cp)

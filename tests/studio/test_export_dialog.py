@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import engine
-import engine.io.export_check as export_check
+import engine.export.check as export_check
 from engine import (
     ChatTemplate,
     GGUFFile,
@@ -475,7 +475,7 @@ def test_a_merge_that_loses_the_fine_tune_is_put_aside_with_no_command_to_run_it
     re-quantization to the base's Q4_0 keeps a few percent of what the adapter does: the page says so,
     renames the file *.failed.gguf and shows no llama-cli command; the default writes a usable file."""
     from engine import LoraAdapter, Model, SynthSpec, export_adapter, write_model
-    from engine.io.synth import random_adapter
+    from engine.testing import random_adapter
 
     base = write_model(tmp_path / "q4.gguf", SynthSpec.for_arch("llama", qtype="Q4_0"))
     model = Model.load(base)

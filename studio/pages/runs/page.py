@@ -9,6 +9,10 @@ the details below name the adapter and the checkpoints, each with a button that 
 through signals (the window routes them). The list is read again when a run folder changes (a
 QFileSystemWatcher), every few seconds while the page is visible, and on F5.
 
+"Follow a run…" adds a run's events file (`tune-engine train --events FILE`, as the Train page's
+"Across machines…" gives it for a run on other machines): the run is listed from its events,
+its loss curve growing as rank 0 writes them (the file is watched), until it finishes.
+
 What this is not: it trains nothing and loads no weights; it reads run records (small JSON files).
 """
 
@@ -43,10 +47,13 @@ from ...widgets.elided_label import ElidedLabel
 from ...widgets.loss_overlay import LossOverlayWidget
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import (
+    add_followed,
     app_settings,
     extra_folders,
+    followed_events,
     has_adapter,
     load_runs,
+    remove_followed,
     resume_checkpoint,
     run_folders,
     run_label,
@@ -103,6 +110,12 @@ class RunsPage(QWidget):
             "for the next start. Default: only the project's output folder."
         )
         self.add_button.clicked.connect(self.choose_folder)
+        self.follow_button = QPushButton("Follow a run…")
+        self.follow_button.setToolTip(
+            "List a run from its events file (tune-engine train --events FILE: a run on other processes "
+            "or machines) and draw its loss as it trains; remembered for the next start."
+        )
+        self.follow_button.clicked.connect(self.choose_events)
         self.remove_button = QToolButton()
         self.remove_button.setText("Remove folder")
         self.remove_button.setPopupMode(QToolButton.InstantPopup)
@@ -116,6 +129,7 @@ class RunsPage(QWidget):
         top.addWidget(title)
         top.addWidget(self.folders_label, 1)
         top.addWidget(self.add_button)
+        top.addWidget(self.follow_button)
         top.addWidget(self.remove_button)
         top.addWidget(self.refresh_button)
 
@@ -340,6 +354,24 @@ class RunsPage(QWidget):
         self._signature = ()
         self.refresh()
 
+    def follow(self, events: str) -> None:
+        """List the run of an events file and follow it as it grows."""
+        add_followed(self.settings, events)
+        self._signature = ()
+        self.refresh()
+
+    def unfollow(self, events: str) -> None:
+        remove_followed(self.settings, events)
+        self._signature = ()
+        self.refresh()
+
+    def choose_events(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Follow a run's events file", self.project.output_folder(), "Events (*.jsonl);;All (*)"
+        )
+        if path:
+            self.follow(path)
+
     def choose_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of runs", self.project.output_folder())
         if folder:
@@ -466,6 +498,11 @@ class RunsPage(QWidget):
             self.watcher.addPaths(sorted(want - have))
         if have - want:
             self.watcher.removePaths(sorted(have - want))
+        # a followed run's events file grows in place: watch the file itself
+        files = {os.path.abspath(p) for p in followed_events(self.settings) if os.path.isfile(p)}
+        watched = set(self.watcher.files())
+        if files - watched:
+            self.watcher.addPaths(sorted(files - watched))
 
     def _folder_changed(self, _path: str) -> None:
         self._settle.start()
@@ -479,7 +516,10 @@ class RunsPage(QWidget):
         self.remove_menu.clear()
         for folder in added:
             self.remove_menu.addAction(folder, lambda f=folder: self.remove_folder(f))
-        self.remove_button.setEnabled(bool(added))
+        followed = followed_events(self.settings)
+        for events in followed:
+            self.remove_menu.addAction(f"Stop following {events}", lambda f=events: self.unfollow(f))
+        self.remove_button.setEnabled(bool(added or followed))
 
     def _project_changed(self, changed: set[str]) -> None:
         if changed & {"output_dir", "path", "dataset_path", "model_path"}:

@@ -22,6 +22,15 @@ preparing the data, the first step); during the run it shows the run's training 
 moving average, `Step.eta_s`). A run longer than `notify_after_s` that ends alerts the window, the
 system tray (when there is one) and the status line.
 
+With "Processes" above 1, Start runs `tune-engine train --ranks N` beside the app (data parallel
+over MPI: every process takes a share of each step's windows; studio.pages.train.processes), and a
+resume from a checkpoint runs it with `--resume` (a checkpoint resumes on any number of processes,
+with the run's settings and data as in the app): the page follows rank 0's events file as it
+follows the worker, the log names each rank's machine, Stop ends every rank after the same step
+with a checkpoint and the adapter; there is no Pause. "Across
+machines…" gives the `mpiexec -hosts ...` line of the same run for several machines, and adds its
+events file to the Runs page.
+
 A new model resets what belonged to the old one: Resume is no longer offered (a checkpoint of
 another model neither), and the hyperparameters go back to their defaults (the targets stay).
 
@@ -55,6 +64,7 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSizePolicy,
+    QSpinBox,
     QSplitter,
     QStyle,
     QSystemTrayIcon,
@@ -77,6 +87,7 @@ from engine import (
     describe_settings,
     find_runs,
     human_bytes,
+    local_ranks_available,
     plan_warning,
     read_checkpoint_info,
     template_for,
@@ -94,6 +105,7 @@ from ...widgets.runs import load_runs, resume_checkpoint, same_model
 from ...worker import Engine, Job
 from .folders import checkpoint_model, clean_failed_run, folder_problem, missing_folders, same_file
 from .plan import Blocker, EncodingCache, RunCheck, check_run, check_selection
+from .processes import MachinesDialog, ProcessRun, RunFiles
 from .settings import TrainSettingsWidget
 
 STATES = ("idle", "loading", "training", "pausing", "paused", "stopping", "finished", "failed")
@@ -186,6 +198,9 @@ class TrainPage(QWidget):
         self.info: ModelInfo | None = None
         self._state = "idle"
         self.job: Job | None = None  # the training job in flight
+        self.proc_run: ProcessRun | None = None  # a run on several processes beside the app
+        self.machines_dialog: MachinesDialog | None = None
+        self._ranks = 1  # processes of the run in flight (its Started event says)
         self.run = None  # the engine's run of this page (an identity token; it lives in the worker)
         self.run_model: str | None = None  # the model file of the current (or last) run
         self.paths: RunPaths | None = None  # of the current (or last) run
@@ -265,6 +280,18 @@ class TrainPage(QWidget):
         self.resume_from_button = self._button("From checkpoint…", None, self.choose_checkpoint,
                                                "Continue training from a checkpoint folder of the open model "
                                                "(ckpt-NNNNNN, or a folder of them: the newest).")  # fmt: skip
+        self.processes = QSpinBox()
+        self.processes.setRange(1, 64)
+        self.processes.setPrefix("Processes: ")
+        self.processes.setToolTip(
+            "Train on this many processes of this machine (data parallel over MPI: each takes a share of "
+            "every step's windows; the same steps as one process). 1 (default): in the app, with Pause. "
+            "Needs the mpi extra (pip install 'tune-studio[mpi]')."
+        )
+        self.machines_button = self._button(
+            "Across machines…", None, self.show_machines,
+            "The command that runs this training on several machines (mpiexec); the Runs page follows it.",
+        )  # fmt: skip
         self.state_label = QLabel()
         self.state_label.setAlignment(Qt.AlignRight | Qt.AlignVCenter)
         self.state_label.setToolTip("The state of the training run.")
@@ -311,6 +338,8 @@ class TrainPage(QWidget):
         paths_row = QHBoxLayout()
         paths_row.addWidget(self.paths_label, 1)
         paths_row.addWidget(self.output_button, 0, Qt.AlignTop)
+        paths_row.addWidget(self.processes, 0, Qt.AlignTop)
+        paths_row.addWidget(self.machines_button, 0, Qt.AlignTop)
 
         # --- plots and log ---
         self.plots = TrainPlotsWidget()
@@ -391,13 +420,15 @@ class TrainPage(QWidget):
         self._state = state
         active = state in ACTIVE
         resumable = state in ("idle", "paused", "failed", "finished") and self._can_resume()
-        self.pause_button.setEnabled(state == "training")
+        self.pause_button.setEnabled(state == "training" and self.proc_run is None)
         self.resume_button.setEnabled(resumable)
         self.stop_button.setEnabled(state in ("loading", "training", "paused"))  # paused: end it
         self.resume_from_button.setEnabled(not active)
+        self.processes.setEnabled(not active)
         self.output_button.setEnabled(not active)
         self.settings.setEnabled(not active)
-        self.state_label.setText(f"<b>{state}</b>")
+        ranks = f" on {self._ranks} processes" if self._ranks > 1 and active else ""
+        self.state_label.setText(f"<b>{state}</b>{ranks}")
         self._update_start()
         if changed or force:
             self.sig_state_changed.emit(state)
@@ -807,6 +838,8 @@ class TrainPage(QWidget):
         weak = self.plan_warning()
         if weak:
             self._log(f"Warning: {weak}")
+        if self.processes.value() > 1:
+            return self._launch_processes(self.processes.value(), data)
         self._launch(resume=None)
         return True
 
@@ -895,9 +928,10 @@ class TrainPage(QWidget):
         planned = f" of {info.total_steps}" if info.total_steps else ""
         self._log(f"Resuming {Path(parent).name} at step {info.step}{planned} from {info.path}: "
                   f"{describe_settings(config, info.total_steps)}")  # fmt: skip
-        self._launch(
-            resume=info.path, config=replace(config, out=paths.out, checkpoint_dir=parent), data=data
-        )
+        config = replace(config, out=paths.out, checkpoint_dir=parent)
+        if self.processes.value() > 1:  # a checkpoint resumes on any number of processes
+            return self._launch_processes(self.processes.value(), data, config=config, resume=info.path)
+        self._launch(resume=info.path, config=config, data=data)
         return True
 
     def _resume_choice(self, info: CheckpointInfo) -> tuple[TrainConfig, object] | None:
@@ -973,7 +1007,11 @@ class TrainPage(QWidget):
 
     def stop(self) -> None:
         """End the run after the current step (the adapter and a checkpoint are written). No question."""
-        if self._state in ("loading", "training") and self.job is not None:
+        if self._state in ("loading", "training") and self.proc_run is not None:
+            self.proc_run.stop()
+            self._set_state("stopping")
+            self._log("Stopping every process after the current step…")
+        elif self._state in ("loading", "training") and self.job is not None:
             self.job.request_stop()
             self._set_state("stopping")
             self._log("Stopping after the current step…")
@@ -1009,6 +1047,7 @@ class TrainPage(QWidget):
             paths = self.paths
             config = replace(self.project.config, out=paths.out, checkpoint_dir=paths.checkpoint_dir)
         self.run_config = config
+        self._ranks = 1
         self._latest_step = None
         self._show_next = False
         p = self.project
@@ -1053,6 +1092,72 @@ class TrainPage(QWidget):
         self._show_paths()
         self.plots.start()
         self._refresh_progress(force=True)
+
+    # --- runs on several processes ------------------------------------------------------------
+    def _run_files(self, paths: RunPaths, data, config: TrainConfig | None = None) -> RunFiles:
+        """The run's files beside its adapter, written: its settings (`config`, default the page's) and
+        `data` when they are samples (a path, or None for the project's dataset, is read as it is)."""
+        config = replace(config or self.project.config, out=paths.out, checkpoint_dir=paths.checkpoint_dir)
+        self.run_config = config
+        dataset = data if isinstance(data, str) else self.project.dataset_path
+        files = RunFiles.beside(paths.out, paths.checkpoint_dir, dataset)
+        return files.write(config, None if isinstance(data, str) else data)
+
+    def _launch_processes(
+        self, n: int, data, config: TrainConfig | None = None, resume: str | None = None
+    ) -> bool:
+        """Start the run as `n` processes beside the app (tune-engine train --ranks n): a new run with
+        the page's settings, or the run of checkpoint `resume` with `config` (its own settings, or those
+        the person chose over them in `_resume_choice`, hence --accept-changes) and `data`."""
+        ok, why = local_ranks_available()
+        if not ok:
+            self.show_banner(f"Cannot train on {n} processes: {why}. Set Processes to 1 to train in the app.")
+            return False
+        try:
+            files = self._run_files(self.paths, data, config)
+        except OSError as exc:
+            self.show_banner(f"The run's settings cannot be written ({exc.strerror or exc}): choose another "
+                             "output folder.")  # fmt: skip
+            return False
+        p = self.project
+        command = files.command(p.model_path, ranks=n, template_file=p.template_file, device=p.device,
+                                resume=resume, accept_changes=resume is not None)  # fmt: skip
+        self._log(f"Training on {n} processes: {' '.join(command[3:])}")
+        self._log(f"Events: {files.events}; output of the processes: {files.output}")
+        self._ranks = n
+        self.proc_run = ProcessRun(command, files, self)
+        self.proc_run.sig_event.connect(self._on_event)
+        self.proc_run.sig_done.connect(self._on_finished)
+        self.phase = PHASE_OPENING
+        self._segment_t0 = time.monotonic()
+        try:
+            self.proc_run.start()
+        except OSError as exc:
+            self.proc_run = None
+            self.show_banner(f"The training processes cannot be started: {exc.strerror or exc}")
+            return False
+        self._set_state("loading")
+        self._show_paths()
+        self.plots.start()
+        self._refresh_progress(force=True)
+        return True
+
+    def show_machines(self) -> MachinesDialog | None:
+        """The command of this run across machines (settings written now, beside the next adapter)."""
+        if not self._check_inputs():
+            return None
+        paths = self.default_paths()
+        try:
+            files = self._run_files(paths, self._edited_samples())
+        except OSError as exc:
+            self.show_banner(f"The run's settings cannot be written ({exc.strerror or exc}).")
+            return None
+        p = self.project
+        dialog = MachinesDialog(files, p.model_path, ranks=max(2, self.processes.value()),
+                                template_file=p.template_file, device=p.device, parent=self)  # fmt: skip
+        dialog.show()
+        self.machines_dialog = dialog
+        return dialog
 
     # --- worker signals (queued to the UI thread) -------------------------------------------
     @Slot(object)
@@ -1117,6 +1222,11 @@ class TrainPage(QWidget):
                 page="Dataset",
             )
         self._log(line)
+        self._ranks = plan.ranks
+        if plan.ranks > 1:
+            hosts = ", ".join(f"rank {r} on {h}" for r, h in enumerate(plan.hosts))
+            self._log(f"{plan.ranks} processes, each with a share of every step's windows: {hosts}")
+            self.state_label.setToolTip(f"Training on {plan.ranks} processes: {hosts}")
         self._set_state("training")
         self._refresh_progress(force=True)
 
@@ -1140,6 +1250,7 @@ class TrainPage(QWidget):
 
     def _on_finished(self, result: object) -> None:
         self.job = None
+        self.proc_run = None
         self.plots.stop()
         self.phase = ""
         if isinstance(result, Paused):
@@ -1302,7 +1413,8 @@ class TrainPage(QWidget):
     # --- lifetime ---------------------------------------------------------------------------
     def is_running(self) -> bool:
         """A training job is queued or running (a paused run is not running)."""
-        return self.job is not None and self.job.active
+        processes = self.proc_run is not None and self.proc_run.running
+        return (self.job is not None and self.job.active) or processes
 
     def stop_and_wait(self, timeout_s: float = 900.0) -> bool:
         """End the run (running, or paused in memory) after its current step, with its checkpoint and
@@ -1342,9 +1454,12 @@ class TrainPage(QWidget):
 
     def shutdown(self) -> None:
         """Ask a running run to stop (the engine writes its checkpoint); the window then waits for
-        the engine worker (Engine.shutdown)."""
+        the engine worker (Engine.shutdown). Processes beside the app stop after their step and
+        write their checkpoint by themselves."""
         if self.job is not None and self.job.active:
             self.job.request_stop()
+        if self.proc_run is not None:
+            self.proc_run.stop()
         self.check_timer.stop()
         self.plots.timer.stop()
         if self._tray is not None:

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ExportError, TemplateError
-from ..io.export_check import MIN_EFFECT_KEPT, ExportRequest
 from ..io.gguf_file import GGUFFile
+from ..model.lora import LoraAdapter
+from ..model.model import Model
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
-from .lora import LoraAdapter
-from .model import Model
+from .check import MIN_EFFECT_KEPT, ExportRequest
 
 VERIFY_PROMPTS = ("Hello! Who are you?", "Name three colours.", "What is 2 + 3?")
 # Largest max |Δ| of the logits, relative to the largest reference logit (at least 1), that a file

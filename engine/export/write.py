@@ -38,7 +38,7 @@ Training facts go in `training.*` keys, typed from their Python values (see
   F16 model. Re-quantizing is an explicit choice: `qtype` "base" (each adapted
   tensor back to its own stored type) or a type name (every adapted matrix in
   that type), F16 where its rows are not whole blocks of that type; what
-  survives is measured after writing (`engine.model.verify`). Every change of
+  survives is measured after writing (`engine.export.verify`). Every change of
   type is listed in `MergeReport.type_changes`;
 - `replace_tensors` (weights trained in full) stand in for base tensors the
   same way, vectors keeping their own type;
@@ -69,10 +69,10 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import ExportError, ModelError
+from ..io.gguf_file import GGUFFile, dequantizable_types
+from ..io.gguf_write import LazyTensor, tensor_bytes, write_gguf
+from ..io.quantize import quantizable_types
 from ..model.lora import SUFFIX_A, SUFFIX_B, LoraAdapter, effective_scale, lora_shapes
-from .gguf_file import GGUFFile, dequantizable_types
-from .gguf_write import LazyTensor, tensor_bytes, write_gguf
-from .quantize import quantizable_types
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@
 - `find_checkpoints(folders)` lists the trainer's `<run>-checkpoints/ckpt-NNNNNN/adapter.gguf`;
   `suggest_out` names an export beside its source.
 
-The reload-and-compare check after writing is `engine.model.verify` (it needs the model). The
+The reload-and-compare check after writing is `engine.export.verify` (it needs the model). The
 studio's export dialog and `tune-engine export --check` both use this module.
 """
 
@@ -24,9 +24,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..errors import EngineError, ExportError
+from ..io.gguf_file import GGUFFile
 from ..model.lora import LoraAdapter
 from ..model.summary import human_bytes
-from .export import (
+from .write import (
     ADAPTER_TYPES,
     FLOAT_TYPES,
     adapter_tensor_types,
@@ -36,11 +37,10 @@ from .export import (
     fit_problems,
     merged_tensor_types,
 )
-from .gguf_file import GGUFFile
 
 MERGE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q4_K")  # offered for merged tensors, besides the
 # default (None: a type that keeps the update) and "base" (re-quantized to the base's own types)
-MIN_EFFECT_KEPT = 0.5  # engine.model.verify's: a merged file keeping less of the fine-tune fails
+MIN_EFFECT_KEPT = 0.5  # engine.export.verify's: a merged file keeping less of the fine-tune fails
 _DISK_MARGIN = 1 << 20  # bytes kept free beyond the estimate
 _CKPT = re.compile(r"^ckpt-(\d+)$")
 OK_MARK, BAD_MARK = "✓", "✗"
