@@ -25,15 +25,13 @@ def golden_cases() -> list[dict]:
     return json.loads((GOLDEN_MODELS / "manifest.json").read_text())["cases"]
 
 
-@pytest.fixture(scope="session", autouse=True)
-def user_data_folder(tmp_path_factory) -> Path:
-    """The app's data folder ($TUNE_STUDIO_DATA) for the whole session: under the test's temporary
-    folder, so that runs keep their prepared datasets (engine.train.prepared) there, never in
-    the home folder."""
-    folder = tmp_path_factory.mktemp("user-data")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TUNE_STUDIO_DATA", str(folder))
-        yield folder
+@pytest.fixture(autouse=True)
+def app_data_folder(tmp_path_factory, monkeypatch) -> Path:
+    """The app's data folder (runs homes, recovery) of each test: its own, under the test's tmp root,
+    so that no test writes into the user's real data folder or sees another test's runs."""
+    folder = tmp_path_factory.mktemp("app-data")
+    monkeypatch.setenv("TUNE_STUDIO_DATA", str(folder))
+    return folder
 
 
 @pytest.fixture(scope="session")

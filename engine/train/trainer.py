@@ -39,6 +39,7 @@ from ..text.tokenizer import Tokenizer
 from . import events as ev
 from . import parallel
 from .checkpoint import (
+    SAMPLES_FILE,
     STATE_FILE,
     CheckpointError,
     latest_checkpoint,
@@ -46,7 +47,7 @@ from .checkpoint import (
     write_checkpoint,
 )
 from .collective import Collective, RankTimeout
-from .data import Encoded, EncodeOptions, Problem, Sample, split_groups
+from .data import Encoded, EncodeOptions, Problem, Sample, save_jsonl, split_groups
 from .heap import keep_step_buffers
 from .memory import MemoryEstimate, estimate_memory
 from .optim import AdamW, GradAccumulator, OptimConfig
@@ -399,6 +400,9 @@ class Trainer:
         self.plan: ev.Plan | None = None  # set by start()
         self.ended = False  # finished, stopped or failed: no more steps
         self.train_seconds = 0.0  # time spent in steps (pauses excluded; carried by checkpoints)
+        self.tokens_done = 0  # sample tokens processed by the steps taken (carried by checkpoints)
+        self.dataset_path: str | None = None  # the dataset file trained (None: samples in memory)
+        self.samples_file: str | None = None  # the run's copy of in-memory samples, in its checkpoint folder
         self._recent: deque[float] = deque(maxlen=ETA_WINDOW + 1)  # seconds of the last steps
         self.last_ce: float | None = None
         self.last_ckpt: str | None = resume
@@ -425,12 +429,26 @@ class Trainer:
             cache = {"auto": default_cache_folder(), "off": None}.get(cfg.data_cache, cfg.data_cache)
             data = prepare_data(self.data, tok, template, options, cache=cache)
             self.dataset_sha256 = data.dataset_sha256
+            own = cfg.checkpoint_dir and os.path.abspath(self.data) == os.path.abspath(
+                os.path.join(cfg.checkpoint_dir, SAMPLES_FILE)
+            )
+            if own:  # a run of in-memory samples, resumed on its own copy of them
+                self.samples_file = SAMPLES_FILE
+            else:
+                self.dataset_path = os.path.abspath(self.data)
         else:
             samples = list(self.data)
             data = prepare_data(samples, tok, template, options)
             self.dataset_sha256 = hashlib.sha256(
                 json.dumps([asdict(s) for s in samples], sort_keys=True, default=str).encode()
             ).hexdigest()
+            if cfg.checkpoint_dir and samples:
+                # samples from the app's editor: a copy beside the checkpoints, so that the run can be
+                # resumed on exactly these samples after the editor changed or the app closed (rank 0)
+                if self.comm.is_root:
+                    os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+                    save_jsonl(os.path.join(cfg.checkpoint_dir, SAMPLES_FILE), samples)
+                self.samples_file = SAMPLES_FILE
         self.prepared = data
         table = data.samples
         if not len(table):
@@ -544,8 +562,14 @@ class Trainer:
 
         meta = {
             "step": self.step,
+            "total_steps": self.plan.total_steps if self.plan is not None else 0,
             "config": self.config.to_json(),
-            "model": self.model.path,
+            "model": os.path.abspath(self.model.path),
+            "dataset": self.dataset_path,
+            "dataset_sha256": self.dataset_sha256,
+            "samples_file": self.samples_file,
+            "tokens": self.tokens_done,
+            "seconds": self.train_seconds,
             "rank": self.trainable.rank,
             "alpha": self.trainable.alpha,
             "lora_targets": sorted(self.trainable.pairs),
@@ -565,7 +589,11 @@ class Trainer:
             optimizer=self.optimizer.state_dict(),
             meta=meta,
             meta_file=CONFIG_FILE,
-            extra={"trainer.step": self.step, "trainer.seconds": self.train_seconds},
+            extra={
+                "trainer.step": self.step,
+                "trainer.seconds": self.train_seconds,
+                "trainer.tokens": self.tokens_done,
+            },
             write_adapter=adapter,
             keep=self.config.keep_checkpoints,
         )
@@ -590,8 +618,18 @@ class Trainer:
             raise ModelError(f"{path}: not a training-run checkpoint (it has no step count)")
         self.step = int(other["trainer.step"])
         self.train_seconds = float(other.get("trainer.seconds", 0.0))
+        self.tokens_done = int(other.get("trainer.tokens", meta.get("tokens", 0)) or 0)
         if meta.get("step") != self.step:
             raise ModelError(f"{path}: inconsistent checkpoint (step {meta.get('step')} vs {self.step})")
+
+    def _planned_note(self) -> str:
+        """ " (it planned N steps)" from the checkpoint being resumed, when it says."""
+        try:
+            with open(os.path.join(self.resume, CONFIG_FILE), encoding="utf-8") as f:
+                planned = int(json.load(f).get("total_steps", 0) or 0)
+        except (OSError, ValueError, TypeError, AttributeError):
+            planned = 0
+        return f" (it planned {planned} steps)" if planned else ""
 
     def _adapter(self) -> LoraAdapter:
         return self.trainable.to_adapter(self.model.config.arch)
@@ -650,6 +688,12 @@ class Trainer:
                 self._load_checkpoint(self.resume)
             if self.comm.parallel:  # every rank's facts checked, then rank 0's state on every rank
                 parallel.join(self, None)
+            if self.resume and self.step >= total:  # every rank has rank 0's step now: all fail alike
+                raise ConfigError(
+                    f"the checkpoint is at step {self.step} and these settings plan {total} steps: "
+                    "nothing is left to train. Resume with the checkpoint's own settings"
+                    + self._planned_note()
+                )
             self.plan = ev.Plan(
                 n_train=self.n_train,
                 n_val=self.n_val,
@@ -664,6 +708,8 @@ class Trainer:
                 memory_bytes=self.memory.to_dict(),
                 problems=tuple(str(p) for p in self.problems),
                 start_step=self.step,
+                start_tokens=self.tokens_done,
+                start_seconds=self.train_seconds,
                 ranks=self.comm.size,
                 hosts=tuple(self.hosts),
                 model=self.model.path,
@@ -740,6 +786,7 @@ class Trainer:
                 "is kept.",
             )
         self.step += 1
+        self.tokens_done += n_tok
         self.last_ce = ce_sum / max(1, n_label)
         seconds = time.perf_counter() - t_step
         self.train_seconds += seconds

@@ -71,6 +71,9 @@ class DataPlan:
     tokens_per_epoch: int
     label_tokens_per_epoch: int
     problems: tuple[str, ...]  # reading and encoding problems, one line each
+    n_usable: int = 0  # samples of either split with a token to learn from
+    usable_tokens: int = 0  # their tokens (the validation samples' too)
+    longest: int = 0  # tokens of the longest of them (cut at the context length)
 
     def describe(self, config: TrainConfig) -> str:
         """One line for people: where the step total comes from."""
@@ -248,6 +251,7 @@ def plan_data(
     n_batches = math.ceil(n_windows / config.batch_size) if n_windows else 0
     total = config.steps or max(1, math.ceil(config.epochs * n_batches / config.grad_accum))
     problems = [*read_problems]
+    usable = [e for e in encoded if not e.dropped]
     for row, e in enumerate(encoded):
         problems.extend(_problem_line(row, line, sev, msg) for line, sev, msg in e.problems)
     return DataPlan(
@@ -261,6 +265,9 @@ def plan_data(
         tokens_per_epoch=sum(e.n_tokens for e in kept),
         label_tokens_per_epoch=sum(e.n_targets for e in kept),
         problems=tuple(problems),
+        n_usable=len(usable),
+        usable_tokens=sum(e.n_tokens for e in usable),
+        longest=max((e.n_tokens for e in usable), default=0),
     )
 
 
