@@ -95,6 +95,7 @@ class SynthSpec:
     tied: bool = False  # no output.weight: the output projection reuses token_embd
     rope_freqs: bool = False  # write a rope_freqs.weight tensor of frequency factors (llama 3.1 style)
     qtype: str = "F32"  # type of the 2-D/3-D matmul weights (norms stay F32)
+    expert_qtype: str = ""  # type of the routed expert stacks when it differs (gpt-oss: "MXFP4")
     n_ctx: int = 256  # context_length
     rope_base: float = 10000.0
     eps: float = 1e-5
@@ -352,9 +353,25 @@ def _arch_metadata(spec: SynthSpec) -> dict:
     return md
 
 
-def _storage_type(name: str, array: np.ndarray, qtype: str) -> str:
-    """Matmul weights get `qtype`; vectors (norms, biases, expert biases) stay F32, as llama-quantize does."""
-    return qtype if array.ndim >= 2 and not name.endswith(".bias") else "F32"
+def _storage_type(name: str, array: np.ndarray, spec: SynthSpec) -> str:
+    """Matmul weights get `qtype` (expert stacks `expert_qtype` when set); vectors (norms, biases,
+    expert biases) stay F32, as llama-quantize does."""
+    if array.ndim < 2 or name.endswith(".bias"):
+        return "F32"
+    return spec.expert_qtype if spec.expert_qtype and name.endswith("_exps.weight") else spec.qtype
+
+
+def _stored(array: np.ndarray, qtype: str):
+    """The values to write: as they are for the types engine.io.quantize writes, else (MXFP4) the
+    blocks gguf-py quantizes them to."""
+    from gguf import GGMLQuantizationType
+    from gguf import quants as gguf_quants
+
+    from .io.quantize import quantizable_types
+
+    if qtype in quantizable_types():
+        return array
+    return gguf_quants.quantize(np.asarray(array, np.float32), GGMLQuantizationType[qtype])
 
 
 def write_model(
@@ -367,7 +384,10 @@ def write_model(
     weights = weights if weights is not None else random_weights(spec)
     md = model_metadata(spec)
     md.update(metadata or {})
-    tensors = {n: (a, _storage_type(n, a, spec.qtype)) for n, a in weights.items()}
+    tensors = {}
+    for n, a in weights.items():
+        qt = _storage_type(n, a, spec)
+        tensors[n] = (_stored(a, qt), qt)
     return write_gguf(path, spec.arch, md, tensors)
 
 

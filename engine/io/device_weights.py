@@ -5,7 +5,9 @@ QLoRA at rest, on the device. At load every base tensor goes to the GPU once, in
 in device memory. Model code reads it through the same mapping interface as the host
 `WeightStore`:
 
-- `weights[name]` of a vector (norms, biases, the shared-expert gate) is float32, kept as such;
+- `weights[name]` of a vector (norms, biases, sinks, the shared-expert gate) or of any bias (gpt-oss's
+  expert biases are (E, F) matrices) is float32, kept as such, whatever type the file stores it in
+  (F32, F16, BF16, ...);
 - of a matrix or an expert stack it is bfloat16 bit patterns (uint16, CuPy has no bfloat16),
   dequantized on the device by `engine.kernels.dequant` into a buffer that a least-recently-used
   cache keeps while its budget allows; the kernels multiply them with fp32 accumulation;
@@ -78,8 +80,8 @@ class DeviceWeights(Mapping):
         self.hits = self.misses = 0
         self.peak_cache_bytes = 0
         for name, info in self.infos.items():
-            if len(info.shape) <= 1:
-                self._vectors[name] = self.xp.asarray(np.asarray(host[name], dtype=np.float32))
+            if len(info.shape) <= 1 or name.endswith(".bias"):
+                self._vectors[name] = self.xp.asarray(np.asarray(host.dense(name), dtype=np.float32))
             elif info.qtype in GPU_TYPES:
                 raw = host.file.raw(name)
                 self._raw[name] = self.xp.asarray(np.ascontiguousarray(raw))

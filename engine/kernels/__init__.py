@@ -16,9 +16,11 @@ only a GPU backend ever calls a CUDA twin. This package's own module imports not
 op module you need.
 
 Ops: `dequant` (raw GGUF blocks to float32/bfloat16), `embedding`, `norm` (RMSNorm), `linear`
-(with LoRA), `rope`, `attention` (with `attention_gemm`, its tensor-core path), `swiglu`, `moe`
-(routing, experts, their backward), `cross_entropy` (the output head fused with the loss), `adamw`
-(the multi-tensor optimizer step); references only so far: `attention_ext`, `glu`, `mla`,
-`moe_ext`, `softcap`. `cpu_workers` runs pieces of the CPU path side by side. `engine.model.ops`
-gives model code one name per op.
+(with LoRA), `rope`, `attention` (sinks and a value head size of its own included; with
+`attention_gemm`, its tensor-core path), `mla` (multi-head latent attention's keys and values),
+`glu` (SwiGLU, GEGLU, clamped SwiGLU), `moe` (routing, experts, their backward; `moe_cpu`, the CPU
+twin of the experts), `cross_entropy` (the output head fused with the loss, soft-cap included),
+`adamw` (the multi-tensor optimizer step). One reference per op: an architecture's variant is an
+argument of it. `cpu_workers` runs pieces of the CPU path side by side. `engine.model.ops` gives
+model code one name per op.
 """

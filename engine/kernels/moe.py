@@ -1,18 +1,35 @@
-"""Mixture of experts: routing (softmax, top-k, renormalisation, a counting sort of token-slot pairs by
-expert), the experts' grouped matmuls with per-expert LoRA (MUL_MAT_ID), the combine with routing
-weights, and the backward passes (MUL_MAT_ID with transposed experts, OUT_PROD_ID).
+"""Mixture of experts: routing (the gating function, top-k with an optional selection bias and group
+limits, renormalisation and scale, a counting sort of token-slot pairs by expert), the experts'
+grouped matmuls with biases, per-expert LoRA and a gated activation (MUL_MAT_ID), the combine with
+routing weights, and the backward passes (MUL_MAT_ID with transposed experts, OUT_PROD_ID).
+
+Every architecture's router and experts are this one op, its variants arguments, as llama.cpp's
+build_moe_ffn has them:
+- gating: "softmax" over all experts, "sigmoid" (DeepSeek-V3) or "softmax_selected" (gpt-oss: a
+  softmax over the chosen logits only); `bias`, an expert-selection bias that changes which experts
+  are chosen but not their weights (V3's exp_probs_b); group-limited routing (V3: only experts of the
+  best `group_used` of `n_group` groups, a group scored by its two best experts); renormalisation
+  and a scale on the weights (expert_weights_scale);
+- experts: biases on the gate, up and down projections (gpt-oss) and the activation, "silu"
+  (SwiGLU) or "swiglu_oai" (gpt-oss's clamped SwiGLU; engine.kernels.glu).
 
 `route_forward_ref`, `route_backward_ref`, `experts_forward_ref` and `experts_backward_ref` are the
-NumPy reference (the specification, and the CPU engine's hot path). `route_forward`,
-`route_backward`, `experts_forward` and `experts_backward` are their CUDA twins, same signatures,
-on CuPy arrays: every expert at once in grouped kernels driven by expert offsets that stay on the
-device, so a layer's MoE forward and backward never synchronise with the host. The twins' bodies
-are the `*_on(rt, ...)` functions, written against a `Runtime` (engine.kernels.runtime) so that
-tests/kernels runs the same code on the CPU with the kernels built by g++. The dtype contract, the
-GPU cache layout (`PackedActs`) and the determinism rules are in the CUDA section below.
+NumPy reference (the specification: each expert's rows, one expert after another). Their twins:
+on the CPU `engine.kernels.moe_cpu` (the experts side by side on CPU workers, in the layout
+OpenBLAS runs fastest), on a GPU `route_forward`, `route_backward`, `experts_forward` and
+`experts_backward` on CuPy arrays: every expert at once in grouped kernels driven by expert offsets
+that stay on the device, so a layer's MoE forward and backward never synchronise with the host.
+The GPU twins' bodies are the `*_on(rt, ...)` functions, written against a `Runtime`
+(engine.kernels.runtime) so that tests/kernels runs the same code on the CPU with the kernels built
+by g++. The dtype contract, the GPU cache layout (`PackedActs`) and the determinism rules are in the
+CUDA section below.
 
-Not here: choosing or dequantizing expert weights (the weight store), the router's own linear layer,
-the shared expert (engine.model.layers).
+Not here: choosing or dequantizing expert weights (the weight store), the router's own linear layer
+(its bias included: engine.kernels.linear), shared experts (engine.model.layers).
+
+Longer than the other op modules (about 910 lines) on purpose: it is four ops (routing and the
+experts, forward and backward) whose GPU twins share one dtype contract, one cache layout and one
+set of determinism rules; split by op, each part would restate them.
 """
 
 from __future__ import annotations
@@ -21,65 +38,133 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .cpu_workers import PIECE_MIN_FLOPS, run_each
+from . import moe_cublas, moe_gemm
+from .glu import GluCache, glu_backward_ref, glu_forward_ref, silu
 from .linear import LoraTerm
 from .nvrtc import KernelSource
 from .runtime import Runtime, runtime_for, to_host
-from .swiglu import SwigluCache, silu, swiglu_backward_ref
+
+GATINGS = ("softmax", "sigmoid", "softmax_selected")
+EXPERT_ACTS = ("silu", "swiglu_oai")
+MIN_WEIGHT_SUM = 6.103515625e-5  # llama.cpp clamps the sum of the chosen weights before renormalising
 
 
 class Routing(NamedTuple):
     """Top-k routing of N tokens over E experts, with tokens sorted by expert once."""
 
-    probs: np.ndarray  # (N, E) softmax of the router logits
+    probs: np.ndarray  # (N, E) the gating function of the router logits (softmax_selected: the logits)
     topk: np.ndarray  # (N, K) chosen expert ids, best first
-    weights: np.ndarray  # (N, K) mixing weights (renormalised when asked)
+    weights: np.ndarray  # (N, K) mixing weights (renormalised and scaled when asked)
     order: np.ndarray  # (N*K,) token-slot pairs sorted by expert: pair p = (order[p] // K, order[p] % K)
     offsets: np.ndarray  # (E+1,) pairs of expert e are order[offsets[e]:offsets[e+1]]
 
 
 class RouteCache(NamedTuple):
     routing: Routing
-    wsum: np.ndarray | None  # (N, 1) sum of the chosen probabilities, when renormalised
-    renorm: bool
+    gating: str
+    w_sel: np.ndarray | None  # (N, K) the chosen weights before renormalisation and scale
+    wsum: np.ndarray | None  # (N, 1) their (clamped) sum when renormalised
+    clamped: np.ndarray | None  # (N, 1) where the sum was clamped (its gradient is then 0)
+    scale: float
 
 
-def route_forward_ref(logits: np.ndarray, K: int, renorm: bool):
-    """Softmax over E, top-k by probability, optional renormalisation, counting sort by expert."""
+def check_routing_options(E: int, K: int, gating: str, n_group: int, group_used: int) -> None:
+    """ValueError naming what a routing's options get wrong."""
+    if gating not in GATINGS:
+        raise ValueError(f"unknown gating {gating!r}; expected one of {', '.join(GATINGS)}")
+    if not 1 <= K <= E:
+        raise ValueError(f"need 1 <= K <= E; got K={K}, E={E}")
+    if n_group > 1:
+        if E % n_group or not 1 <= group_used <= n_group or group_used * (E // n_group) < K:
+            raise ValueError(
+                f"group-limited routing needs E={E} a multiple of n_group={n_group} and 1 <= group_used "
+                f"<= n_group with group_used * E / n_group >= K={K}; got group_used={group_used}"
+            )
+
+
+def route_forward_ref(
+    logits: np.ndarray,
+    K: int,
+    renorm: bool,
+    gating: str = "softmax",
+    scale: float = 1.0,
+    bias: np.ndarray | None = None,
+    n_group: int = 0,
+    group_used: int = 0,
+):
+    """Choose K of E experts per token and their weights, as llama.cpp's build_moe_ffn does.
+
+    p = softmax(logits) | sigmoid(logits) | logits (gating "softmax_selected"); the selection score is
+    p + bias; with n_group > 1 only experts of the group_used best groups (each scored by the sum of
+    its two best selection scores) can be chosen; top-K by selection score (ties: the lower expert id
+    first); w = p[chosen] (softmax over them for "softmax_selected"), / their sum (clamped below at
+    MIN_WEIGHT_SUM) when `renorm`, * scale. Then the counting sort of the token-slot pairs by expert.
+    """
     N, E = logits.shape
-    z = logits - logits.max(axis=-1, keepdims=True)
-    p = np.exp(z)
-    p /= p.sum(axis=-1, keepdims=True)  # (N, E)
-    # top-k, best first (stable on ties: lower expert id first, as a sort by -p)
-    topk = np.argsort(-p, axis=-1, kind="stable")[:, :K]  # (N, K)
-    w = np.take_along_axis(p, topk, axis=-1)  # (N, K)
-    wsum = None
+    check_routing_options(E, K, gating, n_group, group_used)
+    if gating == "softmax":
+        z = logits - logits.max(axis=-1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(axis=-1, keepdims=True)  # (N, E)
+    elif gating == "sigmoid":
+        p = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        p = logits
+    sel = p if bias is None else p + bias.astype(p.dtype)
+    if n_group > 1:
+        groups = sel.reshape(N, n_group, E // n_group)
+        best = np.sort(groups, axis=-1)[..., -min(2, E // n_group) :]
+        score = best.sum(axis=-1)  # (N, n_group)
+        keep = np.argsort(-score, axis=-1, kind="stable")[:, :group_used]
+        allowed = np.zeros((N, n_group), dtype=bool)
+        np.put_along_axis(allowed, keep, True, axis=-1)
+        sel = np.where(np.repeat(allowed, E // n_group, axis=-1), sel, -np.inf)
+    topk = np.argsort(-sel, axis=-1, kind="stable")[:, :K]  # (N, K) best first
+    w = np.take_along_axis(p, topk, axis=-1)
+    if gating == "softmax_selected":
+        w = np.exp(w - w.max(axis=-1, keepdims=True))
+        w /= w.sum(axis=-1, keepdims=True)
+    w_sel = w
+    wsum = clamped = None
     if renorm:
-        wsum = w.sum(axis=-1, keepdims=True)
+        raw = w.sum(axis=-1, keepdims=True)
+        clamped = raw < MIN_WEIGHT_SUM
+        wsum = np.maximum(raw, MIN_WEIGHT_SUM)
         w = w / wsum
+    if scale != 1.0:
+        w = w * scale
     flat = topk.reshape(-1)  # (N*K,)
     order = np.argsort(flat, kind="stable")
-    counts = np.bincount(flat, minlength=E)
     offsets = np.zeros(E + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
+    np.cumsum(np.bincount(flat, minlength=E), out=offsets[1:])
     routing = Routing(p, topk, w, order, offsets)
-    return routing, RouteCache(routing, wsum, renorm)
+    return routing, RouteCache(routing, gating, w_sel, wsum, clamped, float(scale))
 
 
 def route_backward_ref(dweights: np.ndarray, cache: RouteCache) -> np.ndarray:
-    """forward was: p = softmax(logits); w = p[topk] (/ sum p[topk] when renormalised).  Returns dlogits.
+    """forward was: w = scale * renorm(g(p[topk])), p = gate(logits).  Returns dlogits (N, E).
 
-    The choice of the top k is piecewise constant, so the gradient flows through the chosen weights only.
+    The choice of experts (bias and groups included) is piecewise constant: the gradient flows
+    through the chosen weights only, and the selection bias gets none.
     """
-    routing, wsum, renorm = cache
-    p, w = routing.probs, routing.weights
-    if renorm:
-        dsel = (dweights - (dweights * w).sum(axis=-1, keepdims=True)) / wsum
+    routing, gating, w_sel, wsum, clamped, scale = cache
+    p, topk = routing.probs, routing.topk
+    dw = dweights.astype(p.dtype) * scale
+    if wsum is not None:
+        wn = w_sel / wsum
+        dw = (dw - np.where(clamped, 0.0, (dw * wn).sum(axis=-1, keepdims=True))) / wsum
+    dlogits = np.zeros_like(p)
+    if gating == "softmax_selected":
+        dsel = w_sel * (dw - (dw * w_sel).sum(axis=-1, keepdims=True))
+        np.put_along_axis(dlogits, topk, dsel, axis=-1)
+    elif gating == "sigmoid":
+        ps = np.take_along_axis(p, topk, axis=-1)
+        np.put_along_axis(dlogits, topk, dw * ps * (1.0 - ps), axis=-1)
     else:
-        dsel = dweights
-    dp = np.zeros_like(p)
-    np.put_along_axis(dp, routing.topk, dsel.astype(p.dtype), axis=-1)
-    return p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+        dp = np.zeros_like(p)
+        np.put_along_axis(dp, topk, dw, axis=-1)
+        dlogits = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    return dlogits
 
 
 class ExpertActs(NamedTuple):
@@ -87,10 +172,10 @@ class ExpertActs(NamedTuple):
 
     e: int  # expert id
     pairs: np.ndarray  # (n_e,) token-slot pair ids (token = pair // K)
-    g: np.ndarray  # (n_e, F) gate pre-activation
-    u: np.ndarray  # (n_e, F) up projection
-    sg: np.ndarray  # (n_e, F) silu(g)
-    h: np.ndarray  # (n_e, F) silu(g) * u, the down projection's input
+    g: np.ndarray  # (n_e, F) gate projection (its bias included)
+    u: np.ndarray  # (n_e, F) up projection (its bias included)
+    a: np.ndarray | None  # (n_e, F) the activation's saved factor (GluCache.a: silu(g); None for swiglu_oai)
+    h: np.ndarray  # (n_e, F) act(g, u), the down projection's input
     xa_gate: np.ndarray | None  # (n_e, r) x A_gate^T (gate LoRA)
     xa_up: np.ndarray | None  # (n_e, r) x A_up^T (up LoRA)
     ha_down: np.ndarray | None  # (n_e, r) h A_down^T (down LoRA)
@@ -99,48 +184,25 @@ class ExpertActs(NamedTuple):
 class ExpertsCache(NamedTuple):
     x: np.ndarray  # (N, C) input tokens
     routing: Routing
-    pair_out: np.ndarray  # (N*K, C) each pair's expert output, before the routing weight
-    per_expert: list[ExpertActs]  # experts that received tokens, in id order
+    pair_out: np.ndarray  # (N*K, C) each pair's expert output (down bias included), before its weight
+    per_expert: Any  # list[ExpertActs] of the experts that received tokens, in id order (GPU: PackedActs)
     loras: tuple[LoraTerm | None, LoraTerm | None, LoraTerm | None]  # gate, up, down
+    biases: tuple[bool, bool, bool] = (False, False, False)  # which of gate, up, down have a bias
+    act: str = "silu"
 
 
-def routed_experts(routing: Routing) -> list[int]:
-    """The experts that received at least one token-slot pair, in id order."""
-    return np.flatnonzero(np.diff(routing.offsets) > 0).tolist()
+def check_expert_act(act: str) -> None:
+    if act not in EXPERT_ACTS:
+        raise ValueError(f"unknown expert activation {act!r}; expected one of {', '.join(EXPERT_ACTS)}")
 
 
-def experts_in_line(routing: Routing, C: int, F: int) -> bool:
-    """Whether the experts' pieces are too small for CPU workers: the three products' FLOPs of an
-    average routed expert under `PIECE_MIN_FLOPS` (engine.kernels.cpu_workers)."""
-    routed = max(1, int(np.count_nonzero(np.diff(routing.offsets))))
-    return 6.0 * len(routing.order) * C * F / routed < PIECE_MIN_FLOPS
-
-
-def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int):
-    """Expert e's projection of its rows: (xe W_e^T (+ s (xe A_e^T) B_e^T), xa = xe A_e^T or None).
-    The base product is taken as (W_e xe^T)^T: with the few rows an expert gets (~32), OpenBLAS runs
-    the (n_out, n_in) x (n_in, n_e) form 35-45% faster than (n_e, n_in) x (n_in, n_out)
-    (bench/CPU_NOTES.md); y is then a column-major view, which every later use takes as it is. The
-    LoRA term is formed in the same transposed layout, so adding it is a contiguous pass; xa is
-    a column-major view too."""
-    yT = w[e] @ xe.T  # (n_out, n_e)
+def _expert_linear_ref(xe: np.ndarray, w, lora: LoraTerm | None, e: int):
+    """Expert e's projection of its rows: (xe W_e^T (+ s (xe A_e^T) B_e^T), xa = xe A_e^T or None)."""
+    y = xe @ w[e].T
     if lora is None:
-        return yT.T, None
-    xaT = lora.A[e] @ xe.T  # (r, n_e)
-    yT += lora.B[e] @ (lora.s * xaT)  # in yT's own layout: a contiguous add, the scale on the small factor
-    return yT.T, xaT.T
-
-
-def expert_linear_backward(dy: np.ndarray, xe: np.ndarray, xa, w, lora: LoraTerm | None, e: int, dlora):
-    """Backward of `expert_linear`: returns dxe; writes expert e's (dA, dB) into `dlora` (a pair of
-    (E, ...) arrays, or None without LoRA) as the outer products of its rows (OUT_PROD_ID)."""
-    dx = dy @ w[e]
-    if lora is not None:
-        dyB = lora.s * (dy @ lora.B[e])  # (n_e, r), scaled: the products below need no scaling pass
-        dx += dyB @ lora.A[e]
-        np.matmul(dyB.T, xe, out=dlora[0][e])
-        np.matmul(dy.T, lora.s * xa, out=dlora[1][e])
-    return dx
+        return y, None
+    xa = xe @ lora.A[e].T  # (n_e, r)
+    return y + lora.s * (xa @ lora.B[e].T), xa
 
 
 def experts_forward_ref(
@@ -152,107 +214,149 @@ def experts_forward_ref(
     lora_gate: LoraTerm | None = None,
     lora_up: LoraTerm | None = None,
     lora_down: LoraTerm | None = None,
+    *,
+    b_gate: np.ndarray | None = None,
+    b_up: np.ndarray | None = None,
+    b_down: np.ndarray | None = None,
+    act: str = "silu",
 ):
-    """y_n = sum_k w_nk * down_e(silu(gate_e(x_n)) * up_e(x_n)), e = topk[n, k].
+    """y_n = sum_k w_nk (down_e(act(gate_e(x_n) + b_g[e], up_e(x_n) + b_u[e])) + b_d[e]), e = topk[n, k].
 
-    x (N, C); w_gate/w_up (E, F, C); w_down (E, C, F), each an array or a lazy stack that gives
-    one expert's matrix for `w[e]` (only the experts that receive tokens are read); expert LoRA
-    A (E, r, n_in), B (E, n_out, r). Each expert runs once on the rows routed to it (the MUL_MAT_ID
-    pattern), in the order of `routing.order`, which the backward pass reuses. Experts are
-    independent pieces: with more than one CPU worker they run side by side
-    (engine.kernels.cpu_workers), each writing only its own rows, with the same results.
+    x (N, C); w_gate/w_up (E, F, C); w_down (E, C, F), each an array or a lazy stack that gives one
+    expert's matrix for `w[e]` (only the experts that receive tokens are read); each projection with
+    its expert LoRA term (A (E, r, n_in), B (E, n_out, r)), then its bias (b_gate/b_up (E, F), b_down
+    (E, C)); act "silu" or "swiglu_oai". Each expert runs once on the rows routed to it (the
+    MUL_MAT_ID pattern), in the order of `routing.order`, which the backward pass reuses.
     """
+    check_expert_act(act)
     N, C = x.shape
     K = routing.topk.shape[1]
+    E = routing.offsets.shape[0] - 1
     pair_out = np.zeros((N * K, C), dtype=x.dtype)  # expert output per (token, slot) pair, unweighted
-
-    def expert(e: int) -> ExpertActs:
+    per_expert = []
+    for e in range(E):
         pairs = routing.order[routing.offsets[e] : routing.offsets[e + 1]]
+        if not len(pairs):
+            continue
         xe = x[pairs // K]  # (n_e, C)
-        g, xa_g = expert_linear(xe, w_gate, lora_gate, e)  # (n_e, F)
-        u, xa_u = expert_linear(xe, w_up, lora_up, e)
-        sg = silu(g)
-        h = sg * u
-        ye, ha_d = expert_linear(h, w_down, lora_down, e)  # (n_e, C)
+        g, xa_g = _expert_linear_ref(xe, w_gate, lora_gate, e)  # (n_e, F)
+        u, xa_u = _expert_linear_ref(xe, w_up, lora_up, e)
+        if b_gate is not None:
+            g = g + b_gate[e]
+        if b_up is not None:
+            u = u + b_up[e]
+        h, c_act = glu_forward_ref(g, u, act)
+        ye, ha_d = _expert_linear_ref(h, w_down, lora_down, e)  # (n_e, C)
+        if b_down is not None:
+            ye = ye + b_down[e]
         pair_out[pairs] = ye
-        return ExpertActs(e, pairs, g, u, sg, h, xa_g, xa_u, ha_d)
-
-    in_line = experts_in_line(routing, C, w_gate.shape[1])  # too small for CPU workers
-    per_expert = run_each(expert, routed_experts(routing), in_line=in_line)
+        per_expert.append(ExpertActs(e, pairs, g, u, c_act.a, h, xa_g, xa_u, ha_d))
     y = np.einsum("nkc,nk->nc", pair_out.reshape(N, K, C), routing.weights.astype(x.dtype))
-    return y, ExpertsCache(x, routing, pair_out, per_expert, (lora_gate, lora_up, lora_down))
+    biases = (b_gate is not None, b_up is not None, b_down is not None)
+    loras = (lora_gate, lora_up, lora_down)
+    return y, ExpertsCache(x, routing, pair_out, per_expert, loras, biases, act)
 
 
-def experts_backward_ref(dy: np.ndarray, cache: ExpertsCache, w_gate, w_up, w_down, need_dw: bool = False):
-    """forward was: y_n = sum_k w_nk * down_e(silu(gate_e(x_n)) * up_e(x_n)).
+def zero_grads(stacks, loras, biases, need_dw: bool, need_db: bool, dtype):
+    """The zeroed gradients an experts backward fills: (dW or None, dlora, db or None), keyed "gate",
+    "up", "down" (dlora: the adapted ones, as (dA, dB); db: the biased ones, (E, n_out))."""
+    keys = ("gate", "up", "down")
+    dW = {k: np.zeros(w.shape, dtype) for k, w in zip(keys, stacks, strict=True)} if need_dw else None
+    dlora = {
+        k: (np.zeros_like(lo.A), np.zeros_like(lo.B))
+        for k, lo in zip(keys, loras, strict=True)
+        if lo is not None
+    }
+    db = None
+    if need_db:
+        db = {k: np.zeros(w.shape[:2], dtype) for k, w, b in zip(keys, stacks, biases, strict=True) if b}
+    return dW, dlora, db
 
-    The expert weights are given again (arrays or lazy stacks, as in the forward).
-    Returns (dx, dweights (N, K), dW or None, dlora): dW maps "gate"/"up"/"down" to (E, ...) arrays and
-    dlora maps them to (dA, dB).
-    Activations go back through each expert's transposed weights (MUL_MAT_ID backward); weight and LoRA
-    factor gradients are per-expert sums of outer products over the tokens routed to it (OUT_PROD_ID).
+
+def experts_backward_ref(dy: np.ndarray, cache: ExpertsCache, w_gate, w_up, w_down, need_dw: bool = False,
+                         need_db: bool = False):  # fmt: skip
+    """forward was: y_n = sum_k w_nk (down_e(act(gate_e(x_n) + b_g, up_e(x_n) + b_u)) + b_d).
+
+    The expert weights are given again (arrays or lazy stacks, as in the forward). Returns
+    (dx, dweights (N, K), dW or None, dlora, db or None): dW (need_dw) maps "gate"/"up"/"down" to
+    (E, ...) arrays, dlora maps the adapted ones to (dA, dB), db (need_db) maps the biased ones to
+    (E, F) / (E, C) arrays. Activations go back through each expert's transposed weights (MUL_MAT_ID
+    backward); weight, bias and LoRA factor gradients are per-expert sums over the tokens routed to
+    it (OUT_PROD_ID).
     """
-    x, routing, pair_out, per_expert, loras = cache
+    x, routing, pair_out, per_expert, loras, biases, act = cache
     lora_gate, lora_up, lora_down = loras
     N, C = x.shape
     K = routing.topk.shape[1]
     dweights = np.einsum("nkc,nc->nk", pair_out.reshape(N, K, C), dy)
     do = (dy[:, None, :] * routing.weights[:, :, None].astype(dy.dtype)).reshape(N * K, C)
     dx_pairs = np.zeros((N * K, C), dtype=dy.dtype)
-    dW = (
-        {k: np.zeros(w.shape, dy.dtype) for k, w in (("gate", w_gate), ("up", w_up), ("down", w_down))}
-        if need_dw
-        else None
-    )
-    dlora = {}
-    for name, lora in (("gate", lora_gate), ("up", lora_up), ("down", lora_down)):
-        if lora is not None:
-            dlora[name] = (np.zeros_like(lora.A), np.zeros_like(lora.B))
+    dW, dlora, db = zero_grads((w_gate, w_up, w_down), loras, biases, need_dw, need_db, dy.dtype)
 
-    def expert(acts: ExpertActs) -> None:  # writes expert e's rows of dx_pairs, its slices of dW, dlora
-        e, pairs, g, u, sg, h, xa_g, xa_u, ha_d = acts
+    def lora_back(d, xin, xa, lo, e, key):  # forward was: y = xin W_e^T + s (xin A_e^T) B_e^T
+        if lo is None:
+            return 0.0
+        dB = d @ lo.B[e]  # (n_e, r)
+        dlora[key][0][e] = lo.s * (dB.T @ xin)
+        dlora[key][1][e] = lo.s * (d.T @ xa)
+        return lo.s * (dB @ lo.A[e])
+
+    for e, pairs, g, u, a, h, xa_g, xa_u, ha_d in per_expert:
         xe = x[pairs // K]  # (n_e, C)
         do_e = do[pairs]  # (n_e, C)
-        dh = expert_linear_backward(do_e, h, ha_d, w_down, lora_down, e, dlora.get("down"))  # (n_e, F)
-        dg, du = swiglu_backward_ref(dh, SwigluCache(g, u, sg))
-        dxe = expert_linear_backward(dg, xe, xa_g, w_gate, lora_gate, e, dlora.get("gate"))
-        dxe += expert_linear_backward(du, xe, xa_u, w_up, lora_up, e, dlora.get("up"))
+        dh = do_e @ w_down[e] + lora_back(do_e, h, ha_d, lora_down, e, "down")  # (n_e, F)
+        dg, du = glu_backward_ref(dh, GluCache(g, u, a, act))
+        dxe = dg @ w_gate[e] + du @ w_up[e]
+        dxe = dxe + lora_back(dg, xe, xa_g, lora_gate, e, "gate") + lora_back(du, xe, xa_u, lora_up, e, "up")
         if need_dw:
             dW["down"][e] = do_e.T @ h
             dW["gate"][e] = dg.T @ xe
             dW["up"][e] = du.T @ xe
+        if db is not None:
+            for key, d in (("gate", dg), ("up", du), ("down", do_e)):
+                if key in db:
+                    db[key][e] = d.sum(axis=0)
         dx_pairs[pairs] = dxe
-
-    run_each(expert, per_expert, in_line=experts_in_line(routing, C, w_gate.shape[1]))
     dx = dx_pairs.reshape(N, K, C).sum(axis=1)
-    return dx, dweights, dW, dlora
+    return dx, dweights, dW, dlora, db
 
 
 # ----------------------------------------------------------------------------------------------
 # CUDA
 #
 # Dtype contract of the CuPy twins (everything C-contiguous, on one device):
-# - route_forward: logits (N, E) float32, 1 <= K <= E <= MAX_E. The Routing it returns holds probs
-#   (N, E) float32, topk (N, K) int32, weights (N, K) float32, order (N*K,) int32 and offsets (E+1,)
-#   int32 (the reference gives int64 ids; the values are the same). RouteCache.wsum is (N, 1)
-#   float32 when renormalised, else None.
+# - route_forward: logits (N, E) float32, 1 <= K <= E <= MAX_E, bias (E,) float32 or None, n_group
+#   <= ROUTE_THREADS. The Routing it returns holds probs (N, E) float32, topk (N, K) int32, weights
+#   (N, K) float32, order (N*K,) int32 and offsets (E+1,) int32 (the reference gives int64 ids; the
+#   values are the same). RouteCache.w_sel is (N, K) float32, wsum (N, 1) float32 when renormalised,
+#   else None; clamped is None (the backward recomputes it from w_sel, the same float sum).
 # - experts_forward: x (N, C) float32; the three expert stacks are CuPy arrays w_gate/w_up
 #   (E, F, C) and w_down (E, C, F), all float32 or all bf16 given as uint16 bit patterns (CuPy has
 #   no bfloat16 dtype; the weight store dequantizes a GGUF stack into such a buffer with
 #   `dequant(..., dtype="bfloat16")`); C and F multiples of 8 (16-byte rows). A lazy stack on the
 #   GPU must expose `__cuda_array_interface__` (it is taken as a CuPy view, no copy); anything else
 #   is a TypeError, never a silent host-to-device copy per layer. LoRA factors A (E, r, n_in) and
-#   B (E, n_out, r) float32, any rank per weight. Outputs are float32.
-# - Numerics: bf16 stacks run the base matmuls on the tensor cores (mma.sync m16n8k16 bf16, fp32
+#   B (E, n_out, r) float32, any rank per weight; biases b_gate, b_up (E, F) and b_down (E, C) float32
+#   or None; act "silu" or "swiglu_oai" (cuda/glu.cuh, fused into the gate/up epilogue and the down
+#   backward on every route). Outputs are float32; the bias gradients (need_db) are per-expert column
+#   sums, through an OUT_PROD_ID kernel against a column of ones.
+# - Routes: bf16 stacks take the v2 expert kernels of engine.kernels.moe_gemm (`moe_gemm.route()`:
+#   "tc", its tensor-core grouped GEMMs with the LoRA folded into K and OUT_PROD_ID on the tensor
+#   cores, or "cublas", engine.kernels.moe_cublas) unless $TUNE_MOE_GEMM=v1 picks the kernels below;
+#   float32 stacks always take v1. Biases and both activations are in every route's epilogues. The
+#   v2 routes round every product's operands to bf16 (LoRA factors and intermediates, dy and
+#   [dg | du] too; the bias gradients sum bf16 dg, du and w dy), with fp32 sums. The routing, cache
+#   layout, combine and token reductions are the same on every route.
+# - Numerics (v1): bf16 stacks run the base matmuls on the tensor cores (mma.sync m16n8k16 bf16, fp32
 #   accumulation) with the activation operand (x, h, dy*w, dg|du) rounded to bf16 as it is loaded;
-#   float32 stacks run them in float32 FMA (no tf32). LoRA products, the SwiGLU, the routing and
+#   float32 stacks run them in float32 FMA (no tf32). LoRA products, biases, the activation, the routing and
 #   every weight or factor gradient (OUT_PROD_ID) run in float32 from float32 activations.
 #
-# The GPU cache: ExpertsCache(x, routing, pair_out, per_expert, loras) as on the CPU, where
-# per_expert is one PackedActs record instead of a list: the (N*K, F) arrays g, u, h and the
+# The GPU cache: ExpertsCache(x, routing, pair_out, per_expert, loras, biases, act) as on the CPU, where
+# per_expert is one PackedActs record instead of a list: the (N*K, F) arrays g, u (biases included), h and the
 # (N*K, r) LoRA intermediates of every routed pair, rows in sorted order (row p belongs to pair
 # routing.order[p], and the rows of expert e are offsets[e]:offsets[e+1]); pair_out is (N*K, C)
-# by pair id, as in the reference. silu(g) is not kept: the backward recomputes it.
+# by pair id, as in the reference. The activation of g is not kept: the backward recomputes it.
 #
 # No host synchronisation anywhere on this path: shapes come from array metadata, and every
 # kernel that works per expert reads the expert offsets on the device. The grouped kernels are
@@ -504,45 +608,80 @@ def _outer(rt, l, l_mode, ldl, r, r_mode, ldr, rw, order, offsets, K, E, I, J, s
 _SORTED, _TOKEN, _TOKEN_WEIGHTED = 0, 1, 2
 
 
-def route_forward_on(rt: Runtime, logits: Any, K: int, renorm: bool):
+GATING_CODES = {"softmax": 0, "sigmoid": 1, "softmax_selected": 2}  # moe_route_topk's `gating`
+ACT_CODES = {"silu": 0, "swiglu_oai": 2}  # the experts' `act` (cuda/glu.cuh ACT_SILU, ACT_OAI)
+
+
+def route_forward_on(
+    rt: Runtime,
+    logits: Any,
+    K: int,
+    renorm: bool,
+    gating: str = "softmax",
+    scale: float = 1.0,
+    bias: Any = None,
+    n_group: int = 0,
+    group_used: int = 0,
+):
     """`route_forward` on a runtime: the GPU's, or in tests NumPy with the kernels built by g++."""
     xp = rt.xp
     if logits.ndim != 2:
         raise ValueError(f"logits must be (N, E), got shape {tuple(logits.shape)}")
     N, E = logits.shape
-    if not 1 <= K <= E or E > MAX_E:
-        raise ValueError(f"need 1 <= K <= E <= {MAX_E}; got K={K}, E={E}")
+    check_routing_options(E, K, gating, n_group, group_used)
+    if E > MAX_E or n_group > ROUTE_THREADS:
+        raise ValueError(
+            f"the GPU router takes E <= {MAX_E} and n_group <= {ROUTE_THREADS}; got {E}, {n_group}"
+        )
     logits = _contiguous(logits, "logits", np.float32, xp)
+    if bias is not None:
+        bias = _contiguous(xp.asarray(bias), "routing bias", np.float32, xp)
+        if tuple(bias.shape) != (E,):
+            raise ValueError(f"the routing bias must be (E,) = ({E},), got {tuple(bias.shape)}")
     probs = xp.empty((N, E), dtype=np.float32)
     topk = xp.empty((N, K), dtype=np.int32)
     weights = xp.empty((N, K), dtype=np.float32)
+    w_sel = xp.empty((N, K), dtype=np.float32)
     wsum = xp.empty((N, 1), dtype=np.float32)
     order = xp.empty((N * K,), dtype=np.int32)
     offsets = xp.empty((E + 1,), dtype=np.int32)
-    _launch(
-        rt,
-        "moe_route_topk",
-        (N, 1),
-        (logits, _i32(E), _i32(K), _i32(bool(renorm)), probs, topk, weights, wsum),
+    options = (
+        _i32(GATING_CODES[gating]),
+        bias,
+        _i32(n_group if n_group > 1 else 0),
+        _i32(group_used),
+        _f32(scale),
     )
+    outs = (probs, topk, weights, w_sel, wsum)
+    _launch(rt, "moe_route_topk", (N, 1), (logits, _i32(E), _i32(K), _i32(bool(renorm)), *options, *outs))
     _launch(rt, "moe_route_sort", (E, 1), (topk, _i32(N * K), _i32(E), order, offsets))
     routing = Routing(probs, topk, weights, order, offsets)
-    return routing, RouteCache(routing, wsum if renorm else None, bool(renorm))
+    return routing, RouteCache(routing, gating, w_sel, wsum if renorm else None, None, float(scale))
 
 
 def route_backward_on(rt: Runtime, dweights: Any, cache: RouteCache) -> Any:
     """`route_backward` on a runtime."""
     xp = rt.xp
-    routing, wsum, renorm = cache
+    routing, gating, w_sel, wsum, _, scale = cache
     N, E = routing.probs.shape
     K = routing.topk.shape[1]
     if tuple(dweights.shape) != (N, K):
         raise ValueError(f"dweights must be (N, K) = {(N, K)}, got {tuple(dweights.shape)}")
     dweights = _contiguous(dweights, "dweights", np.float32, xp)
     dlogits = xp.empty((N, E), dtype=np.float32)
-    args = (dweights, routing.probs, routing.topk, routing.weights, wsum if renorm else None)
-    _launch(rt, "moe_route_backward", (N, 1), (*args, _i32(E), _i32(K), _i32(bool(renorm)), dlogits))
+    renorm = wsum is not None
+    args = (dweights, routing.probs, routing.topk, w_sel, wsum, _i32(E), _i32(K), _i32(renorm))
+    _launch(rt, "moe_route_backward", (N, 1), (*args, _i32(GATING_CODES[gating]), _f32(scale), dlogits))
     return dlogits
+
+
+def _bias(b: Any, what: str, E: int, n: int, xp: Any) -> Any:
+    if b is None:
+        return None
+    b = _contiguous(xp.asarray(b), what, np.float32, xp)
+    if tuple(b.shape) != (E, n):
+        raise ValueError(f"{what} must be (E, {n}) with E={E}, got {tuple(b.shape)}")
+    return b
 
 
 def experts_forward_on(
@@ -555,15 +694,20 @@ def experts_forward_on(
     lora_gate: LoraTerm | None = None,
     lora_up: LoraTerm | None = None,
     lora_down: LoraTerm | None = None,
+    *,
+    b_gate: Any = None,
+    b_up: Any = None,
+    b_down: Any = None,
+    act: str = "silu",
 ):
     """`experts_forward` on a runtime."""
     xp = rt.xp
+    check_expert_act(act)
     if x.ndim != 2:
         raise ValueError(f"x must be (N, C), got shape {tuple(x.shape)}")
     N, C = x.shape
     K = routing.topk.shape[1]
     E = routing.offsets.shape[0] - 1
-    P = N * K
     x = _contiguous(x, "x", np.float32, xp)
     order, offsets, weights = _routing_arrays(routing, xp)
     wg, wu, wd, F, bf = _stacks(w_gate, w_up, w_down, E, C, xp)
@@ -572,6 +716,30 @@ def experts_forward_on(
         _lora(lora_up, "up", E, F, C, xp),
         _lora(lora_down, "down", E, C, F, xp),
     )
+    bg, bu, bd = (
+        _bias(b_gate, "b_gate", E, F, xp),
+        _bias(b_up, "b_up", E, F, xp),
+        _bias(b_down, "b_down", E, C, xp),
+    )
+    route = moe_gemm.route() if bf else "v1"
+    if route != "v1":  # v2: grouped GEMMs on the tensor cores (our kernels, or cuBLAS over row tiles)
+        forward = moe_gemm.experts_forward_tc if route == "tc" else moe_cublas.experts_forward_cublas
+        epi = moe_gemm.Epilogue(bg, bu, bd, ACT_CODES[act])
+        *packed, pair_out = forward(rt, x, order, offsets, K, wg, wu, wd, lg, lu, ld, epi)
+        acts = PackedActs(*packed)
+    else:
+        biased = (bg, bu, bd, act)
+        acts, pair_out = _experts_forward_v1(rt, x, order, offsets, K, wg, wu, wd, bf, lg, lu, ld, *biased)
+    y = xp.empty((N, C), dtype=np.float32)
+    _launch(rt, "moe_combine", (N, 1), (pair_out, weights, _i32(K), _i32(C), y))
+    biases = (bg is not None, bu is not None, bd is not None)
+    return y, ExpertsCache(x, routing, pair_out, acts, (lora_gate, lora_up, lora_down), biases, act)
+
+
+def _experts_forward_v1(rt, x, order, offsets, K, wg, wu, wd, bf, lg, lu, ld, bg, bu, bd, act):
+    """The v1 kernels of the experts' forward (moe.cu): (PackedActs, pair_out)."""
+    xp = rt.xp
+    C, F, E, P = x.shape[1], wg.shape[1], offsets.shape[0] - 1, order.shape[0]
     t = "bf16" if bf else "f32"
     tiles = row_tiles(P, E, GEMM_BM)
     xa_g = _rows(rt, x, _TOKEN, C, None, order, offsets, K, E, C, lg.A, 1, lg.r, P) if lg else None
@@ -579,12 +747,9 @@ def experts_forward_on(
     g, u, h = (xp.empty((P, F), dtype=np.float32) for _ in range(3))
     lora_g = (xa_g, lg.B, lg.s, _i32(lg.r)) if lg else (None, None, _f32(0), _i32(0))
     lora_u = (xa_u, lu.B, lu.s, _i32(lu.r)) if lu else (None, None, _f32(0), _i32(0))
-    _launch(
-        rt,
-        f"moe_gate_up_{t}",
-        (-(-F // GU_COLS), tiles),
-        (x, order, offsets, _i32(K), _i32(E), _i32(C), _i32(F), wg, wu, *lora_g, *lora_u, g, u, h),
-    )
+    dims = (_i32(K), _i32(E), _i32(C), _i32(F))
+    args = (x, order, offsets, *dims, wg, wu, *lora_g, *lora_u, bg, bu, _i32(ACT_CODES[act]), g, u, h)
+    _launch(rt, f"moe_gate_up_{t}", (-(-F // GU_COLS), tiles), args)
     ha_d = _rows(rt, h, _SORTED, F, None, order, offsets, K, E, F, ld.A, 1, ld.r, P) if ld else None
     pair_out = xp.empty((P, C), dtype=np.float32)
     lora_d = (ha_d, ld.B, ld.s, _i32(ld.r)) if ld else (None, None, _f32(0), _i32(0))
@@ -592,20 +757,24 @@ def experts_forward_on(
         rt,
         f"moe_down_{t}",
         (-(-C // GEMM_BN), tiles),
-        (h, order, offsets, _i32(E), _i32(C), _i32(F), wd, *lora_d, pair_out),
+        (h, order, offsets, _i32(E), _i32(C), _i32(F), wd, *lora_d, bd, pair_out),
     )
-    y = xp.empty((N, C), dtype=np.float32)
-    _launch(rt, "moe_combine", (N, 1), (pair_out, weights, _i32(K), _i32(C), y))
-    acts = PackedActs(g, u, h, xa_g, xa_u, ha_d)
-    return y, ExpertsCache(x, routing, pair_out, acts, (lora_gate, lora_up, lora_down))
+    return PackedActs(g, u, h, xa_g, xa_u, ha_d), pair_out
 
 
 def experts_backward_on(
-    rt: Runtime, dy: Any, cache: ExpertsCache, w_gate: Any, w_up: Any, w_down: Any, need_dw: bool = False
+    rt: Runtime,
+    dy: Any,
+    cache: ExpertsCache,
+    w_gate: Any,
+    w_up: Any,
+    w_down: Any,
+    need_dw: bool = False,
+    need_db: bool = False,
 ):
     """`experts_backward` on a runtime."""
     xp = rt.xp
-    x, routing, pair_out, acts, loras = cache
+    x, routing, pair_out, acts, loras, biases, act = cache
     if not isinstance(acts, PackedActs):
         raise TypeError("experts_backward on the GPU needs the cache of the GPU experts_forward (PackedActs)")
     N, C = x.shape
@@ -623,6 +792,18 @@ def experts_backward_on(
         _lora(loras[2], "down", E, C, F, xp),
     )
     t = "bf16" if bf else "f32"
+    route = moe_gemm.route() if bf else "v1"
+    if route != "v1":
+        backward = moe_gemm.experts_backward_tc if route == "tc" else moe_cublas.experts_backward_cublas
+        db_keys = tuple(k for k, has in zip(("gate", "up", "down"), biases, strict=True) if has and need_db)
+        dx_pairs, dW, dlora, db = backward(
+            rt, x, dy, weights, order, offsets, K, wg, wu, wd, lg, lu, ld, tuple(acts), need_dw,
+            ACT_CODES[act], db_keys,
+        )  # fmt: skip
+        dx = xp.empty((N, C), dtype=np.float32)
+        dweights = xp.empty((N, K), dtype=np.float32)
+        _launch(rt, "moe_token_backward", (N, 1), (dx_pairs, pair_out, dy, _i32(K), _i32(C), dx, dweights))
+        return dx, dweights, dW, dlora, db if need_db else None
     tiles = row_tiles(P, E, GEMM_BM)
     rows = (order, offsets, K, E)
     # forward was: y_n = sum_k w_nk * down_e(h), h = silu(g) * u; do = dy w (never stored: the kernels
@@ -630,27 +811,9 @@ def experts_backward_on(
     do_b = _rows(rt, dy, _TOKEN_WEIGHTED, C, weights, *rows, C, ld.B, 0, ld.r, P) if ld else None
     dg, du = xp.empty((P, F), dtype=np.float32), xp.empty((P, F), dtype=np.float32)
     lora_d = (do_b, ld.A, ld.s, _i32(ld.r)) if ld else (None, None, _f32(0), _i32(0))
-    _launch(
-        rt,
-        f"moe_down_back_{t}",
-        (-(-F // GEMM_BN), tiles),
-        (
-            dy,
-            weights,
-            order,
-            offsets,
-            _i32(K),
-            _i32(E),
-            _i32(C),
-            _i32(F),
-            wd,
-            *lora_d,
-            acts.g,
-            acts.u,
-            dg,
-            du,
-        ),
-    )
+    dims = (_i32(K), _i32(E), _i32(C), _i32(F))
+    args = (dy, weights, order, offsets, *dims, wd, *lora_d, acts.g, acts.u, _i32(ACT_CODES[act]), dg, du)
+    _launch(rt, f"moe_down_back_{t}", (-(-F // GEMM_BN), tiles), args)
     dg_b = _rows(rt, dg, _SORTED, F, None, *rows, F, lg.B, 0, lg.r, P) if lg else None
     du_b = _rows(rt, du, _SORTED, F, None, *rows, F, lu.B, 0, lu.r, P) if lu else None
     dx_pairs = xp.empty((P, C), dtype=np.float32)
@@ -684,18 +847,29 @@ def experts_backward_on(
             dB = _outer(rt, d, _SORTED, F, xa, _SORTED, lo.r, None, *rows, F, lo.r, lo.s)
             dlora[name] = (dA, dB)
     dlora = {k: dlora[k] for k in ("gate", "up", "down") if k in dlora}
-    return dx, dweights, dW, dlora
+    db = None
+    if need_db:  # per-expert column sums: OUT_PROD_ID against a column of ones
+        ones = xp.ones((P, 1), dtype=np.float32)
+        sources = {"gate": (dg, _SORTED, F, None, F), "up": (du, _SORTED, F, None, F),
+                   "down": (dy, _TOKEN_WEIGHTED, C, weights, C)}  # fmt: skip
+        db = {}
+        for key, has in zip(("gate", "up", "down"), biases, strict=True):
+            if has:
+                src, mode, ld, rw, n = sources[key]
+                db[key] = _outer(rt, src, mode, ld, ones, _SORTED, 1, rw, *rows, n, 1, 1.0).reshape(E, n)
+    return dx, dweights, dW, dlora, db
 
 
 # ----------------------------------------------------------------------------------------------
 # the CuPy twins
 
 
-def route_forward(logits: Any, K: int, renorm: bool):
+def route_forward(logits: Any, K: int, renorm: bool, gating: str = "softmax", scale: float = 1.0,
+                  bias: Any = None, n_group: int = 0, group_used: int = 0):  # fmt: skip
     """CUDA twin of `route_forward_ref`: (Routing, RouteCache) of CuPy arrays (dtypes above); no host sync."""
     rt = runtime_for(logits, "route_forward")
     with logits.device:
-        return route_forward_on(rt, logits, K, renorm)
+        return route_forward_on(rt, logits, K, renorm, gating, scale, bias, n_group, group_used)
 
 
 def route_backward(dweights: Any, cache: RouteCache) -> Any:
@@ -714,20 +888,22 @@ def experts_forward(
     lora_gate: LoraTerm | None = None,
     lora_up: LoraTerm | None = None,
     lora_down: LoraTerm | None = None,
+    **options: Any,
 ):
-    """CUDA twin of `experts_forward_ref`: (y (N, C) float32, ExpertsCache with PackedActs).
-
-    Expert stacks are device arrays, float32 or bf16 bits (uint16); see the dtype contract above.
-    """
+    """CUDA twin of `experts_forward_ref` (options: b_gate, b_up, b_down, act): (y (N, C) float32,
+    ExpertsCache with PackedActs). Expert stacks are device arrays, float32 or bf16 bits (uint16);
+    see the dtype contract above."""
     rt = runtime_for(x, "experts_forward")
     with x.device:
-        return experts_forward_on(rt, x, routing, w_gate, w_up, w_down, lora_gate, lora_up, lora_down)
+        return experts_forward_on(
+            rt, x, routing, w_gate, w_up, w_down, lora_gate, lora_up, lora_down, **options
+        )
 
 
-def experts_backward(
-    dy: Any, cache: ExpertsCache, w_gate: Any, w_up: Any, w_down: Any, need_dw: bool = False
-):
-    """CUDA twin of `experts_backward_ref`: (dx, dweights, dW or None, dlora), float32 CuPy arrays."""
+def experts_backward(dy: Any, cache: ExpertsCache, w_gate: Any, w_up: Any, w_down: Any, need_dw: bool = False,
+                     need_db: bool = False):  # fmt: skip
+    """CUDA twin of `experts_backward_ref`: (dx, dweights, dW or None, dlora, db or None), float32 CuPy
+    arrays."""
     rt = runtime_for(dy, "experts_backward")
     with dy.device:
-        return experts_backward_on(rt, dy, cache, w_gate, w_up, w_down, need_dw)
+        return experts_backward_on(rt, dy, cache, w_gate, w_up, w_down, need_dw, need_db)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
+import ctypes.util
 import functools
 from collections.abc import Iterator
 from types import ModuleType
@@ -28,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import EngineError
 from .nvrtc import KernelSource, get_kernel
 
 _RUNTIME: contextvars.ContextVar[Any] = contextvars.ContextVar("engine_runtime", default=None)
@@ -71,6 +74,8 @@ CUDA_R_16BF = 14
 CUBLAS_COMPUTE_32F = 68
 CUBLAS_COMPUTE_32F_PEDANTIC = 69
 CUBLAS_GEMM_DEFAULT = -1
+STATIC_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute (cuda.h)
 
 
 class Runtime:
@@ -131,6 +136,24 @@ class Runtime:
         check_gemm_batched(a, b, out)
         for i in range(out.shape[0]):
             self.gemm(a[i], b[i], out[i], trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+
+    def gemm_indexed(
+        self,
+        a: Any,
+        b: Any,
+        index: Any,
+        out: Any,
+        *,
+        trans_b: bool = False,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+    ) -> None:
+        """out[t] = alpha * a[t] @ op(b[index[t]]) + beta * out[t] for every t (op(x) = x.T when
+        trans_b): a batch of products whose right operand is picked from a stack by an int32 index
+        array on the device (the grouped GEMM of MoE experts over fixed-size row tiles), with no host
+        read of the index. a (T, m, k) and out (T, m, n) may be row-strided views; b (E, n, k) or
+        (E, k, n); operands as for `gemm` (float32, or bf16 bits with fp32 accumulation)."""
+        raise NotImplementedError
 
     def address(self, a: Any) -> int:
         """The address of a's first element (for pointer tables and alignment checks)."""
@@ -202,6 +225,27 @@ def check_gemm_batched(a: Any, b: Any, out: Any) -> int:
     return int(out.shape[0])
 
 
+def check_gemm_indexed(a: Any, b: Any, index: Any, out: Any, trans_b: bool) -> tuple[int, int, int, int]:
+    """(T, m, n, k) of `gemm_indexed`'s operands after checking them (ValueError naming what is wrong)."""
+    if a.ndim != 3 or b.ndim != 3 or out.ndim != 3 or index.ndim != 1:
+        raise ValueError(f"gemm_indexed takes a, b, out 3-D and index 1-D; got {a.shape}, {b.shape}, "
+                         f"{out.shape}, {index.shape}")  # fmt: skip
+    T, m, k = a.shape
+    n = b.shape[1] if trans_b else b.shape[2]
+    if (b.shape[2] if trans_b else b.shape[1]) != k or tuple(out.shape) != (T, m, n) or index.shape[0] != T:
+        raise ValueError(f"gemm_indexed shapes do not agree: a {a.shape}, b {b.shape} (trans_b {trans_b}), "
+                         f"index {index.shape}, out {out.shape}")  # fmt: skip
+    if index.dtype.name != "int32":
+        raise ValueError(f"gemm_indexed index must be int32, got {index.dtype}")
+    for name, x in (("a", a[0]), ("b", b[0]), ("out", out[0])):
+        if x.strides[1] != x.itemsize:
+            raise ValueError(f"gemm_indexed operand {name} needs unit inner stride, got strides {x.strides}")
+    if a.dtype != b.dtype or a.dtype.name not in ("float32", "uint16") or out.dtype.name != "float32":
+        raise ValueError(f"gemm_indexed takes float32 or bf16 (uint16) operands and a float32 out; got "
+                         f"{a.dtype}, {b.dtype} -> {out.dtype}")  # fmt: skip
+    return int(T), int(m), int(n), int(k)
+
+
 class CudaRuntime(Runtime):
     """The GPU: CuPy arrays, kernels through `get_kernel`, GEMMs through cuBLAS `cublasGemmEx` on the
     current stream (bf16 operands: CUBLAS_COMPUTE_32F, tensor cores with fp32 accumulation; fp32
@@ -211,7 +255,9 @@ class CudaRuntime(Runtime):
         import cupy
 
         self.xp = cupy
+        self._smem_optin: dict[int, int] = {}  # id of a loaded kernel -> dynamic shared memory allowed
         self._workspace: Any = None  # cuBLAS's workspace, set once before any capture
+        self._handles: dict[int, tuple[CublasLib, int]] = {}  # device -> (library, CuPy's handle)
 
     def upload(self, dst: Any, host: np.ndarray) -> None:
         host = np.ascontiguousarray(host, dtype=dst.dtype)
@@ -227,7 +273,14 @@ class CudaRuntime(Runtime):
     def launch(self, source, kernel, grid, block, args, shared_mem=0) -> None:
         if min(grid) <= 0:
             return
-        get_kernel(source, kernel)(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+        fn = get_kernel(source, kernel)
+        if shared_mem > STATIC_SMEM_LIMIT and self._smem_optin.get(id(fn), 0) < shared_mem:
+            # above 48 KB a kernel must opt in to its dynamic shared memory, once per size
+            self.xp.cuda.driver.funcSetAttribute(
+                fn.ptr, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem
+            )
+            self._smem_optin[id(fn)] = shared_mem
+        fn(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 
     def address(self, a: Any) -> int:
         return int(a.data.ptr)
@@ -243,10 +296,38 @@ class CudaRuntime(Runtime):
         M, N, K = check_gemm(a[0], b[0], out[0], trans_a, trans_b)
         self._cublas(a, b, out, count, M, N, K, trans_a, trans_b, alpha, beta)
 
-    def _cublas(self, a, b, out, count, M, N, K, trans_a, trans_b, alpha, beta) -> None:
-        """cublasGemmEx (count None: 2-D operands) or cublasGemmStridedBatchedEx (3-D, `count`)."""
-        from cupy_backends.cuda.libs import cublas  # type: ignore[import-not-found]
+    def gemm_indexed(self, a, b, index, out, *, trans_b=False, alpha=1.0, beta=0.0) -> None:
+        """cublasGemmBatchedEx over pointer arrays built on the device (a[t], b[index[t]], out[t]):
+        asynchronous, no host read of `index`, capturable in a CUDA graph (through `cublas_lib()`,
+        as `_cublas`: CuPy's binding refuses every cuBLAS call while a stream is captured)."""
+        T, M, N, K = check_gemm_indexed(a, b, index, out, trans_b)
+        if T == 0 or M == 0 or N == 0:
+            return
+        xp = self.xp
+        steps = xp.arange(T, dtype=xp.int64)
+        ptr_a = steps * a.strides[0] + a.data.ptr
+        ptr_c = steps * out.strides[0] + out.data.ptr
+        ptr_b = index.astype(xp.int64) * b.strides[0] + b.data.ptr
+        bf16 = a.dtype.name == "uint16"
+        dtype = CUDA_R_16BF if bf16 else CUDA_R_32F
+        compute = CUBLAS_COMPUTE_32F if bf16 else CUBLAS_COMPUTE_32F_PEDANTIC
+        lib, handle = self.cublas()
+        lib.set_stream(handle, xp.cuda.get_current_stream().ptr)
+        lib.set_pointer_mode(handle, CUBLAS_POINTER_MODE_HOST)
+        alpha_h = np.array(alpha, dtype=np.float32)
+        beta_h = np.array(beta, dtype=np.float32)
+        ld = [x[0].strides[0] // x.itemsize for x in (b, a, out)]
+        # column-major: out^T = op(b)^T a^T, as in _cublas
+        lib.gemm_batched_ex(
+            handle, CUBLAS_OP_T if trans_b else CUBLAS_OP_N, CUBLAS_OP_N, N, M, K,
+            alpha_h.ctypes.data, ptr_b.data.ptr, dtype, ld[0], ptr_a.data.ptr, dtype, ld[1],
+            beta_h.ctypes.data, ptr_c.data.ptr, CUDA_R_32F, ld[2], T, compute, CUBLAS_GEMM_DEFAULT,
+        )  # fmt: skip
 
+    def _cublas(self, a, b, out, count, M, N, K, trans_a, trans_b, alpha, beta) -> None:
+        """cublasGemmEx (count None: 2-D operands) or cublasGemmStridedBatchedEx (3-D, `count`), on
+        the current stream, through `cublas_lib()` (CuPy's binding refuses any cuBLAS call while a
+        stream is being captured; the library itself captures them)."""
         if M == 0 or N == 0:
             return
         if K == 0:
@@ -259,37 +340,112 @@ class CudaRuntime(Runtime):
         dtype = CUDA_R_16BF if bf16 else CUDA_R_32F
         out_type = CUDA_R_16BF if out.dtype.name == "uint16" else CUDA_R_32F
         compute = CUBLAS_COMPUTE_32F if bf16 else CUBLAS_COMPUTE_32F_PEDANTIC
-        handle = self.xp.cuda.device.get_cublas_handle()
-        cublas.setStream(handle, self.xp.cuda.get_current_stream().ptr)
+        lib, handle = self.cublas()
+        lib.set_stream(handle, self.xp.cuda.get_current_stream().ptr)
+        lib.set_pointer_mode(handle, CUBLAS_POINTER_MODE_HOST)  # CuPy's own calls may have changed it
         alpha_h = np.array(alpha, dtype=np.float32)
         beta_h = np.array(beta, dtype=np.float32)
-        mode = cublas.getPointerMode(handle)
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
         row = 0 if count is None else 1  # the axis of the matrices' rows
-        ops = (
-            cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N,
-            cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N,
-        )
-        try:
-            # cuBLAS is column-major: out^T (N x M) = op(b)^T (N x K) @ op(a)^T (K x M), and a row-major
-            # matrix is its transpose in column-major, so b goes first and each op flips
-            ld = [x.strides[row] // x.itemsize for x in (b, a, out)]
-            if count is None:
-                cublas.gemmEx(
-                    handle, *ops, N, M, K, alpha_h.ctypes.data,
-                    b.data.ptr, dtype, ld[0], a.data.ptr, dtype, ld[1],
-                    beta_h.ctypes.data, out.data.ptr, out_type, ld[2], compute, CUBLAS_GEMM_DEFAULT,
-                )  # fmt: skip
-            else:
-                st = [x.strides[0] // x.itemsize for x in (b, a, out)]
-                cublas.gemmStridedBatchedEx(
-                    handle, *ops, N, M, K, alpha_h.ctypes.data,
-                    b.data.ptr, dtype, ld[0], st[0], a.data.ptr, dtype, ld[1], st[1],
-                    beta_h.ctypes.data, out.data.ptr, out_type, ld[2], st[2], count, compute,
-                    CUBLAS_GEMM_DEFAULT,
-                )  # fmt: skip
-        finally:
-            cublas.setPointerMode(handle, mode)
+        ops = (CUBLAS_OP_T if trans_b else CUBLAS_OP_N, CUBLAS_OP_T if trans_a else CUBLAS_OP_N)
+        # cuBLAS is column-major: out^T (N x M) = op(b)^T (N x K) @ op(a)^T (K x M), and a row-major
+        # matrix is its transpose in column-major, so b goes first and each op flips
+        ld = [x.strides[row] // x.itemsize for x in (b, a, out)]
+        if count is None:
+            lib.gemm_ex(
+                handle, *ops, N, M, K, alpha_h.ctypes.data,
+                b.data.ptr, dtype, ld[0], a.data.ptr, dtype, ld[1],
+                beta_h.ctypes.data, out.data.ptr, out_type, ld[2], compute, CUBLAS_GEMM_DEFAULT,
+            )  # fmt: skip
+        else:
+            st = [x.strides[0] // x.itemsize for x in (b, a, out)]
+            lib.gemm_strided_batched_ex(
+                handle, *ops, N, M, K, alpha_h.ctypes.data,
+                b.data.ptr, dtype, ld[0], st[0], a.data.ptr, dtype, ld[1], st[1],
+                beta_h.ctypes.data, out.data.ptr, out_type, ld[2], st[2], count, compute,
+                CUBLAS_GEMM_DEFAULT,
+            )  # fmt: skip
+
+    def cublas(self) -> tuple[CublasLib, int]:
+        """The cuBLAS library (ctypes) and CuPy's handle of the current device. GEMMs take their
+        scalars in host pointer mode (alpha, beta from host memory: a captured GEMM keeps the values
+        it was given)."""
+        dev = self.xp.cuda.Device().id
+        got = self._handles.get(dev)
+        if got is None:
+            handle = self.xp.cuda.device.get_cublas_handle()
+            lib = cublas_lib()
+            got = self._handles[dev] = (lib, handle)
+        return got
+
+
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+CUBLAS_POINTER_MODE_HOST = 0
+
+
+class CublasLib:
+    """The few cuBLAS entry points the runtime calls, through ctypes on the libcublas that CuPy
+    loaded (the same library, so CuPy's handle is valid here). Every call checks its status."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        vp, i, ll, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong, ctypes.c_size_t
+        self._fns = {}
+        sigs = {
+            "cublasSetStream_v2": [vp, vp],
+            "cublasSetPointerMode_v2": [vp, i],
+            "cublasSetWorkspace_v2": [vp, vp, sz],
+            "cublasGemmEx": [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i],
+            "cublasGemmStridedBatchedEx": [
+                vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i, ll, i, i, i,
+            ],
+            "cublasGemmBatchedEx": [vp, i, i, i, i, i, vp, vp, i, i, vp, i, i, vp, vp, i, i, i, i, i],
+        }  # fmt: skip
+        for name, argtypes in sigs.items():
+            try:
+                fn = getattr(lib, name)
+            except AttributeError:  # a cuBLAS exporting the name without its _v2 suffix
+                fn = getattr(lib, name.removesuffix("_v2"))
+            fn.argtypes, fn.restype = argtypes, ctypes.c_int
+            self._fns[name] = fn
+
+    def _call(self, name: str, *args) -> None:
+        status = self._fns[name](*args)
+        if status != 0:
+            raise EngineError(f"{name} failed with cuBLAS status {status}")
+
+    def set_stream(self, handle: int, stream: int) -> None:
+        self._call("cublasSetStream_v2", handle, stream)
+
+    def set_pointer_mode(self, handle: int, mode: int) -> None:
+        self._call("cublasSetPointerMode_v2", handle, mode)
+
+    def set_workspace(self, handle: int, ptr: int, nbytes: int) -> None:
+        self._call("cublasSetWorkspace_v2", handle, ptr, nbytes)
+
+    def gemm_ex(self, *args) -> None:
+        self._call("cublasGemmEx", *args)
+
+    def gemm_strided_batched_ex(self, *args) -> None:
+        self._call("cublasGemmStridedBatchedEx", *args)
+
+    def gemm_batched_ex(self, *args) -> None:
+        self._call("cublasGemmBatchedEx", *args)
+
+
+@functools.lru_cache(maxsize=1)
+def cublas_lib() -> CublasLib:
+    """The libcublas mapped into this process (CuPy loaded it with its first handle; dlopen of the
+    same path returns that library)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            paths = sorted({line.split()[-1] for line in f if "/libcublas.so" in line})
+    except OSError:
+        paths = []
+    if not paths:
+        found = ctypes.util.find_library("cublas")
+        paths = [found] if found else []
+    if not paths:
+        raise EngineError("the cuBLAS library CuPy uses was not found in this process")
+    return CublasLib(ctypes.CDLL(paths[0]))
 
 
 CUBLAS_WORKSPACE_BYTES = 32 << 20  # cuBLAS's workspace for captured GEMMs (it allocates none itself then)
@@ -316,23 +472,20 @@ class CudaGraph(Graph):
 @contextlib.contextmanager
 def _cuda_capture(rt: CudaRuntime) -> Iterator[CudaGraph]:
     import cupy
-    from cupy_backends.cuda.libs import cublas  # type: ignore[import-not-found]
 
-    handle = cupy.cuda.device.get_cublas_handle()
-    if not hasattr(cublas, "setWorkspace"):
-        raise CaptureError(
-            f"this CuPy ({cupy.__version__}) cannot give cuBLAS a workspace (cublasSetWorkspace)"
-        )
+    lib, handle = rt.cublas()
     if rt._workspace is None:
         rt._workspace = cupy.empty(CUBLAS_WORKSPACE_BYTES, dtype=cupy.uint8)
-    cublas.setWorkspace(handle, rt._workspace.data.ptr, CUBLAS_WORKSPACE_BYTES)
+        lib.set_workspace(handle, rt._workspace.data.ptr, CUBLAS_WORKSPACE_BYTES)
     pool = cupy.cuda.MemoryPool()
     stream = cupy.cuda.Stream(non_blocking=True)
     current = cupy.cuda.get_current_stream()
     stream.wait_event(current.record())  # what was queued before (weights, inputs) comes first
     holder = CudaGraph(None, stream, pool)
     with stream, cupy.cuda.using_allocator(pool.malloc):
-        stream.begin_capture()
+        # relaxed: a first use inside the capture (a module load, the pool growing) is not an error
+        mode = getattr(cupy.cuda.runtime, "streamCaptureModeRelaxed", None)
+        stream.begin_capture() if mode is None else stream.begin_capture(mode=mode)
         try:
             yield holder
         finally:

@@ -46,9 +46,9 @@ from ..kernels import attention_gemm, embedding, linear
 from ..kernels.adamw import STATS, DeviceAdamW
 from ..kernels.cross_entropy import lm_head_loss_on
 from ..kernels.dequant import dequant_on
+from ..kernels.glu import glu_bwd_bf16_on, glu_fwd_bf16_on
 from ..kernels.norm import rmsnorm_bwd_acc_on, rmsnorm_fwd_out_on
 from ..kernels.qkv import qkv_rope_backward_on, qkv_rope_forward_on
-from ..kernels.swiglu import swiglu_bwd_bf16_on, swiglu_fwd_bf16_on
 from ..model.forward import OUTPUT_NORM, TOKEN_EMBD, make_inputs, output_name
 from ..model.layers import layer_name
 
@@ -417,7 +417,7 @@ class DenseStep:
         # feed-forward block: x' = x_mid + down(swiglu(gate, up)) of rmsnorm(x_mid)
         rmsnorm_fwd_out_on(rt, XM[i], w_fn, eps, self.H2[i], self.rstd[i, 1], copy=X[i + 1])
         self._fresh_forward(g["gu"], self.H2[i], self.GU16[i])
-        swiglu_fwd_bf16_on(rt, self.GU16[i], cfg.F, self.act)
+        glu_fwd_bf16_on(rt, self.GU16[i], cfg.F, self.act)
         self._residual_forward(g["down"], self.act, X[i + 1], self.XAD[i])
         return cache
 
@@ -428,14 +428,14 @@ class DenseStep:
         C, F, eps = cfg.C, cfg.F, cfg.rms_eps
         w_an, w_fn = self.norm_w[i]
         # forward was: x' = x_mid + down(act), act = swiglu(gu), gu = rmsnorm(x_mid) [Wg; Wu]
-        swiglu_fwd_bf16_on(rt, self.GU16[i], F, self.act)  # recomputed: not kept per layer
+        glu_fwd_bf16_on(rt, self.GU16[i], F, self.act)  # recomputed: not kept per layer
         self._fresh_backward(g["down"], G["down"], self.XAD[i], self.act, self.dact)
-        swiglu_bwd_bf16_on(rt, self.dact, self.GU16[i], F, G["gu"])
+        glu_bwd_bf16_on(rt, self.dact, self.GU16[i], F, G["gu"])
         self._fresh_backward(g["gu"], G["gu"], self.GU16[i][:, 2 * F :], self.H2[i], self.dh)
         rmsnorm_bwd_acc_on(rt, self.dh, self.XM[i], self.rstd[i, 1], w_fn, self.dres, G["o"][:, :C])
         # forward was: x_mid = x + o(attention(...)), q, k, v = rope/norm/bias of rmsnorm(x) [Wq; Wk; Wv]
         self._fresh_backward(g["o"], G["o"], self.XAO[i], self.ATT16[i], self.da)
-        dq, dk, dv = attention_gemm.backward_on(rt, self.da.reshape(self.B, self.T, -1), cache)
+        dq, dk, dv, _ = attention_gemm.backward_on(rt, self.da.reshape(self.B, self.T, -1), cache)
         qn, kn = self.qk_norm[i]
         qkv_rope_backward_on(rt, dq, dk, dv, self.QKV16[i], self.bias[i], qn, kn, eps, self.cos, self.sin,
                              cfg.rope, cfg.NH, cfg.NKV, cfg.HS, G["qkv"])  # fmt: skip

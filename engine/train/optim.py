@@ -552,6 +552,11 @@ class GradAccumulator:
             out[name] = buf / array_module(buf).asarray(self.n, dtype=buf.dtype)
         return out
 
+    def sums(self) -> dict[str, np.ndarray]:
+        """The summed gradients themselves (the accumulator's buffers, valid until the next `add`
+        or `reset`): what a data-parallel step all-reduces before taking the mean."""
+        return {name: self._sum[name] for name in self._live}
+
     def reset(self) -> None:
         """Forget the sums (the buffers stay for the next accumulation)."""
         self.n = 0

@@ -6,10 +6,14 @@ shapes other tools write) are read by `engine.train.data.parse_sample` into samp
 ordinary conversation, on its chosen answer), their `rejected` the other answer; problems are by
 line, like every dataset's.
 
-For training (engine.train.preferences): `encode_pairs` turns preference samples into pairs of
-token sequences (the same prompt, each answer trained: its tokens are the ones whose
-log-probability counts), and `pair_batches` packs `batch_size` pairs per batch (`PairBatch`, whose
-`sample_ids` number the sequences: 2j the chosen and 2j + 1 the rejected answer of pair j).
+For training (engine.train.preferences): a pair is two token sequences (the same prompt, each
+answer trained: its tokens are the ones whose log-probability counts). The trainer prepares them
+with the other datasets' pipeline: `engine.train.prepared.prepare_data(..., pairs=True)` encodes
+the samples `pair_rows` gives (each pair as its chosen then its rejected answer) into the
+memory-mapped, cached files, and `PreparedPairs` reads pairs back from them; `encode_pairs` is the
+same in memory (the reference the prepared pairs are tested against). `PairBatches` packs
+`batch_size` pairs per batch on demand (`PairBatch`, whose `sample_ids` number the sequences: 2j
+the chosen and 2j + 1 the rejected answer of pair j).
 
 For collecting pairs: `BlindPair` holds two answers shown as A and B in a random order, sources
 hidden until a choice is made; `append_preference` appends the chosen pair to a preferences file and
@@ -21,8 +25,9 @@ What this module is not: it computes no loss (engine.train.preferences) and deci
 from __future__ import annotations
 
 import json
+import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
@@ -35,6 +40,7 @@ from .data import (
     PREFERENCE,
     WARNING,
     Batch,
+    BatchesOnDemand,
     Encoded,
     EncodeOptions,
     Problem,
@@ -42,6 +48,7 @@ from .data import (
     encode_samples,
     make_batches,
     pack,
+    pack_order,
     parse_sample,
 )
 
@@ -73,7 +80,8 @@ def with_answers(sample: Sample, chosen: str | None = None, rejected: str | None
 class EncodedPair:
     """One preference pair as two token sequences with the same prompt."""
 
-    index: int  # index of the sample in the list given to encode_pairs
+    index: int  # what the pair is known by: its sample's index in the list given to encode_pairs,
+    # or its pair number in a prepared dataset (PreparedPairs)
     chosen: Encoded  # the prompt and the chosen answer (its tokens trained)
     rejected: Encoded  # the prompt and the rejected answer
 
@@ -85,26 +93,9 @@ def encode_pairs(
     learn from pairs only), and the problems met. The answers' tokens (and end-of-turn) are the
     trained ones; a sequence longer than n_ctx keeps its first n_ctx tokens (a warning)."""
     problems: list[Problem] = []
-    wanted = []
-    for i, s in enumerate(samples):
-        if s.kind == KIND and s.rejected is not None:
-            wanted.append(i)
-        else:
-            where = "" if s.line else f"sample {i}: "
-            problems.append(
-                Problem(
-                    s.line,
-                    f'{where}not a preference pair (no "chosen" and "rejected"): '
-                    "left out of preference training",
-                    WARNING,
-                )
-            )
-    options = EncodeOptions(n_ctx)
-    sequences = []
-    for i in wanted:
-        sequences.append(samples[i])
-        sequences.append(with_answers(samples[i], chosen=samples[i].rejected))
-    encoded, found = encode_samples(sequences, tokenizer, template, options)
+    wanted = [i for i, s in enumerate(samples) if s.kind == KIND and s.rejected is not None]
+    sequences = list(pair_rows(samples, problems))
+    encoded, found = encode_samples(sequences, tokenizer, template, EncodeOptions(n_ctx))
     by_seq = {e.index: e for e in encoded}
     seen_lines = set()
     for p in found:  # one report per line (both answers of a pair share it)
@@ -124,7 +115,8 @@ def encode_pairs(
 @dataclass(frozen=True)
 class PairBatch(Batch):
     """A `Batch` of preference pairs: sequence 2j is pair j's chosen answer, 2j + 1 its rejected one
-    (`sample_ids`); `pair_ids[j]` is pair j's index in the list given to `pair_batches`."""
+    (`sample_ids`); `pair_ids[j]` is pair j's `EncodedPair.index` (what the pair is known by, e.g.
+    its DPO reference log-probabilities)."""
 
     pair_ids: np.ndarray | None = None  # (P,) int64
 
@@ -133,28 +125,103 @@ class PairBatch(Batch):
         return 0 if self.pair_ids is None else int(self.pair_ids.size)
 
 
-def pair_batches(
-    pairs: Sequence[EncodedPair], n_ctx: int, batch_size: int, *, shuffle_seed: int | None = None
-) -> list[PairBatch]:
-    """`batch_size` pairs per batch (pairs shuffled by `shuffle_seed`), their 2 x batch_size
-    sequences packed whole into windows of n_ctx tokens (as many windows as they need)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    order = list(range(len(pairs)))
-    if shuffle_seed is not None:
-        order = np.random.default_rng(shuffle_seed).permutation(len(pairs)).tolist()
-    out = []
-    for first in range(0, len(order), batch_size):
-        chunk = order[first : first + batch_size]
+def pair_rows(samples: Iterable[Sample], problems: list[Problem]) -> Iterator[Sample]:
+    """The samples to prepare for pair training (engine.train.prepared.prepare_data(pairs=True)):
+    each preference pair as two samples in a row, its chosen answer then its rejected one (the same
+    prompt, group and line); any other sample is left out with a warning appended to `problems`
+    (a sample made in memory named by its position, "sample 3: ...")."""
+    for i, s in enumerate(samples):
+        if s.kind == KIND and s.rejected is not None:
+            yield s
+            yield with_answers(s, chosen=s.rejected)
+        else:
+            problems.append(_not_a_pair(s, i))
+
+
+def _not_a_pair(sample: Sample, i: int) -> Problem:
+    where = "" if sample.line else f"sample {i}: "
+    return Problem(
+        sample.line,
+        f'{where}not a preference pair (no "chosen" and "rejected"): left out of preference training',
+        WARNING,
+    )
+
+
+class PreparedPairs(Sequence[EncodedPair]):
+    """Pairs of a dataset prepared with `prepare_data(..., pairs=True)`: pair k is rows 2k (chosen)
+    and 2k + 1 (rejected) of `data.samples`, made from the prepared files when read. `pairs`: the
+    pair numbers taken, in order (each pair's `EncodedPair.index` is its number)."""
+
+    def __init__(self, data, pairs: np.ndarray):
+        self.data, self.pairs = data, np.asarray(pairs, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> EncodedPair:  # type: ignore[override]
+        if not -len(self.pairs) <= i < len(self.pairs):
+            raise IndexError(f"pair {i} of {len(self.pairs)}")
+        k = int(self.pairs[i])
+        return EncodedPair(k, self.data.encoded(2 * k, k), self.data.encoded(2 * k + 1, k))
+
+    def sizes(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, loss terms) of each pair's chosen and rejected sequences, (P, 2) each, from the
+        prepared table (no tokens read)."""
+        rows = (2 * self.pairs[:, None] + np.arange(2)).reshape(-1)
+        table = self.data.samples[rows]
+        lengths, labels = (table[k].astype(np.int64).reshape(-1, 2) for k in ("length", "targets"))
+        return lengths, labels
+
+
+def _sizes(pairs: Sequence[EncodedPair]) -> tuple[np.ndarray, np.ndarray]:
+    if isinstance(pairs, PreparedPairs):
+        return pairs.sizes()
+    seqs = [e for p in pairs for e in (p.chosen, p.rejected)]
+    lengths = np.fromiter((len(e.tokens) for e in seqs), dtype=np.int64, count=len(seqs)).reshape(-1, 2)
+    labels = np.fromiter((e.n_targets for e in seqs), dtype=np.int64, count=len(seqs)).reshape(-1, 2)
+    return lengths, labels
+
+
+class PairBatches(BatchesOnDemand):
+    """One epoch's batches of preference pairs, each made when asked for: `batch_size` pairs per
+    batch (pairs shuffled by `shuffle_seed`), their 2 x batch_size sequences packed whole into
+    windows of n_ctx tokens (as many windows as they need). `n_windows`, `n_tokens` and
+    `n_label_tokens` count the whole epoch (as `engine.train.prepared.PackedBatches` does)."""
+
+    def __init__(
+        self, pairs: Sequence[EncodedPair], n_ctx: int, batch_size: int, *, shuffle_seed: int | None = None
+    ):
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.pairs, self.n_ctx, self.batch_size = pairs, n_ctx, batch_size
+        lengths, labels = _sizes(pairs)
+        if lengths.size and lengths.max() > n_ctx:
+            raise ValueError(f"a sequence has {lengths.max()} tokens, more than n_ctx={n_ctx}")
+        n = len(pairs)
+        self._order = (
+            np.random.default_rng(shuffle_seed).permutation(n) if shuffle_seed is not None else np.arange(n)
+        )
+        self.n_tokens, self.n_label_tokens = int(lengths.sum()), int(labels.sum())
+        self.n_windows = 0
+        ordered = lengths[self._order]
+        for first in range(0, n, batch_size):  # a batch whose sequences fit one window needs no packing
+            chunk = ordered[first : first + batch_size].reshape(-1)
+            fits = int(chunk.sum()) <= n_ctx
+            self.n_windows += 1 if fits else len(pack_order(chunk, n_ctx)[1]) - 1
+
+    def __len__(self) -> int:
+        return math.ceil(len(self.pairs) / self.batch_size)
+
+    def _make(self, i: int) -> PairBatch:
+        chunk = [self.pairs[int(k)] for k in self._order[i * self.batch_size : (i + 1) * self.batch_size]]
         seqs = []
-        for j, k in enumerate(chunk):
-            seqs.append(replace(pairs[k].chosen, index=2 * j, weight=1.0))
-            seqs.append(replace(pairs[k].rejected, index=2 * j + 1, weight=1.0))
-        windows = pack(seqs, n_ctx)
-        (batch,) = make_batches(windows, len(windows), n_ctx)
+        for j, p in enumerate(chunk):
+            seqs.append(replace(p.chosen, index=2 * j, weight=1.0))
+            seqs.append(replace(p.rejected, index=2 * j + 1, weight=1.0))
+        windows = pack(seqs, self.n_ctx)
+        (batch,) = make_batches(windows, len(windows), self.n_ctx)
         values = {f.name: getattr(batch, f.name) for f in fields(Batch)}
-        out.append(PairBatch(**values, pair_ids=np.asarray(chunk, dtype=np.int64)))
-    return out
+        return PairBatch(**values, pair_ids=np.asarray([p.index for p in chunk], dtype=np.int64))
 
 
 # -- collecting pairs -------------------------------------------------------------------------------
@@ -252,7 +319,9 @@ __all__ = [
     "encode_pairs",
     "EncodedPair",
     "KIND",
-    "pair_batches",
+    "pair_rows",
     "PairBatch",
+    "PairBatches",
+    "PreparedPairs",
     "with_answers",
 ]

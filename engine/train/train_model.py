@@ -239,17 +239,16 @@ def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoi
         # the reference is the base model: adapter off, full-weight tensors at their original values
         h_ref = final_hidden(model, batch)
         w_ref = model.weights[out_name]
-    # the fused head and loss; with a final soft-cap (gemma3) its own op, which caps the logits first
-    head_loss = ops.softcap_head_loss if cfg.softcap else ops.lm_head_loss
+    # the fused head and loss (with a final soft-cap, gemma3's, the logits are capped first)
     weights = np.asarray(batch.weights).reshape(-1)
     objective = None
     if sequence_loss is not None:
-        objective = sequence_loss(_sequence_ce(head_loss, cfg, h, W[out_name], lora, out_name, tied_lora))
+        objective = sequence_loss(_sequence_ce(cfg, h, W[out_name], lora, out_name, tied_lora))
         weights = objective.token_weights
         if not backward:
             n_label = int(np.count_nonzero(np.asarray(batch.targets) >= 0))
             return LossResult(objective.loss, float("nan"), n_label, None, None, objective.extra)
-    loss, (ce_sum, n_tok), dh, g_head = head_loss(
+    loss, (ce_sum, n_tok), dh, g_head = ops.lm_head_loss(
         h.reshape(-1, cfg.C),
         W[out_name],
         np.asarray(batch.targets).reshape(-1),
@@ -261,7 +260,7 @@ def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoi
         w_ref=w_ref,
         kl_coef=kl_coef,
         backward=backward,
-        **({"cap": cfg.softcap} if cfg.softcap else {}),
+        cap=cfg.softcap,
     )
     expert = array_module(counts[0]).stack(counts) if counts else None
     if not isinstance(loss, float):  # device scalars (a GPU run): both in one read
@@ -298,17 +297,16 @@ def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoi
     return LossResult(loss, ce_sum, n_tok, grads, expert, extra)
 
 
-def _sequence_ce(head_loss, cfg, h, w, lora, out_name: str, tied_lora) -> Callable[[np.ndarray], float]:
+def _sequence_ce(cfg, h, w, lora, out_name: str, tied_lora) -> Callable[[np.ndarray], float]:
     """ce(targets): the summed cross-entropy of the rows whose targets are >= 0, by the fused head
     (forward only; the rows of the other targets are not computed)."""
     h2 = h.reshape(-1, cfg.C)
     out_lora = lora.get(OUTPUT) if out_name == OUTPUT else None
-    cap = {"cap": cfg.softcap} if cfg.softcap else {}
 
     def ce(targets: np.ndarray) -> float:
         ones = (np.asarray(targets) >= 0).astype(np.float32)
-        _, (ce_sum, _), _, _ = head_loss(h2, w, targets, ones, lora=out_lora, tied_lora=tied_lora,
-                                         backward=False, **cap)  # fmt: skip
+        _, (ce_sum, _), _, _ = ops.lm_head_loss(h2, w, targets, ones, lora=out_lora, tied_lora=tied_lora,
+                                                backward=False, cap=cfg.softcap)  # fmt: skip
         return float(ce_sum)
 
     return ce

@@ -23,7 +23,7 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -37,17 +37,22 @@ from ..model.targets import TargetSpec, select_full, select_targets
 from ..text.chat_template import ChatTemplate, template_for
 from ..text.tokenizer import Tokenizer
 from . import events as ev
+from . import parallel
 from .checkpoint import (
+    SAMPLES_FILE,
     STATE_FILE,
     CheckpointError,
     latest_checkpoint,
     read_checkpoint,
     write_checkpoint,
 )
-from .data import EncodeOptions, Sample, batch_encoded, encode_samples, load_jsonl, split_validation
+from .collective import Collective, RankTimeout
+from .data import Encoded, EncodeOptions, Problem, Sample, save_jsonl, split_groups
 from .heap import keep_step_buffers
 from .memory import MemoryEstimate, estimate_memory
 from .optim import AdamW, GradAccumulator, OptimConfig
+from .pref_data import EncodedPair, PairBatches, PreparedPairs
+from .prepared import KEPT, PackedBatches, PreparedData, default_cache_folder, prepare_data
 from .rewards import group_advantages, reward_weights
 from .runs import RunRecord, read_run, record_path, tensor_kinds
 from .threads import adjust_blas_threads
@@ -154,6 +159,8 @@ class TrainConfig:
     # runtime
     device: str = "cpu"  # where the run computes: "cpu", "cuda:N" or "auto" (engine.backend)
     cache_budget: str = "auto"  # dequantized weights kept between uses: "auto", "off" or a size ("4G")
+    data_cache: str = "auto"  # folder keeping prepared datasets between runs: "auto" (the app's data
+    # folder, engine.train.prepared.default_cache_folder), "off" (prepared again by every run), or a path
     checkpoint_layers: str = "auto"  # recompute each block in the backward pass: "on", "off", or
     # "auto" (on when the memory estimate says keeping every block's activations would not fit)
     checkpoint_every: int = 0  # steps between checkpoints; 0 = only at the end / on stop
@@ -174,6 +181,8 @@ class TrainConfig:
         elif ckpt not in ("auto", "on", "off"):
             raise ConfigError(f"checkpoint_layers must be auto, on or off, got {ckpt!r}")
         object.__setattr__(self, "cache_budget", str(self.cache_budget))
+        if not isinstance(self.data_cache, str) or not self.data_cache:
+            raise ConfigError(f"data_cache must be 'auto', 'off' or a folder, got {self.data_cache!r}")
         parse_budget(self.cache_budget)  # EngineError naming the value when it is not understood
         parse_device(self.device)
         if not isinstance(self.targets, TargetSpec):
@@ -316,12 +325,62 @@ def clean_stale_temporaries(folder: str | None, max_age_s: float = 0.0) -> int:
     return removed
 
 
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+MAX_PLAN_PROBLEMS = 1000  # dataset problems a Plan lists (it counts them all)
+
+
+class _Encodings(Sequence[Encoded]):
+    """Prepared samples as a sequence of `Encoded` (rows of `data.samples`, with their indexes)."""
+
+    def __init__(self, data: PreparedData, rows: np.ndarray, positions: np.ndarray):
+        self.data, self.rows, self.positions = data, rows, positions
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Encoded:  # type: ignore[override]
+        if not -len(self.rows) <= i < len(self.rows):
+            raise IndexError(f"encoding {i} of {len(self.rows)}")
+        return self.data.encoded(int(self.rows[i]), int(self.positions[i]))
+
+
+def _plan_problems(
+    data: PreparedData, train: np.ndarray, val: np.ndarray, rows_per_item: int = 1
+) -> tuple[list[Problem], int]:
+    """The first MAX_PLAN_PROBLEMS problems as a run meets them (reading the file, then encoding
+    the training samples, then the validation ones; a sample made in memory is named by its
+    position in its list), and how many there are. rows_per_item 2: prepared pairs, `train` and
+    `val` numbering pairs (rows 2k and 2k + 1): a problem both answers of a pair have is one."""
+    total = data.n_read_problems + data.n_encode_problems
+    n = len(data) // rows_per_item
+    side = np.zeros(n, dtype=np.int8)  # 0: training, 1: validation
+    side[val] = 1
+    position = np.zeros(n, dtype=np.int64)
+    position[train], position[val] = np.arange(len(train)), np.arange(len(val))
+    read: list[Problem] = []
+    encoded: tuple[list[Problem], list[Problem]] = ([], [])
+    seen: tuple[int, set[str]] = (-1, set())  # a pair's messages so far
+    for stage, sample, problem in data.problems():  # those of reading first, then of encoding
+        if stage == "read":
+            if len(read) < MAX_PLAN_PROBLEMS:
+                read.append(problem)
+            continue
+        item = sample // rows_per_item
+        if rows_per_item > 1:
+            if item != seen[0]:
+                seen = (item, set())
+            if problem.message in seen[1]:
+                total -= 1
+                continue
+            seen[1].add(problem.message)
+        which = encoded[side[item]]
+        if len(read) + len(which) >= MAX_PLAN_PROBLEMS:
+            if side[item] == 0 and rows_per_item == 1:
+                break  # enough from the file and the training samples: the validation ones come after
+            continue
+        if not problem.line:
+            problem = Problem(0, f"sample {position[item]}: {problem.message}", problem.severity)
+        which.append(problem)
+    return [*read, *encoded[0], *encoded[1]][:MAX_PLAN_PROBLEMS], total
 
 
 class Trainer:
@@ -337,10 +396,20 @@ class Trainer:
         resume: str | None = None,
         init_adapter: str | None = None,
         tokenizer: Tokenizer | None = None,
+        collective: Collective | None = None,
     ):
         """tokenizer: the model's, when the caller has it built (an engine session): building a
-        150k-token vocabulary takes ~0.1 s in one call that holds the interpreter lock."""
+        150k-token vocabulary takes ~0.1 s in one call that holds the interpreter lock.
+        collective: the ranks this run is spread over (engine.train.collective; one process by
+        default); with several, every rank builds the same Trainer and calls the same methods, and
+        rank 0 alone writes the checkpoints, the adapter and the run's record (engine.train.parallel)."""
         self.config = config
+        self.comm = collective if collective is not None else Collective()
+        self._joined = False  # the ranks exchanged their facts (engine.train.parallel.join)
+        self.hosts: list[str] = [self.comm.host]  # the machine of each rank (set by parallel.join)
+        self.rank_lost = False  # the run failed because another rank stopped answering
+        self.resyncs = 0  # times ranks that drifted from rank 0 were given its parameters (expect none)
+        self._silent_rank: RankTimeout | None = None  # a rank stopped answering while ranks agreed to stop
         self.tokenizer = tokenizer
         if isinstance(model, Model):  # the model is open on its device already: the run computes there
             self.model = model
@@ -358,6 +427,9 @@ class Trainer:
         self.plan: ev.Plan | None = None  # set by start()
         self.ended = False  # finished, stopped or failed: no more steps
         self.train_seconds = 0.0  # time spent in steps (pauses excluded; carried by checkpoints)
+        self.tokens_done = 0  # sample tokens processed by the steps taken (carried by checkpoints)
+        self.dataset_path: str | None = None  # the dataset file trained (None: samples in memory)
+        self.samples_file: str | None = None  # the run's copy of in-memory samples, in its checkpoint folder
         self._recent: deque[float] = deque(maxlen=ETA_WINDOW + 1)  # seconds of the last steps
         self.last_ce: float | None = None
         self.last_ckpt: str | None = resume
@@ -368,7 +440,9 @@ class Trainer:
         self.preference = None  # the PreferenceObjective of a DPO or ORPO run (engine.train.preferences)
 
     # --- data ---------------------------------------------------------------------------------
-    def _prepare(self):
+    def _prepare(self) -> PackedBatches:
+        """Prepare the dataset (engine.train.prepared: from the cache when nothing that shaped it
+        changed), split it, weight it by rewards, and pack the first epoch."""
         cfg = self.config
         md = self.model.metadata
         tok = self.tokenizer if self.tokenizer is not None else Tokenizer.from_metadata(md, self.model.path)
@@ -376,88 +450,125 @@ class Trainer:
             template = self.template_arg
         else:  # a template file, or the model's own
             template = template_for(md, self.template_arg)
-        problems = []
+        pairs = cfg.objective != "sft"  # DPO / ORPO: each preference pair prepared as two rows
+        options = EncodeOptions(  # a pair's answers alone are trained: their log-probabilities count
+            n_ctx=cfg.n_ctx,
+            train_on_prompt=cfg.train_on_prompt and not pairs,
+            prompt_format=cfg.prompt_format,
+        )
         if isinstance(self.data, str):
-            samples, problems = load_jsonl(self.data)
-            self.dataset_sha256 = file_sha256(self.data)
+            cache = {"auto": default_cache_folder(), "off": None}.get(cfg.data_cache, cfg.data_cache)
+            data = prepare_data(self.data, tok, template, options, cache=cache, pairs=pairs)
+            self.dataset_sha256 = data.dataset_sha256
+            own = cfg.checkpoint_dir and os.path.abspath(self.data) == os.path.abspath(
+                os.path.join(cfg.checkpoint_dir, SAMPLES_FILE)
+            )
+            if own:  # a run of in-memory samples, resumed on its own copy of them
+                self.samples_file = SAMPLES_FILE
+            else:
+                self.dataset_path = os.path.abspath(self.data)
         else:
             samples = list(self.data)
+            data = prepare_data(samples, tok, template, options, pairs=pairs)
             self.dataset_sha256 = hashlib.sha256(
                 json.dumps([asdict(s) for s in samples], sort_keys=True, default=str).encode()
             ).hexdigest()
-        if not samples:
+            if cfg.checkpoint_dir and samples:
+                # samples from the app's editor: a copy beside the checkpoints, so that the run can be
+                # resumed on exactly these samples after the editor changed or the app closed (rank 0)
+                if self.comm.is_root:
+                    os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+                    save_jsonl(os.path.join(cfg.checkpoint_dir, SAMPLES_FILE), samples)
+                self.samples_file = SAMPLES_FILE
+        self.prepared = data
+        if pairs:
+            return self._prepare_pairs(data)
+        table = data.samples
+        if not len(table):
+            n = data.n_read_problems
+            raise DatasetError("the dataset has no usable sample" + (f" ({n} problems)" if n else ""))
+        train, val = split_groups(table["group"], cfg.val_split, cfg.seed)
+        kept = (table["flags"] & KEPT).astype(bool)
+        train_pos, val_pos = np.flatnonzero(kept[train]), np.flatnonzero(kept[val])
+        self.problems, self.problems_total = _plan_problems(data, train, val)
+        if not len(train_pos):
             raise DatasetError(
-                "the dataset has no usable sample" + (f" ({len(problems)} problems)" if problems else "")
+                "no training sample is left after encoding: " + "; ".join(str(p) for p in self.problems[:5])
             )
-        train, val = split_validation(samples, cfg.val_split, cfg.seed)
-        if cfg.objective != "sft":
-            return self._prepare_pairs(tok, template, train, val, problems)
-        options = EncodeOptions(
-            n_ctx=cfg.n_ctx, train_on_prompt=cfg.train_on_prompt, prompt_format=cfg.prompt_format
-        )
-        enc_train, p1 = encode_samples(train, tok, template, options)
-        enc_val, p2 = encode_samples(val, tok, template, options) if val else ([], [])
-        problems = [*problems, *p1, *p2]
-        if not enc_train:
-            raise DatasetError(
-                "no training sample is left after encoding: " + "; ".join(str(p) for p in problems[:5])
-            )
+        rewards = [None if math.isnan(r) else r for r in table["reward"][train].tolist()]
         weights, normalize = None, "tokens"
-        rewards = [s.reward for s in train]
         if cfg.reward_mode == "weighted":
             weights = reward_weights(rewards)
         elif cfg.reward_mode == "group":
-            weights = group_advantages(rewards, [s.group for s in train])
+            weights = group_advantages(rewards, table["group"][train].tolist())
             normalize = "samples"
         elif cfg.reward_mode != "none":
             raise DatasetError(f"unknown reward mode {cfg.reward_mode!r} (none, weighted, group)")
-        self.enc_train, self.weights, self.normalize = enc_train, weights, normalize
-        self.val_batches = batch_encoded(enc_val, cfg.n_ctx, cfg.batch_size) if enc_val else []
-        self.problems = problems
+        self.train_rows, self.train_pos = train[train_pos], train_pos
+        self.weights, self.normalize = weights, normalize
+        self.val_batches = (
+            PackedBatches(data, val[val_pos], val_pos, None, cfg.n_ctx, cfg.batch_size)
+            if len(val_pos)
+            else []
+        )
         self.n_train, self.n_val = len(train), len(val)
-        self._epoch_cache: dict[int, list] = {}
+        self._epoch_cache: dict[int, PackedBatches] = {}
         return self.batches_for_epoch(0)
 
-    def _prepare_pairs(self, tok, template, train, val, problems):
-        """DPO and ORPO: the preference samples as pairs of token sequences, `batch_size` pairs a batch;
-        the validation split holds out whole prompts' pairs (the held-out accuracy)."""
-        from .pref_data import encode_pairs, pair_batches
+    def _prepare_pairs(self, data: PreparedData) -> PairBatches:
+        """DPO and ORPO: the prepared pairs (rows 2k and 2k + 1: pair k's chosen and rejected
+        answers), split by prompt (the held-out pairs: the held-out accuracy), `batch_size` pairs a
+        batch; a pair with an answer that could not be encoded is left out."""
         from .preferences import PreferenceObjective
 
         cfg = self.config
-        pairs, p1 = encode_pairs(train, tok, template, cfg.n_ctx)
-        val_pairs, p2 = encode_pairs(val, tok, template, cfg.n_ctx) if val else ([], [])
-        self.problems = [*problems, *p1, *p2]
-        if not pairs:
+        table = data.samples
+        flags = table["flags"].reshape(-1, 2)
+        kept = ((flags[:, 0] & KEPT) & (flags[:, 1] & KEPT)).astype(bool)
+        train, val = split_groups(table["group"][0::2], cfg.val_split, cfg.seed)
+        train_pos, val_pos = np.flatnonzero(kept[train]), np.flatnonzero(kept[val])
+        self.problems, self.problems_total = _plan_problems(data, train, val, rows_per_item=2)
+        if not len(train_pos):
             raise DatasetError(
                 f"no preference pair to train with {cfg.objective.upper()}: the dataset needs lines with "
                 '"prompt" (or "messages"), "chosen" and "rejected"'
                 + ("; " + "; ".join(str(p) for p in self.problems[:3]) if self.problems else "")
             )
-        self.enc_train, self.weights, self.normalize = pairs, None, "tokens"
-        self.val_batches = pair_batches(val_pairs, cfg.n_ctx, cfg.batch_size) if val_pairs else []
-        self.n_train, self.n_val = len(pairs), len(val_pairs)
+        self.train_rows, self.train_pos = train[train_pos], train_pos  # pair numbers
+        self.weights, self.normalize = None, "tokens"
+        self.val_batches = (
+            PairBatches(PreparedPairs(data, val[val_pos]), cfg.n_ctx, cfg.batch_size) if len(val_pos) else []
+        )
+        self.n_train, self.n_val = len(train_pos), len(val_pos)
         self.preference = PreferenceObjective(
             self.model, cfg.objective, beta=cfg.dpo_beta, lam=cfg.orpo_lambda
         )
         self._epoch_cache = {}
         return self.batches_for_epoch(0)
 
-    def batches_for_epoch(self, epoch: int) -> list:
+    @property
+    def enc_train(self) -> Sequence[Encoded] | Sequence[EncodedPair]:
+        """The training samples that are trained on, encoded, in the order of the training list
+        (each made from the prepared files when read); a preference run's pairs."""
+        if self.preference is not None:
+            return PreparedPairs(self.prepared, self.train_rows)
+        return _Encodings(self.prepared, self.train_rows, self.train_pos)
+
+    def batches_for_epoch(self, epoch: int) -> PackedBatches | PairBatches:
         """Deterministic batches of one epoch (shuffled by seed + epoch): the basis of exact resume."""
         if epoch not in self._epoch_cache and self.preference is not None:
-            from .pref_data import pair_batches
-
             cfg = self.config
-            self._epoch_cache = {epoch: pair_batches(self.enc_train, cfg.n_ctx, cfg.batch_size,
-                                                     shuffle_seed=cfg.seed + epoch)}  # fmt: skip
+            self._epoch_cache = {epoch: PairBatches(self.enc_train, cfg.n_ctx, cfg.batch_size,
+                                                    shuffle_seed=cfg.seed + epoch)}  # fmt: skip
         if epoch not in self._epoch_cache:
             self._epoch_cache = {
-                epoch: batch_encoded(
-                    self.enc_train,
+                epoch: PackedBatches(
+                    self.prepared,
+                    self.train_rows,
+                    self.train_pos,
+                    self.weights,
                     self.config.n_ctx,
                     self.config.batch_size,
-                    weights=self.weights,
                     shuffle_seed=self.config.seed + epoch,
                     normalize=self.normalize,
                 )
@@ -522,12 +633,19 @@ class Trainer:
 
         meta = {
             "step": self.step,
+            "total_steps": self.plan.total_steps if self.plan is not None else 0,
             "config": self.config.to_json(),
-            "model": self.model.path,
+            "model": os.path.abspath(self.model.path),
+            "dataset": self.dataset_path,
+            "dataset_sha256": self.dataset_sha256,
+            "samples_file": self.samples_file,
+            "tokens": self.tokens_done,
+            "seconds": self.train_seconds,
             "rank": self.trainable.rank,
             "alpha": self.trainable.alpha,
             "lora_targets": sorted(self.trainable.pairs),
             "full": sorted(self.trainable.full),
+            "ranks": self.comm.size,  # a checkpoint resumes with any number of ranks
         }
         adapter = None
         if self.trainable.pairs:
@@ -542,7 +660,11 @@ class Trainer:
             optimizer=self.optimizer.state_dict(),
             meta=meta,
             meta_file=CONFIG_FILE,
-            extra={"trainer.step": self.step, "trainer.seconds": self.train_seconds},
+            extra={
+                "trainer.step": self.step,
+                "trainer.seconds": self.train_seconds,
+                "trainer.tokens": self.tokens_done,
+            },
             write_adapter=adapter,
             keep=self.config.keep_checkpoints,
         )
@@ -567,8 +689,18 @@ class Trainer:
             raise ModelError(f"{path}: not a training-run checkpoint (it has no step count)")
         self.step = int(other["trainer.step"])
         self.train_seconds = float(other.get("trainer.seconds", 0.0))
+        self.tokens_done = int(other.get("trainer.tokens", meta.get("tokens", 0)) or 0)
         if meta.get("step") != self.step:
             raise ModelError(f"{path}: inconsistent checkpoint (step {meta.get('step')} vs {self.step})")
+
+    def _planned_note(self) -> str:
+        """ " (it planned N steps)" from the checkpoint being resumed, when it says."""
+        try:
+            with open(os.path.join(self.resume, CONFIG_FILE), encoding="utf-8") as f:
+                planned = int(json.load(f).get("total_steps", 0) or 0)
+        except (OSError, ValueError, TypeError, AttributeError):
+            planned = 0
+        return f" (it planned {planned} steps)" if planned else ""
 
     def _adapter(self) -> LoraAdapter:
         return self.trainable.to_adapter(self.model.config.arch)
@@ -602,19 +734,27 @@ class Trainer:
         Every problem (bad data, a model that cannot train, a run that will not fit) ends in a
         `Failed` event instead, and the run is over."""
         self.last_ce = None
+        root = self.comm.is_root  # with several ranks only rank 0 reads the checkpoint and writes files
         try:
             cfg = self.config
-            if self.resume:
+            if self.resume and root:
                 self.resume = resolve_checkpoint(self.resume)
             self.last_ckpt = self.resume
-            check_outputs(
-                {"adapter": cfg.out, "checkpoint folder": cfg.checkpoint_dir},
-                {"model": self.model.path, "dataset": self.data if isinstance(self.data, str) else None,
-                 "adapter to continue": self.init_adapter},
-            )  # fmt: skip
-            clean_stale_temporaries(cfg.checkpoint_dir)
-            if cfg.out:
-                clean_stale_temporaries(os.path.dirname(os.path.abspath(cfg.out)), max_age_s=600)
+            if root:
+                check_outputs(
+                    {"adapter": cfg.out, "checkpoint folder": cfg.checkpoint_dir},
+                    {"model": self.model.path, "dataset": self.data if isinstance(self.data, str) else None,
+                     "adapter to continue": self.init_adapter},
+                )  # fmt: skip
+                clean_stale_temporaries(cfg.checkpoint_dir)
+                if cfg.out:
+                    clean_stale_temporaries(os.path.dirname(os.path.abspath(cfg.out)), max_age_s=600)
+            if self.comm.parallel and cfg.objective != "sft":
+                raise ConfigError(
+                    f"{cfg.objective.upper()} trains in one process: its loss compares the two answers of "
+                    "each pair, which cannot be split across processes. Train it without --ranks (on "
+                    "one process)"
+                )
             batches = self._prepare()
             cfg = self.config
             n_batches = len(batches)
@@ -622,14 +762,22 @@ class Trainer:
             self.trainable = self._build_trainable()
             self.memory = self._plan_memory()
             self.optimizer = AdamW(self.trainable.params(), cfg.optim(total), runtime=self.backend.runtime)
-            if self.resume:
+            if self.resume and root:
                 self._load_checkpoint(self.resume)
+            if self.comm.parallel:  # every rank's facts checked, then rank 0's state on every rank
+                parallel.join(self, None)
+            if self.resume and self.step >= total:  # every rank has rank 0's step now: all fail alike
+                raise ConfigError(
+                    f"the checkpoint is at step {self.step} and these settings plan {total} steps: "
+                    "nothing is left to train. Resume with the checkpoint's own settings"
+                    + self._planned_note()
+                )
             self.plan = ev.Plan(
                 n_train=self.n_train,
                 n_val=self.n_val,
-                n_windows=sum(b.tokens.shape[0] for b in batches),
-                tokens_per_epoch=sum(b.n_tokens for b in batches),
-                label_tokens_per_epoch=sum(b.n_label_tokens for b in batches),
+                n_windows=batches.n_windows,
+                tokens_per_epoch=batches.n_tokens,
+                label_tokens_per_epoch=batches.n_label_tokens,
                 batches_per_epoch=n_batches,
                 total_steps=total,
                 trainable_params=self.trainable.n_params,
@@ -638,9 +786,23 @@ class Trainer:
                 memory_bytes=self.memory.to_dict(),
                 problems=tuple(str(p) for p in self.problems),
                 start_step=self.step,
+                start_tokens=self.tokens_done,
+                start_seconds=self.train_seconds,
+                ranks=self.comm.size,
+                hosts=tuple(self.hosts),
+                model=self.model.path,
+                lora_rank=self.trainable.rank,
+                lora_alpha=self.trainable.alpha,
+                dataset=self.data if isinstance(self.data, str) else f"{len(self.data)} samples (edited)",
+                problems_total=self.problems_total,
                 objective=cfg.objective,
             )
         except EngineError as exc:
+            if self.comm.parallel and not self._joined:
+                try:  # the other ranks wait for this one's word before step 1: it is this failure
+                    parallel.join(self, exc)
+                except EngineError as joined:
+                    exc = joined
             self.ended = True
             failed = ev.Failed(0, str(exc), self.last_ckpt)
             self._note("failed", str(exc))
@@ -660,51 +822,27 @@ class Trainer:
 
         A non-finite loss or gradient ends the run with `Failed`, keeping the last good checkpoint."""
         assert self.plan is not None and not self.done, "start() the run first; it must have steps left"
-        cfg = self.config
-        n_batches = self.plan.batches_per_epoch
         if not self.backend.is_gpu:
             adjust_blas_threads()  # the cores other programs leave free, before each step
             keep_step_buffers()  # once per process: no page faults for the same buffers every step
         t_step = time.perf_counter()
         if self._fused_why is None:
             return self._fused_train_step(on_event, t_step)
-        acc = self._accumulator
-        acc.reset()
-        loss = ce_sum = 0.0
-        n_tok = n_label = 0
-        counts = grads = None
-        figures = []
-        for j in range(cfg.grad_accum):
-            m = self.step * cfg.grad_accum + j  # global micro-batch index
-            batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
-            if self.preference is not None:
-                res = self.preference.loss_and_grads(self.trainable, batch, checkpoint=self.memory.checkpoint)
-                figures.append(res.extra)
-            else:
-                res = loss_and_grads(
-                    self.model,
-                    self.trainable,
-                    batch,
-                    checkpoint=self.memory.checkpoint,
-                    kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
-                )
-            if cfg.grad_accum > 1:
-                acc.add(res.grads)
-            else:
-                grads = res.grads  # one micro-batch: its gradients are the step's, no copies
-            loss += res.loss / cfg.grad_accum
-            ce_sum += res.ce_sum
-            n_label += res.n_tokens
-            n_tok += batch.n_tokens
-            if res.expert_counts is not None:
-                counts = res.expert_counts if counts is None else counts + res.expert_counts
+        figures = None
+        if self.comm.parallel:  # this rank's share of the step, summed over the ranks
+            try:
+                loss, ce_sum, n_label, n_tok, counts, grads, m = parallel.sharded_step(self)
+            except RankTimeout as exc:
+                return self._lost(on_event, exc)
+        else:
+            loss, ce_sum, n_label, n_tok, counts, grads, m, figures = self._local_step()
         if not math.isfinite(loss):
             return self._fail(
                 on_event,
                 f"the loss became {loss} at step {self.step + 1}: training stopped. "
                 "Lower the learning rate or check the data; the last good checkpoint is kept.",
             )
-        stats = self.optimizer.step(acc.mean() if cfg.grad_accum > 1 else grads)
+        stats = self.optimizer.step(grads)
         if not math.isfinite(stats.grad_norm):
             return self._fail(
                 on_event,
@@ -729,6 +867,7 @@ class Trainer:
                 "is kept.",
             )
         self.step += 1
+        self.tokens_done += n_tok
         self.last_ce = ce_sum / max(1, n_label) if not figures else loss  # a preference run: its objective
         seconds = time.perf_counter() - t_step
         self.train_seconds += seconds
@@ -759,23 +898,35 @@ class Trainer:
             self._watch_progress(on_event)
         if counts is not None:
             on_event(ev.ExpertUsage(self.step, to_host(counts)))
-        if self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0:
+        norms_due = self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0
+        if norms_due and self.comm.is_root:  # what only rank 0 reports, only rank 0 computes
             on_event(self._norms_event())
-        if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
-            on_event(self.evaluate())
-        if cfg.checkpoint_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-            try:
-                path = self.save_checkpoint(cfg.checkpoint_dir)
-            except OSError as exc:
-                why = _os_error(exc)
-                return self._fail(
-                    on_event,
-                    f"the checkpoint of step {self.step} could not be written: {why}. Training stopped; "
-                    "the last good checkpoint is kept.",
+        try:
+            if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
+                on_event(self.evaluate())
+            if cfg.checkpoint_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                parallel.check_same(self)  # every rank holds rank 0's parameters (one digest each)
+                path = parallel.on_root(
+                    self.comm,
+                    lambda: self.save_checkpoint(cfg.checkpoint_dir),
+                    timeout=parallel.step_timeout(self.comm, self._recent),
                 )
-            self.last_ckpt = path
-            self._note("running")
-            on_event(ev.Checkpoint(self.step, self.last_ckpt))
+            else:
+                return step
+        except OSError as exc:
+            why = _os_error(exc)
+            return self._fail(
+                on_event,
+                f"the checkpoint of step {self.step} could not be written: {why}. Training stopped; "
+                "the last good checkpoint is kept.",
+            )
+        except RankTimeout as exc:
+            return self._lost(on_event, exc)
+        except EngineError as exc:  # rank 0 could not write the checkpoint
+            return self._fail(on_event, f"{exc}. Training stopped; the last good checkpoint is kept.")
+        self.last_ckpt = path
+        self._note("running")
+        on_event(ev.Checkpoint(self.step, self.last_ckpt))
         return step
 
     # --- the fused GPU step ----------------------------------------------------------------------
@@ -783,16 +934,18 @@ class Trainer:
         """Why this run takes the generic op-by-op path (logged on a GPU), or None: the fused step."""
         if not self.backend.is_gpu:
             return "CPU"
-        if self.preference is not None:
-            log.info("training step: the generic op-by-op path (a preference objective)")
-            return "a preference objective"
+        if self.comm.parallel:
+            return "data-parallel ranks take the generic step"
         from .dense_step import unsupported
 
         cfg = self.config
-        why = "gpu_step is generic" if cfg.gpu_step == "generic" else unsupported(
-            self.model, self.trainable, cfg.grad_accum, cfg.reward_mode == "group" and cfg.kl_coef > 0,
-            self.memory.checkpoint,
-        )  # fmt: skip
+        if self.preference is not None:  # the fused step computes the weighted cross-entropy alone
+            why = "a preference objective"
+        elif cfg.gpu_step == "generic":
+            why = "gpu_step is generic"
+        else:
+            kl = cfg.reward_mode == "group" and cfg.kl_coef > 0
+            why = unsupported(self.model, self.trainable, cfg.grad_accum, kl, self.memory.checkpoint)
         if why:
             log.info("training step: the generic op-by-op path (%s)", why)
         return why
@@ -855,6 +1008,44 @@ class Trainer:
         n_tok = batch.n_tokens
         return self._after_step(on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, None, exploded)
 
+    def _local_step(self):
+        """The step's micro-batches in this process: (loss, ce_sum, label tokens, sample tokens,
+        expert counts, gradients, index of the last micro-batch, a preference run's figures per
+        micro-batch)."""
+        cfg = self.config
+        n_batches = self.plan.batches_per_epoch
+        acc = self._accumulator
+        acc.reset()
+        loss = ce_sum = 0.0
+        n_tok = n_label = 0
+        counts = grads = None
+        figures = []
+        for j in range(cfg.grad_accum):
+            m = self.step * cfg.grad_accum + j  # global micro-batch index
+            batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
+            if self.preference is not None:
+                res = self.preference.loss_and_grads(self.trainable, batch, checkpoint=self.memory.checkpoint)
+                figures.append(res.extra)
+            else:
+                res = loss_and_grads(
+                    self.model,
+                    self.trainable,
+                    batch,
+                    checkpoint=self.memory.checkpoint,
+                    kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
+                )
+            if cfg.grad_accum > 1:
+                acc.add(res.grads)
+            else:
+                grads = res.grads  # one micro-batch: its gradients are the step's, no copies
+            loss += res.loss / cfg.grad_accum
+            ce_sum += res.ce_sum
+            n_label += res.n_tokens
+            n_tok += batch.n_tokens
+            if res.expert_counts is not None:
+                counts = res.expert_counts if counts is None else counts + res.expert_counts
+        return loss, ce_sum, n_label, n_tok, counts, acc.mean() if cfg.grad_accum > 1 else grads, m, figures
+
     def _exploded(self) -> str | None:
         """What is wrong with the parameters after a step (not finite, or far beyond what training
         produces: |value| > MAX_PARAM), or None. Checked before they can reach a checkpoint."""
@@ -898,10 +1089,27 @@ class Trainer:
         """End the run: a last evaluation (when it ran to the end), a checkpoint, the adapter (and
         the model of full-weight tensors); `Finished`, or `Failed` when a file cannot be written."""
         cfg = self.config
+        if self._silent_rank is not None:  # the stop was agreed without one rank: fail, write nothing
+            self.ended = True
+            return self._lost(on_event, self._silent_rank)
         if not stopped and self.val_batches and not (cfg.eval_every and self.step % cfg.eval_every == 0):
-            on_event(self.evaluate())
+            try:
+                on_event(self.evaluate())
+            except RankTimeout as exc:
+                return self._lost(on_event, exc)
         self.ended = True
         return self._finish(on_event, stopped=stopped, last_ckpt=self.last_ckpt)
+
+    def agree_stop(self, requested: bool) -> bool:
+        """Whether the run stops before its next step: `requested` in one process; with several
+        ranks, True on every rank as soon as one asks (a stop reaches them at different moments)."""
+        if not self.comm.parallel:
+            return requested
+        try:
+            return self.comm.any(requested, timeout=parallel.step_timeout(self.comm, self._recent))
+        except RankTimeout as exc:  # `finish` then reports it
+            self._silent_rank = exc
+            return True
 
     def run(
         self,
@@ -914,7 +1122,7 @@ class Trainer:
             if isinstance(started, ev.Failed):
                 return started
         while not self.done:
-            if should_stop():
+            if self.agree_stop(should_stop()):
                 return self.finish(on_event, stopped=True)
             result = self.train_step(on_event)
             if isinstance(result, ev.Failed):
@@ -922,16 +1130,21 @@ class Trainer:
         return self.finish(on_event)
 
     def evaluate(self) -> ev.Eval | ev.PreferenceEval:
-        if self.preference is not None:  # the held-out pairs
+        """Mean cross-entropy over the validation batches (with several ranks, each takes a share);
+        a preference run's figures of its held-out pairs."""
+        if self.preference is not None:  # the held-out pairs (one process: start() refuses several)
             f = self.preference.evaluate(self.trainable, self.val_batches)
             if self.record is not None:
                 self.record.add_val_loss(self.step, f.loss)
             return ev.PreferenceEval(self.step, self.config.objective, **asdict(f))
         ce = n = 0
-        for b in self.val_batches:
-            res = loss_and_grads(self.model, self.trainable, b, backward=False)
-            ce += res.ce_sum
-            n += res.n_tokens
+        if self.comm.parallel:
+            ce, n = parallel.sharded_eval(self)
+        else:
+            for b in self.val_batches:
+                res = loss_and_grads(self.model, self.trainable, b, backward=False)
+                ce += res.ce_sum
+                n += res.n_tokens
         result = ev.Eval(self.step, ce / max(1, n), n)
         if self.record is not None:
             self.record.add_val_loss(self.step, result.mean_ce)
@@ -943,7 +1156,7 @@ class Trainer:
         written is logged, never a reason to stop training."""
         cfg = self.config
         path = record_path(cfg.checkpoint_dir, cfg.out)
-        if path is None:
+        if path is None or not self.comm.is_root:  # one record per run, written by rank 0
             return
         if self.record is None:
             self.record = self._new_record(path)
@@ -999,6 +1212,11 @@ class Trainer:
             {t.name: t.norm_delta for t in report.tensors},
         )
 
+    def _lost(self, on_event, exc: RankTimeout) -> ev.Failed:
+        """Another rank stopped answering: the run fails here (the caller ends every rank)."""
+        self.rank_lost = True
+        return self._fail(on_event, f"{exc}. The last good checkpoint is kept.")
+
     def _fail(self, on_event, message: str, last_ckpt: str | None = None) -> ev.Failed:
         self.ended = True
         failed = ev.Failed(self.step + 1, message, last_ckpt or self.last_ckpt)
@@ -1010,10 +1228,14 @@ class Trainer:
         from ..export.write import export_adapter
 
         cfg = self.config
-        try:
-            if cfg.checkpoint_dir and (not last_ckpt or not last_ckpt.endswith(f"ckpt-{self.step:06d}")):
-                last_ckpt = self.save_checkpoint(cfg.checkpoint_dir)
-                on_event(ev.Checkpoint(self.step, last_ckpt))
+        new_ckpt = cfg.checkpoint_dir and (not last_ckpt or not last_ckpt.endswith(f"ckpt-{self.step:06d}"))
+        saved = [last_ckpt]  # the newest checkpoint, even when the adapter cannot be written after it
+
+        def write() -> tuple[str | None, str | None, str | None]:  # on rank 0 alone with several ranks
+            ckpt = self.save_checkpoint(cfg.checkpoint_dir) if new_ckpt else last_ckpt
+            if new_ckpt:
+                saved[0] = ckpt
+                on_event(ev.Checkpoint(self.step, ckpt))
             adapter_path = merged_path = None
             if cfg.out and self.trainable.pairs:
                 adapter_path = export_adapter(
@@ -1021,15 +1243,24 @@ class Trainer:
                 )
             if cfg.out and self.trainable.full:
                 merged_path = self._export_full(cfg.out)
+            return ckpt, adapter_path, merged_path
+
+        try:
+            parallel.check_same(self)  # every rank holds rank 0's parameters (one digest each)
+            last_ckpt, adapter_path, merged_path = parallel.on_root(
+                self.comm, write, timeout=parallel.step_timeout(self.comm, self._recent)
+            )
+        except RankTimeout as exc:
+            return self._lost(on_event, exc)
         except OSError as exc:
             return self._fail(
                 on_event,
                 f"training finished but the result could not be written: {_os_error(exc)}",
-                last_ckpt,
+                saved[0],
             )
         except EngineError as exc:
             return self._fail(
-                on_event, f"training finished but the result could not be written: {exc}", last_ckpt
+                on_event, f"training finished but the result could not be written: {exc}", saved[0]
             )
         done = ev.Finished(self.step, stopped, self.last_ce, adapter_path, merged_path, last_ckpt)
         self.last_ckpt = last_ckpt

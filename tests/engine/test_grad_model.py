@@ -47,10 +47,10 @@ def _router_margin(model, batch) -> float:
     gaps = []
     orig = layers.ops.route_forward
 
-    def spy(logits, K, renorm):
+    def spy(logits, K, renorm, *options):
         s = np.sort(logits, axis=-1)[:, ::-1]
         gaps.append(float((s[:, K - 1] - s[:, K]).min()))
-        return orig(logits, K, renorm)
+        return orig(logits, K, renorm, *options)
 
     layers.ops.route_forward = spy
     try:

@@ -5,6 +5,7 @@ accuracy and margin, the durable append of a choice, and the device path on the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -20,7 +21,7 @@ from engine.text.chat_template import ChatTemplate
 from engine.text.tokenizer import Tokenizer
 from engine.train import events as ev
 from engine.train.data import load_jsonl, parse_sample, save_jsonl
-from engine.train.pref_data import append_preference, blind_pair, encode_pairs, pair_batches
+from engine.train.pref_data import PairBatches, append_preference, blind_pair, encode_pairs
 from engine.train.preferences import (
     PreferenceObjective,
     dpo_loss_backward,
@@ -118,7 +119,7 @@ def _batch(model, rows, n_ctx=64):
     samples = [parse_sample(r)[0] for r in rows]
     pairs, problems = encode_pairs(samples, tok, tpl, n_ctx)
     assert not problems
-    return pair_batches(pairs, n_ctx, len(pairs))[0]
+    return PairBatches(pairs, n_ctx, len(pairs))[0]
 
 
 ROWS = [
@@ -255,3 +256,115 @@ def test_a_choice_is_appended_durably_and_reads_back_as_a_pair(tmp_path, monkeyp
     assert len(load_jsonl(path)[0]) == 2  # nothing half-written
     swaps = {blind_pair("1", "2", rng=random.Random(s)).swapped for s in range(20)}
     assert swaps == {True, False}  # sides are shuffled
+
+
+def test_pairs_are_prepared_cached_and_batched_as_in_memory(tiny64, tmp_path):
+    """prepare_data(pairs=True): each pair as two rows of the memory-mapped files, with the tokens and
+    masks `encode_pairs` makes in memory; a cache entry of its own (not the SFT one), reused; other
+    samples left out with a warning; batches made on demand equal to the in-memory pairs' batches."""
+    from engine.train.data import EncodeOptions
+    from engine.train.pref_data import PreparedPairs
+    from engine.train.prepared import prepare_data
+
+    tok, tpl = Tokenizer.from_metadata(tiny64.metadata), ChatTemplate.from_metadata(tiny64.metadata)
+    long = " ".join(WORDS * 4)
+    rows = [
+        *ROWS,
+        {"prompt": "not", "response": "a pair"},
+        {"prompt": "why", "chosen": "ok", "rejected": long},
+    ]
+    path = _lines(tmp_path / "prefs.jsonl", rows)
+    cache = tmp_path / "cache"
+    data = prepare_data(path, tok, tpl, EncodeOptions(64), cache=cache, pairs=True)
+    assert len(data) == 6 and not data.reused  # three pairs, two rows each
+    samples, _ = load_jsonl(path)
+    ref, ref_problems = encode_pairs(samples, tok, tpl, 64)
+    prepared = PreparedPairs(data, np.arange(3))
+    assert [p.index for p in prepared] == [0, 1, 2] and [p.index for p in ref] == [0, 1, 3]
+    for a, b in zip(prepared, ref, strict=True):
+        for x, y in ((a.chosen, b.chosen), (a.rejected, b.rejected)):
+            np.testing.assert_array_equal(x.tokens, y.tokens)
+            np.testing.assert_array_equal(x.trained, y.trained)
+            assert x.truncated == y.truncated
+    assert prepared[2].rejected.truncated and len(prepared[2].rejected.tokens) == 64
+    found = [p for _, _, p in data.problems()]
+    assert any(p.line == 3 and "not a preference pair" in p.message for p in found)
+    assert {p.message for p in ref_problems} <= {p.message for p in found}
+    lengths, labels = prepared.sizes()
+    assert lengths.tolist() == [[len(p.chosen.tokens), len(p.rejected.tokens)] for p in ref]
+    assert labels.tolist() == [[p.chosen.n_targets, p.rejected.n_targets] for p in ref]
+    on_demand, in_memory = (
+        PairBatches(prepared, 64, 2, shuffle_seed=4),
+        PairBatches(ref, 64, 2, shuffle_seed=4),
+    )
+    assert len(on_demand) == len(in_memory) == 2
+    assert (on_demand.n_windows, on_demand.n_tokens, on_demand.n_label_tokens) == (
+        in_memory.n_windows, in_memory.n_tokens, in_memory.n_label_tokens)  # fmt: skip
+    assert on_demand.n_windows == sum(b.tokens.shape[0] for b in on_demand)
+    for a, b in zip(on_demand, in_memory, strict=True):
+        for name in ("tokens", "targets", "weights", "positions", "sample_ids"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    # the cache: the pairs' entry is reused; the same file prepared for SFT is an entry of its own
+    again = prepare_data(path, tok, tpl, EncodeOptions(64), cache=cache, pairs=True)
+    assert again.reused and again.folder == data.folder
+    sft = prepare_data(path, tok, tpl, EncodeOptions(64), cache=cache)
+    assert not sft.reused and sft.folder != data.folder and len(sft) == 4  # one row per sample
+    assert len(list(cache.iterdir())) == 2
+    # samples in memory: a sample that is not a pair is named by its position
+    made = [dataclasses.replace(s, line=0) for s in samples]
+    in_memory_data = prepare_data(made, tok, tpl, EncodeOptions(64), pairs=True)
+    assert len(in_memory_data) == 6
+    assert any("sample 2: not a preference pair" in p.message for _, _, p in in_memory_data.problems())
+
+
+def test_training_and_held_out_pairs_keep_their_own_reference(tmp_path):
+    """DPO's reference log-probabilities are kept per pair: a held-out pair and a training pair never
+    share an entry (each is known by its pair number in the dataset)."""
+    model = Model.load(write_model(tmp_path / "m.gguf", SynthSpec.for_arch("llama", seed=11)))
+    data = _preference_file(tmp_path / "prefs.jsonl", n=12, seed=2)
+    cfg = TrainConfig(targets=TargetSpec(preset="attention"), rank=4, alpha=8, lr=1e-2, steps=3, batch_size=2,
+                      n_ctx=64, val_split=0.25, objective="dpo", seed=1)  # fmt: skip
+    trainer = Trainer(model, data, cfg)
+    assert isinstance(trainer.start(), ev.Started)
+    trainer.evaluate()  # the held-out pairs' references first
+    for _ in range(3):
+        assert isinstance(trainer.train_step(), ev.Step)
+    batches = [*trainer.val_batches, *trainer.batches_for_epoch(0)]
+    ids = [int(i) for b in batches for i in b.pair_ids]
+    assert sorted(ids) == list(range(12))  # every pair once, by its number
+    fresh = PreferenceObjective(model, "dpo")
+    for b in batches:
+        np.testing.assert_allclose(trainer.preference.reference(b), fresh.reference(b), rtol=1e-12)
+
+
+def test_a_dpo_run_resumes_with_its_own_objective_and_asks_before_another(tmp_path, capsys):
+    """`--resume` with no options continues a DPO run as DPO with its beta (the adapter equals the
+    uninterrupted run's); another objective or beta is a change of trajectory, refused unless accepted;
+    ORPO's lambda does not change a DPO run."""
+    from engine.cli.main import main
+    from engine.model.lora import LoraAdapter
+
+    model = write_model(tmp_path / "m.gguf", SynthSpec.for_arch("llama", seed=11))
+    data = _preference_file(tmp_path / "prefs.jsonl", n=8)
+    first = tmp_path / "a.gguf"
+    args = ["train", model, data, "--out", str(first), "--preset", "attention", "--rank", "4", "--steps", "4",
+            "--ctx", "64", "--batch", "2", "--lr", "1e-2", "--objective", "dpo", "--beta", "0.2",
+            "--checkpoint-every", "2"]  # fmt: skip
+    assert main(args) == 0
+    capsys.readouterr()
+    resumed = tmp_path / "b.gguf"
+    ckpt = str(tmp_path / "a.checkpoints" / "ckpt-000002")
+    argv = ["train", model, data, "--out", str(resumed), "--resume", ckpt]
+    assert main(argv) == 0
+    assert "DPO (beta 0.2)" in capsys.readouterr().err
+    m = Model.load(model)
+    a, b = LoraAdapter.load(str(first), m), LoraAdapter.load(str(resumed), m)
+    for name, (A, B) in a.pairs.items():
+        np.testing.assert_array_equal(b.pairs[name][0], A)
+        np.testing.assert_array_equal(b.pairs[name][1], B)
+    assert main([*argv, "--beta", "0.5"]) == 2
+    assert "DPO beta 0.2 -> 0.5" in capsys.readouterr().err
+    assert main([*argv, "--objective", "orpo"]) == 2
+    assert "objective DPO -> ORPO" in capsys.readouterr().err
+    assert main([*argv, "--orpo-lambda", "0.3"]) == 0
+    assert main([*argv, "--objective", "sft", "--accept-changes"]) == 0

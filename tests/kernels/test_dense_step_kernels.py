@@ -1,5 +1,5 @@
 """Parity of the fused dense step's kernels with their NumPy references (engine.kernels.qkv, the
-fused norms of norm.py, the bf16 SwiGLU of swiglu.py, the device-decided AdamW of adamw.py, the head
+fused norms of norm.py, the bf16 SwiGLU of glu.py, the device-decided AdamW of adamw.py, the head
 loss over padded rows), on the emulator and, where there is one, on a GPU; and the finite-difference
 check of the one new forward/backward pair (q/k/v bias + per-head norm + RoPE)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.kernels import adamw, norm, qkv, swiglu
+from engine.kernels import adamw, glu, norm, qkv
 from engine.kernels.cross_entropy import lm_head_loss_on, lm_head_loss_ref
 from engine.kernels.rope import rope_angles
 from tests.gradcheck import assert_grads_close, check_grads
@@ -145,16 +145,16 @@ def test_bf16_swiglu_matches_the_reference(backend, fresh_rng):
     N, F, extra = 9, 24, 5
     gu = bf16_bits(f32(fresh_rng, N, 2 * F + extra, scale=2.0))
     g, u = bf16_values(gu[:, :F]), bf16_values(gu[:, F : 2 * F])
-    h_ref, cache = swiglu.swiglu_forward_ref(g, u)
+    h_ref, cache = glu.glu_forward_ref(g, u)
     dh = f32(fresh_rng, N, F)
-    dg_ref, du_ref = swiglu.swiglu_backward_ref(dh, cache)
+    dg_ref, du_ref = glu.glu_backward_ref(dh, cache)
     put = backend.put
 
     def run(rt):
         h = rt.xp.empty((N, F), rt.xp.uint16)
-        swiglu.swiglu_fwd_bf16_on(rt, put(gu), F, h)
+        glu.glu_fwd_bf16_on(rt, put(gu), F, h)
         dgu = rt.xp.zeros((N, 2 * F + 3), rt.xp.uint16)
-        swiglu.swiglu_bwd_bf16_on(rt, put(dh), put(gu), F, dgu)
+        glu.glu_bwd_bf16_on(rt, put(dh), put(gu), F, dgu)
         return h, dgu
 
     h, dgu = backend.twice(run, "bf16 swiglu")

@@ -13,7 +13,7 @@ from engine import load_jsonl
 from studio.pages.dataset.page import DatasetPage
 from studio.pages.dataset.table import SamplesModel
 from studio.project import Project
-from tests.studio.test_dataset_page import column, write_lines
+from tests.studio.test_dataset_page import column, problem_texts, write_lines
 
 
 @pytest.fixture
@@ -39,7 +39,7 @@ def test_a_preferences_file_opens_edits_and_saves_as_pairs(qtbot, page, tmp_path
     qtbot.waitExposed(page)
     assert page.open_path(path)
     assert column(page, SamplesModel.COL_SHAPE) == ["preference", "preference", "messages"]
-    texts = [page.problems.item(i).text() for i in range(page.problems.count())]
+    texts = problem_texts(page)
     assert any(t.startswith("line 3: ") and 'needs "rejected"' in t for t in texts)
     assert column(page, SamplesModel.COL_WORDS)[0] == "Is the sky blue?"
     # the editor shows the pair as prompt, chosen and rejected

@@ -87,3 +87,25 @@ def test_a_dpo_run_fills_the_preferences_tab_and_counts_pairs(qtbot, engine, tmp
     assert not tabs.isTabVisible(tabs.indexOf(page.preference_plots))
     assert tabs.currentWidget() is not page.preference_plots
     assert page.plots.loss_plot.texts[0] == "Loss (mean cross-entropy)"
+
+
+def test_a_preference_run_trains_in_one_process(qtbot, engine, tmp_path, synth_model):
+    """Processes above 1 with DPO: Start says why it is unavailable, and "Across machines…" refuses
+    (the engine trains a pair's two answers in one process); Processes at 1 allows Start again."""
+    prefs = _pairs(tmp_path / "prefs.jsonl")
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), prefs, objective="dpo", n_ctx=64)
+    checked(qtbot, page)
+    assert page.start_button.isEnabled()
+    page.processes.setValue(2)
+    assert not page.start_button.isEnabled()
+    assert (
+        "DPO trains in one process" in page.reason_label.text()
+        and "set Processes to 1" in page.reason_label.text()
+    )
+    assert not page.start()
+    assert page.show_machines() is None and "trains in one process" in page.banner_text()
+    page.processes.setValue(1)
+    assert page.start_button.isEnabled()
+    page.project.update_config(objective="sft")
+    page.processes.setValue(2)
+    assert "one process" not in page.reason_label.text()

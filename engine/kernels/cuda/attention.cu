@@ -1,5 +1,6 @@
 // Causal grouped-query attention, flash style in fp32: a mask-tile classifier, the forward, the dq and
-// dk/dv backward kernels for head sizes 64, 128, 256. Host side and design: engine/kernels/attention.py.
+// dk/dv backward kernels for head sizes 64, 128, 256, with attention sinks and a value head size of its
+// own. Host side and design: engine/kernels/attention.py.
 
 #define TILE 32
 #define LANES 8
@@ -103,12 +104,15 @@ attn_tile_class(const unsigned char* __restrict__ mask, int T, int S, int nQt, i
         tiles[((i64)b * nQt + qt) * nKt + kt] = allowed == 0 ? 0 : (allowed == present ? 1 : 2);
 }
 
+// HS: the query and key head size; HSV: the value head size (multi-head latent attention's differs), both
+// <= D. sinks: per-head sink logits (gpt-oss), or null: one more logit per row whose value is zero.
 template <int D>
 __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, const float* __restrict__ k,
-                                         const float* __restrict__ v, const unsigned char* __restrict__ mask,
+                                         const float* __restrict__ v, const float* __restrict__ sinks,
+                                         const unsigned char* __restrict__ mask,
                                          const unsigned char* __restrict__ tiles, float* __restrict__ o,
                                          float* __restrict__ lse, int T, int S, int NH, int NKV, int HS,
-                                         i64 qbs, i64 kbs, i64 vbs, float scale) {
+                                         int HSV, i64 qbs, i64 kbs, i64 vbs, float scale) {
     constexpr int NC = Cfg<D>::NC, D4 = Cfg<D>::D4, SUB = Cfg<D>::SUB;
     __shared__ float4 Ks[SUB][D4];
     __shared__ float4 Vs[SUB][D4];
@@ -132,7 +136,7 @@ __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, const floa
             const int n_valid = min(SUB, s_end - s0);
             __syncthreads();
             load_tile<D>(Ks, k + b * kbs + ((i64)s0 * NKV + hk) * HS, (i64)NKV * HS, n_valid, HS);
-            load_tile<D>(Vs, v + b * vbs + ((i64)s0 * NKV + hk) * HS, (i64)NKV * HS, n_valid, HS);
+            load_tile<D>(Vs, v + b * vbs + ((i64)s0 * NKV + hk) * HSV, (i64)NKV * HSV, n_valid, HSV);
             __syncthreads();
             for (int j0 = 0; j0 < n_valid; j0 += 16) {
                 float sc[16];
@@ -163,8 +167,17 @@ __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, const floa
             }
         }
     }
+    if (sinks) {  // the sink's logit joins the row's softmax; its value is zero
+        const float sk = sinks[h], m_new = fmaxf(m, sk), corr = expf(m - m_new);
+        l = l * corr + expf(sk - m_new);
+#pragma unroll
+        for (int i = 0; i < NC; ++i) {
+            acc[i].x *= corr; acc[i].y *= corr; acc[i].z *= corr; acc[i].w *= corr;
+        }
+        m = m_new;
+    }
     if (valid) {
-        store_row<NC>(o + (((i64)b * T + t) * NH + h) * HS, HS, lane, acc, l > 0.0f ? 1.0f / l : 0.0f);
+        store_row<NC>(o + (((i64)b * T + t) * NH + h) * HSV, HSV, lane, acc, l > 0.0f ? 1.0f / l : 0.0f);
         if (lane == 0) lse[((i64)b * NH + h) * T + t] = l > 0.0f ? m + logf(l) : NEG_INF;
     }
 }
@@ -176,7 +189,7 @@ __device__ __forceinline__ void attn_bwd_dq(const float* __restrict__ q, const f
                                             const unsigned char* __restrict__ mask,
                                             const unsigned char* __restrict__ tiles, float* __restrict__ dq,
                                             float* __restrict__ Dbuf, int T, int S, int NH, int NKV, int HS,
-                                            i64 qbs, i64 kbs, i64 vbs, float scale) {
+                                            int HSV, i64 qbs, i64 kbs, i64 vbs, float scale) {
     constexpr int NC = Cfg<D>::NC, D4 = Cfg<D>::D4, SUB = Cfg<D>::SUB;
     __shared__ float4 Ks[SUB][D4];
     __shared__ float4 Vs[SUB][D4];
@@ -187,11 +200,12 @@ __device__ __forceinline__ void attn_bwd_dq(const float* __restrict__ q, const f
     const bool valid = t < T;
     const int tt = valid ? t : 0;
     const int nQt = (T + TILE - 1) / TILE, nKt = (S + TILE - 1) / TILE;
-    const i64 row_off = (((i64)b * T + tt) * NH + h) * HS;  // o, dout, dq are contiguous (B, T, NH, HS)
+    const i64 row_v = (((i64)b * T + tt) * NH + h) * HSV;  // o, dout: contiguous (B, T, NH, HSV)
+    const i64 row_q = (((i64)b * T + tt) * NH + h) * HS;  // dq: contiguous (B, T, NH, HS)
     float4 qr[NC], dor[NC], acc[NC];
     load_row<NC>(q + b * qbs + ((i64)tt * NH + h) * HS, HS, lane, valid, qr);
-    load_row<NC>(dout + row_off, HS, lane, valid, dor);
-    load_row<NC>(o + row_off, HS, lane, valid, acc);
+    load_row<NC>(dout + row_v, HSV, lane, valid, dor);
+    load_row<NC>(o + row_v, HSV, lane, valid, acc);
     const float Dt = dot_reg<NC>(dor, acc);  // sum(dO * O) over the row
 #pragma unroll
     for (int i = 0; i < NC; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -206,7 +220,7 @@ __device__ __forceinline__ void attn_bwd_dq(const float* __restrict__ q, const f
             const int n_valid = min(SUB, s_end - s0);
             __syncthreads();
             load_tile<D>(Ks, k + b * kbs + ((i64)s0 * NKV + hk) * HS, (i64)NKV * HS, n_valid, HS);
-            load_tile<D>(Vs, v + b * vbs + ((i64)s0 * NKV + hk) * HS, (i64)NKV * HS, n_valid, HS);
+            load_tile<D>(Vs, v + b * vbs + ((i64)s0 * NKV + hk) * HSV, (i64)NKV * HSV, n_valid, HSV);
             __syncthreads();
             for (int j = 0; j < n_valid; ++j) {
                 const float sv = dot8<NC>(qr, Ks[j], lane) * scale;
@@ -217,7 +231,7 @@ __device__ __forceinline__ void attn_bwd_dq(const float* __restrict__ q, const f
             }
         }
     }
-    if (valid) store_row<NC>(dq + row_off, HS, lane, acc, scale);
+    if (valid) store_row<NC>(dq + row_q, HS, lane, acc, scale);
 }
 
 template <int D>
@@ -227,7 +241,7 @@ __device__ __forceinline__ void attn_bwd_dkdv(const float* __restrict__ q, const
                                               const unsigned char* __restrict__ mask,
                                               const unsigned char* __restrict__ tiles, float* __restrict__ dk,
                                               float* __restrict__ dv, int T, int S, int NH, int NKV, int HS,
-                                              i64 qbs, i64 kbs, i64 vbs, float scale) {
+                                              int HSV, i64 qbs, i64 kbs, i64 vbs, float scale) {
     constexpr int NC = Cfg<D>::NC, D4 = Cfg<D>::D4, SUB = Cfg<D>::SUB;
     __shared__ float4 Qs[SUB][D4];
     __shared__ float4 Os[SUB][D4];
@@ -242,7 +256,7 @@ __device__ __forceinline__ void attn_bwd_dkdv(const float* __restrict__ q, const
     const int nQt = (T + TILE - 1) / TILE, nKt = (S + TILE - 1) / TILE;
     float4 kr[NC], vr[NC], dkr[NC], dvr[NC];
     load_row<NC>(k + b * kbs + ((i64)ss * NKV + hk) * HS, HS, lane, valid, kr);
-    load_row<NC>(v + b * vbs + ((i64)ss * NKV + hk) * HS, HS, lane, valid, vr);
+    load_row<NC>(v + b * vbs + ((i64)ss * NKV + hk) * HSV, HSV, lane, valid, vr);
 #pragma unroll
     for (int i = 0; i < NC; ++i) {
         dkr[i] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -258,7 +272,7 @@ __device__ __forceinline__ void attn_bwd_dkdv(const float* __restrict__ q, const
                 const int n_valid = min(SUB, t_end - t0);
                 __syncthreads();
                 load_tile<D>(Qs, q + b * qbs + ((i64)t0 * NH + h) * HS, (i64)NH * HS, n_valid, HS);
-                load_tile<D>(Os, dout + (((i64)b * T + t0) * NH + h) * HS, (i64)NH * HS, n_valid, HS);
+                load_tile<D>(Os, dout + (((i64)b * T + t0) * NH + h) * HSV, (i64)NH * HSV, n_valid, HSV);
                 for (int e = threadIdx.x; e < SUB; e += blockDim.x) {
                     const bool in = e < n_valid;
                     Ls[e] = in ? lse[((i64)b * NH + h) * T + t0 + e] : NEG_INF;
@@ -280,7 +294,7 @@ __device__ __forceinline__ void attn_bwd_dkdv(const float* __restrict__ q, const
     }
     if (valid) {
         store_row<NC>(dk + (((i64)b * S + s) * NKV + hk) * HS, HS, lane, dkr, scale);
-        store_row<NC>(dv + (((i64)b * S + s) * NKV + hk) * HS, HS, lane, dvr, 1.0f);
+        store_row<NC>(dv + (((i64)b * S + s) * NKV + hk) * HSV, HSV, lane, dvr, 1.0f);
     }
 }
 
@@ -289,30 +303,30 @@ __device__ __forceinline__ void attn_bwd_dkdv(const float* __restrict__ q, const
 // registers) spills nothing. The 64 and 128 heads keep ptxas's choice (d64 fwd: 64 registers,
 // 20 bytes spilled, 4 blocks per SM; unspilled it needs 96 registers, 2 blocks): to be timed.
 #define ATTN_KERNELS(D, MINB)                                                                           \
-    extern "C" __global__ void __launch_bounds__(256, MINB) attn_fwd_d##D(                                   \
+    extern "C" __global__ void __launch_bounds__(256, MINB) attn_fwd_d##D(                              \
         const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,          \
-        const unsigned char* __restrict__ mask, const unsigned char* __restrict__ tiles,                \
-        float* __restrict__ o, float* __restrict__ lse, int T, int S, int NH, int NKV, int HS, i64 qbs, \
-        i64 kbs, i64 vbs, float scale) {                                                                \
-        attn_fwd<D>(q, k, v, mask, tiles, o, lse, T, S, NH, NKV, HS, qbs, kbs, vbs, scale);             \
+        const float* __restrict__ sinks, const unsigned char* __restrict__ mask,                        \
+        const unsigned char* __restrict__ tiles, float* __restrict__ o, float* __restrict__ lse, int T, \
+        int S, int NH, int NKV, int HS, int HSV, i64 qbs, i64 kbs, i64 vbs, float scale) {              \
+        attn_fwd<D>(q, k, v, sinks, mask, tiles, o, lse, T, S, NH, NKV, HS, HSV, qbs, kbs, vbs, scale); \
     }                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, MINB) attn_bwd_dq_d##D(                                \
+    extern "C" __global__ void __launch_bounds__(256, MINB) attn_bwd_dq_d##D(                           \
         const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,          \
         const float* __restrict__ o, const float* __restrict__ dout, const float* __restrict__ lse,     \
         const unsigned char* __restrict__ mask, const unsigned char* __restrict__ tiles,                \
         float* __restrict__ dq, float* __restrict__ Dbuf, int T, int S, int NH, int NKV, int HS,       \
-        i64 qbs, i64 kbs, i64 vbs, float scale) {                                                       \
-        attn_bwd_dq<D>(q, k, v, o, dout, lse, mask, tiles, dq, Dbuf, T, S, NH, NKV, HS, qbs, kbs, vbs, \
-                       scale);                                                                          \
+        int HSV, i64 qbs, i64 kbs, i64 vbs, float scale) {                                              \
+        attn_bwd_dq<D>(q, k, v, o, dout, lse, mask, tiles, dq, Dbuf, T, S, NH, NKV, HS, HSV, qbs, kbs, \
+                       vbs, scale);                                                                     \
     }                                                                                                   \
-    extern "C" __global__ void __launch_bounds__(256, MINB) attn_bwd_dkdv_d##D(                              \
+    extern "C" __global__ void __launch_bounds__(256, MINB) attn_bwd_dkdv_d##D(                         \
         const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,          \
         const float* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ Dbuf,  \
         const unsigned char* __restrict__ mask, const unsigned char* __restrict__ tiles,                \
-        float* __restrict__ dk, float* __restrict__ dv, int T, int S, int NH, int NKV, int HS, i64 qbs, \
-        i64 kbs, i64 vbs, float scale) {                                                                \
-        attn_bwd_dkdv<D>(q, k, v, dout, lse, Dbuf, mask, tiles, dk, dv, T, S, NH, NKV, HS, qbs, kbs,   \
-                         vbs, scale);                                                                   \
+        float* __restrict__ dk, float* __restrict__ dv, int T, int S, int NH, int NKV, int HS, int HSV, \
+        i64 qbs, i64 kbs, i64 vbs, float scale) {                                                       \
+        attn_bwd_dkdv<D>(q, k, v, dout, lse, Dbuf, mask, tiles, dk, dv, T, S, NH, NKV, HS, HSV, qbs,   \
+                         kbs, vbs, scale);                                                              \
     }
 
 ATTN_KERNELS(64, 0)

@@ -22,13 +22,17 @@ attg_pack(const float* __restrict__ x, unsigned short* __restrict__ y, i64 bs, i
 
 // One block per score row of the chunk: row r is global row g = row0 + r = (b NH + h) T + t; its S
 // scaled scores z (fp32) -> P = softmax over the keys the mask shows (bf16, 0 elsewhere) and
-// lse[g] = max + log(sum); a row that sees no key gets P = 0 and lse = -inf.
+// lse[g] = max + log(sum); a row that sees no key gets P = 0 and lse = -inf. With sinks (per-head
+// logits, or null), head h's softmax has one more logit sinks[h] whose value is zero: it joins the
+// max and the sum (so lse counts it), and takes its share of the probability from the keys.
 extern "C" __global__ void __launch_bounds__(256)
 attg_softmax(const float* __restrict__ z, const unsigned char* __restrict__ mask,
-             unsigned short* __restrict__ p, float* __restrict__ lse, i64 row0, int T, int S, int NH) {
+             const float* __restrict__ sinks, unsigned short* __restrict__ p, float* __restrict__ lse,
+             i64 row0, int T, int S, int NH) {
     __shared__ float scratch[32];
     const i64 r = blockIdx.x, g = row0 + r;
     const i64 t = g % T, b = g / ((i64)T * NH);
+    const int h = (int)((g / T) % NH);
     const float* zr = z + r * S;
     const unsigned char* mr = mask + (b * T + t) * S;
     unsigned short* pr = p + r * S;
@@ -36,11 +40,13 @@ attg_softmax(const float* __restrict__ z, const unsigned char* __restrict__ mask
     for (int s = threadIdx.x; s < S; s += blockDim.x)
         if (mr[s]) mx = fmaxf(mx, zr[s]);
     mx = block_max(mx, scratch);
+    if (sinks) mx = fmaxf(mx, sinks[h]);
     float sum = 0.0f;
     if (mx != -INFINITY)
         for (int s = threadIdx.x; s < S; s += blockDim.x)
             if (mr[s]) sum += expf(zr[s] - mx);
     sum = block_sum(sum, scratch);
+    if (sinks) sum += expf(sinks[h] - mx);
     const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
     for (int s = threadIdx.x; s < S; s += blockDim.x)
         pr[s] = f32_to_bf16_bits(mr[s] ? expf(zr[s] - mx) * inv : 0.0f);
@@ -78,4 +84,22 @@ attg_rowdot(const float* __restrict__ dout, const float* __restrict__ o, float* 
     acc = warp_sum(acc);
     const i64 h = w % NH, bt = w / NH, t = bt % T, b = bt / T;
     if (lane == 0) Drow[(b * NH + h) * T + t] = acc;
+}
+
+// dsinks[h] = -sum over (b, t) of exp(sinks[h] - lse[b, h, t]) D[b, h, t]: the gradient of a sink logit
+// whose value is zero (a row's sink probability times -rowsum(dO * O)). One block per head, a fixed-order
+// sum over its B T rows: deterministic.
+extern "C" __global__ void __launch_bounds__(256)
+attn_sink_grad(const float* __restrict__ sinks, const float* __restrict__ lse, const float* __restrict__ D,
+               int B, int NH, int T, float* __restrict__ dsinks) {
+    __shared__ float scratch[32];
+    const int h = blockIdx.x;
+    const float sk = sinks[h];
+    float acc = 0.0f;
+    for (i64 i = threadIdx.x; i < (i64)B * T; i += blockDim.x) {
+        const i64 b = i / T, t = i % T, row = (b * NH + h) * T + t;
+        acc -= expf(sk - lse[row]) * D[row];
+    }
+    acc = block_sum(acc, scratch);
+    if (threadIdx.x == 0) dsinks[h] = acc;
 }

@@ -1,9 +1,13 @@
 // The output head fused with the loss: ce_stats, ce_finish, ce_grad over vocabulary chunks whose logits
-// cuBLAS computes. Host side and design: engine/kernels/cross_entropy.py.
+// cuBLAS computes, each logit soft-capped first when cap > 0 (Gemma 3); the soft-cap alone
+// (softcap_fwd, softcap_bwd) for inference logits. Host side and design: engine/kernels/cross_entropy.py.
 
 #define NEG_INF __uint_as_float(0xff800000u)
 typedef long long i64;
 #include "common.cuh"
+
+// z' = cap tanh(z / cap), or z when cap is 0
+__device__ __forceinline__ float capped(float z, float cap) { return cap > 0.0f ? cap * tanhf(z / cap) : z; }
 
 // calls f(c, x, xr) for the columns of one row this thread owns (xr: the reference row, or x)
 template <class F>
@@ -38,8 +42,9 @@ struct Online {
 
 extern "C" __global__ void __launch_bounds__(256)
 ce_stats(const float* __restrict__ z, const float* __restrict__ zr, const int* __restrict__ tgt, int width,
-         int lo, int vec, int kl, float* __restrict__ m, float* __restrict__ s, float* __restrict__ zt,
-         float* __restrict__ mr, float* __restrict__ sr, float* __restrict__ ez, float* __restrict__ ezr) {
+         int lo, int vec, int kl, float cap, float* __restrict__ m, float* __restrict__ s,
+         float* __restrict__ zt, float* __restrict__ mr, float* __restrict__ sr, float* __restrict__ ez,
+         float* __restrict__ ezr) {
     __shared__ float scratch[32];
     const i64 i = blockIdx.x;
     const float* row = z + i * width;
@@ -48,6 +53,8 @@ ce_stats(const float* __restrict__ z, const float* __restrict__ zr, const int* _
     a.init();
     b.init();
     for_cols(row, rrow, width, vec, [&](int, float x, float xr) {
+        x = capped(x, cap);
+        xr = capped(xr, cap);
         a.add(x, xr);
         if (kl) b.add(xr, xr);
     });
@@ -74,7 +81,7 @@ ce_stats(const float* __restrict__ z, const float* __restrict__ zr, const int* _
         }
         m[i] = m1;
         const int c = tgt[i] - lo;
-        if (c >= 0 && c < width) zt[i] = row[c];
+        if (c >= 0 && c < width) zt[i] = capped(row[c], cap);
     }
 }
 
@@ -110,11 +117,12 @@ ce_finish(const float* __restrict__ m, const float* __restrict__ s, const float*
     }
 }
 
-// dz = w (p - onehot) (+ kl_coef |w| p (log p - log q - KL)), in place over the chunk's logits
+// dz = w (p - onehot) (+ kl_coef |w| p (log p - log q - KL)), in place over the chunk's logits; with a
+// cap, p and q of the capped logits and dz taken back through the cap: dz (1 - tanh(z / cap)^2)
 extern "C" __global__ void __launch_bounds__(256)
 ce_grad(float* __restrict__ z, const float* __restrict__ zr, const int* __restrict__ tgt,
         const float* __restrict__ wt, const float* __restrict__ lse, const float* __restrict__ lse_r,
-        const float* __restrict__ klv, int width, int lo, int vec, int kl, float kl_coef) {
+        const float* __restrict__ klv, int width, int lo, int vec, int kl, float kl_coef, float cap) {
     const i64 i = blockIdx.x;
     float* row = z + i * width;
     const float* rrow = kl ? zr + i * width : row;
@@ -122,12 +130,19 @@ ce_grad(float* __restrict__ z, const float* __restrict__ zr, const int* __restri
     const float lr = kl ? lse_r[i] : 0.0f, k = kl ? klv[i] : 0.0f, kw = kl_coef * fabsf(w);
     const int tc = tgt[i] - lo;
     auto grad = [&](int c, float x, float xr) {
+        float back = 1.0f;
+        if (cap > 0.0f) {
+            const float t = tanhf(x / cap);
+            x = cap * t;
+            xr = capped(xr, cap);
+            back = 1.0f - t * t;
+        }
         const float logp = x - l;
         const float p = expf(logp);
         float d = p * w;
         if (c == tc) d -= w;
         if (kl) d += kw * p * ((logp - (xr - lr)) - k);
-        return d;
+        return d * back;
     };
     int c0 = 0;
     if (vec) {
@@ -140,4 +155,21 @@ ce_grad(float* __restrict__ z, const float* __restrict__ zr, const int* __restri
         c0 = 4 * w4;
     }
     for (int c = c0 + threadIdx.x; c < width; c += blockDim.x) row[c] = grad(c, row[c], rrow[c]);
+}
+
+// y = cap tanh(z / cap), elementwise (grid-stride)
+extern "C" __global__ void __launch_bounds__(256)
+softcap_fwd(const float* __restrict__ z, float* __restrict__ y, i64 n, float cap) {
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) y[i] = cap * tanhf(z[i] / cap);
+}
+
+// forward was: y = cap tanh(z / cap); dz = dy (1 - tanh(z / cap)^2), tanh recomputed from z
+extern "C" __global__ void __launch_bounds__(256)
+softcap_bwd(const float* __restrict__ dy, const float* __restrict__ z, float* __restrict__ dz, i64 n, float cap) {
+    const i64 stride = (i64)gridDim.x * blockDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float t = tanhf(z[i] / cap);
+        dz[i] = dy[i] * (1.0f - t * t);
+    }
 }

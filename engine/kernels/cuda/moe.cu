@@ -3,6 +3,7 @@
 // rules: engine/kernels/moe.py.
 
 #include <cuda_bf16.h>
+#include "glu.cuh"
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -48,100 +49,88 @@ __device__ __forceinline__ float block_max(float v, float* s) {
     return total;
 }
 
-// inclusive prefix sum of s[0..NT) in place (Hillis-Steele); s[tid] is written and synced before
-template <int NT>
-__device__ __forceinline__ void block_scan(int* s) {
-    const int tid = threadIdx.x;
-    for (int d = 1; d < NT; d <<= 1) {
-        const int v = tid >= d ? s[tid - d] : 0;
-        __syncthreads();
-        s[tid] += v;
-        __syncthreads();
-    }
-}
-
-struct TileRows {
-    int e;     // expert
-    int p0;    // first sorted pair row of the tile
-    int rows;  // rows in the tile (<= bm)
-};
-
-// Row tile t of the grouped launch: expert e's tiles are numbered after those of experts < e, each
-// expert having ceil(n_e / bm) of them. Every thread gets the same answer; false past the last tile.
-// Cost per block: E + 1 offsets read and a scan of NT values, small beside a tile's matmul.
-template <int NT>
-__device__ __forceinline__ bool find_tile(const int* __restrict__ offsets, int E, int bm, int t, int* s_scan,
-                                          int* s_found, TileRows& tr) {
-    const int tid = threadIdx.x;
-    const int per = (E + NT - 1) / NT;
-    const int e_lo = min(tid * per, E), e_hi = min(e_lo + per, E);
-    int mine = 0;
-    for (int i = e_lo; i < e_hi; ++i) mine += (offsets[i + 1] - offsets[i] + bm - 1) / bm;
-    s_scan[tid] = mine;
-    if (tid == 0) s_found[0] = -1;
-    __syncthreads();
-    block_scan<NT>(s_scan);
-    int before = s_scan[tid] - mine;
-    if (t >= before && t < before + mine) {
-        for (int i = e_lo; i < e_hi; ++i) {
-            const int lo = offsets[i], n = offsets[i + 1] - lo, nt = (n + bm - 1) / bm;
-            if (t < before + nt) {
-                const int p0 = lo + (t - before) * bm;
-                s_found[0] = i;
-                s_found[1] = p0;
-                s_found[2] = min(bm, lo + n - p0);
-                break;
-            }
-            before += nt;
-        }
-    }
-    __syncthreads();
-    tr.e = s_found[0];
-    tr.p0 = s_found[1];
-    tr.rows = s_found[2];
-    return tr.e >= 0;
-}
+#include "moe_tiles.cuh"
 
 // ---- routing --------------------------------------------------------------------------------------
 
-// moe_route_topk: softmax over E, top-k best first (ties: lower expert id first), optional
-// renormalisation. Launch: one block of ROUTE_THREADS per token (grid N): E <= MAX_E probabilities sit
-// in shared memory, K rounds of a block argmax pick the experts. Floor: N*E*4 bytes read, N*E*4 +
-// N*K*8 + N*4 written, ~N*E*(K+3) comparisons and exps: memory- and latency-bound, microseconds.
-// Sigmoid gating (DeepSeek-V3 style) would plug in where s_p is filled: s_p[e] = 1 / (1 + expf(-z[e]))
-// for the weights, a separate selection score (s_p[e] + bias[e]) for the argmax rounds; the sort,
-// the experts and the backward (dlogits = dp * p * (1 - p) there) take it from that point unchanged.
+// moe_route_topk: the gating function over E (gating 0: softmax, 1: sigmoid, 2: the logits as they are,
+// softmax_selected), the selection score p + bias (bias null: p), group limits (n_group > 1: only the
+// experts of the group_used groups whose two best selection scores sum highest; ties: the lower group
+// first), top-k by selection score best first (ties: lower expert id first), the chosen p as weights
+// (a softmax over them for gating 2), kept as w_sel; renormalisation by their sum clamped below at
+// MIN_WEIGHT_SUM (wsum), then the scale. Launch: one block of ROUTE_THREADS per token (grid N): E <=
+// MAX_E probabilities and selection scores sit in shared memory, K rounds of a block argmax pick the
+// experts. Floor: N*E*4 bytes read, N*E*4 + N*K*12 + N*4 written, ~N*E*(K+3) comparisons and exps:
+// memory- and latency-bound, microseconds.
+#define MIN_WEIGHT_SUM 6.103515625e-5f
 extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
-moe_route_topk(const float* __restrict__ logits, int E, int K, int renorm, float* __restrict__ probs,
-               int* __restrict__ topk, float* __restrict__ weights, float* __restrict__ wsum) {
+moe_route_topk(const float* __restrict__ logits, int E, int K, int renorm, int gating,
+               const float* __restrict__ bias, int n_group, int group_used, float scale,
+               float* __restrict__ probs, int* __restrict__ topk, float* __restrict__ weights,
+               float* __restrict__ w_sel, float* __restrict__ wsum) {
     __shared__ float s_p[MAX_E];
+    __shared__ float s_sel[MAX_E];
     __shared__ float s_v[ROUTE_THREADS];
     __shared__ int s_i[ROUTE_THREADS];
+    __shared__ int s_keep[ROUTE_THREADS];
     const int tid = threadIdx.x;
     const i64 n = blockIdx.x;
     const float* z = logits + n * E;
-    float m = -__int_as_float(0x7f800000);  // -inf
-    for (int e = tid; e < E; e += ROUTE_THREADS) m = fmaxf(m, z[e]);
-    m = block_max<ROUTE_THREADS>(m, s_v);
-    float part = 0.0f;
-    for (int e = tid; e < E; e += ROUTE_THREADS) {
-        const float ex = expf(z[e] - m);  // as the reference: exp(z - max), then / sum
-        s_p[e] = ex;
-        part += ex;
+    if (gating == 0) {
+        float m = -__int_as_float(0x7f800000);  // -inf
+        for (int e = tid; e < E; e += ROUTE_THREADS) m = fmaxf(m, z[e]);
+        m = block_max<ROUTE_THREADS>(m, s_v);
+        float part = 0.0f;
+        for (int e = tid; e < E; e += ROUTE_THREADS) {
+            const float ex = expf(z[e] - m);  // as the reference: exp(z - max), then / sum
+            s_p[e] = ex;
+            part += ex;
+        }
+        const float total = block_sum<ROUTE_THREADS>(part, s_v);
+        for (int e = tid; e < E; e += ROUTE_THREADS) s_p[e] = s_p[e] / total;
+    } else {
+        for (int e = tid; e < E; e += ROUTE_THREADS) s_p[e] = gating == 1 ? 1.0f / (1.0f + expf(-z[e])) : z[e];
     }
-    const float total = block_sum<ROUTE_THREADS>(part, s_v);
     for (int e = tid; e < E; e += ROUTE_THREADS) {
-        const float p = s_p[e] / total;
-        s_p[e] = p;
-        probs[n * E + e] = p;
+        probs[n * E + e] = s_p[e];
+        s_sel[e] = bias ? s_p[e] + bias[e] : s_p[e];
     }
     __syncthreads();
+    if (n_group > 1) {  // score each group by its two best selection scores; keep the group_used best
+        const int per = E / n_group;
+        if (tid < n_group) {
+            float t1 = -__int_as_float(0x7f800000), t2 = t1;
+            for (int e = tid * per; e < (tid + 1) * per; ++e) {
+                const float v = s_sel[e];
+                if (v > t1) {
+                    t2 = t1;
+                    t1 = v;
+                } else if (v > t2) {
+                    t2 = v;
+                }
+            }
+            s_v[tid] = per >= 2 ? t2 + t1 : t1;
+            s_keep[tid] = 0;
+        }
+        __syncthreads();
+        if (tid == 0)
+            for (int r = 0; r < group_used; ++r) {
+                int best = -1;
+                for (int gi = 0; gi < n_group; ++gi)  // strict >: the lower group wins a tie
+                    if (!s_keep[gi] && (best < 0 || s_v[gi] > s_v[best])) best = gi;
+                s_keep[best] = 1;
+            }
+        __syncthreads();
+        for (int e = tid; e < E; e += ROUTE_THREADS)
+            if (!s_keep[e / per]) s_sel[e] = -__int_as_float(0x7f800000);
+        __syncthreads();
+    }
     for (int k = 0; k < K; ++k) {
-        float bv = -2.0f;  // below every probability and below the taken mark (-1)
+        float bv = -__int_as_float(0x7f800000);  // a taken or excluded expert holds -inf: never chosen
         int bi = E;
         for (int e = tid; e < E; e += ROUTE_THREADS)  // ascending e, strict >: the lowest id wins a tie
-            if (s_p[e] > bv) {
-                bv = s_p[e];
+            if (s_sel[e] > bv) {
+                bv = s_sel[e];
                 bi = e;
             }
         s_v[tid] = bv;
@@ -159,19 +148,33 @@ moe_route_topk(const float* __restrict__ logits, int E, int K, int renorm, float
             __syncthreads();
         }
         if (tid == 0) {
-            const int i = s_i[0];
+            const int i = min(s_i[0], E - 1);  // E only for NaN scores: kept in bounds
             topk[n * K + k] = i;
             weights[n * K + k] = s_p[i];
-            s_p[i] = -1.0f;  // taken
+            s_sel[i] = -__int_as_float(0x7f800000);  // taken
         }
         __syncthreads();
     }
     if (tid == 0) {
+        float* w = weights + n * K;
+        if (gating == 2) {  // softmax over the chosen logits
+            float m = w[0];
+            for (int k = 1; k < K; ++k) m = fmaxf(m, w[k]);
+            float s = 0.0f;
+            for (int k = 0; k < K; ++k) {
+                w[k] = expf(w[k] - m);
+                s += w[k];
+            }
+            for (int k = 0; k < K; ++k) w[k] = w[k] / s;
+        }
         float s = 0.0f;
-        for (int k = 0; k < K; ++k) s += weights[n * K + k];
-        wsum[n] = s;
-        if (renorm)
-            for (int k = 0; k < K; ++k) weights[n * K + k] = weights[n * K + k] / s;
+        for (int k = 0; k < K; ++k) {
+            w_sel[n * K + k] = w[k];
+            s += w[k];
+        }
+        const float ws = fmaxf(s, MIN_WEIGHT_SUM);
+        wsum[n] = ws;
+        for (int k = 0; k < K; ++k) w[k] = (renorm ? w[k] / ws : w[k]) * scale;
     }
 }
 
@@ -210,14 +213,17 @@ moe_route_sort(const int* __restrict__ topk, int P, int E, int* __restrict__ ord
     }
 }
 
-// moe_route_backward: forward was p = softmax(z); w = p[topk] (/ sum p[topk] when renormalised).
-// dsel = (dw - sum(dw * w)) / wsum (renormalised) or dw; dp = dsel scattered to the chosen experts;
-// dz = p * (dp - sum(dp * p)). Launch: one block per token (grid N), dp in shared memory.
-// Floor: N*E*4 read (probs) + N*E*4 written.
+// moe_route_backward: forward was w = scale * renorm(g(p[topk])), p = gate(logits) (moe_route_topk).
+// dw = dweights * scale; renormalised: dw = (dw - sum(dw * w_sel / wsum)) / wsum, the sum dropped where
+// the forward clamped it (recomputed from w_sel: the same float sum); then by gating: softmax:
+// dz = p (dp - sum(dp p)) with dp = dw at the chosen experts; sigmoid: dz = dw p (1 - p) at the chosen;
+// softmax over the chosen: dz = w_sel (dw - sum(dw w_sel)) at the chosen. Launch: one block per token
+// (grid N), dp in shared memory. Floor: N*E*4 read (probs) + N*E*4 written.
 extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
 moe_route_backward(const float* __restrict__ dweights, const float* __restrict__ probs,
-                   const int* __restrict__ topk, const float* __restrict__ weights,
-                   const float* __restrict__ wsum, int E, int K, int renorm, float* __restrict__ dlogits) {
+                   const int* __restrict__ topk, const float* __restrict__ w_sel,
+                   const float* __restrict__ wsum, int E, int K, int renorm, int gating, float scale,
+                   float* __restrict__ dlogits) {
     __shared__ float s_dp[MAX_E];
     __shared__ float s_dot;
     const int tid = threadIdx.x;
@@ -225,25 +231,33 @@ moe_route_backward(const float* __restrict__ dweights, const float* __restrict__
     for (int e = tid; e < E; e += ROUTE_THREADS) s_dp[e] = 0.0f;
     __syncthreads();
     if (tid == 0) {
-        const float* dw = dweights + n * K;
-        const float* w = weights + n * K;
+        const float* dwt = dweights + n * K;
+        const float* ws = w_sel + n * K;
         const int* tk = topk + n * K;
-        float c = 0.0f;
-        if (renorm)
-            for (int k = 0; k < K; ++k) c += dw[k] * w[k];
+        float c = 0.0f, raw = 0.0f;
+        if (renorm) {
+            for (int k = 0; k < K; ++k) raw += ws[k];
+            if (!(raw < MIN_WEIGHT_SUM))
+                for (int k = 0; k < K; ++k) c += dwt[k] * scale * (ws[k] / wsum[n]);
+        }
         float dot = 0.0f;
         for (int k = 0; k < K; ++k) {
-            const float ds = renorm ? (dw[k] - c) / wsum[n] : dw[k];
-            s_dp[tk[k]] = ds;
-            dot += ds * probs[n * E + tk[k]];
+            const float dw = renorm ? (dwt[k] * scale - c) / wsum[n] : dwt[k] * scale;
+            dot += gating == 0 ? dw * probs[n * E + tk[k]] : dw * ws[k];
+            s_dp[tk[k]] = dw;
         }
+        if (gating == 1)
+            for (int k = 0; k < K; ++k) {
+                const float p = probs[n * E + tk[k]];
+                s_dp[tk[k]] = s_dp[tk[k]] * p * (1.0f - p);
+            }
+        if (gating == 2)
+            for (int k = 0; k < K; ++k) s_dp[tk[k]] = ws[k] * (s_dp[tk[k]] - dot);
         s_dot = dot;
     }
     __syncthreads();
-    for (int e = tid; e < E; e += ROUTE_THREADS) {
-        const float p = probs[n * E + e];
-        dlogits[n * E + e] = p * (s_dp[e] - s_dot);
-    }
+    for (int e = tid; e < E; e += ROUTE_THREADS)
+        dlogits[n * E + e] = gating == 0 ? probs[n * E + e] * (s_dp[e] - s_dot) : s_dp[e];
 }
 
 // ---- per-token kernels ----------------------------------------------------------------------------
@@ -503,21 +517,6 @@ template <> struct Chunk8<float> {
 
 __device__ __forceinline__ u32 ld_u32(const u16* p) { return *(const u32*)p; }
 
-// D += A B for one m16n8k16 tile: A 16 x 16 bf16 (4 regs), B 16 x 8 bf16 (2 regs), D 16 x 8 fp32, in the
-// PTX ISA's fragment layout (lane = 4 * groupID + threadID_in_group). The CPU emulation supplies
-// emu_mma_bf16_16816 with the same layout, exchanging the warp's fragments.
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-#ifdef __CUDA_ARCH__
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    emu_mma_bf16_16816(d, a, b);
-#endif
-}
-
 // The k loop. Op gives a8(m, k): 8 float32 activations of tile row m at reduction index k..k+7 (zeros
 // outside), and w8(n, k): 8 weights, W[col n][k..k+7] when NT (y = a W^T) or W[k][col n..n+7] when not
 // (y = a W). On return the 64 x 128 fp32 tile is in Cs = (float*)smem, row stride LDC, synced.
@@ -761,7 +760,8 @@ template <class WT> struct OpDx {
     __shared__ int s_pair[BM];                         \
     TileRows tr;
 
-// moe_gate_up: g = x W_gate[e]^T + s_g (x A_g^T) B_g[e]^T, u likewise, h = silu(g) * u, for the rows of
+// moe_gate_up: g = x W_gate[e]^T + s_g (x A_g^T) B_g[e]^T (+ bias_g[e]), u likewise, h = act(g, u)
+// (glu.cuh: SwiGLU, or gpt-oss's clamped SwiGLU), for the rows of
 // every expert at once (x gathered through order / K). Launch: grid (ceil(F / 64), row-tile bound), GT
 // threads; tile = 64 rows x (64 gate + 64 up columns), so the SwiGLU is fused. Writes g, u, h (P, F)
 // in sorted order. Floor (P pairs): 2*P*C*2F FLOPs; bytes: E*2F*C weights (2 bytes bf16) + P*C*4
@@ -773,7 +773,8 @@ __device__ __forceinline__ void gate_up_body(const float* __restrict__ x, const 
                                              const float* __restrict__ xa_g, const float* __restrict__ bg,
                                              float s_g, int r_g, const float* __restrict__ xa_u,
                                              const float* __restrict__ bu, float s_u, int r_u,
-                                             float* __restrict__ g, float* __restrict__ u,
+                                             const float* __restrict__ bias_g, const float* __restrict__ bias_u,
+                                             int act, float* __restrict__ g, float* __restrict__ u,
                                              float* __restrict__ h) {
     GEMM_SHARED
     if (!find_tile<GT>(offsets, E, BM, blockIdx.y, s_scan, s_found, tr)) return;
@@ -790,14 +791,15 @@ __device__ __forceinline__ void gate_up_body(const float* __restrict__ x, const 
         float gv = Cs[m * LDC + n], uv = Cs[m * LDC + BN / 2 + n];
         if (xa_g) gv += s_g * dot_r(xa_g + p * r_g, bg + ((i64)tr.e * F + f) * r_g, r_g);
         if (xa_u) uv += s_u * dot_r(xa_u + p * r_u, bu + ((i64)tr.e * F + f) * r_u, r_u);
-        const float sg = gv / (1.0f + expf(-gv));  // silu, as the reference writes it
+        if (bias_g) gv += bias_g[(i64)tr.e * F + f];
+        if (bias_u) uv += bias_u[(i64)tr.e * F + f];
         g[p * F + f] = gv;
         u[p * F + f] = uv;
-        h[p * F + f] = sg * uv;
+        h[p * F + f] = glu_f(act, gv, uv, nullptr);  // the gated activation, as the reference's
     }
 }
 
-// moe_down: y = h W_down[e]^T + s_d (h A_d^T) B_d[e]^T, scattered to pair_out[order[p]] (pair order, as
+// moe_down: y = h W_down[e]^T + s_d (h A_d^T) B_d[e]^T (+ bias_d[e]), scattered to pair_out[order[p]] (pair order, as
 // the reference keeps it). Launch: grid (ceil(C / 128), row-tile bound), GT threads. Floor: 2*P*F*C
 // FLOPs; E*C*F weights + P*F*4 read, P*C*4 written.
 template <class WT>
@@ -805,7 +807,7 @@ __device__ __forceinline__ void down_body(const float* __restrict__ h, const int
                                           const int* __restrict__ offsets, int E, int C, int F,
                                           const WT* __restrict__ wd, const float* __restrict__ ha_d,
                                           const float* __restrict__ bd, float s_d, int r_d,
-                                          float* __restrict__ pair_out) {
+                                          const float* __restrict__ bias_d, float* __restrict__ pair_out) {
     GEMM_SHARED
     if (!find_tile<GT>(offsets, E, BM, blockIdx.y, s_scan, s_found, tr)) return;
     tile_rows(tr, order, 1, C, nullptr, s_base, s_scale, s_pair);
@@ -818,12 +820,13 @@ __device__ __forceinline__ void down_body(const float* __restrict__ h, const int
         if (m >= tr.rows || c >= C) continue;
         float v = Cs[m * LDC + n];
         if (ha_d) v += s_d * dot_r(ha_d + (i64)(tr.p0 + m) * r_d, bd + ((i64)tr.e * C + c) * r_d, r_d);
+        if (bias_d) v += bias_d[(i64)tr.e * C + c];
         pair_out[(i64)s_pair[m] * C + c] = v;
     }
 }
 
-// moe_down_back: dh = (dy w) W_down[e] + s_d ((dy w) B_d) A_d[e], then the SwiGLU backward with the
-// cached g, u: dg = dh u sig (1 + g (1 - sig)), du = dh silu(g). Writes dg, du (P, F) sorted.
+// moe_down_back: dh = (dy w) W_down[e] + s_d ((dy w) B_d) A_d[e], then the activation's backward with
+// the cached g, u (glu.cuh's glu_back_f; SwiGLU: dg = dh u sig (1 + g (1 - sig)), du = dh silu(g)). Writes dg, du (P, F) sorted.
 // Launch: grid (ceil(F / 128), row-tile bound), GT threads. Floor: 2*P*C*F FLOPs; E*C*F weights +
 // P*C*4 (dy gathered) + 2*P*F*4 read, 2*P*F*4 written.
 template <class WT>
@@ -832,7 +835,7 @@ __device__ __forceinline__ void down_back_body(const float* __restrict__ dy, con
                                                int K, int E, int C, int F, const WT* __restrict__ wd,
                                                const float* __restrict__ dob, const float* __restrict__ ad,
                                                float s_d, int r_d, const float* __restrict__ g,
-                                               const float* __restrict__ u, float* __restrict__ dg,
+                                               const float* __restrict__ u, int act, float* __restrict__ dg,
                                                float* __restrict__ du) {
     GEMM_SHARED
     if (!find_tile<GT>(offsets, E, BM, blockIdx.y, s_scan, s_found, tr)) return;
@@ -847,11 +850,9 @@ __device__ __forceinline__ void down_back_body(const float* __restrict__ dy, con
         const i64 p = tr.p0 + m;
         float dh = Cs[m * LDC + n];
         if (dob) dh += s_d * dot_rs(dob + p * r_d, ad + (i64)tr.e * r_d * F + f, F, r_d);
-        const float gv = g[p * F + f], uv = u[p * F + f];
-        const float sig = 1.0f / (1.0f + expf(-gv));
-        const float sg = gv / (1.0f + expf(-gv));
-        dg[p * F + f] = dh * uv * (sig * (1.0f + gv * (1.0f - sig)));
-        du[p * F + f] = dh * sg;
+        const float2 d = glu_back_f(act, dh, g[p * F + f], u[p * F + f], nullptr);
+        dg[p * F + f] = d.x;
+        du[p * F + f] = d.y;
     }
 }
 
@@ -892,23 +893,25 @@ __device__ __forceinline__ void dx_body(const float* __restrict__ dg, const floa
         int E, int C, int F, const WT* __restrict__ wg, const WT* __restrict__ wu,                         \
         const float* __restrict__ xa_g, const float* __restrict__ bg, float s_g, int r_g,                  \
         const float* __restrict__ xa_u, const float* __restrict__ bu, float s_u, int r_u,                  \
+        const float* __restrict__ bias_g, const float* __restrict__ bias_u, int act,                       \
         float* __restrict__ g, float* __restrict__ u, float* __restrict__ h) {                             \
-        gate_up_body<WT>(x, order, offsets, K, E, C, F, wg, wu, xa_g, bg, s_g, r_g, xa_u, bu, s_u, r_u, g, \
-                         u, h);                                                                             \
+        gate_up_body<WT>(x, order, offsets, K, E, C, F, wg, wu, xa_g, bg, s_g, r_g, xa_u, bu, s_u, r_u,    \
+                         bias_g, bias_u, act, g, u, h);                                                    \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(GT) moe_down_##SUFFIX(                                    \
         const float* __restrict__ h, const int* __restrict__ order, const int* __restrict__ offsets, int E, \
         int C, int F, const WT* __restrict__ wd, const float* __restrict__ ha_d,                           \
-        const float* __restrict__ bd, float s_d, int r_d, float* __restrict__ pair_out) {                  \
-        down_body<WT>(h, order, offsets, E, C, F, wd, ha_d, bd, s_d, r_d, pair_out);                      \
+        const float* __restrict__ bd, float s_d, int r_d, const float* __restrict__ bias_d,                \
+        float* __restrict__ pair_out) {                                                                     \
+        down_body<WT>(h, order, offsets, E, C, F, wd, ha_d, bd, s_d, r_d, bias_d, pair_out);              \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(GT) moe_down_back_##SUFFIX(                               \
         const float* __restrict__ dy, const float* __restrict__ rw, const int* __restrict__ order,         \
         const int* __restrict__ offsets, int K, int E, int C, int F, const WT* __restrict__ wd,            \
         const float* __restrict__ dob, const float* __restrict__ ad, float s_d, int r_d,                   \
-        const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ dg,                  \
+        const float* __restrict__ g, const float* __restrict__ u, int act, float* __restrict__ dg,         \
         float* __restrict__ du) {                                                                           \
-        down_back_body<WT>(dy, rw, order, offsets, K, E, C, F, wd, dob, ad, s_d, r_d, g, u, dg, du);      \
+        down_back_body<WT>(dy, rw, order, offsets, K, E, C, F, wd, dob, ad, s_d, r_d, g, u, act, dg, du); \
     }                                                                                                       \
     extern "C" __global__ void __launch_bounds__(GT) moe_dx_##SUFFIX(                                      \
         const float* __restrict__ dg, const float* __restrict__ du, const int* __restrict__ order,         \
