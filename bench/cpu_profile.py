@@ -7,6 +7,7 @@ the OpenBLAS variables in force, NumPy's float32 GEMM rate, numba's presence and
     python bench/cpu_profile.py                         # all three workloads, 2 warm-up + 4 timed steps
     python bench/cpu_profile.py --workloads full --steps 20
     python bench/cpu_profile.py --no-jit                # the NumPy reference path (TUNE_NO_JIT=1)
+    python bench/cpu_profile.py --model big.gguf --budget off --warmup 0 --steps 1
 
 "gemm" rows are the products inside the linear maps, experts and head (the BLAS calls with the
 bias and LoRA adds around them); the other rows are what the issue calls "time outside the GEMMs".
@@ -131,7 +132,26 @@ def install(t: Timers) -> None:
     layers.add_grad = t.wrap("add_grad", layers.add_grad)
 
 
-def profile(workload: str, steps: int, warmup: int) -> None:
+MOE_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
+
+def io_counters() -> tuple[int, float]:
+    """(bytes this process read from storage, CPU seconds it used) so far."""
+    read = 0
+    try:
+        with open("/proc/self/io", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    read = int(line.split()[1])
+    except OSError:
+        pass
+    t = os.times()
+    return read, t.user + t.system
+
+
+def profile(
+    workload: str, steps: int, warmup: int, model_file: str | None = None, budget: str = "auto"
+) -> None:
     import numpy as np
 
     from bench import vs_peers
@@ -143,11 +163,17 @@ def profile(workload: str, steps: int, warmup: int) -> None:
     from engine.train.threads import adjust_blas_threads
     from engine.train.train_model import Trainable, loss_and_grads
 
-    w = vs_peers.WORKLOADS[workload]
-    path = vs_peers.model_path(w["spec"])
-    if not os.path.exists(path):
-        write_model(path, w["spec"])
-    model = Model.load(path)
+    if model_file:  # a GGUF file: LoRA on attention and the routed experts (or every linear of a dense one)
+        w = dict(
+            mode="lora", targets=MOE_TARGETS, what=f"{os.path.basename(model_file)}, cache budget {budget}"
+        )
+        path = model_file
+    else:
+        w = vs_peers.WORKLOADS[workload]
+        path = vs_peers.model_path(w["spec"])
+        if not os.path.exists(path):
+            write_model(path, w["spec"])
+    model = Model.load(path, cache_budget=budget)
     cfg = model.config
     if w["mode"] == "lora":
         names = select_targets(model.tensors, TargetSpec(preset="none", patterns=w["targets"]), cfg.L)
@@ -159,9 +185,11 @@ def profile(workload: str, steps: int, warmup: int) -> None:
     t = Timers()
     install(t)
     times = []
+    read0 = cpu0 = 0.0
     for i in range(warmup + steps):
         if i == warmup:
             t.reset()
+            read0, cpu0 = io_counters()
         adjust_blas_threads()
         keep_step_buffers()
         t0 = time.perf_counter()
@@ -169,10 +197,12 @@ def profile(workload: str, steps: int, warmup: int) -> None:
         opt.step(res.grads)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+    read1, cpu1 = io_counters()
     step = float(np.median(times))
     mean = float(np.mean(times))
     print(f"\n-- {w['what']}: step {step * 1e3:.1f} ms median ({' '.join(f'{x * 1e3:.0f}' for x in times)}),"
-          f" {vs_peers.T / step:.1f} tok/s; load {os.getloadavg()[0]:.2f}")  # fmt: skip
+          f" {vs_peers.T / step:.1f} tok/s; load {os.getloadavg()[0]:.2f}; per step: read from storage "
+          f"{(read1 - read0) / steps / 2**30:.2f} GiB, CPU {(cpu1 - cpu0) / steps:.2f} s")  # fmt: skip
     print(f"{'':2}{'op':<22} {'calls':>6} {'self ms':>9} {'% step':>7} {'total ms':>9}")
     rows = sorted(t.self_.items(), key=lambda kv: -kv[1])
     gemm = other = 0.0
@@ -198,6 +228,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--no-jit", action="store_true", help="the NumPy reference path (TUNE_NO_JIT=1)")
+    ap.add_argument("--model", help="a GGUF file instead of the workloads (LoRA on attention + experts)")
+    ap.add_argument("--budget", default="auto", help="the weight cache budget with --model (auto, off, 4G)")
     a = ap.parse_args()
     if a.no_jit:
         os.environ["TUNE_NO_JIT"] = "1"
@@ -206,6 +238,9 @@ def main() -> None:
     os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", SPIN_LOG2)  # as the engine asks (NumPy not loaded yet)
     for line in machine_lines():
         print(line)
+    if a.model:
+        profile("", a.steps, a.warmup, a.model, a.budget)
+        return
     for name in a.workloads.split(","):
         profile(name, a.steps, a.warmup)
 

@@ -5,8 +5,9 @@ pass over the rows (engine.kernels.jit) instead of NumPy's five or six: the forw
 dot product, then dx) and sums dw in float64 on the way. Sums are float64 (NumPy's are float32,
 pairwise): within float32 rounding of the reference.
 
-float32 C-contiguous inputs only; anything else (float64 in the gradient checks, strided views) and
-every call while compiled kernels are off (engine.kernels.jit) runs the reference. The parity test is
+float32 inputs (x of any strides, the rest C-contiguous) only; anything else (float64 in the
+gradient checks) and every call while compiled kernels are off (engine.kernels.jit) runs the
+reference. The parity test is
 tests/kernels/test_cpu_twins.py.
 """
 
@@ -57,12 +58,13 @@ def _backward(dy, xn, rstd, w, dx, dw):  # dy, xn, dx (n, C); rstd (n,); w (C,) 
 
 def rmsnorm_forward_cpu(x: np.ndarray, w: np.ndarray | None, eps: float):
     """CPU twin of `rmsnorm_forward_ref` (same arguments and results)."""
-    if not (jit.f32_rows(x, w) and x.ndim >= 1 and jit.enabled()):
+    f32 = type(x) is np.ndarray and x.dtype == np.float32 and x.ndim >= 1
+    if not (f32 and jit.f32_rows(w) and jit.enabled()):
         return rmsnorm_forward_ref(x, w, eps)
     C = x.shape[-1]
-    x2 = x.reshape(-1, C)
-    y = np.empty_like(x)
-    xn = np.empty_like(x)
+    x2 = x.reshape(-1, C)  # a view where NumPy can make one (x may be a column block), else a copy
+    y = np.empty(x.shape, np.float32)
+    xn = np.empty(x.shape, np.float32)
     rstd = np.empty((*x.shape[:-1], 1), np.float32)
     _forward(x2, _NO_W if w is None else w, float(eps), y.reshape(-1, C), xn.reshape(-1, C), rstd.reshape(-1))
     return y, NormCache(xn, rstd)

@@ -4,7 +4,8 @@ rotated heads (the reference copies x, then reads it again through strided views
 per product). The same float32 products and sums in the same order as the reference: equal to it
 bit for bit.
 
-float32 C-contiguous x (B, T, H, HS) and cos/sin (B, T, n_rot/2) only; anything else, and every call
+float32 x (B, T, H, HS) of any strides (q, k: column blocks of the q/k/v group's product) and
+C-contiguous cos/sin (B, T, n_rot/2) only; anything else, and every call
 while compiled kernels are off (engine.kernels.jit), runs the reference. The parity test is
 tests/kernels/test_cpu_twins.py.
 """
@@ -42,7 +43,9 @@ def _rotate(x, cos, sin, neox, sign, y):  # x, y (B, T, H, HS); cos, sin (B, T, 
 def _fits(x, cos, sin, style) -> bool:
     return (
         style in STYLES
-        and jit.f32_rows(x, cos, sin)
+        and jit.f32_rows(cos, sin)
+        and type(x) is np.ndarray
+        and x.dtype == np.float32
         and x.ndim == 4
         and cos.shape == sin.shape == (*x.shape[:2], cos.shape[-1])
         and 2 * cos.shape[-1] <= x.shape[3]
@@ -54,7 +57,7 @@ def rope_forward_cpu(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str
     """CPU twin of `rope_forward_ref` (same arguments and results)."""
     if not _fits(x, cos, sin, style):
         return rope_forward_ref(x, cos, sin, style)
-    y = np.empty_like(x)
+    y = np.empty(x.shape, np.float32)
     _rotate(x, cos, sin, style == "neox", np.float32(1.0), y)
     return y, RopeCache(cos, sin, style)
 
@@ -64,6 +67,6 @@ def rope_backward_cpu(dy: np.ndarray, cache: RopeCache) -> np.ndarray:
     cos, sin, style = cache
     if not _fits(dy, cos, sin, style):
         return rope_backward_ref(dy, cache)
-    dx = np.empty_like(dy)
+    dx = np.empty(dy.shape, np.float32)
     _rotate(dy, cos, sin, style == "neox", np.float32(-1.0), dx)
     return dx

@@ -47,6 +47,7 @@ from ..kernels import embedding as _embedding
 from ..kernels import glu as _glu
 from ..kernels import glu_cpu as _glu_cpu
 from ..kernels import linear as _linear
+from ..kernels import linear_cpu as _linear_cpu
 from ..kernels import mla as _mla
 from ..kernels import moe as _moe
 from ..kernels import moe_cpu as _moe_cpu
@@ -101,6 +102,12 @@ rmsnorm_forward = _op(_norm.rmsnorm_forward_ref, _norm.rmsnorm_forward_on, _norm
 rmsnorm_backward = _op(_norm.rmsnorm_backward_ref, _norm.rmsnorm_backward_on, _norm_cpu.rmsnorm_backward_cpu)
 linear_forward = _op(_linear.linear_forward_ref, _linear.linear_forward_on)
 linear_backward = _op(_linear.linear_backward_ref, _linear.linear_backward_on)
+linear_group_forward = _op(
+    _linear.linear_group_forward_ref, _linear.linear_group_forward_on, _linear_cpu.linear_group_forward_cpu
+)
+linear_group_backward = _op(
+    _linear.linear_group_backward_ref, _linear.linear_group_backward_on, _linear_cpu.linear_group_backward_cpu
+)
 rope_forward = _op(_rope.rope_forward_ref, _rope.rope_forward_on, _rope_cpu.rope_forward_cpu)
 rope_backward = _op(_rope.rope_backward_ref, _rope.rope_backward_on, _rope_cpu.rope_backward_cpu)
 attention_forward = _op(
@@ -133,8 +140,9 @@ __all__ = [
     "MlaKvCache", "NormCache", "RopeCache", "RouteCache", "Routing", "SoftcapCache", "adamw_step",
     "attention_backward", "attention_forward", "attention_mask", "current_runtime", "dequant",
     "embedding_backward", "embedding_forward", "experts_backward", "experts_forward", "glu_backward",
-    "glu_forward", "linear_backward", "linear_forward", "lm_head_loss", "mla_kv_backward", "mla_kv_forward",
-    "project", "rmsnorm_backward", "rmsnorm_forward", "rope_angles", "rope_backward", "rope_forward",
-    "route_backward", "route_forward", "row_chunks", "scatter_add_rows", "sigmoid", "silu",
-    "softcap_backward", "softcap_forward", "softmax", "take_rows", "use_runtime",
+    "glu_forward", "linear_backward", "linear_forward", "linear_group_backward", "linear_group_forward",
+    "lm_head_loss", "mla_kv_backward", "mla_kv_forward", "project", "rmsnorm_backward", "rmsnorm_forward",
+    "rope_angles", "rope_backward", "rope_forward", "route_backward", "route_forward", "row_chunks",
+    "scatter_add_rows", "sigmoid", "silu", "softcap_backward", "softcap_forward", "softmax", "take_rows",
+    "use_runtime",
 ]  # fmt: skip

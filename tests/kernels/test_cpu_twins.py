@@ -26,6 +26,8 @@ from engine.kernels import (
     glu,
     glu_cpu,
     jit,
+    linear,
+    linear_cpu,
     norm,
     norm_cpu,
     rope,
@@ -79,6 +81,8 @@ def test_ops_table_names_the_cpu_twins():
         ops.lm_head_loss: cross_entropy_cpu.lm_head_loss_cpu,
         ops.adamw_step: adamw_cpu.adamw_step_cpu,
         ops.dequant: dequant_cpu.dequant_cpu,
+        ops.linear_group_forward: linear_cpu.linear_group_forward_cpu,
+        ops.linear_group_backward: linear_cpu.linear_group_backward_cpu,
     }
     for op, twin in pairs.items():
         assert op.cpu is twin, op.__name__
@@ -103,6 +107,45 @@ def test_exp32_within_two_ulp(cpu):
 def _exp_into(x, out):
     for i in range(x.size):
         out[i] = jit.exp32(x[i])
+
+
+@pytest.mark.parametrize("case", ["qkv lora+bias, joined", "gate/up one lora, copied", "full: every dW"])
+def test_linear_group_twin(cpu, fresh_rng, case):
+    B, T, C, r = 2, 5, 12, 3
+    outs = (12, 4, 4) if case.startswith("qkv") else (9, 9)
+    x = f32(fresh_rng, B, T, C)
+    whole = f32(fresh_rng, sum(outs), C)
+    bounds = np.cumsum((0, *outs))
+    ws = [whole[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+    if "copied" in case or "full" in case:
+        ws = [w.copy() for w in ws]  # separate arrays: the twin stacks them itself
+    loras = [LoraTerm(f32(fresh_rng, r, C), f32(fresh_rng, n, r), 0.6) for n in outs]
+    bs = [f32(fresh_rng, n) for n in outs] if "bias" in case else [None] * len(outs)
+    if case.startswith("gate"):
+        loras[0] = None
+    if case.startswith("full"):
+        loras = [None] * len(outs)
+    need = (
+        [True] * len(outs)
+        if case.startswith("full")
+        else [False, True][: len(outs)] + [False] * (len(outs) - 2)
+    )
+    dys = [f32(fresh_rng, B, T, n) for n in outs]
+
+    def run(_rt):
+        ys, caches = linear_cpu.linear_group_forward_cpu(x, ws, bs, loras)
+        return ys, linear_cpu.linear_group_backward_cpu(dys, caches, ws, need)
+
+    got = cpu.twice(run, f"linear group {case}")
+    l64 = [None if lo is None else LoraTerm(f64(lo.A), f64(lo.B), lo.s) for lo in loras]
+    ys, caches = linear.linear_group_forward_ref(f64(x), [f64(w) for w in ws], [f64(b) for b in bs], l64)
+    ref = (ys, linear.linear_group_backward_ref([f64(d) for d in dys], caches, [f64(w) for w in ws], need))
+    assert_close(got, ref, f"linear group {case}")
+    if case.startswith(
+        "qkv"
+    ):  # the joined weights were used as they are, and outputs are views of one product
+        assert linear_cpu.joined_rows(ws) is whole.base or linear_cpu.joined_rows(ws).base is whole
+        assert linear_cpu.joined_columns(list(got[0])) is not None
 
 
 def test_rmsnorm_twin(cpu, fresh_rng):
