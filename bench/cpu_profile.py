@@ -59,7 +59,6 @@ def machine_lines() -> list[str]:
     from threadpoolctl import threadpool_info
 
     from bench.common import matmul_rate
-    from engine.kernels import jit
 
     lines = [f"CPU: {cpu_name()}, {os.cpu_count()} cores ({cpu_flags()})"]
     for lib in threadpool_info():
@@ -72,7 +71,12 @@ def machine_lines() -> list[str]:
     lines.append("OpenBLAS variables: " + (", ".join(f"{k}={v}" for k, v in sorted(env.items())) or "none"))
     rate = max(matmul_rate(), matmul_rate(n=3072, repeats=3))
     lines.append(f"NumPy {np.__version__} float32 GEMM (2048^3 / 3072^3): {rate / 1e9:.0f} GFLOP/s")
-    lines.append(f"compiled CPU kernels: {jit.status()}")
+    try:
+        from engine.kernels import jit
+
+        lines.append(f"compiled CPU kernels: {jit.status()}")
+    except ImportError:  # a checkout from before them (to profile it against this one)
+        lines.append("compiled CPU kernels: none in this checkout")
     lines.append(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return lines
 

@@ -269,9 +269,12 @@ def main() -> None:
         args.who = args.child
         child(args)
         return
+    from bench.cpu_profile import machine_lines
+
     rate = max(matmul_rate(), matmul_rate(n=3072, repeats=3))
-    print(f"machine: {os.cpu_count()} cores; NumPy float32 matmul rate {rate / 1e9:.0f} GFLOP/s; "
-          f"sequence {T}, batch 1, {WARMUP} warm-up + {MEASURED} measured steps, "
+    for line in machine_lines():  # the CPU, the BLAS and its kernel, the GEMM rate, numba, the load
+        print(line)
+    print(f"sequence {T}, batch 1, {WARMUP} warm-up + {MEASURED} measured steps, "
           f"{args.rounds} run(s) of each, alternated")  # fmt: skip
     rows = []
     for name in args.workloads.split(","):
@@ -321,6 +324,7 @@ def main() -> None:
         if ours is not None:
             steps = " ".join(f"{t:.2f}" for t in ours["times"])
             print(f"{'':<9} ours step times (s): {steps}")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -29,33 +29,31 @@ def _softmax_rows(att, mask, scale, sinks, p_sink):
     B, NKV, G, T, S = att.shape
     has_sinks = sinks.size > 0
     ninf = np.float32(-np.inf)
+    x = att.reshape(-1)
+    mk = mask.reshape(-1)
+    lanes = np.empty(16, np.float32)
+    acc = np.empty(16, np.float64)
     for b in range(B):
         for kv in range(NKV):
             for g in range(G):
                 for t in range(T):
-                    row = att[b, kv, g, t]
-                    m = ninf
-                    for s in range(S):
-                        z = row[s] * scale if mask[b, t, s] else ninf
-                        row[s] = z
-                        if z > m:
-                            m = z
+                    off = np.uint64((((b * NKV + kv) * G + g) * T + t) * S)
+                    moff = np.uint64((b * T + t) * S)
+                    for s in range(np.uint64(S)):
+                        x[off + s] = x[off + s] * scale if mk[moff + s] else ninf
+                    m = jit.row_max(x, off, S, lanes)
                     if has_sinks:
                         sk = sinks[kv * G + g]
                         if sk > m:
                             m = sk
-                    total = 0.0
-                    for s in range(S):
-                        e = jit.exp32(row[s] - m)
-                        row[s] = e
-                        total += np.float64(e)
+                    total = jit.row_exp_sum(x, off, S, m, acc)
                     e_sink = np.float32(0.0)
                     if has_sinks:
                         e_sink = jit.exp32(sinks[kv * G + g] - m)
                         total += np.float64(e_sink)
                     denom = np.float32(total)
-                    for s in range(S):
-                        row[s] = row[s] / denom
+                    for s in range(np.uint64(S)):
+                        x[off + s] = x[off + s] / denom
                     if has_sinks:
                         p_sink[b, kv, g, t] = e_sink / denom
 
@@ -64,19 +62,27 @@ def _softmax_rows(att, mask, scale, sinks, p_sink):
 def _softmax_backward_rows(dp, p, scale, D):
     """dp (B, NKV, G, T, S) -> datt = p (dp - D) scale in place; D (B, NKV, G, T) = rowsum(dp p)."""
     B, NKV, G, T, S = dp.shape
-    for b in range(B):
-        for kv in range(NKV):
-            for g in range(G):
-                for t in range(T):
-                    row = dp[b, kv, g, t]
-                    prow = p[b, kv, g, t]
-                    total = 0.0
-                    for s in range(S):
-                        total += np.float64(row[s]) * np.float64(prow[s])
-                    d = np.float32(total)
-                    D[b, kv, g, t] = d
-                    for s in range(S):
-                        row[s] = prow[s] * (row[s] - d) * scale
+    x = dp.reshape(-1)
+    y = p.reshape(-1)
+    d_flat = D.reshape(-1)
+    acc = np.empty(16, np.float64)
+    body = np.uint64(S - S % 16)
+    for row in range(B * NKV * G * T):
+        off = np.uint64(row * S)
+        for k in range(16):
+            acc[k] = 0.0
+        for v0 in range(np.uint64(0), body, np.uint64(16)):
+            for k in range(np.uint64(16)):
+                acc[k] += np.float64(x[off + v0 + k]) * np.float64(y[off + v0 + k])
+        total = 0.0
+        for k in range(16):
+            total += acc[k]
+        for v in range(body, np.uint64(S)):
+            total += np.float64(x[off + v]) * np.float64(y[off + v])
+        d = np.float32(total)
+        d_flat[row] = d
+        for s in range(np.uint64(S)):
+            x[off + s] = y[off + s] * (x[off + s] - d) * scale
 
 
 def attention_forward_cpu(q, k, v, mask, scale: float, sinks=None):
@@ -111,7 +117,7 @@ def attention_backward_cpu(dy, cache: AttentionCache):
     dp = np.ascontiguousarray(do @ vt.swapaxes(-1, -2))  # (B, NKV, G, T, S)
     dv = (p.swapaxes(-1, -2) @ do).sum(axis=2)  # (B, NKV, S, HSV)
     D = np.empty((B, NKV, G, T), np.float32)
-    _softmax_backward_rows(dp, p, np.float32(scale), D)  # dp becomes datt
+    _softmax_backward_rows(dp, np.ascontiguousarray(p), np.float32(scale), D)  # dp becomes datt
     dsinks = None
     if p_sink is not None:
         dsinks = (-(p_sink * D[..., None])).sum(axis=(0, 3, 4)).reshape(NKV * G)

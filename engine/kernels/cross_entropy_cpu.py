@@ -22,46 +22,21 @@ from .cross_entropy import _is_one_block, ce_rows_ref, lm_head_loss_blocks, lm_h
 @jit.kernel
 def _ce_rows(z, tgt, wt, backward, ce):  # z (n, V) float32, C-contiguous; ce (n,) float64
     n, V = z.shape
+    x = z.reshape(-1)
     lanes = np.empty(16, np.float32)
     acc = np.empty(16, np.float64)
-    ninf = np.float32(-np.inf)
-    body = V - V % 16
     for i in range(n):
-        row = z[i]
-        lanes[:] = ninf
-        for v0 in range(0, body, 16):
-            for k in range(16):
-                x = row[v0 + k]
-                if x > lanes[k]:
-                    lanes[k] = x
-        m = ninf
-        for k in range(16):
-            if lanes[k] > m:
-                m = lanes[k]
-        for v in range(body, V):
-            if row[v] > m:
-                m = row[v]
-        zt = row[tgt[i]]
-        acc[:] = 0.0
-        for v0 in range(0, body, 16):
-            for k in range(16):
-                e = jit.exp32(row[v0 + k] - m)
-                row[v0 + k] = e
-                acc[k] += np.float64(e)
-        total = 0.0
-        for k in range(16):
-            total += acc[k]
-        for v in range(body, V):
-            e = jit.exp32(row[v] - m)
-            row[v] = e
-            total += np.float64(e)
+        off = np.uint64(i * V)
+        m = jit.row_max(x, off, V, lanes)
+        zt = x[off + np.uint64(tgt[i])]
+        total = jit.row_exp_sum(x, off, V, m, acc)  # the row becomes exp(z - m)
         ce[i] = np.float64(m) + np.log(total) - np.float64(zt)
         if backward:
             s = np.float32(total)
             w = wt[i]
-            for v in range(V):
-                row[v] = (row[v] / s) * w
-            row[tgt[i]] -= w
+            for v in range(np.uint64(V)):
+                x[off + v] = (x[off + v] / s) * w
+            x[off + np.uint64(tgt[i])] -= w
 
 
 def ce_rows_cpu(z: np.ndarray, tgt: np.ndarray, wt: np.ndarray, backward: bool = True):

@@ -35,8 +35,11 @@ OFF_VARIABLE = "TUNE_NO_JIT"  # set (to anything but "" or "0"): the NumPy refer
 INSTALL_HINT = "pip install 'tune-studio[cpu]'"
 
 # math the kernels share (engine.kernels.jit_math), set once numba has imported; kernels call
-# `jit.exp32(x)`, which numba resolves when it compiles them
+# `jit.exp32(x)` and the others, which numba resolves when it compiles them
 exp32: Callable = None  # type: ignore[assignment]
+row_max: Callable = None  # type: ignore[assignment]
+row_exp_sum: Callable = None  # type: ignore[assignment]
+row_dot: Callable = None  # type: ignore[assignment]
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}  # "numba": the module or None, "why": the reason it is off, "said": logged
@@ -61,7 +64,8 @@ def _numba():
                 else:
                     from . import jit_math  # the kernels' shared math (imports numba itself)
 
-                    globals()["exp32"] = jit_math.exp32
+                    shared = ("exp32", "row_max", "row_exp_sum", "row_dot")
+                    globals().update({name: getattr(jit_math, name) for name in shared})
                     _state["numba"], _state["why"] = numba, None
         return _state["numba"]
 
@@ -105,7 +109,7 @@ class Kernel:
                 raise RuntimeError(f"{self.py.__name__}: numba is not available ({status()})")
             with _lock:
                 if self._compiled is None:
-                    self._compiled = nb.njit(cache=True, nogil=True)(self.py)
+                    self._compiled = nb.njit(cache=True, nogil=True, error_model="numpy")(self.py)
                 fn = self._compiled
         return fn
 

@@ -50,7 +50,7 @@ _ZERO = np.float32(0.0)
 _INF = np.float32(np.inf)
 
 
-@numba.njit(inline="always", nogil=True)
+@numba.njit(inline="always", nogil=True, error_model="numpy")
 def exp32(x):
     """e^x, float32 in and out (see the module docstring)."""
     xc = min(max(x, _LO), _HI)
@@ -70,3 +70,69 @@ def exp32(x):
     if x != x:
         y = x
     return y
+
+
+# Row reductions in 16 lanes: a sequential `m = max(m, x[i])` or `total += x[i]` is a dependency chain
+# LLVM may not reorder (no fastmath), so it stays scalar; 16 independent lanes, combined in a fixed
+# order at the end, vectorise and give the same result on every run. Indices are unsigned offsets
+# (numba wraps negative signed indices around, a select that blocks vectorisation).
+_NINF = np.float32(-np.inf)
+
+
+@numba.njit(inline="always", nogil=True, error_model="numpy")
+def row_max(x, off, n, lanes):
+    """max of x[off : off + n] (x flat float32, off unsigned); lanes: float32 scratch of 16."""
+    body = np.uint64(n - n % 16)
+    for k in range(16):
+        lanes[k] = _NINF
+    for v0 in range(np.uint64(0), body, np.uint64(16)):
+        for k in range(np.uint64(16)):
+            z = x[off + v0 + k]
+            if z > lanes[k]:
+                lanes[k] = z
+    m = _NINF
+    for k in range(16):
+        if lanes[k] > m:
+            m = lanes[k]
+    for v in range(body, np.uint64(n)):
+        if x[off + v] > m:
+            m = x[off + v]
+    return m
+
+
+@numba.njit(inline="always", nogil=True, error_model="numpy")
+def row_exp_sum(x, off, n, m, acc):
+    """x[off : off + n] = exp(x - m) in place; returns their sum in float64; acc: float64 scratch of 16."""
+    body = np.uint64(n - n % 16)
+    for k in range(16):
+        acc[k] = 0.0
+    for v0 in range(np.uint64(0), body, np.uint64(16)):
+        for k in range(np.uint64(16)):
+            e = exp32(x[off + v0 + k] - m)
+            x[off + v0 + k] = e
+            acc[k] += np.float64(e)
+    total = 0.0
+    for k in range(16):
+        total += acc[k]
+    for v in range(body, np.uint64(n)):
+        e = exp32(x[off + v] - m)
+        x[off + v] = e
+        total += np.float64(e)
+    return total
+
+
+@numba.njit(inline="always", nogil=True, error_model="numpy")
+def row_dot(x, xo, y, yo, n, acc):
+    """sum of x[xo + i] y[yo + i] for i < n, in float64 (offsets unsigned); acc: float64 scratch of 16."""
+    body = np.uint64(n - n % 16)
+    for k in range(16):
+        acc[k] = 0.0
+    for v0 in range(np.uint64(0), body, np.uint64(16)):
+        for k in range(np.uint64(16)):
+            acc[k] += np.float64(x[xo + v0 + k]) * np.float64(y[yo + v0 + k])
+    total = 0.0
+    for k in range(16):
+        total += acc[k]
+    for v in range(body, np.uint64(n)):
+        total += np.float64(x[xo + v]) * np.float64(y[yo + v])
+    return total

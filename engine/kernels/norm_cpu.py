@@ -22,38 +22,48 @@ _NO_W = np.ones(0, np.float32)  # "no weight" for the kernels (an empty array)
 
 
 @jit.kernel
-def _forward(x, w, eps, y, xn, rstd):  # x, y, xn (n, C); w (C,) or empty; rstd (n,)
-    n, C = x.shape
+def _forward(x, n, C, w, eps, y, xn, rstd):  # x, y, xn flat (n C,); w (C,) or empty; rstd (n,)
     has_w = w.size > 0
+    acc = np.empty(16, np.float64)
     for i in range(n):
-        s = 0.0
-        for j in range(C):
-            v = np.float64(x[i, j])
-            s += v * v
-        r = np.float32(1.0 / np.sqrt(s / C + eps))
+        o = np.uint64(i * C)
+        r = np.float32(1.0 / np.sqrt(jit.row_dot(x, o, x, o, C, acc) / C + eps))
         rstd[i] = r
-        for j in range(C):
-            a = x[i, j] * r
-            xn[i, j] = a
-            y[i, j] = a * w[j] if has_w else a
+        if has_w:
+            for j in range(np.uint64(C)):
+                a = x[o + j] * r
+                xn[o + j] = a
+            for j in range(np.uint64(C)):
+                y[o + j] = xn[o + j] * w[j]
+        else:
+            for j in range(np.uint64(C)):
+                a = x[o + j] * r
+                xn[o + j] = a
+                y[o + j] = a
 
 
 @jit.kernel
-def _backward(dy, xn, rstd, w, dx, dw):  # dy, xn, dx (n, C); rstd (n,); w (C,) or empty; dw (C,) f64
-    n, C = dy.shape
+def _backward(
+    dy, xn, n, C, rstd, w, dx, dw
+):  # dy, xn, dx flat (n C,); rstd (n,); w (C,) or empty; dw (C,) f64
     has_w = w.size > 0
+    acc = np.empty(16, np.float64)
+    dxn = np.empty(C, np.float32)
+    zero = np.uint64(0)
     for i in range(n):
-        s = 0.0
-        for j in range(C):
-            d = dy[i, j] * w[j] if has_w else dy[i, j]
-            s += np.float64(d) * np.float64(xn[i, j])
-        mean = np.float32(s / C)
+        o = np.uint64(i * C)
+        if has_w:
+            for j in range(np.uint64(C)):
+                dxn[j] = dy[o + j] * w[j]
+            for j in range(np.uint64(C)):
+                dw[j] += np.float64(dy[o + j]) * np.float64(xn[o + j])
+        else:
+            for j in range(np.uint64(C)):
+                dxn[j] = dy[o + j]
+        mean = np.float32(jit.row_dot(dxn, zero, xn, o, C, acc) / C)
         r = rstd[i]
-        for j in range(C):
-            d = dy[i, j] * w[j] if has_w else dy[i, j]
-            dx[i, j] = r * (d - xn[i, j] * mean)
-            if has_w:
-                dw[j] += np.float64(dy[i, j]) * np.float64(xn[i, j])
+        for j in range(np.uint64(C)):
+            dx[o + j] = r * (dxn[j] - xn[o + j] * mean)
 
 
 def rmsnorm_forward_cpu(x: np.ndarray, w: np.ndarray | None, eps: float):
@@ -62,11 +72,12 @@ def rmsnorm_forward_cpu(x: np.ndarray, w: np.ndarray | None, eps: float):
     if not (f32 and jit.f32_rows(w) and jit.enabled()):
         return rmsnorm_forward_ref(x, w, eps)
     C = x.shape[-1]
-    x2 = x.reshape(-1, C)  # a view where NumPy can make one (x may be a column block), else a copy
+    x1 = np.ascontiguousarray(x).reshape(-1)  # x may be a column block of a product: one copy then
     y = np.empty(x.shape, np.float32)
     xn = np.empty(x.shape, np.float32)
     rstd = np.empty((*x.shape[:-1], 1), np.float32)
-    _forward(x2, _NO_W if w is None else w, float(eps), y.reshape(-1, C), xn.reshape(-1, C), rstd.reshape(-1))
+    n = x1.size // max(C, 1)
+    _forward(x1, n, C, _NO_W if w is None else w, float(eps), y.reshape(-1), xn.reshape(-1), rstd.reshape(-1))
     return y, NormCache(xn, rstd)
 
 
@@ -76,8 +87,10 @@ def rmsnorm_backward_cpu(dy: np.ndarray, cache: NormCache, w: np.ndarray | None)
     if not (jit.f32_rows(dy, xn, rstd, w) and dy.shape == xn.shape and jit.enabled()):
         return rmsnorm_backward_ref(dy, cache, w)
     C = dy.shape[-1]
-    dx = np.empty_like(dy)
+    dx = np.empty(dy.shape, np.float32)
     dw = np.zeros(C if w is not None else 0, np.float64)
-    _backward(dy.reshape(-1, C), xn.reshape(-1, C), rstd.reshape(-1), _NO_W if w is None else w,
-              dx.reshape(-1, C), dw)  # fmt: skip
+    n = dy.size // max(C, 1)
+    _backward(
+        dy.reshape(-1), xn.reshape(-1), n, C, rstd.reshape(-1), _NO_W if w is None else w, dx.reshape(-1), dw
+    )
     return dx, (dw.astype(np.float32) if w is not None else None)

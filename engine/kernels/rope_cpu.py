@@ -28,10 +28,10 @@ def _rotate(x, cos, sin, neox, sign, y):  # x, y (B, T, H, HS); cos, sin (B, T, 
                 for i in range(half):
                     c = cos[b, t, i]
                     s = sin[b, t, i] * sign
-                    if neox:
-                        i1, i2 = i, i + half
+                    if neox:  # unsigned: numba then skips its wrap-around of negative indices
+                        i1, i2 = np.uint64(i), np.uint64(i + half)
                     else:
-                        i1, i2 = 2 * i, 2 * i + 1
+                        i1, i2 = np.uint64(2 * i), np.uint64(2 * i + 1)
                     x1 = x[b, t, h, i1]
                     x2 = x[b, t, h, i2]
                     y[b, t, h, i1] = x1 * c - x2 * s

@@ -179,9 +179,13 @@ def test_rope_twin_equals_reference_bit_for_bit(cpu, fresh_rng, style):
 
 @pytest.mark.parametrize("act", ["silu", "swiglu_oai", "gelu"])
 def test_glu_twin(cpu, fresh_rng, act):
-    for order in ("C", "F"):
-        g = np.asarray(f32(fresh_rng, 9, 40, scale=4.0 if act == "swiglu_oai" else 2.0), order=order)
-        u, dh = (np.asarray(f32(fresh_rng, 9, 40, scale=4.0), order=order) for _ in range(2))
+    for order in ("C", "F", "halves"):  # halves: g and u the two column blocks of one product
+        layout = "C" if order == "halves" else order
+        g = np.asarray(f32(fresh_rng, 9, 40, scale=4.0 if act == "swiglu_oai" else 2.0), order=layout)
+        u, dh = (np.asarray(f32(fresh_rng, 9, 40, scale=4.0), order=layout) for _ in range(2))
+        if order == "halves":
+            gu = np.concatenate([g, u], axis=1)
+            g, u = gu[:, :40], gu[:, 40:]
         g[0, :3] = (-100.0, 90.0, 7.0)  # exp's ends, the clamp's edge
 
         def run(_rt, g=g, u=u, dh=dh):
