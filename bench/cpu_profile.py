@@ -115,7 +115,15 @@ class Timers:
 
 
 # what is timed: (module, attribute, row name)
-GEMM_ROWS = {"linear_forward", "linear_backward", "experts_forward", "experts_backward", "head gemm"}
+GEMM_ROWS = {
+    "linear_forward",
+    "linear_backward",
+    "linear_group_forward",
+    "linear_group_backward",
+    "experts_forward",
+    "experts_backward",
+    "head gemm",
+}
 
 
 def install(t: Timers) -> None:
