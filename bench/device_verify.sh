@@ -80,7 +80,7 @@ if has archs; then
 fi
 if has moe; then
     if [ -f bench/device_30.sh ]; then
-        OUT=$W/moe timeout 220 bash bench/device_30.sh timings >"$W/moe.txt" 2>&1
+        OUT=$W/moe timeout "${MOE_S:-220}" bash bench/device_30.sh timings >"$W/moe.txt" 2>&1
     else
         echo "bench/device_30.sh is not in this tree" >"$W/moe.txt"
     fi

@@ -58,6 +58,14 @@ the g++ kernel emulator at tiny shapes (no kernel timings, no peer; about 40 s),
    a row with its error. (~3-4 min; each run is capped, and a run the budget cannot fit is a
    "skipped" row)
 
+The whole Qwen3-30B-A3B shape (48 layers, a 17 GB Q4_K file) end to end beside PEFT needs an H200
+(141 GB): PEFT's bf16 weights alone are 61 GB and its activations at B 4 x T 1024 another ~25 GB, and
+the engine with the weight cache off holds the 17 GB of Q4_K blocks plus about 1.1 GB of activations
+a layer (fp32 g, u, h and the pair rows), ~70 GB; on an H100 either may run out of memory, which is
+its row's error. One device call of about 8 minutes (file ~1 min, each side ~3 min):
+
+    python bench/gpu.py --sections e2e --e2e moe --moe-layers 48 --budgets off --measure 3 --budget-s 560
+
     python bench/gpu.py [--sections kernels e2e] [--repeats 20] [--only attention lm_head ...]
         [--e2e dense moe gptoss deepseek2] [--moe-layers 12] [--batch 4] [--ctx 1024] [--warmup 2]
         [--measure 5] [--budgets off,auto] [--no-peer] [--budget-s 540] [--caps engine:dense=80,...]

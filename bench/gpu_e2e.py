@@ -885,7 +885,9 @@ def run_end_to_end(opts: E2EOptions, bf16_tflops: float, log=print) -> list[dict
             whos = ["engine"] + (["peer"] if opts.peer and not opts.emulate else [])
             for who in whos:
                 left = opts.deadline - time.monotonic() - 10.0
-                cap = min(opts.caps.get(f"{who}:{shape}", 150.0), left)
+                # the caps are for the default 12 MoE layers: a deeper cut gets proportionally longer
+                scale = max(1.0, spec.L / 12) if spec.E else 1.0
+                cap = min(scale * opts.caps.get(f"{who}:{shape}", 150.0), left)
                 if cap < 30.0:
                     records.append(_failed(shape, spec, who, f"skipped: {max(left, 0):.0f} s left", flops))
                     continue

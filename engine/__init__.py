@@ -18,6 +18,7 @@ from .errors import (
 from .export.check import (
     BAD_MARK,
     MERGE_TYPES,
+    MIN_EFFECT_KEPT,
     OK_MARK,
     CheckItem,
     CheckpointEntry,
@@ -31,9 +32,18 @@ from .export.check import (
     suggest_out,
     write_export,
 )
-from .export.verify import TOLERANCE, VERIFY_PROMPTS, PromptResult, VerifyReport, verify_export
+from .export.verify import (
+    TOLERANCE,
+    VERIFY_PROMPTS,
+    PromptResult,
+    VerifyReport,
+    failed_name,
+    quarantine,
+    verify_export,
+)
 from .export.write import (
     ADAPTER_TYPES,
+    MERGE_BASE_TYPE,
     MergeReport,
     adapter_tensor_types,
     export_adapter,
@@ -65,6 +75,7 @@ from .session import RUN, EngineSession, Reply, template_for
 from .testing import SynthSpec, write_adapter, write_model
 from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from .text.tokenizer import Tokenizer
+from .train.advice import plan_warning
 from .train.commands import local_ranks_available, shell_line, train_command
 from .train.data import (
     Batch,
@@ -73,7 +84,9 @@ from .train.data import (
     Problem,
     Sample,
     append_jsonl,
+    encode_iter,
     encode_samples,
+    iter_jsonl,
     load_jsonl,
     parse_sample,
     sample_to_json,
@@ -98,6 +111,14 @@ from .train.events import (
 )
 from .train.memory import MemoryEstimate, estimate_memory
 from .train.norms import NormsReport, lora_norms
+from .train.resume import (
+    SAMPLES_FILE,
+    TRAJECTORY_FIELDS,
+    CheckpointInfo,
+    describe_settings,
+    read_checkpoint_info,
+    trajectory_changes,
+)
 from .train.reward_session import (
     Answer,
     Preview,
@@ -116,19 +137,23 @@ from .train.trainer import TrainConfig, Trainer
 __all__ = [
     "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "ARCHS", "ArchSpec",
     "available_devices", "Backend", "BAD_MARK", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
-    "check_export", "CheckItem", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckReport",
-    "ConfigError", "DatasetError", "dequantizable_types", "Device", "encode_samples", "Encoded",
-    "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
+    "check_export", "CheckItem", "CheckpointInfo", "describe_settings", "read_checkpoint_info",
+    "SAMPLES_FILE", "trajectory_changes", "TRAJECTORY_FIELDS", "Checkpoint", "checkpoint_roots",
+    "CheckpointEntry", "CheckReport",
+    "ConfigError", "DatasetError", "dequantizable_types", "Device", "encode_iter", "encode_samples",
+    "Encoded", "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
     "event_from_json", "event_to_json", "ExpertUsage", "follow_events", "local_ranks_available",
     "run_from_events", "shell_line", "train_command", "export_adapter", "export_merged", "export_size",
     "ExportError",
     "ExportRequest", "Failed", "find_checkpoints", "find_runs", "Finished", "fit_problems", "generate",
-    "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "KVCache",
-    "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_ratings",
+    "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "iter_jsonl",
+    "KVCache", "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_ratings",
     "lora_candidates", "lora_norms", "lora_param_count", "lora_shapes", "LoraAdapter", "LoraNorms",
-    "LoraTerm", "MemoryEstimate", "MERGE_TYPES", "merged_tensor_types", "MergeReport", "Model",
+    "LoraTerm", "MemoryEstimate", "MERGE_BASE_TYPE", "MERGE_TYPES", "MIN_EFFECT_KEPT", "failed_name",
+    "quarantine", "merged_tensor_types", "MergeReport", "Model",
     "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "OK_MARK", "parse_layers", "parse_rating",
-    "parse_sample", "Paused", "Plan", "PRESETS", "Preview", "Problem", "PromptResult", "quantizable_types",
+    "parse_sample", "Paused", "plan_warning", "Plan", "PRESETS", "Preview", "Problem", "PromptResult",
+    "quantizable_types",
     "rating_from_stars", "Reply", "reward_weights", "RewardConfig", "RewardError", "RewardSession",
     "RoundResult", "RUN", "run_of", "RunRecord", "RunWarning", "Sample", "sample_to_json", "SamplingConfig",
     "save_jsonl", "select_backend", "select_full", "select_targets", "split_name", "Started", "Step",

@@ -319,12 +319,17 @@ class EngineSession:
         with self.job("export"):
             return write_export(request, adapter, on_progress, should_stop)
 
-    def verify_export(self, request: ExportRequest, adapter: LoraAdapter, path: str) -> VerifyReport:
-        """Reload `path` and compare its logits with this model + `adapter` (see engine.export.verify)."""
+    def verify_export(
+        self, request: ExportRequest, adapter: LoraAdapter, path: str, prompts: Sequence[str] | None = None
+    ) -> VerifyReport:
+        """Reload `path` and compare its logits with this model + `adapter` (see engine.export.verify)
+        on `prompts` (default: `VERIFY_PROMPTS`)."""
         same = request.base and os.path.exists(request.base) and os.path.samefile(request.base, self.path)
+        kwargs = {"prompts": tuple(prompts)} if prompts else {}
         with self.job("verifying the export"):
             if same:
                 return verify_export(
-                    request, adapter, path, base=self.model, tokenizer=self.tokenizer, template=self.template
-                )
-            return verify_export(request, adapter, path, template=self.template)
+                    request, adapter, path, base=self.model, tokenizer=self.tokenizer, template=self.template,
+                    **kwargs,
+                )  # fmt: skip
+            return verify_export(request, adapter, path, template=self.template, **kwargs)

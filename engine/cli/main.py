@@ -207,9 +207,73 @@ def _fmt_time(seconds: float) -> str:
     )
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+# train options -> (TrainConfig field, the value when the option is not given and no checkpoint is
+# resumed); with --resume, an option not given takes the checkpoint's value instead
+TRAIN_OPTIONS: dict[str, tuple[str, object]] = {
+    "rank": ("rank", 16), "alpha": ("alpha", None), "lr": ("lr", 2e-4), "schedule": ("schedule", "cosine"),
+    "warmup": ("warmup_steps", 0), "weight_decay": ("weight_decay", 0.0), "gclip": ("gclip", 0.0),
+    "max_grad_norm": ("max_grad_norm", 1.0), "epochs": ("epochs", 1.0), "steps": ("steps", 0),
+    "ctx": ("n_ctx", 512), "batch": ("batch_size", 1), "grad_accum": ("grad_accum", 1),
+    "val_split": ("val_split", 0.0), "eval_every": ("eval_every", 0),
+    "train_on_prompt": ("train_on_prompt", False),
+    "reward_mode": ("reward_mode", "none"), "kl": ("kl_coef", 0.0), "seed": ("seed", 0),
+    "checkpoint_layers": ("checkpoint_layers", "auto"), "checkpoint_every": ("checkpoint_every", 0),
+    "out_type": ("out_type", "F32"),
+}  # fmt: skip
+
+
+def _given_settings(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields the command line sets itself (options not given are None)."""
     from ..model.targets import TargetSpec
+
+    given = {}
+    for option, (name, _default) in TRAIN_OPTIONS.items():
+        value = getattr(args, option)
+        if value is not None:
+            given[name] = value
+    if "epochs" in given:
+        given["steps"] = 0  # epochs given: the step total follows them
+    if args.preset or args.targets or args.layers:
+        given["targets"] = TargetSpec(
+            preset=args.preset or ("none" if args.targets else "attention"),
+            patterns=tuple(p for p in (args.targets or "").split(",") if p),
+            layers=args.layers,
+        )
+    if args.full is not None:
+        given["full"] = tuple(p for p in args.full.split(",") if p)
+    if "rank" in given and "alpha" not in given:
+        given["alpha"] = 2.0 * given["rank"]
+    return given
+
+
+def _resume_changes(args: argparse.Namespace, info, config) -> list[str]:
+    """What differs from the checkpoint's run in a way that changes its trajectory: settings, the
+    dataset, the model."""
+    from ..train.resume import trajectory_changes
+
+    changes = trajectory_changes(info.config, config)
+    if not info.knows_data:
+        print(f"note: {info.path} does not record its dataset; continuing on {args.data}", file=sys.stderr)
+    elif not info.same_data(args.data):
+        changes.append(f"dataset {info.describe_data()} -> {args.data} (other samples)")
+    if info.model and not _same_path(info.model, args.model):
+        changes.append(f"model {info.model} -> {args.model}")
+    return changes
+
+
+def _same_path(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from ..train import events as ev
+    from ..train.advice import plan_warning
+    from ..train.resume import describe_settings, read_checkpoint_info
     from ..train.trainer import TrainConfig
 
     if args.epochs is not None and args.steps is not None:
@@ -221,29 +285,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     comm = args.comm = ranks.open_ranks(args)
     root = comm.is_root  # with several ranks, rank 0 alone prints progress and writes events
     out = args.out
+    given = _given_settings(args)
+    info = read_checkpoint_info(args.resume) if args.resume else None
+    if info is None:
+        defaults = {name: default for name, default in TRAIN_OPTIONS.values() if default is not None}
+        base = TrainConfig(**{**defaults, "alpha": 2.0 * given.get("rank", 16)})
+    else:
+        base = info.config  # the checkpoint's run: its settings, unless an option changes them
+    config = replace(base, **given, device=args.device, cache_budget=args.cache_budget, out=out)
     ckpt_dir = args.checkpoint_dir or (
-        os.path.splitext(out)[0] + ".checkpoints" if args.checkpoint_every else None
-    )
-    config = TrainConfig(
-        targets=TargetSpec(
-            preset=args.preset or ("none" if args.targets and not args.preset else "attention"),
-            patterns=tuple(p for p in (args.targets or "").split(",") if p),
-            layers=args.layers,
-        ),
-        rank=args.rank, alpha=args.alpha if args.alpha is not None else 2.0 * args.rank,
-        full=tuple(p for p in (args.full or "").split(",") if p),
-        n_ctx=args.ctx, batch_size=args.batch, grad_accum=args.grad_accum,
-        epochs=args.epochs if args.epochs is not None else 1.0, steps=args.steps or 0,
-        val_split=args.val_split, train_on_prompt=args.train_on_prompt, seed=args.seed,
-        lr=args.lr, schedule=args.schedule, warmup_steps=args.warmup, weight_decay=args.weight_decay,
-        gclip=args.gclip, max_grad_norm=args.max_grad_norm,
-        reward_mode=args.reward_mode, kl_coef=args.kl,
-        checkpoint_layers=args.checkpoint_layers, checkpoint_every=args.checkpoint_every or 0,
-        device=args.device, cache_budget=args.cache_budget,
-        checkpoint_dir=ckpt_dir, eval_every=args.eval_every, out=out, out_type=args.out_type,
+        info.run_dir if info is not None
+        else os.path.splitext(out)[0] + ".checkpoints" if config.checkpoint_every else None
     )  # fmt: skip
-    if args.settings:
-        config = ranks.settings_config(args.settings, config, args.checkpoint_dir, CliError)
+    config = replace(config, checkpoint_dir=ckpt_dir)
+    if args.settings:  # the file's settings replace the options; a resumed run keeps its checkpoint folder
+        folder = ckpt_dir if info is not None else args.checkpoint_dir
+        config = ranks.settings_config(args.settings, config, folder, CliError)
+    if info is not None:
+        changes = _resume_changes(args, info, config)
+        if changes and not args.accept_changes:
+            raise CliError(
+                f"{info.path} is step {info.step} of a run with other settings; resuming with these would "
+                f"change its trajectory: {'; '.join(changes)}. Leave those options out to continue the run "
+                "as it was, or add --accept-changes to continue with them"
+            )
+        planned = f" of {info.total_steps}" if info.total_steps else ""
+        if root:
+            print(f"resuming {info.path} at step {info.step}{planned}: {describe_settings(config)}"
+                  + (f" (changed: {'; '.join(changes)})" if changes else ""), file=sys.stderr)  # fmt: skip
     tty = sys.stderr.isatty()
     events_file = None
     if args.events and root:
@@ -262,15 +331,20 @@ def cmd_train(args: argparse.Namespace) -> int:
         if isinstance(e, ev.Started):
             p = e.plan
             m = p.memory_bytes
+            start = f", from step {p.start_step}" if p.start_step else ""
             print(f"training {len(p.lora_targets)} LoRA targets + {len(p.full_tensors)} full tensors "
                   f"({p.trainable_params:,} parameters) on {p.n_train} samples ({p.n_val} validation), "
-                  f"{p.total_steps} steps; memory estimate {human_bytes(m['total'])} at peak (model file "
-                  f"{human_bytes(m['stored'])}, weight cache {human_bytes(m['cache'])}, layer checkpointing "
-                  f"{'on' if m['checkpoint'] else 'off'})", file=sys.stderr)  # fmt: skip
+                  f"{p.total_steps} steps{start}; memory estimate {human_bytes(m['total'])} at peak "
+                  f"(model file {human_bytes(m['stored'])}, weight cache {human_bytes(m['cache'])}, "
+                  f"layer checkpointing {'on' if m['checkpoint'] else 'off'})", file=sys.stderr)  # fmt: skip
+            weak = plan_warning(p.total_steps, config.lr)  # the whole run's plan, resumed or not
+            if weak:
+                print(f"warning: {weak}", file=sys.stderr)
             for problem in p.problems[:20]:
                 print(f"  {problem}", file=sys.stderr)
-            if len(p.problems) > 20:
-                print(f"  ... and {len(p.problems) - 20} more problems", file=sys.stderr)
+            total = max(p.problems_total, len(p.problems))  # the plan lists the first 1000
+            if total > 20:
+                print(f"  ... and {total - 20} more problems", file=sys.stderr)
         elif isinstance(e, ev.Step):
             line = (f"step {e.step}/{e.total_steps}  loss {e.mean_ce:.4f}  lr {e.lr:.2e}  "
                     f"grad {e.grad_norm:.3f}  {e.tokens_per_s:.0f} tok/s  elapsed {_fmt_time(e.elapsed_s)}  "
@@ -404,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", required=True, help="adapter GGUF to write (runs with --full also write OUT.model.gguf)"
     )
     s.add_argument(
-        "--out-type", default="F32", choices=("F32", "F16", "Q8_0"), help="adapter tensor type (F32)"
+        "--out-type", default=None, choices=("F32", "F16", "Q8_0"), help="adapter tensor type (F32)"
     )
     s.add_argument(
         "--preset",
@@ -415,53 +489,63 @@ def build_parser() -> argparse.ArgumentParser:
         "--targets", help="extra LoRA targets: comma-separated names, globs or kinds (output, attn_q, ...)"
     )
     s.add_argument("--layers", help="layer range of the targets, e.g. 0-11 or 0,2,4")
-    s.add_argument("--rank", type=int, default=16, help="LoRA rank (default 16)")
+    s.add_argument("--rank", type=int, default=None, help="LoRA rank (default 16)")
     s.add_argument("--alpha", type=float, help="LoRA alpha (default 2 x rank)")
     s.add_argument("--full", help="tensors trained in full: comma-separated names/globs/kinds, or 'all'")
-    s.add_argument("--lr", type=float, default=2e-4, help="peak learning rate (default 2e-4)")
+    s.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-4)")
     s.add_argument(
-        "--schedule", default="cosine", choices=("constant", "linear", "cosine"), help="default cosine"
+        "--schedule", default=None, choices=("constant", "linear", "cosine"), help="default cosine"
     )
-    s.add_argument("--warmup", type=int, default=0, help="warm-up steps (default 0)")
-    s.add_argument("--weight-decay", type=float, default=0.0, help="decoupled weight decay (default 0)")
-    s.add_argument("--gclip", type=float, default=0.0, help="element-wise gradient clipping; 0 = off")
-    s.add_argument("--max-grad-norm", type=float, default=1.0, help="global gradient-norm clipping; 0 = off")
+    s.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 0)")
+    s.add_argument("--weight-decay", type=float, default=None, help="decoupled weight decay (default 0)")
+    s.add_argument("--gclip", type=float, default=None, help="element-wise gradient clipping; 0 = off")
+    s.add_argument("--max-grad-norm", type=float, default=None, help="global gradient-norm clipping; 0 = off")
     s.add_argument("--epochs", type=float, help="passes over the data (default 1)")
     s.add_argument("--steps", type=int, help="optimizer steps (instead of --epochs)")
-    s.add_argument("--ctx", type=int, default=512, help="packed window length in tokens (default 512)")
-    s.add_argument("--batch", type=int, default=1, help="windows per micro-batch (default 1)")
-    s.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (default 1)")
+    s.add_argument("--ctx", type=int, default=None, help="packed window length in tokens (default 512)")
+    s.add_argument("--batch", type=int, default=None, help="windows per micro-batch (default 1)")
+    s.add_argument("--grad-accum", type=int, default=None, help="micro-batches per step (default 1)")
     s.add_argument(
-        "--val-split", type=float, default=0.0, help="fraction held out for validation (default 0)"
+        "--val-split", type=float, default=None, help="fraction held out for validation (default 0)"
     )
     s.add_argument(
-        "--eval-every", type=int, default=0, help="steps between validation passes; 0 = at the end"
+        "--eval-every", type=int, default=None, help="steps between validation passes; 0 = at the end"
     )
-    s.add_argument("--train-on-prompt", action="store_true", help="loss on prompt tokens too")
+    s.add_argument("--train-on-prompt", action="store_true", default=None, help="loss on prompt tokens too")
     s.add_argument(
         "--reward-mode",
-        default="none",
+        default=None,
         choices=("none", "weighted", "group"),
         help="use sample rewards: reward-weighted SFT or group-relative (default none)",
     )
     s.add_argument(
-        "--kl", type=float, default=0.0, help="group mode: KL penalty to the base model (default 0)"
+        "--kl", type=float, default=None, help="group mode: KL penalty to the base model (default 0)"
     )
     s.add_argument(
         "--checkpoint-layers",
         nargs="?",
         const="on",
-        default="auto",
+        default=None,
         choices=("auto", "on", "off"),
         help="recompute layers in the backward pass (less memory); default auto: on when the memory "
         "estimate says activations would not fit",
     )
     s.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
     s.add_argument("--checkpoint-dir", help="checkpoint folder (default OUT.checkpoints)")
-    s.add_argument("--resume", help="checkpoint folder to continue from")
+    s.add_argument(
+        "--resume",
+        help="checkpoint folder to continue from (ckpt-NNNNNN, or a folder of them: the newest); the run "
+        "continues with the checkpoint's own settings, to its planned step",
+    )
+    s.add_argument(
+        "--accept-changes",
+        action="store_true",
+        help="with --resume: continue with options (or a dataset, or a model) that differ from the "
+        "checkpoint's run, although that changes its trajectory",
+    )
     s.add_argument("--init-adapter", help="adapter GGUF to continue training")
     s.add_argument("--template-file", help="Jinja chat template overriding the model's")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=None, help="shuffling, split and LoRA init (default 0)")
     s.add_argument("--events", help="write every event as one JSON line to this file")
     s.add_argument(
         "--settings",

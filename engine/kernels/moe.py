@@ -27,7 +27,7 @@ CUDA section below.
 Not here: choosing or dequantizing expert weights (the weight store), the router's own linear layer
 (its bias included: engine.kernels.linear), shared experts (engine.model.layers).
 
-Longer than the other op modules (about 870 lines) on purpose: it is four ops (routing and the
+Longer than the other op modules (about 910 lines) on purpose: it is four ops (routing and the
 experts, forward and backward) whose GPU twins share one dtype contract, one cache layout and one
 set of determinism rules; split by op, each part would restate them.
 """
@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import moe_cublas, moe_gemm
 from .glu import GluCache, glu_backward_ref, glu_forward_ref, silu
 from .linear import LoraTerm
 from .nvrtc import KernelSource
@@ -337,9 +338,16 @@ def experts_backward_ref(dy: np.ndarray, cache: ExpertsCache, w_gate, w_up, w_do
 #   is a TypeError, never a silent host-to-device copy per layer. LoRA factors A (E, r, n_in) and
 #   B (E, n_out, r) float32, any rank per weight; biases b_gate, b_up (E, F) and b_down (E, C) float32
 #   or None; act "silu" or "swiglu_oai" (cuda/glu.cuh, fused into the gate/up epilogue and the down
-#   backward). Outputs are float32; the bias gradients (need_db) are per-expert column sums, through
-#   the OUT_PROD_ID kernel against a column of ones.
-# - Numerics: bf16 stacks run the base matmuls on the tensor cores (mma.sync m16n8k16 bf16, fp32
+#   backward on every route). Outputs are float32; the bias gradients (need_db) are per-expert column
+#   sums, through an OUT_PROD_ID kernel against a column of ones.
+# - Routes: bf16 stacks take the v2 expert kernels of engine.kernels.moe_gemm (`moe_gemm.route()`:
+#   "tc", its tensor-core grouped GEMMs with the LoRA folded into K and OUT_PROD_ID on the tensor
+#   cores, or "cublas", engine.kernels.moe_cublas) unless $TUNE_MOE_GEMM=v1 picks the kernels below;
+#   float32 stacks always take v1. Biases and both activations are in every route's epilogues. The
+#   v2 routes round every product's operands to bf16 (LoRA factors and intermediates, dy and
+#   [dg | du] too; the bias gradients sum bf16 dg, du and w dy), with fp32 sums. The routing, cache
+#   layout, combine and token reductions are the same on every route.
+# - Numerics (v1): bf16 stacks run the base matmuls on the tensor cores (mma.sync m16n8k16 bf16, fp32
 #   accumulation) with the activation operand (x, h, dy*w, dg|du) rounded to bf16 as it is loaded;
 #   float32 stacks run them in float32 FMA (no tf32). LoRA products, biases, the activation, the routing and
 #   every weight or factor gradient (OUT_PROD_ID) run in float32 from float32 activations.
@@ -700,7 +708,6 @@ def experts_forward_on(
     N, C = x.shape
     K = routing.topk.shape[1]
     E = routing.offsets.shape[0] - 1
-    P = N * K
     x = _contiguous(x, "x", np.float32, xp)
     order, offsets, weights = _routing_arrays(routing, xp)
     wg, wu, wd, F, bf = _stacks(w_gate, w_up, w_down, E, C, xp)
@@ -714,6 +721,25 @@ def experts_forward_on(
         _bias(b_up, "b_up", E, F, xp),
         _bias(b_down, "b_down", E, C, xp),
     )
+    route = moe_gemm.route() if bf else "v1"
+    if route != "v1":  # v2: grouped GEMMs on the tensor cores (our kernels, or cuBLAS over row tiles)
+        forward = moe_gemm.experts_forward_tc if route == "tc" else moe_cublas.experts_forward_cublas
+        epi = moe_gemm.Epilogue(bg, bu, bd, ACT_CODES[act])
+        *packed, pair_out = forward(rt, x, order, offsets, K, wg, wu, wd, lg, lu, ld, epi)
+        acts = PackedActs(*packed)
+    else:
+        biased = (bg, bu, bd, act)
+        acts, pair_out = _experts_forward_v1(rt, x, order, offsets, K, wg, wu, wd, bf, lg, lu, ld, *biased)
+    y = xp.empty((N, C), dtype=np.float32)
+    _launch(rt, "moe_combine", (N, 1), (pair_out, weights, _i32(K), _i32(C), y))
+    biases = (bg is not None, bu is not None, bd is not None)
+    return y, ExpertsCache(x, routing, pair_out, acts, (lora_gate, lora_up, lora_down), biases, act)
+
+
+def _experts_forward_v1(rt, x, order, offsets, K, wg, wu, wd, bf, lg, lu, ld, bg, bu, bd, act):
+    """The v1 kernels of the experts' forward (moe.cu): (PackedActs, pair_out)."""
+    xp = rt.xp
+    C, F, E, P = x.shape[1], wg.shape[1], offsets.shape[0] - 1, order.shape[0]
     t = "bf16" if bf else "f32"
     tiles = row_tiles(P, E, GEMM_BM)
     xa_g = _rows(rt, x, _TOKEN, C, None, order, offsets, K, E, C, lg.A, 1, lg.r, P) if lg else None
@@ -733,11 +759,7 @@ def experts_forward_on(
         (-(-C // GEMM_BN), tiles),
         (h, order, offsets, _i32(E), _i32(C), _i32(F), wd, *lora_d, bd, pair_out),
     )
-    y = xp.empty((N, C), dtype=np.float32)
-    _launch(rt, "moe_combine", (N, 1), (pair_out, weights, _i32(K), _i32(C), y))
-    acts = PackedActs(g, u, h, xa_g, xa_u, ha_d)
-    biases = (bg is not None, bu is not None, bd is not None)
-    return y, ExpertsCache(x, routing, pair_out, acts, (lora_gate, lora_up, lora_down), biases, act)
+    return PackedActs(g, u, h, xa_g, xa_u, ha_d), pair_out
 
 
 def experts_backward_on(
@@ -770,6 +792,18 @@ def experts_backward_on(
         _lora(loras[2], "down", E, C, F, xp),
     )
     t = "bf16" if bf else "f32"
+    route = moe_gemm.route() if bf else "v1"
+    if route != "v1":
+        backward = moe_gemm.experts_backward_tc if route == "tc" else moe_cublas.experts_backward_cublas
+        db_keys = tuple(k for k, has in zip(("gate", "up", "down"), biases, strict=True) if has and need_db)
+        dx_pairs, dW, dlora, db = backward(
+            rt, x, dy, weights, order, offsets, K, wg, wu, wd, lg, lu, ld, tuple(acts), need_dw,
+            ACT_CODES[act], db_keys,
+        )  # fmt: skip
+        dx = xp.empty((N, C), dtype=np.float32)
+        dweights = xp.empty((N, K), dtype=np.float32)
+        _launch(rt, "moe_token_backward", (N, 1), (dx_pairs, pair_out, dy, _i32(K), _i32(C), dx, dweights))
+        return dx, dweights, dW, dlora, db if need_db else None
     tiles = row_tiles(P, E, GEMM_BM)
     rows = (order, offsets, K, E)
     # forward was: y_n = sum_k w_nk * down_e(h), h = silu(g) * u; do = dy w (never stored: the kernels

@@ -381,6 +381,34 @@ def compile_ptx_or_cubin(
     return out
 
 
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_USED = re.compile(r"Used (\d+) registers")
+
+
+def ptxas_report(src: KernelSource, arch: str = "sm_90") -> dict[str, dict[str, int]]:
+    """What ptxas says of each kernel of `src` for `arch` (`-Xptxas -v`): {kernel: {"registers",
+    "stack", "spill_stores", "spill_loads"}}. Needs NVRTC, no GPU; KernelCompileError on an error."""
+    nv = _nvrtc()
+    include = cuda_include_dir(nv.version[0])
+    if include is None:
+        raise CudaToolkitError("the CUDA headers (cuda_bf16.h) were not found")
+    opts = [f"--gpu-architecture={arch}", f"-I{include}", *src.options, "-Xptxas", "-v"]
+    ok, text, _ = nv.compile(src.code, f"{src.name}.cu", opts, cubin=True)
+    if not ok:
+        raise KernelCompileError(f"kernel source {src.name!r} for {arch} does not compile", text)
+    report: dict[str, dict[str, int]] = {}
+    current = None
+    for line in text.splitlines():
+        if m := _PTXAS_ENTRY.search(line):
+            current = report.setdefault(m.group(1), {})
+        elif current is not None and (m := _PTXAS_SPILL.search(line)):
+            current.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+        elif current is not None and (m := _PTXAS_USED.search(line)):
+            current["registers"] = int(m.group(1))
+    return report
+
+
 def compile_source(src: KernelSource, arch: str = "sm_90") -> bytes:
     """`compile_ptx_or_cubin` for a registered source, with its own options."""
     return compile_ptx_or_cubin(src.code, src.name, arch, src.options)

@@ -74,6 +74,8 @@ CUDA_R_16BF = 14
 CUBLAS_COMPUTE_32F = 68
 CUBLAS_COMPUTE_32F_PEDANTIC = 69
 CUBLAS_GEMM_DEFAULT = -1
+STATIC_SMEM_LIMIT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
+CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8  # CUfunction_attribute (cuda.h)
 
 
 class Runtime:
@@ -134,6 +136,24 @@ class Runtime:
         check_gemm_batched(a, b, out)
         for i in range(out.shape[0]):
             self.gemm(a[i], b[i], out[i], trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
+
+    def gemm_indexed(
+        self,
+        a: Any,
+        b: Any,
+        index: Any,
+        out: Any,
+        *,
+        trans_b: bool = False,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+    ) -> None:
+        """out[t] = alpha * a[t] @ op(b[index[t]]) + beta * out[t] for every t (op(x) = x.T when
+        trans_b): a batch of products whose right operand is picked from a stack by an int32 index
+        array on the device (the grouped GEMM of MoE experts over fixed-size row tiles), with no host
+        read of the index. a (T, m, k) and out (T, m, n) may be row-strided views; b (E, n, k) or
+        (E, k, n); operands as for `gemm` (float32, or bf16 bits with fp32 accumulation)."""
+        raise NotImplementedError
 
     def address(self, a: Any) -> int:
         """The address of a's first element (for pointer tables and alignment checks)."""
@@ -205,6 +225,27 @@ def check_gemm_batched(a: Any, b: Any, out: Any) -> int:
     return int(out.shape[0])
 
 
+def check_gemm_indexed(a: Any, b: Any, index: Any, out: Any, trans_b: bool) -> tuple[int, int, int, int]:
+    """(T, m, n, k) of `gemm_indexed`'s operands after checking them (ValueError naming what is wrong)."""
+    if a.ndim != 3 or b.ndim != 3 or out.ndim != 3 or index.ndim != 1:
+        raise ValueError(f"gemm_indexed takes a, b, out 3-D and index 1-D; got {a.shape}, {b.shape}, "
+                         f"{out.shape}, {index.shape}")  # fmt: skip
+    T, m, k = a.shape
+    n = b.shape[1] if trans_b else b.shape[2]
+    if (b.shape[2] if trans_b else b.shape[1]) != k or tuple(out.shape) != (T, m, n) or index.shape[0] != T:
+        raise ValueError(f"gemm_indexed shapes do not agree: a {a.shape}, b {b.shape} (trans_b {trans_b}), "
+                         f"index {index.shape}, out {out.shape}")  # fmt: skip
+    if index.dtype.name != "int32":
+        raise ValueError(f"gemm_indexed index must be int32, got {index.dtype}")
+    for name, x in (("a", a[0]), ("b", b[0]), ("out", out[0])):
+        if x.strides[1] != x.itemsize:
+            raise ValueError(f"gemm_indexed operand {name} needs unit inner stride, got strides {x.strides}")
+    if a.dtype != b.dtype or a.dtype.name not in ("float32", "uint16") or out.dtype.name != "float32":
+        raise ValueError(f"gemm_indexed takes float32 or bf16 (uint16) operands and a float32 out; got "
+                         f"{a.dtype}, {b.dtype} -> {out.dtype}")  # fmt: skip
+    return int(T), int(m), int(n), int(k)
+
+
 class CudaRuntime(Runtime):
     """The GPU: CuPy arrays, kernels through `get_kernel`, GEMMs through cuBLAS `cublasGemmEx` on the
     current stream (bf16 operands: CUBLAS_COMPUTE_32F, tensor cores with fp32 accumulation; fp32
@@ -214,6 +255,7 @@ class CudaRuntime(Runtime):
         import cupy
 
         self.xp = cupy
+        self._smem_optin: dict[int, int] = {}  # id of a loaded kernel -> dynamic shared memory allowed
         self._workspace: Any = None  # cuBLAS's workspace, set once before any capture
         self._handles: dict[int, tuple[CublasLib, int]] = {}  # device -> (library, CuPy's handle)
 
@@ -231,7 +273,14 @@ class CudaRuntime(Runtime):
     def launch(self, source, kernel, grid, block, args, shared_mem=0) -> None:
         if min(grid) <= 0:
             return
-        get_kernel(source, kernel)(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
+        fn = get_kernel(source, kernel)
+        if shared_mem > STATIC_SMEM_LIMIT and self._smem_optin.get(id(fn), 0) < shared_mem:
+            # above 48 KB a kernel must opt in to its dynamic shared memory, once per size
+            self.xp.cuda.driver.funcSetAttribute(
+                fn.ptr, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_mem
+            )
+            self._smem_optin[id(fn)] = shared_mem
+        fn(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
 
     def address(self, a: Any) -> int:
         return int(a.data.ptr)
@@ -246,6 +295,34 @@ class CudaRuntime(Runtime):
             return
         M, N, K = check_gemm(a[0], b[0], out[0], trans_a, trans_b)
         self._cublas(a, b, out, count, M, N, K, trans_a, trans_b, alpha, beta)
+
+    def gemm_indexed(self, a, b, index, out, *, trans_b=False, alpha=1.0, beta=0.0) -> None:
+        """cublasGemmBatchedEx over pointer arrays built on the device (a[t], b[index[t]], out[t]):
+        asynchronous, no host read of `index`, capturable in a CUDA graph (through `cublas_lib()`,
+        as `_cublas`: CuPy's binding refuses every cuBLAS call while a stream is captured)."""
+        T, M, N, K = check_gemm_indexed(a, b, index, out, trans_b)
+        if T == 0 or M == 0 or N == 0:
+            return
+        xp = self.xp
+        steps = xp.arange(T, dtype=xp.int64)
+        ptr_a = steps * a.strides[0] + a.data.ptr
+        ptr_c = steps * out.strides[0] + out.data.ptr
+        ptr_b = index.astype(xp.int64) * b.strides[0] + b.data.ptr
+        bf16 = a.dtype.name == "uint16"
+        dtype = CUDA_R_16BF if bf16 else CUDA_R_32F
+        compute = CUBLAS_COMPUTE_32F if bf16 else CUBLAS_COMPUTE_32F_PEDANTIC
+        lib, handle = self.cublas()
+        lib.set_stream(handle, xp.cuda.get_current_stream().ptr)
+        lib.set_pointer_mode(handle, CUBLAS_POINTER_MODE_HOST)
+        alpha_h = np.array(alpha, dtype=np.float32)
+        beta_h = np.array(beta, dtype=np.float32)
+        ld = [x[0].strides[0] // x.itemsize for x in (b, a, out)]
+        # column-major: out^T = op(b)^T a^T, as in _cublas
+        lib.gemm_batched_ex(
+            handle, CUBLAS_OP_T if trans_b else CUBLAS_OP_N, CUBLAS_OP_N, N, M, K,
+            alpha_h.ctypes.data, ptr_b.data.ptr, dtype, ld[0], ptr_a.data.ptr, dtype, ld[1],
+            beta_h.ctypes.data, ptr_c.data.ptr, CUDA_R_32F, ld[2], T, compute, CUBLAS_GEMM_DEFAULT,
+        )  # fmt: skip
 
     def _cublas(self, a, b, out, count, M, N, K, trans_a, trans_b, alpha, beta) -> None:
         """cublasGemmEx (count None: 2-D operands) or cublasGemmStridedBatchedEx (3-D, `count`), on

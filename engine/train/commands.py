@@ -38,11 +38,14 @@ def train_command(
     template_file: str | None = None,
     device: str = "cpu",
     program: Sequence[str] | None = None,
+    resume: str | None = None,
+    accept_changes: bool = False,
 ) -> list[str]:
     """The command line of a training run: `ranks` processes on this machine (`--ranks`), or,
     with `hosts`, `mpiexec -n <ranks> -hosts a,b tune-engine train ...` across those machines.
     `program`: how to call tune-engine (default: this Python's `-m engine.cli` here, the
-    `tune-engine` on each machine's PATH across machines)."""
+    `tune-engine` on each machine's PATH across machines). `resume`: a checkpoint the run continues
+    (any number of ranks resumes it), `accept_changes` when the settings or data differ from its run's."""
     if hosts:
         prog = list(program or ["tune-engine"])
         head = ["mpiexec", "-n", str(ranks), "-hosts", ",".join(hosts), *prog]
@@ -55,6 +58,8 @@ def train_command(
         args += ["--events", events]
     if template_file:
         args += ["--template-file", template_file]
+    if resume:
+        args += ["--resume", resume] + (["--accept-changes"] if accept_changes else [])
     if device != "cpu":
         args += ["--device", device]
     if hosts:

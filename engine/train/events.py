@@ -32,14 +32,17 @@ class Plan:
     lora_targets: tuple[str, ...]  # adapted tensor names
     full_tensors: tuple[str, ...]  # tensors trained in full
     memory_bytes: dict[str, int]  # estimate: weights, trainable + optimizer, activations, total
-    problems: tuple[str, ...]  # dataset problems, one line each ("line 12: ...")
+    problems: tuple[str, ...]  # dataset problems, one line each ("line 12: ..."): the first 1000
     start_step: int  # 0, or the step a resumed run starts from
+    start_tokens: int = 0  # sample tokens the steps before start_step processed (a resumed run)
+    start_seconds: float = 0.0  # training time before start_step (a resumed run)
     ranks: int = 1  # processes the run is spread over (data parallel: engine.train.parallel)
     hosts: tuple[str, ...] = ()  # the machine each rank runs on, in rank order
     model: str = ""  # the model file trained (rank 0's path)
     lora_rank: int = 0  # the adapter's rank r and alpha
     lora_alpha: float = 0.0
     dataset: str = ""  # the dataset file, or "N samples (edited)"
+    problems_total: int = 0  # how many dataset problems there are (problems lists the first 1000)
 
 
 @dataclass(frozen=True)

@@ -274,7 +274,7 @@ def join(trainer, failure: EngineError | None) -> None:
 
 
 def sync_from_root(trainer, *, with_optimizer: bool, timeout: float | None = None) -> None:
-    """Rank 0's parameters (and optimizer state, step and time: a resume) on every rank."""
+    """Rank 0's parameters (and optimizer state, step, time and tokens: a resume) on every rank."""
     tr, comm = trainer, trainer.comm
     params = tr.trainable.params()
     comm.broadcast([params[n] for n in params], timeout=timeout)
@@ -286,12 +286,14 @@ def sync_from_root(trainer, *, with_optimizer: bool, timeout: float | None = Non
             "optimizer": tr.optimizer.state_dict(),
             "step": tr.step,
             "seconds": tr.train_seconds,
+            "tokens": tr.tokens_done,
             "checkpoint": tr.last_ckpt,
         }
     state = comm.broadcast_object(state, timeout=timeout)
     if not comm.is_root:
         tr.optimizer.load_state_dict(state["optimizer"])
         tr.step, tr.train_seconds, tr.last_ckpt = state["step"], state["seconds"], state["checkpoint"]
+        tr.tokens_done = state["tokens"]
 
 
 def check_same(trainer) -> bool:

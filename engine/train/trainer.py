@@ -23,14 +23,13 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from ..backend import parse_device, select_backend, to_host
 from ..errors import ConfigError, DatasetError, EngineError, ModelError
-from ..io.hashes import file_sha256
 from ..io.weights import parse_budget
 from ..model.lora import LoraAdapter
 from ..model.model import Model
@@ -40,6 +39,7 @@ from ..text.tokenizer import Tokenizer
 from . import events as ev
 from . import parallel
 from .checkpoint import (
+    SAMPLES_FILE,
     STATE_FILE,
     CheckpointError,
     latest_checkpoint,
@@ -47,10 +47,11 @@ from .checkpoint import (
     write_checkpoint,
 )
 from .collective import Collective, RankTimeout
-from .data import EncodeOptions, Sample, batch_encoded, encode_samples, load_jsonl, split_validation
+from .data import Encoded, EncodeOptions, Problem, Sample, save_jsonl, split_groups
 from .heap import keep_step_buffers
 from .memory import MemoryEstimate, estimate_memory
 from .optim import AdamW, GradAccumulator, OptimConfig
+from .prepared import KEPT, PackedBatches, PreparedData, default_cache_folder, prepare_data
 from .rewards import group_advantages, reward_weights
 from .runs import RunRecord, read_run, record_path, tensor_kinds
 from .threads import adjust_blas_threads
@@ -149,6 +150,8 @@ class TrainConfig:
     # runtime
     device: str = "cpu"  # where the run computes: "cpu", "cuda:N" or "auto" (engine.backend)
     cache_budget: str = "auto"  # dequantized weights kept between uses: "auto", "off" or a size ("4G")
+    data_cache: str = "auto"  # folder keeping prepared datasets between runs: "auto" (the app's data
+    # folder, engine.train.prepared.default_cache_folder), "off" (prepared again by every run), or a path
     checkpoint_layers: str = "auto"  # recompute each block in the backward pass: "on", "off", or
     # "auto" (on when the memory estimate says keeping every block's activations would not fit)
     checkpoint_every: int = 0  # steps between checkpoints; 0 = only at the end / on stop
@@ -169,6 +172,8 @@ class TrainConfig:
         elif ckpt not in ("auto", "on", "off"):
             raise ConfigError(f"checkpoint_layers must be auto, on or off, got {ckpt!r}")
         object.__setattr__(self, "cache_budget", str(self.cache_budget))
+        if not isinstance(self.data_cache, str) or not self.data_cache:
+            raise ConfigError(f"data_cache must be 'auto', 'off' or a folder, got {self.data_cache!r}")
         parse_budget(self.cache_budget)  # EngineError naming the value when it is not understood
         parse_device(self.device)
         if not isinstance(self.targets, TargetSpec):
@@ -306,6 +311,51 @@ def clean_stale_temporaries(folder: str | None, max_age_s: float = 0.0) -> int:
     return removed
 
 
+MAX_PLAN_PROBLEMS = 1000  # dataset problems a Plan lists (it counts them all)
+
+
+class _Encodings(Sequence[Encoded]):
+    """Prepared samples as a sequence of `Encoded` (rows of `data.samples`, with their indexes)."""
+
+    def __init__(self, data: PreparedData, rows: np.ndarray, positions: np.ndarray):
+        self.data, self.rows, self.positions = data, rows, positions
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Encoded:  # type: ignore[override]
+        if not -len(self.rows) <= i < len(self.rows):
+            raise IndexError(f"encoding {i} of {len(self.rows)}")
+        return self.data.encoded(int(self.rows[i]), int(self.positions[i]))
+
+
+def _plan_problems(data: PreparedData, train: np.ndarray, val: np.ndarray) -> tuple[list[Problem], int]:
+    """The first MAX_PLAN_PROBLEMS problems as a run meets them (reading the file, then encoding
+    the training samples, then the validation ones; a sample made in memory is named by its
+    position in its list), and how many there are."""
+    total = data.n_read_problems + data.n_encode_problems
+    side = np.zeros(len(data), dtype=np.int8)  # 0: training, 1: validation
+    side[val] = 1
+    position = np.zeros(len(data), dtype=np.int64)
+    position[train], position[val] = np.arange(len(train)), np.arange(len(val))
+    read: list[Problem] = []
+    encoded: tuple[list[Problem], list[Problem]] = ([], [])
+    for stage, sample, problem in data.problems():  # those of reading first, then of encoding
+        if stage == "read":
+            if len(read) < MAX_PLAN_PROBLEMS:
+                read.append(problem)
+            continue
+        which = encoded[side[sample]]
+        if len(read) + len(which) >= MAX_PLAN_PROBLEMS:
+            if side[sample] == 0:
+                break  # enough from the file and the training samples: the validation ones come after
+            continue
+        if not problem.line:
+            problem = Problem(0, f"sample {position[sample]}: {problem.message}", problem.severity)
+        which.append(problem)
+    return [*read, *encoded[0], *encoded[1]][:MAX_PLAN_PROBLEMS], total
+
+
 class Trainer:
     """One training run of a model on a dataset. Build it, then call `run` (in a worker thread)."""
 
@@ -350,6 +400,9 @@ class Trainer:
         self.plan: ev.Plan | None = None  # set by start()
         self.ended = False  # finished, stopped or failed: no more steps
         self.train_seconds = 0.0  # time spent in steps (pauses excluded; carried by checkpoints)
+        self.tokens_done = 0  # sample tokens processed by the steps taken (carried by checkpoints)
+        self.dataset_path: str | None = None  # the dataset file trained (None: samples in memory)
+        self.samples_file: str | None = None  # the run's copy of in-memory samples, in its checkpoint folder
         self._recent: deque[float] = deque(maxlen=ETA_WINDOW + 1)  # seconds of the last steps
         self.last_ce: float | None = None
         self.last_ckpt: str | None = resume
@@ -359,7 +412,9 @@ class Trainer:
         self._stall_warned = False
 
     # --- data ---------------------------------------------------------------------------------
-    def _prepare(self):
+    def _prepare(self) -> PackedBatches:
+        """Prepare the dataset (engine.train.prepared: from the cache when nothing that shaped it
+        changed), split it, weight it by rewards, and pack the first epoch."""
         cfg = self.config
         md = self.model.metadata
         tok = self.tokenizer if self.tokenizer is not None else Tokenizer.from_metadata(md, self.model.path)
@@ -367,55 +422,83 @@ class Trainer:
             template = self.template_arg
         else:  # a template file, or the model's own
             template = template_for(md, self.template_arg)
-        problems = []
-        if isinstance(self.data, str):
-            samples, problems = load_jsonl(self.data)
-            self.dataset_sha256 = file_sha256(self.data)
-        else:
-            samples = list(self.data)
-            self.dataset_sha256 = hashlib.sha256(
-                json.dumps([asdict(s) for s in samples], sort_keys=True, default=str).encode()
-            ).hexdigest()
-        if not samples:
-            raise DatasetError(
-                "the dataset has no usable sample" + (f" ({len(problems)} problems)" if problems else "")
-            )
-        train, val = split_validation(samples, cfg.val_split, cfg.seed)
         options = EncodeOptions(
             n_ctx=cfg.n_ctx, train_on_prompt=cfg.train_on_prompt, prompt_format=cfg.prompt_format
         )
-        enc_train, p1 = encode_samples(train, tok, template, options)
-        enc_val, p2 = encode_samples(val, tok, template, options) if val else ([], [])
-        problems = [*problems, *p1, *p2]
-        if not enc_train:
-            raise DatasetError(
-                "no training sample is left after encoding: " + "; ".join(str(p) for p in problems[:5])
+        if isinstance(self.data, str):
+            cache = {"auto": default_cache_folder(), "off": None}.get(cfg.data_cache, cfg.data_cache)
+            data = prepare_data(self.data, tok, template, options, cache=cache)
+            self.dataset_sha256 = data.dataset_sha256
+            own = cfg.checkpoint_dir and os.path.abspath(self.data) == os.path.abspath(
+                os.path.join(cfg.checkpoint_dir, SAMPLES_FILE)
             )
+            if own:  # a run of in-memory samples, resumed on its own copy of them
+                self.samples_file = SAMPLES_FILE
+            else:
+                self.dataset_path = os.path.abspath(self.data)
+        else:
+            samples = list(self.data)
+            data = prepare_data(samples, tok, template, options)
+            self.dataset_sha256 = hashlib.sha256(
+                json.dumps([asdict(s) for s in samples], sort_keys=True, default=str).encode()
+            ).hexdigest()
+            if cfg.checkpoint_dir and samples:
+                # samples from the app's editor: a copy beside the checkpoints, so that the run can be
+                # resumed on exactly these samples after the editor changed or the app closed (rank 0)
+                if self.comm.is_root:
+                    os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+                    save_jsonl(os.path.join(cfg.checkpoint_dir, SAMPLES_FILE), samples)
+                self.samples_file = SAMPLES_FILE
+        self.prepared = data
+        table = data.samples
+        if not len(table):
+            n = data.n_read_problems
+            raise DatasetError("the dataset has no usable sample" + (f" ({n} problems)" if n else ""))
+        train, val = split_groups(table["group"], cfg.val_split, cfg.seed)
+        kept = (table["flags"] & KEPT).astype(bool)
+        train_pos, val_pos = np.flatnonzero(kept[train]), np.flatnonzero(kept[val])
+        self.problems, self.problems_total = _plan_problems(data, train, val)
+        if not len(train_pos):
+            raise DatasetError(
+                "no training sample is left after encoding: " + "; ".join(str(p) for p in self.problems[:5])
+            )
+        rewards = [None if math.isnan(r) else r for r in table["reward"][train].tolist()]
         weights, normalize = None, "tokens"
-        rewards = [s.reward for s in train]
         if cfg.reward_mode == "weighted":
             weights = reward_weights(rewards)
         elif cfg.reward_mode == "group":
-            weights = group_advantages(rewards, [s.group for s in train])
+            weights = group_advantages(rewards, table["group"][train].tolist())
             normalize = "samples"
         elif cfg.reward_mode != "none":
             raise DatasetError(f"unknown reward mode {cfg.reward_mode!r} (none, weighted, group)")
-        self.enc_train, self.weights, self.normalize = enc_train, weights, normalize
-        self.val_batches = batch_encoded(enc_val, cfg.n_ctx, cfg.batch_size) if enc_val else []
-        self.problems = problems
+        self.train_rows, self.train_pos = train[train_pos], train_pos
+        self.weights, self.normalize = weights, normalize
+        self.val_batches = (
+            PackedBatches(data, val[val_pos], val_pos, None, cfg.n_ctx, cfg.batch_size)
+            if len(val_pos)
+            else []
+        )
         self.n_train, self.n_val = len(train), len(val)
-        self._epoch_cache: dict[int, list] = {}
+        self._epoch_cache: dict[int, PackedBatches] = {}
         return self.batches_for_epoch(0)
 
-    def batches_for_epoch(self, epoch: int) -> list:
+    @property
+    def enc_train(self) -> Sequence[Encoded]:
+        """The training samples that are trained on, encoded, in the order of the training list
+        (each made from the prepared files when read)."""
+        return _Encodings(self.prepared, self.train_rows, self.train_pos)
+
+    def batches_for_epoch(self, epoch: int) -> PackedBatches:
         """Deterministic batches of one epoch (shuffled by seed + epoch): the basis of exact resume."""
         if epoch not in self._epoch_cache:
             self._epoch_cache = {
-                epoch: batch_encoded(
-                    self.enc_train,
+                epoch: PackedBatches(
+                    self.prepared,
+                    self.train_rows,
+                    self.train_pos,
+                    self.weights,
                     self.config.n_ctx,
                     self.config.batch_size,
-                    weights=self.weights,
                     shuffle_seed=self.config.seed + epoch,
                     normalize=self.normalize,
                 )
@@ -479,8 +562,14 @@ class Trainer:
 
         meta = {
             "step": self.step,
+            "total_steps": self.plan.total_steps if self.plan is not None else 0,
             "config": self.config.to_json(),
-            "model": self.model.path,
+            "model": os.path.abspath(self.model.path),
+            "dataset": self.dataset_path,
+            "dataset_sha256": self.dataset_sha256,
+            "samples_file": self.samples_file,
+            "tokens": self.tokens_done,
+            "seconds": self.train_seconds,
             "rank": self.trainable.rank,
             "alpha": self.trainable.alpha,
             "lora_targets": sorted(self.trainable.pairs),
@@ -500,7 +589,11 @@ class Trainer:
             optimizer=self.optimizer.state_dict(),
             meta=meta,
             meta_file=CONFIG_FILE,
-            extra={"trainer.step": self.step, "trainer.seconds": self.train_seconds},
+            extra={
+                "trainer.step": self.step,
+                "trainer.seconds": self.train_seconds,
+                "trainer.tokens": self.tokens_done,
+            },
             write_adapter=adapter,
             keep=self.config.keep_checkpoints,
         )
@@ -525,8 +618,18 @@ class Trainer:
             raise ModelError(f"{path}: not a training-run checkpoint (it has no step count)")
         self.step = int(other["trainer.step"])
         self.train_seconds = float(other.get("trainer.seconds", 0.0))
+        self.tokens_done = int(other.get("trainer.tokens", meta.get("tokens", 0)) or 0)
         if meta.get("step") != self.step:
             raise ModelError(f"{path}: inconsistent checkpoint (step {meta.get('step')} vs {self.step})")
+
+    def _planned_note(self) -> str:
+        """ " (it planned N steps)" from the checkpoint being resumed, when it says."""
+        try:
+            with open(os.path.join(self.resume, CONFIG_FILE), encoding="utf-8") as f:
+                planned = int(json.load(f).get("total_steps", 0) or 0)
+        except (OSError, ValueError, TypeError, AttributeError):
+            planned = 0
+        return f" (it planned {planned} steps)" if planned else ""
 
     def _adapter(self) -> LoraAdapter:
         return self.trainable.to_adapter(self.model.config.arch)
@@ -585,12 +688,18 @@ class Trainer:
                 self._load_checkpoint(self.resume)
             if self.comm.parallel:  # every rank's facts checked, then rank 0's state on every rank
                 parallel.join(self, None)
+            if self.resume and self.step >= total:  # every rank has rank 0's step now: all fail alike
+                raise ConfigError(
+                    f"the checkpoint is at step {self.step} and these settings plan {total} steps: "
+                    "nothing is left to train. Resume with the checkpoint's own settings"
+                    + self._planned_note()
+                )
             self.plan = ev.Plan(
                 n_train=self.n_train,
                 n_val=self.n_val,
-                n_windows=sum(b.tokens.shape[0] for b in batches),
-                tokens_per_epoch=sum(b.n_tokens for b in batches),
-                label_tokens_per_epoch=sum(b.n_label_tokens for b in batches),
+                n_windows=batches.n_windows,
+                tokens_per_epoch=batches.n_tokens,
+                label_tokens_per_epoch=batches.n_label_tokens,
                 batches_per_epoch=n_batches,
                 total_steps=total,
                 trainable_params=self.trainable.n_params,
@@ -599,12 +708,15 @@ class Trainer:
                 memory_bytes=self.memory.to_dict(),
                 problems=tuple(str(p) for p in self.problems),
                 start_step=self.step,
+                start_tokens=self.tokens_done,
+                start_seconds=self.train_seconds,
                 ranks=self.comm.size,
                 hosts=tuple(self.hosts),
                 model=self.model.path,
                 lora_rank=self.trainable.rank,
                 lora_alpha=self.trainable.alpha,
                 dataset=self.data if isinstance(self.data, str) else f"{len(self.data)} samples (edited)",
+                problems_total=self.problems_total,
             )
         except EngineError as exc:
             if self.comm.parallel and not self._joined:
@@ -674,6 +786,7 @@ class Trainer:
                 "is kept.",
             )
         self.step += 1
+        self.tokens_done += n_tok
         self.last_ce = ce_sum / max(1, n_label)
         seconds = time.perf_counter() - t_step
         self.train_seconds += seconds

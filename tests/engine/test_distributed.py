@@ -1,6 +1,7 @@
 """Data-parallel training over MPI on this machine: 2 and 4 ranks compute what one process does,
 a rank that dies or stops ends every rank with the last checkpoint intact, ranks that differ are
-refused before step 1, and a checkpoint of 2 ranks resumes on 1 (engine.train.parallel, the CLI)."""
+refused before step 1, a checkpoint of 2 ranks resumes on 1 and one of 1 on 2, with its plan, tokens and
+time (engine.train.parallel, the CLI)."""
 
 from __future__ import annotations
 
@@ -165,10 +166,13 @@ def test_2_and_4_ranks_train_what_one_process_trains_and_every_rank_holds_it(fil
 
 def test_ranks_on_the_command_line_write_the_one_process_adapter_and_resume_on_one_rank(files, tmp_path):
     """`tune-engine train --ranks 2`: rank 0 alone writes events, checkpoints and the adapter; that
-    adapter is one process's; its checkpoint of step 5 resumed by one process goes on the same way."""
+    adapter is one process's; its checkpoint of step 5 resumed by one process goes on the same way, and
+    so does one process's checkpoint resumed on 2 ranks (`--resume CKPT` alone)."""
     one, two = tmp_path / "one.gguf", tmp_path / "two.gguf"
-    ckpts = tmp_path / "two-ckpts"
-    run1 = run(cli(*train_args(files, "llama", one, "--events", str(tmp_path / "one.jsonl"))), tmp_path)
+    ckpts, one_ckpts = tmp_path / "two-ckpts", tmp_path / "one-ckpts"
+    extra1 = ("--events", str(tmp_path / "one.jsonl"), "--checkpoint-every", "5", "--checkpoint-dir",
+              str(one_ckpts))  # fmt: skip
+    run1 = run(cli(*train_args(files, "llama", one, *extra1)), tmp_path)
     assert run1.returncode == 0, run1.stderr
     extra = ("--ranks", "2", "--events", str(tmp_path / "two.jsonl"), "--checkpoint-every", "5",
              "--checkpoint-dir", str(ckpts))  # fmt: skip
@@ -199,6 +203,31 @@ def test_ranks_on_the_command_line_write_the_one_process_adapter_and_resume_on_o
     assert np.max(np.abs(resumed - losses[5:]) / losses[5:]) <= 1e-5
     final = {f"{k}.{i}": v[i] for k, v in tr.trainable.to_adapter("llama").pairs.items() for i in (0, 1)}
     assert rel_norm(final, pairs2) <= 1e-4
+
+    # the one process's checkpoint of step 5 resumed on 2 ranks with no option but where to write:
+    # the checkpoint's settings and plan, its tokens and time go on, the same steps as the one process
+    three = tmp_path / "three.gguf"
+    only = ("--out", str(three), "--ranks", "2", "--resume", str(one_ckpts / "ckpt-000005"),
+            "--events", str(tmp_path / "three.jsonl"))  # fmt: skip
+    resumed_run = run(cli(files["llama"], files["data"], *only), tmp_path)
+    assert resumed_run.returncode == 0, resumed_run.stderr
+    assert resumed_run.stderr.count("at step 5 of 10: 10 steps, context 48, batch 4") == 1  # rank 0 says it
+    later = [json.loads(line) for line in (tmp_path / "three.jsonl").read_text().splitlines()]
+    plan = later[0]["plan"]
+    ref_steps = [e for e in ref if e["event"] == "Step"]
+    assert (plan["ranks"], plan["start_step"], plan["total_steps"]) == (2, 5, 10)
+    assert plan["start_tokens"] == sum(e["tokens"] for e in ref_steps[:5]) > 0
+    assert plan["start_seconds"] == pytest.approx(ref_steps[4]["elapsed_s"], rel=1e-6)
+    steps = [e for e in later if e["event"] == "Step"]
+    assert [e["step"] for e in steps] == list(range(6, 11)) and steps[0]["elapsed_s"] > plan["start_seconds"]
+    again = np.array([e["loss"] for e in steps])
+    assert np.max(np.abs(again - ref_losses[5:]) / ref_losses[5:]) <= 1e-5
+    meta = json.load(open(one_ckpts / "ckpt-000010" / CONFIG_FILE))  # the run's folder: its own checkpoints
+    assert meta["ranks"] == 2 and meta["total_steps"] == 10
+    assert meta["tokens"] == sum(e["tokens"] for e in ref_steps)
+    a3 = LoraAdapter.load(str(three))
+    pairs3 = {f"{k}.{i}": v[i] for k, v in a3.pairs.items() for i in (0, 1)}
+    assert rel_norm(pairs3, pairs1) <= 1e-4
 
 
 def test_a_different_model_file_on_one_rank_is_refused_before_step_1(files, tmp_path):

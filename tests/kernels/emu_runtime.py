@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from engine.kernels.nvrtc import KernelSource
-from engine.kernels.runtime import Runtime, check_gemm
+from engine.kernels.runtime import Runtime, check_gemm, check_gemm_indexed
 from tests.kernels.emulate import FiberKernels
 
 _BUILT: dict[tuple[str, str], FiberKernels] = {}
@@ -43,7 +43,7 @@ def built(source: KernelSource):
     warp-wide tensor-core instructions, on its own emulator, tests/kernels/emulate_moe.py)."""
     key = (source.name, source.code)
     if key not in _BUILT:
-        if source.name == "moe":
+        if source.name in ("moe", "moe_gemm", "moe_cublas"):
             from tests.kernels.emulate_moe import FiberKernels as MoeKernels
 
             _BUILT[key] = _MoeAdapter(MoeKernels(source.code, source.kernels, _workdir(), source.options))
@@ -60,7 +60,14 @@ class _MoeAdapter:
 
     def launch(self, kernel, grid, block, args, shared_mem=0, reverse=False) -> None:
         grid = tuple(grid) + (1,) * (2 - len(grid))
-        self.kernels.launch(kernel, grid[:2], int(block[0]), tuple(args))
+        self.kernels.launch(kernel, grid[:2], int(block[0]), tuple(args), shared_mem=shared_mem)
+
+
+def _wide(x: np.ndarray) -> np.ndarray:
+    """float64 values of float32 or bf16-bit (uint16) operands."""
+    if x.dtype == np.uint16:
+        return (x.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
+    return x.astype(np.float64)
 
 
 def poison_like(shape, dtype) -> np.ndarray:
@@ -109,13 +116,14 @@ class EmuRuntime(Runtime):
     def address(self, a: Any) -> int:
         return int(a.ctypes.data)
 
+    def gemm_indexed(self, a, b, index, out, *, trans_b=False, alpha=1.0, beta=0.0) -> None:
+        check_gemm_indexed(a, b, index, out, trans_b)
+        for t in range(out.shape[0]):
+            self.gemm(a[t], b[int(index[t])], out[t], trans_b=trans_b, alpha=alpha, beta=beta)
+
     def gemm(self, a, b, out, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> None:
         check_gemm(a, b, out, trans_a, trans_b)
-
-        def wide(x):
-            if x.dtype == np.uint16:
-                return (x.astype(np.uint32) << np.uint32(16)).view(np.float32).astype(np.float64)
-            return x.astype(np.float64)
+        wide = _wide
 
         A = wide(a).T if trans_a else wide(a)
         B = wide(b).T if trans_b else wide(b)
@@ -469,6 +477,25 @@ class RecordingRuntime(EmuRuntime):
             self._graph.ops.append(("gemm_batched", run))
             return
         self._count("gemm", "gemm_batched")
+        run()
+
+    def gemm_indexed(self, a, b, index, out, *, trans_b=False, alpha=1.0, beta=0.0) -> None:
+        """One cuBLAS call (pointer arrays built on the device): the index is read at run time, on
+        the device, never by the host."""
+        check_gemm_indexed(a, b, index, out, trans_b)
+        a_, b_, idx, out_ = (
+            x.view(np.ndarray) if isinstance(x, DeviceArray) else x for x in (a, b, index, out)
+        )
+        kw = dict(trans_b=trans_b, alpha=alpha, beta=beta)
+
+        def run():
+            for t in range(out_.shape[0]):
+                EmuRuntime.gemm(self, a_[t], b_[int(idx[t])], out_[t], **kw)
+
+        if self._graph is not None:
+            self._graph.ops.append(("gemm_indexed", run))
+            return
+        self._count("gemm", "gemm_indexed")
         run()
 
     def upload(self, dst, host) -> None:

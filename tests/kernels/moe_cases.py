@@ -164,6 +164,18 @@ class OnArrays(Runtime):
     def launch(self, *args, **kwargs) -> None:
         self.rt.launch(*args, **kwargs)
 
+    def address(self, a) -> int:
+        return self.rt.address(a)
+
+    def gemm(self, *args, **kwargs) -> None:
+        self.rt.gemm(*args, **kwargs)
+
+    def gemm_batched(self, *args, **kwargs) -> None:
+        self.rt.gemm_batched(*args, **kwargs)
+
+    def gemm_indexed(self, *args, **kwargs) -> None:
+        self.rt.gemm_indexed(*args, **kwargs)
+
 
 def run_case(case: MoeCase, inp: dict, rt: Runtime, poison: bool = True) -> dict:
     """The MoE path of one case on runtime `rt`; every result as a host array.
@@ -245,9 +257,14 @@ def row_err(got: np.ndarray, ref: np.ndarray) -> float:
     return float((np.linalg.norm(got - ref, axis=1) / den).max())
 
 
-def tolerance(case: MoeCase) -> float:
-    """float32 stacks: float32 arithmetic; bf16 stacks: activations rounded to bf16 on the tensor cores."""
-    return 2e-5 if case.dtype == "float32" else 1e-2
+def tolerance(case: MoeCase, route: str = "v1") -> float:
+    """float32 stacks: float32 arithmetic; bf16 stacks: activations rounded to bf16 on the tensor cores
+    (route v1), and on the v2 routes (engine.kernels.moe_gemm) the LoRA factors, their intermediates,
+    dy and [dg | du] too, every product's operands bf16: about 2.5x v1's error on these cases, whose
+    LoRA terms are as large as the base products (B is drawn, not zero)."""
+    if case.dtype == "float32":
+        return 2e-5
+    return 1e-2 if route == "v1" else 2e-2
 
 
 def _device_clamp_sides(cache: moe.ExpertsCache, routing: moe.Routing, got: dict) -> moe.ExpertsCache:
@@ -327,7 +344,7 @@ def reference(case: MoeCase, inp: dict, got: dict) -> dict:
 EXACT = ("topk", "order", "offsets")
 
 
-def check_case(case: MoeCase, inp: dict, got: dict) -> dict[str, float]:
+def check_case(case: MoeCase, inp: dict, got: dict, route: str = "v1") -> dict[str, float]:
     """Compare every output with the reference; AssertionError naming the first bad one and its errors.
 
     Returns {output: relative error} (0.0 for the exact integer outputs).
@@ -336,11 +353,16 @@ def check_case(case: MoeCase, inp: dict, got: dict) -> dict[str, float]:
     assert set(got) == set(ref), f"{case}: outputs {sorted(got)} but reference {sorted(ref)}"
     errors: dict[str, float] = {}
     bad: list[str] = []
-    tol = tolerance(case)
-    # a row's error against its own norm: 10x the tolerance; gpt-oss's bf16 rows 25x, whose biases put
-    # the pre-activations at 5-15 (bf16 rounds them by 0.02-0.06) where the clamped SwiGLU's slope is
-    # steepest relative to the row (measured up to 10.3x on rows at the floor of 0.1 x the rms norm)
-    row_factor = 25 if case.act == "swiglu_oai" and case.dtype == "bfloat16" else 10
+    tol = tolerance(case, route)
+    # a row's error against its own norm: 10x the tolerance on v1. A row is one dot product per element
+    # (rows of a gradient: d_f times a vector), and one that nearly cancels carries more of bf16's
+    # error: on the v2 routes, whose LoRA and gradient operands are bf16 too, a tiny case's worst row
+    # reaches 0.4 (a wrong row is > 1), so 25x; gpt-oss's bf16 rows 25x on every route, whose biases
+    # put the pre-activations at 5-15 (bf16 rounds them by 0.02-0.06) where the clamped SwiGLU's slope
+    # is steepest relative to the row (measured up to 10.3x on v1, on rows at the floor of 0.1 x the
+    # rms norm)
+    oss_bf16 = case.act == "swiglu_oai" and case.dtype == "bfloat16"
+    row_factor = 25 if route != "v1" or oss_bf16 else 10
     for k in ref:
         if k in EXACT:
             same = got[k].shape == ref[k].shape and np.array_equal(got[k], ref[k])

@@ -126,3 +126,38 @@ def test_across_machines_gives_the_command_and_the_runs_page_follows_its_events_
     assert rec.adapter == dialog.files.out and rec.model == model
     np.testing.assert_allclose([x[1] for x in rec.losses], [json.loads(x)["mean_ce"] for x in written
                                                            if json.loads(x)["event"] == "Step"])  # fmt: skip
+
+
+def test_a_run_resumes_from_its_checkpoint_on_two_processes_with_its_plan_tokens_and_time(
+    qtbot, engine, tmp_path, synth_model, chats
+):
+    """A run of the app (one process) resumed from its step-3 checkpoint with Processes at 2: the
+    processes continue it with its settings (`--resume`), to its planned step, as the app would have."""
+    from tests.studio.test_train_page import settle
+
+    model = synth_model("llama")
+    settings = dict(steps=6, batch_size=2, eval_every=0, val_split=0.0, checkpoint_every=3)
+    page = make_page(qtbot, engine, tmp_path, model, chats, **settings)
+    first = run(qtbot, page)
+    settle(qtbot, page)
+    assert isinstance(first, Finished) and first.step == 6
+    ref_x, ref_y = page.plots.curve_data()["loss"]
+    ref_tokens, ref_adapter = page.tokens_done, LoraAdapter.load(first.adapter_path)
+    ckpt = Path(first.checkpoint_path).parent / "ckpt-000003"
+
+    other = make_page(qtbot, engine, tmp_path, model, chats, **settings)
+    other.processes.setValue(2)
+    result = run(qtbot, other, lambda: other.resume_from(str(ckpt)))
+    assert isinstance(result, Finished) and result.step == 6 and not result.stopped, other.log.toPlainText()
+    log = other.log.toPlainText()
+    assert "Training on 2 processes" in log and f"--resume {ckpt}" in log and "rank 1 on " in log
+    assert other.tokens_done == ref_tokens  # the checkpoint's tokens, then the new steps'
+    other.plots.flush()
+    x, y = other.plots.curve_data()["loss"]
+    assert list(x) == list(ref_x) == [1, 2, 3, 4, 5, 6]  # the run's curve up to step 3, then 4-6
+    np.testing.assert_allclose(y, ref_y, rtol=1e-5)
+    assert result.adapter_path == first.adapter_path  # the same run, its own files
+    again = LoraAdapter.load(result.adapter_path)
+    for name, (a, b) in ref_adapter.pairs.items():
+        np.testing.assert_allclose(again.pairs[name][0], a, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(again.pairs[name][1], b, rtol=1e-4, atol=1e-6)

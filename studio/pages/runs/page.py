@@ -54,6 +54,7 @@ from ...widgets.runs import (
     has_adapter,
     load_runs,
     remove_followed,
+    resume_checkpoint,
     run_folders,
     run_label,
     same_model,
@@ -67,12 +68,20 @@ POLL_MS = 3000  # re-read the records this often while the page is visible
 SETTLE_MS = 300  # after a folder changes, wait for the burst of writes to end
 
 
+def _two_lines(path: str, note: str = "") -> str:
+    """A path as its name, then its folder: each line is elided on its own, so the name stays readable
+    in a narrow column."""
+    path = os.path.normpath(path)
+    return f"{os.path.basename(path)}{note}\nin {os.path.dirname(path)}"
+
+
 class RunsPage(QWidget):
     """The run history; see the module docstring."""
 
     sig_chat_requested = Signal(str, str)  # adapter path, label
     sig_rate_requested = Signal(str)  # adapter path
     sig_export_requested = Signal(str)  # adapter path
+    sig_resume_requested = Signal(str, str)  # checkpoint folder, the run's model
 
     def __init__(
         self,
@@ -182,6 +191,12 @@ class RunsPage(QWidget):
             "Export this run's adapter (or merge it into the model) on the Export page"
         )
         self.export_button.clicked.connect(self.export)
+        self.resume_button = QPushButton("Resume")
+        self.resume_button.setToolTip(
+            "Continue this stopped (or failed) run from its last checkpoint to its planned end, with its own "
+            "settings and data, on the Train page (its model is opened when another one is)"
+        )
+        self.resume_button.clicked.connect(self.resume)
         self.why_label = QLabel()
         self.why_label.setObjectName("faint")
         self.why_label.setWordWrap(True)
@@ -190,6 +205,7 @@ class RunsPage(QWidget):
         actions.addWidget(self.chat_button)
         actions.addWidget(self.rate_button)
         actions.addWidget(self.export_button)
+        actions.addWidget(self.resume_button)
         actions.addWidget(self.why_label, 1)
 
         layout = PageLayout(self)  # fills the height it is given: the buttons stay in view
@@ -253,7 +269,7 @@ class RunsPage(QWidget):
         layout.addWidget(self.detail_status)
         layout.addLayout(form)
         layout.addStretch(1)
-        box.setMinimumWidth(240)
+        box.setMinimumWidth(300)
         return box
 
     @staticmethod
@@ -395,11 +411,22 @@ class RunsPage(QWidget):
         if not self._usable(run):
             self.sig_export_requested.emit(run.adapter)
 
+    def resume(self) -> None:
+        run = self.current_run()
+        ckpt = resume_checkpoint(run) if run is not None else None
+        if ckpt:
+            self.sig_resume_requested.emit(ckpt, run.model or "")
+
     def _update_buttons(self) -> None:
-        why = self._usable(self.current_run())
+        run = self.current_run()
+        why = self._usable(run)
         for b in (self.chat_button, self.rate_button, self.export_button):
             b.setEnabled(not why)
-        self.why_label.setText(why if self.current_run() is not None else "")
+        ckpt = resume_checkpoint(run) if run is not None else None
+        self.resume_button.setEnabled(bool(ckpt))
+        if ckpt:
+            why = f"{run.name} {status_text(run)}: Resume continues it from {os.path.basename(ckpt)}."
+        self.why_label.setText(why if run is not None else "")
 
     # --- selection and details ----------------------------------------------------------------
     def _selection_changed(self, *_: object) -> None:
@@ -421,10 +448,13 @@ class RunsPage(QWidget):
         steps = f"{run.steps_done} of {run.steps_planned or '?'} steps"
         loss = f", final loss {run.final_loss:.4f}" if run.final_loss is not None else ""
         self.detail_status.setText(f"{status_text(run)} · {steps}{loss}")
-        adapter = run.adapter or "none named"
-        self.adapter_label.setText(adapter + ("" if has_adapter(run) else " (not written)"))
-        ckpt = run.last_checkpoint or run.checkpoints or "none"
-        self.checkpoints_label.setText(ckpt)
+        self.adapter_label.setText(
+            _two_lines(run.adapter, "" if has_adapter(run) else " (not written)")
+            if run.adapter
+            else "none named"
+        )
+        ckpt = run.last_checkpoint or run.checkpoints
+        self.checkpoints_label.setText(_two_lines(ckpt) if ckpt else "none")
         cfg = run.config or {}
         bits = [f"rank {run.rank}", f"alpha {run.alpha:g}"]
         for key, name in (("lr", "lr"), ("steps", "steps"), ("batch_size", "batch"), ("mode", "mode")):

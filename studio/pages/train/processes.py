@@ -86,11 +86,13 @@ class RunFiles:
         save_jsonl(data, samples)
         return replace(self, data=data)
 
-    def command(self, model: str, *, ranks: int, hosts=(), template_file=None, device="cpu") -> list[str]:
+    def command(self, model: str, *, ranks: int, hosts=(), template_file=None, device="cpu", resume=None,
+                accept_changes=False) -> list[str]:  # fmt: skip
         return train_command(
             model, self.data, settings=self.settings, out=self.out, checkpoint_dir=self.checkpoint_dir,
             events=self.events, ranks=ranks, hosts=tuple(hosts), template_file=template_file, device=device,
-            program=None if hosts else [sys.executable, "-m", "engine.cli"],
+            program=None if hosts else [sys.executable, "-m", "engine.cli"], resume=resume,
+            accept_changes=accept_changes,
         )  # fmt: skip
 
 
