@@ -616,7 +616,7 @@ def test_the_cache_keeps_the_most_recently_used_entries(tokenizers, tmp_path, mo
     assert len(left) == 3 and Path(folders[0]).name not in left
 
 
-def test_two_processes_preparing_the_same_data_at_once_keep_the_first_entry(tokenizers, tmp_path, monkeypatch):
+def test_two_processes_preparing_the_same_data_keep_the_first_entry(tokenizers, tmp_path, monkeypatch):
     # Ranks of a data-parallel run prepare the same dataset into one cache at the same time: the
     # one that finishes second must not remove the entry the first one has mapped.
     path = _chat_file(tmp_path / "chats.jsonl", 40)
