@@ -414,9 +414,8 @@ def prepare_data(
         with atomic_write(os.path.join(folder, "meta.json"), "w", encoding="utf-8") as f:
             json.dump(meta, f, indent=1)
         if final is not None:
-            with contextlib.suppress(FileNotFoundError):
-                shutil.rmtree(final)  # a stale or damaged entry of the same key
-            os.replace(folder, final)
+            if not _publish(folder, final, shaped_by):  # another process wrote the same entry first
+                shutil.rmtree(folder, ignore_errors=True)
             folder = final
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
@@ -425,6 +424,26 @@ def prepare_data(
         _prune(os.path.dirname(final), keep=final)
     report(PrepareProgress("done", total, total, meta["n_samples"]))
     return PreparedData(folder, meta, temporary=final is None)
+
+
+def _publish(folder: str, final: str, shaped_by: dict[str, Any]) -> bool:
+    """Rename the complete `folder` to the cache entry `final`: True when it was renamed, False when
+    an intact entry of the same key is already there (another process, such as another rank of a
+    data-parallel run, prepared the same data at the same time: its entry is used, never removed
+    while that process maps its files). A damaged or stale entry is replaced."""
+    for _ in range(3):
+        try:
+            os.rename(folder, final)  # fails when `final` exists and is not empty
+            return True
+        except OSError as exc:
+            if not os.path.isdir(final):
+                raise
+            if _damage(final, shaped_by, lambda progress: None) is None:
+                return False
+            log.warning("%s: replacing the damaged prepared dataset (%s)", final, exc.strerror or exc)
+            shutil.rmtree(final, ignore_errors=True)
+    os.replace(folder, final)
+    return True
 
 
 def _token_dtype(tokenizer: Tokenizer) -> np.dtype:

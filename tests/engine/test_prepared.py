@@ -616,6 +616,29 @@ def test_the_cache_keeps_the_most_recently_used_entries(tokenizers, tmp_path, mo
     assert len(left) == 3 and Path(folders[0]).name not in left
 
 
+def test_two_processes_preparing_the_same_data_keep_the_first_entry(tokenizers, tmp_path, monkeypatch):
+    # Ranks of a data-parallel run prepare the same dataset into one cache at the same time: the
+    # one that finishes second must not remove the entry the first one has mapped.
+    path = _chat_file(tmp_path / "chats.jsonl", 40)
+    cache = tmp_path / "cache"
+    tok, template = tokenizers["spm"], _template(CHATML_TEMPLATE)
+    first = _prepare(path, tok, template, cache)
+    expected = np.array(first.tokens)
+    files = {name: os.stat(Path(first.folder) / name).st_ino for name in prepared_module._FILES}
+    monkeypatch.setattr(prepared_module, "_open_cached", lambda *args: None)  # as if it looked before
+    second = _prepare(path, tok, template, cache)
+    assert second.folder == first.folder
+    assert {name: os.stat(Path(first.folder) / name).st_ino for name in files} == files  # untouched
+    np.testing.assert_array_equal(np.array(first.tokens), expected)
+    np.testing.assert_array_equal(np.array(second.tokens), expected)
+    assert [p.name for p in cache.iterdir()] == [Path(first.folder).name]  # its own copy removed
+    # a damaged entry found there is replaced
+    (Path(first.folder) / "trained.bin").write_bytes(b"")
+    third = _prepare(path, tok, template, cache)
+    np.testing.assert_array_equal(np.array(third.tokens), expected)
+    assert os.path.getsize(Path(third.folder) / "trained.bin") == len(expected)
+
+
 def test_an_interrupted_preparation_leaves_nothing_that_looks_usable(tokenizers, tmp_path, monkeypatch):
     path = _chat_file(tmp_path / "chats.jsonl", 40)
     cache = tmp_path / "cache"
