@@ -59,8 +59,10 @@ def test_a_blind_pair_of_the_adapters_answers_becomes_a_preference(qtbot, page):
 
 def test_unattended_rounds_with_an_exact_match_run_pause_resume_and_stop(qtbot, page):  # noqa: F811
     _hot(page)
-    _sums_dataset(page)
     auto = page.auto
+    assert auto.source_label.text() == "71 prompts in the dataset"  # the demo dataset's file
+    _sums_dataset(page)
+    assert auto.source_label.text() == "4 prompts in the dataset"  # the samples the rounds will take
     page.tabs.setCurrentWidget(auto)
     auto.rounds_spin.setValue(4)
     auto.per_round_spin.setValue(0)  # all four prompts each round

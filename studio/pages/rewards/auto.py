@@ -323,7 +323,7 @@ class AutoRoundsWidget(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(split)
-        self._show_source()
+        self.show_source()
         self._set_state("idle")
 
     # --- prompts --------------------------------------------------------------------------------
@@ -339,13 +339,13 @@ class AutoRoundsWidget(QWidget):
                 self.set_prompts_file(path)
             elif not self.prompts_file:
                 self.source_combo.setCurrentIndex(0)
-        self._show_source()
+        self.show_source()
 
     def set_prompts_file(self, path: str | None) -> None:
         """Take the prompts from this file (None: from the project's dataset)."""
         self.prompts_file = path or ""
         self.source_combo.setCurrentIndex(1 if path else 0)
-        self._show_source()
+        self.show_source()
 
     def _dataset_items(self) -> list:
         samples = self.page.samples
@@ -357,7 +357,7 @@ class AutoRoundsWidget(QWidget):
             samples, _ = load_jsonl(self.page.project.dataset_path)
         return prompts_of_samples(samples or [])
 
-    def _show_source(self) -> None:
+    def show_source(self) -> None:
         if self.source_combo.currentData() == "file" and self.prompts_file:
             self.source_label.setText(self.prompts_file)
         else:

@@ -399,6 +399,7 @@ class RewardsPage(QWidget):
     def set_dataset_samples(self, samples) -> None:
         """The dataset's samples (engine Sample), for "From dataset…"; None: read the dataset file."""
         self.samples = list(samples) if samples is not None else None
+        self.auto.show_source()  # the Unattended tab counts the prompts it would take
 
     def set_adapter(self, path: str | None) -> None:
         """Continue this adapter (GGUF or reward checkpoint folder) from the next new session on; it is
@@ -627,6 +628,8 @@ class RewardsPage(QWidget):
             self.refresh_runs()
         if changed & {"output_dir", "path", "dataset_path", "model_path", "config"}:
             self._show_paths()
+        if "dataset_path" in changed:
+            self.auto.show_source()
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().showEvent(event)
