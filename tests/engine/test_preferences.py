@@ -198,6 +198,14 @@ def test_thirty_dpo_steps_raise_the_held_out_accuracy_and_margin(tmp_path, monke
     assert end.accuracy >= 0.9 and end.accuracy > start.accuracy
     assert end.margin > 1.0 and end.margin > start.margin
     assert end.chosen_logp > start.chosen_logp and end.rejected_logp < start.rejected_logp
+    # each held-out pair is scored against its own reference: no pair number is shared with a
+    # training pair (the reference cache is by pair), and a fresh objective finds the same figures
+    train_batches = trainer.batches_for_epoch(0)
+    train_ids = {int(i) for k in range(len(train_batches)) for i in train_batches[k].pair_ids}
+    val_ids = {int(i) for b in trainer.val_batches for i in b.pair_ids}
+    assert len(train_ids) == 18 and len(val_ids) == 6 and not train_ids & val_ids
+    fresh = PreferenceObjective(model, "dpo", beta=0.1).evaluate(trainer.trainable, trainer.val_batches)
+    assert (fresh.accuracy, fresh.margin) == pytest.approx((end.accuracy, end.margin))
     steps = [e for e in got if isinstance(e, ev.PreferenceStep)]
     assert len(steps) == 30 and steps[-1].loss < steps[0].loss
     losses = [e.mean_ce for e in got if isinstance(e, ev.Step)]
