@@ -102,6 +102,8 @@ from .train.events import (
     LoraNorms,
     Paused,
     Plan,
+    PreferenceEval,
+    PreferenceStep,
     RunWarning,
     Started,
     Step,
@@ -111,6 +113,8 @@ from .train.events import (
 )
 from .train.memory import MemoryEstimate, estimate_memory
 from .train.norms import NormsReport, lora_norms
+from .train.pref_data import CHOICES as PREFERENCE_CHOICES
+from .train.pref_data import BlindPair, append_preference, blind_pair, chosen_text, with_answers
 from .train.resume import (
     SAMPLES_FILE,
     TRAJECTORY_FIELDS,
@@ -119,6 +123,8 @@ from .train.resume import (
     read_checkpoint_info,
     trajectory_changes,
 )
+from .train.reward_fns import BUILTINS as BUILTIN_CHECKS
+from .train.reward_fns import CheckError, CheckSpec, Score, Scorer, reference_of
 from .train.reward_session import (
     Answer,
     Preview,
@@ -126,39 +132,51 @@ from .train.reward_session import (
     RewardError,
     RewardSession,
     RoundResult,
+    ScoredGroup,
     load_ratings,
     parse_rating,
     rating_from_stars,
 )
 from .train.rewards import group_advantages, reward_weights
+from .train.rounds import (
+    AutoRounds,
+    Example,
+    PromptItem,
+    RoundProgress,
+    RoundReport,
+    RoundsConfig,
+    load_prompts,
+    prompt_from_json,
+    round_table,
+)
 from .train.runs import RunRecord, find_runs, latest_finished, run_from_events
 from .train.trainer import TrainConfig, Trainer
 
 __all__ = [
-    "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "ARCHS", "ArchSpec",
-    "available_devices", "Backend", "BAD_MARK", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
-    "check_export", "CheckItem", "CheckpointInfo", "describe_settings", "read_checkpoint_info",
-    "SAMPLES_FILE", "trajectory_changes", "TRAJECTORY_FIELDS", "Checkpoint", "checkpoint_roots",
-    "CheckpointEntry", "CheckReport",
-    "ConfigError", "DatasetError", "dequantizable_types", "Device", "encode_iter", "encode_samples",
-    "Encoded", "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
-    "event_from_json", "event_to_json", "ExpertUsage", "follow_events", "local_ranks_available",
-    "run_from_events", "shell_line", "train_command", "export_adapter", "export_merged", "export_size",
-    "ExportError",
-    "ExportRequest", "Failed", "find_checkpoints", "find_runs", "Finished", "fit_problems", "generate",
-    "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "iter_jsonl",
-    "KVCache", "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_ratings",
-    "lora_candidates", "lora_norms", "lora_param_count", "lora_shapes", "LoraAdapter", "LoraNorms",
-    "LoraTerm", "MemoryEstimate", "MERGE_BASE_TYPE", "MERGE_TYPES", "MIN_EFFECT_KEPT", "failed_name",
-    "quarantine", "merged_tensor_types", "MergeReport", "Model",
-    "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "OK_MARK", "parse_layers", "parse_rating",
-    "parse_sample", "Paused", "plan_warning", "Plan", "PRESETS", "Preview", "Problem", "PromptResult",
-    "quantizable_types",
-    "rating_from_stars", "Reply", "reward_weights", "RewardConfig", "RewardError", "RewardSession",
-    "RoundResult", "RUN", "run_of", "RunRecord", "RunWarning", "Sample", "sample_to_json", "SamplingConfig",
-    "save_jsonl", "select_backend", "select_full", "select_targets", "split_name", "Started", "Step",
-    "suggest_out", "summarize", "supported_architectures", "SynthSpec", "TargetSpec", "template_for",
-    "TemplateError", "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE", "TrainConfig",
-    "Trainer", "validation_indices", "verify_export", "VERIFY_PROMPTS", "VerifyReport", "write_adapter",
-    "write_export", "write_model"
+    "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "append_preference", "ARCHS",
+    "ArchSpec", "AutoRounds", "available_devices", "Backend", "BAD_MARK", "Batch", "blind_pair", "BlindPair",
+    "BUILTIN_CHECKS", "Candidate", "CHATML_TEMPLATE", "ChatTemplate", "check_export", "CheckError",
+    "CheckItem", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckpointInfo", "CheckReport",
+    "CheckSpec", "chosen_text", "ConfigError", "DatasetError", "dequantizable_types", "describe_settings",
+    "Device", "encode_iter", "encode_samples", "Encoded", "EncodeOptions", "EngineError", "EngineSession",
+    "estimate_memory", "estimate_size", "Eval", "event_from_json", "event_to_json", "Example", "ExpertUsage",
+    "export_adapter", "export_merged", "export_size", "ExportError", "ExportRequest", "Failed", "failed_name",
+    "find_checkpoints", "find_runs", "Finished", "fit_problems", "follow_events", "generate", "Generation",
+    "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "iter_jsonl", "KVCache",
+    "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_prompts",
+    "load_ratings", "local_ranks_available", "lora_candidates", "lora_norms", "lora_param_count",
+    "lora_shapes", "LoraAdapter", "LoraNorms", "LoraTerm", "MemoryEstimate", "MERGE_BASE_TYPE", "MERGE_TYPES",
+    "merged_tensor_types", "MergeReport", "MIN_EFFECT_KEPT", "Model", "ModelConfig", "ModelError",
+    "ModelSummary", "NormsReport", "OK_MARK", "parse_layers", "parse_rating", "parse_sample", "Paused",
+    "Plan", "plan_warning", "PREFERENCE_CHOICES", "PreferenceEval", "PreferenceStep", "PRESETS", "Preview",
+    "Problem", "prompt_from_json", "PromptItem", "PromptResult", "quantizable_types", "quarantine",
+    "rating_from_stars", "read_checkpoint_info", "reference_of", "Reply", "reward_weights", "RewardConfig",
+    "RewardError", "RewardSession", "round_table", "RoundProgress", "RoundReport", "RoundResult",
+    "RoundsConfig", "RUN", "run_from_events", "run_of", "RunRecord", "RunWarning", "Sample", "sample_to_json",
+    "SAMPLES_FILE", "SamplingConfig", "save_jsonl", "Score", "ScoredGroup", "Scorer", "select_backend",
+    "select_full", "select_targets", "shell_line", "split_name", "Started", "Step", "suggest_out",
+    "summarize", "supported_architectures", "SynthSpec", "TargetSpec", "template_for", "TemplateError",
+    "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE", "train_command", "TrainConfig",
+    "Trainer", "trajectory_changes", "TRAJECTORY_FIELDS", "validation_indices", "verify_export",
+    "VERIFY_PROMPTS", "VerifyReport", "with_answers", "write_adapter", "write_export", "write_model"
 ]  # fmt: skip

@@ -256,6 +256,8 @@ class MainWindow(QMainWindow):
         self.train_page.sig_open_dataset.connect(self._open_dataset_quietly)
         self.chat_page.sig_rate_requested.connect(self._rate_from)
         self.chat_page.sig_export_requested.connect(self._export_from)
+        self.chat_page.sig_train_choices.connect(self._train_on_choices)
+        self.rewards_page.sig_train_choices.connect(self._train_on_choices)
         self.rewards_page.sig_round_applied.connect(lambda _: self._refresh_runs())
         self.rewards_page.sig_adapter_saved.connect(lambda _: self._refresh_runs())
         # the Rewards page's "From dataset…" offers the dataset as edited, not only as saved: it is
@@ -474,6 +476,13 @@ class MainWindow(QMainWindow):
         if prompt:
             self.rewards_page.set_prompt(prompt)
         self.show_page_named("Rewards")
+
+    def _train_on_choices(self, path: str) -> None:
+        """A/B choices (a preferences file) become the dataset of a DPO run: the Dataset page opens the
+        file (asking first about unsaved edits) and the Train page's objective is DPO."""
+        if self.open_dataset(path):
+            self.project.update_config(objective="dpo", reward_mode="none")
+            self.show_page_named("Train")
 
     def _export_from(self, path: str) -> None:
         self.export_page.set_adapter(path)

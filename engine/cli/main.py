@@ -217,6 +217,7 @@ TRAIN_OPTIONS: dict[str, tuple[str, object]] = {
     "val_split": ("val_split", 0.0), "eval_every": ("eval_every", 0),
     "train_on_prompt": ("train_on_prompt", False),
     "reward_mode": ("reward_mode", "none"), "kl": ("kl_coef", 0.0), "seed": ("seed", 0),
+    "objective": ("objective", "sft"), "beta": ("dpo_beta", 0.1), "orpo_lambda": ("orpo_lambda", 0.1),
     "checkpoint_layers": ("checkpoint_layers", "auto"), "checkpoint_every": ("checkpoint_every", 0),
     "out_type": ("out_type", "F32"),
 }  # fmt: skip
@@ -280,6 +281,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise CliError("give --epochs or --steps, not both")
     if args.ranks < 1:
         raise CliError(f"--ranks must be at least 1, got {args.ranks}")
+    if args.ranks > 1 and args.objective not in (None, "sft"):
+        raise CliError(
+            f"--objective {args.objective} trains in one process (its loss compares the two answers of "
+            "each pair, which cannot be split across processes): leave out --ranks"
+        )
     if ranks.several_ranks_wanted(args):
         return ranks.launch_local(args.ranks, args.argv, CliError)
     comm = args.comm = ranks.open_ranks(args)
@@ -321,6 +327,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CliError(f"{args.events}: cannot be written ({exc})") from exc
     stop = {"requested": False}
+    run_steps = {"total": 1}  # the run's step total, for the preference lines between step lines
 
     def on_event(e) -> None:
         if not root:
@@ -346,6 +353,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             if total > 20:
                 print(f"  ... and {total - 20} more problems", file=sys.stderr)
         elif isinstance(e, ev.Step):
+            run_steps["total"] = e.total_steps
             line = (f"step {e.step}/{e.total_steps}  loss {e.mean_ce:.4f}  lr {e.lr:.2e}  "
                     f"grad {e.grad_norm:.3f}  {e.tokens_per_s:.0f} tok/s  elapsed {_fmt_time(e.elapsed_s)}  "
                     f"eta {_fmt_time(e.eta_s)}")  # fmt: skip
@@ -355,6 +363,14 @@ def cmd_train(args: argparse.Namespace) -> int:
                 print(f"\r[{'#' * done}{'.' * (width - done)}] {line}", end="", file=sys.stderr, flush=True)
             elif e.step == e.total_steps or e.step % max(1, e.total_steps // 20) == 0 or e.step == 1:
                 print(line, file=sys.stderr)
+        elif isinstance(e, ev.PreferenceStep) and not tty:
+            if e.step == 1 or e.step % max(1, run_steps["total"] // 20) == 0:
+                print(f"  pairs: accuracy {e.accuracy:.3f}  margin {e.margin:+.4f}  log p chosen "
+                      f"{e.chosen_logp:.3f} rejected {e.rejected_logp:.3f}", file=sys.stderr)  # fmt: skip
+        elif isinstance(e, ev.PreferenceEval):
+            print(f"{chr(10) if tty else ''}held-out pairs at step {e.step}: accuracy {e.accuracy:.3f}, "
+                  f"margin {e.margin:+.4f}, {e.objective} loss {e.loss:.4f} ({e.n_pairs} pairs)",
+                  file=sys.stderr)  # fmt: skip
         elif isinstance(e, ev.Eval):
             print(f"{chr(10) if tty else ''}eval at step {e.step}: loss {e.mean_ce:.4f} "
                   f"(perplexity {e.perplexity:.2f}, {e.n_tokens} tokens)", file=sys.stderr)  # fmt: skip
@@ -521,6 +537,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--kl", type=float, default=None, help="group mode: KL penalty to the base model (default 0)"
     )
+    s.add_argument(
+        "--objective",
+        default=None,
+        choices=("sft", "dpo", "orpo"),
+        help="sft: learn the answers; dpo / orpo: learn from preference pairs (prompt, chosen, rejected); "
+        "DPO's reference is the model with the adapter off (default sft)",
+    )
+    s.add_argument("--beta", type=float, default=None, help="DPO beta (default 0.1)")
+    s.add_argument("--orpo-lambda", type=float, default=None, help="ORPO lambda (default 0.1)")
     s.add_argument(
         "--checkpoint-layers",
         nargs="?",

@@ -11,7 +11,20 @@ RATED.jsonl the moment it is read. The adapter is written to --out at the end, a
 input ends early or on Ctrl-C (with whatever was applied so far).
 
 On a terminal a rating that cannot be read is explained and asked again; from a pipe it is
-skipped with a warning on stderr. `add_command(subparsers)` registers the subcommand (engine/cli.py
+skipped with a warning on stderr.
+
+Unattended rounds, with rewards from checks instead of a person (engine.train.rounds):
+
+    tune-engine reward MODEL.gguf --prompts PROMPTS.jsonl --reward-fn exact [--reward-fn CHECK ...]
+        --rounds N --samples K [--prompts-per-round M] --ratings SCORED.jsonl --out ADAPTER.gguf
+
+Each round samples K answers to each of M prompts (all by default), scores them with the checks
+(engine.train.reward_fns: exact, contains, regex:PATTERN, number:TOL, json, length:MIN-MAX, or a
+Python file with def reward(prompt, answer, **sample); "@WEIGHT" after one weighs it) and takes one
+group-relative step; a line per round gives the mean and spread of the reward, the share of
+prompts with no signal and the loss. The prompts file is text (one prompt per line) or JSON Lines
+with "prompt" and the reference answer the checks compare with ("reference", or "answer", ...).
+`add_command(subparsers)` registers the subcommand (engine/cli.py
 calls it); `EngineError`s propagate to the CLI's main, which prints one line and exits with 2.
 """
 
@@ -22,7 +35,9 @@ import math
 import sys
 
 from ..model.targets import PRESETS, TargetSpec
+from ..train.reward_fns import Scorer
 from ..train.reward_session import MODES, RewardConfig, RewardError, parse_rating
+from ..train.rounds import AutoRounds, RoundProgress, RoundReport, RoundsConfig, load_prompts, round_table
 from .common import add_runtime_options, open_session
 
 
@@ -67,21 +82,18 @@ def _fmt(x: float | None) -> str:
 
 
 def cmd_reward(args: argparse.Namespace) -> int:
+    if args.rounds is not None and not args.reward_fn:
+        raise RewardError(
+            "--rounds runs unattended rounds, which score answers with checks: give --reward-fn"
+        )
+    if args.reward_fn:
+        scorer = Scorer(args.reward_fn)  # a user's file is loaded here, before the model: its errors first
+        items, problems = load_prompts(args.prompts)
+        for p in problems:
+            print(f"warning: {args.prompts}: {p}", file=sys.stderr)
+        return _unattended(args, scorer, items)
     prompts = read_prompts(args.prompts)
-    config = RewardConfig(
-        mode=args.mode, kl_coef=args.kl, lr=args.lr, n_samples=args.samples, temperature=args.temp,
-        max_new_tokens=args.n,
-    )  # fmt: skip
-    session = open_session(args).open_rewards(
-        adapter=args.adapter,
-        targets=TargetSpec(preset=args.targets),
-        rank=args.rank,
-        alpha=args.alpha if args.alpha is not None else 2.0 * args.rank,
-        config=config,
-        ratings_path=args.ratings,
-        checkpoint_dir=args.checkpoint_dir,
-        seed=args.seed,
-    )
+    session = _open(args)
     tty = sys.stdin.isatty()
     interrupted = False
     try:
@@ -113,12 +125,75 @@ def cmd_reward(args: argparse.Namespace) -> int:
         print("end of input: stopping", file=sys.stderr)
     except KeyboardInterrupt:
         interrupted = True
+    return _finish(session, args, interrupted, session.round, "ratings")
+
+
+def _finish(session, args: argparse.Namespace, interrupted: bool, rounds: int, what: str) -> int:
+    """Write the adapter (also after Ctrl-C: what was applied so far), say where, and go on with the
+    interrupt when there was one."""
+    if interrupted:
         print("\ninterrupted: writing what was applied so far", file=sys.stderr)
     path = session.save_adapter(args.out)
-    print(f"adapter: {path} ({session.step} steps in {session.round} rounds); ratings: {args.ratings}")
+    print(f"adapter: {path} ({session.step} steps in {rounds} rounds); {what}: {args.ratings}")
     if interrupted:
         raise KeyboardInterrupt
     return 0
+
+
+def _open(args: argparse.Namespace):
+    config = RewardConfig(
+        mode=args.mode, kl_coef=args.kl, lr=args.lr, n_samples=args.samples, temperature=args.temp,
+        top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, max_new_tokens=args.n,
+    )  # fmt: skip
+    return open_session(args).open_rewards(
+        adapter=args.adapter,
+        targets=TargetSpec(preset=args.targets),
+        rank=args.rank,
+        alpha=args.alpha if args.alpha is not None else 2.0 * args.rank,
+        config=config,
+        ratings_path=args.ratings,
+        checkpoint_dir=args.checkpoint_dir,
+        seed=args.seed,
+    )
+
+
+def _unattended(args: argparse.Namespace, scorer: Scorer, items) -> int:
+    if args.mode != "group":
+        raise RewardError("unattended rounds take group-relative steps: leave --mode at group")
+    rounds = AutoRounds(
+        _open(args), items, scorer,
+        RoundsConfig(rounds=args.rounds or 1, prompts_per_round=args.prompts_per_round, seed=args.seed),
+    )  # fmt: skip
+    session = rounds.session
+    tty = sys.stderr.isatty()
+    print(f"{len(items)} prompts, {args.samples} answers each, checks: {scorer.describe()}", file=sys.stderr)
+    header = round_table([]).splitlines()[0]
+    print(header)
+
+    def on_event(e) -> None:
+        if isinstance(e, RoundProgress) and tty:
+            print(f"\rround {e.round}/{e.rounds}: prompt {e.index}/{e.n_prompts}", end="", file=sys.stderr)
+        elif isinstance(e, RoundReport):
+            if tty:
+                print("\r" + " " * 40 + "\r", end="", file=sys.stderr)
+            print(round_table([e]).splitlines()[1], flush=True)
+            shown = list(e.examples)
+            shown = shown[: (args.show_examples + 1) // 2] + shown[len(shown) - args.show_examples // 2 :]
+            for ex in shown if len(e.examples) > args.show_examples else e.examples:
+                mark = "" if ex.reward is None else f"{ex.reward:+.2f}"
+                print(f"        {mark}  {ex.prompt!r} -> {ex.answer!r}", file=sys.stderr)
+            for ex in e.error_examples[:1]:
+                first = next(iter(ex.errors.items()))
+                print(
+                    f"        error  {ex.prompt!r} -> {ex.answer!r}: {first[0]}: {first[1]}", file=sys.stderr
+                )
+
+    interrupted = False
+    try:
+        rounds.run(on_event)
+    except KeyboardInterrupt:
+        interrupted = True
+    return _finish(session, args, interrupted, rounds.done, "scored answers")
 
 
 def add_command(subparsers) -> None:
@@ -136,7 +211,31 @@ def add_command(subparsers) -> None:
     )
     s.add_argument("model", help="base model GGUF")
     s.add_argument("--adapter", help="adapter GGUF (or reward checkpoint folder) to continue training")
-    s.add_argument("--prompts", required=True, help="text file: one prompt per line, blank lines skipped")
+    s.add_argument(
+        "--prompts",
+        required=True,
+        help="text file: one prompt per line, blank lines skipped; with --reward-fn also JSON Lines with "
+        '"prompt" and the reference answer ("reference")',
+    )
+    s.add_argument(
+        "--reward-fn",
+        action="append",
+        metavar="CHECK",
+        help="score answers with a check instead of asking: exact, contains, regex:PATTERN, number:TOL, "
+        "json, length:MIN-MAX, or FILE.py defining reward(prompt, answer, **sample); @WEIGHT weighs it; "
+        "repeat to combine",
+    )
+    s.add_argument(
+        "--rounds",
+        type=int,
+        help="with --reward-fn: unattended rounds to run (sample, score, step; default 1)",
+    )
+    s.add_argument(
+        "--prompts-per-round", type=int, default=0, help="with --reward-fn: prompts a round samples (0 = all)"
+    )
+    s.add_argument(
+        "--show-examples", type=int, default=2, help="example answers printed per round (default 2)"
+    )
     s.add_argument("--samples", type=int, default=4, help="answers per prompt, one batch (default 4)")
     s.add_argument("--ratings", required=True, help="JSONL file every rating is appended to")
     s.add_argument(
@@ -151,6 +250,11 @@ def add_command(subparsers) -> None:
     s.add_argument("--lr", type=float, default=1e-3, help="learning rate of each step (default 1e-3)")
     s.add_argument("--seed", type=int, default=0, help="seed of the sampling and the LoRA init (default 0)")
     s.add_argument("--temp", type=float, default=0.9, help="sampling temperature (default 0.9)")
+    s.add_argument(
+        "--top-k", type=int, default=40, help="sample among the k most likely tokens; 0 = off (40)"
+    )
+    s.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling; 1 = off (default 0.95)")
+    s.add_argument("--min-p", type=float, default=0.05, help="min-p sampling; 0 = off (default 0.05)")
     s.add_argument("-n", type=int, default=64, help="maximum new tokens per answer (default 64)")
     s.add_argument("--system", help="system message for every prompt")
     s.add_argument(

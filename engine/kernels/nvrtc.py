@@ -116,7 +116,9 @@ def _expand(filename: str, seen: set[str]) -> str:
 # ----------------------------------------------------------------------------------------------
 # registry
 
-_NOT_OP_MODULES = ("nvrtc", "runtime")  # modules of engine.kernels that declare no SOURCES
+# modules of engine.kernels that declare no SOURCES (jit_math imports numba, an optional extra: it is
+# imported by jit once numba is there, never to look for sources)
+_NOT_OP_MODULES = ("jit", "jit_math", "nvrtc", "runtime")
 
 
 def all_sources() -> tuple[KernelSource, ...]:

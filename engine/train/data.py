@@ -10,7 +10,8 @@ each with an optional ``"reward"`` (or ``"score"``) number. Two common shapes ar
 become ``"messages"`` samples: ShareGPT's ``{"conversations": [{"from", "value"}, ...]}`` and
 Alpaca's ``{"instruction", "input", "output"}``. Where a line has keys of several shapes the
 first in that order wins (messages, conversations, prompt/response, instruction/output, text);
-other keys are ignored.
+other keys are ignored. A line with "chosen" and "rejected" is a preference pair (DPO, ORPO), read
+by `engine.train.pref_data` into a "preference" sample.
 
 `load_jsonl` (or `iter_jsonl`, a sample at a time) never stops at a bad line: it returns the
 samples it could read and a `Problem` per line it could not (an "error": the sample is skipped)
@@ -118,13 +119,15 @@ class Sample:
     """One training example, as read from a dataset line (comparable; not hashable: messages are dicts)."""
 
     line: int  # 1-based line in the file (0 if made in memory)
-    kind: str  # "messages" | "prompt" | "text"
+    kind: str  # "messages" | "prompt" | "text" | "preference"
     messages: tuple[dict, ...]  # role/content dicts; for "prompt" the derived user and assistant pair
     prompt: str | None  # "prompt" samples only
     response: str | None  # "prompt" samples only
     text: str | None  # "text" samples only
     reward: float | None  # from "reward" (or "score"); None when the line has none
     group: str  # samples answering the same prompt share it ("" for text samples)
+    rejected: str | None = None  # "preference" samples only: the worse answer (messages end with the
+    # chosen one, so a preference trains as a conversation on its chosen answer: engine.train.pref_data)
 
 
 def _json_type(value: Any) -> str:
@@ -369,6 +372,8 @@ def _parse_sample(obj: Any, line: int, *, checked: bool = False) -> tuple[Sample
         problems.append(Problem(line, trouble, ERROR))
         return None, problems
     ok, reward = _parse_reward(obj, problems, line)
+    if "chosen" in obj or "rejected" in obj:  # a preference pair (DPO, ORPO: engine.train.pref_data)
+        return parse_preference(obj, line, reward if ok else None, problems, ok)
 
     kind = "messages"
     prompt = response = text = None
@@ -432,10 +437,186 @@ def sample_to_json(sample: Sample) -> dict[str, Any]:
         obj = {"prompt": sample.prompt, "response": sample.response}
     elif sample.kind == "messages":
         obj = {"messages": [dict(m) for m in sample.messages]}
+    elif sample.kind == PREFERENCE:
+        obj = preference_to_json(sample)
     else:
-        raise ValueError(f"sample kind {sample.kind!r} is not one of messages, prompt, text")
+        raise ValueError(f"sample kind {sample.kind!r} is not one of messages, prompt, text, preference")
     if sample.reward is not None:
         obj["reward"] = sample.reward
+    return obj
+
+
+# -- preference pairs ---------------------------------------------------------------------------
+#
+# A preference line has a prompt and two answers, "chosen" (better) and "rejected" (worse): {"prompt",
+# "chosen", "rejected"} or {"messages", "chosen", "rejected"}; as other tools write them the prompt may
+# also be a list of messages (TRL's conversational form), ShareGPT "conversations" or Alpaca
+# "instruction"/"input"; an answer may be a string, an assistant message, a ShareGPT turn or a list of
+# one of those; and with no prompt, "chosen" and "rejected" may be two whole conversations that differ
+# only in their last assistant turn (TRL's implicit prompt). It becomes a "preference" Sample: its
+# messages are the prompt and the chosen answer, `rejected` the other answer (engine.train.pref_data
+# encodes pairs for training).
+
+PREFERENCE = "preference"
+_PLACEHOLDER = "x"  # an assistant turn appended so that a prompt can be validated as a conversation
+
+
+def _answer(value: Any, key: str, problems: list[Problem], line: int) -> str | None:
+    """The text of one answer: a string, an assistant message, a ShareGPT turn, or a list of one."""
+    if isinstance(value, list):
+        if len(value) != 1:
+            problems.append(
+                Problem(
+                    line,
+                    f'"{key}" must be one answer (a string or one assistant message), '
+                    f"got a list of {len(value)}",
+                    ERROR,
+                )
+            )
+            return None
+        value = value[0]
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and ("content" in value or "value" in value):
+        role = value.get("role", value.get("from", "assistant"))
+        text = value.get("content", value.get("value"))
+        if role not in ("assistant", "gpt"):
+            problems.append(Problem(line, f'"{key}" must be an assistant answer, got role {role!r}', ERROR))
+            return None
+        if not isinstance(text, str):
+            problems.append(
+                Problem(line, f'"{key}": the answer must be a string, got {_json_type(text)}', ERROR)
+            )
+            return None
+        return text
+    problems.append(
+        Problem(line, f'"{key}" must be a string or an assistant message, got {_json_type(value)}', ERROR)
+    )
+    return None
+
+
+def _prompt_messages(obj: Mapping[str, Any], problems: list[Problem], line: int) -> tuple | None:
+    """The conversation before the answers, validated; None (with problems) when unusable."""
+    end = {"role": "assistant", "content": _PLACEHOLDER}
+    if "prompt" in obj and isinstance(obj["prompt"], str):
+        messages: tuple | None = ({"role": "user", "content": obj["prompt"]}, end)
+        if not obj["prompt"].strip():
+            problems.append(Problem(line, "the prompt is empty", WARNING))
+    elif "prompt" in obj or "messages" in obj:
+        key = "prompt" if "prompt" in obj else "messages"
+        value = obj[key]
+        if not isinstance(value, list):
+            problems.append(
+                Problem(
+                    line, f'"{key}" must be a string or a list of messages, got {_json_type(value)}', ERROR
+                )
+            )
+            return None
+        messages = _parse_messages([*value, end], key, problems, line)
+    elif "conversations" in obj:
+        value = obj["conversations"]
+        turns = [*value, {"from": "gpt", "value": _PLACEHOLDER}] if isinstance(value, list) else value
+        messages = _parse_sharegpt(turns, problems, line)
+    elif "instruction" in obj:
+        messages = _parse_alpaca({**obj, "output": _PLACEHOLDER}, problems, line)
+    else:
+        return None
+    if messages is None:
+        return None
+    prompt = messages[:-1]
+    if not prompt:
+        problems.append(Problem(line, "the prompt is empty: no conversation comes before the answers", ERROR))
+        return None
+    if prompt[-1]["role"] == "assistant":
+        problems.append(
+            Problem(
+                line,
+                'the prompt ends with an assistant turn; "chosen" and "rejected" are '
+                "the next assistant answer, after a user turn",
+                ERROR,
+            )
+        )
+        return None
+    return prompt
+
+
+def _implicit(obj: Mapping[str, Any], problems: list[Problem], line: int) -> tuple | None:
+    """Two whole conversations sharing all but their last (assistant) turn: (prompt, chosen, rejected)."""
+    chosen, rejected = obj["chosen"], obj["rejected"]
+    if not (
+        isinstance(chosen, list) and isinstance(rejected, list) and len(chosen) >= 2 and len(rejected) >= 2
+    ):
+        problems.append(
+            Problem(
+                line,
+                'a preference needs a prompt: "prompt" (or "messages") with "chosen" and '
+                '"rejected" answers, or "chosen" and "rejected" as two whole '
+                "conversations that differ only in their last turn",
+                ERROR,
+            )
+        )
+        return None
+    a = _parse_messages(chosen, "chosen", problems, line)
+    b = _parse_messages(rejected, "rejected", problems, line)
+    if a is None or b is None:
+        return None
+    if a[:-1] != b[:-1] or a[-1]["role"] != "assistant" or b[-1]["role"] != "assistant":
+        problems.append(
+            Problem(
+                line,
+                '"chosen" and "rejected" must be the same conversation up to their last '
+                "turn, an assistant answer",
+                ERROR,
+            )
+        )
+        return None
+    return a[:-1], a[-1]["content"], b[-1]["content"]
+
+
+def parse_preference(
+    obj: Mapping[str, Any], line: int, reward: float | None, problems: list[Problem], reward_ok: bool = True
+) -> tuple[Sample | None, list[Problem]]:
+    """A "preference" `Sample` from a decoded line with "chosen"/"rejected" (see the module docstring),
+    or None and the reasons; `problems` holds what was found before (it is extended and returned)."""
+    for key in ("chosen", "rejected"):
+        if key not in obj:
+            other = "rejected" if key == "chosen" else "chosen"
+            problems.append(Problem(line, f'a preference pair needs "{key}" as well as "{other}"', ERROR))
+            return None, problems
+    has_prompt = any(k in obj for k in ("prompt", "messages", "conversations", "instruction"))
+    if has_prompt:
+        prompt = _prompt_messages(obj, problems, line)
+        chosen = _answer(obj["chosen"], "chosen", problems, line)
+        rejected = _answer(obj["rejected"], "rejected", problems, line)
+        if prompt is None or chosen is None or rejected is None:
+            return None, problems
+    else:
+        found = _implicit(obj, problems, line)
+        if found is None:
+            return None, problems
+        prompt, chosen, rejected = found
+    if not reward_ok:
+        return None, problems
+    for key, text in (("chosen", chosen), ("rejected", rejected)):
+        if not text.strip():
+            problems.append(Problem(line, f'the "{key}" answer is empty', WARNING))
+    if chosen == rejected:
+        problems.append(
+            Problem(line, '"chosen" and "rejected" are the same answer: the pair teaches nothing', WARNING)
+        )
+    messages = (*prompt, {"role": "assistant", "content": chosen})
+    text_prompt = obj["prompt"] if isinstance(obj.get("prompt"), str) else None
+    group = _group_key(messages)
+    return Sample(line, PREFERENCE, messages, text_prompt, None, None, reward, group, rejected), problems
+
+
+def preference_to_json(sample: Sample) -> dict[str, Any]:
+    """The JSON object of a "preference" sample ({"prompt" or "messages", "chosen", "rejected"})."""
+    prompt = sample.messages[:-1]
+    simple = sample.prompt is not None and len(prompt) == 1 and prompt[0].get("content") == sample.prompt
+    obj: dict[str, Any] = {"prompt": sample.prompt} if simple else {"messages": [dict(m) for m in prompt]}
+    obj["chosen"] = sample.messages[-1].get("content") if sample.messages else ""
+    obj["rejected"] = sample.rejected if sample.rejected is not None else ""
     return obj
 
 
@@ -1322,6 +1503,26 @@ class Batch:
     def n_tokens(self) -> int:
         """Positions holding a sample token (not padding)."""
         return int(np.count_nonzero(self.segments >= 0))
+
+
+class BatchesOnDemand(Sequence[Batch]):
+    """A sequence of batches, each made when asked for (`_make(i)`, the subclass's), the last one
+    kept: a step asks for the batch it trains more than once (its shape, then the batch)."""
+
+    _last: tuple[int, Batch] | None = None
+
+    def __getitem__(self, i: int) -> Batch:  # type: ignore[override]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"batch {i} of {n}")
+        if self._last is None or self._last[0] != i:
+            self._last = (i, self._make(i))
+        return self._last[1]
+
+    def _make(self, i: int) -> Batch:
+        raise NotImplementedError
 
 
 def make_batches(

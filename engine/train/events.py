@@ -2,7 +2,8 @@
 
 `Trainer.run(on_event, should_stop)` emits them in this order: one `Started`, then per optimizer
 step a `Step` (and, when due, `Eval`, `LoraNorms`, `ExpertUsage`, `Checkpoint`), and finally one
-`Finished` or `Failed`. A run driven by an engine session may also stop at `Paused` and go on
+`Finished` or `Failed`. A preference run (DPO, ORPO) adds a `PreferenceStep` after each `Step` and a
+`PreferenceEval` in place of `Eval`. A run driven by an engine session may also stop at `Paused` and go on
 later. The CLI prints them and writes them as JSON lines; the studio plots them.
 """
 
@@ -43,6 +44,7 @@ class Plan:
     lora_alpha: float = 0.0
     dataset: str = ""  # the dataset file, or "N samples (edited)"
     problems_total: int = 0  # how many dataset problems there are (problems lists the first 1000)
+    objective: str = "sft"  # "sft", or a preference objective ("dpo", "orpo"): n_train counts pairs then
 
 
 @dataclass(frozen=True)
@@ -56,13 +58,40 @@ class Step:
     total_steps: int
     epoch: float  # fractional epoch reached
     loss: float  # objective of this step (weighted; with the KL term in group mode)
-    mean_ce: float  # plain mean cross-entropy over the step's label tokens
+    mean_ce: float  # plain mean cross-entropy over the step's label tokens (a preference run: its objective)
     lr: float  # learning rate used for this step
     grad_norm: float  # global gradient norm before clipping
     tokens: int  # sample tokens processed by this step
     tokens_per_s: float
     elapsed_s: float  # seconds spent training in this run's steps (pauses excluded; kept by checkpoints)
     eta_s: float  # estimated seconds to the end (mean of the last steps, a start's first step excluded)
+
+
+@dataclass(frozen=True)
+class PreferenceFigures:
+    """A preference objective's figures (engine.train.preferences): after each step of a DPO or ORPO
+    run (`PreferenceStep`, the step's pairs) and at each evaluation (`PreferenceEval`, the held-out pairs)."""
+
+    step: int
+    objective: str  # "dpo" | "orpo"
+    loss: float  # the objective, mean over the pairs
+    chosen_logp: float  # mean log-probability per token of the chosen answers
+    rejected_logp: float  # ... of the rejected answers
+    chosen_reward: float  # DPO: beta (log pi - log ref) of an answer; ORPO: lambda x its mean token log-prob
+    rejected_reward: float
+    margin: float  # mean over the pairs of chosen reward - rejected reward
+    accuracy: float  # share of the pairs with a positive margin (a tie counts half)
+    n_pairs: int
+
+
+@dataclass(frozen=True)
+class PreferenceStep(PreferenceFigures):
+    pass
+
+
+@dataclass(frozen=True)
+class PreferenceEval(PreferenceFigures):
+    pass
 
 
 @dataclass(frozen=True)
@@ -124,7 +153,10 @@ class Failed:
     checkpoint_path: str | None  # the last good checkpoint, untouched
 
 
-Event = Started | Step | Eval | LoraNorms | ExpertUsage | Checkpoint | RunWarning | Paused | Finished | Failed
+Event = (
+    Started | Step | Eval | LoraNorms | ExpertUsage | Checkpoint | RunWarning | Paused | Finished | Failed
+    | PreferenceStep | PreferenceEval
+)  # fmt: skip
 
 
 def _plain(value: Any) -> Any:
@@ -147,7 +179,8 @@ def event_to_json(event: Any) -> str:
 
 
 _EVENTS = {cls.__name__: cls for cls in (Started, Step, Eval, LoraNorms, ExpertUsage, Checkpoint, RunWarning,
-                                         Paused, Finished, Failed)}  # fmt: skip
+                                         Paused, Finished, Failed, PreferenceStep,
+                                         PreferenceEval)}  # fmt: skip
 
 
 def _number(value: Any) -> Any:

@@ -30,6 +30,10 @@ settings and code, and every file has the size and SHA-256 it lists: a stale or 
 prepared again, never trusted. Entries are written under a temporary name and renamed into
 place; the least recently used beyond `MAX_ENTRIES` are removed.
 
+For a preference objective (DPO, ORPO) `prepare_data(..., pairs=True)` prepares each preference
+pair as two rows, its chosen answer then its rejected one (`engine.train.pref_data` reads them
+back as pairs and batches them); that choice is part of the cache key.
+
 What this module is not: it does not split, weight or shuffle samples (the trainer does, from
 the group numbers and rewards here); samples given as a list are prepared into a temporary
 folder, not cached.
@@ -50,7 +54,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -61,6 +65,7 @@ from ..errors import DatasetError
 from ..io.files import atomic_write
 from .data import (
     Batch,
+    BatchesOnDemand,
     Encoded,
     EncodedChunk,
     EncodeOptions,
@@ -72,6 +77,7 @@ from .data import (
     make_batches,
     pack_order,
 )
+from .pref_data import pair_rows
 
 if TYPE_CHECKING:
     from ..text.chat_template import ChatTemplate
@@ -138,10 +144,10 @@ def _code_fingerprint() -> str:
     import tokenizers
 
     from ..text import chat_template, content_flow, tokenizer
-    from . import data
+    from . import data, pref_data
 
     h = hashlib.sha256(FORMAT.encode())
-    for module in (data, chat_template, content_flow, tokenizer, sys.modules[__name__]):
+    for module in (data, pref_data, chat_template, content_flow, tokenizer, sys.modules[__name__]):
         try:
             h.update(Path(module.__file__ or "").read_bytes())
         except OSError:
@@ -161,7 +167,11 @@ def _file_sha256(path: str, on_block: Callable[[int], None] | None = None) -> st
 
 
 def _shaped_by(
-    dataset_sha256: str, tokenizer: Tokenizer, template: ChatTemplate | None, options: EncodeOptions
+    dataset_sha256: str,
+    tokenizer: Tokenizer,
+    template: ChatTemplate | None,
+    options: EncodeOptions,
+    pairs: bool = False,
 ) -> dict[str, Any]:
     return {
         "format": FORMAT,
@@ -173,6 +183,7 @@ def _shaped_by(
             "train_on_prompt": options.train_on_prompt,
             "prompt_format": options.prompt_format,
         },
+        "rows": "pairs" if pairs else "samples",  # pairs: each preference pair as two rows (DPO, ORPO)
         "code": _code_fingerprint(),
     }
 
@@ -281,7 +292,7 @@ def _map(path: str, dtype: np.dtype, n: int) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r", shape=(n,))
 
 
-class PackedBatches(Sequence[Batch]):
+class PackedBatches(BatchesOnDemand):
     """One epoch's batches of some prepared samples, made when asked for: what `batch_encoded`
     gives for the same samples, weights and seed, without holding them all.
 
@@ -312,22 +323,9 @@ class PackedBatches(Sequence[Batch]):
         self.n_windows = len(self._starts) - 1
         self.n_tokens = int(lengths.sum())  # sample tokens per epoch (no padding)
         self.n_label_tokens = int(table["targets"].sum())  # tokens with a loss term per epoch
-        self._last: tuple[int, Batch] | None = None  # the batch made last
 
     def __len__(self) -> int:
         return math.ceil(self.n_windows / self.batch_size)
-
-    def __getitem__(self, i: int) -> Batch:  # type: ignore[override]
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"batch {i} of {n}")
-        if self._last is not None and self._last[0] == i:  # asked again at once (a shape, then the batch)
-            return self._last[1]
-        batch = self._make(i)
-        self._last = (i, batch)
-        return batch
 
     def _make(self, i: int) -> Batch:
         first = i * self.batch_size
@@ -355,8 +353,14 @@ def prepare_data(
     *,
     cache: str | os.PathLike[str] | None = None,
     on_progress: Callable[[PrepareProgress], None] | None = None,
+    pairs: bool = False,
 ) -> PreparedData:
     """A dataset prepared for training (see the module docstring).
+
+    `pairs`: for a preference objective (DPO, ORPO): each preference pair becomes two rows, its
+    chosen answer (row 2k) and its rejected one (row 2k + 1), and every other sample is left out
+    with a warning among the reading problems (`engine.train.pref_data.pair_rows`; read the pairs
+    back with `pref_data.PreparedPairs`). It is part of the cache key.
 
     `source`: a JSON Lines file, or samples in memory. `cache`: the folder that keeps prepared
     files of datasets read from files, reused while the dataset, template, tokenizer, settings
@@ -382,7 +386,7 @@ def prepare_data(
             dataset_sha256 = _file_sha256(path, hashed) if total else hashlib.sha256(b"").hexdigest()
         except OSError:
             dataset_sha256 = ""  # unreadable: reading it below raises the DatasetError that says why
-        shaped_by = _shaped_by(dataset_sha256, tokenizer, template, options)
+        shaped_by = _shaped_by(dataset_sha256, tokenizer, template, options, pairs)
         if cache is not None and dataset_sha256:
             found = _open_cached(os.fspath(cache), shaped_by, report)
             if found is not None:
@@ -390,11 +394,15 @@ def prepare_data(
         read = [0]
         problems: list[Problem] = []
         samples: Iterable[Sample] = iter_jsonl(path, problems, read)
+        if pairs:
+            samples = pair_rows(samples, problems)
     else:  # samples in memory: prepared in memory
-        shaped_by = _shaped_by("", tokenizer, template, options)
+        shaped_by = _shaped_by("", tokenizer, template, options, pairs)
         shaped_by["dataset_sha256"] = None
         writer = _Writer(None, _token_dtype(tokenizer))
-        meta = _write(writer, source, [], [0], 0, tokenizer, template, options, report)
+        found: list[Problem] = []
+        rows = pair_rows(source, found) if pairs else source
+        meta = _write(writer, rows, found, [0], 0, tokenizer, template, options, report)
         meta["shaped_by"] = shaped_by
         report(PrepareProgress("done", 0, 0, meta["n_samples"]))
         return PreparedData(None, meta, arrays=writer.arrays())

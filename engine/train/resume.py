@@ -9,8 +9,9 @@ the dataset (its path and SHA-256, or a copy of the samples the app trained from
   folder of them (its newest). `info.data()` is what to train on to continue the same trajectory.
 - `trajectory_changes(old, new)`: the settings in which a config differs from the checkpoint's
   and that change what the run computes (context, batch, learning rate, schedule, seed, targets,
-  the step total...), each as one line ("context 128 -> 512"); settings that only change how it
-  computes (device, cache, layer checkpointing, where files go) are not listed.
+  the step total, the objective and its beta or lambda...), each as one line ("context 128 ->
+  512"); settings that only change how it computes (device, cache, layer checkpointing, where
+  files go) are not listed.
 - `describe_settings(config)`: the settings that define a run, in one line for people.
 
 The CLI (`tune-engine train --resume`) and the app ask before anything `trajectory_changes` lists.
@@ -52,7 +53,12 @@ TRAJECTORY_FIELDS: dict[str, str] = {
     "alpha": "alpha",
     "lora_init": "LoRA init",
     "full": "full-weight tensors",
+    "objective": "objective",
+    "dpo_beta": "DPO beta",
+    "orpo_lambda": "ORPO lambda",
 }
+# a preference setting changes the trajectory only of a run with its objective (either side's)
+_OBJECTIVE_OF = {"dpo_beta": "dpo", "orpo_lambda": "orpo"}
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,8 @@ def _show(name: str, value) -> str:
         return " + ".join(parts) or "none"
     if name == "steps" and not value:
         return "from epochs"
+    if name == "objective":
+        return value.upper()
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, tuple):
@@ -168,6 +176,8 @@ def trajectory_changes(old: TrainConfig, new: TrainConfig) -> list[str]:
         a, b = getattr(old, name), getattr(new, name)
         if name == "epochs" and old.steps and new.steps:
             continue  # epochs do not count when steps are set
+        if name in _OBJECTIVE_OF and _OBJECTIVE_OF[name] not in (old.objective, new.objective):
+            continue  # DPO's beta does not count in an ORPO or SFT run, nor ORPO's lambda in the others
         if a != b:
             out.append(f"{words} {_show(name, a)} -> {_show(name, b)}")
     return out
@@ -179,10 +189,12 @@ def describe_settings(config: TrainConfig, total_steps: int = 0) -> str:
         f"{config.steps} steps" if config.steps else f"{config.epochs:g} epochs"
     )  # fmt: skip
     accum = f" × {config.grad_accum} accumulated" if config.grad_accum > 1 else ""
+    objective = {"dpo": f", DPO (beta {config.dpo_beta:g})",
+                 "orpo": f", ORPO (lambda {config.orpo_lambda:g})"}.get(config.objective, "")  # fmt: skip
     return (
         f"{steps}, context {config.n_ctx}, batch {config.batch_size}{accum}, learning rate {config.lr:g} "
         f"({config.schedule}, {config.warmup_steps} warm-up), rank {config.rank}, alpha {config.alpha:g}, "
-        f"targets {_show('targets', config.targets)}, seed {config.seed}"
+        f"targets {_show('targets', config.targets)}, seed {config.seed}{objective}"
     )
 
 

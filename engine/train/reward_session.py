@@ -19,6 +19,13 @@ Two ways to turn ratings into a step (DESIGN.md §2.7, `engine.train.rewards`):
   loss = sum_i A_i * mean_t CE(y_i,t) / n, so answers below the mean are pushed down, above it up;
   plus `kl_coef` x KL(adapter || base model) per answer token, weighted by |A_i|.
 
+Checks beside ratings: `score_answers(scorer)` scores the round's answers with checks
+(engine.train.reward_fns); an answer's reward is then the checks' weighted sum plus
+`scorer.rating_weight` x the person's rating (the rating is one more source), and a rating line
+carries the answer's "checks". `sample()` and `apply_groups()` serve unattended rounds
+(engine.train.rounds): answers outside the rating round, and one group-relative step on the scored
+answers of several prompts.
+
 A correction is a target the person wrote: it takes part with reward 1.0 and gets the round's
 highest weight (1.0 in weighted mode; max(1, highest advantage) in group mode). When every rated
 answer has the same rating (one rated answer included) and there is no correction, the ratings
@@ -75,6 +82,7 @@ from ..text.tokenizer import Tokenizer
 from .checkpoint import ADAPTER_FILE, CheckpointError, read_checkpoint, write_checkpoint
 from .data import EncodeOptions, Problem, Sample, batch_encoded, encode_samples, load_jsonl, parse_sample
 from .optim import AdamW, OptimConfig
+from .reward_fns import Score, Scorer
 from .rewards import group_advantages, reward_weights
 from .runs import RunRecord
 from .train_model import Trainable, loss_and_grads
@@ -143,6 +151,15 @@ class Answer:
     text: str  # the decoded answer (without the end-of-turn token)
     tokens: tuple[int, ...]  # its token ids as generated
     stop_reason: str  # "eos", "length" (token budget), "context", "stopped"
+
+
+@dataclass(frozen=True)
+class ScoredGroup:
+    """A prompt's answers and their rewards from checks, for `RewardSession.apply_groups`."""
+
+    prompt: str  # the user message
+    system: str | None  # its system message, if any
+    answers: tuple[tuple[str, float | None, dict | None], ...]  # (text, reward or None, each check's value)
 
 
 @dataclass(frozen=True)
@@ -231,10 +248,12 @@ def load_ratings(path: str | os.PathLike[str]) -> tuple[list[Sample], list[Probl
     return kept, problems
 
 
-def _append_record(path: str, record: dict[str, Any]) -> None:
-    """Append one JSON line and flush it to disk (as `engine.data.append_jsonl`, with extra keys)."""
+def _append_record(path: str, record: dict[str, Any] | list[dict[str, Any]]) -> None:
+    """Append one JSON line (or several, with one flush) and flush it to disk (as
+    `engine.data.append_jsonl`, with extra keys)."""
     try:
-        line = json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"
+        records = record if isinstance(record, list) else [record]
+        line = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records)
     except (TypeError, ValueError) as exc:
         raise RewardError(f"the rating cannot be written as JSON: {exc}") from exc
     try:
@@ -289,6 +308,8 @@ class RewardSession:
         self.answers: list[Answer] = []
         self.ratings: list[float | None] = []
         self.corrections: dict[int, str] = {}  # answer index -> corrected text, this round
+        self.check_scores: list[Score | None] = []  # this round's answers scored by checks (score_answers)
+        self.scorer: Scorer | None = None  # the checks, and the weight of a rating beside them
         self._round_step = 0  # steps taken when this round's answers were generated
         self._round_adapter: str | None = None  # checkpoint holding those weights
         self._round_applied = False
@@ -402,6 +423,7 @@ class RewardSession:
         self.prompt, self.system = prompt, system
         self.answers = answers
         self.ratings = [None] * len(answers)
+        self.check_scores = [None] * len(answers)
         self.corrections = {}
         self._round_step = self.step
         self._round_applied = False
@@ -416,6 +438,24 @@ class RewardSession:
     def adapter_answer(self, prompt: str, *, seed: int, system: str | None = None) -> Answer:
         """One answer with the adapter's current weights, with the session's sampling and `seed`."""
         return self._answers(self._messages(prompt, system), 1, seed, self.trainable.terms())[0]
+
+    # --- checks beside the ratings ----------------------------------------------------------------
+    def score_answers(self, scorer: Scorer, sample: dict | None = None) -> list[Score]:
+        """Score this round's answers with checks (engine.train.reward_fns; `sample`: the prompt's line,
+        the reference answer for instance). From now on an answer's reward in this round is
+        `scorer.combine(its checks, its rating)`: the person's rating is one more source, weighted by
+        `scorer.rating_weight`; an answer whose check failed is left out."""
+        if not self.answers or self.prompt is None:
+            raise RewardError("there are no answers to score: generate answers first")
+        self.scorer = scorer
+        self.check_scores = [scorer.score(self.prompt, a.text, sample or {}) for a in self.answers]
+        return list(self.check_scores)
+
+    def rewards(self) -> list[float | None]:
+        """Each answer's reward this round: its rating, or with checks, their sum with the rating's share."""
+        if self.scorer is None or not any(sc is not None for sc in self.check_scores):
+            return list(self.ratings)
+        return [self.scorer.combine(sc, r) for sc, r in zip(self.check_scores, self.ratings, strict=True)]
 
     # --- ratings --------------------------------------------------------------------------------
     def _check_index(self, index: int) -> None:
@@ -441,7 +481,12 @@ class RewardSession:
             "session": self.session_id,
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
             "stop_reason": self.answers[index].stop_reason,
+            **self._checks_of(index),
         }
+
+    def _checks_of(self, index: int) -> dict[str, Any]:
+        sc = self.check_scores[index] if index < len(self.check_scores) else None
+        return {} if sc is None else {"checks": dict(sc.parts), "check_reward": sc.total}
 
     def rate(self, index: int, reward: float | None) -> None:
         """Rate answer `index` with a reward in [-1, 1], or None to skip it.
@@ -485,7 +530,7 @@ class RewardSession:
     def _plan(self) -> tuple[Preview, list[tuple[str, float]]]:
         """The preview, and the (answer text, weight) pairs a step would train on."""
         mode = self.config.mode
-        rated = [(i, r) for i, r in enumerate(self.ratings) if r is not None]
+        rated = [(i, r) for i, r in enumerate(self.rewards()) if r is not None]  # ratings (and checks)
         fixes = sorted(self.corrections.items())
         rewards = [r for _, r in rated] + [CORRECTION_REWARD] * len(fixes)
         if mode == "weighted":
@@ -570,11 +615,27 @@ class RewardSession:
             log.info("round %d: %s", self.round, preview.message)
             return result
 
-        cfg = self.config
         base = self._messages(self.prompt, self.system)
+        loss = self._train_step([([*base, {"role": "assistant", "content": text}], x) for text, x in train])
+        self._round_applied = True
+        result = RoundResult(
+            self.round, self.step, self.prompt, mean_reward, loss, preview.n_rated, preview.weights, True,
+        )  # fmt: skip
+        self.history.append(result)
+        log.info("round %d: step %d, loss %.4f, mean reward %s", self.round, self.step, loss, mean_reward)
+        if self.checkpoint_dir:
+            self.checkpoint()
+            self._note(result)
+        return result
+
+    def _train_step(self, items: list[tuple[list[dict], float]], mode: str | None = None) -> float:
+        """One optimizer step on conversations ending in an answer, each with its weight (weighted
+        mode) or advantage (group mode); returns the objective before the step."""
+        cfg = self.config
+        mode = mode or cfg.mode
         samples = []
-        for text, _ in train:
-            sample, problems = parse_sample({"messages": [*base, {"role": "assistant", "content": text}]})
+        for messages, _ in items:
+            sample, problems = parse_sample({"messages": messages})
             assert sample is not None, problems
             samples.append(sample)
         encoded, problems = encode_samples(samples, self.tokenizer, self.template, EncodeOptions(cfg.n_ctx))
@@ -585,11 +646,11 @@ class RewardSession:
                 f"no rated answer could be encoded for training: {problems[0] if problems else ''}; "
                 "raise n_ctx or shorten the prompt"
             )
-        normalize = "tokens" if cfg.mode == "weighted" else "samples"
+        normalize = "tokens" if mode == "weighted" else "samples"
         (batch,) = batch_encoded(
-            encoded, cfg.n_ctx, len(encoded), weights=[x for _, x in train], normalize=normalize
+            encoded, cfg.n_ctx, len(encoded), weights=[x for _, x in items], normalize=normalize
         )
-        kl = cfg.kl_coef if cfg.mode == "group" else 0.0
+        kl = cfg.kl_coef if mode == "group" else 0.0
         res = loss_and_grads(self.model, self.trainable, batch, kl_coef=kl)
         if not math.isfinite(res.loss):
             raise RewardError(f"the loss is {res.loss}: no step taken; lower the learning rate")
@@ -600,14 +661,64 @@ class RewardSession:
         if not math.isfinite(stats.grad_norm):
             raise RewardError(f"the gradient norm is {stats.grad_norm}: no step taken; lower the lr")
         self.step += 1
-        self._round_applied = True
-        result = RoundResult(
-            self.round, self.step, self.prompt, mean_reward, float(res.loss), preview.n_rated,
-            preview.weights, True,
-        )  # fmt: skip
+        return float(res.loss)
+
+    # --- unattended rounds (engine.train.rounds) ------------------------------------------------
+    def sample(
+        self,
+        prompt: str,
+        *,
+        system: str | None = None,
+        n: int | None = None,
+        seed: int | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[Answer]:
+        """`n` answers with the adapter's current weights, outside the rating rounds: the round being
+        rated (its answers, ratings and corrections) is left as it is."""
+        n = self.config.n_samples if n is None else n
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise RewardError(f"n must be an integer >= 1, got {n!r}")
+        messages = self._messages(prompt, system)
+        return self._answers(messages, n, seed, self.trainable.terms(), None, should_stop)
+
+    def apply_groups(self, groups: list[ScoredGroup]) -> RoundResult:
+        """One group-relative step on the scored answers of several prompts (an unattended round):
+        within each prompt's answers A = (r - mean) / (std + eps); an answer whose reward is None (a
+        check failed) is left out. Every scored answer is appended to the ratings file first, with its
+        checks ("source": "checks"). A round whose every group has equal rewards takes no step."""
+        self.round += 1
+        self._round_step = self.step
+        ckpt = self._checkpoint
+        adapter = ckpt[0] if ckpt is not None and ckpt[1] == self.step else None
+        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+        rewards, keys, items, records = [], [], [], []
+        for g, group in enumerate(groups):
+            base = self._messages(group.prompt, group.system)
+            for i, (text, reward, checks) in enumerate(group.answers):
+                if reward is None:
+                    continue
+                records.append({
+                    "messages": [*base, {"role": "assistant", "content": text}], "reward": float(reward),
+                    "prompt": group.prompt, "answer": i, "mode": "group", "round": self.round,
+                    "step": self.step, "adapter": adapter, "session": self.session_id, "time": stamp,
+                    "source": "checks", "checks": dict(checks or {}),
+                })  # fmt: skip
+                rewards.append(float(reward))
+                keys.append(g)
+                items.append(([*base, {"role": "assistant", "content": text}], 0.0))
+        if records:
+            _append_record(self.ratings_path, records)  # before the step: no score is ever lost
+        adv = group_advantages(rewards, keys, eps=_GROUP_EPS) if rewards else np.zeros(0)
+        train = [(m, float(a)) for (m, _), a in zip(items, adv, strict=True) if a != 0.0]
+        mean = float(np.mean(rewards)) if rewards else float("nan")
+        label = groups[0].prompt if len(groups) == 1 else f"{len(groups)} prompts"
+        loss, applied = float("nan"), bool(train)
+        if train:
+            loss = self._train_step(train, mode="group")
+        weights = tuple(float(a) for a in adv)
+        result = RoundResult(self.round, self.step, label, mean, loss, len(rewards), weights, applied)
         self.history.append(result)
-        log.info("round %d: step %d, loss %.4f, mean reward %s", self.round, self.step, res.loss, mean_reward)
-        if self.checkpoint_dir:
+        if applied and self.checkpoint_dir:
             self.checkpoint()
             self._note(result)
         return result
@@ -728,5 +839,5 @@ class RewardSession:
 
 __all__ = [
     "Answer", "load_ratings", "MODES", "parse_rating", "Preview", "rating_from_stars", "RewardConfig",
-    "RewardError", "RewardSession", "RoundResult",
+    "RewardError", "RewardSession", "RoundResult", "ScoredGroup",
 ]  # fmt: skip

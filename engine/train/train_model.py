@@ -14,8 +14,9 @@ block's input is kept and the block is recomputed during the backward pass.
 from __future__ import annotations
 
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -154,6 +155,7 @@ class LossResult:
     n_tokens: int  # label tokens
     grads: dict[str, np.ndarray] | None  # name -> gradient, for every trainable parameter (on its device)
     expert_counts: np.ndarray | None  # (L, E) tokens routed to each expert, MoE models only (on the device)
+    extra: Any = None  # what a sequence-level objective reports (engine.train.preferences), else None
 
     @property
     def mean_ce(self) -> float:
@@ -181,6 +183,21 @@ def final_hidden(model, batch, lora: Mapping[str, LoraTerm] | None = None, weigh
     return h.reshape(-1, cfg.C)
 
 
+@dataclass(frozen=True)
+class SequenceObjective:
+    """What a sequence-level objective (DPO, ORPO) makes of the batch's per-sequence cross-entropies:
+    its loss, the per-token weights whose weighted cross-entropy has its gradient, and figures."""
+
+    loss: float  # the objective's value
+    token_weights: np.ndarray  # (B*T,) dL/d(ce_t): the objective's gradient is sum_t w_t d(ce_t)
+    extra: Any = None  # figures for events (LossResult.extra)
+
+
+# the hook of loss_and_grads: given ce(targets) -> sum of the cross-entropy over the rows whose
+# targets are >= 0 (the rest set to -1), the objective of the batch
+SequenceLoss = Callable[[Callable[[np.ndarray], float]], SequenceObjective]
+
+
 def loss_and_grads(
     model,
     trainable: Trainable,
@@ -189,16 +206,24 @@ def loss_and_grads(
     backward: bool = True,
     checkpoint: bool = False,
     kl_coef: float = 0.0,
+    sequence_loss: SequenceLoss | None = None,
 ) -> LossResult:
     """Forward (and backward) over one packed batch; gradients of the trainable parameters only.
+
+    sequence_loss: an objective of whole sequences (engine.train.preferences) instead of the
+    batch's weighted cross-entropy: it is handed the cross-entropy of any subset of the label
+    rows (the head computed again for them, no logits kept) and returns its loss and the token
+    weights whose weighted cross-entropy has the same gradient; the backward pass is then the
+    ordinary one with those weights.
 
     On a GPU model every array stays on the device; the loss and cross-entropy come back to the
     host in one read, gradients and expert counts stay where they were computed."""
     with model.backend.active():
-        return _loss_and_grads(model, trainable, batch, backward, checkpoint, kl_coef)
+        return _loss_and_grads(model, trainable, batch, backward, checkpoint, kl_coef, sequence_loss)
 
 
-def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoint: bool, kl_coef: float):
+def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoint: bool, kl_coef: float,
+                    sequence_loss: SequenceLoss | None = None):  # fmt: skip
     cfg = model.config
     W = ChainMap(trainable.full, model.weights)
     lora = applied_lora(cfg, trainable.terms())
@@ -215,11 +240,19 @@ def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoi
         h_ref = final_hidden(model, batch)
         w_ref = model.weights[out_name]
     # the fused head and loss (with a final soft-cap, gemma3's, the logits are capped first)
+    weights = np.asarray(batch.weights).reshape(-1)
+    objective = None
+    if sequence_loss is not None:
+        objective = sequence_loss(_sequence_ce(cfg, h, W[out_name], lora, out_name, tied_lora))
+        weights = objective.token_weights
+        if not backward:
+            n_label = int(np.count_nonzero(np.asarray(batch.targets) >= 0))
+            return LossResult(objective.loss, float("nan"), n_label, None, None, objective.extra)
     loss, (ce_sum, n_tok), dh, g_head = ops.lm_head_loss(
         h.reshape(-1, cfg.C),
         W[out_name],
         np.asarray(batch.targets).reshape(-1),
-        np.asarray(batch.weights).reshape(-1),
+        weights,
         lora=lora.get(OUTPUT) if out_name == OUTPUT else None,
         tied_lora=tied_lora,
         need_dw=out_name in need,
@@ -233,8 +266,11 @@ def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoi
     if not isinstance(loss, float):  # device scalars (a GPU run): both in one read
         xp = array_module(loss)
         loss, ce_sum = (float(x) for x in to_host(xp.stack([xp.asarray(loss), xp.asarray(ce_sum)])))
+    extra = None
+    if objective is not None:
+        loss, extra = objective.loss, objective.extra
     if not backward:
-        return LossResult(loss, ce_sum, n_tok, None, expert)
+        return LossResult(loss, ce_sum, n_tok, None, expert, extra)
 
     grads: dict[str, np.ndarray] = {}
     add_grad(grads, out_name, g_head["W"])
@@ -258,4 +294,19 @@ def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoi
     missing = set(params) - set(grads)
     for name in missing:  # a parameter the batch did not reach (e.g. an expert no token was routed to)
         grads[name] = array_module(params[name]).zeros_like(params[name])
-    return LossResult(loss, ce_sum, n_tok, grads, expert)
+    return LossResult(loss, ce_sum, n_tok, grads, expert, extra)
+
+
+def _sequence_ce(cfg, h, w, lora, out_name: str, tied_lora) -> Callable[[np.ndarray], float]:
+    """ce(targets): the summed cross-entropy of the rows whose targets are >= 0, by the fused head
+    (forward only; the rows of the other targets are not computed)."""
+    h2 = h.reshape(-1, cfg.C)
+    out_lora = lora.get(OUTPUT) if out_name == OUTPUT else None
+
+    def ce(targets: np.ndarray) -> float:
+        ones = (np.asarray(targets) >= 0).astype(np.float32)
+        _, (ce_sum, _), _, _ = ops.lm_head_loss(h2, w, targets, ones, lora=out_lora, tied_lora=tied_lora,
+                                                backward=False, cap=cfg.softcap)  # fmt: skip
+        return float(ce_sum)
+
+    return ce

@@ -51,6 +51,7 @@ from .data import Encoded, EncodeOptions, Problem, Sample, save_jsonl, split_gro
 from .heap import keep_step_buffers
 from .memory import MemoryEstimate, estimate_memory
 from .optim import AdamW, GradAccumulator, OptimConfig
+from .pref_data import EncodedPair, PairBatches, PreparedPairs
 from .prepared import KEPT, PackedBatches, PreparedData, default_cache_folder, prepare_data
 from .rewards import group_advantages, reward_weights
 from .runs import RunRecord, read_run, record_path, tensor_kinds
@@ -88,6 +89,8 @@ _FLOAT_RANGES = (  # field, lowest, highest, lowest excluded
     ("gclip", 0.0, 1e9, False),
     ("max_grad_norm", 0.0, 1e9, False),
     ("kl_coef", 0.0, 1e3, False),
+    ("dpo_beta", 0.0, 1e3, True),
+    ("orpo_lambda", 0.0, 1e3, False),
 )
 _CHOICES = {
     "lora_init": ("kaiming", "gaussian"),
@@ -96,6 +99,7 @@ _CHOICES = {
     "reward_mode": ("none", "weighted", "group"),
     "out_type": ("F32", "F16", "Q8_0"),
     "gpu_step": ("graph", "eager", "generic"),
+    "objective": ("sft", "dpo", "orpo"),
 }
 
 
@@ -147,6 +151,11 @@ class TrainConfig:
     # rewards
     reward_mode: str = "none"  # none | weighted (reward-weighted SFT) | group (group-relative)
     kl_coef: float = 0.0  # group mode: weight of KL(adapter || base) per label token
+    # preferences (engine.train.preferences): "sft" trains the samples' answers (a preference sample: its
+    # chosen one); "dpo" and "orpo" train on pairs of a chosen and a rejected answer
+    objective: str = "sft"
+    dpo_beta: float = 0.1  # DPO: beta, how far the adapter may move from the base model (higher: less)
+    orpo_lambda: float = 0.1  # ORPO: lambda, the weight of the odds-ratio term beside the SFT loss
     # runtime
     device: str = "cpu"  # where the run computes: "cpu", "cuda:N" or "auto" (engine.backend)
     cache_budget: str = "auto"  # dequantized weights kept between uses: "auto", "off" or a size ("4G")
@@ -185,6 +194,11 @@ class TrainConfig:
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.objective != "sft" and self.reward_mode != "none":
+            raise ConfigError(
+                f"objective {self.objective} learns from preference pairs, not rewards: set reward_mode to "
+                f"none (got {self.reward_mode})"
+            )
         if not isinstance(self.full, tuple) or not all(isinstance(x, str) for x in self.full):
             raise ConfigError(f"full must be a tuple of tensor names, globs or kinds, got {self.full!r}")
 
@@ -329,29 +343,42 @@ class _Encodings(Sequence[Encoded]):
         return self.data.encoded(int(self.rows[i]), int(self.positions[i]))
 
 
-def _plan_problems(data: PreparedData, train: np.ndarray, val: np.ndarray) -> tuple[list[Problem], int]:
+def _plan_problems(
+    data: PreparedData, train: np.ndarray, val: np.ndarray, rows_per_item: int = 1
+) -> tuple[list[Problem], int]:
     """The first MAX_PLAN_PROBLEMS problems as a run meets them (reading the file, then encoding
     the training samples, then the validation ones; a sample made in memory is named by its
-    position in its list), and how many there are."""
+    position in its list), and how many there are. rows_per_item 2: prepared pairs, `train` and
+    `val` numbering pairs (rows 2k and 2k + 1): a problem both answers of a pair have is one."""
     total = data.n_read_problems + data.n_encode_problems
-    side = np.zeros(len(data), dtype=np.int8)  # 0: training, 1: validation
+    n = len(data) // rows_per_item
+    side = np.zeros(n, dtype=np.int8)  # 0: training, 1: validation
     side[val] = 1
-    position = np.zeros(len(data), dtype=np.int64)
+    position = np.zeros(n, dtype=np.int64)
     position[train], position[val] = np.arange(len(train)), np.arange(len(val))
     read: list[Problem] = []
     encoded: tuple[list[Problem], list[Problem]] = ([], [])
+    seen: tuple[int, set[str]] = (-1, set())  # a pair's messages so far
     for stage, sample, problem in data.problems():  # those of reading first, then of encoding
         if stage == "read":
             if len(read) < MAX_PLAN_PROBLEMS:
                 read.append(problem)
             continue
-        which = encoded[side[sample]]
+        item = sample // rows_per_item
+        if rows_per_item > 1:
+            if item != seen[0]:
+                seen = (item, set())
+            if problem.message in seen[1]:
+                total -= 1
+                continue
+            seen[1].add(problem.message)
+        which = encoded[side[item]]
         if len(read) + len(which) >= MAX_PLAN_PROBLEMS:
-            if side[sample] == 0:
+            if side[item] == 0 and rows_per_item == 1:
                 break  # enough from the file and the training samples: the validation ones come after
             continue
         if not problem.line:
-            problem = Problem(0, f"sample {position[sample]}: {problem.message}", problem.severity)
+            problem = Problem(0, f"sample {position[item]}: {problem.message}", problem.severity)
         which.append(problem)
     return [*read, *encoded[0], *encoded[1]][:MAX_PLAN_PROBLEMS], total
 
@@ -410,6 +437,7 @@ class Trainer:
         self._loss_window: deque[float] = deque(maxlen=STALL_STEPS)
         self._norm_window: deque[float] = deque(maxlen=STALL_STEPS)
         self._stall_warned = False
+        self.preference = None  # the PreferenceObjective of a DPO or ORPO run (engine.train.preferences)
 
     # --- data ---------------------------------------------------------------------------------
     def _prepare(self) -> PackedBatches:
@@ -422,12 +450,15 @@ class Trainer:
             template = self.template_arg
         else:  # a template file, or the model's own
             template = template_for(md, self.template_arg)
-        options = EncodeOptions(
-            n_ctx=cfg.n_ctx, train_on_prompt=cfg.train_on_prompt, prompt_format=cfg.prompt_format
+        pairs = cfg.objective != "sft"  # DPO / ORPO: each preference pair prepared as two rows
+        options = EncodeOptions(  # a pair's answers alone are trained: their log-probabilities count
+            n_ctx=cfg.n_ctx,
+            train_on_prompt=cfg.train_on_prompt and not pairs,
+            prompt_format=cfg.prompt_format,
         )
         if isinstance(self.data, str):
             cache = {"auto": default_cache_folder(), "off": None}.get(cfg.data_cache, cfg.data_cache)
-            data = prepare_data(self.data, tok, template, options, cache=cache)
+            data = prepare_data(self.data, tok, template, options, cache=cache, pairs=pairs)
             self.dataset_sha256 = data.dataset_sha256
             own = cfg.checkpoint_dir and os.path.abspath(self.data) == os.path.abspath(
                 os.path.join(cfg.checkpoint_dir, SAMPLES_FILE)
@@ -438,7 +469,7 @@ class Trainer:
                 self.dataset_path = os.path.abspath(self.data)
         else:
             samples = list(self.data)
-            data = prepare_data(samples, tok, template, options)
+            data = prepare_data(samples, tok, template, options, pairs=pairs)
             self.dataset_sha256 = hashlib.sha256(
                 json.dumps([asdict(s) for s in samples], sort_keys=True, default=str).encode()
             ).hexdigest()
@@ -450,6 +481,8 @@ class Trainer:
                     save_jsonl(os.path.join(cfg.checkpoint_dir, SAMPLES_FILE), samples)
                 self.samples_file = SAMPLES_FILE
         self.prepared = data
+        if pairs:
+            return self._prepare_pairs(data)
         table = data.samples
         if not len(table):
             n = data.n_read_problems
@@ -482,14 +515,51 @@ class Trainer:
         self._epoch_cache: dict[int, PackedBatches] = {}
         return self.batches_for_epoch(0)
 
+    def _prepare_pairs(self, data: PreparedData) -> PairBatches:
+        """DPO and ORPO: the prepared pairs (rows 2k and 2k + 1: pair k's chosen and rejected
+        answers), split by prompt (the held-out pairs: the held-out accuracy), `batch_size` pairs a
+        batch; a pair with an answer that could not be encoded is left out."""
+        from .preferences import PreferenceObjective
+
+        cfg = self.config
+        table = data.samples
+        flags = table["flags"].reshape(-1, 2)
+        kept = ((flags[:, 0] & KEPT) & (flags[:, 1] & KEPT)).astype(bool)
+        train, val = split_groups(table["group"][0::2], cfg.val_split, cfg.seed)
+        train_pos, val_pos = np.flatnonzero(kept[train]), np.flatnonzero(kept[val])
+        self.problems, self.problems_total = _plan_problems(data, train, val, rows_per_item=2)
+        if not len(train_pos):
+            raise DatasetError(
+                f"no preference pair to train with {cfg.objective.upper()}: the dataset needs lines with "
+                '"prompt" (or "messages"), "chosen" and "rejected"'
+                + ("; " + "; ".join(str(p) for p in self.problems[:3]) if self.problems else "")
+            )
+        self.train_rows, self.train_pos = train[train_pos], train_pos  # pair numbers
+        self.weights, self.normalize = None, "tokens"
+        self.val_batches = (
+            PairBatches(PreparedPairs(data, val[val_pos]), cfg.n_ctx, cfg.batch_size) if len(val_pos) else []
+        )
+        self.n_train, self.n_val = len(train_pos), len(val_pos)
+        self.preference = PreferenceObjective(
+            self.model, cfg.objective, beta=cfg.dpo_beta, lam=cfg.orpo_lambda
+        )
+        self._epoch_cache = {}
+        return self.batches_for_epoch(0)
+
     @property
-    def enc_train(self) -> Sequence[Encoded]:
+    def enc_train(self) -> Sequence[Encoded] | Sequence[EncodedPair]:
         """The training samples that are trained on, encoded, in the order of the training list
-        (each made from the prepared files when read)."""
+        (each made from the prepared files when read); a preference run's pairs."""
+        if self.preference is not None:
+            return PreparedPairs(self.prepared, self.train_rows)
         return _Encodings(self.prepared, self.train_rows, self.train_pos)
 
-    def batches_for_epoch(self, epoch: int) -> PackedBatches:
+    def batches_for_epoch(self, epoch: int) -> PackedBatches | PairBatches:
         """Deterministic batches of one epoch (shuffled by seed + epoch): the basis of exact resume."""
+        if epoch not in self._epoch_cache and self.preference is not None:
+            cfg = self.config
+            self._epoch_cache = {epoch: PairBatches(self.enc_train, cfg.n_ctx, cfg.batch_size,
+                                                    shuffle_seed=cfg.seed + epoch)}  # fmt: skip
         if epoch not in self._epoch_cache:
             self._epoch_cache = {
                 epoch: PackedBatches(
@@ -538,7 +608,8 @@ class Trainer:
             model.config,
             model.tensors,
             self.trainable.n_params,
-            cfg,
+            # a batch of preference pairs holds two answers per pair
+            cfg if self.preference is None else _replace_config(cfg, batch_size=2 * cfg.batch_size),
             lora_targets=self.trainable.pairs,
             checkpoint=cfg.checkpoint_choice,
             budget=cfg.cache_budget,
@@ -643,6 +714,7 @@ class Trainer:
             "training.dataset_sha256": self.dataset_sha256,
             "training.base_model": os.path.basename(self.model.path),
             "training.reward_mode": self.config.reward_mode,
+            "training.objective": self.config.objective,
             "training.tool": "tune-studio",
         }
 
@@ -677,6 +749,12 @@ class Trainer:
                 clean_stale_temporaries(cfg.checkpoint_dir)
                 if cfg.out:
                     clean_stale_temporaries(os.path.dirname(os.path.abspath(cfg.out)), max_age_s=600)
+            if self.comm.parallel and cfg.objective != "sft":
+                raise ConfigError(
+                    f"{cfg.objective.upper()} trains in one process: its loss compares the two answers of "
+                    "each pair, which cannot be split across processes. Train it without --ranks (on "
+                    "one process)"
+                )
             batches = self._prepare()
             cfg = self.config
             n_batches = len(batches)
@@ -717,6 +795,7 @@ class Trainer:
                 lora_alpha=self.trainable.alpha,
                 dataset=self.data if isinstance(self.data, str) else f"{len(self.data)} samples (edited)",
                 problems_total=self.problems_total,
+                objective=cfg.objective,
             )
         except EngineError as exc:
             if self.comm.parallel and not self._joined:
@@ -749,13 +828,14 @@ class Trainer:
         t_step = time.perf_counter()
         if self._fused_why is None:
             return self._fused_train_step(on_event, t_step)
+        figures = None
         if self.comm.parallel:  # this rank's share of the step, summed over the ranks
             try:
                 loss, ce_sum, n_label, n_tok, counts, grads, m = parallel.sharded_step(self)
             except RankTimeout as exc:
                 return self._lost(on_event, exc)
         else:
-            loss, ce_sum, n_label, n_tok, counts, grads, m = self._local_step()
+            loss, ce_sum, n_label, n_tok, counts, grads, m, figures = self._local_step()
         if not math.isfinite(loss):
             return self._fail(
                 on_event,
@@ -770,12 +850,13 @@ class Trainer:
                 "training stopped; lower the learning rate. The last good checkpoint is kept.",
             )
         return self._after_step(
-            on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, self._exploded()
+            on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, self._exploded(), figures
         )
 
-    def _after_step(self, on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, exploded):
+    def _after_step(self, on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, exploded,
+                    figures=None):  # fmt: skip
         """What follows an optimizer step on either path: the exploded-weights check, the Step event,
-        norms, evaluation, checkpoint."""
+        norms, evaluation, checkpoint. figures: a preference run's, per micro-batch."""
         cfg = self.config
         total, n_batches = self.plan.total_steps, self.plan.batches_per_epoch
         if exploded:
@@ -787,7 +868,7 @@ class Trainer:
             )
         self.step += 1
         self.tokens_done += n_tok
-        self.last_ce = ce_sum / max(1, n_label)
+        self.last_ce = ce_sum / max(1, n_label) if not figures else loss  # a preference run: its objective
         seconds = time.perf_counter() - t_step
         self.train_seconds += seconds
         self._recent.append(seconds)
@@ -807,6 +888,10 @@ class Trainer:
         if self.record is not None:
             self.record.add_loss(self.step, self.last_ce)
         on_event(step)
+        if figures:
+            from .preferences import merge_figures
+
+            on_event(ev.PreferenceStep(self.step, self.config.objective, **asdict(merge_figures(figures))))
         if self.trainable.pairs:
             self._loss_window.append(self.last_ce)
             self._norm_window.append(stats.param_norm)
@@ -854,10 +939,13 @@ class Trainer:
         from .dense_step import unsupported
 
         cfg = self.config
-        why = "gpu_step is generic" if cfg.gpu_step == "generic" else unsupported(
-            self.model, self.trainable, cfg.grad_accum, cfg.reward_mode == "group" and cfg.kl_coef > 0,
-            self.memory.checkpoint,
-        )  # fmt: skip
+        if self.preference is not None:  # the fused step computes the weighted cross-entropy alone
+            why = "a preference objective"
+        elif cfg.gpu_step == "generic":
+            why = "gpu_step is generic"
+        else:
+            kl = cfg.reward_mode == "group" and cfg.kl_coef > 0
+            why = unsupported(self.model, self.trainable, cfg.grad_accum, kl, self.memory.checkpoint)
         if why:
             log.info("training step: the generic op-by-op path (%s)", why)
         return why
@@ -922,7 +1010,8 @@ class Trainer:
 
     def _local_step(self):
         """The step's micro-batches in this process: (loss, ce_sum, label tokens, sample tokens,
-        expert counts, gradients, index of the last micro-batch)."""
+        expert counts, gradients, index of the last micro-batch, a preference run's figures per
+        micro-batch)."""
         cfg = self.config
         n_batches = self.plan.batches_per_epoch
         acc = self._accumulator
@@ -930,16 +1019,21 @@ class Trainer:
         loss = ce_sum = 0.0
         n_tok = n_label = 0
         counts = grads = None
+        figures = []
         for j in range(cfg.grad_accum):
             m = self.step * cfg.grad_accum + j  # global micro-batch index
             batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
-            res = loss_and_grads(
-                self.model,
-                self.trainable,
-                batch,
-                checkpoint=self.memory.checkpoint,
-                kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
-            )
+            if self.preference is not None:
+                res = self.preference.loss_and_grads(self.trainable, batch, checkpoint=self.memory.checkpoint)
+                figures.append(res.extra)
+            else:
+                res = loss_and_grads(
+                    self.model,
+                    self.trainable,
+                    batch,
+                    checkpoint=self.memory.checkpoint,
+                    kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
+                )
             if cfg.grad_accum > 1:
                 acc.add(res.grads)
             else:
@@ -950,7 +1044,7 @@ class Trainer:
             n_tok += batch.n_tokens
             if res.expert_counts is not None:
                 counts = res.expert_counts if counts is None else counts + res.expert_counts
-        return loss, ce_sum, n_label, n_tok, counts, acc.mean() if cfg.grad_accum > 1 else grads, m
+        return loss, ce_sum, n_label, n_tok, counts, acc.mean() if cfg.grad_accum > 1 else grads, m, figures
 
     def _exploded(self) -> str | None:
         """What is wrong with the parameters after a step (not finite, or far beyond what training
@@ -1035,8 +1129,14 @@ class Trainer:
                 return result
         return self.finish(on_event)
 
-    def evaluate(self) -> ev.Eval:
-        """Mean cross-entropy over the validation batches (with several ranks, each takes a share)."""
+    def evaluate(self) -> ev.Eval | ev.PreferenceEval:
+        """Mean cross-entropy over the validation batches (with several ranks, each takes a share);
+        a preference run's figures of its held-out pairs."""
+        if self.preference is not None:  # the held-out pairs (one process: start() refuses several)
+            f = self.preference.evaluate(self.trainable, self.val_batches)
+            if self.record is not None:
+                self.record.add_val_loss(self.step, f.loss)
+            return ev.PreferenceEval(self.step, self.config.objective, **asdict(f))
         ce = n = 0
         if self.comm.parallel:
             ce, n = parallel.sharded_eval(self)

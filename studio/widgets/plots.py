@@ -759,6 +759,12 @@ class TrainPlotsWidget(QWidget):
         self._dirty.add("loss")
         self.redraw(everything=True)
 
+    def set_loss_title(self, title: str) -> None:
+        """The loss plot's title ("Loss (mean cross-entropy)"; a preference run's objective)."""
+        plot = self.loss_plot
+        plot.texts = (title, *plot.texts[1:])
+        _paint_plot(self.loss_pw)
+
     def set_log_loss(self, on: bool) -> None:
         """The loss on a log10 axis."""
         if self.log_box.isChecked() != on:

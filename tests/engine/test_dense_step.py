@@ -189,6 +189,28 @@ def test_runs_the_fused_step_cannot_take_say_why_and_train_generically(tmp_path,
     assert trainer._fused is None
 
 
+def test_a_preference_objective_takes_the_generic_step_and_says_so(tmp_path, caplog):
+    """DPO and ORPO compare a pair's two answers (engine.train.preferences): the fused step computes
+    the plain weighted cross-entropy, so they train on the generic path, and the log says why."""
+    from engine.train.data import parse_sample
+    from tests.kernels.emu_runtime import RecordingRuntime
+
+    rt = RecordingRuntime()
+    model = Model.load(_model(tmp_path, "llama"), backend=Backend("emulated", rt.xp, "", rt))
+    rows = [{"prompt": f"say {w}", "chosen": f"yes {w}", "rejected": f"no {w}"} for w in ("the", "of", "and")]
+    pairs = [parse_sample(r)[0] for r in rows]
+    cfg = TrainConfig(targets=TargetSpec(preset="none", patterns=LINEAR), rank=4, alpha=8, n_ctx=32,
+                      batch_size=2, steps=2, norms_every=0, checkpoint_layers="off", lr=1e-2,
+                      gpu_step="graph", objective="dpo")  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="engine.train.trainer"):
+        trainer = Trainer(model, pairs, cfg)
+        assert isinstance(trainer.start(), ev.Started)
+    assert trainer._fused_why == "a preference objective"
+    assert "generic op-by-op path (a preference objective)" in caplog.text
+    _steps(trainer, 2)
+    assert trainer._fused is None and rt.counts.get("capture") is None
+
+
 def test_cache_off_refills_each_layer_and_trains_the_same(tmp_path):
     path = _model(tmp_path, "llama")
     auto, _ = _trainer(path, "graph", budget="auto")

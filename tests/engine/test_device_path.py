@@ -183,6 +183,34 @@ def test_generation_and_reward_steps_on_the_device(synth_model, emulated, tmp_pa
     assert resumed.step == 1
 
 
+def test_dpo_on_the_device_follows_the_cpu(synth_model, emulated, tmp_path):
+    """The preference objectives take the generic path on a GPU (the fused head's twin computes the
+    per-answer log-probabilities and the reference's): their losses follow the CPU's."""
+    import json
+
+    path = synth_model("llama", seed=32)
+    data = tmp_path / "prefs.jsonl"
+    rows = [{"prompt": f"say {w}", "chosen": f"yes {w}", "rejected": f"no {w}"} for w in ("the", "of")]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = _config(
+        tmp_path,
+        steps=2,
+        objective="dpo",
+        batch_size=2,
+        n_ctx=32,
+        checkpoint_every=0,
+        out=None,
+        targets=TargetSpec(preset="attention"),
+    )
+    losses = {}
+    for name, model in (("cpu", Model.load(path)), ("device", Model.load(path, backend=emulated))):
+        got = _run(model, str(data), cfg)
+        assert isinstance(got[-1], ev.Finished), got[-1]
+        losses[name] = [e.loss for e in got if isinstance(e, ev.PreferenceStep)]
+    assert len(losses["cpu"]) == 2 and losses["cpu"][1] < losses["cpu"][0]
+    assert losses["device"] == pytest.approx(losses["cpu"], rel=2e-3)
+
+
 def test_a_corrupt_tensor_is_named_on_the_device_too(tmp_path, emulated):
     from engine.testing import SynthSpec, random_weights, write_model
 

@@ -386,3 +386,33 @@ def test_ranks_without_an_mpi_launcher_is_a_one_line_error(files, tmp_path, monk
     assert main(["train", *train_args(files, "llama", tmp_path / "a.gguf", "--ranks", "0")]) == 2
     assert "--ranks must be at least 1" in capsys.readouterr().err
     assert not (tmp_path / "a.gguf").exists()
+
+
+def test_a_preference_run_is_refused_on_several_ranks(files, tmp_path, capsys):
+    """DPO and ORPO compare the two answers of each pair, which the ranks' shares of a step would
+    split: `--ranks` with a preference objective is a one-line error before any process starts, and
+    ranks started by mpiexec refuse it before step 1, said once, writing nothing."""
+    from engine.cli.main import main
+
+    pairs = tmp_path / "prefs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"say {i}", "chosen": f"yes {i}", "rejected": f"no {i}"})
+                             + "\n" for i in range(8)))  # fmt: skip
+    out = tmp_path / "a.gguf"
+    args = [
+        files["llama"],
+        str(pairs),
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--ctx",
+        "48",
+        "--objective",
+        "dpo",
+    ]
+    assert main(["train", *args, "--ranks", "2"]) == 2
+    assert "--objective dpo trains in one process" in capsys.readouterr().err
+    done = run([MPIEXEC, "-n", "2", *cli(*args, "--collective", "mpi")], tmp_path, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "DPO trains in one process" in done.stderr and done.stderr.count("error:") == 1
+    assert not out.exists()

@@ -31,6 +31,9 @@ def test_every_event_reads_back_as_it_was_written():
         ev.RunWarning(1, "careful"), ev.Paused(1),
         ev.Finished(1, True, 2.5, "/a.gguf", None, "/c/ckpt-000001"), ev.Failed(2, "went wrong", None),
         ev.Step(2, 4, 0.4, float("nan"), float("inf"), 0, 0, 0, 0, 0, float("nan")),
+        ev.Started(ev.Plan(**{**PLAN.__dict__, "objective": "dpo"})),
+        ev.PreferenceStep(1, "dpo", 0.69, -1.5, -1.7, 0.02, -0.01, 0.03, 0.75, 4),
+        ev.PreferenceEval(1, "orpo", 0.8, -1.2, -1.9, -0.12, -0.19, 0.07, 1.0, 2),
     ]  # fmt: skip
     for e in events:
         back = ev.event_from_json(ev.event_to_json(e))

@@ -123,7 +123,7 @@ def test_settings_edit_the_project_config_and_follow_it(qtbot, engine, tmp_path,
     for name, editor in editors.items():
         assert "Default:" in editor.toolTip() and len(editor.toolTip()) > 30, name
     assert "Default: 0.0002." in editors["lr"].toolTip()
-    assert list(page.settings.groups) == ["Basics", "Optimizer", "Data", "Rewards", "Advanced"]
+    assert list(page.settings.groups) == ["Basics", "Optimizer", "Data", "Rewards", "Preferences", "Advanced"]
     expected = {"lr", "schedule", "warmup_steps", "epochs", "steps", "n_ctx", "batch_size", "grad_accum",
                 "val_split", "eval_every", "weight_decay", "gclip", "max_grad_norm", "seed", "reward_mode",
                 "kl_coef", "train_on_prompt", "checkpoint_layers", "cache_budget", "checkpoint_every",

@@ -6,7 +6,11 @@ Chat tab: type a message and send it (Ctrl+Enter); the answer streams in as it i
 Stop (Ctrl+. or Escape) ends it where it is. The conversation is kept until New chat (Ctrl+N while
 the page has the focus); each answer says who gave it and has a Copy button (the last answer:
 Ctrl+Shift+C). Side by side tab: one prompt, one seed, through the base model and through the
-adapter, in two columns.
+adapter, in two columns; with "Blind A/B" on, the two answers come as A and B in a random order, the
+person chooses the better one (or a tie, or skips), and only then learns which was which: each
+choice is appended to the preferences file (`<output folder>/preferences.jsonl`, flushed to disk at
+once) as a {"messages", "chosen", "rejected"} pair, and "Train on choices" opens that file on the
+Dataset page with the DPO objective (`sig_train_choices`).
 
 On the right: which adapter (the base model, the live adapter of the current training run
 `engine.RUN`, a run's adapter from the history, or any file), a Base / Adapter toggle (Ctrl+B), the
@@ -30,6 +34,7 @@ from PySide6.QtCore import QEvent, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QButtonGroup,
+    QCheckBox,
     QGroupBox,
     QHBoxLayout,
     QLabel,
@@ -37,16 +42,18 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSizePolicy,
     QSplitter,
+    QStackedWidget,
     QTabWidget,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
-from engine import RUN, EngineError
+from engine import RUN, EngineError, blind_pair
 
 from ...project import ModelInfo, Project
 from ...widgets.banner import MessageBar
+from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import RunChoiceWidget, adapter_problems, app_settings, fit_message, load_runs
 from ...widgets.side_panel import SidePanelWidget
@@ -69,6 +76,8 @@ class ChatPage(QWidget):
     sig_rate_requested = Signal(str, str)  # adapter path ("" for the base model: a new adapter), prompt
     sig_answered = Signal(object)  # the engine Reply of each finished answer
     sig_compared = Signal(object, object)  # base Reply, adapter Reply
+    sig_train_choices = Signal(str)  # the preferences file: train on the A/B choices (DPO)
+    sig_chosen = Signal(str)  # a blind A/B choice was taken: "A", "B", "tie" or "skip"
     sig_busy_changed = Signal(bool)
     sig_error = Signal(str)
 
@@ -98,6 +107,8 @@ class ChatPage(QWidget):
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(1000 // STREAM_HZ)
         self._flush_timer.timeout.connect(self._flush)
+        self.preferences = PreferenceRecorder(project.output_folder)
+        self._blind_context: dict | None = None  # the messages and facts of the pair being judged
 
         self.banner = MessageBar()
         self.tabs = QTabWidget()
@@ -134,6 +145,7 @@ class ChatPage(QWidget):
         self.refresh_adapters()
         self._set_busy("")
         self._update_placeholder()
+        self._show_preferences()
 
     # --- building -----------------------------------------------------------------------------
     def _build_chat_tab(self) -> QWidget:
@@ -212,19 +224,36 @@ class ChatPage(QWidget):
         row.addWidget(self.compare_button)
         row.addWidget(self.compare_stop_button)
         row.addWidget(self.compare_status, 1)
+        self.blind_check = QCheckBox("Blind A/B")
+        self.blind_check.setToolTip(
+            "Show the two answers as A and B in a random order, without saying which is the adapter's, and "
+            "choose the better one: each choice is saved as a preference pair (for DPO or ORPO on the Train "
+            "page). Default: off."
+        )
+        row.insertWidget(2, self.blind_check)
         self.base_column = AnswerColumnWidget("Base model", "The model file as it is, without an adapter")
         self.adapter_column = AnswerColumnWidget("With the adapter", "The model with the chosen adapter")
         columns = QSplitter(Qt.Horizontal)
         columns.addWidget(self.base_column)
         columns.addWidget(self.adapter_column)
         columns.setChildrenCollapsible(False)
+        self.blind = BlindChoiceWidget()
+        self.blind.sig_chosen.connect(self._blind_chosen)
+        self.compare_stack = QStackedWidget()
+        self.compare_stack.addWidget(columns)
+        self.compare_stack.addWidget(self.blind)
+        self.blind_check.toggled.connect(lambda on: self.compare_stack.setCurrentIndex(1 if on else 0))
+        self.preferences_row = PreferencesFileRow(self.preferences)
+        self.preferences_row.sig_train_choices.connect(self.sig_train_choices)
+        self.train_choices_button = self.preferences_row.train_button
         tab = QWidget()
         tl = QVBoxLayout(tab)
         tl.setContentsMargins(4, 4, 4, 4)
         tl.setSpacing(4)
         tl.addWidget(self.compare_prompt)
         tl.addLayout(row)
-        tl.addWidget(columns, 1)
+        tl.addWidget(self.compare_stack, 1)
+        tl.addWidget(self.preferences_row)
         self._send_keys(tab, self.compare)
         return tab
 
@@ -615,7 +644,13 @@ class ChatPage(QWidget):
         self.adapter_column.title.setText(f"<b>With the adapter</b> · {html.escape(self._adapter_name())}")
         for column in (self.base_column, self.adapter_column):
             column.clear()
-        self._start_stream([self.base_column.message, self.adapter_column.message])
+        blind = self.blind_check.isChecked()
+        if blind:  # nothing streams: the order of the answers would say which is which
+            self.blind.clear("Answering… A and B are shown together, in a random order.")
+            self._blind_context = {"messages": messages, "seed": seed, "adapter": self._adapter_name()}
+            self._start_stream([])
+        else:
+            self._start_stream([self.base_column.message, self.adapter_column.message])
         stop = self._stop
 
         def job(session, job):
@@ -635,6 +670,9 @@ class ChatPage(QWidget):
 
         def done(replies) -> None:
             self._end_stream()
+            if blind and len(replies) == 2:
+                sources = ("the base model", f"the adapter ({self._adapter_name()})")
+                self.blind.set_pair(blind_pair(replies[0].text, replies[1].text, sources))
             for column, reply in zip((self.base_column, self.adapter_column), replies, strict=False):
                 column.message.set_text(reply.text)
                 column.message.set_meta(len(reply.tokens), reply.stop_reason)
@@ -664,6 +702,30 @@ class ChatPage(QWidget):
         self._submit("compare", "comparing answers", job, done, failed, model, cancelled)
         self.compare_status.setText(f"Seed {seed}: the base model first, then the adapter…")
         return True
+
+    # --- blind A/B choices ----------------------------------------------------------------------
+    def _blind_chosen(self, choice: str) -> None:
+        pair, ctx = self.blind.pair, self._blind_context
+        if pair is None or ctx is None:
+            return
+        extra = {
+            "source": "chat side by side",
+            "seed": ctx["seed"],
+            "model": os.path.basename(self.model_path() or ""),
+        }
+        try:
+            text = self.preferences.record(pair, choice, ctx["messages"], extra)
+        except (EngineError, OSError) as exc:
+            self.show_error(f"The choice was not saved: {exc}. Choose another file with Preferences file…, "
+                            "then compare again.")  # fmt: skip
+            return
+        self.blind.status.setText(text + " Compare again for the next pair.")
+        self._show_preferences()
+        self.compare_prompt.setFocus()
+        self.sig_chosen.emit(choice)
+
+    def _show_preferences(self) -> None:
+        self.preferences_row.refresh()
 
     # --- jobs and streaming ---------------------------------------------------------------------
     def _submit(self, kind: str, name: str, fn, done, failed, model: str, cancelled) -> None:
@@ -747,6 +809,7 @@ class ChatPage(QWidget):
         if changed & {"output_dir", "path", "dataset_path", "model_path"}:
             self.refresh_adapters()
             self._update_placeholder()
+            self._show_preferences()
 
     # --- keys -----------------------------------------------------------------------------------
     def _is_new_chat(self, event: QKeyEvent) -> bool:

@@ -1,4 +1,5 @@
-"""The editor for one sample: chat turns (role and text), or prompt and response, or text; a reward.
+"""The editor for one sample: chat turns (role and text), or prompt and response, or text, or a
+preference pair (prompt, chosen and rejected answers, which a button swaps); a reward.
 
 The editor shows a copy of the selected `Sample` and, on every change, builds the edited copy
 (`rebuild_sample`, which validates it) and emits `sig_edit(new, problems, key, description)`;
@@ -36,7 +37,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import Sample
+from engine import Sample, chosen_text
 
 from ...dataset_document import DatasetDocument
 from .table import ROLES, rebuild_sample
@@ -304,13 +305,51 @@ class SampleEditorWidget(QWidget):
         tl.addWidget(QLabel("Text:"))
         tl.addWidget(self.text, 1)
 
+        # preference pair
+        self.pref_context = QLabel()
+        self.pref_context.setWordWrap(True)
+        self.pref_context.setToolTip(
+            "The turns before the prompt (a system message, earlier turns): kept as they are"
+        )
+        self.pref_prompt = FieldEdit(history, self.end_session)
+        self.pref_prompt.setToolTip("The prompt: the last user turn before the two answers (not trained)")
+        self.pref_prompt.textChanged.connect(lambda: self._pref_changed("prompt"))
+        self.pref_chosen = FieldEdit(history, self.end_session)
+        self.pref_chosen.setToolTip(
+            "The better answer: DPO and ORPO raise its probability over the rejected one's; SFT trains on it"
+        )
+        self.pref_chosen.textChanged.connect(lambda: self._pref_changed("chosen"))
+        self.pref_rejected = FieldEdit(history, self.end_session)
+        self.pref_rejected.setToolTip(
+            "The worse answer: DPO and ORPO lower its probability against the chosen one"
+        )
+        self.pref_rejected.textChanged.connect(lambda: self._pref_changed("rejected"))
+        self.swap_button = QPushButton("Swap chosen and rejected")
+        self.swap_button.setToolTip("Make the rejected answer the chosen one and the other way round")
+        self.swap_button.clicked.connect(self.swap_answers)
+        pref_page = QWidget()
+        pfl = QVBoxLayout(pref_page)
+        pfl.setContentsMargins(0, 0, 0, 0)
+        pfl.addWidget(self.pref_context)
+        pfl.addWidget(QLabel("Prompt:"))
+        pfl.addWidget(self.pref_prompt, 1)
+        pfl.addWidget(QLabel("Chosen (better) answer:"))
+        pfl.addWidget(self.pref_chosen, 2)
+        pfl.addWidget(QLabel("Rejected (worse) answer:"))
+        pfl.addWidget(self.pref_rejected, 2)
+        swap_row = QHBoxLayout()
+        swap_row.addWidget(self.swap_button)
+        swap_row.addStretch(1)
+        pfl.addLayout(swap_row)
+
         self.empty = QLabel("Select a sample in the table to edit it, or add one (Ctrl+Shift+N).")
         self.empty.setAlignment(Qt.AlignCenter)
         self.empty.setWordWrap(True)
         self.pages = QStackedWidget()
-        for page in (self.empty, self.turns_scroll, prompt_page, text_page):
+        for page in (self.empty, self.turns_scroll, prompt_page, text_page, pref_page):
             self.pages.addWidget(page)
-        self._page_of = {"messages": self.turns_scroll, "prompt": prompt_page, "text": text_page}
+        self._page_of = {"messages": self.turns_scroll, "prompt": prompt_page, "text": text_page,
+                         "preference": pref_page}  # fmt: skip
 
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -362,6 +401,14 @@ class SampleEditorWidget(QWidget):
         elif sample.kind == "prompt":
             self.prompt.set_text_keeping_cursor(sample.prompt or "")
             self.response.set_text_keeping_cursor(sample.response or "")
+        elif sample.kind == "preference":
+            before, prompt = self._pref_prompt_parts(sample)
+            shown = "\n".join(f"{m.get('role')}: {m.get('content') or ''}" for m in before)
+            self.pref_context.setText(f"Before the prompt:\n{shown}" if before else "")
+            self.pref_context.setVisible(bool(before))
+            self.pref_prompt.set_text_keeping_cursor(prompt)
+            self.pref_chosen.set_text_keeping_cursor(chosen_text(sample))
+            self.pref_rejected.set_text_keeping_cursor(sample.rejected or "")
         else:
             self.text.set_text_keeping_cursor(sample.text or "")
 
@@ -429,6 +476,44 @@ class SampleEditorWidget(QWidget):
         box = {"prompt": self.prompt, "response": self.response, "text": self.text}[name]
         self._emit(f"Edit {name}", (name, self._session), **{name: box.toPlainText()})
 
+    @staticmethod
+    def _pref_prompt_parts(sample: Sample) -> tuple[tuple[dict, ...], str]:
+        """(the turns before the prompt, the prompt's text) of a preference sample."""
+        prompt = sample.messages[:-1]
+        if not prompt:
+            return (), ""
+        return prompt[:-1], str(prompt[-1].get("content") or "")
+
+    def _pref_changed(self, which: str) -> None:
+        s = self.sample
+        if s is None or s.kind != "preference" or not s.messages:
+            return
+        if which == "prompt":
+            text = self.pref_prompt.toPlainText()
+            messages = list(s.messages)
+            if len(messages) >= 2:
+                messages[-2] = {**messages[-2], "content": text}
+            changes = {"messages": tuple(messages)}
+            if s.prompt is not None:
+                changes["prompt"] = text
+        elif which == "chosen":
+            changes = {
+                "messages": (*s.messages[:-1], {**s.messages[-1], "content": self.pref_chosen.toPlainText()})
+            }
+        else:
+            changes = {"rejected": self.pref_rejected.toPlainText()}
+        self._emit(f"Edit the {which}", (which, self._session), **changes)
+
+    def swap_answers(self) -> None:
+        """The chosen answer becomes the rejected one and the other way round (one undo step)."""
+        s = self.sample
+        if s is None or s.kind != "preference" or not s.messages:
+            return
+        self.end_session()
+        messages = (*s.messages[:-1], {**s.messages[-1], "content": s.rejected or ""})
+        self._emit("Swap chosen and rejected", ("swap", next(self._unique)), reload=True, messages=messages,
+                   rejected=chosen_text(s))  # fmt: skip
+
     def _reward_changed(self, _value: float) -> None:
         if self.sample is None:
             return
@@ -469,6 +554,8 @@ class SampleEditorWidget(QWidget):
             self.turns[0].edit.setFocus()
         elif self.sample.kind == "prompt":
             self.prompt.setFocus()
+        elif self.sample.kind == "preference":
+            self.pref_prompt.setFocus()
         else:
             self.text.setFocus()
 

@@ -231,6 +231,7 @@ class DatasetPage(QWidget):
                 ("messages", "Conversation (messages)"),
                 ("prompt", "Prompt and response"),
                 ("text", "Plain text"),
+                ("preference", "Preference pair (chosen / rejected)"),
             ):
                 menu.addAction(label).triggered.connect(lambda _=False, kind=kind: self.add_sample(kind))
             add_button.setMenu(menu)
@@ -756,7 +757,8 @@ class DatasetPage(QWidget):
     def add_sample(self, kind: str = "messages") -> None:
         row = self.current_row()
         at = row + 1 if row >= 0 else self.model.rowCount()
-        shape = {"messages": "conversation", "prompt": "prompt/response sample", "text": "text sample"}[kind]
+        shape = {"messages": "conversation", "prompt": "prompt/response sample", "text": "text sample",
+                 "preference": "preference pair"}[kind]  # fmt: skip
         self.document.insert(at, [new_sample(kind)], f"Add a {shape}")
         self.editor.focus_first_field()
 

@@ -45,6 +45,7 @@ from engine import (
     Problem,
     Sample,
     Tokenizer,
+    chosen_text,
     encode_samples,
     parse_sample,
     sample_to_json,
@@ -66,6 +67,7 @@ SHAPE_HELP = {
     "messages": "a conversation: a list of turns with roles",
     "prompt": "a prompt and its response",
     "text": "plain text (every token is trained)",
+    "preference": "a prompt with a chosen and a rejected answer (DPO / ORPO; SFT trains the chosen one)",
 }
 
 
@@ -86,8 +88,8 @@ def _dark() -> bool:
 
 
 def rebuild_sample(sample: Sample, **changes: Any) -> tuple[Sample, list[Problem]]:
-    """A copy of `sample` with `changes` (messages=, prompt=, response=, text=, reward=) and what is
-    wrong with it.
+    """A copy of `sample` with `changes` (messages=, prompt=, response=, text=, reward=, rejected=) and
+    what is wrong with it.
 
     The copy goes through `sample_to_json` and `parse_sample`, which validates it and recomputes
     its `group`. When it is not valid (an error problem, e.g. no assistant turn left) the
@@ -116,12 +118,16 @@ def new_sample(kind: str = "messages") -> Sample:
         obj = {"prompt": "", "response": ""}
     elif kind == "text":
         obj = {"text": "-"}
+    elif kind == "preference":
+        obj = {"prompt": "", "chosen": "", "rejected": "-"}
     else:
-        raise ValueError(f"sample kind {kind!r} is not one of messages, prompt, text")
+        raise ValueError(f"sample kind {kind!r} is not one of messages, prompt, text, preference")
     sample, problems = parse_sample(obj, 0)
     assert sample is not None, problems
     if kind == "text":
         sample = replace(sample, text="")
+    elif kind == "preference":
+        sample = replace(sample, rejected="")
     return sample
 
 
@@ -147,6 +153,8 @@ def sample_text(sample: Sample) -> str:
         for m in sample.messages:
             parts.append(str(m.get("role", "")))
             parts.append(str(m.get("content") or ""))
+    if sample.rejected is not None:
+        parts.append(sample.rejected)
     if sample.reward is not None:
         parts.append(f"{sample.reward:g}")
     return "\n".join(parts)
@@ -158,6 +166,9 @@ def sample_preview(sample: Sample, limit: int = 600) -> str:
         text = sample.text or ""
     else:
         text = "\n".join(f"{m.get('role')}: {m.get('content') or ''}" for m in sample.messages)
+        if sample.rejected is not None:  # a preference pair: its last turn is the chosen answer
+            text = text.rsplit("\nassistant: ", 1)[0]
+            text += f"\nchosen: {chosen_text(sample)}\nrejected: {sample.rejected}"
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -291,7 +302,8 @@ class SamplesModel(QAbstractTableModel):
     HEADER_TIPS = (
         "Position of the sample in the dataset (click to sort in file order)",
         "Line of the sample in the file as last read or saved ('new' for samples added since)",
-        "Shape of the sample: messages (a conversation), prompt (prompt/response) or text",
+        "Shape of the sample: messages (a conversation), prompt (prompt/response), text, or preference (a "
+        "prompt with a chosen and a rejected answer)",
         "The start of the first user turn, prompt or text",
         "The sample's reward (or score); empty when it has none. Training clips rewards to [-1, 1]",
         "Tokens after the chat template, with the open model's tokenizer (cut at n_ctx)",

@@ -351,6 +351,22 @@ class AnswerCardWidget(QFrame):
             " · ".join(parts[:1] + [STOP_REASONS.get(stop_reason, stop_reason)] * bool(stop_reason))
         )
 
+    def set_check(self, score) -> None:
+        """The answer's score from checks (an engine Score; None: not scored), after its length."""
+        base = self.meta.text().split(" · checks")[0]
+        if score is None:
+            self.meta.setText(base)
+            return
+        if score.total is None:
+            errors = "; ".join(f"{k}: {v}" for k, v in score.errors.items())
+            self.meta.setText(f"{base} · checks failed")
+            self.meta.setToolTip(f"A check failed, so this answer is left out of the step: {errors}")
+        else:
+            parts = ", ".join(f"{k} {v:g}" for k, v in score.parts.items())
+            self.meta.setText(f"{base} · checks {score.total:+.2f}")
+            self.meta.setToolTip(f"Score from the checks: {parts}")
+        self.check_score = score
+
     def set_text(self, text: str) -> None:
         self.text = text
         self.body.setText(text if text.strip() else "(empty answer)")

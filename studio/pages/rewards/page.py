@@ -8,6 +8,9 @@ says what the step will do (mean, spread, the advantage or weight of each answer
 when all ratings are equal), and Apply (Ctrl+Shift+Enter) takes one optimizer step; the round
 joins the history table and the plots of mean reward and loss. The Side by side tab sends one
 prompt and seed through the base model and through the adapter. Save adapter… writes a LoRA GGUF.
+The A/B tab shows two answers of the adapter blind and saves the person's choice as a preference pair
+(rewards/ab.py); the Unattended tab runs rounds of sample, score with checks, step, with nobody
+rating (rewards/auto.py).
 
 The adapter the rounds continue ("Continue:") comes from the run history (`engine.find_runs`): by
 default the latest finished run of the open model (`engine.latest_finished`; a stopped run is listed,
@@ -38,6 +41,7 @@ from dataclasses import replace
 from PySide6.QtCore import QCoreApplication, QSettings, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
+    QCheckBox,
     QFileDialog,
     QFrame,
     QGroupBox,
@@ -55,7 +59,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import Answer, EngineError, RewardConfig, RewardSession, RoundResult, load_jsonl
+from engine import Answer, EngineError, RewardConfig, RewardSession, RoundResult, Scorer, load_jsonl
 
 from ...paths import writable_problem
 from ...project import ModelInfo, Project
@@ -72,6 +76,8 @@ from ...widgets.runs import (
 )
 from ...widgets.side_panel import SidePanelWidget
 from ...worker import Engine, Job
+from .ab import ABTabWidget
+from .auto import AutoRoundsWidget, prompts_of_samples
 from .cards import CARD_KEYS, AnswerCardWidget, AnswerGridWidget
 from .panels import (
     DiagnosticsWidget,
@@ -93,6 +99,8 @@ BUSY_TEXT = {
     "applying": "Applying the step…",
     "comparing": "Comparing…",
     "saving": "Saving the adapter…",
+    "rounds": "Running unattended rounds…",
+    "scoring": "Scoring the answers with checks…",
 }
 
 
@@ -123,6 +131,7 @@ class RewardsPage(QWidget):
     sig_compared = Signal(object, object)  # base Answer, adapter Answer
     sig_busy_changed = Signal(str)  # the running task ("generating", "applying", ...) or "" when idle
     sig_error = Signal(str)  # a problem shown in the page
+    sig_train_choices = Signal(str)  # the preferences file of the A/B tab: train on it (DPO)
 
     def __init__(
         self,
@@ -163,8 +172,19 @@ class RewardsPage(QWidget):
         self.tabs = QTabWidget()
         self.tabs.addTab(rate_tab, "Rate answers")
         self.tabs.addTab(self.side_by_side, "Side by side")
+        self.ab = ABTabWidget(self)
+        self.ab.sig_train_choices.connect(self.sig_train_choices)
+        self.tabs.addTab(self.ab, "A/B")
+        self.auto = AutoRoundsWidget(self)
+        self.tabs.addTab(self.auto, "Unattended")
         self.tabs.setTabToolTip(0, "Generate answers, rate them, apply a training step")
         self.tabs.setTabToolTip(1, "The same prompt and seed through the base model and through the adapter")
+        self.tabs.setTabToolTip(
+            2, "Two answers of the adapter, shown blind: choose the better one (a preference pair)"
+        )
+        self.tabs.setTabToolTip(
+            3, "Rounds with nobody rating: sample answers, score them with checks, take a step"
+        )
         self.tabs.currentChanged.connect(self._tab_changed)
         right = self._build_right()
 
@@ -298,6 +318,13 @@ class RewardsPage(QWidget):
         self.keys_label = QLabel(CARD_KEYS)
         self.keys_label.setObjectName("faint")
         self.keys_label.setWordWrap(True)
+        self.checks_box = QCheckBox("Score with checks")
+        self.checks_box.setToolTip(
+            "Score each round's answers with the checks of the Unattended tab too: an answer's reward is "
+            "then the checks' sum plus your rating times the rating's weight set there (your rating is one "
+            "more source). Default: off."
+        )
+        self.checks_box.toggled.connect(lambda on: self._score_round() if on else None)
         tab = QWidget()
         tl = QVBoxLayout(tab)
         tl.setContentsMargins(4, 4, 4, 4)
@@ -307,7 +334,10 @@ class RewardsPage(QWidget):
         tl.addLayout(buttons)
         tl.addWidget(self.status_label)
         tl.addWidget(self.grid, 1)
-        tl.addWidget(self.keys_label)
+        bottom = QHBoxLayout()
+        bottom.addWidget(self.keys_label, 1)
+        bottom.addWidget(self.checks_box)
+        tl.addLayout(bottom)
         return tab
 
     def _build_right(self) -> QWidget:
@@ -369,6 +399,7 @@ class RewardsPage(QWidget):
     def set_dataset_samples(self, samples) -> None:
         """The dataset's samples (engine Sample), for "From dataset…"; None: read the dataset file."""
         self.samples = list(samples) if samples is not None else None
+        self.auto.show_source()  # the Unattended tab counts the prompts it would take
 
     def set_adapter(self, path: str | None) -> None:
         """Continue this adapter (GGUF or reward checkpoint folder) from the next new session on; it is
@@ -519,6 +550,9 @@ class RewardsPage(QWidget):
         for card in self.cards:
             card.setEnabled(idle)
         self.adapter_choice.setEnabled(idle)
+        if hasattr(self, "auto"):  # (the tabs are built after the first call)
+            self.ab.set_busy(bool(busy))
+            self.auto.page_busy(busy)
         self._update_apply_enabled()
         if busy:
             self.status_label.setText(BUSY_TEXT.get(busy, busy))
@@ -594,6 +628,8 @@ class RewardsPage(QWidget):
             self.refresh_runs()
         if changed & {"output_dir", "path", "dataset_path", "model_path", "config"}:
             self._show_paths()
+        if "dataset_path" in changed:
+            self.auto.show_source()
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().showEvent(event)
@@ -736,6 +772,20 @@ class RewardsPage(QWidget):
                 return False
         return True
 
+    def ready_config(self, button: str) -> RewardConfig | None:
+        """The form's RewardConfig when a task can start (a model, an adapter that fits it, a ratings
+        file that can be written); None, and why in the page, when it cannot (`button`: what to press
+        again)."""
+        if not self._check_ready():
+            return None
+        try:
+            return self.settings.reward_config()
+        except EngineError as exc:
+            self.show_error(
+                f"A sampling setting is not valid: {exc}. Fix it on the left, then press {button}."
+            )
+            return None
+
     def _session_maker(self):
         """A function (run in the worker) that makes the session, with everything read here."""
         model = self.info.path if self.info is not None else self.project.model_path
@@ -769,14 +819,8 @@ class RewardsPage(QWidget):
             )
             self.prompt_edit.setFocus()
             return False
-        if not self._check_ready():
-            return False
-        try:
-            config = self.settings.reward_config()
-        except EngineError as exc:
-            self.show_error(
-                f"A sampling setting is not valid: {exc}. Fix it on the left, then press Generate."
-            )
+        config = self.ready_config("Generate")
+        if config is None:
             return False
         self.banner.hide()
         system = self.system_edit.text().strip() or None
@@ -868,6 +912,8 @@ class RewardsPage(QWidget):
         self._show_paths()
         self._set_busy("")
         self.grid.focus_card(0)
+        if self.checks_box.isChecked():
+            self._score_round()
         self.sig_generated.emit(list(answers))
 
     def _show_cards(self, answers: list[Answer]) -> None:
@@ -969,6 +1015,35 @@ class RewardsPage(QWidget):
                 return
             self.refresh_preview()
 
+    # --- checks beside the ratings ----------------------------------------------------------------
+    def _score_round(self) -> bool:
+        """Score the round's answers with the Unattended tab's checks, in the worker (a person's file
+        runs there); the cards show the scores and the preview counts them beside the ratings."""
+        s = self.session
+        if s is None or not s.answers or self.busy or any(c.locked for c in self.cards):
+            return False
+        specs = self.auto.checks.specs()
+        if not specs:
+            self.show_error(
+                "Tick at least one check on the Unattended tab to score the answers with.", "info"
+            )
+            return False
+        weight = float(self.auto.checks.rating_weight.value())
+        prompt = s.prompt
+        items = prompts_of_samples(self.samples or [])
+        sample = next((it.sample for it in items if it.prompt == prompt), {})
+
+        def job(engine_session):
+            return s.score_answers(Scorer(specs, rating_weight=weight), sample)
+
+        def done(scores) -> None:
+            for card, sc in zip(self.cards, scores, strict=False):
+                card.set_check(sc)
+            self.refresh_preview()
+
+        self._run("scoring", job, done, needs_model=False)
+        return True
+
     # --- apply --------------------------------------------------------------------------------
     def apply(self) -> bool:
         """One training step on the round's ratings, in the worker; False (and why) if it cannot."""
@@ -982,7 +1057,8 @@ class RewardsPage(QWidget):
         if any(c.locked for c in self.cards):
             self.show_error("This round was applied already: press Generate for new answers.", "info")
             return False
-        if not any(c.state == "rated" or c.corrected is not None for c in self.cards):
+        scored = any(sc is not None and sc.total is not None for sc in getattr(s, "check_scores", []))
+        if not scored and not any(c.state == "rated" or c.corrected is not None for c in self.cards):
             self.show_error(
                 "Nothing is rated yet, so there is nothing to learn from. Rate the answers first: focus a "
                 "card and press 1–5 (or use the thumbs or the slider), or write a better answer with Edit…; "

@@ -81,6 +81,8 @@ from engine import (
     Failed,
     Finished,
     Paused,
+    PreferenceEval,
+    PreferenceStep,
     Started,
     Step,
     TrainConfig,
@@ -102,6 +104,7 @@ from ...widgets.banner import MessageBar
 from ...widgets.buttons import PrimaryButton
 from ...widgets.elided_label import ElidedLabel
 from ...widgets.plots import TrainPlotsWidget
+from ...widgets.preference_plots import PreferencePlotsWidget
 from ...widgets.runs import load_runs, resume_checkpoint, same_model
 from ...worker import Engine, Job
 from .folders import checkpoint_model, clean_failed_run, folder_problem, missing_folders, same_file
@@ -288,8 +291,9 @@ class TrainPage(QWidget):
         self.processes.setToolTip(
             "Train on this many processes of this machine (data parallel over MPI: each takes a share of "
             "every step's windows; the same steps as one process). 1 (default): in the app, with Pause. "
-            "Needs the mpi extra (pip install 'tune-studio[mpi]')."
+            "Needs the mpi extra (pip install 'tune-studio[mpi]'). DPO and ORPO train in one process."
         )
+        self.processes.valueChanged.connect(lambda _n: self._update_start())
         self.machines_button = self._button(
             "Across machines…", None, self.show_machines,
             "The command that runs this training on several machines (mpiexec); the Runs page follows it.",
@@ -346,6 +350,11 @@ class TrainPage(QWidget):
         # --- plots and log ---
         self.plots = TrainPlotsWidget()
         self.plots.timer.timeout.connect(self._refresh_progress)
+        # a DPO / ORPO run's figures, a tab of the plots shown while such a run is on them
+        self.preference_plots = PreferencePlotsWidget()
+        self.plots.tabs.addTab(self.preference_plots, "Preferences")
+        self.plots.tabs.setTabVisible(self.plots.tabs.count() - 1, False)
+        self.plots.timer.timeout.connect(self.preference_plots.redraw)
         self.plots.sig_link_activated.connect(self._link)
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
@@ -663,7 +672,19 @@ class TrainPage(QWidget):
 
     def blocker(self) -> Blocker | None:
         """Why Start is disabled, or None."""
-        return self._input_blocker() or (self.check.blocker if self.check is not None else None)
+        return (
+            self._input_blocker()
+            or self._processes_blocker(self.project.config)
+            or (self.check.blocker if self.check is not None else None)
+        )
+
+    def _processes_blocker(self, config: TrainConfig) -> Blocker | None:
+        """A preference objective on several processes (the engine trains DPO and ORPO in one)."""
+        if config.objective == "sft" or self.processes.value() < 2:
+            return None
+        return Blocker(f"{config.objective.upper()} trains in one process (its loss compares the two "
+                       "answers of each pair, which cannot be split across processes): set Processes "
+                       "to 1.")  # fmt: skip
 
     def _update_start(self) -> None:
         active = self._state in ACTIVE
@@ -830,6 +851,7 @@ class TrainPage(QWidget):
         self.last_result = None
         self.run_model = self.project.model_path
         self.ever_started = True
+        self.preference_plots.clear()
         data = self._edited_samples()
         source = (
             f"{len(data)} samples in the editor"
@@ -931,6 +953,10 @@ class TrainPage(QWidget):
         self._log(f"Resuming {Path(parent).name} at step {info.step}{planned} from {info.path}: "
                   f"{describe_settings(config, info.total_steps)}")  # fmt: skip
         config = replace(config, out=paths.out, checkpoint_dir=parent)
+        blocker = self._processes_blocker(config)
+        if blocker is not None:
+            self.show_banner(f"Cannot resume on {self.processes.value()} processes: {blocker.reason}")
+            return False
         if self.processes.value() > 1:  # a checkpoint resumes on any number of processes
             return self._launch_processes(self.processes.value(), data, config=config, resume=info.path)
         self._launch(resume=info.path, config=config, data=data)
@@ -1148,6 +1174,11 @@ class TrainPage(QWidget):
         """The command of this run across machines (settings written now, beside the next adapter)."""
         if not self._check_inputs():
             return None
+        objective = self.project.config.objective
+        if objective != "sft":
+            self.show_banner(f"{objective.upper()} trains in one process, on one machine (its loss compares "
+                             "the two answers of each pair): start it here with Processes at 1.")  # fmt: skip
+            return None
         paths = self.default_paths()
         try:
             files = self._run_files(paths, self._edited_samples())
@@ -1173,7 +1204,9 @@ class TrainPage(QWidget):
                 self._refresh_progress(force=True)
             return
         self.plots.add_event(event)
-        if isinstance(event, Step):
+        if isinstance(event, (PreferenceStep, PreferenceEval)):
+            self._on_preference(event)
+        elif isinstance(event, Step):
             self.last_step = event.step
             self.total_steps = event.total_steps
             self.tokens_done += event.tokens
@@ -1195,8 +1228,32 @@ class TrainPage(QWidget):
             self.last_checkpoint = event.path
             self._log(f"checkpoint at step {event.step}: {event.path}")
 
+    def _on_preference(self, event: PreferenceStep | PreferenceEval) -> None:
+        self.preference_plots.add_event(event)
+        if isinstance(event, PreferenceEval):
+            self._log(f"held-out pairs at step {event.step}: accuracy {event.accuracy:.0%}, margin "
+                      f"{event.margin:+.4f}, {event.objective.upper()} loss {event.loss:.4f} "
+                      f"({event.n_pairs} pairs)")  # fmt: skip
+        elif event.step % self.log_every == 0 or event.step == 1:
+            self._log(f"  pairs: accuracy {event.accuracy:.0%}, margin {event.margin:+.4f}, log p chosen "
+                      f"{event.chosen_logp:.3f}, rejected {event.rejected_logp:.3f}")  # fmt: skip
+
+    def _show_objective(self, objective: str, total_steps: int, held_out: bool = True) -> None:
+        """The plots of a run with this objective: the Preferences tab for DPO and ORPO."""
+        tabs = self.plots.tabs
+        index = tabs.indexOf(self.preference_plots)
+        preference = objective != "sft"
+        tabs.setTabVisible(index, preference)
+        self.plots.set_loss_title(
+            f"Loss ({objective.upper()} objective)" if preference else "Loss (mean cross-entropy)"
+        )
+        if preference:
+            self.preference_plots.set_run(objective, total_steps, held_out)
+            tabs.setCurrentIndex(index)  # the figures a preference run is watched by
+
     def _on_started(self, event: Started) -> None:
         plan = event.plan
+        self._show_objective(plan.objective, plan.total_steps, plan.n_val > 0)
         self.total_steps = plan.total_steps
         self.last_step = plan.start_step
         if plan.start_step:  # a resumed run: its training time and tokens go on from the checkpoint's

@@ -86,6 +86,12 @@ class DataPlan:
                 f"batch{'es' if self.batches_per_epoch != 1 else ''}{accum}"
             )
         val = f" / {self.n_val} validation" if self.n_val else ""
+        if config.objective != "sft":  # a preference run counts pairs (two answers each)
+            return (
+                f"{self.total_steps:,} steps ({how}, {config.batch_size} pairs a batch): "
+                f"{self.n_trainable} training{val} preference pairs, "
+                f"{self.tokens_per_epoch:,} tokens of chosen answers and prompts per epoch"
+            )
         return (
             f"{self.total_steps:,} steps ({how}): {self.n_train} training{val} samples in "
             f"{self.n_windows} windows of up to {config.n_ctx} tokens, {self.tokens_per_epoch:,} tokens "
@@ -249,6 +255,13 @@ def plan_data(
     kept = [encoded[i] for i in train if not encoded[i].dropped]
     n_windows = count_windows([e.n_tokens for e in kept], config.n_ctx)
     n_batches = math.ceil(n_windows / config.batch_size) if n_windows else 0
+    if config.objective != "sft":  # DPO / ORPO: batches of pairs (engine.train.pref_data.PairBatches)
+        pairs = [i for i, s in enumerate(samples) if s.kind == "preference"]  # the trainer's split: of pairs
+        t, v = validation_indices([samples[i] for i in pairs], config.val_split, config.seed)
+        train, val = [pairs[i] for i in t], [pairs[i] for i in v]
+        kept = [encoded[i] for i in train if not encoded[i].dropped]
+        n_batches = math.ceil(len(kept) / config.batch_size)
+        n_windows = 2 * len(kept)  # two answers a pair
     total = config.steps or max(1, math.ceil(config.epochs * n_batches / config.grad_accum))
     problems = [*read_problems]
     usable = [e for e in encoded if not e.dropped]
@@ -335,6 +348,14 @@ def check_run(
         why = f" ({n} line{'s' if n != 1 else ''} with problems; the first: {read_problems[0]})" if n else ""
         return _with(selection, None, Blocker(f"the dataset has no usable sample{why}.", "Dataset"))
     plan = plan_data(samples, read_problems, tokenizer, template, config, cache)
+    if not plan.n_trainable and config.objective != "sft":
+        blocker = Blocker(
+            f"{config.objective.upper()} learns from preference pairs, and the dataset has none: open a "
+            'preferences file (lines with "chosen" and "rejected"), for example the one your A/B choices '
+            "on the Chat or Rewards page fill, or set the objective to SFT.",
+            "Dataset",
+        )
+        return _with(selection, plan, selection.blocker or blocker)
     if not plan.n_trainable:
         first = f" The first problem: {plan.problems[0]}." if plan.problems else ""
         blocker = Blocker(

@@ -118,6 +118,20 @@ GROUPS: tuple[tuple[str, tuple[Field, ...]], ...] = (
               "Group-relative mode: weight of the KL penalty to the base model (adapter off) per "
               "answer token; 0 = off.", lo=0.0, hi=100.0),
     )),
+    ("Preferences", (
+        Field("objective", "Objective", "choice",
+              "What the run learns. SFT: the samples' answers (a preference pair: its chosen answer). DPO: "
+              "from preference pairs (prompt, chosen, rejected), against the model with the adapter off. "
+              "ORPO: from preference pairs with no reference, an SFT loss on the chosen answer beside it.",
+              choices=(("sft", "SFT (learn the answers)"), ("dpo", "DPO (preference pairs)"),
+                       ("orpo", "ORPO (preference pairs)"))),
+        Field("dpo_beta", "DPO β", "float",
+              "DPO: how strongly the adapter is held near the base model; higher keeps it closer. Common "
+              "values 0.05-0.5.", lo=0.001, hi=100.0, step=0.05, decimals=3),
+        Field("orpo_lambda", "ORPO λ", "float",
+              "ORPO: the weight of the odds-ratio term (preferring the chosen answer) beside the SFT loss "
+              "on it.", hi=100.0, step=0.05, decimals=3),
+    )),
     ("Advanced", (
         Field("checkpoint_layers", "Layer checkpointing", "choice",
               "Recompute each block in the backward pass instead of keeping its activations: much "
@@ -238,7 +252,12 @@ class TrainSettingsWidget(QWidget):
         if isinstance(value, float) and isinstance(current, float):
             if math.isclose(value, current, rel_tol=1e-9):
                 return
-        self.project.update_config(**{name: value})
+        changes = {name: value}
+        if name == "objective" and value != "sft":  # preference pairs carry no rewards
+            changes["reward_mode"] = "none"
+        elif name == "reward_mode" and value != "none":
+            changes["objective"] = "sft"
+        self.project.update_config(**changes)
         self._sync_enabled()
 
     def _project_changed(self, changed: set[str]) -> None:
@@ -323,6 +342,8 @@ class TrainSettingsWidget(QWidget):
     def _sync_enabled(self) -> None:
         cfg = self.project.config
         self.editors["kl_coef"].setEnabled(cfg.reward_mode == "group")
+        self.editors["dpo_beta"].setEnabled(cfg.objective == "dpo")
+        self.editors["orpo_lambda"].setEnabled(cfg.objective == "orpo")
         self.editors["epochs"].setEnabled(cfg.steps == 0)
         self.editors["eval_every"].setEnabled(cfg.val_split > 0)
 
