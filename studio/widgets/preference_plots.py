@@ -54,7 +54,10 @@ class PreferencePlotsWidget(QWidget):
             "accuracy": ("Preference accuracy", "share of pairs"),
         }
         self.plots = {p: _style_plot(self.pws[p], *titles[p]) for p in PANELS}
-        self.legends = {p: _legend(self.pws[p], offset=(-10, 10)) for p in PANELS}
+        # where a run that learns leaves room: log p of the chosen answers climbs to the top right and
+        # the rejected ones' falls to the bottom right; margin and accuracy climb from the bottom left
+        corners = {"logp": (10, 10), "margin": (-10, -10), "accuracy": (-10, -10)}
+        self.legends = {p: _legend(self.pws[p], offset=corners[p]) for p in PANELS}
         self.curves: dict[str, pg.PlotDataItem] = {}
         for key, (panel, name, color, held) in SERIES.items():
             opts = dict(symbol="o", symbolSize=6, symbolBrush=color, symbolPen=None) if held else {}

@@ -318,7 +318,9 @@ class AutoRoundsWidget(QWidget):
         split.addWidget(scroll)
         split.addWidget(right)
         split.setStretchFactor(1, 1)
-        split.setSizes([260, 420])
+        # the controls' whole width where the window has it (the checks' weights and Stop were cut at
+        # 260 on a 1280-wide page); only a narrower window scrolls them
+        split.setSizes([left.sizeHint().width() + scroll.verticalScrollBar().sizeHint().width() + 2, 420])
         split.setChildrenCollapsible(False)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
