@@ -1,15 +1,19 @@
-"""The fused training step of a dense model on a GPU: every launch of a step planned once, on fixed
-buffers, so that the step reads the host once, at its end, and can be captured as one CUDA graph.
+"""The fused training step on a GPU (dense layers here, MoE layers in engine.train.moe_step): every
+launch of a step planned once, on fixed buffers, so that the step reads the host once, at its end,
+and can be captured as one CUDA graph.
 
 What it computes is `engine.train.train_model.loss_and_grads` followed by `AdamW.step` (the
 generic op-by-op path, which stays the reference and the fallback), for the standard dense
-architectures (llama, qwen2, qwen3) with LoRA on any of q, k, v, o, gate, up, down. Per layer:
+architectures (llama, qwen2, qwen3) with LoRA on any of q, k, v, o, gate, up, down, and their MoE
+kin (Mixtral, qwen2moe, qwen3moe, olmoe: router, expert stacks and shared expert adaptable too).
+Per layer:
 
 - forward: the attention norm writes the bf16 input of its GEMM and copies the residual stream
   into the buffer the output projection adds into (GEMM beta = 1); q, k, v are one GEMM of
   [Wq; Wk; Wv; A_q; A_k; A_v] (the LoRA A products folded in), their B products one GEMM of a
-  block-diagonal [B_q, B_k, B_v] added in (bf16 output); bias, q/k norm and RoPE one kernel
-  (`engine.kernels.qkv`); attention on the tensor cores (`engine.kernels.attention_gemm`); o, gate/up
+  block-diagonal [B_q, B_k, B_v] added in (bf16 output); bias, per-head q/k norm and RoPE one
+  kernel (`engine.kernels.qkv`; olmoe's norm over the whole q and k projections is a pass of its
+  own before it); attention on the tensor cores (`engine.kernels.attention_gemm`); o, gate/up
   and down the same way (gate and up one GEMM); SwiGLU on bf16;
 - backward: each group's input gradient is one GEMM of [dY | s dY B] @ [W; A]; its LoRA gradients two
   GEMMs (dB of the whole block, whose diagonal blocks are the gradients; dA); norms add into the
@@ -27,10 +31,10 @@ them); otherwise ("off", or a small budget) one set of layer buffers is refilled
 (dequantized from the stored blocks, the layer's A rows copied in): QLoRA at rest.
 
 `DenseStep.unsupported(...)` says why a run cannot take this path (the trainer logs it and runs
-the generic path): another architecture, MoE layers (issue 30 will add a MoE layer to this step:
-a layer is a forward/backward pair on the step's buffers, `_dense_forward` / `_dense_backward`),
-full-weight tensors, LoRA on the embedding or the head, gradient accumulation, a KL term, layer
-checkpointing. Not here: the training loop and its events (engine.train.trainer).
+the generic path): another architecture (`NOT_YET` says what each lacks), a MoE model
+`moe_step.unsupported` refuses, sliding-window attention, full-weight tensors, LoRA on the embedding
+or the head, gradient accumulation, a KL term, layer checkpointing. Not here: the training loop
+and its events (engine.train.trainer).
 """
 
 from __future__ import annotations
@@ -55,8 +59,7 @@ from . import moe_step
 
 log = logging.getLogger(__name__)
 
-# llama with ffn_*_exps tensors is Mixtral; olmoe is refused by its attention (q/k norm over the whole
-# projection) until the fused step has that norm
+# llama with ffn_*_exps tensors is Mixtral; olmoe's q/k norm is over the whole projection ("full")
 ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe")
 # what keeps the other architectures on the generic op-by-op path (said once, when a run starts)
 NOT_YET = {
@@ -112,8 +115,10 @@ def unsupported(
         why = moe_step.unsupported(model)
         if why:
             return why
-    if cfg.qk_norm not in (None, "head") or cfg.has_swa or cfg.n_rot % 2:
-        return "this attention variant (q/k norm over the whole projection, sliding window, odd n_rot)"
+    if cfg.has_swa or cfg.n_rot % 2:
+        return "this attention variant (sliding window, odd n_rot)"
+    if cfg.qk_norm == "full" and any(layer_name(0, k, "bias") in model.weights for k in ("attn_q", "attn_k")):
+        return "q/k biases before a q/k norm over the whole projection"
     if cfg.HS > 256:
         return f"head size {cfg.HS} (at most 256)"
     if trainable.full:
@@ -169,12 +174,11 @@ class DenseStep:
         self.norm_w = [(W[layer_name(i, "attn_norm")], W[layer_name(i, "ffn_norm")]) for i in range(L)]
         self.out_norm = W[OUTPUT_NORM]
         self.bias = [self._qkv_bias(i) for i in range(L)]
-        self.qk_norm = [
-            (W[layer_name(i, "attn_q_norm")], W[layer_name(i, "attn_k_norm")])
-            if cfg.qk_norm
-            else (None, None)
-            for i in range(L)
-        ]
+        norms = [(W[layer_name(i, "attn_q_norm")], W[layer_name(i, "attn_k_norm")]) if cfg.qk_norm else None
+                 for i in range(L)]  # fmt: skip
+        # per-head q/k norms are the qkv kernel's; a norm over the whole projection (olmoe) has its own pass
+        self.full_norm = norms if cfg.qk_norm == "full" else None
+        self.qk_norm = norms if cfg.qk_norm == "head" else [(None, None)] * L
         # per layer, per group: weights, LoRA copies, gradients (a MoE layer's FFN groups: moe_step)
         self.groups: list[dict[str, _Group]] = []
         ring: dict[str, Any] = {}
@@ -197,6 +201,12 @@ class DenseStep:
         self.ATT16 = xp.empty((L, N, NHS), u16)  # attention outputs
         self.XAO = xp.empty((L, N, max(1, r_of["o"])), u16)  # a A_o^T
         self.H2 = xp.empty((L, N, C), u16)  # ffn norm outputs
+        if self.full_norm is not None:  # q, k normalised over the whole projection (and v copied) | rstd
+            self.QKVN16 = xp.empty((L, N, nqkv), u16)
+            self.rstd_qk = xp.empty((L, 2, N), f32)
+            self.x_qk = [xp.empty((N, n), f32) for n in (self.nq, self.nkv)]  # a norm's input, widened
+            self.dy_qk = [xp.empty((N, n), f32) for n in (self.nq, self.nkv)]  # its output's gradient
+            self.dx_qk = [xp.empty((N, n), f32) for n in (self.nq, self.nkv)]
         self.GU16 = xp.empty((Ld, N, 2 * F + r_of["gu"]), u16)  # dense layers: g|u | h A^T
         self.XAD = xp.empty((Ld, N, max(1, r_of["down"])), u16)  # act A_d^T
         # scratch
@@ -478,7 +488,8 @@ class DenseStep:
         rmsnorm_fwd_out_on(rt, X[i], w_an, eps, self.H16[i], self.rstd[i, 0], copy=XM[i])
         self._fresh_forward(g["qkv"], self.H16[i], self.QKV16[i])
         qn, kn = self.qk_norm[i]
-        qkv_rope_forward_on(rt, self.QKV16[i], self.bias[i], qn, kn, eps, self.cos, self.sin, cfg.rope,
+        qkv = self.QKV16[i] if self.full_norm is None else self._full_norm_forward(i)
+        qkv_rope_forward_on(rt, qkv, self.bias[i], qn, kn, eps, self.cos, self.sin, cfg.rope,
                             cfg.NH, cfg.NKV, cfg.HS, out=(self.q, self.k, self.v))  # fmt: skip
         B, T = self.B, self.T
         q = self.q.reshape(B, T, cfg.NH, cfg.HS)
@@ -522,11 +533,46 @@ class DenseStep:
         self._fresh_backward(g["o"], G["o"], self.XAO[i], self.ATT16[i], self.da)
         dq, dk, dv, _ = attention_gemm.backward_on(rt, self.da.reshape(self.B, self.T, -1), cache)
         qn, kn = self.qk_norm[i]
-        qkv_rope_backward_on(rt, dq, dk, dv, self.QKV16[i], self.bias[i], qn, kn, eps, self.cos, self.sin,
+        qkv = self.QKV16[i] if self.full_norm is None else self.QKVN16[i]
+        qkv_rope_backward_on(rt, dq, dk, dv, qkv, self.bias[i], qn, kn, eps, self.cos, self.sin,
                              cfg.rope, cfg.NH, cfg.NKV, cfg.HS, G["qkv"])  # fmt: skip
+        if self.full_norm is not None:
+            self._full_norm_backward(i)
         nqkv = self.nq + 2 * self.nkv
         self._fresh_backward(g["qkv"], G["qkv"], self.QKV16[i][:, nqkv:], self.H16[i], self.dh)
         rmsnorm_bwd_acc_on(rt, self.dh, self.X[i], self.rstd[i, 0], w_an, self.dres, self._dres16(i - 1))
+
+    def _qk_columns(self):
+        """The column ranges of q and k in a [q | k | v | ...] row."""
+        return ((0, self.nq), (self.nq, self.nq + self.nkv))
+
+    def _full_norm_forward(self, i: int) -> Any:
+        """olmoe: q and k of QKV16[i] normalised over the whole projection into QKVN16[i] (bf16), v
+        copied beside them: the qkv kernel's input."""
+        rt, src, dst = self.rt, self.QKV16[i], self.QKVN16[i]
+        for t, (lo, hi) in enumerate(self._qk_columns()):
+            self._widen(src[:, lo:hi], self.x_qk[t])
+            rmsnorm_fwd_out_on(rt, self.x_qk[t], self.full_norm[i][t], self.cfg.rms_eps, dst[:, lo:hi],
+                               self.rstd_qk[i, t])  # fmt: skip
+        v = slice(self.nq + self.nkv, self.nq + 2 * self.nkv)
+        dst[:, v] = src[:, v]
+        return dst
+
+    def _full_norm_backward(self, i: int) -> None:
+        """G["qkv"]'s q and k columns hold the gradients of the normalised q and k (bf16): replaced by
+        those of the projections (the norm's input, widened again from QKV16[i])."""
+        rt, G = self.rt, self.G["qkv"]
+        for t, (lo, hi) in enumerate(self._qk_columns()):
+            self._widen(self.QKV16[i][:, lo:hi], self.x_qk[t])
+            self._widen(G[:, lo:hi], self.dy_qk[t])
+            rmsnorm_bwd_acc_on(rt, self.dy_qk[t], self.x_qk[t], self.rstd_qk[i, t], self.full_norm[i][t],
+                               self.dx_qk[t], G[:, lo:hi], accumulate=False)  # fmt: skip
+
+    def _widen(self, x16: Any, out: Any) -> None:
+        """out (float32, contiguous) = the bf16 bits x16 (rows may be strided): two array operations."""
+        u32 = out.view(self.xp.uint32)
+        u32[...] = x16
+        self.xp.left_shift(u32, 16, out=u32)
 
     def _to_bf16(self, x: Any, out: Any) -> None:
         grid = max(1, min(65535, -(-x.size // (linear.THREADS * 8))))

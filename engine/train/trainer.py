@@ -162,7 +162,7 @@ class TrainConfig:
     out: str | None = None  # adapter GGUF written at the end
     out_type: str = "F32"  # F32 | F16 | Q8_0
     gpu_step: str = "graph"  # on a GPU, the step of a model the fused step covers (dense_step: llama, qwen2,
-    # qwen3, Mixtral, qwen2moe, qwen3moe): "graph" (captured as one CUDA graph, replayed), "eager" (the
+    # qwen3, Mixtral, qwen2moe, qwen3moe, olmoe): "graph" (captured as one CUDA graph, replayed), "eager" (the
     # fused step launched from Python), "generic" (the op-by-op path)
 
     def __post_init__(self) -> None:
