@@ -159,3 +159,16 @@ def test_moe_models_the_fused_step_cannot_take_say_why_once_and_train_genericall
     assert trainer._fused is None and why in trainer._fused_why
     said = [r for r in caplog.records if "generic op-by-op path" in r.getMessage()]
     assert len(said) == 1 and why in said[0].getMessage()
+
+
+def test_moe_cache_off_refills_the_expert_stacks_and_trains_the_same(tmp_path):
+    """Cache off (QLoRA at rest): one set of expert, router and shared-expert buffers refilled at each
+    use, forward and backward; the same bf16 weights as the dequantized-once buffers, so the same bits."""
+    path = _moe_model(tmp_path, "qwen2moe")
+    auto, _ = _trainer(path, "eager", budget="auto", patterns=_targets("qwen2moe"))
+    off, _ = _trainer(path, "eager", budget="off", patterns=_targets("qwen2moe"))
+    (a, ca), (b, cb) = _run(auto, 2), _run(off, 2)
+    assert auto._fused.persistent and not off._fused.persistent and off._fused.moe.raw is not None
+    for x, y in zip(a, b, strict=True):
+        assert (x.loss, x.grad_norm) == (y.loss, y.grad_norm)
+    assert all(np.array_equal(x, y) for x, y in zip(ca, cb, strict=True))
