@@ -98,14 +98,23 @@ if has moe; then
 fi
 if has moestep; then
     MC=${MSTEP_CHECK_S:-120}
-    OPENBLAS_NUM_THREADS=1 timeout "$MC" python3 -m pytest -q -rfs -m gpu -p no:cacheprovider --timeout "$MC" \
-        tests/engine/test_moe_step_gpu.py >"$W/moestep_pytest.txt" 2>&1 &
-    timeout "$MC" python3 bench/gpu_29.py replay --arch moe --layers "${MSTEP_LAYERS:-4}" --batch 2 --ctx 512 \
-        >"$W/moestep_replay.txt" 2>&1 &
+    # each log ends with its exit status (124: killed at its time limit)
+    {
+        OPENBLAS_NUM_THREADS=1 timeout "$MC" python3 -m pytest -q -rfs -m gpu -p no:cacheprovider --timeout "$MC" \
+            tests/engine/test_moe_step_gpu.py
+        echo "exit status $?"
+    } >"$W/moestep_pytest.txt" 2>&1 &
+    {
+        timeout "$MC" python3 bench/gpu_29.py replay --arch moe --layers "${MSTEP_LAYERS:-4}" --batch 2 --ctx 512
+        echo "exit status $?"
+    } >"$W/moestep_replay.txt" 2>&1 &
     wait
     if [ "${MSTEP_CURVE:-0}" = 1 ]; then
-        timeout 120 python3 bench/gpu_29.py curve --arch moe --steps 30 --layers "${MSTEP_LAYERS:-4}" --batch 2 \
-            --ctx 512 >"$W/moestep_curve.txt" 2>&1
+        {
+            timeout 120 python3 bench/gpu_29.py curve --arch moe --steps 30 --layers "${MSTEP_LAYERS:-4}" \
+                --batch 2 --ctx 512
+            echo "exit status $?"
+        } >"$W/moestep_curve.txt" 2>&1
     fi
     ME=${MSTEP_E2E_S:-170}
     OUT=$W/moestep timeout "$ME" python3 bench/gpu.py --sections e2e --e2e moe --moe-layers 12 --budgets off \
@@ -153,9 +162,9 @@ fi
     fi
     if has moestep; then
         echo "== MoE inside the captured step (issue 30)"
-        grep -E "^(FAILED|ERROR)|passed|failed|skipped" "$W/moestep_pytest.txt" | tail -n 8
-        grep -E "PASS|FAIL|Error|Traceback|steps in" "$W/moestep_replay.txt" | tail -n 6
-        [ -f "$W/moestep_curve.txt" ] && grep -E "PASS|FAIL|Error|^ +[0-9]+ " "$W/moestep_curve.txt" | tail -n 12
+        grep -E "^(FAILED|ERROR)|passed|failed|skipped|exit status" "$W/moestep_pytest.txt" | tail -n 8
+        grep -E "PASS|FAIL|Error|Traceback|steps in|exit status" "$W/moestep_replay.txt" | tail -n 6
+        [ -f "$W/moestep_curve.txt" ] && grep -E "PASS|FAIL|Error|^ +[0-9]+ |exit status" "$W/moestep_curve.txt" | tail -n 12
         sed -n '/^end to end/,$p' "$W/moestep_e2e.txt" | tail -n 12
         grep -E "Traceback|Error" "$W/moestep_e2e.txt" | head -n 5
     fi
