@@ -24,6 +24,16 @@
 #   moe       bench/device_30.sh's timings: the grouped expert GEMM routes beside torch._grouped_mm,
 #             the 12-layer Qwen3-30B-A3B shape beside PEFT
 #   sanitize  compute-sanitizer memcheck over the parity tests of the newest kernels
+#   moestep   issue 30's MoE layers inside the captured step (not in the default list: `moe` times the
+#             12-layer shape on the same default step), about 4 minutes:
+#             - side by side, capped at MSTEP_CHECK_S (default 120 s): tests/engine/test_moe_step_gpu.py
+#               (tiny qwen3moe, qwen2moe, olmoe, Mixtral: the captured step's replays equal the eager step
+#               bit for bit, expert counts, factors and moments included, and follow the generic path) and
+#               bench/gpu_29.py replay --arch moe (the Qwen3-30B-A3B shape cut to MSTEP_LAYERS layers,
+#               default 4, B 2 x T 512: the same bit-for-bit check on the real shape);
+#             - MSTEP_CURVE=1 adds bench/gpu_29.py curve --arch moe (30 steps, captured against generic);
+#             - bench/gpu.py: the 12-layer Qwen3-30B-A3B shape, cache off, the captured step and the generic
+#               step one after the other in one engine process, beside transformers + PEFT (MSTEP_E2E_S, 170)
 # Output: $OUT/summary.txt (printed last), $OUT/gpu_*.txt (the timed tables), $OUT/verify.tgz (all logs).
 # Needs the gguf wheel in .whl/, carried (carry [".whl"]):
 #     echo /.whl/ >> .git/info/exclude
@@ -86,6 +96,33 @@ if has moe; then
     fi
     stamp moe
 fi
+if has moestep; then
+    MC=${MSTEP_CHECK_S:-120}
+    # each log ends with its exit status (124: killed at its time limit)
+    {
+        OPENBLAS_NUM_THREADS=1 timeout "$MC" python3 -m pytest -q -rfs -m gpu -p no:cacheprovider --timeout "$MC" \
+            tests/engine/test_moe_step_gpu.py
+        echo "exit status $?"
+    } >"$W/moestep_pytest.txt" 2>&1 &
+    {
+        timeout "$MC" python3 bench/gpu_29.py replay --arch moe --layers "${MSTEP_LAYERS:-4}" --batch 2 --ctx 512
+        echo "exit status $?"
+    } >"$W/moestep_replay.txt" 2>&1 &
+    wait
+    if [ "${MSTEP_CURVE:-0}" = 1 ]; then
+        {
+            timeout 120 python3 bench/gpu_29.py curve --arch moe --steps 30 --layers "${MSTEP_LAYERS:-4}" \
+                --batch 2 --ctx 512
+            echo "exit status $?"
+        } >"$W/moestep_curve.txt" 2>&1
+    fi
+    ME=${MSTEP_E2E_S:-170}
+    OUT=$W/moestep timeout "$ME" python3 bench/gpu.py --sections e2e --e2e moe --moe-layers 12 --budgets off \
+        --gpu-steps graph,generic --warmup 2 --measure 3 --caps engine:moe=100,peer:moe=45 \
+        --budget-s $((ME - 5)) >"$W/moestep_e2e.txt" 2>&1
+    cp "$W/moestep/gpu.txt" "$OUT/gpu_moestep.txt" 2>/dev/null
+    stamp moestep
+fi
 if has sanitize; then
     timeout "${SAN_S:-120}" compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
         -p no:cacheprovider --timeout 0 -m gpu tests/kernels/test_dense_step_kernels.py \
@@ -122,6 +159,14 @@ fi
     if has moe; then
         echo "== MoE"
         tail -n 45 "$W/moe.txt"
+    fi
+    if has moestep; then
+        echo "== MoE inside the captured step (issue 30)"
+        grep -E "^(FAILED|ERROR)|passed|failed|skipped|exit status" "$W/moestep_pytest.txt" | tail -n 8
+        grep -E "PASS|FAIL|Error|Traceback|steps in|exit status" "$W/moestep_replay.txt" | tail -n 6
+        [ -f "$W/moestep_curve.txt" ] && grep -E "PASS|FAIL|Error|^ +[0-9]+ |exit status" "$W/moestep_curve.txt" | tail -n 12
+        sed -n '/^end to end/,$p' "$W/moestep_e2e.txt" | tail -n 12
+        grep -E "Traceback|Error" "$W/moestep_e2e.txt" | head -n 5
     fi
     if has sanitize; then
         echo "== compute-sanitizer memcheck"

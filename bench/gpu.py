@@ -69,7 +69,7 @@ its row's error. One device call of about 8 minutes (file ~1 min, each side ~3 m
     python bench/gpu.py [--sections kernels e2e] [--repeats 20] [--only attention lm_head ...]
         [--e2e dense moe gptoss deepseek2] [--moe-layers 12] [--batch 4] [--ctx 1024] [--warmup 2]
         [--measure 5] [--budgets off,auto] [--no-peer] [--budget-s 540] [--caps engine:dense=80,...]
-        [--emulate]
+        [--gpu-steps graph,generic] [--emulate]
 """
 
 from __future__ import annotations
@@ -303,6 +303,7 @@ def end_to_end_rows(args: argparse.Namespace, ceil: dict[str, float], log) -> tu
     opts = E2EOptions(
         shapes=tuple(args.e2e), moe_layers=args.moe_layers, batch=args.batch, ctx=args.ctx,
         warmup=args.warmup, measure=args.measure, budgets=tuple(args.budgets.split(",")),
+        gpu_steps=tuple(args.gpu_steps.split(",")),
         peer=not args.no_peer, emulate=args.emulate, workdir=args.workdir, deadline=args.deadline, caps=caps,
     )  # fmt: skip
     if args.child_cap_s:
@@ -368,6 +369,11 @@ def main() -> int:
     ap.add_argument("--measure", type=int, default=5, help="e2e: measured steps (fewer when time is short)")
     ap.add_argument("--budgets", default="off,auto", help="e2e: the engine's weight-cache budgets")
     ap.add_argument("--no-peer", action="store_true", help="e2e: the engine only, no transformers + PEFT")
+    ap.add_argument(
+        "--gpu-steps", default="graph",
+        help="e2e: the engine's training steps, one run each per budget: graph (the captured fused step "
+        "where the model takes it), eager, generic (op by op), e.g. graph,generic",
+    )  # fmt: skip
     ap.add_argument("--workdir", default=None, help="e2e: keep the generated model files here")
     ap.add_argument("--child-cap-s", type=float, default=0.0, help="e2e: seconds each run may take (0: CAPS)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="seconds for the whole script")

@@ -1,16 +1,19 @@
 """Issue 29's device checks of the fused dense step: graph replay against the eager step, and the
 loss curve against the generic (fp32 LoRA) path. Prints figures and PASS/FAIL lines.
 
-    python bench/gpu_29.py replay [--emulate]   # 4 steps each way: warm-up, capture, 3 replays
-    python bench/gpu_29.py curve --steps 50 [--emulate]
+    python bench/gpu_29.py replay [--arch moe] [--emulate]   # 4 steps each way: warm-up, capture, 3 replays
+    python bench/gpu_29.py curve --steps 50 [--arch moe] [--emulate]
 
 replay: the same model, data and initial adapter trained with gpu_step "eager" and "graph"; the
 losses, gradient norms and every LoRA factor after each of the 3 replayed batches must be equal bit
 for bit. curve: gpu_step "graph" against "generic" (the op-by-op path: fp32 LoRA products, fp32
 activations) over --steps steps; the largest relative difference of the per-step mean
 cross-entropy must be within 1%. The model is a Qwen2-shaped file of --layers layers (Q4_K),
-smaller than the 1.5B of bench/gpu.py so both runs fit the device call; --emulate runs both on the
-g++ kernel emulator at a tiny size (a dry run of the code, not a measurement).
+smaller than the 1.5B of bench/gpu.py so both runs fit the device call; with --arch moe it is the
+Qwen3-30B-A3B shape of bench/gpu.py (128 experts, top-8) cut to --layers layers, LoRA on attention
+and every expert stack (issue 30: the MoE layers inside the captured step), and the replay compares
+each step's expert counts too. --emulate runs both on the g++ kernel emulator at a tiny size (a dry
+run of the code, not a measurement).
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.gpu_e2e import DENSE_TARGETS, text_samples, write_shaped  # noqa: E402
+from bench.gpu_e2e import DENSE_TARGETS, MOE_TARGETS, SHAPES, TINY, text_samples, write_shaped  # noqa: E402
 from engine.testing import SynthSpec  # noqa: E402
 
 
@@ -47,17 +51,20 @@ def _run(path, mode, steps, a):
     from engine.train.trainer import TrainConfig, Trainer
 
     model = Model.load(path, backend=_backend(a.emulate), cache_budget=a.budget)
+    targets = MOE_TARGETS if a.arch == "moe" else DENSE_TARGETS
     cfg = TrainConfig(
-        targets=TargetSpec(preset="none", patterns=DENSE_TARGETS), rank=16, alpha=32, n_ctx=a.ctx,
+        targets=TargetSpec(preset="none", patterns=targets), rank=16, alpha=32, n_ctx=a.ctx,
         batch_size=a.batch, steps=steps, lr=a.lr, schedule="constant", max_grad_norm=1.0,
         cache_budget=a.budget, checkpoint_layers="off", norms_every=0, seed=0, gpu_step=mode,
     )  # fmt: skip
     tr = Trainer(model, text_samples(a.batch * steps, int(1.3 * a.ctx) + 16), cfg)
     assert isinstance(tr.start(), ev.Started)
-    out, params = [], []
+    out, params, counts = [], [], []
     t0 = time.perf_counter()
     for _ in range(steps):
-        s = tr.train_step()
+        seen = []
+        s = tr.train_step(seen.append)
+        counts += [np.asarray(e.counts) for e in seen if isinstance(e, ev.ExpertUsage)]
         if isinstance(s, ev.Failed):
             raise RuntimeError(f"{mode}: {s.message}")
         out.append(s)
@@ -69,7 +76,10 @@ def _run(path, mode, steps, a):
     dt = time.perf_counter() - t0
     print(
         f"{mode}: {steps} steps in {dt:.1f} s; fused {tr._fused is not None}, graph {tr._graph is not None}"
+        + (f" (generic: {tr._fused_why})" if tr._fused is None else "")
     )
+    if a.check == "replay" and counts:
+        params[-1]["expert counts"] = np.stack(counts)  # every step's, compared with the tensors
     return out, params, tr._graph is not None
 
 
@@ -77,6 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("check", choices=("replay", "curve"))
     ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--arch", choices=("dense", "moe"), default="dense")
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=512)
@@ -84,7 +95,11 @@ def main() -> None:
     ap.add_argument("--budget", default="auto")
     ap.add_argument("--emulate", action="store_true")
     a = ap.parse_args()
-    if a.emulate:
+    if a.arch == "moe":
+        spec = TINY["moe"] if a.emulate else replace(SHAPES["moe"], L=a.layers)
+        if a.emulate:
+            a.batch, a.ctx = 2, 32
+    elif a.emulate:
         spec = SynthSpec.for_arch("qwen2", V=512, C=256, L=2, NH=2, NKV=1, HS=128, F=512, tied=True,
                                   qtype="Q4_K", n_ctx=256, name="tiny")  # fmt: skip
         a.batch, a.ctx = 2, 64
@@ -105,6 +120,7 @@ def main() -> None:
         why = f" (captured: {captured}; scalars equal: {same}; tensors differing: {diff[:5]})"
         print(
             f"{'PASS' if ok else 'FAIL'} graph replay equals the eager step bit for bit over 3 batches"
+            + (f" ({spec.name}, {spec.L} layers; expert counts too)" if a.arch == "moe" else "")
             + ("" if ok else why)
         )
     else:

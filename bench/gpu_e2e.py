@@ -167,6 +167,9 @@ class E2EOptions:
     warmup: int = 2  # steps before the measured ones (compilation, first dequantization, allocations)
     measure: int = 5  # measured steps (fewer when a run's time is up)
     budgets: tuple[str, ...] = ("off", "auto")  # the engine's weight-cache budgets, one run each
+    # the engine's training steps (TrainConfig.gpu_step), one run each per budget: "graph" (the fused
+    # step captured as a CUDA graph where the model takes it), "eager", "generic" (op by op)
+    gpu_steps: tuple[str, ...] = ("graph",)
     peer: bool = True  # run transformers + PEFT too
     emulate: bool = False  # the engine on the g++ emulator at tiny shapes, no peer
     workdir: str | None = None  # where the model files go (default: a temporary folder, removed)
@@ -497,8 +500,9 @@ def engine_child(a: argparse.Namespace) -> None:
         res["stored_bytes"] = int(getattr(model.weights, "stored_bytes", 0))
         samples = text_samples(a.batch * (a.warmup + a.measure), int(1.3 * a.ctx) + 16)
         save()
-        for budget in a.budgets.split(","):
-            phase: dict = {"budget": budget, "steps_s": [], "loss": [], "grad_norm": [], "tokens": []}
+        for budget, gpu_step in [(b, g) for b in a.budgets.split(",") for g in a.gpu_steps.split(",")]:
+            phase: dict = {"budget": budget, "gpu_step": gpu_step, "steps_s": [], "loss": [], "grad_norm": [],
+                           "tokens": []}  # fmt: skip
             res["phases"].append(phase)
             try:
                 _engine_phase(a, spec, model, backend, cp, samples, budget, phase, free0, stop_at, save)
@@ -528,7 +532,7 @@ def _engine_phase(a, spec, model, backend, cp, samples, budget, phase, free0, st
     config = TrainConfig(
         targets=TargetSpec(preset="none", patterns=targets), rank=RANK, alpha=ALPHA, n_ctx=a.ctx,
         batch_size=a.batch, steps=a.warmup + a.measure + 1, lr=LR, schedule="constant", max_grad_norm=CLIP,
-        cache_budget=budget, checkpoint_layers="off", norms_every=0, seed=0,
+        cache_budget=budget, checkpoint_layers="off", norms_every=0, seed=0, gpu_step=phase["gpu_step"],
     )  # fmt: skip
     trainer = Trainer(model, samples, config)
     if tracker is not None:
@@ -564,6 +568,13 @@ def _engine_phase(a, spec, model, backend, cp, samples, budget, phase, free0, st
                 phase["peak_alloc"] = tracker.peak
                 tracker = None
             save()
+        # which step ran: the captured fused step, the fused step launched eagerly, or the generic path
+        if trainer._graph is not None:
+            phase["step_path"] = "step: fused, captured graph"
+        elif trainer._fused is not None:
+            phase["step_path"] = "step: fused, eager"
+        else:
+            phase["step_path"] = f"step: generic ({trainer._fused_why})"
         if cp is not None:  # one more step, under the profiler (not among the measured ones)
             phase["profile"] = profile_step(trainer.train_step, backend.synchronize)
     finally:
@@ -768,6 +779,8 @@ def _run_child(who: str, spec: SynthSpec, path: str, opts: E2EOptions, budget_s:
         "--ctx", str(opts.ctx), "--warmup", str(opts.warmup), "--measure", str(opts.measure),
         "--budgets", ",".join(opts.budgets), "--time-limit", str(max(5.0, budget_s - 25.0)),
     ] + (["--emulate"] if opts.emulate else [])  # fmt: skip
+    if who == "engine":
+        cmd += ["--gpu-steps", ",".join(opts.gpu_steps)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
     t = time.perf_counter()
@@ -817,12 +830,14 @@ def _records(
             err += f"; the {len(steps)} steps done took {', '.join(f'{x:.1f}' for x in steps)} s"
         rec = {
             "model": shape, "layers": spec.L, "who": who,
-            "setting": _setting(who, spec, ph.get("budget", "-")),
+            "setting": _setting(who, spec, ph.get("budget", "-"), ph.get("gpu_step", "graph")),
             "ok": ok, "error": err, "steps_s": steps, "loss": ph.get("loss", []),
             "grad_norm": ph.get("grad_norm", []),
             "trainable": ph.get("trainable"), "peak_alloc": ph.get("peak_alloc"),
             "reserved": ph.get("reserved"), "device": ph.get("device"), "flops_per_step": flops,
-            "note": "; ".join(x for x in (ph.get("note", ""), err if ok else "") if x),
+            "note": "; ".join(
+                x for x in (ph.get("step_path", ""), ph.get("note", ""), err if ok else "") if x
+            ),
         }  # fmt: skip
         if measured:
             s = float(np.median(measured))
@@ -848,9 +863,11 @@ def _records(
     return out
 
 
-def _setting(who: str, spec: SynthSpec, budget: str) -> str:
+def _setting(who: str, spec: SynthSpec, budget: str, gpu_step: str = "graph") -> str:
+    """The engine's weight types and cache budget (and its training step where not the default graph)."""
     types = f"{spec.expert_qtype}+{spec.qtype}" if spec.expert_qtype else spec.qtype
-    return f"{types}, cache {budget}" if who == "engine" else budget
+    step = "" if gpu_step == "graph" else f", {gpu_step}"
+    return f"{types}, cache {budget}{step}" if who == "engine" else budget
 
 
 def run_end_to_end(opts: E2EOptions, bf16_tflops: float, log=print) -> list[dict]:
@@ -995,6 +1012,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--measure", type=int, default=5)
     ap.add_argument("--budgets", default="off,auto")
+    ap.add_argument(
+        "--gpu-steps", default="graph", help="the engine's TrainConfig.gpu_step values, one run each"
+    )
     ap.add_argument("--time-limit", type=float, default=120.0, help="no measured step starts after this")
     ap.add_argument("--emulate", action="store_true")
     ap.add_argument("--device", default="cuda", help="the peer's torch device (cpu: a code check only)")

@@ -159,8 +159,8 @@ class DeviceWeights(Mapping):
         return dequant_on(self.rt, self._raw[name], info.qtype, dtype="float32").reshape(info.shape)
 
     def dequant_into(self, name: str, out) -> None:
-        """Write the bf16 bits of matrix `name` into `out` (its shape, C-contiguous, uint16; a block
-        of rows of a larger buffer): the fused training step's own weight buffers, which the
+        """Write the bf16 bits of matrix or expert stack `name` into `out` (its shape, C-contiguous,
+        uint16; a block of rows of a larger buffer): the fused training step's own weight buffers, which the
         cache never hands out or evicts (a captured graph reads them). One launch (a type without
         a CUDA dequantizer: one device copy). No host read."""
         fixed = self._fixed.get(name)
@@ -168,9 +168,7 @@ class DeviceWeights(Mapping):
             out[...] = fixed
             return
         info = self.infos[name]
-        dequant_on(
-            self.rt, self._raw[name], info.qtype, out=out.reshape(-1, info.shape[-1]), dtype="bfloat16"
-        )
+        dequant_on(self.rt, self._raw[name], info.qtype, out=out.reshape(info.shape), dtype="bfloat16")
 
     def join(self, names) -> tuple[Any, str] | None:
         """Put the stored blocks of matrices `names` (the same type and row length) one after the

@@ -1,15 +1,19 @@
-"""The fused training step of a dense model on a GPU: every launch of a step planned once, on fixed
-buffers, so that the step reads the host once, at its end, and can be captured as one CUDA graph.
+"""The fused training step on a GPU (dense layers here, MoE layers in engine.train.moe_step): every
+launch of a step planned once, on fixed buffers, so that the step reads the host once, at its end,
+and can be captured as one CUDA graph.
 
 What it computes is `engine.train.train_model.loss_and_grads` followed by `AdamW.step` (the
 generic op-by-op path, which stays the reference and the fallback), for the standard dense
-architectures (llama, qwen2, qwen3) with LoRA on any of q, k, v, o, gate, up, down. Per layer:
+architectures (llama, qwen2, qwen3) with LoRA on any of q, k, v, o, gate, up, down, and their MoE
+kin (Mixtral, qwen2moe, qwen3moe, olmoe: router, expert stacks and shared expert adaptable too).
+Per layer:
 
 - forward: the attention norm writes the bf16 input of its GEMM and copies the residual stream
   into the buffer the output projection adds into (GEMM beta = 1); q, k, v are one GEMM of
   [Wq; Wk; Wv; A_q; A_k; A_v] (the LoRA A products folded in), their B products one GEMM of a
-  block-diagonal [B_q, B_k, B_v] added in (bf16 output); bias, q/k norm and RoPE one kernel
-  (`engine.kernels.qkv`); attention on the tensor cores (`engine.kernels.attention_gemm`); o, gate/up
+  block-diagonal [B_q, B_k, B_v] added in (bf16 output); bias, per-head q/k norm and RoPE one
+  kernel (`engine.kernels.qkv`; olmoe's norm over the whole q and k projections is a pass of its
+  own before it); attention on the tensor cores (`engine.kernels.attention_gemm`); o, gate/up
   and down the same way (gate and up one GEMM); SwiGLU on bf16;
 - backward: each group's input gradient is one GEMM of [dY | s dY B] @ [W; A]; its LoRA gradients two
   GEMMs (dB of the whole block, whose diagonal blocks are the gradients; dA); norms add into the
@@ -27,10 +31,10 @@ them); otherwise ("off", or a small budget) one set of layer buffers is refilled
 (dequantized from the stored blocks, the layer's A rows copied in): QLoRA at rest.
 
 `DenseStep.unsupported(...)` says why a run cannot take this path (the trainer logs it and runs
-the generic path): another architecture, MoE layers (issue 30 will add a MoE layer to this step:
-a layer is a forward/backward pair on the step's buffers, `_dense_forward` / `_dense_backward`),
-full-weight tensors, LoRA on the embedding or the head, gradient accumulation, a KL term, layer
-checkpointing. Not here: the training loop and its events (engine.train.trainer).
+the generic path): another architecture (`NOT_YET` says what each lacks), a MoE model
+`moe_step.unsupported` refuses, sliding-window attention, full-weight tensors, LoRA on the embedding
+or the head, gradient accumulation, a KL term, layer checkpointing. Not here: the training loop
+and its events (engine.train.trainer).
 """
 
 from __future__ import annotations
@@ -51,10 +55,19 @@ from ..kernels.norm import rmsnorm_bwd_acc_on, rmsnorm_fwd_out_on
 from ..kernels.qkv import qkv_rope_backward_on, qkv_rope_forward_on
 from ..model.forward import OUTPUT_NORM, TOKEN_EMBD, make_inputs, output_name
 from ..model.layers import layer_name
+from . import moe_step
 
 log = logging.getLogger(__name__)
 
-ARCHS = ("llama", "qwen2", "qwen3")
+# llama with ffn_*_exps tensors is Mixtral; olmoe's q/k norm is over the whole projection ("full")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe")
+# what keeps the other architectures on the generic op-by-op path (said once, when a run starts)
+NOT_YET = {
+    "gpt-oss": "attention sinks, sliding-window layers, clamped-SwiGLU experts with biases",
+    "deepseek": "ungated shared experts, a leading dense layer",
+    "deepseek2": "multi-head latent attention, ungated shared experts, a leading dense layer",
+    "gemma3": "GELU FFN, post-norms, sliding-window layers, logit soft-capping",
+}
 # the linear groups of a layer: (group, member kinds, the GEMM writes a fresh buffer (True) or adds
 # into the residual stream (False))
 GROUPS = (
@@ -63,7 +76,8 @@ GROUPS = (
     ("gu", ("ffn_gate", "ffn_up"), True),
     ("down", ("ffn_down",), False),
 )
-KINDS = tuple(k for _, kinds, _ in GROUPS for k in kinds)
+ATTN_GROUPS, FFN_GROUPS = GROUPS[:2], GROUPS[2:]  # a MoE layer has its own FFN (engine.train.moe_step)
+KINDS = tuple(k for _, kinds, _ in GROUPS for k in kinds) + moe_step.KINDS
 
 
 @dataclass
@@ -95,11 +109,16 @@ def unsupported(
     if not model.backend.is_gpu:
         return "the CPU runs the NumPy path"
     if cfg.arch not in ARCHS:
-        return f"architecture {cfg.arch} (the fused step covers {', '.join(ARCHS)})"
+        gap = f": {NOT_YET[cfg.arch]}" if cfg.arch in NOT_YET else ""
+        return f"architecture {cfg.arch}{gap} (the fused step covers {', '.join(ARCHS)})"
     if any(model.moe_layers):
-        return "MoE layers (the fused step is dense only so far)"
-    if cfg.qk_norm not in (None, "head") or cfg.has_swa or cfg.n_rot % 2:
-        return "this attention variant (q/k norm over the whole projection, sliding window, odd n_rot)"
+        why = moe_step.unsupported(model)
+        if why:
+            return why
+    if cfg.has_swa or cfg.n_rot % 2:
+        return "this attention variant (sliding window, odd n_rot)"
+    if cfg.qk_norm == "full" and any(layer_name(0, k, "bias") in model.weights for k in ("attn_q", "attn_k")):
+        return "q/k biases before a q/k norm over the whole projection"
     if cfg.HS > 256:
         return f"head size {cfg.HS} (at most 256)"
     if trainable.full:
@@ -141,7 +160,11 @@ class DenseStep:
         self.out_name = output_name(W)
         if self.out_name == TOKEN_EMBD and TOKEN_EMBD in trainable.pairs:
             raise ValueError("LoRA on a tied embedding is not on the fused path")
-        matrices = [layer_name(i, k) for i in range(L) for k in KINDS]
+        self.moe_layers = tuple(bool(m) for m in model.moe_layers)
+        dense_ids = [i for i in range(L) if not self.moe_layers[i]]
+        matrices = [layer_name(i, k) for i in range(L) for _, kinds, _ in ATTN_GROUPS for k in kinds]
+        matrices += [layer_name(i, k) for i in dense_ids for _, kinds, _ in FFN_GROUPS for k in kinds]
+        matrices += [n for i in range(L) if self.moe_layers[i] for n in moe_step.matrices(model, i)]
         need = sum(W.infos[n].n_elements * 2 for n in matrices)
         self.persistent = W.budget >= need
         u16, f32 = xp.uint16, xp.float32
@@ -151,23 +174,23 @@ class DenseStep:
         self.norm_w = [(W[layer_name(i, "attn_norm")], W[layer_name(i, "ffn_norm")]) for i in range(L)]
         self.out_norm = W[OUTPUT_NORM]
         self.bias = [self._qkv_bias(i) for i in range(L)]
-        self.qk_norm = [
-            (W[layer_name(i, "attn_q_norm")], W[layer_name(i, "attn_k_norm")])
-            if cfg.qk_norm
-            else (None, None)
-            for i in range(L)
-        ]
-        # per layer, per group: weights, LoRA copies, gradients
+        norms = [(W[layer_name(i, "attn_q_norm")], W[layer_name(i, "attn_k_norm")]) if cfg.qk_norm else None
+                 for i in range(L)]  # fmt: skip
+        # per-head q/k norms are the qkv kernel's; a norm over the whole projection (olmoe) has its own pass
+        self.full_norm = norms if cfg.qk_norm == "full" else None
+        self.qk_norm = norms if cfg.qk_norm == "head" else [(None, None)] * L
+        # per layer, per group: weights, LoRA copies, gradients (a MoE layer's FFN groups: moe_step)
         self.groups: list[dict[str, _Group]] = []
         ring: dict[str, Any] = {}
         for i in range(L):
-            layer = {}
-            for g, kinds, _fresh in GROUPS:
-                layer[g] = self._group(i, kinds, ring)
-            self.groups.append(layer)
-        r_of = {g: self.groups[0][g].rg for g, _, _ in GROUPS}
+            kinds_of = ATTN_GROUPS if self.moe_layers[i] else GROUPS
+            self.groups.append({g: self._group(i, kinds, ring) for g, kinds, _ in kinds_of})
+        self.dense = {i: k for k, i in enumerate(dense_ids)}  # a dense layer's row in the FFN buffers
+        self.moe = moe_step.MoeBlocks(self, ring) if any(self.moe_layers) else None
+        # buffer widths: the widest LoRA block of each group (a layer range may adapt some layers only)
+        r_of = {g: max((lay[g].rg for lay in self.groups if g in lay), default=0) for g, _, _ in GROUPS}
         nqkv = self.nq + 2 * self.nkv
-        F, NHS = cfg.F, self.nq
+        F, NHS, Ld = (cfg.F if dense_ids else 0), self.nq, len(dense_ids)
         self.r_of = r_of
         # activations kept for the backward, per layer
         self.X = xp.empty((L + 1, N, C), f32)  # the residual stream: layer inputs, then the last output
@@ -178,8 +201,14 @@ class DenseStep:
         self.ATT16 = xp.empty((L, N, NHS), u16)  # attention outputs
         self.XAO = xp.empty((L, N, max(1, r_of["o"])), u16)  # a A_o^T
         self.H2 = xp.empty((L, N, C), u16)  # ffn norm outputs
-        self.GU16 = xp.empty((L, N, 2 * F + r_of["gu"]), u16)  # g|u | h A^T
-        self.XAD = xp.empty((L, N, max(1, r_of["down"])), u16)  # act A_d^T
+        if self.full_norm is not None:  # q, k normalised over the whole projection (and v copied) | rstd
+            self.QKVN16 = xp.empty((L, N, nqkv), u16)
+            self.rstd_qk = xp.empty((L, 2, N), f32)
+            self.x_qk = [xp.empty((N, n), f32) for n in (self.nq, self.nkv)]  # a norm's input, widened
+            self.dy_qk = [xp.empty((N, n), f32) for n in (self.nq, self.nkv)]  # its output's gradient
+            self.dx_qk = [xp.empty((N, n), f32) for n in (self.nq, self.nkv)]
+        self.GU16 = xp.empty((Ld, N, 2 * F + r_of["gu"]), u16)  # dense layers: g|u | h A^T
+        self.XAD = xp.empty((Ld, N, max(1, r_of["down"])), u16)  # act A_d^T
         # scratch
         self.q = xp.empty((N, cfg.NH, cfg.HS), f32)
         self.k = xp.empty((N, cfg.NKV, cfg.HS), f32)
@@ -205,15 +234,25 @@ class DenseStep:
         half = cfg.n_rot // 2
         self.cos = xp.empty((N, half), f32)
         self.sin = xp.empty((N, half), f32)
-        self.stats = xp.zeros(16, xp.float64)
+        # what the step's one read brings back: its scalars (kernels.adamw.STATS), then the expert counts
+        n_counts = 0 if self.moe is None else self.moe.counts_size
+        self.out = xp.zeros(16 + n_counts, xp.float64)
+        self.stats = self.out[:16]
+        if self.moe is not None:
+            self.moe.counts = self.out[16:].reshape(self.moe.counts_shape)
         freqs = W.get("rope_freqs.weight")
         self.host_w = {} if freqs is None else {"rope_freqs.weight": rt.read(freqs)[0]}
         # the optimizer: every LoRA factor, its gradient view and its bf16 copy
         self.names: list[str] = []
         tensors, decay = [], []
+
+        def add(pname, p, gview, shadow):
+            self.names.append(pname)
+            tensors.append((p, gview, optimizer._m[pname], optimizer._v[pname], shadow))
+            decay.append(optimizer.decays(pname))
+
         for i in range(L):
-            for g, _, _ in GROUPS:
-                grp = self.groups[i][g]
+            for grp in self.groups[i].values():
                 for slot, m in enumerate(grp.lora):
                     name = grp.names[m]
                     A, Bm = trainable.pairs[name]
@@ -225,14 +264,12 @@ class DenseStep:
                         else grp.W[grp.n_out + slot * r : grp.n_out + (slot + 1) * r]
                     )
                     b_rows = slice(grp.rows[m], grp.rows[m] + Bm.shape[0])
-                    for suffix, p, gview, shadow in (
-                        (".lora_a", A, grp.gA[a_rows], a16),
-                        (".lora_b", Bm, grp.gB[b_rows, a_rows], grp.Bblk[b_rows, a_rows]),
-                    ):
-                        pname = name + suffix
-                        self.names.append(pname)
-                        tensors.append((p, gview, optimizer._m[pname], optimizer._v[pname], shadow))
-                        decay.append(optimizer.decays(pname))
+                    add(name + ".lora_a", A, grp.gA[a_rows], a16)
+                    add(name + ".lora_b", Bm, grp.gB[b_rows, a_rows], grp.Bblk[b_rows, a_rows])
+        if self.moe is not None:  # the experts' factors: float32 only (the MoE kernels round them)
+            for pname, p, gview in self.moe.expert_params():
+                add(pname, p, gview, None)
+        assert sorted(self.names) == sorted(trainable.params()), "every LoRA factor has its optimizer row"
         self.adamw = DeviceAdamW(rt, tensors, decay)
         self.write_shadows()
 
@@ -267,9 +304,9 @@ class DenseStep:
             for n, row, s in zip(names, rows, shapes, strict=True):
                 W.dequant_into(n, Wbuf[row : row + s[0]])
             A16 = raw = None
-        else:  # one buffer per group shape, refilled at each use
+        else:  # one buffer per group shape, refilled at each use (room for every member's A rows)
             if key not in ring:
-                ring[key] = xp.empty((n_out + rg, n_in), xp.uint16)
+                ring[key] = xp.empty((n_out + r * len(names), n_in), xp.uint16)
             Wbuf = ring[key]
             A16 = xp.empty((rg, n_in), xp.uint16) if rg else None
             raw = W.join(names) if len(names) > 1 else None
@@ -311,6 +348,8 @@ class DenseStep:
         rt.upload(self.mask, mask.astype(np.uint8))
         rt.upload(self.cos, cos.reshape(self.N, -1))
         rt.upload(self.sin, sin.reshape(self.N, -1))
+        if self.moe is not None:
+            self.moe.load(b)
         opt = self.opt
         steps = [opt._t[n] + 1 for n in self.names]
         coef = self.adamw.coefficients(steps, lr, opt.cfg.betas, opt.cfg.weight_decay)
@@ -325,11 +364,13 @@ class DenseStep:
         args = (self.embd, self.tokens, self.X[0], np.int32(V), np.int32(C))
         rt.launch(embedding.SOURCE, kernel, (self.N,), (embedding.THREADS,), args)
         caches = [self._forward(i) for i in range(L)]
+        if self.moe is not None:
+            self.moe.count([c[1] for c in caches if c[1] is not None])
         rmsnorm_fwd_out_on(rt, self.X[L], self.out_norm, cfg.rms_eps, self.hfin, self.rstd_fin)
         _, _, dh, _ = lm_head_loss_on(
             rt, self.hfin, self.head, self.targets, self.weights, padded=True, out=self.stats[0:2]
         )
-        G = self.G["down"]
+        G = self._dres16(L - 1)
         rmsnorm_bwd_acc_on(rt, dh, self.X[L], self.rstd_fin, self.out_norm, self.dres, G, accumulate=False)
         for i in reversed(range(L)):
             self._backward(i, caches[i])
@@ -339,10 +380,17 @@ class DenseStep:
             self.stats, betas=opt.betas, eps=opt.eps, gclip=opt.gclip, max_grad_norm=opt.max_grad_norm
         )
 
-    def read(self) -> dict[str, float]:
-        """The step's one host read: loss, ce_sum and the optimizer's stats (kernels.adamw.STATS)."""
-        host = self.rt.read(self.stats)[0]
-        return {k: float(host[i]) for i, k in enumerate(STATS)}
+    def read(self) -> tuple[dict[str, float], np.ndarray | None]:
+        """The step's one host read: loss, ce_sum and the optimizer's stats (kernels.adamw.STATS),
+        and on a MoE model the tokens routed to each expert, (L, E) int64 as the generic path's (a
+        dense layer's row zero; else None)."""
+        host = self.rt.read(self.out)[0]
+        stats = {k: float(host[i]) for i, k in enumerate(STATS)}
+        if self.moe is None:
+            return stats, None
+        counts = np.zeros((self.cfg.L, self.cfg.E), np.int64)
+        counts[self.moe.layers] = host[16:].reshape(self.moe.counts_shape)
+        return stats, counts
 
     def finish(self, stats: dict[str, float]) -> None:
         """After the read: the optimizer's counts move on unless the device skipped the step."""
@@ -357,55 +405,91 @@ class DenseStep:
     def _weights(self, grp: _Group, with_a: bool = True) -> Any:
         """The group's [W; A] buffer, refilled first in ring mode (the dequantization is captured;
         the A rows are copied in only when the GEMM reads them)."""
+        n = grp.n_out
         if not self.persistent:
             W = self.model.weights
             if grp.raw is not None:  # the members' blocks side by side: one launch
-                dequant_on(self.rt, grp.raw[0], grp.raw[1], out=grp.W[: grp.n_out], dtype="bfloat16")
+                dequant_on(self.rt, grp.raw[0], grp.raw[1], out=grp.W[:n], dtype="bfloat16")
             else:
-                for n, row in zip(grp.names, grp.rows, strict=True):
-                    W.dequant_into(n, grp.W[row : row + W.infos[n].shape[0]])
+                for name, row in zip(grp.names, grp.rows, strict=True):
+                    W.dequant_into(name, grp.W[row : row + W.infos[name].shape[0]])
             if grp.A16 is not None and with_a:
-                grp.W[grp.n_out :] = grp.A16
-        return grp.W
+                grp.W[n : n + grp.rg] = grp.A16
+        return grp.W[: n + grp.rg]
+
+    def _a_rows(self, grp: _Group) -> Any:
+        """The group's bf16 A rows (r per adapted member)."""
+        return grp.W[grp.n_out : grp.n_out + grp.rg] if grp.A16 is None else grp.A16
 
     def _fresh_forward(self, grp: _Group, x16: Any, out16: Any) -> None:
-        """out16 = x [W; A]^T (bf16), then out16[:, :n_out] += s (x A^T) B^T."""
+        """out16 = x [W; A]^T (bf16), then out16[:, :n_out] += s (x A^T) B^T (out16's columns past
+        n_out + rg, a wider layer's LoRA block, are not touched)."""
         Wb = self._weights(grp)
+        n = grp.n_out
+        out16 = out16[:, : n + grp.rg]
         self.rt.gemm(x16, Wb, out16, trans_b=True)
         if grp.rg:
-            n = grp.n_out
             self.rt.gemm(out16[:, n:], grp.Bblk, out16[:, :n], trans_b=True, alpha=self.s, beta=1.0)
 
-    def _residual_forward(self, grp: _Group, x16: Any, res: Any, xa16: Any) -> None:
-        """res += x W^T + s (x A^T) B^T (float32 residual stream; x A^T kept in xa16)."""
+    def _residual_forward(self, grp: _Group, x16: Any, res: Any, xa16: Any, add: bool = True) -> None:
+        """res += x W^T + s (x A^T) B^T (float32 residual stream; x A^T kept in xa16); res = ... when
+        not `add`."""
         Wb = self._weights(grp, with_a=False)
         n = grp.n_out
-        self.rt.gemm(x16, Wb[:n], res, trans_b=True, beta=1.0)
+        self.rt.gemm(x16, Wb[:n], res, trans_b=True, beta=1.0 if add else 0.0)
         if grp.rg:
-            self.rt.gemm(x16, Wb[n:] if grp.A16 is None else grp.A16, xa16, trans_b=True)
+            xa16 = xa16[:, : grp.rg]
+            self.rt.gemm(x16, self._a_rows(grp), xa16, trans_b=True)
             self.rt.gemm(xa16, grp.Bblk, res, trans_b=True, alpha=self.s, beta=1.0)
 
-    def _fresh_backward(self, grp: _Group, G: Any, xa16: Any, x16: Any, dx: Any) -> None:
-        """G[:, :n_out] holds dY (bf16): dx = [dY | s dY B] [W; A]; dB = s dY^T (x A^T); dA = (s dY B)^T x."""
+    def _fresh_backward(self, grp: _Group, G: Any, xa16: Any, x16: Any, dx: Any, beta: float = 0.0) -> None:
+        """G[:, :n_out] holds dY (bf16): dx = [dY | s dY B] [W; A] (+ beta dx); dB = s dY^T (x A^T);
+        dA = (s dY B)^T x."""
         rt, n = self.rt, grp.n_out
+        G = G[:, : n + grp.rg]
         if grp.rg:
             rt.gemm(G[:, :n], grp.Bblk, G[:, n:], alpha=self.s)
         Wb = self._weights(grp)
-        rt.gemm(G, Wb, dx)
+        rt.gemm(G, Wb, dx, beta=beta)
         if grp.rg:
-            rt.gemm(G[:, :n], xa16, grp.gB, trans_a=True, alpha=self.s)
+            rt.gemm(G[:, :n], xa16[:, : grp.rg], grp.gB, trans_a=True, alpha=self.s)
             rt.gemm(G[:, n:], x16, grp.gA, trans_a=True)
 
+    def _dres16(self, i: int) -> Any:
+        """Where the norm backward above layer i writes the bf16 bits of the residual gradient: the
+        dense FFN's dY (a MoE layer reads the float32 gradient; none below layer 0)."""
+        if i < 0 or self.moe_layers[i]:
+            return None
+        return self.G["down"][:, : self.cfg.C]
+
     def _forward(self, i: int):
+        """Layer i's forward: (the attention's cache, the MoE FFN's or None)."""
+        att = self._attention_forward(i)
+        if self.moe_layers[i]:
+            return att, self.moe.forward(i)
+        self._ffn_forward(i)
+        return att, None
+
+    def _backward(self, i: int, caches) -> None:
+        """dres holds the gradient of layer i's output (and its bf16 bits in G["down"] above a dense FFN)."""
+        att, moe = caches
+        if moe is not None:
+            self.moe.backward(i, moe)
+        else:
+            self._ffn_backward(i)
+        self._attention_backward(i, att)
+
+    def _attention_forward(self, i: int):
         rt, cfg = self.rt, self.cfg
         g = self.groups[i]
         X, XM, eps = self.X, self.XM, cfg.rms_eps
-        w_an, w_fn = self.norm_w[i]
+        w_an = self.norm_w[i][0]
         # attention block: x_mid = x + o(attention(rope(q), rope(k), v)) of rmsnorm(x)
         rmsnorm_fwd_out_on(rt, X[i], w_an, eps, self.H16[i], self.rstd[i, 0], copy=XM[i])
         self._fresh_forward(g["qkv"], self.H16[i], self.QKV16[i])
         qn, kn = self.qk_norm[i]
-        qkv_rope_forward_on(rt, self.QKV16[i], self.bias[i], qn, kn, eps, self.cos, self.sin, cfg.rope,
+        qkv = self.QKV16[i] if self.full_norm is None else self._full_norm_forward(i)
+        qkv_rope_forward_on(rt, qkv, self.bias[i], qn, kn, eps, self.cos, self.sin, cfg.rope,
                             cfg.NH, cfg.NKV, cfg.HS, out=(self.q, self.k, self.v))  # fmt: skip
         B, T = self.B, self.T
         q = self.q.reshape(B, T, cfg.NH, cfg.HS)
@@ -414,35 +498,81 @@ class DenseStep:
         y, cache = attention_gemm.forward_on(rt, q, k, v, self.mask, cfg.attn_scale, bs)
         self._to_bf16(y.reshape(self.N, -1), self.ATT16[i])
         self._residual_forward(g["o"], self.ATT16[i], XM[i], self.XAO[i])
-        # feed-forward block: x' = x_mid + down(swiglu(gate, up)) of rmsnorm(x_mid)
-        rmsnorm_fwd_out_on(rt, XM[i], w_fn, eps, self.H2[i], self.rstd[i, 1], copy=X[i + 1])
-        self._fresh_forward(g["gu"], self.H2[i], self.GU16[i])
-        glu_fwd_bf16_on(rt, self.GU16[i], cfg.F, self.act)
-        self._residual_forward(g["down"], self.act, X[i + 1], self.XAD[i])
         return cache
 
-    def _backward(self, i: int, cache) -> None:
-        """dres holds the gradient of layer i's output, G["down"][:, :C] its bf16 bits."""
+    def _ffn_forward(self, i: int) -> None:
+        """A dense layer's feed-forward block: x' = x_mid + down(swiglu(gate, up)) of rmsnorm(x_mid)."""
+        rt, cfg, g, d = self.rt, self.cfg, self.groups[i], self.dense[i]
+        rmsnorm_fwd_out_on(rt, self.XM[i], self.norm_w[i][1], cfg.rms_eps, self.H2[i], self.rstd[i, 1],
+                           copy=self.X[i + 1])  # fmt: skip
+        self._fresh_forward(g["gu"], self.H2[i], self.GU16[d])
+        glu_fwd_bf16_on(rt, self.GU16[d], cfg.F, self.act)
+        self._residual_forward(g["down"], self.act, self.X[i + 1], self.XAD[d])
+
+    def _ffn_backward(self, i: int) -> None:
+        """dres holds the gradient of layer i's output, G["down"][:, :C] its bf16 bits; the ffn norm's
+        input gradient is added to dres and its bf16 bits go to G["o"]."""
+        rt, cfg = self.rt, self.cfg
+        g, G, d = self.groups[i], self.G, self.dense[i]
+        C, F = cfg.C, cfg.F
+        # forward was: x' = x_mid + down(act), act = swiglu(gu), gu = rmsnorm(x_mid) [Wg; Wu]
+        glu_fwd_bf16_on(rt, self.GU16[d], F, self.act)  # recomputed: not kept per layer
+        self._fresh_backward(g["down"], G["down"], self.XAD[d], self.act, self.dact)
+        glu_bwd_bf16_on(rt, self.dact, self.GU16[d], F, G["gu"])
+        self._fresh_backward(g["gu"], G["gu"], self.GU16[d][:, 2 * F :], self.H2[i], self.dh)
+        w_fn = self.norm_w[i][1]
+        rmsnorm_bwd_acc_on(rt, self.dh, self.XM[i], self.rstd[i, 1], w_fn, self.dres, G["o"][:, :C])
+
+    def _attention_backward(self, i: int, cache) -> None:
+        """dres holds the gradient of x_mid (layer i's attention output), G["o"][:, :C] its bf16 bits."""
         rt, cfg = self.rt, self.cfg
         g, G = self.groups[i], self.G
-        C, F, eps = cfg.C, cfg.F, cfg.rms_eps
-        w_an, w_fn = self.norm_w[i]
-        # forward was: x' = x_mid + down(act), act = swiglu(gu), gu = rmsnorm(x_mid) [Wg; Wu]
-        glu_fwd_bf16_on(rt, self.GU16[i], F, self.act)  # recomputed: not kept per layer
-        self._fresh_backward(g["down"], G["down"], self.XAD[i], self.act, self.dact)
-        glu_bwd_bf16_on(rt, self.dact, self.GU16[i], F, G["gu"])
-        self._fresh_backward(g["gu"], G["gu"], self.GU16[i][:, 2 * F :], self.H2[i], self.dh)
-        rmsnorm_bwd_acc_on(rt, self.dh, self.XM[i], self.rstd[i, 1], w_fn, self.dres, G["o"][:, :C])
+        eps = cfg.rms_eps
+        w_an = self.norm_w[i][0]
         # forward was: x_mid = x + o(attention(...)), q, k, v = rope/norm/bias of rmsnorm(x) [Wq; Wk; Wv]
         self._fresh_backward(g["o"], G["o"], self.XAO[i], self.ATT16[i], self.da)
         dq, dk, dv, _ = attention_gemm.backward_on(rt, self.da.reshape(self.B, self.T, -1), cache)
         qn, kn = self.qk_norm[i]
-        qkv_rope_backward_on(rt, dq, dk, dv, self.QKV16[i], self.bias[i], qn, kn, eps, self.cos, self.sin,
+        qkv = self.QKV16[i] if self.full_norm is None else self.QKVN16[i]
+        qkv_rope_backward_on(rt, dq, dk, dv, qkv, self.bias[i], qn, kn, eps, self.cos, self.sin,
                              cfg.rope, cfg.NH, cfg.NKV, cfg.HS, G["qkv"])  # fmt: skip
+        if self.full_norm is not None:
+            self._full_norm_backward(i)
         nqkv = self.nq + 2 * self.nkv
         self._fresh_backward(g["qkv"], G["qkv"], self.QKV16[i][:, nqkv:], self.H16[i], self.dh)
-        out16 = G["down"][:, :C] if i > 0 else None
-        rmsnorm_bwd_acc_on(rt, self.dh, self.X[i], self.rstd[i, 0], w_an, self.dres, out16)
+        rmsnorm_bwd_acc_on(rt, self.dh, self.X[i], self.rstd[i, 0], w_an, self.dres, self._dres16(i - 1))
+
+    def _qk_columns(self):
+        """The column ranges of q and k in a [q | k | v | ...] row."""
+        return ((0, self.nq), (self.nq, self.nq + self.nkv))
+
+    def _full_norm_forward(self, i: int) -> Any:
+        """olmoe: q and k of QKV16[i] normalised over the whole projection into QKVN16[i] (bf16), v
+        copied beside them: the qkv kernel's input."""
+        rt, src, dst = self.rt, self.QKV16[i], self.QKVN16[i]
+        for t, (lo, hi) in enumerate(self._qk_columns()):
+            self._widen(src[:, lo:hi], self.x_qk[t])
+            rmsnorm_fwd_out_on(rt, self.x_qk[t], self.full_norm[i][t], self.cfg.rms_eps, dst[:, lo:hi],
+                               self.rstd_qk[i, t])  # fmt: skip
+        v = slice(self.nq + self.nkv, self.nq + 2 * self.nkv)
+        dst[:, v] = src[:, v]
+        return dst
+
+    def _full_norm_backward(self, i: int) -> None:
+        """G["qkv"]'s q and k columns hold the gradients of the normalised q and k (bf16): replaced by
+        those of the projections (the norm's input, widened again from QKV16[i])."""
+        rt, G = self.rt, self.G["qkv"]
+        for t, (lo, hi) in enumerate(self._qk_columns()):
+            self._widen(self.QKV16[i][:, lo:hi], self.x_qk[t])
+            self._widen(G[:, lo:hi], self.dy_qk[t])
+            rmsnorm_bwd_acc_on(rt, self.dy_qk[t], self.x_qk[t], self.rstd_qk[i, t], self.full_norm[i][t],
+                               self.dx_qk[t], G[:, lo:hi], accumulate=False)  # fmt: skip
+
+    def _widen(self, x16: Any, out: Any) -> None:
+        """out (float32, contiguous) = the bf16 bits x16 (rows may be strided): two array operations."""
+        u32 = out.view(self.xp.uint32)
+        u32[...] = x16
+        self.xp.left_shift(u32, 16, out=u32)
 
     def _to_bf16(self, x: Any, out: Any) -> None:
         grid = max(1, min(65535, -(-x.size // (linear.THREADS * 8))))

@@ -170,8 +170,9 @@ class TrainConfig:
     norms_every: int = 1  # steps between LoraNorms events
     out: str | None = None  # adapter GGUF written at the end
     out_type: str = "F32"  # F32 | F16 | Q8_0
-    gpu_step: str = "graph"  # on a GPU, a dense model's step: "graph" (the fused step captured as one CUDA
-    # graph, replayed), "eager" (the fused step launched from Python), "generic" (the op-by-op path)
+    gpu_step: str = "graph"  # on a GPU, the step of a model the fused step covers (dense_step: llama, qwen2,
+    # qwen3, Mixtral, qwen2moe, qwen3moe, olmoe): "graph" (captured as one CUDA graph, replayed), "eager" (the
+    # fused step launched from Python), "generic" (the op-by-op path)
 
     def __post_init__(self) -> None:
         """Every field checked, so that the CLI and the app get the same one-line messages."""
@@ -951,9 +952,10 @@ class Trainer:
         return why
 
     def _fused_train_step(self, on_event, t_step: float):
-        """One step of the fused dense step (engine.train.dense_step): the inputs uploaded, the step
-        replayed as a CUDA graph (captured at the second step; the first runs eagerly and warms up:
-        kernels loaded, memory pools grown), one read of its scalars at the end."""
+        """One step of the fused step (engine.train.dense_step; MoE layers: engine.train.moe_step): the
+        inputs uploaded, the step replayed as a CUDA graph (captured at the second step; the first runs
+        eagerly and warms up: kernels loaded, memory pools grown), one read of its scalars (and expert
+        counts) at the end."""
         from .dense_step import DenseStep, stats_of
         from .optim import StepStats, lr_at
 
@@ -964,7 +966,7 @@ class Trainer:
         if self._fused is None:
             self._fused = DenseStep(self.model, self.trainable, self.optimizer, cfg.batch_size, cfg.n_ctx)
             how = "captured as a CUDA graph from the second step" if cfg.gpu_step == "graph" else "eager"
-            log.info("training step: the fused dense step (%s)", how)
+            log.info("training step: the fused step (%s)", how)
         fused = self._fused
         lr = lr_at(self.optimizer.cfg, self.optimizer.step_count)
         n_label = fused.load(batch, lr)
@@ -983,7 +985,7 @@ class Trainer:
             else:
                 fused.run()
         self._fused_runs += 1
-        st = fused.read()  # the step's one host read
+        st, counts = fused.read()  # the step's one host read (its scalars and the expert counts)
         fused.finish(st)
         loss, ce_sum = st["loss"], st["ce_sum"]
         if not math.isfinite(loss):
@@ -1006,7 +1008,7 @@ class Trainer:
         elif peak > MAX_PARAM:
             exploded = f"exploded to {peak:.3g}"
         n_tok = batch.n_tokens
-        return self._after_step(on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, None, exploded)
+        return self._after_step(on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, exploded)
 
     def _local_step(self):
         """The step's micro-batches in this process: (loss, ce_sum, label tokens, sample tokens,
