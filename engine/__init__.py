@@ -41,7 +41,9 @@ from .io.export_check import (
     suggest_out,
     write_export,
 )
-from .io.gguf_file import GGUFFile, TensorInfo, dequantizable_types
+from .io.files import AppendLog, atomic_write, check_outputs
+from .io.gguf_file import KNOWN_TYPES, GGUFFile, TensorInfo, dequantizable_types
+from .io.quantize import quantizable_types
 from .io.synth import SynthSpec, write_adapter, write_model
 from .model.archs import ARCHS, ArchSpec, ModelConfig, supported_architectures
 from .model.generate import GREEDY, Generation, SamplingConfig, generate
@@ -62,6 +64,7 @@ from .model.targets import (
     split_name,
 )
 from .model.verify import TOLERANCE, VERIFY_PROMPTS, PromptResult, VerifyReport, verify_export
+from .ranges import RANGES, Range, check_number
 from .session import RUN, EngineSession, Reply, template_for
 from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from .text.tokenizer import Tokenizer
@@ -111,7 +114,8 @@ from .train.runs import RunRecord, find_runs, latest_finished
 from .train.trainer import TrainConfig, Trainer
 
 __all__ = [
-    "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "ARCHS", "ArchSpec",
+    "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "AppendLog", "ARCHS", "ArchSpec",
+    "atomic_write", "check_number", "check_outputs", "KNOWN_TYPES", "Range", "RANGES",
     "available_devices", "Backend", "BAD_MARK", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
     "check_export", "CheckItem", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckReport",
     "ConfigError", "DatasetError", "dequantizable_types", "Device", "encode_samples", "Encoded",

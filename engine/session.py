@@ -37,13 +37,14 @@ from .backend import Backend, select_backend
 from .errors import DatasetError, EngineError
 from .io.export_check import CheckReport, ExportRequest, check_export, write_export
 from .io.weights import AUTO
-from .model.generate import GREEDY, SamplingConfig
+from .model.generate import GREEDY, SamplingConfig, check_logits
 from .model.generate import generate as generate_tokens
 from .model.lora import LoraAdapter
 from .model.model import Model
 from .model.ops import LoraTerm
 from .model.summary import ModelSummary, summarize
 from .model.verify import VerifyReport, verify_export
+from .ranges import check_number
 from .text.chat_template import template_for
 from .text.tokenizer import Tokenizer
 from .train import events as ev
@@ -143,6 +144,7 @@ class EngineSession:
             resume=resume,
             init_adapter=init_adapter,
             tokenizer=self.tokenizer,
+            template_file=self.template_file,
         )
         return self.run
 
@@ -212,6 +214,7 @@ class EngineSession:
         as trained so far), an adapter file, or a loaded adapter."""
         if adapter is None:
             return None
+        check_number("adapter_scale", scale, label="adapter scale")
         if isinstance(adapter, str) and adapter == RUN:
             if self.run is None or self.run.trainable is None:
                 raise EngineError("no training run has an adapter yet: start training first")
@@ -284,10 +287,13 @@ class EngineSession:
         return [Reply(tok.decode(list(g.tokens)), tuple(g.tokens), g.stop_reason) for g in results]
 
     def logits(self, tokens: Sequence[int], *, adapter: str | LoraAdapter | None = None, scale: float = 1.0):
-        """Logits (T, V) of a token sequence, as float32."""
+        """Logits (T, V) of a token sequence, as float32; ModelError when one is NaN or infinite
+        (weights, an adapter or its scale overflowing float32): such logits never leave silently."""
         with self.job("logits"):
             z = self.model.forward(np.asarray(tokens, dtype=np.int64), lora=self.lora_terms(adapter, scale))
-        return self.backend.to_host(z).astype(np.float32)
+        z = self.backend.to_host(z).astype(np.float32)
+        check_logits(z, "the logits")
+        return z
 
     # --- rewards ----------------------------------------------------------------------------------
     def open_rewards(self, **kwargs) -> RewardSession:

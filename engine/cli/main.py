@@ -9,22 +9,27 @@ and exit code 2, never a traceback. `norms` and `export` live in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import EngineError
-from ..io.files import atomic_write
+from ..io.files import AppendLog, atomic_write, check_outputs
 from ..model.generate import GREEDY, SamplingConfig
 from ..model.summary import human_bytes, human_count, summarize
+from ..ranges import check_number
 from ..session import EngineSession
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
+from ..train.checkpoint import PREFIX as CHECKPOINT_PREFIX
+from ..train.trainer import resolve_checkpoint
 
 EXIT_USAGE = 2
 
@@ -42,6 +47,83 @@ def add_runtime_options(s: argparse.ArgumentParser) -> None:
         help="dequantized weights kept between uses: auto (what memory is free; default), off, or a "
         "size such as 2G; the weights themselves stay quantized as the file stores them",
     )
+
+
+# --- the one rule for every command's values and paths ----------------------------------------------
+
+# Numeric options (argparse dest) and their entry in engine.ranges, the table the app shares.
+OPTION_RANGES = {
+    "lora_scale": "adapter_scale", "scale": "adapter_scale", "temp": "temperature", "top_k": "top_k",
+    "top_p": "top_p", "min_p": "min_p", "seed": "seed", "samples": "n_samples", "n": "max_new_tokens",
+    "rank": "rank", "alpha": "alpha", "lr": "lr", "warmup": "warmup_steps", "weight_decay": "weight_decay",
+    "gclip": "gclip", "max_grad_norm": "max_grad_norm", "epochs": "epochs", "steps": "steps",
+    "ctx": "n_ctx", "batch": "batch_size", "grad_accum": "grad_accum", "val_split": "val_split",
+    "eval_every": "eval_every", "kl": "kl_coef", "checkpoint_every": "checkpoint_every",
+}  # fmt: skip
+COMMAND_RANGES = {("generate", "seed"): "sampling_seed"}  # where a command's option means another thing
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """ConfigError naming the option (--lr, -n) when a numeric option is NaN, infinite or out of range."""
+    for dest, value in vars(args).items():
+        name = COMMAND_RANGES.get((args.command, dest), OPTION_RANGES.get(dest))
+        if name is None or value is None:
+            continue
+        label = ("-" if len(dest) == 1 else "--") + dest.replace("_", "-")
+        check_number(name, value, label=label)
+
+
+class CommandPaths(NamedTuple):
+    """Every file a command reads and every path it writes, by what they are (for people)."""
+
+    inputs: dict[str, str | None]
+    outputs: dict[str, str | None]
+    folders: dict[str, str] = {}  # outputs that are folders -> prefix of the entries they replace
+    continues: str | None = None  # the input a folder output may hold (a resumed checkpoint)
+    kinds: dict[str, str] = {}  # outputs -> what they write (engine.io.files.KINDS)
+
+
+def command_paths(args: argparse.Namespace) -> CommandPaths:
+    """The inputs and outputs of the command `args` runs (see engine.io.files.check_outputs)."""
+    a = vars(args)
+    cmd = args.command
+    if cmd == "logits":
+        return CommandPaths({"model": a["model"], "adapter": a["lora"]}, {"logits file": a["out"]},
+                            kinds={"logits file": "npy"})  # fmt: skip
+    if cmd == "export":
+        return CommandPaths({"adapter": a["adapter"], "base model": a["model"]}, {"output": a["out"]},
+                            kinds={"output": "model" if a["merge"] else "adapter"})  # fmt: skip
+    if cmd == "reward":
+        return CommandPaths(
+            {"model": a["model"], "adapter to continue": a["adapter"], "prompts file": a["prompts"]},
+            {"adapter": a["out"], "ratings file": a["ratings"], "checkpoint folder": a["checkpoint_dir"]},
+            {"checkpoint folder": CHECKPOINT_PREFIX},
+            "adapter to continue",
+            {"adapter": "adapter", "ratings file": "jsonl"},
+        )
+    if cmd == "train":
+        from ..train.trainer import RESUMED, RUN_FOLDERS, run_kinds, run_outputs
+
+        resume = a["resume"]
+        if resume:
+            with contextlib.suppress(EngineError):  # the run names a checkpoint that cannot be used
+                resume = resolve_checkpoint(resume)
+        config = train_config(args)
+        return CommandPaths(
+            {"model": a["model"], "dataset": a["data"], "adapter to continue": a["init_adapter"],
+             RESUMED: resume, "chat template": a["template_file"]},
+            {**run_outputs(config), "events file": a["events"]},
+            RUN_FOLDERS, RESUMED, {**run_kinds(config), "events file": "events"},
+        )  # fmt: skip
+    return CommandPaths({}, {})  # inspect, tokenize, chat-template, generate, norms: nothing is written
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """ConfigError, before any work, when an output of the command is one of its inputs (symbolic
+    links followed, hard links caught), lies inside one, is another of its outputs, or is a file
+    of another kind than it writes (a dataset where logits go)."""
+    p = command_paths(args)
+    check_outputs(p.outputs, p.inputs, folders=p.folders, continues=p.continues, kinds=p.kinds)
 
 
 def open_session(args: argparse.Namespace) -> EngineSession:
@@ -227,9 +309,9 @@ def _fmt_time(seconds: float) -> str:
     )
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def train_config(args: argparse.Namespace):
+    """The TrainConfig of `tune-engine train`'s arguments (ConfigError naming a bad value)."""
     from ..model.targets import TargetSpec
-    from ..train import events as ev
     from ..train.trainer import TrainConfig
 
     if args.epochs is not None and args.steps is not None:
@@ -238,7 +320,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     ckpt_dir = args.checkpoint_dir or (
         os.path.splitext(out)[0] + ".checkpoints" if args.checkpoint_every else None
     )
-    config = TrainConfig(
+    return TrainConfig(
         targets=TargetSpec(
             preset=args.preset or ("none" if args.targets and not args.preset else "attention"),
             patterns=tuple(p for p in (args.targets or "").split(",") if p),
@@ -256,19 +338,34 @@ def cmd_train(args: argparse.Namespace) -> int:
         device=args.device, cache_budget=args.cache_budget,
         checkpoint_dir=ckpt_dir, eval_every=args.eval_every, out=out, out_type=args.out_type,
     )  # fmt: skip
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ..train import events as ev
+
+    config = train_config(args)
     tty = sys.stderr.isatty()
-    events_file = None
-    if args.events:
-        try:
-            events_file = open(args.events, "w", encoding="utf-8")  # noqa: SIM115 - closed below
-        except OSError as exc:
-            raise CliError(f"{args.events}: cannot be written ({exc})") from exc
+    # appended to, never truncated: a resumed run's events follow the first part's; each event is
+    # flushed at once and synced to disk every second, at each checkpoint and at the end
+    events_log = AppendLog(args.events) if args.events else None
     stop = {"requested": False}
 
+    def log_event(e) -> None:
+        nonlocal events_log
+        try:
+            events_log.write((ev.event_to_json(e) + "\n").encode("utf-8"))
+            if isinstance(e, (ev.Checkpoint, ev.Finished, ev.Failed)):
+                events_log.sync()
+        except OSError as exc:  # the run goes on: its checkpoints and adapter matter more
+            print(f"{chr(10) if tty else ''}warning: {args.events}: events are no longer written "
+                  f"({exc.strerror or exc})", file=sys.stderr)  # fmt: skip
+            with contextlib.suppress(OSError):
+                events_log.close()
+            events_log = None
+
     def on_event(e) -> None:
-        if events_file is not None:
-            events_file.write(ev.event_to_json(e) + "\n")
-            events_file.flush()
+        if events_log is not None:
+            log_event(e)
         if isinstance(e, ev.Started):
             p = e.plan
             m = p.memory_bytes
@@ -314,8 +411,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         result = session.train(on_event, lambda: stop["requested"])
     finally:
         signal.signal(signal.SIGINT, previous)
-        if events_file is not None:
-            events_file.close()
+        if events_log is not None:
+            with contextlib.suppress(OSError):
+                events_log.close()
     if tty:
         print(file=sys.stderr)
     if isinstance(result, ev.Failed):
@@ -464,7 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--init-adapter", help="adapter GGUF to continue training")
     s.add_argument("--template-file", help="Jinja chat template overriding the model's")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--events", help="write every event as one JSON line to this file")
+    s.add_argument(
+        "--events", help="append every event as one JSON line to this file (an events log; never truncated)"
+    )
     add_runtime_options(s)
     s.set_defaults(func=cmd_train)
 
@@ -482,6 +582,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s"
     )
     try:
+        check_options(args)
+        check_paths(args)
         return args.func(args)
     except (EngineError, CliError) as exc:
         print(f"error: {exc}", file=sys.stderr)
