@@ -825,9 +825,9 @@ class TrainPage(QWidget):
                                           on_done=self._on_finished, on_error=self._on_failed)  # fmt: skip
 
     def _model_is_open(self) -> bool:
-        s = self.engine.session
+        m = self.engine.model
         return (
-            s is not None and same_file(s.path, self.project.model_path) and s.device == self.project.device
+            m is not None and same_file(m.path, self.project.model_path) and m.device == self.project.device
         )
 
     def _launch(self, resume: str | None, continue_run: bool = False) -> None:
