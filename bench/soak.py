@@ -36,6 +36,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 GROWTH_LIMIT = 0.10  # RSS may grow this much after the warm-up
+STEP_NAMES = ("train", "chat", "rate", "export", "runs")  # a round of the app session
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ def soak_train(steps: int, every: int) -> int:
 # --- app -----------------------------------------------------------------------------------------------
 
 
-def soak_app(minutes: float) -> int:
+def soak_app(minutes: float, steps: tuple[str, ...] = STEP_NAMES) -> int:
     if not os.environ.get("DISPLAY"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from pyqtgraph.util.garbage_collector import GarbageCollector
@@ -202,9 +203,13 @@ def soak_app(minutes: float) -> int:
         try:
             if start() is False:
                 raise RuntimeError(f"{what}: could not start")
-            QTimer.singleShot(int(seconds * 1000), loop.quit)
+            timer = QTimer()
+            timer.setSingleShot(True)
+            timer.timeout.connect(loop.quit)
+            timer.start(int(seconds * 1000))
             if not got and not failed:
                 loop.exec()
+            timer.stop()
         finally:
             signal.disconnect(done)
             if error is not None:
@@ -221,8 +226,51 @@ def soak_app(minutes: float) -> int:
             app.processEvents()
             time.sleep(0.01)
 
+    state: dict = {"adapter": None}
+
+    def train(state: dict) -> None:
+        window.show_page(PAGES.index("Train"))
+        (result,) = wait(window.train_page.sig_run_finished, window.train_page.start, 600, "training")
+        if type(result).__name__ != "Finished":
+            raise RuntimeError(f"training ended with {result}")
+        state["adapter"] = result.adapter_path
+
+    def chat(state: dict) -> None:
+        page = window.chat_page
+        window.show_page(PAGES.index("Chat"))
+        page.new_chat()  # one conversation per round: a person's chats do not run past the context
+        page.input.setPlainText("What is your name?")
+        wait(page.sig_answered, page.send, 120, "chatting", page.sig_error)
+
+    def rate(state: dict) -> None:
+        page = window.rewards_page
+        window.show_page(PAGES.index("Rewards"))
+        if page.session is not None and not page.is_busy():
+            page.new_adapter()  # each round rates the adapter of its own run
+        page.set_adapter(state["adapter"])
+        page.set_prompt("What does a fish say?")
+        (answers,) = wait(page.sig_generated, page.generate, 120, "generating answers", page.sig_error)
+        for i, value in zip(range(len(answers)), (1.0, -1.0, 0.5, -0.5), strict=False):
+            page.rate(i, value)
+        wait(page.sig_round_applied, page.apply, 120, "applying the ratings", page.sig_error)
+
+    def export(state: dict) -> None:
+        page = window.export_page
+        window.show_page(PAGES.index("Export"))
+        page.set_adapter(state["adapter"])
+        page.type_combo.setCurrentIndex(page.type_combo.findData("F16"))
+        page.out_edit.setText(os.path.join(tmp, "exported.f16.gguf"))  # replaced every round
+        wait(page.sig_exported, page.export, 120, "exporting")
+
+    def runs(state: dict) -> None:
+        window.show_page(PAGES.index("Runs"))
+        window.runs_page.refresh()
+
+    STEPS = {"train": train, "chat": chat, "rate": rate, "export": export, "runs": runs}
     if window.model_page.opening:
         wait(window.sig_model_changed, lambda: None, 120, "opening the demo")
+    if any(s != "train" for s in steps) and "train" not in steps:  # the other steps need an adapter
+        train(state)
     samples = [sample("opened", t0)]
     problems: list[str] = []
     deadline = t0 + minutes * 60
@@ -230,35 +278,8 @@ def soak_app(minutes: float) -> int:
     while time.monotonic() < deadline:
         rounds += 1
         try:
-            window.show_page(PAGES.index("Train"))
-            (result,) = wait(window.train_page.sig_run_finished, window.train_page.start, 600, "training")
-            if type(result).__name__ != "Finished":
-                problems.append(f"round {rounds}: training ended with {result}")
-            settle()
-            chat = window.chat_page
-            window.show_page(PAGES.index("Chat"))
-            chat.input.setPlainText("What is your name?")
-            (reply,) = wait(chat.sig_answered, chat.send, 120, "chatting", chat.sig_error)
-            rewards = window.rewards_page
-            window.show_page(PAGES.index("Rewards"))
-            if rewards.session is not None and not rewards.is_busy():
-                rewards.new_adapter()  # each round rates the adapter of its own run
-            rewards.set_adapter(result.adapter_path)
-            rewards.set_prompt("What does a fish say?")
-            (answers,) = wait(
-                rewards.sig_generated, rewards.generate, 120, "generating answers", rewards.sig_error
-            )
-            for i, value in zip(range(len(answers)), (1.0, -1.0, 0.5, -0.5), strict=False):
-                rewards.rate(i, value)
-            wait(rewards.sig_round_applied, rewards.apply, 120, "applying the ratings", rewards.sig_error)
-            export = window.export_page
-            window.show_page(PAGES.index("Export"))
-            export.set_adapter(result.adapter_path)
-            export.type_combo.setCurrentIndex(export.type_combo.findData("F16"))
-            export.out_edit.setText(os.path.join(tmp, "exported.f16.gguf"))  # replaced every round
-            wait(export.sig_exported, export.export, 120, "exporting")
-            window.show_page(PAGES.index("Runs"))
-            window.runs_page.refresh()
+            for step in steps:
+                STEPS[step](state)
             settle()
         except RuntimeError as exc:
             problems.append(f"round {rounds}: {exc}")
@@ -295,10 +316,15 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--every", type=int, default=50, help="steps between samples (default 50)")
     a = sub.add_parser("app", help="the app, scripted: train, chat, rate, export, runs, repeat")
     a.add_argument("--minutes", type=float, default=30.0)
+    a.add_argument(
+        "--only",
+        help="comma-separated steps of each round (default train,chat,rate,export,runs): to find "
+        "which step a growth comes from",
+    )
     args = ap.parse_args(argv)
     if args.what == "train":
         return soak_train(args.steps, args.every)
-    return soak_app(args.minutes)
+    return soak_app(args.minutes, tuple(args.only.split(",")) if args.only else STEP_NAMES)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ from .train.trainer import TrainConfig, Trainer
 log = logging.getLogger(__name__)
 
 RUN = "run"  # `adapter=RUN`: the live adapter of the session's current training run
+ADAPTERS_KEPT = 4  # adapter files kept read (chat, side by side, rewards use one or two at a time)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,8 @@ class EngineSession:
         self.template = template_for(self.model.metadata, template_file)
         self.run: Trainer | None = None  # the current training run (running, paused, or over)
         self._busy = threading.Lock()
+        # the adapters read last, newest last (at most ADAPTERS_KEPT: every run of a long session
+        # leaves an adapter to chat with, and keeping them all grew the app by ~0.3 MiB a run)
         self._adapters: dict[str, tuple[float, int, LoraAdapter]] = {}
         self._summary: ModelSummary | None = None
 
@@ -202,11 +205,14 @@ class EngineSession:
             st = os.stat(path)
         except OSError as exc:
             raise EngineError(f"{path}: the adapter cannot be read ({exc.strerror or exc})") from exc
-        cached = self._adapters.get(path)
+        cached = self._adapters.pop(path, None)
         if cached is not None and cached[:2] == (st.st_mtime, st.st_size):
+            self._adapters[path] = cached  # the newest again
             return cached[2]
         adapter = LoraAdapter.load(path, self.model)
         self._adapters[path] = (st.st_mtime, st.st_size, adapter)
+        while len(self._adapters) > ADAPTERS_KEPT:
+            del self._adapters[next(iter(self._adapters))]  # the one used longest ago
         return adapter
 
     def lora_terms(self, adapter: str | LoraAdapter | None, scale: float = 1.0) -> dict[str, LoraTerm] | None:

@@ -29,7 +29,7 @@ from ..session import EngineSession
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 from ..train.checkpoint import PREFIX as CHECKPOINT_PREFIX
-from ..train.trainer import resolve_checkpoint
+from ..train.trainer import RESUMED, RUN_FOLDERS, resolve_checkpoint, run_kinds, run_outputs
 
 EXIT_USAGE = 2
 
@@ -78,9 +78,9 @@ class CommandPaths(NamedTuple):
 
     inputs: dict[str, str | None]
     outputs: dict[str, str | None]
-    folders: dict[str, str] = {}  # outputs that are folders -> prefix of the entries they replace
+    folders: dict[str, str] | None = None  # outputs that are folders -> prefix of the entries they replace
     continues: str | None = None  # the input a folder output may hold (a resumed checkpoint)
-    kinds: dict[str, str] = {}  # outputs -> what they write (engine.io.files.KINDS)
+    kinds: dict[str, str] | None = None  # outputs -> what they write (engine.io.files.KINDS)
 
 
 def command_paths(args: argparse.Namespace) -> CommandPaths:
@@ -102,8 +102,6 @@ def command_paths(args: argparse.Namespace) -> CommandPaths:
             {"adapter": "adapter", "ratings file": "jsonl"},
         )
     if cmd == "train":
-        from ..train.trainer import RESUMED, RUN_FOLDERS, run_kinds, run_outputs
-
         resume = a["resume"]
         if resume:
             with contextlib.suppress(EngineError):  # the run names a checkpoint that cannot be used

@@ -26,6 +26,7 @@ turn them into their own messages.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -320,8 +321,6 @@ _PEEK = 1 << 16  # bytes read to tell what a file is
 
 
 def _first_line_object(head: bytes) -> dict | None:
-    import json
-
     line = head.split(b"\n", 1)[0].strip().removeprefix(b"\xef\xbb\xbf")
     try:
         value = json.loads(line.decode("utf-8"))
@@ -366,8 +365,6 @@ def replace_problem(path: str | os.PathLike[str], kind: str) -> str | None:
             return "its first line is not an event: a dataset or another JSON Lines file"
         return None
     if kind == "json":
-        import json
-
         try:
             if os.path.getsize(path) > (16 << 20):
                 return "it is larger than any project file"

@@ -94,6 +94,10 @@ class RewardError(EngineError):
     """A reward session cannot do what was asked: nothing rated, a bad rating or setting, a file."""
 
 
+_CONFIG_NUMBERS = ("kl_coef", "lr", "max_grad_norm", "temperature", "top_p", "min_p", "n_samples", "top_k",
+                   "max_new_tokens", "n_ctx")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class RewardConfig:
     """How a reward session samples answers and turns ratings into a step."""
@@ -113,18 +117,7 @@ class RewardConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise RewardError(f"reward mode {self.mode!r} is not one of {', '.join(MODES)}")
-        for name in (
-            "kl_coef",
-            "lr",
-            "max_grad_norm",
-            "temperature",
-            "top_p",
-            "min_p",
-            "n_samples",
-            "top_k",
-            "max_new_tokens",
-            "n_ctx",
-        ):  # fmt: skip  (ranges: engine.ranges, shared with the CLI)
+        for name in _CONFIG_NUMBERS:  # their ranges: engine.ranges, shared with the CLI
             check_number(name, getattr(self, name), error=RewardError)
 
 
