@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from engine.io.synth import SynthSpec
 from engine.model.archs import ModelConfig
+from engine.testing import SynthSpec
 
 # Real models' shapes, and versions scaled to fit a 2-core, 24 GiB machine in float32.
 SHAPES = {

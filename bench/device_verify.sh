@@ -1,95 +1,132 @@
 #!/usr/bin/env bash
-# Issue 13 in one device call (one H100, about 9 minutes): every check first, then the timings alone.
+# Every open GPU check and timing in one or two device calls, by parts:
 #
-# Checks, at the same time (each capped at CHECK_S seconds, default 240):
-#   - every GPU test of the suite (`pytest -m gpu`, 8 workers): the kernel parity tests, the MoE
-#     twins with their no-host-synchronisation test;
-#   - bench/gpu_check.py's kernel rows in two processes (CHECK_OPS_A, CHECK_OPS_B; default: every op;
-#     real-model sizes, poisoned outputs, two runs compared bit for bit) and its CPU-vs-GPU training,
-#     generation and exported-adapter rows;
-#   - compute-sanitizer: memcheck over the MoE parity cases and the tensor-core attention's test,
-#     racecheck and synccheck over three MoE cases (the sanitizers slow kernels 10-100x: the whole
-#     MoE parity file does not fit racecheck's time);
-# then, with nothing else on the GPU:
-#   - bench/gpu.py (ceilings, kernel timings, end-to-end steps beside transformers + PEFT, one
-#     profiled step of each run), capped at TIME_S (default 240);
-#   - bench/gpu_moe.py on two token counts (MoE kernels against the ceilings, host synchronisations),
-#     capped at MOE_S (default 70).
-# Everything lands in $OUT/verify.tgz (one file: the device tool brings back at most eight), with
-# gpu.txt and the summary beside it; the summary is printed last.
+#     bash bench/device_verify.sh [PART ...]        # default: checks dense curve archs moe
 #
-# Needs the gguf wheel in .whl/ (bench/gpu_check.py says how), carried: carry [".whl"].
-#     bash bench/device_verify.sh
+# Parts (each step capped with `timeout`; checks run side by side, timings alone on the GPU):
+#   checks    at the same time, capped at CHECK_S (default 150 s):
+#             - every GPU test of the suite (`pytest -m gpu -n 8 tests/kernels tests/engine`, test sizes:
+#               TUNE_PARITY_SMALL=1): every twin against its reference, run twice with poisoned buffers
+#               for the same bits (the fused dense step's kernels, the new architectures' ops, the MoE
+#               routes), graph replay of a MoE layer, the no-host-sync test, the NCCL collective and
+#               `--collective nccl` with one rank against the single path;
+#             - bench/gpu_29.py replay: the fused dense step captured as a CUDA graph equals the eager
+#               step bit for bit over 3 batches;
+#             - bench/gpu_check.py --only train: 10 training steps on the CPU and the GPU from the same
+#               file and seed for every family (llama, qwen3, qwen3moe, qwen2moe, gemma3, gpt-oss,
+#               deepseek, deepseek2 with and without q compression, V3 routing), generation with the KV
+#               cache, the exported adapter's logits on the CPU.
+#   dense     bench/gpu.py: the Qwen2.5-1.5B-shaped Q4_K dense LoRA run (fused step, graph) beside
+#             transformers + PEFT in the same call, one profiled step each (busy share, kernels, launches)
+#   curve     bench/gpu_29.py curve: 50 steps of the fused step against the generic fp32-LoRA path
+#   archs     bench/gpu.py: gpt-oss-20b-like (MXFP4) and DeepSeek-V2-Lite-like (Q4_K) shapes, LAYERS
+#             layers (default 4), beside transformers' GptOss / DeepseekV2 + PEFT
+#   moe       bench/device_30.sh's timings: the grouped expert GEMM routes beside torch._grouped_mm,
+#             the 12-layer Qwen3-30B-A3B shape beside PEFT
+#   sanitize  compute-sanitizer memcheck over the parity tests of the newest kernels
+# Output: $OUT/summary.txt (printed last), $OUT/gpu_*.txt (the timed tables), $OUT/verify.tgz (all logs).
+# Needs the gguf wheel in .whl/, carried (carry [".whl"]):
+#     echo /.whl/ >> .git/info/exclude
+#     python3 -m pip download --no-deps --only-binary=:all: -d .whl gguf==0.19.0
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/device-verify-out}
 W=$OUT/verify
 mkdir -p "$W"
-C=${CHECK_S:-240}
-OPS_A=${CHECK_OPS_A:-norm rope swiglu embedding linear attention}
-OPS_B=${CHECK_OPS_B:-cross_entropy adamw dequant moe}
-MOE_CASES="k1-norenorm-bfloat16 or skewed-bfloat16 or ties-float32"
+C=${CHECK_S:-150}
+PARTS=${*:-checks dense curve archs moe}
+export TUNE_PARITY_SMALL=${TUNE_PARITY_SMALL-1}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1
+T0=$(date +%s)
+stamp() { echo "$1: $(($(date +%s) - T0)) s" >>"$W/times.txt"; }
 {
     nvidia-smi
-    nvcc --version
+    nvcc --version | tail -n 2
     python3 -c "import cupy, numpy, sys; print('python', sys.version.split()[0], 'cupy', cupy.__version__, 'numpy', numpy.__version__)"
-    compute-sanitizer --version
+    python3 -c "import cupy; from cupy_backends.cuda.libs import cublas; print('cuBLAS', cublas.getVersion(cupy.cuda.device.get_cublas_handle()))"
+    python3 -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)"
+    python3 -c "from engine.train.collective import nccl_available as a; print('nccl:', a())"
     nproc
 } >"$W/env.txt" 2>&1
 
-sanitize() {  # tool, time limit, pytest arguments...
-    local tool=$1 limit=$2
-    shift 2
-    timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 \
-        python3 -m pytest -q -p no:cacheprovider --timeout 0 "$@" >"$W/sanitizer_$tool.txt" 2>&1
-    echo "exit status $?" >>"$W/sanitizer_$tool.txt"
-}
+has() { case " $PARTS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
-t0=$(date +%s)
-OPENBLAS_NUM_THREADS=1 timeout "$C" python3 -m pytest -q -rfs -m gpu -n 8 -p no:cacheprovider \
-    --timeout "$C" tests/kernels >"$W/pytest_gpu.txt" 2>&1 &
-i=0
-for ops in "$OPS_A" "$OPS_B"; do  # two processes: the float64 references on the host take most of it
-    i=$((i + 1))
-    # shellcheck disable=SC2086
-    OPENBLAS_NUM_THREADS=3 OUT=$W/kernels$i timeout "$C" python3 bench/gpu_check.py --only $ops \
-        >"$W/check_kernels$i.txt" 2>&1 &
-done
-OUT=$W/train timeout "$C" python3 bench/gpu_check.py --only train >"$W/check_train.txt" 2>&1 &
-(
-    sanitize memcheck $((C * 2 / 5)) -k "matches_reference or gemm_path" \
-        tests/kernels/test_moe_parity.py tests/kernels/test_attention_parity.py
-    sanitize racecheck $((C * 2 / 5)) -k "$MOE_CASES" tests/kernels/test_moe_parity.py
-    sanitize synccheck $((C / 5)) -k "$MOE_CASES" tests/kernels/test_moe_parity.py
-) &
-wait
-echo "checks: $(($(date +%s) - t0)) s" >>"$W/env.txt"
-
-OUT=$W timeout "${TIME_S:-240}" python3 bench/gpu.py --budget-s $((${TIME_S:-240} - 10)) >"$W/gpu_stdout.txt" 2>&1
-OUT=$W timeout "${MOE_S:-70}" python3 bench/gpu_moe.py --tokens 1024 4096 --repeats 5 >"$W/gpu_moe.txt" 2>&1
+if has checks; then
+    OPENBLAS_NUM_THREADS=1 timeout "$C" python3 -m pytest -q -rfs -m gpu -n 8 -p no:cacheprovider --timeout "$C" \
+        tests/kernels tests/engine >"$W/pytest_gpu.txt" 2>&1 &
+    timeout 90 python3 bench/gpu_29.py replay --layers 8 --batch 4 --ctx 512 >"$W/replay.txt" 2>&1 &
+    OPENBLAS_NUM_THREADS=4 OUT=$W/check timeout "$C" python3 bench/gpu_check.py --only train \
+        >"$W/check_train.txt" 2>&1 &
+    wait
+    stamp checks
+fi
+if has dense; then
+    OUT=$W/dense timeout 160 python3 bench/gpu.py --sections e2e --e2e dense --budgets auto --budget-s 150 \
+        --caps engine:dense=80,peer:dense=60 >"$W/dense.txt" 2>&1
+    cp "$W/dense/gpu.txt" "$OUT/gpu_dense.txt" 2>/dev/null
+    stamp dense
+fi
+if has curve; then
+    timeout 70 python3 bench/gpu_29.py curve --steps 50 --layers 8 --batch 4 --ctx 512 >"$W/curve.txt" 2>&1
+    stamp curve
+fi
+if has archs; then
+    OUT=$W/archs timeout 115 python3 bench/gpu.py --sections e2e --e2e gptoss deepseek2 --moe-layers "${LAYERS:-4}" \
+        --batch 2 --ctx 1024 --warmup 1 --measure 2 --budgets off --child-cap-s 45 --budget-s 110 \
+        >"$W/archs.txt" 2>&1
+    cp "$W/archs/gpu.txt" "$OUT/gpu_archs.txt" 2>/dev/null
+    stamp archs
+fi
+if has moe; then
+    if [ -f bench/device_30.sh ]; then
+        OUT=$W/moe timeout "${MOE_S:-220}" bash bench/device_30.sh timings >"$W/moe.txt" 2>&1
+    else
+        echo "bench/device_30.sh is not in this tree" >"$W/moe.txt"
+    fi
+    stamp moe
+fi
+if has sanitize; then
+    timeout "${SAN_S:-120}" compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
+        -p no:cacheprovider --timeout 0 -m gpu tests/kernels/test_dense_step_kernels.py \
+        tests/kernels/test_attention_parity.py tests/kernels/test_glu_parity.py >"$W/sanitizer.txt" 2>&1
+    echo "exit status $?" >>"$W/sanitizer.txt"
+    stamp sanitize
+fi
 
 {
     echo "== environment"
-    grep -E "H100|H200|Driver Version|release|cupy|Sanitizer|checks:" "$W/env.txt"
-    echo "== pytest -m gpu"
-    grep -E "^(FAILED|ERROR)|passed|failed" "$W/pytest_gpu.txt" | tail -n 20
-    for tool in memcheck racecheck synccheck; do
-        echo "== compute-sanitizer $tool"
-        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|exit status" "$W/sanitizer_$tool.txt" | tail -n 4
-    done
-    echo "== gpu_check: training"
-    grep -E "passed|FAIL|raised" "$W/check_train.txt" | tail -n 8
-    for i in 1 2; do
-        echo "== gpu_check: kernels ($i)"
-        grep -E "^FAIL|passed, |^\(|^  [a-z_]+: " "$W/check_kernels$i.txt" | tail -n 20
-    done
-    echo "== gpu_moe"
-    tail -n 25 "$W/gpu_moe.txt"
-    echo "== gpu.py"
-    tail -n 80 "$W/gpu_stdout.txt"
+    grep -E "H100|H200|Driver Version|release|cupy|cuBLAS|torch|nccl:" "$W/env.txt"
+    cat "$W/times.txt"
+    if has checks; then
+        echo "== pytest -m gpu"
+        grep -E "^(FAILED|ERROR)|passed|failed" "$W/pytest_gpu.txt" | tail -n 30
+        echo "== gpu_29 replay"
+        grep -E "PASS|FAIL|Error|Traceback" "$W/replay.txt" | tail -n 6
+        echo "== gpu_check: training"
+        grep -E "^[a-z0-9-]+ +10 |passed, |FAIL|raised|Error" "$W/check_train.txt" | tail -n 40
+    fi
+    if has dense; then
+        echo "== dense beside PEFT"
+        grep -vE "^(wrote|---)" "$W/dense.txt" | tail -n 60
+    fi
+    if has curve; then
+        echo "== loss curve"
+        grep -E "PASS|FAIL|Error|^ +[0-9]+ " "$W/curve.txt" | tail -n 12
+    fi
+    if has archs; then
+        echo "== gpt-oss / DeepSeek-V2-Lite shapes"
+        sed -n '/^end to end/,$p' "$W/archs.txt" | tail -n 30
+        grep -E "Traceback|Error" "$W/archs.txt" | head -n 5
+    fi
+    if has moe; then
+        echo "== MoE"
+        tail -n 45 "$W/moe.txt"
+    fi
+    if has sanitize; then
+        echo "== compute-sanitizer memcheck"
+        grep -E "ERROR SUMMARY|passed|failed|exit status" "$W/sanitizer.txt" | tail -n 4
+    fi
 } >"$OUT/summary.txt" 2>&1
-cp "$W/gpu.txt" "$OUT/gpu.txt" 2>/dev/null
 tar -czf "$OUT/verify.tgz" -C "$OUT" verify && rm -rf "$W"
 cat "$OUT/summary.txt"

@@ -27,9 +27,9 @@ from bench.common import (  # noqa: E402
     matmul_params_per_token,
     matmul_rate,
 )
-from engine.io.synth import write_model  # noqa: E402
 from engine.model.generate import GREEDY, SamplingConfig, generate  # noqa: E402
 from engine.model.model import Model  # noqa: E402
+from engine.testing import write_model  # noqa: E402
 
 
 def bench_shape(name: str, prefill: int, decode: int, peak: float, folder: str) -> None:

@@ -3,7 +3,7 @@ correct result, within its time limit, and leave every input file as it was.
 
 Nine categories of cases, each made from a seeded generator: five at the engine's readers,
 
-- ``gguf``: tiny models written by `engine.io.synth` (F32, F16 and Q8_0 weights, dense and MoE),
+- ``gguf``: tiny models written by `engine.testing` (F32, F16 and Q8_0 weights, dense and MoE),
   then truncated, bit-flipped, with header fields (counts, lengths, type ids, dimensions, tensor
   offsets, the alignment) set to extreme values, duplicate names, NaN/Inf weights, or rewritten
   with out-of-range hyperparameters and vocabularies; loaded as a model (then a forward pass and
@@ -77,10 +77,10 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from bench.fuzz_cli import CLI_CATEGORIES, CliCases, Wrong  # noqa: E402
 from engine.errors import DatasetError, EngineError, ModelError, TemplateError, TokenizerError  # noqa: E402
 from engine.io.gguf_file import GGUFFile  # noqa: E402
-from engine.io.synth import SynthSpec, model_metadata, random_weights, write_model  # noqa: E402
 from engine.model.generate import SamplingConfig, generate, sample_next  # noqa: E402
 from engine.model.model import Model  # noqa: E402
 from engine.model.summary import summarize  # noqa: E402
+from engine.testing import SynthSpec, model_metadata, random_weights, write_model  # noqa: E402
 from engine.text.chat_template import CHATML_TEMPLATE, ChatTemplate  # noqa: E402
 from engine.text.tokenizer import Tokenizer  # noqa: E402
 from engine.train.data import (  # noqa: E402

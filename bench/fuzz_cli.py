@@ -51,9 +51,9 @@ from engine.errors import EngineError
 from engine.io.files import replace_problem
 from engine.io.gguf_file import KNOWN_TYPES
 from engine.io.gguf_write import write_gguf
-from engine.io.synth import SynthSpec, random_adapter, write_adapter, write_model
 from engine.model.model import Model
 from engine.ranges import RANGES
+from engine.testing import SynthSpec, random_adapter, write_adapter, write_model
 
 CLI_CATEGORIES = ("outputs", "values", "types", "adapters")
 

@@ -37,22 +37,39 @@ the g++ kernel emulator at tiny shapes (no kernel timings, no peer; about 40 s),
    (b) a Qwen3-30B-A3B-shaped MoE at Q4_K cut to --moe-layers layers (default 12 of 48: the file,
        the peer's 15 GB of bf16 weights and both runs fit the call), LoRA on attention and every
        expert stack;
+   and on request (`--e2e gptoss deepseek2`, also cut to --moe-layers):
+   (c) a gpt-oss-20b-shaped MoE (MXFP4 experts, the rest Q8_0; sinks, every other layer a 128-token
+       window, biases, clamped SwiGLU), LoRA on attention and every expert stack, beside transformers'
+       GptOss (eager attention: it takes no SDPA) + PEFT;
+   (d) a DeepSeek-V2-Lite-shaped MoE at Q4_K (MLA, a dense first layer, 64 routed + 2 shared experts),
+       LoRA on attn_output (llama.cpp adapts no MLA projection) and every routed expert stack, beside
+       transformers' DeepseekV2 + PEFT on the same tensors;
    B=4 windows x T=1024 tokens a step, rank 16, 2 warm-up + 5 measured steps (median). The engine
    runs once per weight-cache budget (`off`: QLoRA at rest, every matrix dequantized at each use;
    `auto`: bf16 copies kept while memory allows); the peer is transformers + PEFT on the same shape
    (bf16 base, random init, SDPA, `torch._grouped_mm` experts where the installed transformers has
    them, else its eager loop, said in the note). Each run is its own process; the model files are
    generated in the call (~5 s and ~20 s). FLOPs a step, the same for both sides: 4*N_active per
-   token (frozen base: forward 2N, input-gradient backward 2N) + attention 12*L*NH*HS per visible
-   (query, key) pair; MFU = (FLOPs / step time) / the bf16 ceiling of part 1. Memory: peak allocated
-   (CuPy pool bytes in use, followed by a memory hook / torch.cuda.max_memory_allocated), reserved
-   (pool total / max_memory_reserved) and device (free memory at the process's start less at its
-   end); "x" columns are engine / peer. A run that fails is a row with its error. (~3-4 min; each
-   run is capped, and a run the budget cannot fit is a "skipped" row)
+   token (frozen base: forward 2N, input-gradient backward 2N) + attention 6*NH*(HS + HS_v) per
+   visible (query, key) pair and layer (sliding windows counted); MFU = (FLOPs / step time) / the
+   bf16 ceiling of part 1. Memory: peak allocated (CuPy pool bytes in use, followed by a memory hook
+   / torch.cuda.max_memory_allocated), reserved (pool total / max_memory_reserved) and device (free
+   memory at the process's start less at its end); "x" columns are engine / peer. A run that fails is
+   a row with its error. (~3-4 min; each run is capped, and a run the budget cannot fit is a
+   "skipped" row)
+
+The whole Qwen3-30B-A3B shape (48 layers, a 17 GB Q4_K file) end to end beside PEFT needs an H200
+(141 GB): PEFT's bf16 weights alone are 61 GB and its activations at B 4 x T 1024 another ~25 GB, and
+the engine with the weight cache off holds the 17 GB of Q4_K blocks plus about 1.1 GB of activations
+a layer (fp32 g, u, h and the pair rows), ~70 GB; on an H100 either may run out of memory, which is
+its row's error. One device call of about 8 minutes (file ~1 min, each side ~3 min):
+
+    python bench/gpu.py --sections e2e --e2e moe --moe-layers 48 --budgets off --measure 3 --budget-s 560
 
     python bench/gpu.py [--sections kernels e2e] [--repeats 20] [--only attention lm_head ...]
-        [--e2e dense moe] [--moe-layers 12] [--batch 4] [--ctx 1024] [--warmup 2] [--measure 5]
-        [--budgets off,auto] [--no-peer] [--budget-s 540] [--emulate]
+        [--e2e dense moe gptoss deepseek2] [--moe-layers 12] [--batch 4] [--ctx 1024] [--warmup 2]
+        [--measure 5] [--budgets off,auto] [--no-peer] [--budget-s 540] [--caps engine:dense=80,...]
+        [--emulate]
 """
 
 from __future__ import annotations
@@ -64,7 +81,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -130,7 +147,7 @@ def ceilings(cp, rt, repeats: int) -> dict[str, float]:
 
 def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row]:
     """Each twin at a Llama-3-8B-shaped size (see the module docstring)."""
-    from engine.kernels import adamw, attention, cross_entropy, embedding, linear, norm, rope, swiglu
+    from engine.kernels import adamw, attention, cross_entropy, embedding, glu, linear, norm, rope
     from engine.kernels.linear import LoraTerm
 
     C, NH, NKV, HS, F, V, r = 4096, 32, 8, 128, 14336, 128256, 16
@@ -171,9 +188,9 @@ def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row
 
     def section_swiglu() -> None:
         g, u, dh = rnd(N, F, scale=2.0), rnd(N, F), rnd(N, F)
-        _, cache = swiglu.swiglu_forward(g, u)
-        add("swiglu_forward", f"({N}, {F})", lambda: swiglu.swiglu_forward(g, u), 12 * N * F, "GB/s")
-        add("swiglu_backward", f"({N}, {F})", lambda: swiglu.swiglu_backward(dh, cache), 20 * N * F, "GB/s")
+        _, cache = glu.glu_forward(g, u)
+        add("swiglu_forward", f"({N}, {F})", lambda: glu.glu_forward(g, u), 12 * N * F, "GB/s")
+        add("swiglu_backward", f"({N}, {F})", lambda: glu.glu_backward(dh, cache), 20 * N * F, "GB/s")
 
     def section_embedding() -> None:
         table = linear.to_bf16(rt, rnd(V, C))
@@ -277,19 +294,25 @@ def kernel_rows(cp, rt, N: int, repeats: int, only: set[str] | None) -> list[Row
 def end_to_end_rows(args: argparse.Namespace, ceil: dict[str, float], log) -> tuple[list[Row], list[dict]]:
     """Whole training steps timed end to end (bench/gpu_e2e.py): a `Row` per run for the kernel
     table (work = FLOPs of a step, against the bf16 ceiling) and the full records for the e2e table."""
-    from bench.gpu_e2e import E2EOptions, run_end_to_end
+    from bench.gpu_e2e import CAPS, E2EOptions, run_end_to_end
 
+    caps = dict(CAPS)
+    for item in filter(None, (args.caps or "").split(",")):  # "engine:dense=80,peer:dense=60"
+        key, _, value = item.partition("=")
+        caps[key] = float(value)
     opts = E2EOptions(
         shapes=tuple(args.e2e), moe_layers=args.moe_layers, batch=args.batch, ctx=args.ctx,
         warmup=args.warmup, measure=args.measure, budgets=tuple(args.budgets.split(",")),
-        peer=not args.no_peer, emulate=args.emulate, workdir=args.workdir, deadline=args.deadline,
+        peer=not args.no_peer, emulate=args.emulate, workdir=args.workdir, deadline=args.deadline, caps=caps,
     )  # fmt: skip
+    if args.child_cap_s:
+        opts = replace(opts, caps={key: args.child_cap_s for key in opts.caps})
     records = run_end_to_end(opts, ceil.get("bf16_tflops", float("nan")), log=log)
     rows = []
     for r in records:
         if not r.get("ok"):
             continue
-        name = f"e2e {r['model']} {r['who']} {r['setting'].replace('Q4_K, ', '')}"[:30]
+        name = f"e2e {r['model']} {r['who']} {r['setting'].rsplit(', ', 1)[-1]}"[:30]
         shape = f"{r['layers']}L, B {args.batch} x T {args.ctx}"
         note = f"{r['tokens_per_s']:.0f} tokens/s"
         rows.append(Row(name, shape, 1e3 * r["step_s"], r["flops_per_step"], "TFLOP/s", note=note))
@@ -332,7 +355,12 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=4096, help="kernels: B*T tokens (B = 2)")
     ap.add_argument("--only", nargs="*", help="norm rope swiglu embedding linear attention lm_head adamw")
-    ap.add_argument("--e2e", nargs="*", default=["dense", "moe"], choices=("dense", "moe", "dense17"))
+    ap.add_argument(
+        "--e2e",
+        nargs="*",
+        default=["dense", "moe"],
+        choices=("dense", "moe", "dense17", "gptoss", "deepseek2"),
+    )
     ap.add_argument("--moe-layers", type=int, default=12, help="layers of the Qwen3-30B-A3B shape (48 real)")
     ap.add_argument("--batch", type=int, default=4, help="e2e: windows per step")
     ap.add_argument("--ctx", type=int, default=1024, help="e2e: tokens per window")
@@ -341,7 +369,9 @@ def main() -> int:
     ap.add_argument("--budgets", default="off,auto", help="e2e: the engine's weight-cache budgets")
     ap.add_argument("--no-peer", action="store_true", help="e2e: the engine only, no transformers + PEFT")
     ap.add_argument("--workdir", default=None, help="e2e: keep the generated model files here")
+    ap.add_argument("--child-cap-s", type=float, default=0.0, help="e2e: seconds each run may take (0: CAPS)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="seconds for the whole script")
+    ap.add_argument("--caps", default="", help="e2e: seconds per child, e.g. engine:dense=80,peer:dense=60")
     ap.add_argument(
         "--emulate",
         action="store_true",
@@ -366,7 +396,7 @@ def main() -> int:
         try:
             import cupy as cp
 
-            from engine.kernels.cuda import cuda_runtime
+            from engine.kernels.runtime import cuda_runtime
 
             rt = cuda_runtime()
             props = cp.cuda.runtime.getDeviceProperties(0)

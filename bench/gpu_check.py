@@ -9,9 +9,12 @@ bf16 GEMM paths: 1e-2; AdamW: bit for bit). Also: dequantization (every GPU type
 dtypes, bit for bit), the MoE kernels (tests/kernels/moe_report.py, when present), and a check that
 engine.model.ops sends CuPy arrays to the twins.
 
-Training (`train_rows`): tiny synthetic models (engine.io.synth, Q8_0 weights) of two dense kinds,
-llama (NORM RoPE) and qwen3 (NEOX RoPE, q/k norms), and two MoE kinds, qwen3moe (renormalised top-k)
-and qwen2moe (shared expert with its sigmoid gate), each trained --train-steps steps (10) by
+Training (`train_rows`): tiny synthetic models (engine.testing, Q8_0 weights) of two dense kinds,
+llama (NORM RoPE) and qwen3 (NEOX RoPE, q/k norms), two MoE kinds, qwen3moe (renormalised top-k)
+and qwen2moe (shared expert with its sigmoid gate), and the newer families (`TRAIN_MODELS`): gemma3,
+gpt-oss (MXFP4 experts; its sinks and expert biases trained in full too), deepseek, deepseek2 as
+V2-Lite (no q compression) and with q compression, and deepseek2 with V3-style routing (sigmoid,
+selection bias, group limits); each trained --train-steps steps (10) by
 `engine.Trainer` on the CPU and on the GPU from the same file, chats, config and seed (rank-4 LoRA on
 every tensor of the "all" preset, router included; AdamW lr 5e-3). One row per step: the two mean
 cross-entropies ("ce cpu/gpu"; max abs and max rel err are their difference), and the relative
@@ -63,7 +66,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-OPS = ("norm", "rope", "swiglu", "embedding", "linear", "attention", "cross_entropy", "adamw")
+OPS = ("norm", "rope", "glu", "embedding", "linear", "attention", "mla", "cross_entropy", "adamw")
 
 
 def _row(op: str, case: str, max_abs: float, max_rel: float, ok: bool, note: str = "") -> dict:
@@ -158,7 +161,7 @@ def dispatch_rows(cp) -> list[dict]:
 
         x = cp.asarray(np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32))
         y, _ = ops.rmsnorm_forward(x, cp.ones(64, cp.float32), 1e-6)
-        h, _ = ops.swiglu_forward(x, x)
+        h, _ = ops.glu_forward(x, x)
         ok = type(y).__module__.startswith("cupy") and type(h).__module__.startswith("cupy")
         return [
             _row("ops dispatch", "rmsnorm, swiglu on CuPy", 0.0, 0.0, ok, "" if ok else "ran on the host")
@@ -169,12 +172,41 @@ def dispatch_rows(cp) -> list[dict]:
 
 # --- training and generation: the engine's device path against its CPU path --------------------------
 
-TRAIN_ARCHS = ("llama", "qwen3", "qwen3moe", "qwen2moe")  # dense (NORM and NEOX RoPE), MoE (+ shared expert)
+# The training check's models: engine.testing.SynthSpec.for_arch(arch, **options) per row name. Dense
+# (NORM and NEOX RoPE), MoE (+ shared expert), and the newer families: Gemma 3 (sliding windows,
+# GEGLU, post-norms, soft-capped logits), gpt-oss (sinks, sliding windows, biases, clamped SwiGLU,
+# MXFP4 experts, softmax over the chosen logits), DeepSeek-MoE (dense first layer, ungated shared
+# experts), DeepSeek-V2 (multi-head latent attention, as V2-Lite: no q compression; then with it) and
+# V3-style routing (sigmoid gating, selection bias, group limits, renormalised, scaled).
+MLA = dict(HS=40, n_rot=8, HS_v=32, kv_lora_rank=32)
+TRAIN_MODELS: dict[str, dict] = {
+    "llama": dict(arch="llama"),
+    "qwen3": dict(arch="qwen3"),
+    "qwen3moe": dict(arch="qwen3moe"),
+    "qwen2moe": dict(arch="qwen2moe"),
+    "gemma3": dict(arch="gemma3"),
+    "gpt-oss": dict(arch="gpt-oss", expert_qtype="MXFP4"),
+    "deepseek": dict(arch="deepseek"),
+    # MLA heads of 32 + 8 RoPE dims, values of 32, KV compressed to 32 (Q8_0 rows are 32-value blocks)
+    "deepseek2": dict(arch="deepseek2", **MLA),
+    "deepseek2-q": dict(arch="deepseek2", q_lora_rank=32, **MLA),
+    "deepseek2-v3": dict(
+        arch="deepseek2", q_lora_rank=32, E=8, gating=2, probs_bias=True, n_group=4, group_used=2,
+        moe_renorm=True, moe_scale=2.5, **MLA,
+    ),
+}  # fmt: skip
+TRAIN_ARCHS = tuple(TRAIN_MODELS)
+# tensors trained in full beside the LoRA pairs, so that their gradients run on the device too
+TRAIN_FULL = {"gpt-oss": ("blk.*.attn_sinks.weight", "blk.*.ffn_*_exps.bias")}
 TRAIN_CE_TOL = 2e-2  # |ce_gpu - ce_cpu| / ce_cpu at every step: bf16 frozen weights, fp32 accumulation
 TRAIN_GRAD_TOL = 5e-2  # |gnorm_gpu - gnorm_cpu| / gnorm_cpu at every step (before clipping)
 GEN_TOKENS = 8  # greedy tokens of the generation check
 # the CPU's logits with the exported adapter against the device's, max |diff| / max |logit|: the
 # device multiplies bf16 roundings of the weights (5e-3..1.2e-2 measured on an H100, 10 steps)
+# a step whose routed slots differ between the CPU and the device (a top-k near tie decided the other
+# way on the two; V3's group limits make them more frequent): that step's loss and gradient norm
+ROUTED_CE_TOL = 1e-1
+ROUTED_GRAD_TOL = 1e-1
 ADAPTER_LOGIT_TOL = 2e-2
 PROMPT = (1, 40, 41, 42, 43)
 
@@ -202,10 +234,14 @@ def _train(model, samples, config) -> tuple[list, object, object]:
     got: list = []
     trainer = Trainer(model, samples, config)
     end = trainer.run(got.append, lambda: False)
-    return [e for e in got if isinstance(e, ev.Step)], end, trainer
+    usage = {e.step: np.asarray(e.counts) for e in got if isinstance(e, ev.ExpertUsage)}
+    steps = [e for e in got if isinstance(e, ev.Step)]
+    return [(e, usage.get(e.step)) for e in steps], end, trainer
 
 
-def train_rows(backend, steps: int, seed: int, workdir: str) -> tuple[list[dict], list[str]]:
+def train_rows(
+    backend, steps: int, seed: int, workdir: str, models: tuple[str, ...] = ()
+) -> tuple[list[dict], list[str]]:
     """`steps` training steps of tiny dense and MoE models on the CPU and on `backend` (an engine
     Backend: the GPU, or the g++ emulator): per step the two cross-entropies and gradient norms and
     their relative differences, a pass/fail row per model, and the generation check (`gen_row`).
@@ -213,15 +249,17 @@ def train_rows(backend, steps: int, seed: int, workdir: str) -> tuple[list[dict]
     Same file (Q8_0 weights: the CPU multiplies their exact float32 values, the device bf16 roundings
     of them), same chats, same config and seed: rank-4 LoRA on every tensor of the `all` preset
     (attention, FFN or experts, the router), AdamW lr 5e-3 constant, 48-token windows."""
-    from engine.io.synth import SynthSpec, write_model
+    from dataclasses import replace
+
     from engine.model.model import Model
     from engine.model.targets import TargetSpec
+    from engine.testing import SynthSpec, write_model
     from engine.train import events as ev
     from engine.train.trainer import TrainConfig
 
     rows: list[dict] = []
     lines = [
-        f"{'model':<10} {'step':>4} {'ce cpu':>9} {'ce dev':>9} {'rel':>9} {'|g| cpu':>9} {'|g| dev':>9} "
+        f"{'model':<12} {'step':>4} {'ce cpu':>9} {'ce dev':>9} {'rel':>9} {'|g| cpu':>9} {'|g| dev':>9} "
         f"{'rel':>9}  result"
     ]
     samples = _chat_samples()
@@ -229,41 +267,50 @@ def train_rows(backend, steps: int, seed: int, workdir: str) -> tuple[list[dict]
         targets=TargetSpec(preset="all"), rank=4, alpha=8, lr=5e-3, steps=steps, n_ctx=48,
         schedule="constant", norms_every=0, checkpoint_layers="off", seed=0,
     )  # fmt: skip
-    for arch in TRAIN_ARCHS:
+    for arch in models or TRAIN_ARCHS:
         op = f"train {arch}"
         t0 = time.perf_counter()
         try:
-            spec = SynthSpec.for_arch(arch, seed=seed % 2**31, qtype="Q8_0")
+            options = dict(TRAIN_MODELS[arch])
+            spec = SynthSpec.for_arch(options.pop("arch"), seed=seed % 2**31, qtype="Q8_0", **options)
             path = write_model(os.path.join(workdir, f"{arch}.gguf"), spec)
-            cpu, cpu_end, _ = _train(Model.load(path), samples, config)
+            cfg = replace(config, full=TRAIN_FULL.get(arch, ()))
+            cpu, cpu_end, _ = _train(Model.load(path), samples, cfg)
             model = Model.load(path, backend=backend)
-            dev, dev_end, trainer = _train(model, samples, config)
+            dev, dev_end, trainer = _train(model, samples, cfg)
             if isinstance(dev_end, ev.Failed):
                 raise RuntimeError(f"the device run failed at step {dev_end.step}: {dev_end.message}")
             if isinstance(cpu_end, ev.Failed):
                 raise RuntimeError(f"the CPU run failed at step {cpu_end.step}: {cpu_end.message}")
             worst_abs = worst_rel = worst_g = 0.0
             all_ok = len(dev) == len(cpu) == steps
-            for a, b in zip(cpu, dev, strict=False):
+            for (a, a_use), (b, b_use) in zip(cpu, dev, strict=False):
                 d_ce = abs(b.mean_ce - a.mean_ce)
                 rel = d_ce / max(abs(a.mean_ce), 1e-12)
                 rel_g = abs(b.grad_norm - a.grad_norm) / max(abs(a.grad_norm), 1e-12)
                 host = isinstance(b.mean_ce, float) and isinstance(b.grad_norm, float)
-                ok = bool(rel <= TRAIN_CE_TOL and rel_g <= TRAIN_GRAD_TOL and host and np.isfinite(b.mean_ce))
+                # a top-k near tie decided the other way moves tokens to other experts: that step's
+                # loss may differ by more than rounding (the next steps show whether training agrees)
+                moved = 0 if a_use is None or b_use is None else int(np.abs(a_use - b_use).sum()) // 2
+                ce_tol, g_tol = (ROUTED_CE_TOL, ROUTED_GRAD_TOL) if moved else (TRAIN_CE_TOL, TRAIN_GRAD_TOL)
+                ok = bool(rel <= ce_tol and rel_g <= g_tol and host and np.isfinite(b.mean_ce))
                 all_ok &= ok
                 worst_abs, worst_rel, worst_g = max(worst_abs, d_ce), max(worst_rel, rel), max(worst_g, rel_g)
                 verdict = "pass" if ok else "FAIL"
                 lines.append(
-                    f"{arch:<10} {b.step:>4} {a.mean_ce:9.5f} {b.mean_ce:9.5f} {rel:9.2e} {a.grad_norm:9.4f} "
+                    f"{arch:<12} {b.step:>4} {a.mean_ce:9.5f} {b.mean_ce:9.5f} {rel:9.2e} {a.grad_norm:9.4f} "
                     f"{b.grad_norm:9.4f} {rel_g:9.2e}  {verdict}"
+                    + (f" ({moved} routed slots differ)" if moved else "")
                 )
                 case = f"step {b.step}: ce {a.mean_ce:.4f}/{b.mean_ce:.4f}, |g| rel {rel_g:.1e}"
                 note = (
                     ""
                     if ok
-                    else f"ce rel {rel:.2e} (tol {TRAIN_CE_TOL}), |g| rel {rel_g:.2e} (tol {TRAIN_GRAD_TOL})"
+                    else f"ce rel {rel:.2e} (tol {ce_tol}), |g| rel {rel_g:.2e} (tol {g_tol})"
+                    + (f"; {moved} routed slots differ" if moved else "")
                 )
                 rows.append(_row(op, case, d_ce, rel, ok, note))
+            cpu, dev = [e for e, _ in cpu], [e for e, _ in dev]
             learns = bool(dev) and dev[-1].mean_ce < dev[0].mean_ce
             all_ok &= learns
             case = f"{len(dev)}/{steps} steps cpu vs {backend.device}: |g| rel <= {worst_g:.1e}" + (
@@ -274,7 +321,7 @@ def train_rows(backend, steps: int, seed: int, workdir: str) -> tuple[list[dict]
             rows.append(gen_row(arch, path, model, trainer))
         except Exception as exc:  # noqa: BLE001 - a failing model is a row, not a crash
             rows.append(_fail(op, exc))
-            lines.append(f"{arch:<10} raised: {rows[-1]['note'][-300:]}")
+            lines.append(f"{arch:<12} raised: {rows[-1]['note'][-300:]}")
         print(f"  {op}: {time.perf_counter() - t0:.1f} s", flush=True)
     return rows, lines
 
@@ -282,7 +329,7 @@ def train_rows(backend, steps: int, seed: int, workdir: str) -> tuple[list[dict]
 def gen_row(arch: str, path: str, model, trainer) -> dict:
     """Greedy tokens with the KV cache on the device against a full forward pass on the device, both
     with the adapter the device run trained; then that adapter exported as an adapter GGUF
-    (engine.io.export.export_adapter, llama.cpp's layout), read back with LoraAdapter.load against
+    (engine.export.write.export_adapter, llama.cpp's layout), read back with LoraAdapter.load against
     the CPU model: how many greedy tokens the CPU agrees on, and the largest difference of the CPU's
     logits from the device's over the same tokens, relative to the largest logit (max rel err
     column; must be within ADAPTER_LOGIT_TOL).
@@ -313,7 +360,7 @@ def gen_row(arch: str, path: str, model, trainer) -> dict:
             note = f"first difference at token {i}: cached {got[i]}, full {want[i]}, logit gap {gap:.3e}"
         # the adapter the device trained, through the export path (an adapter GGUF in llama.cpp's
         # layout) and read back as any adapter file is, checked against the CPU model's tensors
-        from engine.io.export import export_adapter
+        from engine.export.write import export_adapter
         from engine.model.lora import LoraAdapter
 
         cpu_model = Model.load(path)
@@ -322,15 +369,22 @@ def gen_row(arch: str, path: str, model, trainer) -> dict:
         [h] = generate(cpu_model, list(PROMPT), sampling=sampling, lora=host_terms)
         agree = sum(int(a) == int(b) for a, b in zip(h.tokens, got, strict=False))
         z_cpu = np.asarray(cpu_model.forward(np.array(list(PROMPT) + got[:-1]), lora=host_terms), np.float64)
-        gap = float(np.abs(z_cpu - z).max() / max(np.abs(z).max(), 1e-30))
+        per_pos = np.abs(z_cpu - z).max(axis=-1) / max(np.abs(z).max(), 1e-30)
+        gap = float(per_pos.max())
+        over = int((per_pos > ADAPTER_LOGIT_TOL).sum())
         case = (
             f"{len(got)} greedy, cache vs full; exported adapter on cpu: {agree}/{len(got)}, logits {gap:.1e}"
         )
-        ok = ok and gap <= ADAPTER_LOGIT_TOL
-        if gap > ADAPTER_LOGIT_TOL:
-            note = (note + f"; cpu logits with the exported adapter differ by {gap:.2e} (max rel)").strip(
-                "; "
-            )
+        # an MoE model may route one position's token to other experts on the CPU than on the device
+        # (a top-k near tie): one such position is allowed, and said
+        allowed = 1 if model.config.E else 0
+        ok = ok and over <= allowed
+        if over:
+            why = " (one allowed: a routing near tie)" if over <= allowed else ""
+            note = (
+                note + f"; cpu logits with the exported adapter differ by {gap:.2e} (max rel) at {over} of "
+                f"{len(per_pos)} positions{why}"
+            ).strip("; ")
         return _row(op, case, float(len(diff)), gap, ok, note)
     except Exception as exc:  # noqa: BLE001
         return _fail(op, exc)
@@ -354,6 +408,10 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", help=f"checks to run: {' '.join(OPS)} dequant moe train")
     ap.add_argument("--small", action="store_true", help="test sizes only (no real-model shapes)")
     ap.add_argument("--train-steps", type=int, default=10, help="steps of the CPU-vs-device training check")
+    ap.add_argument(
+        "--train-models", nargs="*", choices=TRAIN_ARCHS, default=None,
+        help=f"models of the training check (default: all of {' '.join(TRAIN_ARCHS)})",
+    )  # fmt: skip
     ap.add_argument(
         "--emulate",
         action="store_true",
@@ -384,10 +442,10 @@ def main() -> int:
         rng = np.random.default_rng(seed)
         props = cp.cuda.runtime.getDeviceProperties(0)
         name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-        from engine.kernels import cuda as kcuda
+        from engine.kernels import nvrtc
 
         print(
-            f"device: {name}, CuPy {cp.__version__}, NVRTC {kcuda.nvrtc_version()}, seed {seed}", flush=True
+            f"device: {name}, CuPy {cp.__version__}, NVRTC {nvrtc.nvrtc_version()}, seed {seed}", flush=True
         )
         rows = dispatch_rows(cp)
         rows += dense_rows(Backend("gpu", cp, large=not args.small), rng, only)
@@ -403,7 +461,9 @@ def main() -> int:
             rows.append(_fail("train", exc))
         else:
             with tempfile.TemporaryDirectory(prefix="gpu-check-") as folder:
-                more, train_lines = train_rows(backend, args.train_steps, seed, folder)
+                more, train_lines = train_rows(
+                    backend, args.train_steps, seed, folder, tuple(args.train_models or ())
+                )
             rows += more
     text = table(rows)
     failures = [r for r in rows if not r["ok"]]

@@ -3,7 +3,8 @@
 What it measures, per model shape (each run in its own process, one after the other, so that each
 one's device memory is its own):
 
-- the engine: `Model.load(path, backend=select_backend("cuda:0"))` of a generated Q4_K GGUF file,
+- the engine: `Model.load(path, backend=select_backend("cuda:0"))` of a generated GGUF file (Q4_K;
+  gpt-oss: MXFP4 experts, the rest Q8_0),
   then `engine.Trainer` driven step by step (`start`, `train_step`) on text windows of exactly
   `ctx` tokens, `batch` windows a step, rank-16 LoRA (alpha 32, AdamW, global-norm clip 1.0, no
   layer checkpointing), once per weight-cache budget (`off`: every matrix dequantized from Q4_K
@@ -19,6 +20,11 @@ every routed expert stack (the router is left out on both sides: transformers v5
 Linear module for PEFT's target_modules). PEFT adapts transformers' fused `gate_up_proj` with one
 A per expert for gate and up together, the engine gate and up separately, so on the MoE the engine
 trains about 30% more LoRA parameters at this shape (the table's "trainable" says how many).
+gpt-oss (`gptoss`): the same, attention q, k, v, o and the expert stacks; transformers' GptOss takes
+no SDPA (its sinks), so the peer runs eager attention. DeepSeek-V2 (`deepseek2`): of attention only
+the output projection (llama.cpp multiplies the MLA projections without adapters, so the engine
+adapts none of them), and the routed expert stacks; the shared experts on neither side (see
+MLA_TARGETS).
 
 Figures: step time (host clock around one optimizer step, the device synchronised; median of the
 measured steps after `warmup` steps), tokens/s = tokens a step / step time, TFLOP/s = FLOPs a step
@@ -66,7 +72,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from engine.io.synth import SynthSpec  # noqa: E402
+from engine.testing import SynthSpec  # noqa: E402
 
 GIB = 2**30
 RANK, ALPHA, LR, CLIP = 16, 32.0, 1e-4, 1.0
@@ -90,6 +96,22 @@ SHAPES = {
         "qwen3moe", V=151936, C=2048, L=48, NH=32, NKV=4, HS=128, E=128, K=8, F_exp=768, qtype="Q4_K",
         n_ctx=32768, name="qwen3-30b-a3b-shaped",
     ),
+    # gpt-oss-20b: 24 layers, 2880 wide, 64 query / 8 KV heads of 64 with sinks, a 128-token window on
+    # every other layer, 32 experts (4 used) of 2880 in MXFP4, biases, vocab 201088; the rest Q8_0 (the
+    # router and vectors F32), as ggml-org's MXFP4 file stores it
+    "gptoss": SynthSpec.for_arch(
+        "gpt-oss", V=201088, C=2880, L=24, NH=64, NKV=8, HS=64, E=32, K=4, F_exp=2880, qtype="Q8_0",
+        expert_qtype="MXFP4", swa_window=128, n_ctx=131072, name="gpt-oss-20b-shaped",
+    ),
+    # DeepSeek-V2-Lite: 27 layers, 2048 wide, 16 MLA heads (keys 128 + 64 RoPE dims, values 128, KV
+    # compressed to 512, no q compression), the first layer dense (10944), then 64 routed experts (6
+    # used) of 1408 and 2 shared ones, vocab 102400; Q4_K, Q8_0 where rows are not whole 256-value
+    # blocks (as llama-quantize falls back)
+    "deepseek2": SynthSpec.for_arch(
+        "deepseek2", V=102400, C=2048, L=27, NH=16, NKV=16, HS=192, n_rot=64, HS_v=128, kv_lora_rank=512,
+        E=64, K=6, F_exp=1408, n_shexp=2, F=10944, n_dense_lead=1, gating=1, moe_scale=1.0, qtype="Q4_K",
+        n_ctx=32768, name="deepseek-v2-lite-shaped",
+    ),
 }  # fmt: skip
 # The same kinds at sizes the g++ emulator gets through in seconds (--emulate).
 TINY = {
@@ -105,10 +127,27 @@ TINY = {
         "qwen3", V=512, C=256, L=2, NH=2, NKV=1, HS=128, F=512, tied=True, qtype="Q4_K", n_ctx=256,
         name="tiny-qwen3",
     ),
+    "gptoss": SynthSpec.for_arch(
+        "gpt-oss", V=512, C=256, L=2, NH=4, NKV=2, HS=64, E=4, K=2, F_exp=256, qtype="Q8_0",
+        expert_qtype="MXFP4", swa_window=16, n_ctx=256, name="tiny-gpt-oss",
+    ),
+    "deepseek2": SynthSpec.for_arch(
+        "deepseek2", V=512, C=256, L=2, NH=2, NKV=2, HS=96, n_rot=32, HS_v=64, kv_lora_rank=64, E=4,
+        K=2, F_exp=256, n_shexp=1, F=512, n_dense_lead=1, gating=1, moe_scale=1.0, qtype="Q4_K",
+        n_ctx=256, name="tiny-deepseek2",
+    ),
 }  # fmt: skip
 DENSE_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 MOE_TARGETS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
-CAPS = {"engine:dense": 130.0, "peer:dense": 80.0, "engine:moe": 170.0, "peer:moe": 120.0}
+# DeepSeek-V2: llama.cpp multiplies the MLA projections without their adapters, so of attention only
+# attn_output takes LoRA (ArchSpec.no_lora); the routed experts do. The shared experts do not, on
+# either side: PEFT 0.21 maps every `*.gate_proj` / `up_proj` / `down_proj` target of a DeepseekV2 onto
+# the routed experts' fused stacks (its transformers v4 -> v5 conversion), so it cannot name them.
+MLA_TARGETS = ("attn_output", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+CAPS = {
+    "engine:dense": 130.0, "peer:dense": 80.0, "engine:moe": 170.0, "peer:moe": 120.0,
+    "engine:gptoss": 120.0, "peer:gptoss": 90.0, "engine:deepseek2": 120.0, "peer:deepseek2": 90.0,
+}  # fmt: skip
 WORDS = (
     "the of and to in is you that it he was for on are as with his they at be this have from or one had "
     "by word but not what all were we when your can said there use an each which she do how their if will "
@@ -149,33 +188,75 @@ def spec_for(shape: str, opts: E2EOptions) -> SynthSpec:
     return spec
 
 
+def engine_targets(spec: SynthSpec) -> tuple[str, ...]:
+    """The tensor kinds the engine adapts on this shape (the module docstring says why)."""
+    if not spec.E:
+        return DENSE_TARGETS
+    return MLA_TARGETS if spec.kv_lora_rank else MOE_TARGETS
+
+
 def active_matmul_params(spec: SynthSpec) -> int:
-    """N: the matmul weights one token meets (attention, FFN or K experts + router + shared expert, head)."""
-    C, HS = spec.C, spec.HS
-    attn = 2 * C * spec.NH * HS + 2 * C * spec.NKV * HS
-    if spec.E:
-        ffn = spec.K * 3 * C * spec.F_exp + spec.E * C + 3 * C * spec.F_shexp
+    """N: the matmul weights one token meets (attention, the FFN or K experts + router + shared experts,
+    the head); multi-head latent attention counted in the expanded form the engine computes (the
+    queries, the compressed KV, its per-head decompression, the output)."""
+    from engine.model.archs import ARCHS
+
+    C, HS, NH = spec.C, spec.HS, spec.NH
+    if spec.kv_lora_rank:
+        R, HSV = spec.kv_lora_rank, spec.HS_v
+        q = C * spec.q_lora_rank + spec.q_lora_rank * NH * HS if spec.q_lora_rank else C * NH * HS
+        attn = q + C * (R + spec.n_rot) + NH * (HS - spec.n_rot) * R + NH * HSV * R + NH * HSV * C
     else:
-        ffn = 3 * C * spec.F
-    return spec.L * (attn + ffn) + spec.V * C
+        attn = 2 * C * NH * HS + 2 * C * spec.NKV * HS
+    dense = 3 * C * spec.F
+    if not spec.E:
+        return spec.L * (attn + dense) + spec.V * C
+    shared = spec.n_shexp * spec.F_exp if ARCHS[spec.arch].shared_ungated else spec.F_shexp
+    moe = spec.K * 3 * C * spec.F_exp + spec.E * C + 3 * C * shared
+    n_dense = min(spec.n_dense_lead, spec.L)
+    return spec.L * attn + n_dense * dense + (spec.L - n_dense) * moe + spec.V * C
+
+
+def attention_pairs(spec: SynthSpec, B: int, T: int) -> float:
+    """Visible (query, key) pairs of one window summed over the layers: T(T+1)/2 a layer, and on
+    sliding-window layers (llama.cpp's pattern: layer i of period p when i % p < p - 1) at most the
+    window per query."""
+    from engine.model.archs import ARCHS
+
+    full = T * (T + 1) / 2
+    period = spec.swa_pattern or ARCHS[spec.arch].swa_period
+    W = spec.swa_window
+    windowed = float(sum(min(t + 1, W) for t in range(T))) if W else full
+    swa = sum(1 for i in range(spec.L) if W and period and i % period < period - 1)
+    return B * ((spec.L - swa) * full + swa * windowed)
 
 
 def step_flops(spec: SynthSpec, B: int, T: int) -> float:
     """FLOPs of one LoRA training step over B windows of T tokens with frozen base weights:
-    4·N per token (forward 2·N, input-gradient backward 2·N) + attention 12·L·NH·HS per visible pair."""
-    pairs = B * T * (T + 1) / 2
-    return 4.0 * active_matmul_params(spec) * B * T + 12.0 * spec.L * spec.NH * spec.HS * pairs
+    4·N per token (forward 2·N, input-gradient backward 2·N) + attention 6·NH·(HS + HS_v) per visible
+    pair and layer (12·NH·HS when the value head size is the key's)."""
+    HSV = spec.HS_v or spec.HS
+    return 4.0 * active_matmul_params(spec) * B * T + 6.0 * spec.NH * (spec.HS + HSV) * attention_pairs(
+        spec, B, T
+    )
 
 
 # --- a shaped GGUF file, fast ------------------------------------------------------------------------
 
 
 def _block_pool(qtype: str, rng: np.random.Generator, n_rows: int = 512) -> np.ndarray:
-    """(blocks, block bytes): valid `qtype` blocks quantized once from N(0, 0.02) values."""
-    from engine.io.quantize import quantize
+    """(blocks, block bytes): valid `qtype` blocks quantized once from N(0, 0.02) values (MXFP4 by
+    gguf-py, which engine.io.quantize does not write)."""
+    from engine.io.quantize import quantizable_types, quantize
 
     values = (rng.standard_normal((n_rows, 2048)) * 0.02).astype(np.float32)
-    raw = quantize(values, qtype)  # (n_rows, bytes per row)
+    if qtype in quantizable_types():
+        raw = quantize(values, qtype)  # (n_rows, bytes per row)
+    else:
+        from gguf import GGMLQuantizationType
+        from gguf import quants as gguf_quants
+
+        raw = gguf_quants.quantize(values, GGMLQuantizationType[qtype])
     per_row = 2048 // _block_size(qtype)
     return raw.reshape(n_rows * per_row, raw.shape[-1] // per_row)
 
@@ -186,42 +267,51 @@ def _block_size(qtype: str) -> int:
     return GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][0]
 
 
-def write_shaped(spec: SynthSpec, path: str, seed: int = 0) -> str:
-    """Write `spec` as a GGUF file of random `spec.qtype` matrices, fast (see the module docstring).
+def tensor_type(spec: SynthSpec, name: str, shape: tuple[int, ...]) -> str:
+    """The type a tensor of the shaped file is stored in: F32 for vectors, biases and the router (as
+    llama-quantize leaves them), `expert_qtype` for expert stacks when set, else `qtype`; Q8_0 where the
+    rows are not whole blocks of it (llama-quantize's fallback for K-quants)."""
+    kind = name.split(".", 2)[-1] if name.startswith("blk.") else name
+    if len(shape) == 1 or kind.endswith(".bias") or kind == "ffn_gate_inp.weight":
+        return "F32"
+    qtype = spec.expert_qtype if spec.expert_qtype and kind.endswith("_exps.weight") else spec.qtype
+    return qtype if shape[-1] % _block_size(qtype) == 0 else "Q8_0"
 
-    Every tensor of one shape gets the same bytes (layer 0's), drawn at random from a pool of
-    quantized blocks; routers, norms and biases are F32."""
+
+def write_shaped(spec: SynthSpec, path: str, seed: int = 0) -> str:
+    """Write `spec` as a GGUF file of random quantized matrices, fast (see the module docstring).
+
+    Every tensor of one shape and type gets the same bytes (layer 0's), drawn at random from a pool of
+    quantized blocks; types as `tensor_type` says."""
     from engine.io.gguf_write import LazyTensor, write_gguf
-    from engine.io.synth import model_metadata, tensor_shapes
+    from engine.testing import model_metadata, tensor_shapes
 
     rng = np.random.default_rng(seed)
-    pool = _block_pool(spec.qtype, rng)
-    block = _block_size(spec.qtype)
-    by_shape: dict[tuple[int, ...], np.ndarray] = {}
+    pools: dict[str, np.ndarray] = {}
+    made: dict[tuple, np.ndarray] = {}
 
-    def blocks(shape: tuple[int, ...]) -> np.ndarray:
-        if shape not in by_shape:
-            if shape[-1] % block:
-                raise ValueError(f"rows of {shape[-1]} values are not whole {spec.qtype} blocks of {block}")
-            per_row = shape[-1] // block
+    def blocks(shape: tuple[int, ...], qtype: str) -> np.ndarray:
+        if (shape, qtype) not in made:
+            if qtype not in pools:
+                pools[qtype] = _block_pool(qtype, rng)
+            pool = pools[qtype]
+            per_row = shape[-1] // _block_size(qtype)
             idx = rng.integers(0, pool.shape[0], math.prod(shape[:-1]) * per_row)
-            by_shape[shape] = pool[idx].reshape(*shape[:-1], per_row * pool.shape[1])
-        return by_shape[shape]
+            made[shape, qtype] = pool[idx].reshape(*shape[:-1], per_row * pool.shape[1])
+        return made[shape, qtype]
 
     tensors: dict[str, tuple[object, str]] = {}
     for name, shape in tensor_shapes(spec).items():
         kind = name.split(".", 2)[-1] if name.startswith("blk.") else name
-        if len(shape) == 1:
-            if kind.endswith("norm.weight"):
-                x = 1.0 + 0.05 * rng.standard_normal(shape)
-            else:  # biases, the shared expert's gate
-                x = 0.02 * rng.standard_normal(shape)
-            tensors[name] = (x.astype(np.float32), "F32")
-        elif kind == "ffn_gate_inp.weight":  # the router: F32, as llama-quantize leaves it
-            x = rng.standard_normal(shape) / np.sqrt(shape[-1])
-            tensors[name] = (x.astype(np.float32), "F32")
-        else:
-            tensors[name] = (LazyTensor(shape, lambda s=shape: blocks(s)), spec.qtype)
+        qtype = tensor_type(spec, name, shape)
+        if qtype != "F32":
+            tensors[name] = (LazyTensor(shape, lambda s=shape, q=qtype: blocks(s, q)), qtype)
+        elif kind.endswith("norm.weight"):
+            tensors[name] = ((1.0 + 0.05 * rng.standard_normal(shape)).astype(np.float32), "F32")
+        elif kind == "ffn_gate_inp.weight":  # the router
+            tensors[name] = ((rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32), "F32")
+        else:  # biases, sinks, the shared expert's gate
+            tensors[name] = ((0.02 * rng.standard_normal(shape)).astype(np.float32), "F32")
     return write_gguf(path, spec.arch, model_metadata(spec), tensors)
 
 
@@ -293,7 +383,7 @@ def _kernel_categories() -> dict[str, str]:
     """Kernel name -> "ours: <KernelSource name>" for every engine kernel (empty when the engine is
     not importable, as in a peer without it)."""
     try:
-        from engine.kernels.cuda import all_sources
+        from engine.kernels.nvrtc import all_sources
 
         return {k: f"ours: {src.name}" for src in all_sources() for k in src.kernels}
     except Exception:  # noqa: BLE001
@@ -434,7 +524,7 @@ def _engine_phase(a, spec, model, backend, cp, samples, budget, phase, free0, st
     if cp is not None:  # the pool gives back what the last phase held: each phase's reserve is its own
         cp.get_default_memory_pool().free_all_blocks()
     tracker = _pool_tracker(cp) if cp is not None else None
-    targets = MOE_TARGETS if spec.E else DENSE_TARGETS
+    targets = engine_targets(spec)
     config = TrainConfig(
         targets=TargetSpec(preset="none", patterns=targets), rank=RANK, alpha=ALPHA, n_ctx=a.ctx,
         batch_size=a.batch, steps=a.warmup + a.measure + 1, lr=LR, schedule="constant", max_grad_norm=CLIP,
@@ -502,6 +592,22 @@ def _experts_implementation(transformers) -> tuple[str, str]:
         return "eager", f"transformers {transformers.__version__}: no experts interface ({exc}); eager loop"
 
 
+# transformers' GptOss takes no SDPA (its sinks): eager attention, the one left without the hub's kernels
+PEER_ATTENTION = {"GptOssForCausalLM": "eager"}
+
+
+def peer_targets(spec: SynthSpec) -> tuple[list[str], list[str]]:
+    """PEFT's (target_modules, target_parameters) for the tensors the engine adapts (`engine_targets`):
+    the linear layers by module name, the fused expert stacks (transformers' `experts.gate_up_proj` /
+    `experts.down_proj` parameters, one A per expert for gate and up together) by parameter name."""
+    if not spec.E:
+        return ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], []
+    experts = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+    if spec.kv_lora_rank:  # DeepseekV2: of attention the output projection (see MLA_TARGETS)
+        return ["o_proj"], experts
+    return ["q_proj", "k_proj", "v_proj", "o_proj"], experts
+
+
 def peer_child(a: argparse.Namespace) -> None:
     """transformers + PEFT on the same shape, bf16, random init; JSON to `a.result` after every step."""
     t_start = time.perf_counter()
@@ -535,7 +641,7 @@ def peer_child(a: argparse.Namespace) -> None:
             res["bf16_matmul_tflops"] = _torch_matmul_rate(torch)
         hf_class = HF_CLASS[(spec.arch, bool(spec.E))]
         cfg = hf_config(hf_class, spec)
-        cfg._attn_implementation = "sdpa"
+        cfg._attn_implementation = PEER_ATTENTION.get(hf_class, "sdpa")
         experts = "none"
         if spec.E:
             experts, why = _experts_implementation(transformers)
@@ -546,7 +652,7 @@ def peer_child(a: argparse.Namespace) -> None:
                 has = [n for n in ("_grouped_mm",) if hasattr(torch, n)]
                 has += ["nn.functional.grouped_mm"] if hasattr(torch.nn.functional, "grouped_mm") else []
                 res["notes"].append(f"torch grouped mm: {', '.join(has) or 'none (transformers fallback)'}")
-        phase["budget"] = f"bf16 sdpa{' ' + experts if spec.E else ''}"
+        phase["budget"] = f"bf16 {cfg._attn_implementation}{' ' + experts if spec.E else ''}"
         torch.manual_seed(0)
         t = time.perf_counter()
         previous = torch.get_default_dtype()
@@ -560,13 +666,13 @@ def peer_child(a: argparse.Namespace) -> None:
         res["param_dtypes"] = sorted({str(p.dtype) for p in model.parameters()})
         got = [getattr(model.config, k, "?") for k in ("_attn_implementation", "_experts_implementation")]
         res["notes"].append(f"attention {got[0]}" + (f", experts {got[1]}" if spec.E else ""))
-        modules = ["q_proj", "k_proj", "v_proj", "o_proj"] + ([] if spec.E else ["gate_proj", "up_proj",
-                                                                                    "down_proj"])  # fmt: skip
+        modules, parameters = peer_targets(spec)
+        res["notes"].append(f"PEFT targets {', '.join(modules + parameters)}")
         from peft import LoraConfig, get_peft_model
 
         kw: dict = dict(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=modules)
-        if spec.E:
-            kw["target_parameters"] = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+        if parameters:
+            kw["target_parameters"] = parameters
         try:
             lcfg = LoraConfig(**kw)
         except TypeError as exc:
@@ -710,7 +816,8 @@ def _records(
         if steps and not measured:
             err += f"; the {len(steps)} steps done took {', '.join(f'{x:.1f}' for x in steps)} s"
         rec = {
-            "model": shape, "layers": spec.L, "who": who, "setting": _setting(who, ph.get("budget", "-")),
+            "model": shape, "layers": spec.L, "who": who,
+            "setting": _setting(who, spec, ph.get("budget", "-")),
             "ok": ok, "error": err, "steps_s": steps, "loss": ph.get("loss", []),
             "grad_norm": ph.get("grad_norm", []),
             "trainable": ph.get("trainable"), "peak_alloc": ph.get("peak_alloc"),
@@ -741,8 +848,9 @@ def _records(
     return out
 
 
-def _setting(who: str, budget: str) -> str:
-    return f"Q4_K, cache {budget}" if who == "engine" else budget
+def _setting(who: str, spec: SynthSpec, budget: str) -> str:
+    types = f"{spec.expert_qtype}+{spec.qtype}" if spec.expert_qtype else spec.qtype
+    return f"{types}, cache {budget}" if who == "engine" else budget
 
 
 def run_end_to_end(opts: E2EOptions, bf16_tflops: float, log=print) -> list[dict]:
@@ -777,7 +885,9 @@ def run_end_to_end(opts: E2EOptions, bf16_tflops: float, log=print) -> list[dict
             whos = ["engine"] + (["peer"] if opts.peer and not opts.emulate else [])
             for who in whos:
                 left = opts.deadline - time.monotonic() - 10.0
-                cap = min(opts.caps.get(f"{who}:{shape}", 150.0), left)
+                # the caps are for the default 12 MoE layers: a deeper cut gets proportionally longer
+                scale = max(1.0, spec.L / 12) if spec.E else 1.0
+                cap = min(scale * opts.caps.get(f"{who}:{shape}", 150.0), left)
                 if cap < 30.0:
                     records.append(_failed(shape, spec, who, f"skipped: {max(left, 0):.0f} s left", flops))
                     continue
@@ -794,12 +904,9 @@ def run_end_to_end(opts: E2EOptions, bf16_tflops: float, log=print) -> list[dict
 
 def _file_bytes(spec: SynthSpec) -> int:
     from engine.io.gguf_write import tensor_bytes
-    from engine.io.synth import tensor_shapes
+    from engine.testing import tensor_shapes
 
-    return sum(
-        tensor_bytes(s, spec.qtype if len(s) > 1 and not n.endswith("ffn_gate_inp.weight") else "F32")
-        for n, s in tensor_shapes(spec).items()
-    )
+    return sum(tensor_bytes(s, tensor_type(spec, n, s)) for n, s in tensor_shapes(spec).items())
 
 
 def _failed(shape: str, spec: SynthSpec, who: str, error: str, flops: float) -> dict:
@@ -831,13 +938,14 @@ def e2e_table(records: list[dict], bf16_tflops: float, opts: E2EOptions) -> str:
     """The end-to-end table: one line per run, the engine/peer ratios on the engine's lines, errors in
     full below. Memory in GiB: peak allocated, reserved, taken from the device (module docstring)."""
     head = (
-        f"{'model':<9} {'who':<6} {'setting':<24} {'tok/s':>8} {'step ms':>8} {'TFLOP/s':>7} {'MFU':>6} "
+        f"{'model':<12} {'who':<6} {'setting':<24} {'tok/s':>8} {'step ms':>8} {'TFLOP/s':>7} {'MFU':>6} "
         f"{'peak':>6} {'rsv':>6} {'dev':>6} {'x tok/s':>7} {'x peak':>6} {'x dev':>6}  note"
     )
     lines = [
         f"end to end: B={opts.batch} windows x T={opts.ctx} tokens a step, rank-{RANK} LoRA, {opts.warmup} "
         f"warm-up + up to {opts.measure} measured steps (median); MFU against the bf16 ceiling "
-        f"{bf16_tflops:.0f} TFLOP/s; FLOPs/step = 4*N_active*B*T + 12*L*NH*HS*B*T(T+1)/2; memory in GiB; "
+        f"{bf16_tflops:.0f} TFLOP/s; FLOPs/step = 4*N_active*B*T + 6*NH*(HS+HS_v)*visible pairs; "
+        "memory in GiB; "
         "x: engine / peer",
         head,
         "-" * len(head),
@@ -846,7 +954,7 @@ def e2e_table(records: list[dict], bf16_tflops: float, opts: E2EOptions) -> str:
     for r in records:
         model = f"{r['model']} {r['layers']}L"
         if not r.get("ok"):
-            lines.append(f"{model:<9} {r['who']:<6} {r['setting'][:24]:<24} {'FAILED':>8}  (below)")
+            lines.append(f"{model:<12} {r['who']:<6} {r['setting'][:24]:<24} {'FAILED':>8}  (below)")
             errors.append(f"{model} {r['who']} {r['setting']}: {r.get('error') or 'no measured step'}")
             continue
         mfu = f"{100 * r['mfu']:5.1f}%" if r.get("mfu") is not None else f"{'-':>6}"
@@ -866,7 +974,7 @@ def e2e_table(records: list[dict], bf16_tflops: float, opts: E2EOptions) -> str:
         if r.get("note"):
             notes.append(r["note"])
         lines.append(
-            f"{model:<9} {r['who']:<6} {r['setting'][:24]:<24} {r['tokens_per_s']:8.0f} "
+            f"{model:<12} {r['who']:<6} {r['setting'][:24]:<24} {r['tokens_per_s']:8.0f} "
             f"{1e3 * r['step_s']:8.1f} {r['tflops']:7.1f} {mfu} {_gib(r.get('peak_alloc'))} "
             f"{_gib(r.get('reserved'))} {_gib(r.get('device'))} {' '.join(ratios)}  {'; '.join(notes)}"
         )

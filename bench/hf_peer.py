@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import transformers
 
-from engine.io.synth import SynthSpec
+from engine.testing import SynthSpec
 
 BOS = 1
 HF_CLASS = {  # GGUF general.architecture (dense or MoE) -> transformers class
@@ -26,6 +26,8 @@ HF_CLASS = {  # GGUF general.architecture (dense or MoE) -> transformers class
     ("qwen2moe", True): "Qwen2MoeForCausalLM",
     ("qwen3moe", True): "Qwen3MoeForCausalLM",
     ("olmoe", True): "OlmoeForCausalLM",
+    ("gpt-oss", True): "GptOssForCausalLM",
+    ("deepseek2", True): "DeepseekV2ForCausalLM",
 }
 
 
@@ -111,6 +113,27 @@ def hf_config(hf_class: str, spec: SynthSpec):
             **common,
         )
         cfg.head_dim = spec.HS  # Qwen3MoeConfig takes no head_dim argument; the modules read the attribute
+    elif hf_class == "GptOssForCausalLM":
+        # every other layer a sliding window, from layer 0, as llama.cpp's gpt-oss graph (and the model)
+        layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(spec.L)]
+        common.pop("hidden_act")
+        cfg = transformers.GptOssConfig(
+            intermediate_size=spec.F_exp, head_dim=spec.HS, num_local_experts=spec.E,
+            num_experts_per_tok=spec.K,
+            sliding_window=spec.swa_window or None, layer_types=layer_types, attention_bias=True,
+            router_aux_loss_coef=0.0, output_router_logits=False, **common,
+        )  # fmt: skip
+    elif hf_class == "DeepseekV2ForCausalLM":
+        common["num_key_value_heads"] = spec.NH  # MLA: every head its own key and value
+        cfg = transformers.DeepseekV2Config(
+            intermediate_size=spec.F, moe_intermediate_size=spec.F_exp, n_routed_experts=spec.E,
+            num_experts_per_tok=spec.K, n_shared_experts=spec.n_shexp,
+            first_k_dense_replace=spec.n_dense_lead,
+            kv_lora_rank=spec.kv_lora_rank, q_lora_rank=spec.q_lora_rank or None,
+            qk_nope_head_dim=spec.HS - spec.n_rot, qk_rope_head_dim=spec.n_rot, v_head_dim=spec.HS_v,
+            head_dim=spec.n_rot, topk_method="greedy", norm_topk_prob=False,
+            routed_scaling_factor=float(spec.moe_scale or 1.0), **common,
+        )  # fmt: skip
     else:
         raise ValueError(hf_class)
     return cfg

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine.io.gguf_write import LazyTensor, write_gguf  # noqa: E402
 from engine.io.quantize import quantize  # noqa: E402
-from engine.io.synth import SynthSpec, model_metadata, tensor_shapes  # noqa: E402
+from engine.testing import SynthSpec, model_metadata, tensor_shapes  # noqa: E402
 
 GIB = 2**30
 

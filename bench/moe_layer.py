@@ -1,7 +1,7 @@
 """One MoE layer's routed experts on the CPU: forward and backward times of the NumPy path the
-trainer runs (engine.kernels.moe.experts_forward_ref / experts_backward_ref), with rank-r LoRA on
-the three expert tensors, and the rate of its base products against this machine's float32 matmul
-rate and the rate of a ~32-row expert product in the two layouts OpenBLAS is given
+trainer runs (the CPU twin, engine.kernels.moe_cpu.experts_forward_cpu / experts_backward_cpu),
+with rank-r LoRA on the three expert tensors, and the rate of its base products against this
+machine's float32 matmul rate and the rate of a ~32-row expert product in the two layouts OpenBLAS is given
 (`x @ W.T` and `W @ x.T`, bench/CPU_NOTES.md). The layer is timed in line and on the CPU workers
 the trainer uses when BLAS has two or more threads (engine.kernels.cpu_workers).
 
@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import fmt_rate, matmul_rate  # noqa: E402
-from engine.kernels import cpu_workers, moe  # noqa: E402
+from engine.kernels import cpu_workers, moe, moe_cpu  # noqa: E402
 from engine.kernels.linear import LoraTerm  # noqa: E402
 from engine.train.heap import keep_step_buffers  # noqa: E402
 
@@ -69,10 +69,10 @@ def main(argv: list[str] | None = None) -> None:
 
     def forward():
         nonlocal cache
-        _, cache = moe.experts_forward_ref(x, routing, w_gate, w_up, w_down, *loras)
+        _, cache = moe_cpu.experts_forward_cpu(x, routing, w_gate, w_up, w_down, *loras)
 
     def backward():
-        moe.experts_backward_ref(dy, cache, w_gate, w_up, w_down)
+        moe_cpu.experts_backward_cpu(dy, cache, w_gate, w_up, w_down)
 
     keep_step_buffers()  # as the trainer does before its first step
     times = {}

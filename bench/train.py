@@ -30,9 +30,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import SHAPES, fmt_rate, forward_flops, matmul_rate  # noqa: E402
-from engine.io.synth import SynthSpec, write_model  # noqa: E402
 from engine.model.model import Model  # noqa: E402
 from engine.model.targets import TargetSpec, select_full, select_targets  # noqa: E402
+from engine.testing import SynthSpec, write_model  # noqa: E402
 from engine.train.optim import AdamW, OptimConfig  # noqa: E402
 from engine.train.train_model import Trainable, loss_and_grads  # noqa: E402
 

@@ -43,7 +43,7 @@ sys.path.insert(0, ROOT)
 
 from bench.common import SHAPES, forward_flops, matmul_rate  # noqa: E402
 from engine._blas_env import SPIN_LOG2  # noqa: E402
-from engine.io.synth import SynthSpec, write_model  # noqa: E402
+from engine.testing import SynthSpec, write_model  # noqa: E402
 
 WORKLOADS = {
     "dense": dict(

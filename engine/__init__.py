@@ -15,19 +15,10 @@ from .errors import (
     TemplateError,
     TokenizerError,
 )
-from .io.export import (
-    ADAPTER_TYPES,
-    MergeReport,
-    adapter_tensor_types,
-    export_adapter,
-    export_merged,
-    export_size,
-    fit_problems,
-    merged_tensor_types,
-)
-from .io.export_check import (
+from .export.check import (
     BAD_MARK,
     MERGE_TYPES,
+    MIN_EFFECT_KEPT,
     OK_MARK,
     CheckItem,
     CheckpointEntry,
@@ -41,10 +32,29 @@ from .io.export_check import (
     suggest_out,
     write_export,
 )
+from .export.verify import (
+    TOLERANCE,
+    VERIFY_PROMPTS,
+    PromptResult,
+    VerifyReport,
+    failed_name,
+    quarantine,
+    verify_export,
+)
+from .export.write import (
+    ADAPTER_TYPES,
+    MERGE_BASE_TYPE,
+    MergeReport,
+    adapter_tensor_types,
+    export_adapter,
+    export_merged,
+    export_size,
+    fit_problems,
+    merged_tensor_types,
+)
 from .io.files import AppendLog, atomic_write, check_outputs
 from .io.gguf_file import KNOWN_TYPES, GGUFFile, TensorInfo, dequantizable_types
 from .io.quantize import quantizable_types
-from .io.synth import SynthSpec, write_adapter, write_model
 from .model.archs import ARCHS, ArchSpec, ModelConfig, supported_architectures
 from .model.generate import GREEDY, Generation, SamplingConfig, generate
 from .model.lora import LoraAdapter, lora_shapes
@@ -63,11 +73,13 @@ from .model.targets import (
     select_targets,
     split_name,
 )
-from .model.verify import TOLERANCE, VERIFY_PROMPTS, PromptResult, VerifyReport, verify_export
 from .ranges import RANGES, Range, check_number
 from .session import RUN, EngineSession, Reply, template_for
+from .testing import SynthSpec, write_adapter, write_model
 from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from .text.tokenizer import Tokenizer
+from .train.advice import plan_warning
+from .train.commands import local_ranks_available, shell_line, train_command
 from .train.data import (
     Batch,
     Encoded,
@@ -75,7 +87,9 @@ from .train.data import (
     Problem,
     Sample,
     append_jsonl,
+    encode_iter,
     encode_samples,
+    iter_jsonl,
     load_jsonl,
     parse_sample,
     sample_to_json,
@@ -94,10 +108,20 @@ from .train.events import (
     RunWarning,
     Started,
     Step,
+    event_from_json,
     event_to_json,
+    follow_events,
 )
 from .train.memory import MemoryEstimate, estimate_memory
 from .train.norms import NormsReport, lora_norms
+from .train.resume import (
+    SAMPLES_FILE,
+    TRAJECTORY_FIELDS,
+    CheckpointInfo,
+    describe_settings,
+    read_checkpoint_info,
+    trajectory_changes,
+)
 from .train.reward_session import (
     Answer,
     Preview,
@@ -110,24 +134,30 @@ from .train.reward_session import (
     rating_from_stars,
 )
 from .train.rewards import group_advantages, reward_weights
-from .train.runs import RunRecord, find_runs, latest_finished
+from .train.runs import RunRecord, find_runs, latest_finished, run_from_events
 from .train.trainer import TrainConfig, Trainer
 
 __all__ = [
     "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "AppendLog", "ARCHS", "ArchSpec",
     "atomic_write", "check_number", "check_outputs", "KNOWN_TYPES", "Range", "RANGES",
     "available_devices", "Backend", "BAD_MARK", "Batch", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
-    "check_export", "CheckItem", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckReport",
-    "ConfigError", "DatasetError", "dequantizable_types", "Device", "encode_samples", "Encoded",
-    "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
-    "event_to_json", "ExpertUsage", "export_adapter", "export_merged", "export_size", "ExportError",
+    "check_export", "CheckItem", "CheckpointInfo", "describe_settings", "read_checkpoint_info",
+    "SAMPLES_FILE", "trajectory_changes", "TRAJECTORY_FIELDS", "Checkpoint", "checkpoint_roots",
+    "CheckpointEntry", "CheckReport",
+    "ConfigError", "DatasetError", "dequantizable_types", "Device", "encode_iter", "encode_samples",
+    "Encoded", "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
+    "event_from_json", "event_to_json", "ExpertUsage", "follow_events", "local_ranks_available",
+    "run_from_events", "shell_line", "train_command", "export_adapter", "export_merged", "export_size",
+    "ExportError",
     "ExportRequest", "Failed", "find_checkpoints", "find_runs", "Finished", "fit_problems", "generate",
-    "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "KVCache",
-    "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_ratings",
+    "Generation", "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "iter_jsonl",
+    "KVCache", "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_ratings",
     "lora_candidates", "lora_norms", "lora_param_count", "lora_shapes", "LoraAdapter", "LoraNorms",
-    "LoraTerm", "MemoryEstimate", "MERGE_TYPES", "merged_tensor_types", "MergeReport", "Model",
+    "LoraTerm", "MemoryEstimate", "MERGE_BASE_TYPE", "MERGE_TYPES", "MIN_EFFECT_KEPT", "failed_name",
+    "quarantine", "merged_tensor_types", "MergeReport", "Model",
     "ModelConfig", "ModelError", "ModelSummary", "NormsReport", "OK_MARK", "parse_layers", "parse_rating",
-    "parse_sample", "Paused", "Plan", "PRESETS", "Preview", "Problem", "PromptResult", "quantizable_types",
+    "parse_sample", "Paused", "plan_warning", "Plan", "PRESETS", "Preview", "Problem", "PromptResult",
+    "quantizable_types",
     "rating_from_stars", "Reply", "reward_weights", "RewardConfig", "RewardError", "RewardSession",
     "RoundResult", "RUN", "run_of", "RunRecord", "RunWarning", "Sample", "sample_to_json", "SamplingConfig",
     "save_jsonl", "select_backend", "select_full", "select_targets", "split_name", "Started", "Step",

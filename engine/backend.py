@@ -1,7 +1,7 @@
 """Where the engine computes: NumPy on the CPU or CuPy on a CUDA GPU, chosen once per session.
 
 `select_backend("auto" | "cpu" | "cuda:N")` returns a `Backend`: the array module `xp` that model
-code is written against, the kernels' `Runtime` (engine.kernels.cuda) for a GPU, and the few
+code is written against, the kernels' `Runtime` (engine.kernels.runtime) for a GPU, and the few
 operations that cross the host/device boundary (`asarray`, `to_host`, `synchronize`).
 `with backend.active():` makes the backend's device current and routes every op of
 `engine.model.ops` to its CUDA twin on that runtime; on the CPU it does nothing.
@@ -12,6 +12,10 @@ and the CLI can say it in plain words.
 "auto" picks the first usable GPU, else the CPU. Asking for a GPU explicitly never falls back to
 the CPU silently: an unusable device is an `EngineError` naming the reason. CuPy is optional:
 this module imports on any machine, and a CuPy that imports without a driver or GPU means CPU.
+
+It sits just above `engine.kernels` (whose runtime it holds and enters) and below the files, the
+model and training (the model and the trainer take a `Backend`); `array_module` and `to_host` are
+the kernels' own, offered here to the code above.
 """
 
 from __future__ import annotations
@@ -28,6 +32,13 @@ from typing import Any
 import numpy as np
 
 from .errors import EngineError
+from .kernels.nvrtc import nvrtc_version
+from .kernels.runtime import array_module, cuda_runtime, to_host, use_runtime
+
+__all__ = [
+    "CPU", "Backend", "Device", "array_module", "available_devices", "gpu_training_available",
+    "gpu_unavailable_reason", "parse_device", "select_backend", "to_host",
+]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +64,7 @@ class Backend:
     device: str  # "cpu" or "cuda:N" (tests: "emulated", the kernels run by g++ on the CPU)
     xp: ModuleType  # numpy or cupy (the runtime's array module)
     reason: str = ""  # why this device was chosen ("auto" resolved to the CPU: why no GPU)
-    runtime: Any = None  # engine.kernels.cuda.Runtime of a GPU backend; None on the CPU
+    runtime: Any = None  # engine.kernels.runtime.Runtime of a GPU backend; None on the CPU
 
     @property
     def is_gpu(self) -> bool:
@@ -75,9 +86,7 @@ class Backend:
         if self.runtime is None:
             yield self
             return
-        from .model import ops  # the model layer reads the runtime; this module stays below it
-
-        with self._device(), ops.use_runtime(self.runtime):
+        with self._device(), use_runtime(self.runtime):
             yield self
 
     def asarray(self, a: Any, dtype: Any = None):
@@ -103,23 +112,6 @@ class Backend:
 
 
 CPU = Backend("cpu", np)
-
-
-def to_host(a: Any) -> np.ndarray:
-    """A NumPy array of any array (CuPy arrays are copied to the host), or of a Python scalar."""
-    get = getattr(a, "get", None)
-    if get is not None and type(a).__module__.startswith("cupy"):
-        return get()
-    return np.asarray(a)
-
-
-def array_module(a: Any) -> ModuleType:
-    """numpy or cupy, whichever `a` belongs to (cupy.get_array_module without importing CuPy)."""
-    if type(a).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy
-    return np
 
 
 def _import_cupy() -> tuple[ModuleType | None, str]:
@@ -227,8 +219,6 @@ def gpu_training_available() -> bool:
 @functools.lru_cache(maxsize=1)
 def gpu_unavailable_reason() -> str:
     try:
-        from .kernels.cuda import nvrtc_version
-
         nvrtc_version()
     except Exception as exc:  # noqa: BLE001 - CudaToolkitError, or a broken toolkit
         return f"the CUDA compiler (NVRTC) the kernels need is not usable ({exc})"
@@ -237,7 +227,5 @@ def gpu_unavailable_reason() -> str:
 
 def _cuda_backend(dev: Device) -> Backend:
     import cupy
-
-    from .kernels.cuda import cuda_runtime
 
     return Backend(dev.name, cupy, "", cuda_runtime())

@@ -84,6 +84,7 @@ RANGES: dict[str, Range] = {
     "keep_checkpoints": Range(1, 10**6, integer=True),
     "eval_every": Range(0, 10**9, integer=True, note="0: at the end only"),
     "norms_every": Range(0, 10**9, integer=True),
+    "rank_timeout_s": Range(0.0, 1e7, lo_open=True),  # a data-parallel rank's wait for the others
     # sampling
     "temperature": Range(0.0, 100.0, note="0: greedy"),
     "top_k": Range(0, 2**31 - 1, integer=True, note="0: off"),

@@ -35,7 +35,8 @@ import numpy as np
 
 from .backend import Backend, select_backend
 from .errors import DatasetError, EngineError
-from .io.export_check import CheckReport, ExportRequest, check_export, write_export
+from .export.check import CheckReport, ExportRequest, check_export, write_export
+from .export.verify import VerifyReport, verify_export
 from .io.weights import AUTO
 from .model.generate import GREEDY, SamplingConfig, check_logits
 from .model.generate import generate as generate_tokens
@@ -43,11 +44,11 @@ from .model.lora import LoraAdapter
 from .model.model import Model
 from .model.ops import LoraTerm
 from .model.summary import ModelSummary, summarize
-from .model.verify import VerifyReport, verify_export
 from .ranges import check_number
 from .text.chat_template import template_for
 from .text.tokenizer import Tokenizer
 from .train import events as ev
+from .train.collective import Collective
 from .train.data import Sample
 from .train.norms import NormsReport, lora_norms
 from .train.reward_session import RewardSession
@@ -129,11 +130,13 @@ class EngineSession:
         *,
         resume: str | None = None,
         init_adapter: str | None = None,
+        collective: Collective | None = None,
     ) -> Trainer:
         """Set up a training run on this session's model (nothing is computed until `train`).
 
         A paused run still in the session is ended first (`stop_run`) by the caller; here it is
-        simply replaced."""
+        simply replaced. `collective`: the ranks of a data-parallel run (engine.train.collective;
+        every rank opens its own session and calls the same methods; pausing is for one process)."""
         if config.device != "cpu" and select_backend(config.device).device != self.device:
             raise EngineError(
                 f"the run asks for device {config.device}, but the model is open on {self.device}; "
@@ -148,6 +151,7 @@ class EngineSession:
             init_adapter=init_adapter,
             tokenizer=self.tokenizer,
             template_file=self.template_file,
+            collective=collective,
         )
         return self.run
 
@@ -177,7 +181,7 @@ class EngineSession:
                 if isinstance(started, ev.Failed):
                     return started
             while not run.done:
-                if should_stop():
+                if run.agree_stop(should_stop()):  # with several ranks: as soon as one asks
                     return run.finish(on_event, stopped=True)
                 if should_pause():
                     run.note_paused()
@@ -327,12 +331,17 @@ class EngineSession:
         with self.job("export"):
             return write_export(request, adapter, on_progress, should_stop)
 
-    def verify_export(self, request: ExportRequest, adapter: LoraAdapter, path: str) -> VerifyReport:
-        """Reload `path` and compare its logits with this model + `adapter` (see engine.model.verify)."""
+    def verify_export(
+        self, request: ExportRequest, adapter: LoraAdapter, path: str, prompts: Sequence[str] | None = None
+    ) -> VerifyReport:
+        """Reload `path` and compare its logits with this model + `adapter` (see engine.export.verify)
+        on `prompts` (default: `VERIFY_PROMPTS`)."""
         same = request.base and os.path.exists(request.base) and os.path.samefile(request.base, self.path)
+        kwargs = {"prompts": tuple(prompts)} if prompts else {}
         with self.job("verifying the export"):
             if same:
                 return verify_export(
-                    request, adapter, path, base=self.model, tokenizer=self.tokenizer, template=self.template
-                )
-            return verify_export(request, adapter, path, template=self.template)
+                    request, adapter, path, base=self.model, tokenizer=self.tokenizer, template=self.template,
+                    **kwargs,
+                )  # fmt: skip
+            return verify_export(request, adapter, path, template=self.template, **kwargs)

@@ -220,6 +220,10 @@ class DatasetDocument:
     def __iter__(self) -> Iterator[Sample]:
         return iter(list(self._samples))
 
+    def iter_samples(self) -> Iterator[Sample]:
+        """The samples in order, without copying the list (do not change the document meanwhile)."""
+        return iter(self._samples)
+
     @property
     def path(self) -> str | None:
         """The file the samples were read from or last saved to (absolute); None for a new dataset."""
@@ -414,11 +418,13 @@ class DatasetDocument:
         *,
         saved: bool = True,
         problems: Sequence[Problem] = (),
+        index: DocumentIndex | None = None,
     ) -> None:
         """Replace everything, with a new history. `saved`: the samples are what `path` holds (clean);
         False: they differ from it (dirty until saved; a recovered autosave). `problems`: what
-        reading them found, by line (those on lines without a sample are `skipped`)."""
-        self._replace(list(samples), _absolute(path), list(problems), saved=saved)
+        reading them found, by line (those on lines without a sample are `skipped`). `index`:
+        `index_of(samples, problems)` made beforehand (on another thread, for a large file)."""
+        self._replace(list(samples), _absolute(path), list(problems), saved=saved, index=index)
 
     def save(self, path: str | os.PathLike[str] | None = None) -> str:
         """Write the samples to `path` (default: the document's file), which becomes its file.
@@ -461,19 +467,23 @@ class DatasetDocument:
         return target
 
     def _replace(
-        self, samples: list[Sample], path: str | None, problems: list[Problem], *, saved: bool
+        self,
+        samples: list[Sample],
+        path: str | None,
+        problems: list[Problem],
+        *,
+        saved: bool,
+        index: DocumentIndex | None = None,
     ) -> None:
         was_dirty, old_path = self.dirty, self._path
-        lines = {s.line for s in samples if s.line}
+        if index is None or index.n_samples != len(samples) or index.n_problems != len(problems):
+            index = index_of(samples, problems)
         self._samples = samples
         self._path = path
         self._problems = list(problems)
-        self._skipped = [p for p in problems if p.line not in lines]
-        self._problems_by_line = {}
-        for p in problems:
-            if p.line in lines:
-                self._problems_by_line.setdefault(p.line, []).append(p)
-        self._loaded = {s.line: s for s in samples if s.line} if saved else {}
+        self._skipped = index.skipped
+        self._problems_by_line = index.problems_by_line
+        self._loaded = index.loaded if saved else {}
         self._history, self._index = [], 0
         self._clean = 0 if saved else None
         self._notify(DatasetChange("reset"))
@@ -484,6 +494,36 @@ class DatasetDocument:
             self._notify(DatasetChange("dirty"))
 
 
+@dataclass(frozen=True)
+class DocumentIndex:
+    """What a document looks samples' problems up in, made from what reading a file gave (by
+    `index_of`, on any thread)."""
+
+    n_samples: int
+    n_problems: int
+    skipped: list[Problem]  # problems on lines that gave no sample
+    problems_by_line: dict[int, list[Problem]]  # the others, by line
+    loaded: dict[int, Sample]  # line -> the sample as read
+
+    def problems_for(self, sample: Sample) -> list[Problem]:
+        """What reading found about a sample as read (a copy)."""
+        return list(self.problems_by_line.get(sample.line, ())) if sample.line else []
+
+
+def index_of(samples: Sequence[Sample], problems: Sequence[Problem]) -> DocumentIndex:
+    """The lookups a document holding `samples` (read with `problems`) keeps."""
+    lines = {s.line for s in samples if s.line}
+    by_line: dict[int, list[Problem]] = {}
+    skipped = []
+    for p in problems:
+        if p.line in lines:
+            by_line.setdefault(p.line, []).append(p)
+        else:
+            skipped.append(p)
+    loaded = {s.line: s for s in samples if s.line}
+    return DocumentIndex(len(samples), len(problems), skipped, by_line, loaded)
+
+
 def _absolute(path: str | os.PathLike[str] | None) -> str | None:
     return os.path.abspath(os.fspath(path)) if path is not None and os.fspath(path) else None
 
@@ -492,8 +532,10 @@ __all__ = [
     "DatasetChange",
     "DatasetCommand",
     "DatasetDocument",
+    "DocumentIndex",
     "EditSampleCommand",
     "InsertSamplesCommand",
     "MoveSampleCommand",
     "RemoveSamplesCommand",
+    "index_of",
 ]

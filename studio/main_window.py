@@ -66,6 +66,7 @@ from .pages.train.page import TrainPage
 from .project import ModelInfo, Project, ProjectError
 from .widgets.first_steps import FirstStepsWidget
 from .widgets.help_dialogs import QuickStartDialog, ShortcutsDialog
+from .widgets.runs import remember_folder
 from .widgets.theme import THEMES, apply_theme
 from .worker import Engine
 
@@ -75,7 +76,7 @@ PAGE_TABLE: tuple[tuple[str, str, Callable[[Any], QWidget]], ...] = (
     ("Model", "model_page", lambda w: ModelPage(w.project, w.engine)),
     ("Dataset", "dataset_page", lambda w: DatasetPage(w.project, w.dataset)),
     ("Targets", "targets_page", lambda w: TargetsPage(w.project)),
-    ("Train", "train_page", lambda w: TrainPage(w.project, w.engine, w.dataset)),
+    ("Train", "train_page", lambda w: TrainPage(w.project, w.engine, w.dataset, settings=w.settings)),
     ("Chat", "chat_page", lambda w: ChatPage(w.project, w.engine, settings=w.settings)),
     ("Rewards", "rewards_page", lambda w: RewardsPage(w.project, w.engine, settings=w.settings)),
     ("Export", "export_page", lambda w: ExportPage(w.project, w.engine, settings=w.settings)),
@@ -88,6 +89,13 @@ THEME_KEY = "view/theme"
 FIRST_STEPS_KEY = "view/first_steps"  # false once the person has trained, or closed the strip
 THEME_LABELS = {"system": "&System", "light": "&Light", "dark": "&Dark"}
 NAV_ROOM = 8  # pages the navigation is wide enough for ("8  Rewards")
+
+
+def _same_path(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
 
 
 def process_memory_bytes(pid: int | str = "self") -> int | None:
@@ -182,6 +190,7 @@ class MainWindow(QMainWindow):
         self.theme = "system"
         self._quiet = 0  # > 0 while files open as part of something else (a project, the demo)
         self._clean_start = False  # start_project: the model's opening leaves the project unchanged
+        self._pending_resume: str | None = None  # a checkpoint to resume once its model has opened
         # Questions to the person; replaced in tests and scripts.
         # confirm(title, text) -> bool: go ahead?
         self.confirm: Callable[[str, str], bool] = self._ask
@@ -239,6 +248,7 @@ class MainWindow(QMainWindow):
         self.model_page.sig_error.connect(self._model_failed)
         self.dataset_page.sig_modified.connect(lambda _: self._update_title())
         self.dataset_page.sig_dataset_opened.connect(self._dataset_opened)
+        self.dataset_page.sig_dataset_opening.connect(self._dataset_opening)
         self.targets_page.sig_selection_changed.connect(lambda _: self._steps_timer.start())
         self.train_page.sig_state_changed.connect(self._training_state)
         self.train_page.sig_run_finished.connect(self._run_finished)
@@ -246,6 +256,8 @@ class MainWindow(QMainWindow):
         self.runs_page.sig_chat_requested.connect(self._chat_with)
         self.runs_page.sig_rate_requested.connect(lambda path: self._rate_from(path, None))
         self.runs_page.sig_export_requested.connect(self._export_from)
+        self.runs_page.sig_resume_requested.connect(self.resume_run)
+        self.train_page.sig_open_dataset.connect(self._open_dataset_quietly)
         self.chat_page.sig_rate_requested.connect(self._rate_from)
         self.chat_page.sig_export_requested.connect(self._export_from)
         self.rewards_page.sig_round_applied.connect(lambda _: self._refresh_runs())
@@ -426,6 +438,28 @@ class MainWindow(QMainWindow):
         self.rewards_page.refresh_runs()
         self.chat_page.refresh_adapters()
         self.runs_page.refresh()
+        self.train_page.refresh_resumable()
+
+    def resume_run(self, checkpoint: str, model: str) -> bool:
+        """Resume a run from the Runs page: on its own model (opened first when another one, or none,
+        is open), from `checkpoint`, with the run's own settings; the Train page shows it."""
+        if self.train_page.state in ("loading", "training", "pausing", "stopping"):
+            self.statusBar().showMessage("A run is training: stop it before resuming another one", 8000)
+            return False
+        if model and not (self.project.model_path and _same_path(model, self.project.model_path)):
+            if not os.path.isfile(model):
+                self.statusBar().showMessage(f"The run's model {model} does not exist any more", 10000)
+                return False
+            self._pending_resume = checkpoint
+            self.open_model(model)
+            self.show_page_named("Train")
+            return True
+        self.show_page_named("Train")
+        return self.train_page.resume_from(checkpoint)
+
+    def _open_dataset_quietly(self, path: str) -> None:
+        with self._opening_quietly():
+            self.open_dataset(path)
 
     def show_page_named(self, name: str) -> None:
         if name in self.page_names:
@@ -451,6 +485,13 @@ class MainWindow(QMainWindow):
 
     def _training_state(self, state: str) -> None:
         self.state_label.setText(f"Training: {state}")
+        paths = self.train_page.paths
+        if state == "loading" and paths is not None:
+            folder = os.path.dirname(os.path.abspath(paths.out))
+            if not _same_path(folder, self.project.default_output_folder()) and remember_folder(
+                self.settings, folder
+            ):
+                self.runs_page.refresh()  # a run outside the model's runs home is listed after a relaunch
 
     def show_page(self, index: int) -> None:
         self.nav.setCurrentRow(index)
@@ -691,14 +732,23 @@ class MainWindow(QMainWindow):
         self.sig_model_changed.emit(info)
         self._update_title()
         self.update_first_steps()
+        pending, self._pending_resume = self._pending_resume, None
+        if pending:  # the Runs page asked to resume a run of this model
+            self.train_page.resume_from(pending)
 
     def _model_failed(self, _message: str) -> None:
         self._clean_start = False
+        self._pending_resume = None
         self.statusBar().showMessage("Could not open the model: see the Model page", 8000)
         self._steps_timer.start()
 
     def _dataset_opened(self, path: str) -> None:
         self._add_recent("recent/datasets", path)
+        if not self._quiet:
+            self.show_page(self.page_names.index("Dataset"))
+
+    def _dataset_opening(self, _path: str) -> None:
+        """A large file is being read in the background: show its progress on the Dataset page."""
         if not self._quiet:
             self.show_page(self.page_names.index("Dataset"))
 
@@ -727,11 +777,49 @@ class MainWindow(QMainWindow):
         model = f" — {Path(self.project.model_path).name}" if self.project.model_path else ""
         self.setWindowTitle(f"Tune Studio — {name}{' *' if dirty else ''}{model}")
 
-    def new_project(self) -> None:
+    def new_project(self) -> bool:
+        """Start again: a run in progress ends first (with its checkpoint), unsaved changes are asked
+        about, then every page and the engine session forget the old project: no model, no dataset,
+        no run, no conversation, no rating session, no export result. Files on disk stay."""
+        if self.train_page.is_running() or self.train_page.state == "paused":
+            if not self.confirm(
+                "Stop training?",
+                "Training is running. Stop it (a checkpoint is written) and start a new project?",
+            ):
+                return False
+            if not self.train_page.stop_and_wait():
+                return False
         if not self._maybe_save():
-            return
-        self.project.reset()
+            return False
+        self.chat_page.shutdown()
+        self.export_page.shutdown()
+        self.train_page.reset()
+        self.project.reset()  # every page hears that the model, the dataset and the settings changed
+        self.dataset.reset()  # the Dataset page follows its document
+        self.model_info = None
+        self.model_page.clear()
+        for page in self.pages:
+            if page is not self.model_page and hasattr(page, "set_model_info"):
+                page.set_model_info(None)
+        self.chat_page.new_chat()
+        self.rewards_page.reset()
+        self.export_page.reset()
+
+        def forget_run(session, job) -> None:  # the engine session keeps no run of the old project
+            if session is not None:
+                session.run = None
+                session.set_template_file(None)
+
+        self.engine.submit("starting a new project", forget_run, needs_session=False)
+        self.sig_model_changed.emit(None)
+        self.autosave.clear()
+        self.project.dirty = False
+        self._refresh_runs()
+        self.show_page(0)
         self._update_title()
+        self.update_first_steps()
+        self.statusBar().showMessage("New project: open a model to begin", 6000)
+        return True
 
     def open_project_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(
@@ -838,8 +926,8 @@ class MainWindow(QMainWindow):
         return [p for p in (value or []) if isinstance(p, str)]
 
     def _add_recent(self, key: str, path: str) -> None:
-        path = os.path.abspath(path)
-        paths = [path] + [p for p in self._recent(key) if p != path]
+        path = os.path.realpath(path)  # one entry per file, however it was named (links, "..")
+        paths = [path] + [p for p in self._recent(key) if os.path.realpath(p) != path and p != path]
         self.settings.setValue(key, paths[:MAX_RECENT])
         self._refresh_recent_menus()
 
@@ -850,13 +938,14 @@ class MainWindow(QMainWindow):
             (self.recent_projects_menu, "recent/projects", self.open_project),
         ):
             menu.clear()
-            paths = [p for p in self._recent(key) if os.path.exists(p)]
+            paths = list(dict.fromkeys(os.path.realpath(p) for p in self._recent(key) if os.path.exists(p)))
             for p in paths:
                 menu.addAction(
                     self._action(Path(p).name, lambda _=False, p=p, opener=opener: opener(p), tip=p)
                 )
             menu.setEnabled(bool(paths))
-        self.model_page.set_recent([p for p in self._recent("recent/models") if os.path.exists(p)])
+        models = [os.path.realpath(p) for p in self._recent("recent/models") if os.path.exists(p)]
+        self.model_page.set_recent(list(dict.fromkeys(models)))
 
     def _restore_state(self) -> None:
         geometry = self.settings.value("main/geometry")
@@ -912,6 +1001,16 @@ class MainWindow(QMainWindow):
             ):
                 event.ignore()
                 return
+        if self.train_page.is_running() or self.train_page.state == "paused":
+            # training ends first, with its checkpoint, before any other question: nothing trains on
+            # behind a dialog, and the run is stopped whatever is answered next
+            self.statusBar().showMessage(
+                "Stopping training: the current step ends, then a checkpoint is written…"
+            )
+            if not self.train_page.stop_and_wait():
+                self.statusBar().showMessage("Training did not stop in time; close again to retry", 10000)
+                event.ignore()
+                return
         if not self._maybe_save():
             event.ignore()
             return
@@ -920,9 +1019,7 @@ class MainWindow(QMainWindow):
         self.chat_page.shutdown()
         self.rewards_page.shutdown()
         self.export_page.shutdown()
-        if self.train_page.state == "paused":  # a run paused in memory: end it with its checkpoint
-            self.train_page.stop()
-        self.engine.shutdown()  # the running job stops after its step; the worker thread ends
+        self.engine.shutdown()  # nothing long is left: a check or an answer stops at once
         self.settings.setValue("main/geometry", self.saveGeometry())
         self.settings.setValue("main/state", self.saveState())
         self.settings.setValue("main/page", self.nav.currentRow())

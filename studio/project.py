@@ -11,19 +11,25 @@ without a display; the main window turns its notifications into UI updates. `to_
 its summary (architecture, tensors), tokenizer and chat template. Reading one is fast (the
 header only).
 
-Outputs: `Project.output_folder()` is where runs write: the chosen `output_dir`, else a
-`tune-studio-out` folder beside the project file (or the dataset, or the model), except when that
-folder is inside the installed program (the bundled demo's resources/) or cannot be written: then
-the user's data folder (`user_data_folder()/runs`). Nothing is created by asking.
+Outputs: each project has one home for its runs, `Project.output_folder()`: the chosen
+`output_dir`, else the open model's own folder under the app's data folder
+(`model_runs_folder(model)`: `user_data_folder()/runs/<model stem>-<8 hex digits of its path>`), so
+that the runs of a model are found again after a relaunch whatever was opened last, and never
+written beside an input that may be read-only (a downloaded model's folder, the installed demo).
+`legacy_output_folder()` names where older versions wrote (`tune-studio-out` beside the project
+file, the dataset or the model), still listed when it exists. Nothing is created by asking.
 
 Hyperparameter presets: `HYPER_PRESETS` (quick, balanced, thorough) set the training settings for a
-model's size (`preset_settings(name, n_params)`, described by `describe_preset`);
-`Project.reset_hyperparameters()` returns them to the TrainConfig defaults and keeps what the
-Targets and Model pages chose (targets, rank, alpha, full-weight tensors, device).
+model's size and the dataset (`preset_settings(name, n_params, data)`, described by
+`describe_preset`): the learning rate by size, the context from the longest sample, the batch from
+the tokens, and enough optimizer steps to change the model (a 16-sample dataset gets many epochs).
+`Project.reset_hyperparameters()` (a new model) sets the default preset, `DEFAULT_PRESET`, and keeps
+what the Targets and Model pages chose (targets, rank, alpha, full-weight tensors, device).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -49,15 +55,17 @@ from engine import (
 )
 
 PROJECT_VERSION = 1
-OUTPUT_FOLDER_NAME = "tune-studio-out"  # the default output folder beside the project (or dataset)
+OUTPUT_FOLDER_NAME = "tune-studio-out"  # where older versions wrote runs, beside the project (or dataset)
+DATA_FOLDER_NAMES = {"win32": "Tune Studio", "darwin": "Tune Studio"}  # elsewhere: "tune-studio"
 # the installed program: the packages and the bundled resources (the demo model and dataset)
 _INSTALL_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INSTALLED_FOLDERS = tuple(os.path.join(_INSTALL_ROOT, name) for name in ("studio", "engine", "resources"))
 
 
 def user_data_folder() -> str:
-    """The user's writable data folder for Tune Studio (Qt's AppLocalDataLocation for the app's
-    organisation "TuneStudio" and name "Tune Studio"), or $TUNE_STUDIO_DATA when set."""
+    """The user's writable data folder for Tune Studio, one level under the platform's data folder:
+    ~/.local/share/tune-studio ($XDG_DATA_HOME), ~/Library/Application Support/Tune Studio,
+    %LOCALAPPDATA%\\Tune Studio; or $TUNE_STUDIO_DATA when set."""
     if os.environ.get("TUNE_STUDIO_DATA"):
         return os.environ["TUNE_STUDIO_DATA"]
     home = os.path.expanduser("~")
@@ -67,7 +75,19 @@ def user_data_folder() -> str:
         base = os.path.join(home, "Library", "Application Support")
     else:
         base = os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
-    return os.path.join(base, "TuneStudio", "Tune Studio")
+    return os.path.join(base, DATA_FOLDER_NAMES.get(sys.platform, "tune-studio"))
+
+
+def model_runs_folder(model_path: str | None) -> str:
+    """The runs home of a model: user_data_folder()/runs/<model stem>-<8 hex digits of its real path>
+    (two files of the same name get two folders); user_data_folder()/runs without a model."""
+    root = os.path.join(user_data_folder(), "runs")
+    if not model_path:
+        return root
+    real = os.path.realpath(model_path)
+    stem = os.path.splitext(os.path.basename(real))[0] or "model"
+    digest = hashlib.sha1(os.path.normcase(real).encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return os.path.join(root, f"{stem}-{digest}")
 
 
 def is_installed_path(path: str) -> bool:
@@ -83,33 +103,33 @@ def is_installed_path(path: str) -> bool:
     return False
 
 
-def can_create_in(folder: str) -> bool:
-    """Files could be written in `folder` (it exists and is writable, or the nearest folder that
-    exists above it is): asks the file system, creates nothing."""
-    probe = os.path.abspath(folder)
-    while not os.path.exists(probe):
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            return False
-        probe = parent
-    return os.path.isdir(probe) and os.access(probe, os.W_OK | os.X_OK)
-
-
 # --- hyperparameter presets -----------------------------------------------------------------------
 HYPER_PRESETS = ("quick", "balanced", "thorough")
+DEFAULT_PRESET = "balanced"  # what a new model starts with, scaled to its size and the dataset
 PRESET_MEANING = {
-    "quick": "one pass over the data with a short context: a first look at whether training helps",
-    "balanced": "two passes, a tenth of the samples held out to measure validation loss",
-    "thorough": "three passes at a lower learning rate with a longer context, more gradient "
-    "accumulation, regular evaluations and checkpoints",
+    "quick": "a first look at whether training helps: a short run",
+    "balanced": "enough steps to teach a small dataset, a tenth held out for validation when the dataset "
+    "is large enough to spare it (the default)",
+    "thorough": "twice the steps at half the learning rate, more gradient accumulation, regular "
+    "evaluations and checkpoints",
 }
-# sizes by parameter count: (upper bound, name, base learning rate, context lengths quick/balanced/thorough)
+# sizes by parameter count: (upper bound, name, base learning rate, longest context of
+# quick/balanced/thorough, most tokens in one micro-batch). LoRA on a small dataset needs about
+# lr × steps >= 0.01-0.05 to change the answers (SmolLM2-135M learns a made-up fact with lr 1e-3 × 40
+# steps); larger models need smaller rates.
 SIZE_CLASSES = (
-    (100e6, "tiny (under 100M parameters)", 1e-3, (256, 512, 1024)),
-    (1.5e9, "small (under 1.5B parameters)", 2e-4, (256, 512, 1024)),
-    (10e9, "medium (1.5B to 10B parameters)", 1e-4, (256, 512, 1024)),
-    (math.inf, "large (10B parameters or more)", 5e-5, (256, 512, 512)),
+    (100e6, "tiny (under 100M parameters)", 2e-3, (256, 512, 1024), 4096),
+    (1.5e9, "small (under 1.5B parameters)", 1e-3, (256, 512, 1024), 2048),
+    (10e9, "medium (1.5B to 10B parameters)", 4e-4, (256, 512, 1024), 1024),
+    (math.inf, "large (10B parameters or more)", 2e-4, (256, 512, 512), 512),
 )
+# per preset: (fewest optimizer steps, epochs, gradient accumulation, warm-up share, weight decay)
+PRESET_SHAPE = {
+    "quick": (30, 1.0, 1, 0.0, 0.0),
+    "balanced": (60, 2.0, 1, 0.05, 0.0),
+    "thorough": (120, 3.0, 2, 0.1, 0.01),
+}
+MIN_VAL_SAMPLES = 50  # below this many samples nothing is held out: every sample is needed to learn
 # what the presets change; every other setting keeps its value
 PRESET_FIELDS = (
     "lr", "epochs", "steps", "n_ctx", "batch_size", "grad_accum", "warmup_steps", "weight_decay",
@@ -119,54 +139,98 @@ PRESET_FIELDS = (
 KEPT_ON_RESET = ("targets", "rank", "alpha", "lora_init", "full", "device")
 
 
-def size_class(n_params: int | None) -> tuple[str, float, tuple[int, int, int]]:
-    """(name, base learning rate, context lengths of quick/balanced/thorough) for a model size
-    (None: unknown, treated as small)."""
+@dataclass(frozen=True)
+class DataStats:
+    """The dataset as the presets see it (from the Train page's check of the next run)."""
+
+    n_samples: int  # samples with a token to learn from (both sides of a validation split)
+    n_tokens: int  # their tokens
+    longest: int  # tokens of the longest one (as encoded for `measured_ctx`)
+    measured_ctx: int  # the context length the samples were encoded with (longer ones were cut)
+
+    @property
+    def truncated(self) -> bool:
+        return self.longest >= self.measured_ctx
+
+
+def size_class(n_params: int | None) -> tuple[str, float, tuple[int, int, int], int]:
+    """(name, base learning rate, context lengths of quick/balanced/thorough, tokens per micro-batch)
+    for a model size (None: unknown, treated as small)."""
     n = 1e9 if n_params is None else n_params
-    for bound, name, lr, contexts in SIZE_CLASSES:
+    for bound, name, lr, contexts, tokens in SIZE_CLASSES:
         if n < bound:
-            return name, lr, contexts
+            return name, lr, contexts, tokens
     raise AssertionError("unreachable")
 
 
-def preset_settings(name: str, n_params: int | None) -> dict[str, Any]:
-    """The TrainConfig settings preset `name` gives a model of `n_params` parameters."""
+def _context_for(longest: int, most: int) -> int:
+    """The smallest power of two (at least 64) longer than a sample of `longest` tokens, at most `most`
+    (longer, not equal: a sample as long as the context it was measured with may have been cut)."""
+    ctx = 64
+    while ctx <= longest and ctx < most:
+        ctx *= 2
+    return min(ctx, most)
+
+
+def preset_settings(name: str, n_params: int | None, data: DataStats | None = None) -> dict[str, Any]:
+    """The TrainConfig settings preset `name` gives a model of `n_params` parameters and a dataset
+    (`data`; None: not known yet). The learning rate follows the model's size; the context fits the
+    longest sample; the batch fills the micro-batch's tokens; and the step total is at least the
+    preset's fewest steps, more epochs over a small dataset (16 samples of a fact are seen ~20 times),
+    its epochs over a large one."""
     if name not in HYPER_PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(HYPER_PRESETS)}")
-    _, lr, contexts = size_class(n_params)
+    _, base_lr, contexts, micro_tokens = size_class(n_params)
     i = HYPER_PRESETS.index(name)
-    common = {"steps": 0, "batch_size": 1, "n_ctx": contexts[i]}
-    if name == "quick":
-        return {**common, "lr": lr, "epochs": 1.0, "grad_accum": 1, "warmup_steps": 0, "weight_decay": 0.0,
-                "val_split": 0.0, "eval_every": 0, "checkpoint_every": 0}  # fmt: skip
-    if name == "balanced":
-        return {**common, "lr": lr, "epochs": 2.0, "grad_accum": 2, "warmup_steps": 10, "weight_decay": 0.0,
-                "val_split": 0.1, "eval_every": 0, "checkpoint_every": 50}  # fmt: skip
-    return {**common, "lr": lr / 2, "epochs": 3.0, "grad_accum": 4, "warmup_steps": 20, "weight_decay": 0.01,
-            "val_split": 0.1, "eval_every": 25, "checkpoint_every": 25}  # fmt: skip
+    fewest, epochs, accum, warm_share, decay = PRESET_SHAPE[name]
+    lr = base_lr / 2 if name == "thorough" else base_lr
+    most_ctx = contexts[i]
+    if data is None or not data.n_samples:
+        n_ctx, batch, steps, val = most_ctx, 1, 0, 0.0
+        warmup = int(round(warm_share * fewest))
+        total = fewest
+    else:
+        n_ctx = most_ctx if data.truncated else _context_for(data.longest, most_ctx)
+        windows = max(1, math.ceil(data.n_tokens / n_ctx))
+        batch = max(1, min(windows, micro_tokens // n_ctx, 8))
+        batches = math.ceil(windows / batch)
+        from_epochs = math.ceil(epochs * batches / accum)
+        steps = fewest if from_epochs < fewest else 0
+        total = max(fewest, from_epochs)
+        val = 0.1 if name != "quick" and data.n_samples >= MIN_VAL_SAMPLES else 0.0
+        warmup = int(round(warm_share * total))
+    every = max(10, total // 4)
+    return {
+        "lr": lr, "epochs": epochs, "steps": steps, "n_ctx": n_ctx, "batch_size": batch, "grad_accum": accum,
+        "warmup_steps": warmup, "weight_decay": decay, "val_split": val,
+        "eval_every": every if name == "thorough" and val else 0,
+        "checkpoint_every": 0 if name == "quick" else every,
+    }  # fmt: skip
 
 
-def describe_preset(name: str, n_params: int | None) -> str:
-    """One line for a tooltip: what the preset is for and the values it sets for this size."""
-    s = preset_settings(name, n_params)
+def describe_preset(name: str, n_params: int | None, data: DataStats | None = None) -> str:
+    """One line for a tooltip: what the preset is for and the values it sets for this size and data."""
+    s = preset_settings(name, n_params, data)
     val = f"validation split {s['val_split']:g}" if s["val_split"] else "no validation split"
     evals = f", evaluate every {s['eval_every']} steps" if s["eval_every"] else ""
     ckpt = f", checkpoint every {s['checkpoint_every']} steps" if s["checkpoint_every"] else ""
     decay = f", weight decay {s['weight_decay']:g}" if s["weight_decay"] else ""
+    steps = f"{s['steps']} steps" if s["steps"] else f"{s['epochs']:g} epochs"
+    for_data = f" for {data.n_samples} samples" if data is not None and data.n_samples else ""
     return (
-        f"{name}: {PRESET_MEANING[name]}. Sets learning rate {s['lr']:g}, {s['epochs']:g} epochs, "
-        f"context {s['n_ctx']} tokens, batch 1 × {s['grad_accum']} accumulated, "
+        f"{name}: {PRESET_MEANING[name]}. Sets{for_data} learning rate {s['lr']:g}, {steps}, context "
+        f"{s['n_ctx']} tokens, batch {s['batch_size']} × {s['grad_accum']} accumulated, "
         f"{s['warmup_steps']} warm-up steps{decay}, {val}{evals}{ckpt}."
     )
 
 
-def matching_preset(config: TrainConfig, n_params: int | None) -> str | None:
+def matching_preset(config: TrainConfig, n_params: int | None, data: DataStats | None = None) -> str | None:
     """The preset whose settings `config` has ("defaults" for TrainConfig's own), or None."""
     defaults = TrainConfig()
     if all(_same(getattr(config, f), getattr(defaults, f)) for f in PRESET_FIELDS):
         return "defaults"
     for name in HYPER_PRESETS:
-        if all(_same(getattr(config, f), v) for f, v in preset_settings(name, n_params).items()):
+        if all(_same(getattr(config, f), v) for f, v in preset_settings(name, n_params, data).items()):
             return name
     return None
 
@@ -360,11 +424,11 @@ class Project:
         self.config = config
         self.device = data.get("device") or config.device
 
-    def reset_hyperparameters(self) -> None:
-        """Training settings back to TrainConfig's defaults (a new model), keeping what the
-        Targets and Model pages chose (`KEPT_ON_RESET`)."""
+    def reset_hyperparameters(self, n_params: int | None = None, data: DataStats | None = None) -> None:
+        """Training settings for a new model: the default preset for its size and the dataset (the rest
+        TrainConfig's defaults), keeping what the Targets and Model pages chose (`KEPT_ON_RESET`)."""
         kept = {name: getattr(self.config, name) for name in KEPT_ON_RESET}
-        new = TrainConfig(**kept)
+        new = TrainConfig(**kept, **preset_settings(DEFAULT_PRESET, n_params, data))
         if new != self.config:
             changed = [
                 f.name for f in fields(TrainConfig) if getattr(new, f.name) != getattr(self.config, f.name)
@@ -373,43 +437,53 @@ class Project:
             self.dirty = True
             self._notify({"config", *(f"config.{k}" for k in changed)})
 
-    def apply_preset(self, name: str, n_params: int | None) -> None:
+    def apply_preset(self, name: str, n_params: int | None, data: DataStats | None = None) -> None:
         """Set the training settings of a preset ("defaults", or one of HYPER_PRESETS) for a model
-        of `n_params` parameters."""
+        of `n_params` parameters and a dataset (`data`)."""
         if name == "defaults":
             defaults = TrainConfig()
             self.update_config(**{f: getattr(defaults, f) for f in PRESET_FIELDS})
         else:
-            self.update_config(**preset_settings(name, n_params))
+            self.update_config(**preset_settings(name, n_params, data))
 
     # --- derived ----------------------------------------------------------------------------
     def output_folder(self) -> str:
-        """Where adapters and checkpoints go: output_dir, else a tune-studio-out folder beside the
-        project file (or the dataset, or the model); the user's data folder instead when that one
-        is inside the installed program or cannot be written (see the module docstring)."""
+        """The project's home for runs: output_dir, else the open model's folder under the app's data
+        folder (`model_runs_folder`; see the module docstring)."""
         if self.output_dir:
             return self.output_dir
-        anchor = self.path or self.dataset_path or self.model_path
-        if anchor:
-            folder = os.path.join(os.path.dirname(os.path.abspath(anchor)), OUTPUT_FOLDER_NAME)
-            if not is_installed_path(folder) and can_create_in(folder):
-                return folder
-        return os.path.join(user_data_folder(), "runs")
+        return model_runs_folder(self.model_path)
+
+    def default_output_folder(self) -> str:
+        """Where runs go when no folder is chosen: the model's folder under the app's data folder."""
+        return model_runs_folder(self.model_path)
+
+    def legacy_output_folder(self) -> str | None:
+        """The tune-studio-out folder older versions wrote beside the project file (or the dataset,
+        or the model), when it exists: its runs are still listed."""
+        for anchor in (self.path, self.dataset_path, self.model_path):
+            if anchor:
+                folder = os.path.join(os.path.dirname(os.path.abspath(anchor)), OUTPUT_FOLDER_NAME)
+                if os.path.isdir(folder) and not is_installed_path(folder):
+                    return folder
+        return None
 
     def targets(self) -> TargetSpec:
         return self.config.targets
 
 
 __all__ = [
+    "DEFAULT_PRESET",
     "HYPER_PRESETS",
+    "DataStats",
     "EngineError",
     "ModelInfo",
     "Project",
     "ProjectError",
-    "can_create_in",
     "describe_preset",
     "is_installed_path",
     "matching_preset",
+    "model_runs_folder",
     "preset_settings",
     "size_class",
     "user_data_folder",

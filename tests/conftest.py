@@ -25,6 +25,15 @@ def golden_cases() -> list[dict]:
     return json.loads((GOLDEN_MODELS / "manifest.json").read_text())["cases"]
 
 
+@pytest.fixture(autouse=True)
+def app_data_folder(tmp_path_factory, monkeypatch) -> Path:
+    """The app's data folder (runs homes, recovery) of each test: its own, under the test's tmp root,
+    so that no test writes into the user's real data folder or sees another test's runs."""
+    folder = tmp_path_factory.mktemp("app-data")
+    monkeypatch.setenv("TUNE_STUDIO_DATA", str(folder))
+    return folder
+
+
 @pytest.fixture(scope="session")
 def synth_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("synth")
@@ -33,7 +42,7 @@ def synth_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def synth_model(synth_dir):
     """synth_model(arch, **spec_overrides) -> path of a tiny model written once per session."""
-    from engine.io.synth import SynthSpec, write_model
+    from engine.testing import SynthSpec, write_model
 
     made: dict[tuple, str] = {}
 

@@ -3,7 +3,8 @@
 Each subcommand parses its arguments, calls the engine, and prints. Errors the
 engine reports (`EngineError`) and unreadable inputs become one line on stderr
 and exit code 2, never a traceback. `norms` and `export` live in
-`engine.cli.tools`, `reward` in `engine.cli.reward`.
+`engine.cli.tools`, `reward` in `engine.cli.reward`; the options and the session
+every command that computes shares are in `engine.cli.common`.
 """
 
 from __future__ import annotations
@@ -21,32 +22,23 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import EngineError
+from ..export.verify import failed_name
 from ..io.files import AppendLog, atomic_write, check_outputs
 from ..model.generate import GREEDY, SamplingConfig
 from ..model.summary import human_bytes, human_count, summarize
 from ..ranges import check_number
-from ..session import EngineSession
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 from ..train.checkpoint import PREFIX as CHECKPOINT_PREFIX
 from ..train.trainer import RESUMED, RUN_FOLDERS, resolve_checkpoint, run_kinds, run_outputs
+from . import ranks
+from .common import add_runtime_options, open_session
 
 EXIT_USAGE = 2
 
 
 class CliError(Exception):
     """A problem with the command's own inputs (a file that cannot be read, a bad value)."""
-
-
-def add_runtime_options(s: argparse.ArgumentParser) -> None:
-    """--device and --cache-budget, for every command that computes with the model."""
-    s.add_argument("--device", default="cpu", help="cpu (default), cuda:N, or auto (a GPU when usable)")
-    s.add_argument(
-        "--cache-budget",
-        default="auto",
-        help="dequantized weights kept between uses: auto (what memory is free; default), off, or a "
-        "size such as 2G; the weights themselves stay quantized as the file stores them",
-    )
 
 
 # --- the one rule for every command's values and paths ----------------------------------------------
@@ -59,6 +51,7 @@ OPTION_RANGES = {
     "gclip": "gclip", "max_grad_norm": "max_grad_norm", "epochs": "epochs", "steps": "steps",
     "ctx": "n_ctx", "batch": "batch_size", "grad_accum": "grad_accum", "val_split": "val_split",
     "eval_every": "eval_every", "kl": "kl_coef", "checkpoint_every": "checkpoint_every",
+    "rank_timeout": "rank_timeout_s",
 }  # fmt: skip
 COMMAND_RANGES = {("generate", "seed"): "sampling_seed"}  # where a command's option means another thing
 
@@ -91,8 +84,13 @@ def command_paths(args: argparse.Namespace) -> CommandPaths:
         return CommandPaths({"model": a["model"], "adapter": a["lora"]}, {"logits file": a["out"]},
                             kinds={"logits file": "npy"})  # fmt: skip
     if cmd == "export":
-        return CommandPaths({"adapter": a["adapter"], "base model": a["model"]}, {"output": a["out"]},
-                            kinds={"output": "model" if a["merge"] else "adapter"})  # fmt: skip
+        kind = "model" if a["merge"] else "adapter"
+        verified = a["verify"] if a["verify"] is not None else a["merge"]
+        failed = failed_name(a["out"]) if verified and not a["check"] else None  # where a failed file goes
+        return CommandPaths(
+            {"adapter": a["adapter"], "base model": a["model"], "verification prompts": a["prompts"]},
+            {"output": a["out"], "failed output": failed}, kinds={"output": kind, "failed output": kind},
+        )  # fmt: skip
     if cmd == "reward":
         return CommandPaths(
             {"model": a["model"], "adapter to continue": a["adapter"], "prompts file": a["prompts"]},
@@ -106,10 +104,10 @@ def command_paths(args: argparse.Namespace) -> CommandPaths:
         if resume:
             with contextlib.suppress(EngineError):  # the run names a checkpoint that cannot be used
                 resume = resolve_checkpoint(resume)
-        config = train_config(args)
+        config, _ = train_config(args)
         return CommandPaths(
             {"model": a["model"], "dataset": a["data"], "adapter to continue": a["init_adapter"],
-             RESUMED: resume, "chat template": a["template_file"]},
+             RESUMED: resume, "chat template": a["template_file"], "settings file": a["settings"]},
             {**run_outputs(config), "events file": a["events"]},
             RUN_FOLDERS, RESUMED, {**run_kinds(config), "events file": "events"},
         )  # fmt: skip
@@ -122,17 +120,6 @@ def check_paths(args: argparse.Namespace) -> None:
     of another kind than it writes (a dataset where logits go)."""
     p = command_paths(args)
     check_outputs(p.outputs, p.inputs, folders=p.folders, continues=p.continues, kinds=p.kinds)
-
-
-def open_session(args: argparse.Namespace) -> EngineSession:
-    """The engine session of `args.model` on `args.device`, with the weight cache of
-    `args.cache_budget` and the chat template of `args.template_file` when the command has one."""
-    return EngineSession(
-        args.model,
-        device=args.device,
-        cache_budget=args.cache_budget,
-        template_file=getattr(args, "template_file", None),
-    )
 
 
 def _read_text(path: str) -> str:
@@ -307,45 +294,126 @@ def _fmt_time(seconds: float) -> str:
     )
 
 
-def train_config(args: argparse.Namespace):
-    """The TrainConfig of `tune-engine train`'s arguments (ConfigError naming a bad value)."""
+# train options -> (TrainConfig field, the value when the option is not given and no checkpoint is
+# resumed); with --resume, an option not given takes the checkpoint's value instead
+TRAIN_OPTIONS: dict[str, tuple[str, object]] = {
+    "rank": ("rank", 16), "alpha": ("alpha", None), "lr": ("lr", 2e-4), "schedule": ("schedule", "cosine"),
+    "warmup": ("warmup_steps", 0), "weight_decay": ("weight_decay", 0.0), "gclip": ("gclip", 0.0),
+    "max_grad_norm": ("max_grad_norm", 1.0), "epochs": ("epochs", 1.0), "steps": ("steps", 0),
+    "ctx": ("n_ctx", 512), "batch": ("batch_size", 1), "grad_accum": ("grad_accum", 1),
+    "val_split": ("val_split", 0.0), "eval_every": ("eval_every", 0),
+    "train_on_prompt": ("train_on_prompt", False),
+    "reward_mode": ("reward_mode", "none"), "kl": ("kl_coef", 0.0), "seed": ("seed", 0),
+    "checkpoint_layers": ("checkpoint_layers", "auto"), "checkpoint_every": ("checkpoint_every", 0),
+    "out_type": ("out_type", "F32"),
+}  # fmt: skip
+
+
+def _given_settings(args: argparse.Namespace) -> dict:
+    """The TrainConfig fields the command line sets itself (options not given are None)."""
     from ..model.targets import TargetSpec
+
+    given = {}
+    for option, (name, _default) in TRAIN_OPTIONS.items():
+        value = getattr(args, option)
+        if value is not None:
+            given[name] = value
+    if "epochs" in given:
+        given["steps"] = 0  # epochs given: the step total follows them
+    if args.preset or args.targets or args.layers:
+        given["targets"] = TargetSpec(
+            preset=args.preset or ("none" if args.targets else "attention"),
+            patterns=tuple(p for p in (args.targets or "").split(",") if p),
+            layers=args.layers,
+        )
+    if args.full is not None:
+        given["full"] = tuple(p for p in args.full.split(",") if p)
+    if "rank" in given and "alpha" not in given:
+        given["alpha"] = 2.0 * given["rank"]
+    return given
+
+
+def _resume_changes(args: argparse.Namespace, info, config) -> list[str]:
+    """What differs from the checkpoint's run in a way that changes its trajectory: settings, the
+    dataset, the model."""
+    from ..train.resume import trajectory_changes
+
+    changes = trajectory_changes(info.config, config)
+    if not info.knows_data:
+        print(f"note: {info.path} does not record its dataset; continuing on {args.data}", file=sys.stderr)
+    elif not info.same_data(args.data):
+        changes.append(f"dataset {info.describe_data()} -> {args.data} (other samples)")
+    if info.model and not _same_path(info.model, args.model):
+        changes.append(f"model {info.model} -> {args.model}")
+    return changes
+
+
+def _same_path(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def train_config(args: argparse.Namespace):
+    """The TrainConfig of `tune-engine train`'s arguments and the checkpoint it resumes (None: a new
+    run): the options given, over the checkpoint's settings or the defaults, or the --settings file's
+    (CliError or ConfigError naming a bad value; nothing is written)."""
+    from dataclasses import replace
+
+    from ..train.resume import read_checkpoint_info
     from ..train.trainer import TrainConfig
 
     if args.epochs is not None and args.steps is not None:
         raise CliError("give --epochs or --steps, not both")
     out = args.out
+    given = _given_settings(args)
+    info = read_checkpoint_info(args.resume) if args.resume else None
+    if info is None:
+        defaults = {name: default for name, default in TRAIN_OPTIONS.values() if default is not None}
+        base = TrainConfig(**{**defaults, "alpha": 2.0 * given.get("rank", 16)})
+    else:
+        base = info.config  # the checkpoint's run: its settings, unless an option changes them
+    config = replace(base, **given, device=args.device, cache_budget=args.cache_budget, out=out)
     ckpt_dir = args.checkpoint_dir or (
-        os.path.splitext(out)[0] + ".checkpoints" if args.checkpoint_every else None
-    )
-    return TrainConfig(
-        targets=TargetSpec(
-            preset=args.preset or ("none" if args.targets and not args.preset else "attention"),
-            patterns=tuple(p for p in (args.targets or "").split(",") if p),
-            layers=args.layers,
-        ),
-        rank=args.rank, alpha=args.alpha if args.alpha is not None else 2.0 * args.rank,
-        full=tuple(p for p in (args.full or "").split(",") if p),
-        n_ctx=args.ctx, batch_size=args.batch, grad_accum=args.grad_accum,
-        epochs=args.epochs if args.epochs is not None else 1.0, steps=args.steps or 0,
-        val_split=args.val_split, train_on_prompt=args.train_on_prompt, seed=args.seed,
-        lr=args.lr, schedule=args.schedule, warmup_steps=args.warmup, weight_decay=args.weight_decay,
-        gclip=args.gclip, max_grad_norm=args.max_grad_norm,
-        reward_mode=args.reward_mode, kl_coef=args.kl,
-        checkpoint_layers=args.checkpoint_layers, checkpoint_every=args.checkpoint_every or 0,
-        device=args.device, cache_budget=args.cache_budget,
-        checkpoint_dir=ckpt_dir, eval_every=args.eval_every, out=out, out_type=args.out_type,
+        info.run_dir if info is not None
+        else os.path.splitext(out)[0] + ".checkpoints" if config.checkpoint_every else None
     )  # fmt: skip
+    config = replace(config, checkpoint_dir=ckpt_dir)
+    if args.settings:  # the file's settings replace the options; a resumed run keeps its checkpoint folder
+        folder = ckpt_dir if info is not None else args.checkpoint_dir
+        config = ranks.settings_config(args.settings, config, folder, CliError)
+    return config, info
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from ..train import events as ev
+    from ..train.advice import plan_warning
+    from ..train.resume import describe_settings
 
-    config = train_config(args)
+    if args.ranks < 1:
+        raise CliError(f"--ranks must be at least 1, got {args.ranks}")
+    if ranks.several_ranks_wanted(args):
+        return ranks.launch_local(args.ranks, args.argv, CliError)
+    comm = args.comm = ranks.open_ranks(args)
+    root = comm.is_root  # with several ranks, rank 0 alone prints progress and writes events
+    config, info = train_config(args)
+    if info is not None:
+        changes = _resume_changes(args, info, config)
+        if changes and not args.accept_changes:
+            raise CliError(
+                f"{info.path} is step {info.step} of a run with other settings; resuming with these would "
+                f"change its trajectory: {'; '.join(changes)}. Leave those options out to continue the run "
+                "as it was, or add --accept-changes to continue with them"
+            )
+        planned = f" of {info.total_steps}" if info.total_steps else ""
+        if root:
+            print(f"resuming {info.path} at step {info.step}{planned}: {describe_settings(config)}"
+                  + (f" (changed: {'; '.join(changes)})" if changes else ""), file=sys.stderr)  # fmt: skip
     tty = sys.stderr.isatty()
     # appended to, never truncated: a resumed run's events follow the first part's; each event is
     # flushed at once and synced to disk every second, at each checkpoint and at the end
-    events_log = AppendLog(args.events) if args.events else None
+    events_log = AppendLog(args.events) if args.events and root else None
     stop = {"requested": False}
 
     def log_event(e) -> None:
@@ -362,20 +430,27 @@ def cmd_train(args: argparse.Namespace) -> int:
             events_log = None
 
     def on_event(e) -> None:
+        if not root:
+            return
         if events_log is not None:
             log_event(e)
         if isinstance(e, ev.Started):
             p = e.plan
             m = p.memory_bytes
+            start = f", from step {p.start_step}" if p.start_step else ""
             print(f"training {len(p.lora_targets)} LoRA targets + {len(p.full_tensors)} full tensors "
                   f"({p.trainable_params:,} parameters) on {p.n_train} samples ({p.n_val} validation), "
-                  f"{p.total_steps} steps; memory estimate {human_bytes(m['total'])} at peak (model file "
-                  f"{human_bytes(m['stored'])}, weight cache {human_bytes(m['cache'])}, layer checkpointing "
-                  f"{'on' if m['checkpoint'] else 'off'})", file=sys.stderr)  # fmt: skip
+                  f"{p.total_steps} steps{start}; memory estimate {human_bytes(m['total'])} at peak "
+                  f"(model file {human_bytes(m['stored'])}, weight cache {human_bytes(m['cache'])}, "
+                  f"layer checkpointing {'on' if m['checkpoint'] else 'off'})", file=sys.stderr)  # fmt: skip
+            weak = plan_warning(p.total_steps, config.lr)  # the whole run's plan, resumed or not
+            if weak:
+                print(f"warning: {weak}", file=sys.stderr)
             for problem in p.problems[:20]:
                 print(f"  {problem}", file=sys.stderr)
-            if len(p.problems) > 20:
-                print(f"  ... and {len(p.problems) - 20} more problems", file=sys.stderr)
+            total = max(p.problems_total, len(p.problems))  # the plan lists the first 1000
+            if total > 20:
+                print(f"  ... and {total - 20} more problems", file=sys.stderr)
         elif isinstance(e, ev.Step):
             line = (f"step {e.step}/{e.total_steps}  loss {e.mean_ce:.4f}  lr {e.lr:.2e}  "
                     f"grad {e.grad_norm:.3f}  {e.tokens_per_s:.0f} tok/s  elapsed {_fmt_time(e.elapsed_s)}  "
@@ -400,22 +475,30 @@ def cmd_train(args: argparse.Namespace) -> int:
         if stop["requested"]:
             raise KeyboardInterrupt
         stop["requested"] = True
-        print("\nstopping after this step (Ctrl-C again to abort)", file=sys.stderr)
+        if root:
+            print("\nstopping after this step (Ctrl-C again to abort)", file=sys.stderr)
 
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         session = open_session(args)
-        session.new_run(args.data, config, resume=args.resume, init_adapter=args.init_adapter)
+        run = session.new_run(
+            args.data, config, resume=args.resume, init_adapter=args.init_adapter, collective=comm
+        )
         result = session.train(on_event, lambda: stop["requested"])
     finally:
         signal.signal(signal.SIGINT, previous)
         if events_log is not None:
             with contextlib.suppress(OSError):
                 events_log.close()
-    if tty:
+    if tty and root:
         print(file=sys.stderr)
     if isinstance(result, ev.Failed):
+        # every rank failed the same way (they agree before step 1 and on every step), unless another
+        # rank stopped answering: then main() ends them all
+        args.ranks_agree = not run.rank_lost
         raise CliError(result.message)
+    if not root:
+        return 0
     what = "stopped" if result.stopped else "finished"
     loss = f", loss {result.final_loss:.4f}" if result.final_loss is not None else ""
     print(f"{what} after {result.step} steps{loss}")
@@ -502,7 +585,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", required=True, help="adapter GGUF to write (runs with --full also write OUT.model.gguf)"
     )
     s.add_argument(
-        "--out-type", default="F32", choices=("F32", "F16", "Q8_0"), help="adapter tensor type (F32)"
+        "--out-type", default=None, choices=("F32", "F16", "Q8_0"), help="adapter tensor type (F32)"
     )
     s.add_argument(
         "--preset",
@@ -513,57 +596,73 @@ def build_parser() -> argparse.ArgumentParser:
         "--targets", help="extra LoRA targets: comma-separated names, globs or kinds (output, attn_q, ...)"
     )
     s.add_argument("--layers", help="layer range of the targets, e.g. 0-11 or 0,2,4")
-    s.add_argument("--rank", type=int, default=16, help="LoRA rank (default 16)")
+    s.add_argument("--rank", type=int, default=None, help="LoRA rank (default 16)")
     s.add_argument("--alpha", type=float, help="LoRA alpha (default 2 x rank)")
     s.add_argument("--full", help="tensors trained in full: comma-separated names/globs/kinds, or 'all'")
-    s.add_argument("--lr", type=float, default=2e-4, help="peak learning rate (default 2e-4)")
+    s.add_argument("--lr", type=float, default=None, help="peak learning rate (default 2e-4)")
     s.add_argument(
-        "--schedule", default="cosine", choices=("constant", "linear", "cosine"), help="default cosine"
+        "--schedule", default=None, choices=("constant", "linear", "cosine"), help="default cosine"
     )
-    s.add_argument("--warmup", type=int, default=0, help="warm-up steps (default 0)")
-    s.add_argument("--weight-decay", type=float, default=0.0, help="decoupled weight decay (default 0)")
-    s.add_argument("--gclip", type=float, default=0.0, help="element-wise gradient clipping; 0 = off")
-    s.add_argument("--max-grad-norm", type=float, default=1.0, help="global gradient-norm clipping; 0 = off")
+    s.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 0)")
+    s.add_argument("--weight-decay", type=float, default=None, help="decoupled weight decay (default 0)")
+    s.add_argument("--gclip", type=float, default=None, help="element-wise gradient clipping; 0 = off")
+    s.add_argument("--max-grad-norm", type=float, default=None, help="global gradient-norm clipping; 0 = off")
     s.add_argument("--epochs", type=float, help="passes over the data (default 1)")
     s.add_argument("--steps", type=int, help="optimizer steps (instead of --epochs)")
-    s.add_argument("--ctx", type=int, default=512, help="packed window length in tokens (default 512)")
-    s.add_argument("--batch", type=int, default=1, help="windows per micro-batch (default 1)")
-    s.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (default 1)")
+    s.add_argument("--ctx", type=int, default=None, help="packed window length in tokens (default 512)")
+    s.add_argument("--batch", type=int, default=None, help="windows per micro-batch (default 1)")
+    s.add_argument("--grad-accum", type=int, default=None, help="micro-batches per step (default 1)")
     s.add_argument(
-        "--val-split", type=float, default=0.0, help="fraction held out for validation (default 0)"
+        "--val-split", type=float, default=None, help="fraction held out for validation (default 0)"
     )
     s.add_argument(
-        "--eval-every", type=int, default=0, help="steps between validation passes; 0 = at the end"
+        "--eval-every", type=int, default=None, help="steps between validation passes; 0 = at the end"
     )
-    s.add_argument("--train-on-prompt", action="store_true", help="loss on prompt tokens too")
+    s.add_argument("--train-on-prompt", action="store_true", default=None, help="loss on prompt tokens too")
     s.add_argument(
         "--reward-mode",
-        default="none",
+        default=None,
         choices=("none", "weighted", "group"),
         help="use sample rewards: reward-weighted SFT or group-relative (default none)",
     )
     s.add_argument(
-        "--kl", type=float, default=0.0, help="group mode: KL penalty to the base model (default 0)"
+        "--kl", type=float, default=None, help="group mode: KL penalty to the base model (default 0)"
     )
     s.add_argument(
         "--checkpoint-layers",
         nargs="?",
         const="on",
-        default="auto",
+        default=None,
         choices=("auto", "on", "off"),
         help="recompute layers in the backward pass (less memory); default auto: on when the memory "
         "estimate says activations would not fit",
     )
     s.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
     s.add_argument("--checkpoint-dir", help="checkpoint folder (default OUT.checkpoints)")
-    s.add_argument("--resume", help="checkpoint folder to continue from")
+    s.add_argument(
+        "--resume",
+        help="checkpoint folder to continue from (ckpt-NNNNNN, or a folder of them: the newest); the run "
+        "continues with the checkpoint's own settings, to its planned step",
+    )
+    s.add_argument(
+        "--accept-changes",
+        action="store_true",
+        help="with --resume: continue with options (or a dataset, or a model) that differ from the "
+        "checkpoint's run, although that changes its trajectory",
+    )
     s.add_argument("--init-adapter", help="adapter GGUF to continue training")
     s.add_argument("--template-file", help="Jinja chat template overriding the model's")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=None, help="shuffling, split and LoRA init (default 0)")
     s.add_argument(
         "--events", help="append every event as one JSON line to this file (an events log; never truncated)"
     )
+    s.add_argument(
+        "--settings",
+        help="a run's settings as JSON (what the studio writes: every TrainConfig field); they replace "
+        "the training options above, while --out, --checkpoint-dir, --device and --cache-budget still apply",
+    )
     add_runtime_options(s)
+    ranks.add_options(s)
     s.set_defaults(func=cmd_train)
 
     from .reward import add_command as add_reward_command
@@ -575,16 +674,31 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.ERROR, format="%(levelname)s %(name)s: %(message)s"
     )
+    code = _run(args)
+    comm = getattr(args, "comm", None)
+    if comm is not None and comm.size > 1 and code != 0 and not getattr(args, "ranks_agree", False):
+        comm.abort(code)  # this rank failed alone: end every rank now, none waits for it
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         check_options(args)
         check_paths(args)
         return args.func(args)
     except (EngineError, CliError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        comm = getattr(args, "comm", None)
+        if comm is None or comm.size == 1:
+            print(f"error: {exc}", file=sys.stderr)
+        elif comm.is_root or not getattr(args, "ranks_agree", False):  # an agreed failure: said once
+            who = "" if getattr(args, "ranks_agree", False) else f"rank {comm.rank} ({comm.host}): "
+            print(f"error: {who}{exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -23,6 +23,7 @@ import sys
 
 from ..model.targets import PRESETS, TargetSpec
 from ..train.reward_session import MODES, RewardConfig, RewardError, parse_rating
+from .common import add_runtime_options, open_session
 
 
 def read_prompts(path: str) -> list[str]:
@@ -71,8 +72,6 @@ def cmd_reward(args: argparse.Namespace) -> int:
         mode=args.mode, kl_coef=args.kl, lr=args.lr, n_samples=args.samples, temperature=args.temp,
         max_new_tokens=args.n,
     )  # fmt: skip
-    from .main import open_session
-
     session = open_session(args).open_rewards(
         adapter=args.adapter,
         targets=TargetSpec(preset=args.targets),
@@ -123,8 +122,6 @@ def cmd_reward(args: argparse.Namespace) -> int:
 
 
 def add_command(subparsers) -> None:
-    from .main import add_runtime_options
-
     """Register `reward` on the `tune-engine` subparsers."""
     s = subparsers.add_parser(
         "reward",

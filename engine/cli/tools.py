@@ -2,7 +2,7 @@
 
 `add_commands(subparsers)` registers both subcommands on the `tune-engine` parser
 (engine/cli.py calls it). Each command parses nothing itself, calls the engine
-(`engine.train.norms`, `engine.io.export`) and prints; `EngineError`s propagate to the
+(`engine.train.norms`, `engine.export.write`) and prints; `EngineError`s propagate to the
 CLI's main, which turns them into one line and exit code 2.
 """
 
@@ -14,12 +14,19 @@ import os
 import sys
 
 from ..errors import ExportError
-from ..io.export import ADAPTER_TYPES, adapter_tensor_types, export_adapter, export_merged, fit_problems
-from ..io.export_check import ExportRequest, check_export
+from ..export.check import ExportRequest, check_export
+from ..export.verify import quarantine, verify_export
+from ..export.write import (
+    ADAPTER_TYPES,
+    MERGE_BASE_TYPE,
+    adapter_tensor_types,
+    export_adapter,
+    export_merged,
+    fit_problems,
+)
 from ..io.gguf_file import GGUFFile
 from ..io.quantize import quantizable_types
 from ..model.lora import LoraAdapter
-from ..model.verify import verify_export
 from ..train.norms import NormsReport, lora_norms
 
 
@@ -97,8 +104,28 @@ def _request(args: argparse.Namespace, qtype: str | None) -> ExportRequest:
     )
 
 
+def _merge_qtype(text: str | None) -> str | None:
+    if not text:
+        return None
+    return MERGE_BASE_TYPE if text.lower() == MERGE_BASE_TYPE else text.upper()  # q8_0 as llama.cpp spells it
+
+
+def _prompts(path: str | None) -> tuple[str, ...] | None:
+    """The verification prompts of a --prompts file: one per line, blank lines skipped."""
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            prompts = tuple(line.strip() for line in f if line.strip())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ExportError(f"{path}: the prompts cannot be read ({exc})") from exc
+    if not prompts:
+        raise ExportError(f"{path}: holds no prompt (one per line)")
+    return prompts
+
+
 def cmd_export(args: argparse.Namespace) -> int:
-    qtype = args.type.upper() if args.type else None  # q8_0 as llama.cpp's tools spell it
+    qtype = _merge_qtype(args.type) if args.merge else (args.type.upper() if args.type else None)
     if args.check:
         report = check_export(_request(args, qtype))
         for item in report.items:
@@ -107,14 +134,23 @@ def cmd_export(args: argparse.Namespace) -> int:
             print(f"  note: {note}")
         print(report.summary())
         return 0 if report.ok else 2
-    if args.verify and not args.model:
+    if args.merge and not args.model:
+        raise ExportError("--merge needs the base model: --model BASE.gguf")
+    verify = args.merge if args.verify is None else args.verify  # on by default for --merge
+    if verify and not args.model:
         raise ExportError("--verify compares logits on the base model: give --model BASE.gguf")
+    prompts = _prompts(args.prompts)
     adapter = LoraAdapter.load(args.adapter)
     code = _write(args, adapter, qtype)
-    if args.verify:
-        report = verify_export(_request(args, qtype), adapter, args.out)
+    if verify:
+        kwargs = {"prompts": prompts} if prompts else {}
+        report = quarantine(verify_export(_request(args, qtype), adapter, args.out, **kwargs))
+        if not report.ok:
+            print(f"error: {report.verdict()}", file=sys.stderr)
+            return 2
         print(report.verdict())
-        return 0 if report.ok else 2
+        if args.merge:
+            print(f"run it: llama-cli -m {args.out}")
     return code
 
 
@@ -130,11 +166,22 @@ def _write(args: argparse.Namespace, adapter: LoraAdapter, qtype: str | None) ->
 
         rep = export_merged(args.model, adapter, args.out, scale=scale, qtype=qtype, on_progress=progress)
         print(
-            f"wrote {rep.path}: {rep.n_tensors} tensors, {_mib(rep.n_bytes)}; "
-            f"merged {len(rep.merged)} adapted tensors at scale {rep.scale:g}"
+            f"wrote {rep.path}: {rep.n_tensors} tensors, {_mib(rep.n_bytes)} (the base: "
+            f"{_mib(os.path.getsize(args.model))}); merged {len(rep.merged)} adapted tensors at scale "
+            f"{rep.scale:g}"
         )
-        for name, (old, new) in rep.type_changes.items():
+        if qtype is None and rep.type_changes:
+            stored = sorted({old for old, _ in rep.type_changes.values()})
+            print(
+                f"  {len(rep.type_changes)} adapted tensors stored as {'/'.join(stored)} were written as "
+                "F16 to keep the fine-tune (--type base re-quantizes them to the base's type: the file is "
+                "smaller, and the update is mostly rounded away)"
+            )
+        changes = list(rep.type_changes.items())
+        for name, (old, new) in changes[: 8 if len(changes) > 10 else 10]:
             print(f"  {name}: {old} -> {new}")
+        if len(changes) > 10:
+            print(f"  ... and {len(changes) - 8} more")
         if rep.file_type_dropped:
             print("  general.file_type dropped (tensor types changed; llama.cpp guesses it from the tensors)")
         return 0
@@ -178,7 +225,8 @@ def add_commands(subparsers) -> None:
         description=(
             "ADAPTER --out OUT [--type F32|F16|Q8_0]: the adapter in another tensor type. "
             "ADAPTER --model BASE --merge --out OUT [--type T] [--scale S]: a full model with the "
-            "adapter folded in; adapted tensors keep their type unless --type is given."
+            "adapter folded in (adapted tensors in a type that keeps the update, the others as they are), "
+            "reloaded and compared with base + adapter."
         ),
     )
     s.add_argument("adapter", help="LoRA adapter GGUF")
@@ -187,8 +235,10 @@ def add_commands(subparsers) -> None:
     s.add_argument("--merge", action="store_true", help="write the base model with the adapter merged in")
     s.add_argument(
         "--type",
-        help=f"adapter: {', '.join(ADAPTER_TYPES)} (default F32); merged tensors: "
-        f"{', '.join(quantizable_types())} (default: each tensor's own type)",
+        help=f"adapter: {', '.join(ADAPTER_TYPES)} (default F32); adapted tensors of a merged model: "
+        "by default a type that keeps the fine-tune (F16 where the base is quantized, else the base's "
+        f"own float type); '{MERGE_BASE_TYPE}' re-quantizes each to the base's own type, or one of "
+        f"{', '.join(quantizable_types())} (re-quantizing is measured after writing: --verify)",
     )
     s.add_argument("--scale", type=float, default=None, help="adapter scale for --merge (default 1.0)")
     s.add_argument(
@@ -199,8 +249,11 @@ def add_commands(subparsers) -> None:
     )
     s.add_argument(
         "--verify",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="after writing, reload the file and compare its logits with the base model + adapter "
-        "(needs --model); exit 2 when they differ beyond the written type's tolerance",
+        "(needs --model); a merged file is also measured against the adapter's effect. A file that "
+        "fails is renamed NAME.failed.gguf and the exit code is 2. Default: on for --merge, off otherwise",
     )
+    s.add_argument("--prompts", help="verification prompts, one per line (default: three short chat prompts)")
     s.set_defaults(func=cmd_export)

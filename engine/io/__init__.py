@@ -1,1 +1,1 @@
-"""Files: GGUF reading and writing, the weight store, quantizers, adapter and merged-model export."""
+"""Files: GGUF reading and writing, the weight store (quantized at rest), dequantization and quantizers."""

@@ -5,7 +5,9 @@ QLoRA at rest, on the device. At load every base tensor goes to the GPU once, in
 in device memory. Model code reads it through the same mapping interface as the host
 `WeightStore`:
 
-- `weights[name]` of a vector (norms, biases, the shared-expert gate) is float32, kept as such;
+- `weights[name]` of a vector (norms, biases, sinks, the shared-expert gate) or of any bias (gpt-oss's
+  expert biases are (E, F) matrices) is float32, kept as such, whatever type the file stores it in
+  (F32, F16, BF16, ...);
 - of a matrix or an expert stack it is bfloat16 bit patterns (uint16, CuPy has no bfloat16),
   dequantized on the device by `engine.kernels.dequant` into a buffer that a least-recently-used
   cache keeps while its budget allows; the kernels multiply them with fp32 accumulation;
@@ -16,7 +18,7 @@ dequantized once on the host at load and kept in device memory as bfloat16. Evic
 reused for the next tensor of the same shape once nobody holds them; kernels run in stream order,
 so a buffer is never overwritten while an earlier kernel still reads it.
 
-`runtime` is an `engine.kernels.cuda.Runtime`: the GPU's, or in tests the g++ emulator's, whose
+`runtime` is an `engine.kernels.runtime.Runtime`: the GPU's, or in tests the g++ emulator's, whose
 arrays are NumPy arrays; this module never imports CuPy itself.
 """
 
@@ -78,8 +80,8 @@ class DeviceWeights(Mapping):
         self.hits = self.misses = 0
         self.peak_cache_bytes = 0
         for name, info in self.infos.items():
-            if len(info.shape) <= 1:
-                self._vectors[name] = self.xp.asarray(np.asarray(host[name], dtype=np.float32))
+            if len(info.shape) <= 1 or name.endswith(".bias"):
+                self._vectors[name] = self.xp.asarray(np.asarray(host.dense(name), dtype=np.float32))
             elif info.qtype in GPU_TYPES:
                 raw = host.file.raw(name)
                 self._raw[name] = self.xp.asarray(np.ascontiguousarray(raw))
@@ -155,6 +157,39 @@ class DeviceWeights(Mapping):
             raise KeyError(name)
         info = self.infos[name]
         return dequant_on(self.rt, self._raw[name], info.qtype, dtype="float32").reshape(info.shape)
+
+    def dequant_into(self, name: str, out) -> None:
+        """Write the bf16 bits of matrix `name` into `out` (its shape, C-contiguous, uint16; a block
+        of rows of a larger buffer): the fused training step's own weight buffers, which the
+        cache never hands out or evicts (a captured graph reads them). One launch (a type without
+        a CUDA dequantizer: one device copy). No host read."""
+        fixed = self._fixed.get(name)
+        if fixed is not None:
+            out[...] = fixed
+            return
+        info = self.infos[name]
+        dequant_on(
+            self.rt, self._raw[name], info.qtype, out=out.reshape(-1, info.shape[-1]), dtype="bfloat16"
+        )
+
+    def join(self, names) -> tuple[Any, str] | None:
+        """Put the stored blocks of matrices `names` (the same type and row length) one after the
+        other in one device buffer, each tensor's own bytes becoming a view of it (no copy kept), and
+        return (that buffer, the type): one dequantization launch then writes them all. None when
+        they cannot be joined (other types, a type dequantized on the host)."""
+        if any(n not in self._raw for n in names):
+            return None
+        qtypes = {self.infos[n].qtype for n in names}
+        widths = {self._raw[n].reshape(self.infos[n].shape[0], -1).shape[1] for n in names}
+        if len(qtypes) != 1 or len(widths) != 1:
+            return None
+        parts = [self._raw[n].reshape(self.infos[n].shape[0], -1) for n in names]
+        joined = self.xp.concatenate(parts)
+        row = 0
+        for n, part in zip(names, parts, strict=True):
+            self._raw[n] = joined[row : row + part.shape[0]].reshape(self._raw[n].shape)
+            row += part.shape[0]
+        return joined, qtypes.pop()
 
     def _get(self, name: str):
         arr = self._cache.get(name)

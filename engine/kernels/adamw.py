@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..backend import to_host
-from .cuda import DEVICE_HELPERS, KernelSource, Runtime, runtime_for
+from .nvrtc import KernelSource
+from .runtime import Runtime, runtime_for, to_host
 
 
 class AdamWResult(NamedTuple):
@@ -175,133 +175,15 @@ def adamw_step_ref(
 CHUNK = 4096  # values per CUDA block (256 threads x 4 values x 4 steps)
 THREADS = 256
 
-_CUDA_SOURCE = (
-    r"""
-#define CHUNK @CHUNK@
-typedef unsigned long long u64;
-typedef long long i64;
-"""
-    + DEVICE_HELPERS
-    + r"""
-// per-tensor table: ptrs[4 t + 0..3] = p, g, m, v; coef[3 t + 0..2] = bc2, lr_bc1, lr_wd
-// flags[t]: bit 0 decay, bit 1 16-byte aligned (all four arrays and the size a multiple of 4)
 
-__device__ __forceinline__ void chunk_of(const int* chunk_tensor, const i64* chunk_start, const i64* sizes,
-                                         int* t, i64* start, i64* end) {
-    *t = chunk_tensor[blockIdx.x];
-    *start = chunk_start[blockIdx.x];
-    *end = min(*start + (i64)CHUNK, sizes[*t]);
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-adamw_norms(const u64* __restrict__ ptrs, const i64* __restrict__ sizes, const int* __restrict__ chunk_tensor,
-            const i64* __restrict__ chunk_start, float gclip_f, double gclip_d, int clip_on,
-            double* __restrict__ partials) {
-    __shared__ double scratch[32];
-    int t;
-    i64 start, end;
-    chunk_of(chunk_tensor, chunk_start, sizes, &t, &start, &end);
-    const float* g = (const float*)ptrs[4 * t + 1];
-    double s_all = 0.0, s_clip = 0.0, n_out = 0.0;
-    for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
-        const float x = g[i];
-        const double xd = (double)x;
-        s_all += xd * xd;
-        if (clip_on) {
-            const double c = (double)fminf(fmaxf(x, -gclip_f), gclip_f);
-            s_clip += c * c;
-            n_out += (xd > gclip_d || xd < -gclip_d) ? 1.0 : 0.0;
-        }
-    }
-    s_all = block_sum_d(s_all, scratch);
-    s_clip = block_sum_d(s_clip, scratch);
-    n_out = block_sum_d(n_out, scratch);
-    if (threadIdx.x == 0) {
-        partials[3 * (i64)blockIdx.x + 0] = s_all;
-        partials[3 * (i64)blockIdx.x + 1] = s_clip;
-        partials[3 * (i64)blockIdx.x + 2] = n_out;
-    }
-}
-
-// out[c] = sum over rows r of partials[r * k + c], c < k; one block
-extern "C" __global__ void __launch_bounds__(256)
-adamw_reduce(const double* __restrict__ partials, int n_rows, int k, double* __restrict__ out) {
-    __shared__ double scratch[32];
-    for (int c = 0; c < k; ++c) {
-        double s = 0.0;
-        for (int r = threadIdx.x; r < n_rows; r += blockDim.x) s += partials[(i64)r * k + c];
-        s = block_sum_d(s, scratch);
-        if (threadIdx.x == 0) out[c] = s;
-    }
-}
-
-struct Hyper {
-    float b1, omb1, b2, omb2, eps, gclip, scale;
-    int clip_on, scale_on;
-};
-
-__device__ __forceinline__ void adam1(float& p, float g, float& m, float& v, float bc2, float lr_bc1,
-                                      float lr_wd, int decay, const Hyper& h, double& su, double& sp) {
-    if (h.clip_on) g = fminf(fmaxf(g, -h.gclip), h.gclip);
-    if (h.scale_on) g = __fmul_rn(g, h.scale);
-    m = __fadd_rn(__fmul_rn(m, h.b1), __fmul_rn(g, h.omb1));
-    v = __fadd_rn(__fmul_rn(v, h.b2), __fmul_rn(__fmul_rn(g, g), h.omb2));
-    float tmp = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), bc2), h.eps);
-    tmp = __fmul_rn(__fdiv_rn(m, tmp), lr_bc1);
-    const float delta = decay ? __fadd_rn(__fmul_rn(p, lr_wd), tmp) : tmp;
-    p = __fsub_rn(p, delta);
-    su += (double)delta * (double)delta;
-    sp += (double)p * (double)p;
-}
-
-extern "C" __global__ void __launch_bounds__(256)
-adamw_update(const u64* __restrict__ ptrs, const i64* __restrict__ sizes, const float* __restrict__ coef,
-             const int* __restrict__ flags, const int* __restrict__ chunk_tensor,
-             const i64* __restrict__ chunk_start, float b1, float omb1, float b2, float omb2, float eps,
-             float gclip, int clip_on, float scale, int scale_on, double* __restrict__ partials) {
-    __shared__ double scratch[32];
-    int t;
-    i64 start, end;
-    chunk_of(chunk_tensor, chunk_start, sizes, &t, &start, &end);
-    float* p = (float*)ptrs[4 * t + 0];
-    const float* g = (const float*)ptrs[4 * t + 1];
-    float* m = (float*)ptrs[4 * t + 2];
-    float* v = (float*)ptrs[4 * t + 3];
-    const float bc2 = coef[3 * t], lr_bc1 = coef[3 * t + 1], lr_wd = coef[3 * t + 2];
-    const int decay = flags[t] & 1, vec = (flags[t] >> 1) & 1;
-    Hyper h;
-    h.b1 = b1; h.omb1 = omb1; h.b2 = b2; h.omb2 = omb2; h.eps = eps; h.gclip = gclip; h.scale = scale;
-    h.clip_on = clip_on; h.scale_on = scale_on;
-    double su = 0.0, sp = 0.0;
-    if (vec) {  // start is a multiple of CHUNK, so of 4; end - start a multiple of 4
-        for (i64 i = start + 4 * threadIdx.x; i < end; i += 4 * blockDim.x) {
-            float4 P = *(float4*)(p + i), M = *(float4*)(m + i), W = *(float4*)(v + i);
-            const float4 G = *(const float4*)(g + i);
-            adam1(P.x, G.x, M.x, W.x, bc2, lr_bc1, lr_wd, decay, h, su, sp);
-            adam1(P.y, G.y, M.y, W.y, bc2, lr_bc1, lr_wd, decay, h, su, sp);
-            adam1(P.z, G.z, M.z, W.z, bc2, lr_bc1, lr_wd, decay, h, su, sp);
-            adam1(P.w, G.w, M.w, W.w, bc2, lr_bc1, lr_wd, decay, h, su, sp);
-            *(float4*)(p + i) = P;
-            *(float4*)(m + i) = M;
-            *(float4*)(v + i) = W;
-        }
-    } else {
-        for (i64 i = start + threadIdx.x; i < end; i += blockDim.x)
-            adam1(p[i], g[i], m[i], v[i], bc2, lr_bc1, lr_wd, decay, h, su, sp);
-    }
-    su = block_sum_d(su, scratch);
-    sp = block_sum_d(sp, scratch);
-    if (threadIdx.x == 0) {
-        partials[2 * (i64)blockIdx.x + 0] = su;
-        partials[2 * (i64)blockIdx.x + 1] = sp;
-    }
-}
-"""
-).replace("@CHUNK@", str(CHUNK))
-
-SOURCE = KernelSource(
-    name="adamw", code=_CUDA_SOURCE, kernels=("adamw_norms", "adamw_reduce", "adamw_update")
-)
+SOURCE = KernelSource.from_file(
+    "adamw.cu",
+    kernels=(
+        "adamw_norms", "adamw_reduce", "adamw_update", "adamw_norms_dev", "adamw_decide", "adamw_update_dev",
+        "adamw_finish",
+    ),
+    defines={"CHUNK": CHUNK},
+)  # fmt: skip
 SOURCES = (SOURCE,)
 
 
@@ -460,3 +342,112 @@ def adamw_step(
         gclip=gclip,
         max_grad_norm=max_grad_norm,
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# The fused training step's AdamW (engine.train.dense_step): the same update as `adamw_step_ref`,
+# bit for bit, with every decision on the device so that a step reads the host once, at its end:
+# adamw_norms_dev (the gradient norms' block partials; gradients may be row-strided views into the
+# GEMMs' outputs), adamw_decide (one block: the norms added in adamw_reduce's order, the global-norm
+# clip's scale, the skip of a step whose gradient norm or loss is not finite), adamw_update_dev (the
+# update, skipped on the device when decided so; the bf16 bits of each new parameter written where
+# the next step's GEMMs read them, its "shadow"; partials of the update's and params' squares, of
+# max |p| and of non-finite params: the trainer's check of exploded weights, folded in), adamw_finish
+# (one block: those into the stats). The tables are built once (`DeviceAdamW`), the per-step
+# coefficients (learning rate, bias corrections) uploaded before each step.
+
+STATS = ("loss", "ce_sum", "grad_sumsq", "clipped", "skipped", "update_sumsq", "param_sumsq", "max_abs_param",
+         "nonfinite_params", "clip_scale")  # fmt: skip
+
+
+class DeviceAdamW:
+    """The static launch tables of the device-decided AdamW over a fixed set of tensors.
+
+    tensors: per tensor (p, g, m, v, shadow): p, m, v C-contiguous float32; g float32 of p's shape
+    as a 2-D view whose rows may be strided; shadow None or a 2-D bf16 (uint16) view of p's shape
+    (rows may be strided). decay: per tensor, whether weight decay applies.
+    """
+
+    def __init__(self, rt: Runtime, tensors, decay) -> None:
+        xp = rt.xp
+        self.rt = rt
+        T = len(tensors)
+        ptrs = np.zeros(5 * T, np.uint64)
+        dims = np.zeros(4 * T, np.int64)
+        flags = np.zeros(T, np.int32)
+        cts, css = [], []
+        for i, (p, g, m, v, sh) in enumerate(tensors):
+            rows, cols = (p.shape[0], int(np.prod(p.shape[1:]))) if p.ndim > 1 else (1, p.size)
+            for k, a in enumerate((p, g, m, v, sh)):
+                if a is None:
+                    continue
+                if k in (0, 2, 3) and (a.dtype.name != "float32" or not a.flags.c_contiguous):
+                    raise ValueError(f"DeviceAdamW: tensor {i} part {k} must be C-contiguous float32")
+                if a.size != p.size or (a.ndim == 2 and a.strides[1] != a.itemsize):
+                    raise ValueError(
+                        f"DeviceAdamW: tensor {i} part {k} has shape {a.shape}, strides {a.strides}"
+                    )
+                ptrs[5 * i + k] = rt.address(a)
+            g_ld = g.strides[0] // 4 if g.ndim == 2 else cols
+            s_ld = (sh.strides[0] // 2 if sh.ndim == 2 else cols) if sh is not None else cols
+            dims[4 * i : 4 * i + 4] = (p.size, cols if g.ndim == 2 else p.size, g_ld, s_ld)
+            if g.ndim != 2:
+                dims[4 * i + 1] = p.size
+                dims[4 * i + 2] = p.size
+            flags[i] = int(bool(decay[i]))
+            starts = np.arange(0, p.size, CHUNK, dtype=np.int64)
+            cts.append(np.full(starts.size, i, np.int32))
+            css.append(starts)
+        ct = np.concatenate(cts) if cts else np.zeros(0, np.int32)
+        self.n_chunks = int(ct.size)
+        self.T = T
+        self.ptrs, self.dims, self.flags = xp.asarray(ptrs), xp.asarray(dims), xp.asarray(flags)
+        self.chunk_tensor = xp.asarray(ct)
+        self.chunk_start = xp.asarray(np.concatenate(css) if css else np.zeros(0, np.int64))
+        self.coef = xp.zeros(3 * T, dtype=xp.float32)
+        self.decay = [bool(d) for d in decay]
+        n = max(1, self.n_chunks)
+        self.part3 = xp.empty((n, 3), dtype=xp.float64)
+        self.part4 = xp.empty((n, 4), dtype=xp.float64)
+        self._keep = tensors  # the arrays the table points into stay alive with it
+
+    def coefficients(self, steps, lr: float, betas, weight_decay: float) -> np.ndarray:
+        """The per-step float32 coefficients (host), as `adamw_table` computes them."""
+        b1, b2 = betas
+        coef = np.zeros(3 * self.T, np.float32)
+        for i, t in enumerate(steps):
+            dec = self.decay[i] and weight_decay > 0.0
+            coef[3 * i : 3 * i + 3] = (
+                math.sqrt(1.0 - b2**t),
+                lr / (1.0 - b1**t),
+                lr * weight_decay if dec else 0.0,
+            )
+        return coef
+
+    def step(
+        self, stats, *, betas, eps: float, gclip: float, max_grad_norm: float, shadow_only: bool = False
+    ):
+        """The step's launches (no host read): norms, decision, update, stats[2:10] (module STATS)."""
+        rt, n = self.rt, self.n_chunks
+        if n == 0:
+            return
+        clip_on = gclip > 0.0
+        if not shadow_only:
+            args = (
+                self.ptrs,
+                self.dims,
+                self.chunk_tensor,
+                self.chunk_start,
+                np.float32(gclip),
+                np.float64(gclip),
+            )
+            rt.launch(SOURCE, "adamw_norms_dev", (n,), (THREADS,), (*args, np.int32(clip_on), self.part3))
+            args = (self.part3, np.int32(n), np.int32(clip_on), np.float64(max_grad_norm), stats)
+            rt.launch(SOURCE, "adamw_decide", (1,), (THREADS,), args)
+        b1, b2 = betas
+        args = (self.ptrs, self.dims, self.coef, self.flags, self.chunk_tensor, self.chunk_start)
+        args += (np.float32(b1), np.float32(1.0 - b1), np.float32(b2), np.float32(1.0 - b2), np.float32(eps))
+        args += (np.float32(gclip), np.int32(clip_on), None if shadow_only else stats, np.int32(shadow_only))
+        rt.launch(SOURCE, "adamw_update_dev", (n,), (THREADS,), (*args, self.part4))
+        if not shadow_only:
+            rt.launch(SOURCE, "adamw_finish", (1,), (THREADS,), (self.part4, np.int32(n), stats))

@@ -13,16 +13,21 @@ head) entry are one (G*T, HS) matrix once q is transposed head-major, so each pr
 strided-batched GEMM over the B*NKV entries (no per-head loop, and dK, dV sum over the G heads
 inside the GEMM's contraction):
 
-    Qh (B*NKV, G*T, HS), Kh, Vh (B*NKV, S, HS): bf16 copies, head-major (`attg_pack`)
+    Qh (B*NKV, G*T, HS), Kh (B*NKV, S, HS), Vh (B*NKV, S, HSV): bf16 copies, head-major (`attg_pack`)
     forward:  Z = scale Qh Kh^T (fp32)      P = softmax(mask(Z)) (bf16), lse   O = P Vh (fp32)
     backward: Z again, dP = dOh Vh^T (fp32) P, dS = P (dP - D) scale (bf16)
               dVh = P^T dOh   dKh = dS^T Qh   dQh = dS Kh                      (fp32 outputs)
 
-D = rowsum(dO * O) (fp32, `attg_rowdot`). Z and dP are float32 and P, dS bf16: 12 bytes per score
-in the backward, so entries go through in chunks of at most CHUNK_BYTES of scores (an entry is
-G*T*S scores). Every product has bf16 operands and fp32 accumulation (cuBLAS CUBLAS_COMPUTE_32F):
-q, k, v, dO, P and dS are rounded to bf16 (nearest-even), so results carry bf16's ~3e-3 relative
-rounding, like the frozen-weight GEMMs of `linear.py`; the softmax, lse and D are fp32.
+D = rowsum(dO * O) (fp32, `attg_rowdot`). Sinks (gpt-oss: one more logit per head, whose value is
+zero) join each row's max and sum in `attg_softmax`, so lse counts them and the backward's P =
+exp(Z - lse) is unchanged; their gradient, -sum_rows exp(sink - lse) D, is `attn_sink_grad`. A value
+head size of its own (HSV, multi-head latent attention) changes only the shapes of Vh, O and dO.
+
+Z and dP are float32 and P, dS bf16: 12 bytes per score in the backward, so entries go through in
+chunks of at most CHUNK_BYTES of scores (an entry is G*T*S scores). Every product has bf16 operands
+and fp32 accumulation (cuBLAS CUBLAS_COMPUTE_32F): q, k, v, dO, P and dS are rounded to bf16
+(nearest-even), so results carry bf16's ~3e-3 relative rounding, like the frozen-weight GEMMs of
+`linear.py`; the softmax, lse and D are fp32.
 
 Work: the forward's two products are 4*B*NH*T*S*HS FLOPs and the backward's five (Z again, dP, dV,
 dK, dQ) 10*B*NH*T*S*HS, over the whole square of scores (masked ones included: twice a causal
@@ -32,7 +37,7 @@ Measured on an H100 at B 2, T 2048, 32 heads of 128 (bench/gpu.py, bench/GPU_NOT
 2.0-2.8 ms and backward 4.0-5.7 ms, against the flash kernels' 5.8-6.0 and 17.4-17.5 ms.
 
 Cache: `GemmAttentionCache`, the reference's AttentionCache fields holding qg = Qh, kt = Kh,
-vt = Vh (bf16, packed as above), p = GemmState(o, lse, mask), scale.
+vt = Vh (bf16, packed as above), p = GemmState(o, lse, mask), scale, p_sink = the sinks (NH,) or None.
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .attention import AttentionCache
-from .cuda import DEVICE_HELPERS, KernelSource, Runtime, f32_input
+from .nvrtc import KernelSource
+from .runtime import Runtime, f32_input
 
 GEMM_MIN_T = 32  # queries per row from which `attention_forward_on` takes this path
 CHUNK_BYTES = 512 << 20  # scores of one chunk of entries: 12 bytes each in the backward
@@ -52,106 +57,26 @@ THREADS = 256
 class GemmState(NamedTuple):
     """What the tensor-core attention keeps for its backward."""
 
-    o: Any  # (B, T, NH, HS) float32: the output (the memory of y)
+    o: Any  # (B, T, NH, HSV) float32: the output (the memory of y)
     lse: Any  # (B, NH, T) float32: log-sum-exp of each query row's scaled, masked scores (-inf: none)
     mask: Any  # (B, T, S) uint8 on the device
 
 
-class GemmAttentionCache(AttentionCache):
-    """AttentionCache of the tensor-core path: qg = Qh (B*NKV, G*T, HS), kt = Kh (B*NKV, S, HS),
-    vt = Vh (B*NKV, S, HS), all bf16 bits (uint16); p = GemmState; scale."""
+class GemmAttentionCache(NamedTuple):
+    """The tensor-core path's cache: the fields of the reference's AttentionCache in this path's
+    layouts (its own type, as attention.py, which picks this path, imports this module)."""
 
-    __slots__ = ()
+    qg: Any  # Qh (B*NKV, G*T, HS) bf16 bits (uint16)
+    kt: Any  # Kh (B*NKV, S, HS) bf16 bits
+    vt: Any  # Vh (B*NKV, S, HSV) bf16 bits
+    p: GemmState
+    scale: float
+    p_sink: Any = None  # the sinks (NH,) float32, or None (their gradient comes from lse and D)
 
 
-_CUDA_SOURCE = (
-    r"""
-typedef long long i64;
-"""
-    + DEVICE_HELPERS
-    + r"""
-// x (B, L, H, HS) float32, inner three axes contiguous, batch stride bs -> y (B, H, L, HS) bf16
-extern "C" __global__ void __launch_bounds__(256)
-attg_pack(const float* __restrict__ x, unsigned short* __restrict__ y, i64 bs, int L, int H, int HS,
-          i64 n) {
-    const i64 stride = (i64)gridDim.x * blockDim.x;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const int d = (int)(i % HS);
-        i64 r = i / HS;
-        const int l = (int)(r % L);
-        r /= L;
-        const int h = (int)(r % H);
-        const i64 b = r / H;
-        y[i] = f32_to_bf16_bits(x[b * bs + ((i64)l * H + h) * HS + d]);
-    }
-}
-
-// One block per score row of the chunk: row r is global row g = row0 + r = (b NH + h) T + t; its S
-// scaled scores z (fp32) -> P = softmax over the keys the mask shows (bf16, 0 elsewhere) and
-// lse[g] = max + log(sum); a row that sees no key gets P = 0 and lse = -inf.
-extern "C" __global__ void __launch_bounds__(256)
-attg_softmax(const float* __restrict__ z, const unsigned char* __restrict__ mask,
-             unsigned short* __restrict__ p, float* __restrict__ lse, i64 row0, int T, int S, int NH) {
-    __shared__ float scratch[32];
-    const i64 r = blockIdx.x, g = row0 + r;
-    const i64 t = g % T, b = g / ((i64)T * NH);
-    const float* zr = z + r * S;
-    const unsigned char* mr = mask + (b * T + t) * S;
-    unsigned short* pr = p + r * S;
-    float mx = -INFINITY;
-    for (int s = threadIdx.x; s < S; s += blockDim.x)
-        if (mr[s]) mx = fmaxf(mx, zr[s]);
-    mx = block_max(mx, scratch);
-    float sum = 0.0f;
-    if (mx != -INFINITY)
-        for (int s = threadIdx.x; s < S; s += blockDim.x)
-            if (mr[s]) sum += expf(zr[s] - mx);
-    sum = block_sum(sum, scratch);
-    const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-    for (int s = threadIdx.x; s < S; s += blockDim.x)
-        pr[s] = f32_to_bf16_bits(mr[s] ? expf(zr[s] - mx) * inv : 0.0f);
-    if (threadIdx.x == 0) lse[g] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
-}
-
-// Elementwise over the chunk's n = rows * S scores: P = exp(z - lse) where the mask shows the key,
-// dS = P (dP - D) scale; both written as bf16 (the operands of the dV, dK and dQ products).
-extern "C" __global__ void __launch_bounds__(256)
-attg_softmax_back(const float* __restrict__ z, const float* __restrict__ dp,
-                  const unsigned char* __restrict__ mask, const float* __restrict__ lse,
-                  const float* __restrict__ Drow, unsigned short* __restrict__ p,
-                  unsigned short* __restrict__ ds, i64 row0, i64 n, int T, int S, int NH, float scale) {
-    const i64 stride = (i64)gridDim.x * blockDim.x;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const i64 r = i / S, s = i % S, g = row0 + r;
-        const i64 t = g % T, b = g / ((i64)T * NH);
-        const float pv = mask[(b * T + t) * S + s] ? expf(z[i] - lse[g]) : 0.0f;
-        p[i] = f32_to_bf16_bits(pv);
-        ds[i] = f32_to_bf16_bits(pv * (dp[i] - Drow[g]) * scale);
-    }
-}
-
-// D[(b NH + h) T + t] = sum_d dO[b, t, h, d] O[b, t, h, d]: one warp per (b, t, h) row
-extern "C" __global__ void __launch_bounds__(256)
-attg_rowdot(const float* __restrict__ dout, const float* __restrict__ o, float* __restrict__ Drow,
-            i64 rows, int T, int NH, int HS) {
-    const i64 w = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (w >= rows) return;  // the whole warp leaves together
-    const float* a = dout + w * HS;
-    const float* c = o + w * HS;
-    float acc = 0.0f;
-    for (int d = lane; d < HS; d += 32) acc += a[d] * c[d];
-    acc = warp_sum(acc);
-    const i64 h = w % NH, bt = w / NH, t = bt % T, b = bt / T;
-    if (lane == 0) Drow[(b * NH + h) * T + t] = acc;
-}
-"""
-)
-
-SOURCE = KernelSource(
-    name="attention_gemm",
-    code=_CUDA_SOURCE,
-    kernels=("attg_pack", "attg_softmax", "attg_softmax_back", "attg_rowdot"),
+SOURCE = KernelSource.from_file(
+    "attention_gemm.cu",
+    kernels=("attg_pack", "attg_softmax", "attg_softmax_back", "attg_rowdot", "attn_sink_grad"),
 )
 SOURCES = (SOURCE,)
 
@@ -177,57 +102,72 @@ def _chunks(entries: int, per_entry: int) -> list[tuple[int, int]]:
     return [(e0, min(entries, e0 + n)) for e0 in range(0, entries, n)]
 
 
-def forward_on(rt: Runtime, q: Any, k: Any, v: Any, mask_u8: Any, scale: float, bs: tuple[int, int, int]):
-    """The forward on checked inputs (attention.attention_forward_on's): q (B, T, NH, HS), k, v
-    (B, S, NKV, HS) float32 with batch strides `bs`, mask_u8 (B, T, S) uint8 contiguous. Returns
-    (y (B, T, NH*HS), GemmAttentionCache)."""
+def sink_grad_on(rt: Runtime, sinks: Any, lse: Any, D: Any) -> Any:
+    """dsinks (NH,) = -sum over (b, t) of exp(sinks - lse) D, from lse and D (B, NH, T); None without
+    sinks."""
+    if sinks is None:
+        return None
+    B, NH, T = lse.shape
+    dsinks = rt.xp.empty((NH,), dtype=rt.xp.float32)
+    args = (sinks, lse, D, np.int32(B), np.int32(NH), np.int32(T), dsinks)
+    rt.launch(SOURCE, "attn_sink_grad", (NH,), (THREADS,), args)
+    return dsinks
+
+
+def forward_on(rt: Runtime, q: Any, k: Any, v: Any, mask_u8: Any, scale: float, bs: tuple[int, int, int],
+               sinks: Any = None):  # fmt: skip
+    """The forward on checked inputs (attention.attention_forward_on's): q (B, T, NH, HS), k
+    (B, S, NKV, HS), v (B, S, NKV, HSV) float32 with batch strides `bs`, mask_u8 (B, T, S) uint8
+    contiguous, sinks (NH,) float32 or None. Returns (y (B, T, NH*HSV), GemmAttentionCache)."""
     xp = rt.xp
     B, T, NH, HS = q.shape
-    S, NKV = k.shape[1], k.shape[2]
+    S, NKV, HSV = k.shape[1], k.shape[2], v.shape[3]
     G = NH // NKV
     E = B * NKV
     Qh = _pack(rt, q, bs[0]).reshape(E, G * T, HS)
     Kh = _pack(rt, k, bs[1]).reshape(E, S, HS)
-    Vh = _pack(rt, v, bs[2]).reshape(E, S, HS)
+    Vh = _pack(rt, v, bs[2]).reshape(E, S, HSV)
     lse = xp.empty((B, NH, T), dtype=xp.float32)
-    Oh = xp.empty((E, G * T, HS), dtype=xp.float32)
+    Oh = xp.empty((E, G * T, HSV), dtype=xp.float32)
     per = G * T * S
     for e0, e1 in _chunks(E, per):
         n = e1 - e0
         z = xp.empty((n, G * T, S), dtype=xp.float32)
         p = xp.empty((n, G * T, S), dtype=xp.uint16)
         rt.gemm_batched(Qh[e0:e1], Kh[e0:e1], z, trans_b=True, alpha=scale)
-        args = (z, mask_u8, p, lse, np.int64(e0 * G * T), np.int32(T), np.int32(S), np.int32(NH))
+        args = (z, mask_u8, sinks, p, lse, np.int64(e0 * G * T), np.int32(T), np.int32(S), np.int32(NH))
         rt.launch(SOURCE, "attg_softmax", (n * G * T,), (THREADS,), args)
         rt.gemm_batched(p, Vh[e0:e1], Oh[e0:e1])
         del z, p
-    o = xp.ascontiguousarray(Oh.reshape(B, NH, T, HS).transpose(0, 2, 1, 3))
-    cache = GemmAttentionCache(Qh, Kh, Vh, GemmState(o, lse, mask_u8), float(scale))
-    return o.reshape(B, T, NH * HS), cache
+    o = xp.ascontiguousarray(Oh.reshape(B, NH, T, HSV).transpose(0, 2, 1, 3))
+    cache = GemmAttentionCache(Qh, Kh, Vh, GemmState(o, lse, mask_u8), float(scale), sinks)
+    return o.reshape(B, T, NH * HSV), cache
 
 
 def backward_on(rt: Runtime, dy: Any, cache: GemmAttentionCache):
-    """(dq (B, T, NH, HS), dk, dv (B, S, NKV, HS)) float32 for the forward that made `cache`."""
+    """(dq (B, T, NH, HS), dk (B, S, NKV, HS), dv (B, S, NKV, HSV), dsinks (NH,) or None) float32 for
+    the forward that made `cache`."""
     xp = rt.xp
-    Qh, Kh, Vh, state, scale = cache
+    Qh, Kh, Vh, state, scale, sinks = cache
     B, NH, T = state.lse.shape
     E, S, HS = Kh.shape
+    HSV = Vh.shape[2]
     NKV = E // B
     G = NH // NKV
     dout = f32_input(rt, dy, "attention gradient dy")
-    if dout.size != B * T * NH * HS:
+    if dout.size != B * T * NH * HSV:
         raise ValueError(
-            f"attention gradient has shape {tuple(dy.shape)}, the output is ({B}, {T}, {NH * HS})"
+            f"attention gradient has shape {tuple(dy.shape)}, the output is ({B}, {T}, {NH * HSV})"
         )
-    dout = dout.reshape(B, T, NH, HS)
-    dOh = _pack(rt, dout, T * NH * HS).reshape(E, G * T, HS)
+    dout = dout.reshape(B, T, NH, HSV)
+    dOh = _pack(rt, dout, T * NH * HSV).reshape(E, G * T, HSV)
     Drow = xp.empty((B, NH, T), dtype=xp.float32)
     rows = B * T * NH
-    args = (dout, state.o, Drow, np.int64(rows), np.int32(T), np.int32(NH), np.int32(HS))
+    args = (dout, state.o, Drow, np.int64(rows), np.int32(T), np.int32(NH), np.int32(HSV))
     rt.launch(SOURCE, "attg_rowdot", (max(1, -(-rows * 32 // THREADS)),), (THREADS,), args)
     dQh = xp.empty((E, G * T, HS), dtype=xp.float32)
     dKh = xp.empty((E, S, HS), dtype=xp.float32)
-    dVh = xp.empty((E, S, HS), dtype=xp.float32)
+    dVh = xp.empty((E, S, HSV), dtype=xp.float32)
     for e0, e1 in _chunks(E, G * T * S):
         n = e1 - e0
         z = xp.empty((n, G * T, S), dtype=xp.float32)
@@ -246,5 +186,5 @@ def backward_on(rt: Runtime, dy: Any, cache: GemmAttentionCache):
         del z, dp, p, ds
     dq = xp.ascontiguousarray(dQh.reshape(B, NH, T, HS).transpose(0, 2, 1, 3))
     dk = xp.ascontiguousarray(dKh.reshape(B, NKV, S, HS).transpose(0, 2, 1, 3))
-    dv = xp.ascontiguousarray(dVh.reshape(B, NKV, S, HS).transpose(0, 2, 1, 3))
-    return dq, dk, dv
+    dv = xp.ascontiguousarray(dVh.reshape(B, NKV, S, HSV).transpose(0, 2, 1, 3))
+    return dq, dk, dv, sink_grad_on(rt, sinks, state.lse, Drow)

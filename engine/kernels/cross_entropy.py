@@ -1,7 +1,10 @@
 """The output projection fused with masked, weighted cross-entropy (+ KL to a reference model), never
-storing the logits of every row, and the projection alone for inference.
+storing the logits of every row, and the projection alone for inference; with `cap`, the logits
+soft-capped first (Gemma's final_logit_softcapping: z' = cap tanh(z / cap)), and the soft-cap alone
+(`softcap_forward` / `softcap_backward`) for inference logits.
 
-`lm_head_loss_ref` (with `_lm_head_loss_streamed_ref`) is the NumPy reference (the specification).
+`lm_head_loss_ref` (with `_lm_head_loss_streamed_ref`), `project_ref` and `softcap_forward_ref` /
+`softcap_backward_ref` are the NumPy reference (the specification).
 `lm_head_loss` is the CUDA twin: it streams the vocabulary in chunks as the streamed reference
 does (online log-sum-exp in a first pass, the gradients in a second), with the chunk's logits from
 cuBLAS and the softmax statistics and gradients from row kernels, and returns the loss as device
@@ -10,14 +13,14 @@ scalars. Not here: the model's final norm, or choosing the output tensor (engine
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..backend import array_module
-from .cuda import DEVICE_HELPERS, KernelSource, Runtime, aligned16, f32_input, runtime_for
 from .embedding import row_chunks
 from .linear import LoraTerm, to_bf16, weight_operand
+from .nvrtc import KernelSource
+from .runtime import Runtime, aligned16, array_module, f32_input, runtime_for
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -52,6 +55,23 @@ def _softmax_inplace_pair(z: np.ndarray) -> np.ndarray:
     return p
 
 
+class SoftcapCache(NamedTuple):
+    t: np.ndarray | None  # tanh(z / cap) (None from the CUDA twin, whose backward recomputes it from z)
+    cap: float
+    z: Any = None  # the CUDA twin's: the input z
+
+
+def softcap_forward_ref(z: np.ndarray, cap: float):
+    """z' = cap * tanh(z / cap)."""
+    t = np.tanh(z / cap)
+    return cap * t, SoftcapCache(t, cap)
+
+
+def softcap_backward_ref(dy: np.ndarray, cache: SoftcapCache) -> np.ndarray:
+    """forward was: z' = cap * tanh(z / cap); dz = dz' (1 - tanh^2)."""
+    return dy * (1.0 - cache.t * cache.t)
+
+
 def _is_one_block(w) -> bool:
     """Whether the output weight is in memory as one array (else it is read in row blocks)."""
     if isinstance(w, np.ndarray):
@@ -75,10 +95,12 @@ def lm_head_loss_ref(
     w_ref=None,
     kl_coef: float = 0.0,
     backward: bool = True,
+    cap: float = 0.0,
 ):
     """Output projection fused with cross-entropy; full logits of all rows are never stored.
 
     forward: z = h W^T (+ s (h A^T) B^T; + s (h B) A^T for a tied token_embd adapter);
+    with `cap` (> 0) z = cap tanh(z / cap) (Gemma 3's final soft-cap, the reference's logits too);
     loss = sum_t weights_t * (-log softmax(z_t)[targets_t])  (+ kl_coef * sum_t |w_t| KL(p_t || q_t)).
     Only rows with targets >= 0 are computed. For the KL term, q = softmax(h_ref W_ref^T) is the
     reference model's distribution (its own hidden states and output weight, without adapters).
@@ -94,7 +116,7 @@ def lm_head_loss_ref(
     """
     if not _is_one_block(w) and not need_dw:
         return _lm_head_loss_streamed_ref(
-            h, w, targets, weights, lora, tied_lora, max_logits_bytes, h_ref, w_ref, kl_coef, backward
+            h, w, targets, weights, lora, tied_lora, max_logits_bytes, h_ref, w_ref, kl_coef, backward, cap
         )
     N, C = h.shape
     V = w.shape[0]
@@ -119,6 +141,9 @@ def lm_head_loss_ref(
         if tied_lora is not None:
             hb = hc @ tied_lora.B  # (n, r)
             logp += (tied_lora.s * hb) @ tied_lora.A.T
+        c_cap = None
+        if cap:
+            logp, c_cap = softcap_forward_ref(logp, cap)
         p = _softmax_inplace_pair(logp)  # logp becomes log-probabilities, p the probabilities
         tgt = targets[rows]
         wt = weights[rows].astype(h.dtype)
@@ -126,7 +151,8 @@ def lm_head_loss_ref(
         loss += float((wt * ce).sum())
         ce_sum += float(ce.sum())
         if kl:
-            logq = _log_softmax_rows(project_ref(h_ref[rows], w_ref))
+            zr = project_ref(h_ref[rows], w_ref)
+            logq = _log_softmax_rows(softcap_forward_ref(zr, cap)[0] if cap else zr)
             klv = (p * (logp - logq)).sum(axis=-1)  # (n,)
             aw = np.abs(wt)
             loss += kl_coef * float((aw * klv).sum())
@@ -143,6 +169,8 @@ def lm_head_loss_ref(
         dz[np.arange(n), tgt] -= wt
         if kl:
             dz += logp
+        if c_cap is not None:
+            dz = softcap_backward_ref(dz, c_cap)  # through the cap to the raw logits
         dh[rows] = head_backward(dz, hc, w, lora, tied_lora, ha, hb, dW, dl, dt)
     grads = {"W": dW, "lora": dl, "tied_lora": dt}
     return loss, (ce_sum, int(rows_all.size)), dh, grads
@@ -172,7 +200,7 @@ def head_backward(dz, hc, w, lora, tied_lora, ha, hb, dW, dl, dt) -> np.ndarray:
 
 
 def _lm_head_loss_streamed_ref(h, w, targets, weights, lora, tied_lora, max_logits_bytes, h_ref, w_ref,
-                           kl_coef, backward):  # fmt: skip
+                           kl_coef, backward, cap=0.0):  # fmt: skip
     """`lm_head_loss` for an output weight read in blocks of vocabulary rows (see there).
 
     Pass 1 walks the vocabulary once: per label row the running maximum m and sum
@@ -194,12 +222,17 @@ def _lm_head_loss_streamed_ref(h, w, targets, weights, lora, tied_lora, max_logi
     hr = h_ref[rows] if kl else None
 
     def block_logits(lo, hi, wc):
+        """The block's (capped) logits, and the cap's cache (None without a cap)."""
         z = hc @ wc.T  # (n, hi - lo)
         if lora is not None:
             z += lora.s * (ha @ lora.B[lo:hi].T)
         if tied_lora is not None:
             z += tied_lora.s * (hb @ tied_lora.A[lo:hi].T)
-        return z
+        return softcap_forward_ref(z, cap) if cap else (z, None)
+
+    def ref_logits(wc):
+        zr = hr @ wc.T
+        return softcap_forward_ref(zr, cap)[0] if cap else zr
 
     # a streamed head is a frozen base tensor, so the reference model's head is the same tensor
     assert not kl or getattr(w_ref, "name", None) == getattr(w, "name", ""), "reference head differs"
@@ -213,7 +246,7 @@ def _lm_head_loss_streamed_ref(h, w, targets, weights, lora, tied_lora, max_logi
         ez = np.zeros(n, dtype)  # sum exp(z - m) z
         ezr = np.zeros(n, dtype)  # sum exp(z - m) z_ref
     for lo, hi, wc in row_chunks(w):
-        z = block_logits(lo, hi, wc)
+        z, _ = block_logits(lo, hi, wc)
         inside = (tgt >= lo) & (tgt < hi)
         z_t[inside] = z[inside, tgt[inside] - lo]
         m_new = np.maximum(m, z.max(axis=1))
@@ -221,7 +254,7 @@ def _lm_head_loss_streamed_ref(h, w, targets, weights, lora, tied_lora, max_logi
         e = np.exp(z - m_new[:, None])
         s = s * rescale + e.sum(axis=1)
         if kl:
-            zr = hr @ wc.T
+            zr = ref_logits(wc)
             ez = ez * rescale + (e * z).sum(axis=1)
             ezr = ezr * rescale + (e * zr).sum(axis=1)
             mr_new = np.maximum(mr, zr.max(axis=1))
@@ -246,17 +279,19 @@ def _lm_head_loss_streamed_ref(h, w, targets, weights, lora, tied_lora, max_logi
         dzB = np.zeros((n, lora.B.shape[1]), dtype) if lora is not None else None
         dzA = np.zeros((n, tied_lora.A.shape[1]), dtype) if tied_lora is not None else None
         for lo, hi, wc in row_chunks(w):
-            logp = block_logits(lo, hi, wc)
+            logp, c_cap = block_logits(lo, hi, wc)
             logp -= lse[:, None]
             p = np.exp(logp)
             dz = p * wt[:, None]
             inside = np.flatnonzero((tgt >= lo) & (tgt < hi))
             dz[inside, tgt[inside] - lo] -= wt[inside]
             if kl:
-                logq = hr @ wc.T
+                logq = ref_logits(wc)
                 logq -= lse_r[:, None]
                 # d KL(p||q) / dz = p * (log p - log q - KL)
                 dz += (kl_coef * aw)[:, None] * p * (logp - logq - klv[:, None])
+            if c_cap is not None:
+                dz = softcap_backward_ref(dz, c_cap)  # through the cap to the raw logits
             dhc += dz @ wc
             if lora is not None:
                 dzB += dz @ lora.B[lo:hi]
@@ -298,157 +333,19 @@ def _lm_head_loss_streamed_ref(h, w, targets, weights, lora, tied_lora, max_logi
 # pass 2 (backward): z again, ce_grad turns it into dz = w (p - onehot) (+ kl_coef |w| p (log p -
 #   log q - KL)) in place, one block per row; then cuBLAS: dh_c += dz W_c (bf16 when W is), the
 #   LoRA factor gradients, and dW_c = dz^T hc when need_dw.
+# Soft-cap (cap > 0): the row kernels cap each logit as they read it (ce_stats: cap tanh(z / cap) of
+#   the policy's and the reference's logits; ce_grad: dz through the cap, times 1 - tanh^2), so the
+#   chunk buffer holds the raw logits and nothing more is stored. softcap_fwd / softcap_bwd are the
+#   cap alone (inference logits), elementwise; their cache keeps z and the backward recomputes tanh.
 # Cost: FLOPs 2 n C V per GEMM pass (forward: 1, with KL 2; backward: 2 more, +1 with need_dw), at
 # the bf16 tensor-core rate for a bf16 head; bytes: the head read once per pass (V C 2 for bf16)
 # plus the chunk logits written and read twice (n Vc 4 each); the row kernels are memory-bound at
 # 8 bytes per logit.
 
-_CUDA_SOURCE = (
-    r"""
-#define NEG_INF __uint_as_float(0xff800000u)
-typedef long long i64;
-"""
-    + DEVICE_HELPERS
-    + r"""
-// calls f(c, x, xr) for the columns of one row this thread owns (xr: the reference row, or x)
-template <class F>
-__device__ __forceinline__ void for_cols(const float* __restrict__ row, const float* __restrict__ rrow,
-                                         int width, int vec, F f) {
-    int c0 = 0;
-    if (vec) {
-        const int w4 = width / 4;
-        for (int c = threadIdx.x; c < w4; c += blockDim.x) {
-            const float4 a = ((const float4*)row)[c], b = ((const float4*)rrow)[c];
-            f(4 * c, a.x, b.x); f(4 * c + 1, a.y, b.y); f(4 * c + 2, a.z, b.z); f(4 * c + 3, a.w, b.w);
-        }
-        c0 = 4 * w4;
-    }
-    for (int c = c0 + threadIdx.x; c < width; c += blockDim.x) f(c, row[c], rrow[c]);
-}
 
-// online (max, sum exp) over one thread's values, with the exp-weighted sums of x and of xr
-struct Online {
-    float m, s, ex, exr;
-    __device__ __forceinline__ void init() { m = NEG_INF; s = 0.0f; ex = 0.0f; exr = 0.0f; }
-    __device__ __forceinline__ void add(float x, float xr) {
-        if (x > m) {
-            const float r = expf(m - x);
-            s = s * r + 1.0f; ex = ex * r + x; exr = exr * r + xr; m = x;
-        } else {
-            const float e = expf(x - m);
-            s += e; ex += e * x; exr += e * xr;
-        }
-    }
-};
-
-extern "C" __global__ void __launch_bounds__(256)
-ce_stats(const float* __restrict__ z, const float* __restrict__ zr, const int* __restrict__ tgt, int width,
-         int lo, int vec, int kl, float* __restrict__ m, float* __restrict__ s, float* __restrict__ zt,
-         float* __restrict__ mr, float* __restrict__ sr, float* __restrict__ ez, float* __restrict__ ezr) {
-    __shared__ float scratch[32];
-    const i64 i = blockIdx.x;
-    const float* row = z + i * width;
-    const float* rrow = kl ? zr + i * width : row;
-    Online a, b;  // a: policy logits (with the reference's weighted sum); b: reference logits alone
-    a.init();
-    b.init();
-    for_cols(row, rrow, width, vec, [&](int, float x, float xr) {
-        a.add(x, xr);
-        if (kl) b.add(xr, xr);
-    });
-    const float M = block_max(a.m, scratch);
-    const float f = expf(a.m - M);
-    const float S = block_sum(a.s * f, scratch);
-    const float EZ = kl ? block_sum(a.ex * f, scratch) : 0.0f;
-    const float EZR = kl ? block_sum(a.exr * f, scratch) : 0.0f;
-    float MR = NEG_INF, SR = 0.0f;
-    if (kl) {
-        MR = block_max(b.m, scratch);
-        SR = block_sum(b.s * expf(b.m - MR), scratch);
-    }
-    if (threadIdx.x == 0) {
-        const float m0 = m[i], m1 = fmaxf(m0, M);
-        const float ra = expf(m0 - m1), rb = expf(M - m1);
-        s[i] = s[i] * ra + S * rb;
-        if (kl) {
-            ez[i] = ez[i] * ra + EZ * rb;
-            ezr[i] = ezr[i] * ra + EZR * rb;
-            const float q0 = mr[i], q1 = fmaxf(q0, MR);
-            sr[i] = sr[i] * expf(q0 - q1) + SR * expf(MR - q1);
-            mr[i] = q1;
-        }
-        m[i] = m1;
-        const int c = tgt[i] - lo;
-        if (c >= 0 && c < width) zt[i] = row[c];
-    }
-}
-
-// per row: lse, ce, KL; out[0] = sum w ce + kl_coef sum |w| KL, out[1] = sum ce (float64, fixed order)
-extern "C" __global__ void __launch_bounds__(256)
-ce_finish(const float* __restrict__ m, const float* __restrict__ s, const float* __restrict__ zt,
-          const float* __restrict__ wt, const float* __restrict__ mr, const float* __restrict__ sr,
-          const float* __restrict__ ez, const float* __restrict__ ezr, int n, int kl, float kl_coef,
-          float* __restrict__ lse, float* __restrict__ lse_r, float* __restrict__ klv,
-          double* __restrict__ out) {
-    __shared__ double scratch[32];
-    double loss = 0.0, ce_sum = 0.0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float l = m[i] + logf(s[i]);
-        const float ce = l - zt[i];
-        lse[i] = l;
-        loss += (double)(wt[i] * ce);
-        ce_sum += (double)ce;
-        if (kl) {
-            const float lr = mr[i] + logf(sr[i]);
-            const float k = ez[i] / s[i] - l - ezr[i] / s[i] + lr;
-            lse_r[i] = lr;
-            klv[i] = k;
-            loss += (double)kl_coef * (double)(fabsf(wt[i]) * k);
-        }
-    }
-    loss = block_sum_d(loss, scratch);
-    ce_sum = block_sum_d(ce_sum, scratch);
-    if (threadIdx.x == 0) {
-        out[0] = loss;
-        out[1] = ce_sum;
-    }
-}
-
-// dz = w (p - onehot) (+ kl_coef |w| p (log p - log q - KL)), in place over the chunk's logits
-extern "C" __global__ void __launch_bounds__(256)
-ce_grad(float* __restrict__ z, const float* __restrict__ zr, const int* __restrict__ tgt,
-        const float* __restrict__ wt, const float* __restrict__ lse, const float* __restrict__ lse_r,
-        const float* __restrict__ klv, int width, int lo, int vec, int kl, float kl_coef) {
-    const i64 i = blockIdx.x;
-    float* row = z + i * width;
-    const float* rrow = kl ? zr + i * width : row;
-    const float w = wt[i], l = lse[i];
-    const float lr = kl ? lse_r[i] : 0.0f, k = kl ? klv[i] : 0.0f, kw = kl_coef * fabsf(w);
-    const int tc = tgt[i] - lo;
-    auto grad = [&](int c, float x, float xr) {
-        const float logp = x - l;
-        const float p = expf(logp);
-        float d = p * w;
-        if (c == tc) d -= w;
-        if (kl) d += kw * p * ((logp - (xr - lr)) - k);
-        return d;
-    };
-    int c0 = 0;
-    if (vec) {
-        const int w4 = width / 4;
-        for (int c = threadIdx.x; c < w4; c += blockDim.x) {
-            const float4 a = ((const float4*)row)[c], b = ((const float4*)rrow)[c];
-            ((float4*)row)[c] = make_float4(grad(4 * c, a.x, b.x), grad(4 * c + 1, a.y, b.y),
-                                            grad(4 * c + 2, a.z, b.z), grad(4 * c + 3, a.w, b.w));
-        }
-        c0 = 4 * w4;
-    }
-    for (int c = c0 + threadIdx.x; c < width; c += blockDim.x) row[c] = grad(c, row[c], rrow[c]);
-}
-"""
+SOURCE = KernelSource.from_file(
+    "cross_entropy.cu", kernels=("ce_stats", "ce_finish", "ce_grad", "softcap_fwd", "softcap_bwd")
 )
-
-SOURCE = KernelSource(name="cross_entropy", code=_CUDA_SOURCE, kernels=("ce_stats", "ce_finish", "ce_grad"))
 SOURCES = (SOURCE,)
 
 THREADS = 256
@@ -495,21 +392,34 @@ def lm_head_loss_on(
     w_ref: Any = None,
     kl_coef: float = 0.0,
     backward: bool = True,
+    padded: bool = False,
+    out: Any = None,
+    cap: float = 0.0,
 ):
     """`lm_head_loss` on a runtime (`min_rows` is the reference's row blocking; the twin streams
-    the vocabulary over all label rows at once and ignores it)."""
+    the vocabulary over all label rows at once and ignores it).
+
+    padded: fixed shapes for a captured step: every row is computed, targets (N,) int32 and weights
+    (N,) float32 on the device as they are, rows with a target < 0 (weight 0) add nothing to the
+    loss, ce_sum or gradients; n_tokens is then N (the caller counts its label rows itself). No
+    device read, no upload. out: a float64 (2,) device array to write (loss, ce_sum) into."""
     xp = rt.xp
     h = f32_input(rt, h, "hidden states h")
     N, C = h.shape
     V = int(w.shape[0])
     kl = bool(kl_coef) and h_ref is not None
-    rows, tgt, wt, n = _label_rows(rt, targets, weights)
+    if padded:
+        if kl or targets.dtype.name != "int32" or weights.dtype.name != "float32":
+            raise ValueError("padded rows take int32 targets and float32 weights on the device, without KL")
+        rows, tgt, wt, n = None, targets, weights, N
+    else:
+        rows, tgt, wt, n = _label_rows(rt, targets, weights)
     if lora is not None:
         lora = LoraTerm(f32_input(rt, lora.A, "LoRA A"), f32_input(rt, lora.B, "LoRA B"), float(lora.s))
     if tied_lora is not None:
         A_t = f32_input(rt, tied_lora.A, "tied LoRA A")
         tied_lora = LoraTerm(A_t, f32_input(rt, tied_lora.B, "tied LoRA B"), float(tied_lora.s))
-    dh = xp.zeros((N, C), dtype=xp.float32)
+    dh = xp.zeros((N, C), dtype=xp.float32) if not padded else None
     grads: dict[str, Any] = {"W": None, "lora": None, "tied_lora": None}
     if need_dw:
         grads["W"] = xp.zeros((V, C), dtype=xp.float32)
@@ -518,11 +428,12 @@ def lm_head_loss_on(
     if tied_lora is not None:
         shapes = (tied_lora.A.shape, tied_lora.B.shape)
         grads["tied_lora"] = tuple(xp.zeros(s, dtype=xp.float32) for s in shapes)
-    out = xp.zeros(2, dtype=xp.float64)
+    if out is None:
+        out = xp.zeros(2, dtype=xp.float64)
     if n == 0:
         return out[0], (out[1], 0), dh, grads
 
-    hc = xp.ascontiguousarray(h[rows])  # (n, C)
+    hc = h if rows is None else xp.ascontiguousarray(h[rows])  # (n, C)
     hr = xp.ascontiguousarray(f32_input(rt, h_ref, "reference hidden states h_ref")[rows]) if kl else None
     ha = hb = None
     if lora is not None:
@@ -577,9 +488,9 @@ def lm_head_loss_on(
         z, zr = logits(lo, hi, blk)
         vec = np.int32((hi - lo) % 4 == 0 and aligned16(rt, z, zr))
         args = (z, z if zr is None else zr, tgt, np.int32(hi - lo), np.int32(lo), vec, np.int32(kl))
-        rt.launch(SOURCE, "ce_stats", (n,), (THREADS,), (*args, m, s, zt, mr, sr, ez, ezr))
+        rt.launch(SOURCE, "ce_stats", (n,), (THREADS,), (*args, np.float32(cap), m, s, zt, mr, sr, ez, ezr))
     lse, lse_r, klv = (xp.empty(n, dtype=f32) for _ in range(3))
-    args = (m, s, zt, wt, mr, sr, ez, ezr, np.int32(n), np.int32(kl), np.float32(kl_coef))
+    args = (m, s, zt, wt, mr, sr, ez, ezr, tgt, np.int32(n), np.int32(kl), np.float32(kl_coef))
     rt.launch(SOURCE, "ce_finish", (1,), (THREADS,), (*args, lse, lse_r, klv, out))
     if not backward:
         return out[0], (out[1], n), dh, grads
@@ -592,7 +503,9 @@ def lm_head_loss_on(
         width = hi - lo
         vec = np.int32(width % 4 == 0 and aligned16(rt, z, zr))
         args = (z, z if zr is None else zr, tgt, wt, lse, lse_r, klv, np.int32(width), np.int32(lo), vec)
-        rt.launch(SOURCE, "ce_grad", (n,), (THREADS,), (*args, np.int32(kl), np.float32(kl_coef)))
+        rt.launch(
+            SOURCE, "ce_grad", (n,), (THREADS,), (*args, np.int32(kl), np.float32(kl_coef), np.float32(cap))
+        )
         dz = z
         if blk.dtype.name == "uint16":
             rt.gemm(to_bf16(rt, dz), blk, dhc, beta=1.0)  # dh += dz W (bf16 x bf16, fp32 sums)
@@ -613,6 +526,8 @@ def lm_head_loss_on(
     if tied_lora is not None:
         rt.gemm(dzA, tied_lora.B, dhc, trans_b=True, alpha=tied_lora.s, beta=1.0)  # dh += s (dz A) B^T
         rt.gemm(hc, dzA, grads["tied_lora"][1], trans_a=True, alpha=tied_lora.s)  # dB = s h^T (dz A)
+    if rows is None:
+        return out[0], (out[1], n), dhc, grads
     dh[rows] = dhc
     return out[0], (out[1], n), dh, grads
 
@@ -639,6 +554,31 @@ def project_on(rt: Runtime, h: Any, w: Any) -> Any:
     return out.reshape(*h.shape[:-1], V)
 
 
+def softcap_forward_on(rt: Runtime, z: Any, cap: float):
+    """`softcap_forward` on a runtime: y = cap tanh(z / cap); the cache keeps z, not tanh."""
+    z = f32_input(rt, z, "soft-cap input z")
+    y = rt.xp.empty(z.shape, dtype=rt.xp.float32)
+    grid = max(1, min(65535, -(-z.size // THREADS)))
+    rt.launch(SOURCE, "softcap_fwd", (grid,), (THREADS,), (z, y, np.int64(z.size), np.float32(cap)))
+    return y, SoftcapCache(None, float(cap), z)
+
+
+def softcap_backward_on(rt: Runtime, dy: Any, cache: SoftcapCache) -> Any:
+    """`softcap_backward` on a runtime (tanh recomputed from the cache's z)."""
+    z = cache.z
+    dy = f32_input(rt, dy, "soft-cap gradient dy")
+    if z is None or dy.shape != z.shape:
+        raise ValueError(
+            "softcap_backward (CUDA) needs the cache of softcap_forward (CUDA) and dy of its shape"
+        )
+    dz = rt.xp.empty(z.shape, dtype=rt.xp.float32)
+    grid = max(1, min(65535, -(-z.size // THREADS)))
+    rt.launch(
+        SOURCE, "softcap_bwd", (grid,), (THREADS,), (dy, z, dz, np.int64(z.size), np.float32(cache.cap))
+    )
+    return dz
+
+
 def project(h: Any, w: Any) -> Any:
     """CUDA twin of `project_ref`: logits h W^T (float32 CuPy array) for a float32 or bf16 head."""
     return project_on(runtime_for(h, "project"), h, w)
@@ -659,6 +599,7 @@ def lm_head_loss(
     w_ref: Any = None,
     kl_coef: float = 0.0,
     backward: bool = True,
+    cap: float = 0.0,
 ):
     """CUDA twin of `lm_head_loss_ref`: (loss, (ce_sum, n_tokens), dh, grads), loss and ce_sum as 0-d
     float64 device arrays (read them when needed: a read waits for the GPU)."""
@@ -677,4 +618,5 @@ def lm_head_loss(
         w_ref=w_ref,
         kl_coef=kl_coef,
         backward=backward,
+        cap=cap,
     )

@@ -1,86 +1,170 @@
-"""Mixture of experts: routing (softmax, top-k, renormalisation, a counting sort of token-slot pairs by
-expert), the experts' grouped matmuls with per-expert LoRA (MUL_MAT_ID), the combine with routing
-weights, and the backward passes (MUL_MAT_ID with transposed experts, OUT_PROD_ID).
+"""Mixture of experts: routing (the gating function, top-k with an optional selection bias and group
+limits, renormalisation and scale, a counting sort of token-slot pairs by expert), the experts'
+grouped matmuls with biases, per-expert LoRA and a gated activation (MUL_MAT_ID), the combine with
+routing weights, and the backward passes (MUL_MAT_ID with transposed experts, OUT_PROD_ID).
+
+Every architecture's router and experts are this one op, its variants arguments, as llama.cpp's
+build_moe_ffn has them:
+- gating: "softmax" over all experts, "sigmoid" (DeepSeek-V3) or "softmax_selected" (gpt-oss: a
+  softmax over the chosen logits only); `bias`, an expert-selection bias that changes which experts
+  are chosen but not their weights (V3's exp_probs_b); group-limited routing (V3: only experts of the
+  best `group_used` of `n_group` groups, a group scored by its two best experts); renormalisation
+  and a scale on the weights (expert_weights_scale);
+- experts: biases on the gate, up and down projections (gpt-oss) and the activation, "silu"
+  (SwiGLU) or "swiglu_oai" (gpt-oss's clamped SwiGLU; engine.kernels.glu).
 
 `route_forward_ref`, `route_backward_ref`, `experts_forward_ref` and `experts_backward_ref` are the
-NumPy reference (the specification, and the CPU engine's hot path). `route_forward`,
-`route_backward`, `experts_forward` and `experts_backward` are their CUDA twins, same signatures,
-on CuPy arrays: every expert at once in grouped kernels driven by expert offsets that stay on the
-device, so a layer's MoE forward and backward never synchronise with the host. The twins' bodies
-are the `*_launch` functions, written against an array module and a kernel launcher so that
-tests/kernels runs the same code on the CPU with the kernels built by g++. The dtype contract, the
-GPU cache layout (`PackedActs`) and the determinism rules are in the CUDA section below.
+NumPy reference (the specification: each expert's rows, one expert after another). Their twins:
+on the CPU `engine.kernels.moe_cpu` (the experts side by side on CPU workers, in the layout
+OpenBLAS runs fastest), on a GPU `route_forward`, `route_backward`, `experts_forward` and
+`experts_backward` on CuPy arrays: every expert at once in grouped kernels driven by expert offsets
+that stay on the device, so a layer's MoE forward and backward never synchronise with the host.
+The GPU twins' bodies are the `*_on(rt, ...)` functions, written against a `Runtime`
+(engine.kernels.runtime) so that tests/kernels runs the same code on the CPU with the kernels built
+by g++. The dtype contract, the GPU cache layout (`PackedActs`) and the determinism rules are in the
+CUDA section below.
 
-Not here: choosing or dequantizing expert weights (the weight store), the router's own linear layer,
-the shared expert (engine.model.layers).
+Not here: choosing or dequantizing expert weights (the weight store), the router's own linear layer
+(its bias included: engine.kernels.linear), shared experts (engine.model.layers).
+
+Longer than the other op modules (about 910 lines) on purpose: it is four ops (routing and the
+experts, forward and backward) whose GPU twins share one dtype contract, one cache layout and one
+set of determinism rules; split by op, each part would restate them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..backend import array_module, to_host
-from .cpu_workers import PIECE_MIN_FLOPS, run_each
-from .cuda import KernelSource, get_kernel
+from . import moe_cublas, moe_gemm
+from .glu import GluCache, glu_backward_ref, glu_forward_ref, silu
 from .linear import LoraTerm
-from .swiglu import SwigluCache, silu, swiglu_backward_ref
+from .nvrtc import KernelSource
+from .runtime import Runtime, runtime_for, to_host
+
+GATINGS = ("softmax", "sigmoid", "softmax_selected")
+EXPERT_ACTS = ("silu", "swiglu_oai")
+MIN_WEIGHT_SUM = 6.103515625e-5  # llama.cpp clamps the sum of the chosen weights before renormalising
 
 
 class Routing(NamedTuple):
     """Top-k routing of N tokens over E experts, with tokens sorted by expert once."""
 
-    probs: np.ndarray  # (N, E) softmax of the router logits
+    probs: np.ndarray  # (N, E) the gating function of the router logits (softmax_selected: the logits)
     topk: np.ndarray  # (N, K) chosen expert ids, best first
-    weights: np.ndarray  # (N, K) mixing weights (renormalised when asked)
+    weights: np.ndarray  # (N, K) mixing weights (renormalised and scaled when asked)
     order: np.ndarray  # (N*K,) token-slot pairs sorted by expert: pair p = (order[p] // K, order[p] % K)
     offsets: np.ndarray  # (E+1,) pairs of expert e are order[offsets[e]:offsets[e+1]]
 
 
 class RouteCache(NamedTuple):
     routing: Routing
-    wsum: np.ndarray | None  # (N, 1) sum of the chosen probabilities, when renormalised
-    renorm: bool
+    gating: str
+    w_sel: np.ndarray | None  # (N, K) the chosen weights before renormalisation and scale
+    wsum: np.ndarray | None  # (N, 1) their (clamped) sum when renormalised
+    clamped: np.ndarray | None  # (N, 1) where the sum was clamped (its gradient is then 0)
+    scale: float
 
 
-def route_forward_ref(logits: np.ndarray, K: int, renorm: bool):
-    """Softmax over E, top-k by probability, optional renormalisation, counting sort by expert."""
+def check_routing_options(E: int, K: int, gating: str, n_group: int, group_used: int) -> None:
+    """ValueError naming what a routing's options get wrong."""
+    if gating not in GATINGS:
+        raise ValueError(f"unknown gating {gating!r}; expected one of {', '.join(GATINGS)}")
+    if not 1 <= K <= E:
+        raise ValueError(f"need 1 <= K <= E; got K={K}, E={E}")
+    if n_group > 1:
+        if E % n_group or not 1 <= group_used <= n_group or group_used * (E // n_group) < K:
+            raise ValueError(
+                f"group-limited routing needs E={E} a multiple of n_group={n_group} and 1 <= group_used "
+                f"<= n_group with group_used * E / n_group >= K={K}; got group_used={group_used}"
+            )
+
+
+def route_forward_ref(
+    logits: np.ndarray,
+    K: int,
+    renorm: bool,
+    gating: str = "softmax",
+    scale: float = 1.0,
+    bias: np.ndarray | None = None,
+    n_group: int = 0,
+    group_used: int = 0,
+):
+    """Choose K of E experts per token and their weights, as llama.cpp's build_moe_ffn does.
+
+    p = softmax(logits) | sigmoid(logits) | logits (gating "softmax_selected"); the selection score is
+    p + bias; with n_group > 1 only experts of the group_used best groups (each scored by the sum of
+    its two best selection scores) can be chosen; top-K by selection score (ties: the lower expert id
+    first); w = p[chosen] (softmax over them for "softmax_selected"), / their sum (clamped below at
+    MIN_WEIGHT_SUM) when `renorm`, * scale. Then the counting sort of the token-slot pairs by expert.
+    """
     N, E = logits.shape
-    z = logits - logits.max(axis=-1, keepdims=True)
-    p = np.exp(z)
-    p /= p.sum(axis=-1, keepdims=True)  # (N, E)
-    # top-k, best first (stable on ties: lower expert id first, as a sort by -p)
-    topk = np.argsort(-p, axis=-1, kind="stable")[:, :K]  # (N, K)
-    w = np.take_along_axis(p, topk, axis=-1)  # (N, K)
-    wsum = None
+    check_routing_options(E, K, gating, n_group, group_used)
+    if gating == "softmax":
+        z = logits - logits.max(axis=-1, keepdims=True)
+        p = np.exp(z)
+        p /= p.sum(axis=-1, keepdims=True)  # (N, E)
+    elif gating == "sigmoid":
+        p = 1.0 / (1.0 + np.exp(-logits))
+    else:
+        p = logits
+    sel = p if bias is None else p + bias.astype(p.dtype)
+    if n_group > 1:
+        groups = sel.reshape(N, n_group, E // n_group)
+        best = np.sort(groups, axis=-1)[..., -min(2, E // n_group) :]
+        score = best.sum(axis=-1)  # (N, n_group)
+        keep = np.argsort(-score, axis=-1, kind="stable")[:, :group_used]
+        allowed = np.zeros((N, n_group), dtype=bool)
+        np.put_along_axis(allowed, keep, True, axis=-1)
+        sel = np.where(np.repeat(allowed, E // n_group, axis=-1), sel, -np.inf)
+    topk = np.argsort(-sel, axis=-1, kind="stable")[:, :K]  # (N, K) best first
+    w = np.take_along_axis(p, topk, axis=-1)
+    if gating == "softmax_selected":
+        w = np.exp(w - w.max(axis=-1, keepdims=True))
+        w /= w.sum(axis=-1, keepdims=True)
+    w_sel = w
+    wsum = clamped = None
     if renorm:
-        wsum = w.sum(axis=-1, keepdims=True)
+        raw = w.sum(axis=-1, keepdims=True)
+        clamped = raw < MIN_WEIGHT_SUM
+        wsum = np.maximum(raw, MIN_WEIGHT_SUM)
         w = w / wsum
+    if scale != 1.0:
+        w = w * scale
     flat = topk.reshape(-1)  # (N*K,)
     order = np.argsort(flat, kind="stable")
-    counts = np.bincount(flat, minlength=E)
     offsets = np.zeros(E + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
+    np.cumsum(np.bincount(flat, minlength=E), out=offsets[1:])
     routing = Routing(p, topk, w, order, offsets)
-    return routing, RouteCache(routing, wsum, renorm)
+    return routing, RouteCache(routing, gating, w_sel, wsum, clamped, float(scale))
 
 
 def route_backward_ref(dweights: np.ndarray, cache: RouteCache) -> np.ndarray:
-    """forward was: p = softmax(logits); w = p[topk] (/ sum p[topk] when renormalised).  Returns dlogits.
+    """forward was: w = scale * renorm(g(p[topk])), p = gate(logits).  Returns dlogits (N, E).
 
-    The choice of the top k is piecewise constant, so the gradient flows through the chosen weights only.
+    The choice of experts (bias and groups included) is piecewise constant: the gradient flows
+    through the chosen weights only, and the selection bias gets none.
     """
-    routing, wsum, renorm = cache
-    p, w = routing.probs, routing.weights
-    if renorm:
-        dsel = (dweights - (dweights * w).sum(axis=-1, keepdims=True)) / wsum
+    routing, gating, w_sel, wsum, clamped, scale = cache
+    p, topk = routing.probs, routing.topk
+    dw = dweights.astype(p.dtype) * scale
+    if wsum is not None:
+        wn = w_sel / wsum
+        dw = (dw - np.where(clamped, 0.0, (dw * wn).sum(axis=-1, keepdims=True))) / wsum
+    dlogits = np.zeros_like(p)
+    if gating == "softmax_selected":
+        dsel = w_sel * (dw - (dw * w_sel).sum(axis=-1, keepdims=True))
+        np.put_along_axis(dlogits, topk, dsel, axis=-1)
+    elif gating == "sigmoid":
+        ps = np.take_along_axis(p, topk, axis=-1)
+        np.put_along_axis(dlogits, topk, dw * ps * (1.0 - ps), axis=-1)
     else:
-        dsel = dweights
-    dp = np.zeros_like(p)
-    np.put_along_axis(dp, routing.topk, dsel.astype(p.dtype), axis=-1)
-    return p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+        dp = np.zeros_like(p)
+        np.put_along_axis(dp, topk, dw, axis=-1)
+        dlogits = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    return dlogits
 
 
 class ExpertActs(NamedTuple):
@@ -88,10 +172,10 @@ class ExpertActs(NamedTuple):
 
     e: int  # expert id
     pairs: np.ndarray  # (n_e,) token-slot pair ids (token = pair // K)
-    g: np.ndarray  # (n_e, F) gate pre-activation
-    u: np.ndarray  # (n_e, F) up projection
-    sg: np.ndarray  # (n_e, F) silu(g)
-    h: np.ndarray  # (n_e, F) silu(g) * u, the down projection's input
+    g: np.ndarray  # (n_e, F) gate projection (its bias included)
+    u: np.ndarray  # (n_e, F) up projection (its bias included)
+    a: np.ndarray | None  # (n_e, F) the activation's saved factor (GluCache.a: silu(g); None for swiglu_oai)
+    h: np.ndarray  # (n_e, F) act(g, u), the down projection's input
     xa_gate: np.ndarray | None  # (n_e, r) x A_gate^T (gate LoRA)
     xa_up: np.ndarray | None  # (n_e, r) x A_up^T (up LoRA)
     ha_down: np.ndarray | None  # (n_e, r) h A_down^T (down LoRA)
@@ -100,48 +184,25 @@ class ExpertActs(NamedTuple):
 class ExpertsCache(NamedTuple):
     x: np.ndarray  # (N, C) input tokens
     routing: Routing
-    pair_out: np.ndarray  # (N*K, C) each pair's expert output, before the routing weight
-    per_expert: list[ExpertActs]  # experts that received tokens, in id order
+    pair_out: np.ndarray  # (N*K, C) each pair's expert output (down bias included), before its weight
+    per_expert: Any  # list[ExpertActs] of the experts that received tokens, in id order (GPU: PackedActs)
     loras: tuple[LoraTerm | None, LoraTerm | None, LoraTerm | None]  # gate, up, down
+    biases: tuple[bool, bool, bool] = (False, False, False)  # which of gate, up, down have a bias
+    act: str = "silu"
 
 
-def routed_experts(routing: Routing) -> list[int]:
-    """The experts that received at least one token-slot pair, in id order."""
-    return np.flatnonzero(np.diff(routing.offsets) > 0).tolist()
+def check_expert_act(act: str) -> None:
+    if act not in EXPERT_ACTS:
+        raise ValueError(f"unknown expert activation {act!r}; expected one of {', '.join(EXPERT_ACTS)}")
 
 
-def experts_in_line(routing: Routing, C: int, F: int) -> bool:
-    """Whether the experts' pieces are too small for CPU workers: the three products' FLOPs of an
-    average routed expert under `PIECE_MIN_FLOPS` (engine.kernels.cpu_workers)."""
-    routed = max(1, int(np.count_nonzero(np.diff(routing.offsets))))
-    return 6.0 * len(routing.order) * C * F / routed < PIECE_MIN_FLOPS
-
-
-def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int):
-    """Expert e's projection of its rows: (xe W_e^T (+ s (xe A_e^T) B_e^T), xa = xe A_e^T or None).
-    The base product is taken as (W_e xe^T)^T: with the few rows an expert gets (~32), OpenBLAS runs
-    the (n_out, n_in) x (n_in, n_e) form 35-45% faster than (n_e, n_in) x (n_in, n_out)
-    (bench/CPU_NOTES.md); y is then a column-major view, which every later use takes as it is. The
-    LoRA term is formed in the same transposed layout, so adding it is a contiguous pass; xa is
-    a column-major view too."""
-    yT = w[e] @ xe.T  # (n_out, n_e)
+def _expert_linear_ref(xe: np.ndarray, w, lora: LoraTerm | None, e: int):
+    """Expert e's projection of its rows: (xe W_e^T (+ s (xe A_e^T) B_e^T), xa = xe A_e^T or None)."""
+    y = xe @ w[e].T
     if lora is None:
-        return yT.T, None
-    xaT = lora.A[e] @ xe.T  # (r, n_e)
-    yT += lora.B[e] @ (lora.s * xaT)  # in yT's own layout: a contiguous add, the scale on the small factor
-    return yT.T, xaT.T
-
-
-def expert_linear_backward(dy: np.ndarray, xe: np.ndarray, xa, w, lora: LoraTerm | None, e: int, dlora):
-    """Backward of `expert_linear`: returns dxe; writes expert e's (dA, dB) into `dlora` (a pair of
-    (E, ...) arrays, or None without LoRA) as the outer products of its rows (OUT_PROD_ID)."""
-    dx = dy @ w[e]
-    if lora is not None:
-        dyB = lora.s * (dy @ lora.B[e])  # (n_e, r), scaled: the products below need no scaling pass
-        dx += dyB @ lora.A[e]
-        np.matmul(dyB.T, xe, out=dlora[0][e])
-        np.matmul(dy.T, lora.s * xa, out=dlora[1][e])
-    return dx
+        return y, None
+    xa = xe @ lora.A[e].T  # (n_e, r)
+    return y + lora.s * (xa @ lora.B[e].T), xa
 
 
 def experts_forward_ref(
@@ -153,107 +214,149 @@ def experts_forward_ref(
     lora_gate: LoraTerm | None = None,
     lora_up: LoraTerm | None = None,
     lora_down: LoraTerm | None = None,
+    *,
+    b_gate: np.ndarray | None = None,
+    b_up: np.ndarray | None = None,
+    b_down: np.ndarray | None = None,
+    act: str = "silu",
 ):
-    """y_n = sum_k w_nk * down_e(silu(gate_e(x_n)) * up_e(x_n)), e = topk[n, k].
+    """y_n = sum_k w_nk (down_e(act(gate_e(x_n) + b_g[e], up_e(x_n) + b_u[e])) + b_d[e]), e = topk[n, k].
 
-    x (N, C); w_gate/w_up (E, F, C); w_down (E, C, F), each an array or a lazy stack that gives
-    one expert's matrix for `w[e]` (only the experts that receive tokens are read); expert LoRA
-    A (E, r, n_in), B (E, n_out, r). Each expert runs once on the rows routed to it (the MUL_MAT_ID
-    pattern), in the order of `routing.order`, which the backward pass reuses. Experts are
-    independent pieces: with more than one CPU worker they run side by side
-    (engine.kernels.cpu_workers), each writing only its own rows, with the same results.
+    x (N, C); w_gate/w_up (E, F, C); w_down (E, C, F), each an array or a lazy stack that gives one
+    expert's matrix for `w[e]` (only the experts that receive tokens are read); each projection with
+    its expert LoRA term (A (E, r, n_in), B (E, n_out, r)), then its bias (b_gate/b_up (E, F), b_down
+    (E, C)); act "silu" or "swiglu_oai". Each expert runs once on the rows routed to it (the
+    MUL_MAT_ID pattern), in the order of `routing.order`, which the backward pass reuses.
     """
+    check_expert_act(act)
     N, C = x.shape
     K = routing.topk.shape[1]
+    E = routing.offsets.shape[0] - 1
     pair_out = np.zeros((N * K, C), dtype=x.dtype)  # expert output per (token, slot) pair, unweighted
-
-    def expert(e: int) -> ExpertActs:
+    per_expert = []
+    for e in range(E):
         pairs = routing.order[routing.offsets[e] : routing.offsets[e + 1]]
+        if not len(pairs):
+            continue
         xe = x[pairs // K]  # (n_e, C)
-        g, xa_g = expert_linear(xe, w_gate, lora_gate, e)  # (n_e, F)
-        u, xa_u = expert_linear(xe, w_up, lora_up, e)
-        sg = silu(g)
-        h = sg * u
-        ye, ha_d = expert_linear(h, w_down, lora_down, e)  # (n_e, C)
+        g, xa_g = _expert_linear_ref(xe, w_gate, lora_gate, e)  # (n_e, F)
+        u, xa_u = _expert_linear_ref(xe, w_up, lora_up, e)
+        if b_gate is not None:
+            g = g + b_gate[e]
+        if b_up is not None:
+            u = u + b_up[e]
+        h, c_act = glu_forward_ref(g, u, act)
+        ye, ha_d = _expert_linear_ref(h, w_down, lora_down, e)  # (n_e, C)
+        if b_down is not None:
+            ye = ye + b_down[e]
         pair_out[pairs] = ye
-        return ExpertActs(e, pairs, g, u, sg, h, xa_g, xa_u, ha_d)
-
-    in_line = experts_in_line(routing, C, w_gate.shape[1])  # too small for CPU workers
-    per_expert = run_each(expert, routed_experts(routing), in_line=in_line)
+        per_expert.append(ExpertActs(e, pairs, g, u, c_act.a, h, xa_g, xa_u, ha_d))
     y = np.einsum("nkc,nk->nc", pair_out.reshape(N, K, C), routing.weights.astype(x.dtype))
-    return y, ExpertsCache(x, routing, pair_out, per_expert, (lora_gate, lora_up, lora_down))
+    biases = (b_gate is not None, b_up is not None, b_down is not None)
+    loras = (lora_gate, lora_up, lora_down)
+    return y, ExpertsCache(x, routing, pair_out, per_expert, loras, biases, act)
 
 
-def experts_backward_ref(dy: np.ndarray, cache: ExpertsCache, w_gate, w_up, w_down, need_dw: bool = False):
-    """forward was: y_n = sum_k w_nk * down_e(silu(gate_e(x_n)) * up_e(x_n)).
+def zero_grads(stacks, loras, biases, need_dw: bool, need_db: bool, dtype):
+    """The zeroed gradients an experts backward fills: (dW or None, dlora, db or None), keyed "gate",
+    "up", "down" (dlora: the adapted ones, as (dA, dB); db: the biased ones, (E, n_out))."""
+    keys = ("gate", "up", "down")
+    dW = {k: np.zeros(w.shape, dtype) for k, w in zip(keys, stacks, strict=True)} if need_dw else None
+    dlora = {
+        k: (np.zeros_like(lo.A), np.zeros_like(lo.B))
+        for k, lo in zip(keys, loras, strict=True)
+        if lo is not None
+    }
+    db = None
+    if need_db:
+        db = {k: np.zeros(w.shape[:2], dtype) for k, w, b in zip(keys, stacks, biases, strict=True) if b}
+    return dW, dlora, db
 
-    The expert weights are given again (arrays or lazy stacks, as in the forward).
-    Returns (dx, dweights (N, K), dW or None, dlora): dW maps "gate"/"up"/"down" to (E, ...) arrays and
-    dlora maps them to (dA, dB).
-    Activations go back through each expert's transposed weights (MUL_MAT_ID backward); weight and LoRA
-    factor gradients are per-expert sums of outer products over the tokens routed to it (OUT_PROD_ID).
+
+def experts_backward_ref(dy: np.ndarray, cache: ExpertsCache, w_gate, w_up, w_down, need_dw: bool = False,
+                         need_db: bool = False):  # fmt: skip
+    """forward was: y_n = sum_k w_nk (down_e(act(gate_e(x_n) + b_g, up_e(x_n) + b_u)) + b_d).
+
+    The expert weights are given again (arrays or lazy stacks, as in the forward). Returns
+    (dx, dweights (N, K), dW or None, dlora, db or None): dW (need_dw) maps "gate"/"up"/"down" to
+    (E, ...) arrays, dlora maps the adapted ones to (dA, dB), db (need_db) maps the biased ones to
+    (E, F) / (E, C) arrays. Activations go back through each expert's transposed weights (MUL_MAT_ID
+    backward); weight, bias and LoRA factor gradients are per-expert sums over the tokens routed to
+    it (OUT_PROD_ID).
     """
-    x, routing, pair_out, per_expert, loras = cache
+    x, routing, pair_out, per_expert, loras, biases, act = cache
     lora_gate, lora_up, lora_down = loras
     N, C = x.shape
     K = routing.topk.shape[1]
     dweights = np.einsum("nkc,nc->nk", pair_out.reshape(N, K, C), dy)
     do = (dy[:, None, :] * routing.weights[:, :, None].astype(dy.dtype)).reshape(N * K, C)
     dx_pairs = np.zeros((N * K, C), dtype=dy.dtype)
-    dW = (
-        {k: np.zeros(w.shape, dy.dtype) for k, w in (("gate", w_gate), ("up", w_up), ("down", w_down))}
-        if need_dw
-        else None
-    )
-    dlora = {}
-    for name, lora in (("gate", lora_gate), ("up", lora_up), ("down", lora_down)):
-        if lora is not None:
-            dlora[name] = (np.zeros_like(lora.A), np.zeros_like(lora.B))
+    dW, dlora, db = zero_grads((w_gate, w_up, w_down), loras, biases, need_dw, need_db, dy.dtype)
 
-    def expert(acts: ExpertActs) -> None:  # writes expert e's rows of dx_pairs, its slices of dW, dlora
-        e, pairs, g, u, sg, h, xa_g, xa_u, ha_d = acts
+    def lora_back(d, xin, xa, lo, e, key):  # forward was: y = xin W_e^T + s (xin A_e^T) B_e^T
+        if lo is None:
+            return 0.0
+        dB = d @ lo.B[e]  # (n_e, r)
+        dlora[key][0][e] = lo.s * (dB.T @ xin)
+        dlora[key][1][e] = lo.s * (d.T @ xa)
+        return lo.s * (dB @ lo.A[e])
+
+    for e, pairs, g, u, a, h, xa_g, xa_u, ha_d in per_expert:
         xe = x[pairs // K]  # (n_e, C)
         do_e = do[pairs]  # (n_e, C)
-        dh = expert_linear_backward(do_e, h, ha_d, w_down, lora_down, e, dlora.get("down"))  # (n_e, F)
-        dg, du = swiglu_backward_ref(dh, SwigluCache(g, u, sg))
-        dxe = expert_linear_backward(dg, xe, xa_g, w_gate, lora_gate, e, dlora.get("gate"))
-        dxe += expert_linear_backward(du, xe, xa_u, w_up, lora_up, e, dlora.get("up"))
+        dh = do_e @ w_down[e] + lora_back(do_e, h, ha_d, lora_down, e, "down")  # (n_e, F)
+        dg, du = glu_backward_ref(dh, GluCache(g, u, a, act))
+        dxe = dg @ w_gate[e] + du @ w_up[e]
+        dxe = dxe + lora_back(dg, xe, xa_g, lora_gate, e, "gate") + lora_back(du, xe, xa_u, lora_up, e, "up")
         if need_dw:
             dW["down"][e] = do_e.T @ h
             dW["gate"][e] = dg.T @ xe
             dW["up"][e] = du.T @ xe
+        if db is not None:
+            for key, d in (("gate", dg), ("up", du), ("down", do_e)):
+                if key in db:
+                    db[key][e] = d.sum(axis=0)
         dx_pairs[pairs] = dxe
-
-    run_each(expert, per_expert, in_line=experts_in_line(routing, C, w_gate.shape[1]))
     dx = dx_pairs.reshape(N, K, C).sum(axis=1)
-    return dx, dweights, dW, dlora
+    return dx, dweights, dW, dlora, db
 
 
 # ----------------------------------------------------------------------------------------------
 # CUDA
 #
 # Dtype contract of the CuPy twins (everything C-contiguous, on one device):
-# - route_forward: logits (N, E) float32, 1 <= K <= E <= MAX_E. The Routing it returns holds probs
-#   (N, E) float32, topk (N, K) int32, weights (N, K) float32, order (N*K,) int32 and offsets (E+1,)
-#   int32 (the reference gives int64 ids; the values are the same). RouteCache.wsum is (N, 1)
-#   float32 when renormalised, else None.
+# - route_forward: logits (N, E) float32, 1 <= K <= E <= MAX_E, bias (E,) float32 or None, n_group
+#   <= ROUTE_THREADS. The Routing it returns holds probs (N, E) float32, topk (N, K) int32, weights
+#   (N, K) float32, order (N*K,) int32 and offsets (E+1,) int32 (the reference gives int64 ids; the
+#   values are the same). RouteCache.w_sel is (N, K) float32, wsum (N, 1) float32 when renormalised,
+#   else None; clamped is None (the backward recomputes it from w_sel, the same float sum).
 # - experts_forward: x (N, C) float32; the three expert stacks are CuPy arrays w_gate/w_up
 #   (E, F, C) and w_down (E, C, F), all float32 or all bf16 given as uint16 bit patterns (CuPy has
 #   no bfloat16 dtype; the weight store dequantizes a GGUF stack into such a buffer with
 #   `dequant(..., dtype="bfloat16")`); C and F multiples of 8 (16-byte rows). A lazy stack on the
 #   GPU must expose `__cuda_array_interface__` (it is taken as a CuPy view, no copy); anything else
 #   is a TypeError, never a silent host-to-device copy per layer. LoRA factors A (E, r, n_in) and
-#   B (E, n_out, r) float32, any rank per weight. Outputs are float32.
-# - Numerics: bf16 stacks run the base matmuls on the tensor cores (mma.sync m16n8k16 bf16, fp32
+#   B (E, n_out, r) float32, any rank per weight; biases b_gate, b_up (E, F) and b_down (E, C) float32
+#   or None; act "silu" or "swiglu_oai" (cuda/glu.cuh, fused into the gate/up epilogue and the down
+#   backward on every route). Outputs are float32; the bias gradients (need_db) are per-expert column
+#   sums, through an OUT_PROD_ID kernel against a column of ones.
+# - Routes: bf16 stacks take the v2 expert kernels of engine.kernels.moe_gemm (`moe_gemm.route()`:
+#   "tc", its tensor-core grouped GEMMs with the LoRA folded into K and OUT_PROD_ID on the tensor
+#   cores, or "cublas", engine.kernels.moe_cublas) unless $TUNE_MOE_GEMM=v1 picks the kernels below;
+#   float32 stacks always take v1. Biases and both activations are in every route's epilogues. The
+#   v2 routes round every product's operands to bf16 (LoRA factors and intermediates, dy and
+#   [dg | du] too; the bias gradients sum bf16 dg, du and w dy), with fp32 sums. The routing, cache
+#   layout, combine and token reductions are the same on every route.
+# - Numerics (v1): bf16 stacks run the base matmuls on the tensor cores (mma.sync m16n8k16 bf16, fp32
 #   accumulation) with the activation operand (x, h, dy*w, dg|du) rounded to bf16 as it is loaded;
-#   float32 stacks run them in float32 FMA (no tf32). LoRA products, the SwiGLU, the routing and
+#   float32 stacks run them in float32 FMA (no tf32). LoRA products, biases, the activation, the routing and
 #   every weight or factor gradient (OUT_PROD_ID) run in float32 from float32 activations.
 #
-# The GPU cache: ExpertsCache(x, routing, pair_out, per_expert, loras) as on the CPU, where
-# per_expert is one PackedActs record instead of a list: the (N*K, F) arrays g, u, h and the
+# The GPU cache: ExpertsCache(x, routing, pair_out, per_expert, loras, biases, act) as on the CPU, where
+# per_expert is one PackedActs record instead of a list: the (N*K, F) arrays g, u (biases included), h and the
 # (N*K, r) LoRA intermediates of every routed pair, rows in sorted order (row p belongs to pair
 # routing.order[p], and the rows of expert e are offsets[e]:offsets[e+1]); pair_out is (N*K, C)
-# by pair id, as in the reference. silu(g) is not kept: the backward recomputes it.
+# by pair id, as in the reference. The activation of g is not kept: the backward recomputes it.
 #
 # No host synchronisation anywhere on this path: shapes come from array metadata, and every
 # kernel that works per expert reads the expert offsets on the device. The grouped kernels are
@@ -282,937 +385,6 @@ ROWS_BN = 32
 OUTER_THREADS = 256  # OUT_PROD_ID: a 64 x 64 tile of one expert's gradient per block
 OUTER_TILE = 64
 
-_CUDA_SOURCE = r"""
-#include <cuda_bf16.h>
-
-typedef unsigned int u32;
-typedef unsigned short u16;
-typedef long long i64;
-
-#define MAX_E @MAX_E@
-#define ROUTE_THREADS @ROUTE_THREADS@
-#define SORT_THREADS @SORT_THREADS@
-#define TOKEN_THREADS @TOKEN_THREADS@
-#define GT @GEMM_THREADS@
-#define BM @GEMM_BM@
-#define BN @GEMM_BN@
-#define BK 32
-#define LDC (BN + 4)
-#define GEMM_SMEM (BM * LDC * 4)
-#define RT @ROWS_THREADS@
-#define RBM @ROWS_BM@
-#define RBN @ROWS_BN@
-#define RBK 32
-#define OT @OUTER_THREADS@
-#define OTILE @OUTER_TILE@
-#define OBP 16
-
-// ---- block-wide helpers (shared memory and __syncthreads only: deterministic, and the CPU emulation
-// runs them as they are) --------------------------------------------------------------------------
-
-template <int NT>
-__device__ __forceinline__ float block_sum(float v, float* s) {  // the total, to every thread
-    const int tid = threadIdx.x;
-    s[tid] = v;
-    __syncthreads();
-    for (int d = NT / 2; d > 0; d >>= 1) {
-        if (tid < d) s[tid] += s[tid + d];
-        __syncthreads();
-    }
-    const float total = s[0];
-    __syncthreads();
-    return total;
-}
-
-template <int NT>
-__device__ __forceinline__ float block_max(float v, float* s) {
-    const int tid = threadIdx.x;
-    s[tid] = v;
-    __syncthreads();
-    for (int d = NT / 2; d > 0; d >>= 1) {
-        if (tid < d) s[tid] = fmaxf(s[tid], s[tid + d]);
-        __syncthreads();
-    }
-    const float total = s[0];
-    __syncthreads();
-    return total;
-}
-
-// inclusive prefix sum of s[0..NT) in place (Hillis-Steele); s[tid] is written and synced before
-template <int NT>
-__device__ __forceinline__ void block_scan(int* s) {
-    const int tid = threadIdx.x;
-    for (int d = 1; d < NT; d <<= 1) {
-        const int v = tid >= d ? s[tid - d] : 0;
-        __syncthreads();
-        s[tid] += v;
-        __syncthreads();
-    }
-}
-
-struct TileRows {
-    int e;     // expert
-    int p0;    // first sorted pair row of the tile
-    int rows;  // rows in the tile (<= bm)
-};
-
-// Row tile t of the grouped launch: expert e's tiles are numbered after those of experts < e, each
-// expert having ceil(n_e / bm) of them. Every thread gets the same answer; false past the last tile.
-// Cost per block: E + 1 offsets read and a scan of NT values, small beside a tile's matmul.
-template <int NT>
-__device__ __forceinline__ bool find_tile(const int* __restrict__ offsets, int E, int bm, int t, int* s_scan,
-                                          int* s_found, TileRows& tr) {
-    const int tid = threadIdx.x;
-    const int per = (E + NT - 1) / NT;
-    const int e_lo = min(tid * per, E), e_hi = min(e_lo + per, E);
-    int mine = 0;
-    for (int i = e_lo; i < e_hi; ++i) mine += (offsets[i + 1] - offsets[i] + bm - 1) / bm;
-    s_scan[tid] = mine;
-    if (tid == 0) s_found[0] = -1;
-    __syncthreads();
-    block_scan<NT>(s_scan);
-    int before = s_scan[tid] - mine;
-    if (t >= before && t < before + mine) {
-        for (int i = e_lo; i < e_hi; ++i) {
-            const int lo = offsets[i], n = offsets[i + 1] - lo, nt = (n + bm - 1) / bm;
-            if (t < before + nt) {
-                const int p0 = lo + (t - before) * bm;
-                s_found[0] = i;
-                s_found[1] = p0;
-                s_found[2] = min(bm, lo + n - p0);
-                break;
-            }
-            before += nt;
-        }
-    }
-    __syncthreads();
-    tr.e = s_found[0];
-    tr.p0 = s_found[1];
-    tr.rows = s_found[2];
-    return tr.e >= 0;
-}
-
-// ---- routing --------------------------------------------------------------------------------------
-
-// moe_route_topk: softmax over E, top-k best first (ties: lower expert id first), optional
-// renormalisation. Launch: one block of ROUTE_THREADS per token (grid N): E <= MAX_E probabilities sit
-// in shared memory, K rounds of a block argmax pick the experts. Floor: N*E*4 bytes read, N*E*4 +
-// N*K*8 + N*4 written, ~N*E*(K+3) comparisons and exps: memory- and latency-bound, microseconds.
-// Sigmoid gating (DeepSeek-V3 style) would plug in where s_p is filled: s_p[e] = 1 / (1 + expf(-z[e]))
-// for the weights, a separate selection score (s_p[e] + bias[e]) for the argmax rounds; the sort,
-// the experts and the backward (dlogits = dp * p * (1 - p) there) take it from that point unchanged.
-extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
-moe_route_topk(const float* __restrict__ logits, int E, int K, int renorm, float* __restrict__ probs,
-               int* __restrict__ topk, float* __restrict__ weights, float* __restrict__ wsum) {
-    __shared__ float s_p[MAX_E];
-    __shared__ float s_v[ROUTE_THREADS];
-    __shared__ int s_i[ROUTE_THREADS];
-    const int tid = threadIdx.x;
-    const i64 n = blockIdx.x;
-    const float* z = logits + n * E;
-    float m = -__int_as_float(0x7f800000);  // -inf
-    for (int e = tid; e < E; e += ROUTE_THREADS) m = fmaxf(m, z[e]);
-    m = block_max<ROUTE_THREADS>(m, s_v);
-    float part = 0.0f;
-    for (int e = tid; e < E; e += ROUTE_THREADS) {
-        const float ex = expf(z[e] - m);  // as the reference: exp(z - max), then / sum
-        s_p[e] = ex;
-        part += ex;
-    }
-    const float total = block_sum<ROUTE_THREADS>(part, s_v);
-    for (int e = tid; e < E; e += ROUTE_THREADS) {
-        const float p = s_p[e] / total;
-        s_p[e] = p;
-        probs[n * E + e] = p;
-    }
-    __syncthreads();
-    for (int k = 0; k < K; ++k) {
-        float bv = -2.0f;  // below every probability and below the taken mark (-1)
-        int bi = E;
-        for (int e = tid; e < E; e += ROUTE_THREADS)  // ascending e, strict >: the lowest id wins a tie
-            if (s_p[e] > bv) {
-                bv = s_p[e];
-                bi = e;
-            }
-        s_v[tid] = bv;
-        s_i[tid] = bi;
-        __syncthreads();
-        for (int d = ROUTE_THREADS / 2; d > 0; d >>= 1) {
-            if (tid < d) {
-                const float ov = s_v[tid + d];
-                const int oi = s_i[tid + d];
-                if (ov > s_v[tid] || (ov == s_v[tid] && oi < s_i[tid])) {
-                    s_v[tid] = ov;
-                    s_i[tid] = oi;
-                }
-            }
-            __syncthreads();
-        }
-        if (tid == 0) {
-            const int i = s_i[0];
-            topk[n * K + k] = i;
-            weights[n * K + k] = s_p[i];
-            s_p[i] = -1.0f;  // taken
-        }
-        __syncthreads();
-    }
-    if (tid == 0) {
-        float s = 0.0f;
-        for (int k = 0; k < K; ++k) s += weights[n * K + k];
-        wsum[n] = s;
-        if (renorm)
-            for (int k = 0; k < K; ++k) weights[n * K + k] = weights[n * K + k] / s;
-    }
-}
-
-// moe_route_sort: the counting sort of the P = N*K token-slot pairs by expert, stable (pairs of one
-// expert in pair order), giving order (P) and offsets (E+1) without atomics or a host round trip.
-// Launch: one block of SORT_THREADS per expert (grid E). Thread t owns a contiguous run of pairs; the
-// block counts the pairs routed below e (offsets[e]) and scans its own pairs' counts, so each thread
-// writes its pairs of expert e in order. Every block reads all P ids: E*P*4 bytes from L2 (16 MB for
-// P = 32768, E = 128: microseconds); the DRAM floor is P*4 read + P*4 + (E+1)*4 written.
-extern "C" __global__ void __launch_bounds__(SORT_THREADS)
-moe_route_sort(const int* __restrict__ topk, int P, int E, int* __restrict__ order,
-               int* __restrict__ offsets) {
-    __shared__ int s_less[SORT_THREADS];
-    __shared__ int s_mine[SORT_THREADS];
-    const int e = blockIdx.x, tid = threadIdx.x;
-    const int per = (P + SORT_THREADS - 1) / SORT_THREADS;
-    const int lo = min(tid * per, P), hi = min(lo + per, P);
-    int less = 0, mine = 0;
-    for (int i = lo; i < hi; ++i) {
-        const int v = topk[i];
-        less += v < e;
-        mine += v == e;
-    }
-    s_less[tid] = less;
-    s_mine[tid] = mine;
-    __syncthreads();
-    block_scan<SORT_THREADS>(s_less);
-    block_scan<SORT_THREADS>(s_mine);
-    const int start = s_less[SORT_THREADS - 1];
-    int pos = start + s_mine[tid] - mine;
-    for (int i = lo; i < hi; ++i)
-        if (topk[i] == e) order[pos++] = i;
-    if (tid == 0) {
-        offsets[e] = start;
-        if (e == E - 1) offsets[E] = P;
-    }
-}
-
-// moe_route_backward: forward was p = softmax(z); w = p[topk] (/ sum p[topk] when renormalised).
-// dsel = (dw - sum(dw * w)) / wsum (renormalised) or dw; dp = dsel scattered to the chosen experts;
-// dz = p * (dp - sum(dp * p)). Launch: one block per token (grid N), dp in shared memory.
-// Floor: N*E*4 read (probs) + N*E*4 written.
-extern "C" __global__ void __launch_bounds__(ROUTE_THREADS)
-moe_route_backward(const float* __restrict__ dweights, const float* __restrict__ probs,
-                   const int* __restrict__ topk, const float* __restrict__ weights,
-                   const float* __restrict__ wsum, int E, int K, int renorm, float* __restrict__ dlogits) {
-    __shared__ float s_dp[MAX_E];
-    __shared__ float s_dot;
-    const int tid = threadIdx.x;
-    const i64 n = blockIdx.x;
-    for (int e = tid; e < E; e += ROUTE_THREADS) s_dp[e] = 0.0f;
-    __syncthreads();
-    if (tid == 0) {
-        const float* dw = dweights + n * K;
-        const float* w = weights + n * K;
-        const int* tk = topk + n * K;
-        float c = 0.0f;
-        if (renorm)
-            for (int k = 0; k < K; ++k) c += dw[k] * w[k];
-        float dot = 0.0f;
-        for (int k = 0; k < K; ++k) {
-            const float ds = renorm ? (dw[k] - c) / wsum[n] : dw[k];
-            s_dp[tk[k]] = ds;
-            dot += ds * probs[n * E + tk[k]];
-        }
-        s_dot = dot;
-    }
-    __syncthreads();
-    for (int e = tid; e < E; e += ROUTE_THREADS) {
-        const float p = probs[n * E + e];
-        dlogits[n * E + e] = p * (s_dp[e] - s_dot);
-    }
-}
-
-// ---- per-token kernels ----------------------------------------------------------------------------
-
-// moe_combine: y[n] = sum_k w[n, k] * pair_out[n*K + k], slots in order. Launch: one block per token.
-// Floor: N*K*C*4 + N*K*4 read, N*C*4 written (memory-bound).
-extern "C" __global__ void __launch_bounds__(TOKEN_THREADS)
-moe_combine(const float* __restrict__ pair_out, const float* __restrict__ weights, int K, int C,
-            float* __restrict__ y) {
-    const i64 n = blockIdx.x;
-    for (int c = threadIdx.x; c < C; c += TOKEN_THREADS) {
-        float acc = 0.0f;
-        for (int k = 0; k < K; ++k) acc = fmaf(weights[n * K + k], pair_out[(n * K + k) * C + c], acc);
-        y[n * C + c] = acc;
-    }
-}
-
-// moe_token_backward: dx[n] = sum_k dx_pairs[n*K + k] (the segmented reduction over a token's K slots,
-// in slot order: deterministic, no atomics) and dweights[n, k] = pair_out[n*K + k] . dy[n] (a block
-// tree sum). Launch: one block per token. Floor: 2*N*K*C*4 + N*C*4 read, N*C*4 + N*K*4 written.
-extern "C" __global__ void __launch_bounds__(TOKEN_THREADS)
-moe_token_backward(const float* __restrict__ dx_pairs, const float* __restrict__ pair_out,
-                   const float* __restrict__ dy, int K, int C, float* __restrict__ dx,
-                   float* __restrict__ dweights) {
-    __shared__ float s_v[TOKEN_THREADS];
-    const i64 n = blockIdx.x;
-    for (int c = threadIdx.x; c < C; c += TOKEN_THREADS) {
-        float acc = 0.0f;
-        for (int k = 0; k < K; ++k) acc += dx_pairs[(n * K + k) * C + c];
-        dx[n * C + c] = acc;
-    }
-    for (int k = 0; k < K; ++k) {
-        float part = 0.0f;
-        for (int c = threadIdx.x; c < C; c += TOKEN_THREADS)
-            part = fmaf(pair_out[(n * K + k) * C + c], dy[n * C + c], part);
-        const float total = block_sum<TOKEN_THREADS>(part, s_v);
-        if (threadIdx.x == 0) dweights[n * K + k] = total;
-    }
-}
-
-// ---- skinny grouped matmul (LoRA intermediates), float32 ------------------------------------------
-
-// Row p of the A operand: a_mode 0: a[p] (sorted rows, lda wide); 1: a[order[p] / K] (the token's row);
-// 2: that row times rw[order[p]] (dy * routing weight, the experts' output gradient).
-__device__ __forceinline__ void row_source(int a_mode, int lda, const float* __restrict__ rw,
-                                           const int* __restrict__ order, int K, int p, i64& base,
-                                           float& scale) {
-    if (a_mode == 0) {
-        base = (i64)p * lda;
-        scale = 1.0f;
-    } else {
-        const int pair = order[p];
-        base = (i64)(pair / K) * lda;
-        scale = a_mode == 2 ? rw[pair] : 1.0f;
-    }
-}
-
-// moe_rows_f32: out[p, j] = sum_q A[p, q] * W_e(q, j) for the rows p of each expert e, with W_e = w[e]
-// (J, Kdim) read transposed (w_nt = 1: x A^T) or (Kdim, J) as is (w_nt = 0: dy B). For the rank-r
-// LoRA intermediates (x A^T, h A^T, dy B, dg B): J = r is small, so the op is bound by reading A:
-// floor P*Kdim*4 + E*Kdim*J*4 bytes read, P*J*4 written, 2*P*Kdim*J FLOPs.
-// Launch: grid (ceil(J / RBN), row-tile bound), RT threads; a 64 x 32 tile, each thread 8 rows of one
-// column, k in steps of 32 through shared memory (A stored k-major so a warp reads it conflict-free).
-extern "C" __global__ void __launch_bounds__(RT)
-moe_rows_f32(const float* __restrict__ a, int a_mode, int lda, const float* __restrict__ rw,
-             const int* __restrict__ order, const int* __restrict__ offsets, int K, int E, int Kdim,
-             const float* __restrict__ w, int w_nt, int J, float* __restrict__ out) {
-    __shared__ int s_scan[RT];
-    __shared__ int s_found[3];
-    __shared__ i64 s_base[RBM];
-    __shared__ float s_scale[RBM];
-    __shared__ float As[RBK][RBM + 1];
-    __shared__ float Ws[RBK][RBN + 1];
-    TileRows tr;
-    if (!find_tile<RT>(offsets, E, RBM, blockIdx.y, s_scan, s_found, tr)) return;
-    const int tid = threadIdx.x, tx = tid % RBN, ty = tid / RBN;
-    const int j0 = blockIdx.x * RBN;
-    if (tid < RBM) {
-        i64 base = -1;
-        float scale = 0.0f;
-        if (tid < tr.rows) row_source(a_mode, lda, rw, order, K, tr.p0 + tid, base, scale);
-        s_base[tid] = base;
-        s_scale[tid] = scale;
-    }
-    __syncthreads();
-    const float* we = w + (i64)tr.e * Kdim * J;
-    constexpr int RPT = RBM / (RT / RBN);  // rows per thread
-    float acc[RPT];
-#pragma unroll
-    for (int i = 0; i < RPT; ++i) acc[i] = 0.0f;
-    for (int k0 = 0; k0 < Kdim; k0 += RBK) {
-        for (int idx = tid; idx < RBM * RBK; idx += RT) {
-            const int m = idx / RBK, kk = idx % RBK;
-            const i64 b = s_base[m];
-            As[kk][m] = (b >= 0 && k0 + kk < Kdim) ? a[b + k0 + kk] * s_scale[m] : 0.0f;
-        }
-        for (int idx = tid; idx < RBN * RBK; idx += RT) {
-            int j, kk;
-            if (w_nt) {
-                j = idx / RBK;
-                kk = idx % RBK;
-            } else {
-                kk = idx / RBN;
-                j = idx % RBN;
-            }
-            const bool ok = j0 + j < J && k0 + kk < Kdim;
-            const i64 at = w_nt ? (i64)(j0 + j) * Kdim + k0 + kk : (i64)(k0 + kk) * J + j0 + j;
-            Ws[kk][j] = ok ? we[at] : 0.0f;
-        }
-        __syncthreads();
-        for (int kk = 0; kk < RBK; ++kk) {
-            const float b = Ws[kk][tx];
-#pragma unroll
-            for (int i = 0; i < RPT; ++i) acc[i] = fmaf(As[kk][ty * RPT + i], b, acc[i]);
-        }
-        __syncthreads();
-    }
-    if (j0 + tx < J) {
-#pragma unroll
-        for (int i = 0; i < RPT; ++i) {
-            const int m = ty * RPT + i;
-            if (m < tr.rows) out[(i64)(tr.p0 + m) * J + j0 + tx] = acc[i];
-        }
-    }
-}
-
-// ---- OUT_PROD_ID: scattered outer products per expert, float32 -------------------------------------
-
-// moe_outer_f32: out[e] (I, J) = scale * sum over the rows p of expert e of L[p, :] (x) R[p, :], with
-// L and R rows taken as in row_source (sorted rows, the token's row, or dy times the routing weight).
-// This is every expert weight gradient (dW_gate = dg^T x, dW_down = (dy w)^T h) and every LoRA factor
-// gradient (dA = s (dg B)^T x, dB = s dg^T (x A^T)). Every element of out is written once, zero for an
-// expert without tokens; the sum runs over the expert's rows in sorted order: deterministic.
-// Launch: grid (tiles of I x tiles of J, E), OT threads, a 64 x 64 tile per block (4 x 4 per thread),
-// 16 rows per step through shared memory. Floor: (P*I + P*J)*4 read per column/row tile pass,
-// E*I*J*4 written, 2*P*I*J FLOPs (dW for one weight at P = 32768, 768 x 2048: 103 GFLOP).
-extern "C" __global__ void __launch_bounds__(OT)
-moe_outer_f32(const float* __restrict__ l, int l_mode, int ldl, const float* __restrict__ r, int r_mode,
-              int ldr, const float* __restrict__ rw, const int* __restrict__ order,
-              const int* __restrict__ offsets, int K, int I, int J, float scale, float* __restrict__ out) {
-    __shared__ float Ls[OBP][OTILE];
-    __shared__ float Rs[OBP][OTILE];
-    const int e = blockIdx.y, tid = threadIdx.x;
-    const int tiles_j = (J + OTILE - 1) / OTILE;
-    const int i0 = (blockIdx.x / tiles_j) * OTILE, j0 = (blockIdx.x % tiles_j) * OTILE;
-    const int lo = offsets[e], hi = offsets[e + 1];
-    const int ty = tid / 16, tx = tid % 16;  // rows i0 + ty + 16 a, columns j0 + tx + 16 b
-    float acc[4][4];
-#pragma unroll
-    for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int b = 0; b < 4; ++b) acc[a][b] = 0.0f;
-    for (int p0 = lo; p0 < hi; p0 += OBP) {
-        for (int idx = tid; idx < OBP * OTILE; idx += OT) {
-            const int pr = idx / OTILE, c = idx % OTILE, p = p0 + pr;
-            float lv = 0.0f, rv = 0.0f;
-            if (p < hi) {
-                i64 base;
-                float s;
-                if (i0 + c < I) {
-                    row_source(l_mode, ldl, rw, order, K, p, base, s);
-                    lv = l[base + i0 + c] * s;
-                }
-                if (j0 + c < J) {
-                    row_source(r_mode, ldr, rw, order, K, p, base, s);
-                    rv = r[base + j0 + c] * s;
-                }
-            }
-            Ls[pr][c] = lv;
-            Rs[pr][c] = rv;
-        }
-        __syncthreads();
-#pragma unroll 4
-        for (int pr = 0; pr < OBP; ++pr) {
-            float av[4], bv[4];
-#pragma unroll
-            for (int a = 0; a < 4; ++a) av[a] = Ls[pr][ty + 16 * a];
-#pragma unroll
-            for (int b = 0; b < 4; ++b) bv[b] = Rs[pr][tx + 16 * b];
-#pragma unroll
-            for (int a = 0; a < 4; ++a)
-#pragma unroll
-                for (int b = 0; b < 4; ++b) acc[a][b] = fmaf(av[a], bv[b], acc[a][b]);
-        }
-        __syncthreads();
-    }
-    float* oe = out + (i64)e * I * J;
-#pragma unroll
-    for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-            const int i = i0 + ty + 16 * a, j = j0 + tx + 16 * b;
-            if (i < I && j < J) oe[(i64)i * J + j] = scale * acc[a][b];
-        }
-}
-
-// ---- grouped base matmuls (MUL_MAT_ID): bf16 tensor cores or float32 ------------------------------
-//
-// One block computes a BM x BN = 64 x 128 fp32 tile of one expert's rows (sorted pairs), with GT = 128
-// threads (4 warps, each 32 rows x 64 columns), k in steps of BK = 32. Each thread stages its share of
-// the next k step in registers (16-byte loads: 2 chunks of 8 activations, 4 chunks of 8 weights) while
-// the tensor cores work on the current one: a register-prefetched, single shared-memory stage.
-// Activations are float32 in memory and become bf16 as they are staged (round to nearest even); bf16
-// weights are copied as they are. The bf16 path issues mma.sync.m16n8k16 (sm_80 and sm_90: HMMA;
-// not wgmma) from fragments read with 32-bit shared loads (conflict-free with the padded strides
-// below); the float32 path is an 8 x 8 FMA tile per thread. After the k loop the accumulators go to
-// shared memory (over the staging area) and each kernel's epilogue reads them with coordinates.
-// Shared memory: GEMM_SMEM = 64 x 132 x 4 = 33 KB, static; 2+ blocks per SM.
-
-struct F8 {
-    float4 lo, hi;
-};
-__device__ __forceinline__ F8 zero_f8() {
-    F8 v;
-    v.lo = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    v.hi = v.lo;
-    return v;
-}
-__device__ __forceinline__ F8 ld8f(const float* p) {  // p 32-byte aligned
-    F8 v;
-    v.lo = __ldg((const float4*)p);
-    v.hi = __ldg((const float4*)p + 1);
-    return v;
-}
-__device__ __forceinline__ F8 scale8(F8 v, float s) {
-    v.lo.x *= s; v.lo.y *= s; v.lo.z *= s; v.lo.w *= s;
-    v.hi.x *= s; v.hi.y *= s; v.hi.z *= s; v.hi.w *= s;
-    return v;
-}
-__device__ __forceinline__ u32 bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
-__device__ __forceinline__ u32 pack_bf16x2(float lo, float hi) {
-    return bf16_bits(lo) | (bf16_bits(hi) << 16);
-}
-
-// 8 weights as staged: bf16 bits in a uint4, or 8 floats
-template <class WT> struct Chunk8;
-template <> struct Chunk8<u16> {
-    typedef uint4 T;
-    static __device__ __forceinline__ T load(const u16* p) { return __ldg((const uint4*)p); }
-    static __device__ __forceinline__ T zero() { return make_uint4(0u, 0u, 0u, 0u); }
-    static __device__ __forceinline__ T from_f8(const F8& v) {
-        return make_uint4(pack_bf16x2(v.lo.x, v.lo.y), pack_bf16x2(v.lo.z, v.lo.w),
-                          pack_bf16x2(v.hi.x, v.hi.y), pack_bf16x2(v.hi.z, v.hi.w));
-    }
-    static __device__ __forceinline__ void store(u16* p, const T& v) { *(uint4*)p = v; }
-};
-template <> struct Chunk8<float> {
-    typedef F8 T;
-    static __device__ __forceinline__ T load(const float* p) { return ld8f(p); }
-    static __device__ __forceinline__ T zero() { return zero_f8(); }
-    static __device__ __forceinline__ T from_f8(const F8& v) { return v; }
-    static __device__ __forceinline__ void store(float* p, const T& v) {
-        ((float4*)p)[0] = v.lo;
-        ((float4*)p)[1] = v.hi;
-    }
-};
-
-__device__ __forceinline__ u32 ld_u32(const u16* p) { return *(const u32*)p; }
-
-// D += A B for one m16n8k16 tile: A 16 x 16 bf16 (4 regs), B 16 x 8 bf16 (2 regs), D 16 x 8 fp32, in the
-// PTX ISA's fragment layout (lane = 4 * groupID + threadID_in_group). The CPU emulation supplies
-// emu_mma_bf16_16816 with the same layout, exchanging the warp's fragments.
-__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
-#ifdef __CUDA_ARCH__
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    emu_mma_bf16_16816(d, a, b);
-#endif
-}
-
-// The k loop. Op gives a8(m, k): 8 float32 activations of tile row m at reduction index k..k+7 (zeros
-// outside), and w8(n, k): 8 weights, W[col n][k..k+7] when NT (y = a W^T) or W[k][col n..n+7] when not
-// (y = a W). On return the 64 x 128 fp32 tile is in Cs = (float*)smem, row stride LDC, synced.
-template <class WT, bool NT, class Op>
-__device__ __forceinline__ void gemm_core(const Op& op, int Kdim, unsigned char* smem) {
-    typedef Chunk8<WT> W;
-    typedef typename W::T Chunk;
-    constexpr bool BF = sizeof(WT) == 2;
-    constexpr int LDA = BF ? BK + 8 : BK + 4;  // padded strides (elements): 16-byte rows, no bank conflicts
-    constexpr int LDW = NT ? LDA : (BF ? BN + 8 : BN + 4);
-    WT* As = (WT*)smem;  // [BM][LDA]: A[m][k]
-    WT* Ws = As + BM * LDA;  // NT: [BN][LDW] = W[n][k]; else [BK][LDW] = W[k][n]
-    const int tid = threadIdx.x;
-    Chunk ra[2], rw[4];
-    int k0 = 0;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int c = tid + i * GT;
-        ra[i] = W::from_f8(op.a8(c >> 2, k0 + (c & 3) * 8));
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int c = tid + i * GT;
-        rw[i] = NT ? op.w8(c >> 2, k0 + (c & 3) * 8) : op.w8((c & 15) * 8, k0 + (c >> 4));
-    }
-
-    float acc[BF ? 2 : 8][8][BF ? 4 : 1];
-#pragma unroll
-    for (int i = 0; i < (BF ? 2 : 8); ++i)
-#pragma unroll
-        for (int j = 0; j < 8; ++j)
-#pragma unroll
-            for (int q = 0; q < (BF ? 4 : 1); ++q) acc[i][j][q] = 0.0f;
-
-    for (; k0 < Kdim; k0 += BK) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int c = tid + i * GT;
-            W::store(As + (c >> 2) * LDA + (c & 3) * 8, ra[i]);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int c = tid + i * GT;
-            if (NT)
-                W::store(Ws + (c >> 2) * LDW + (c & 3) * 8, rw[i]);
-            else
-                W::store(Ws + (c >> 4) * LDW + (c & 15) * 8, rw[i]);
-        }
-        __syncthreads();
-        if (k0 + BK < Kdim) {  // the next step's loads fly while this one computes
-            const int k1 = k0 + BK;
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int c = tid + i * GT;
-                ra[i] = W::from_f8(op.a8(c >> 2, k1 + (c & 3) * 8));
-            }
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int c = tid + i * GT;
-                rw[i] = NT ? op.w8(c >> 2, k1 + (c & 3) * 8) : op.w8((c & 15) * 8, k1 + (c >> 4));
-            }
-        }
-        if constexpr (BF) {
-            const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-            const int wm = (warp >> 1) * 32, wn = (warp & 1) * 64;
-            const u16* as = (const u16*)As;
-            const u16* ws = (const u16*)Ws;
-#pragma unroll
-            for (int kk = 0; kk < BK; kk += 16) {
-                u32 af[2][4];
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    const u16* p = as + (wm + i * 16 + g) * LDA + kk + t * 2;
-                    af[i][0] = ld_u32(p);
-                    af[i][1] = ld_u32(p + 8 * LDA);
-                    af[i][2] = ld_u32(p + 8);
-                    af[i][3] = ld_u32(p + 8 * LDA + 8);
-                }
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    u32 bf[2];
-                    if (NT) {
-                        const u16* p = ws + (wn + j * 8 + g) * LDW + kk + t * 2;
-                        bf[0] = ld_u32(p);
-                        bf[1] = ld_u32(p + 8);
-                    } else {
-                        const u16* p = ws + (kk + t * 2) * LDW + wn + j * 8 + g;
-                        bf[0] = (u32)p[0] | ((u32)p[LDW] << 16);
-                        bf[1] = (u32)p[8 * LDW] | ((u32)p[9 * LDW] << 16);
-                    }
-#pragma unroll
-                    for (int i = 0; i < 2; ++i) mma_bf16_16816(acc[i][j], af[i], bf);
-                }
-            }
-        } else {
-            const int ty = tid >> 4, tx = tid & 15;  // rows ty*8 + i, columns tx + 16 j
-            const float* as = (const float*)As;
-            const float* ws = (const float*)Ws;
-#pragma unroll 4
-            for (int kk = 0; kk < BK; ++kk) {
-                float av[8], bv[8];
-#pragma unroll
-                for (int i = 0; i < 8; ++i) av[i] = as[(ty * 8 + i) * LDA + kk];
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    bv[j] = NT ? ws[(tx + 16 * j) * LDW + kk] : ws[kk * LDW + tx + 16 * j];
-#pragma unroll
-                for (int i = 0; i < 8; ++i)
-#pragma unroll
-                    for (int j = 0; j < 8; ++j) acc[i][j][0] = fmaf(av[i], bv[j], acc[i][j][0]);
-            }
-        }
-        __syncthreads();
-    }
-    float* Cs = (float*)smem;  // over the staging area: the loop ended with a barrier
-    if constexpr (BF) {
-        const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-        const int wm = (warp >> 1) * 32, wn = (warp & 1) * 64;
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) {
-                const int r = wm + i * 16 + g, c = wn + j * 8 + t * 2;
-                Cs[r * LDC + c] = acc[i][j][0];
-                Cs[r * LDC + c + 1] = acc[i][j][1];
-                Cs[(r + 8) * LDC + c] = acc[i][j][2];
-                Cs[(r + 8) * LDC + c + 1] = acc[i][j][3];
-            }
-    } else {
-        const int ty = tid >> 4, tx = tid & 15;
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) Cs[(ty * 8 + i) * LDC + tx + 16 * j] = acc[i][j][0];
-    }
-    __syncthreads();
-}
-
-__device__ __forceinline__ float dot_r(const float* __restrict__ a, const float* __restrict__ b, int r) {
-    float s = 0.0f;
-    for (int t = 0; t < r; ++t) s = fmaf(a[t], b[t], s);
-    return s;
-}
-__device__ __forceinline__ float dot_rs(const float* __restrict__ a, const float* __restrict__ b, i64 stride,
-                                        int r) {  // b strided (a column of A_e (r, n))
-    float s = 0.0f;
-    for (int t = 0; t < r; ++t) s = fmaf(a[t], b[t * stride], s);
-    return s;
-}
-
-// per-row sources of a tile: token row offset (or -1 past the tile's rows) and routing weight
-__device__ __forceinline__ void tile_rows(const TileRows& tr, const int* __restrict__ order, int K, int C,
-                                          const float* __restrict__ rw, i64* s_base, float* s_scale,
-                                          int* s_pair) {
-    const int m = threadIdx.x;
-    if (m < BM) {
-        const int pair = m < tr.rows ? order[tr.p0 + m] : -1;
-        s_pair[m] = pair;
-        s_base[m] = pair >= 0 ? (i64)(pair / K) * C : -1;
-        s_scale[m] = (pair >= 0 && rw) ? rw[pair] : 1.0f;
-    }
-    __syncthreads();
-}
-
-// gate/up: columns n < 64 are gate rows f0 + n of W_gate[e], n >= 64 up rows f0 + n - 64; A = x[token]
-template <class WT> struct OpGateUp {
-    const float* x;
-    const i64* base;
-    const WT* wg;
-    const WT* wu;
-    int C, F, f0;
-    __device__ __forceinline__ F8 a8(int m, int k) const {
-        const i64 b = base[m];
-        return (b < 0 || k >= C) ? zero_f8() : ld8f(x + b + k);
-    }
-    __device__ __forceinline__ typename Chunk8<WT>::T w8(int n, int k) const {
-        const int f = f0 + (n & 63);
-        if (f >= F || k >= C) return Chunk8<WT>::zero();
-        return Chunk8<WT>::load((n < 64 ? wg : wu) + (i64)f * C + k);
-    }
-};
-
-// down: A = h rows (sorted), W = W_down[e] (C, F), columns c0 + n
-template <class WT> struct OpDown {
-    const float* h;
-    int p0, rows;
-    const WT* wd;
-    int C, F, c0;
-    __device__ __forceinline__ F8 a8(int m, int k) const {
-        return (m >= rows || k >= F) ? zero_f8() : ld8f(h + (i64)(p0 + m) * F + k);
-    }
-    __device__ __forceinline__ typename Chunk8<WT>::T w8(int n, int k) const {
-        const int c = c0 + n;
-        return (c >= C || k >= F) ? Chunk8<WT>::zero() : Chunk8<WT>::load(wd + (i64)c * F + k);
-    }
-};
-
-// down backward: A = dy[token] * routing weight, W = W_down[e] (C, F) not transposed, columns f0 + n
-template <class WT> struct OpDownBack {
-    const float* dy;
-    const i64* base;
-    const float* scale;
-    const WT* wd;
-    int C, F, f0;
-    __device__ __forceinline__ F8 a8(int m, int k) const {
-        const i64 b = base[m];
-        return (b < 0 || k >= C) ? zero_f8() : scale8(ld8f(dy + b + k), scale[m]);
-    }
-    __device__ __forceinline__ typename Chunk8<WT>::T w8(int n, int k) const {
-        const int f = f0 + n;
-        return (f >= F || k >= C) ? Chunk8<WT>::zero() : Chunk8<WT>::load(wd + (i64)k * F + f);
-    }
-};
-
-// dx: A = [dg | du] rows (sorted, 2F wide), W = [W_gate[e]; W_up[e]] (2F, C) not transposed, columns c0 + n
-template <class WT> struct OpDx {
-    const float* dg;
-    const float* du;
-    int p0, rows;
-    const WT* wg;
-    const WT* wu;
-    int C, F, c0;
-    __device__ __forceinline__ F8 a8(int m, int k) const {
-        if (m >= rows || k >= 2 * F) return zero_f8();
-        const i64 row = (i64)(p0 + m) * F;
-        return k < F ? ld8f(dg + row + k) : ld8f(du + row + k - F);
-    }
-    __device__ __forceinline__ typename Chunk8<WT>::T w8(int n, int k) const {
-        const int c = c0 + n;
-        if (c >= C || k >= 2 * F) return Chunk8<WT>::zero();
-        return Chunk8<WT>::load(k < F ? wg + (i64)k * C + c : wu + (i64)(k - F) * C + c);
-    }
-};
-
-#define GEMM_SHARED                                    \
-    __shared__ __align__(128) unsigned char smem[GEMM_SMEM]; \
-    __shared__ int s_scan[GT];                         \
-    __shared__ int s_found[3];                         \
-    __shared__ i64 s_base[BM];                         \
-    __shared__ float s_scale[BM];                      \
-    __shared__ int s_pair[BM];                         \
-    TileRows tr;
-
-// moe_gate_up: g = x W_gate[e]^T + s_g (x A_g^T) B_g[e]^T, u likewise, h = silu(g) * u, for the rows of
-// every expert at once (x gathered through order / K). Launch: grid (ceil(F / 64), row-tile bound), GT
-// threads; tile = 64 rows x (64 gate + 64 up columns), so the SwiGLU is fused. Writes g, u, h (P, F)
-// in sorted order. Floor (P pairs): 2*P*C*2F FLOPs; bytes: E*2F*C weights (2 bytes bf16) + P*C*4
-// gathered x + 3*P*F*4 written. Qwen3-30B-A3B layer at 4096 tokens: 206 GFLOP, 0.8 GB of bf16 weights.
-template <class WT>
-__device__ __forceinline__ void gate_up_body(const float* __restrict__ x, const int* __restrict__ order,
-                                             const int* __restrict__ offsets, int K, int E, int C, int F,
-                                             const WT* __restrict__ wg, const WT* __restrict__ wu,
-                                             const float* __restrict__ xa_g, const float* __restrict__ bg,
-                                             float s_g, int r_g, const float* __restrict__ xa_u,
-                                             const float* __restrict__ bu, float s_u, int r_u,
-                                             float* __restrict__ g, float* __restrict__ u,
-                                             float* __restrict__ h) {
-    GEMM_SHARED
-    if (!find_tile<GT>(offsets, E, BM, blockIdx.y, s_scan, s_found, tr)) return;
-    tile_rows(tr, order, K, C, nullptr, s_base, s_scale, s_pair);
-    const int f0 = blockIdx.x * (BN / 2);
-    const i64 we = (i64)tr.e * F * C;
-    OpGateUp<WT> op{x, s_base, wg + we, wu + we, C, F, f0};
-    gemm_core<WT, true>(op, C, smem);
-    const float* Cs = (const float*)smem;
-    for (int idx = threadIdx.x; idx < BM * (BN / 2); idx += GT) {
-        const int m = idx / (BN / 2), n = idx % (BN / 2), f = f0 + n;
-        if (m >= tr.rows || f >= F) continue;
-        const i64 p = tr.p0 + m;
-        float gv = Cs[m * LDC + n], uv = Cs[m * LDC + BN / 2 + n];
-        if (xa_g) gv += s_g * dot_r(xa_g + p * r_g, bg + ((i64)tr.e * F + f) * r_g, r_g);
-        if (xa_u) uv += s_u * dot_r(xa_u + p * r_u, bu + ((i64)tr.e * F + f) * r_u, r_u);
-        const float sg = gv / (1.0f + expf(-gv));  // silu, as the reference writes it
-        g[p * F + f] = gv;
-        u[p * F + f] = uv;
-        h[p * F + f] = sg * uv;
-    }
-}
-
-// moe_down: y = h W_down[e]^T + s_d (h A_d^T) B_d[e]^T, scattered to pair_out[order[p]] (pair order, as
-// the reference keeps it). Launch: grid (ceil(C / 128), row-tile bound), GT threads. Floor: 2*P*F*C
-// FLOPs; E*C*F weights + P*F*4 read, P*C*4 written.
-template <class WT>
-__device__ __forceinline__ void down_body(const float* __restrict__ h, const int* __restrict__ order,
-                                          const int* __restrict__ offsets, int E, int C, int F,
-                                          const WT* __restrict__ wd, const float* __restrict__ ha_d,
-                                          const float* __restrict__ bd, float s_d, int r_d,
-                                          float* __restrict__ pair_out) {
-    GEMM_SHARED
-    if (!find_tile<GT>(offsets, E, BM, blockIdx.y, s_scan, s_found, tr)) return;
-    tile_rows(tr, order, 1, C, nullptr, s_base, s_scale, s_pair);
-    const int c0 = blockIdx.x * BN;
-    OpDown<WT> op{h, tr.p0, tr.rows, wd + (i64)tr.e * C * F, C, F, c0};
-    gemm_core<WT, true>(op, F, smem);
-    const float* Cs = (const float*)smem;
-    for (int idx = threadIdx.x; idx < BM * BN; idx += GT) {
-        const int m = idx / BN, n = idx % BN, c = c0 + n;
-        if (m >= tr.rows || c >= C) continue;
-        float v = Cs[m * LDC + n];
-        if (ha_d) v += s_d * dot_r(ha_d + (i64)(tr.p0 + m) * r_d, bd + ((i64)tr.e * C + c) * r_d, r_d);
-        pair_out[(i64)s_pair[m] * C + c] = v;
-    }
-}
-
-// moe_down_back: dh = (dy w) W_down[e] + s_d ((dy w) B_d) A_d[e], then the SwiGLU backward with the
-// cached g, u: dg = dh u sig (1 + g (1 - sig)), du = dh silu(g). Writes dg, du (P, F) sorted.
-// Launch: grid (ceil(F / 128), row-tile bound), GT threads. Floor: 2*P*C*F FLOPs; E*C*F weights +
-// P*C*4 (dy gathered) + 2*P*F*4 read, 2*P*F*4 written.
-template <class WT>
-__device__ __forceinline__ void down_back_body(const float* __restrict__ dy, const float* __restrict__ rw,
-                                               const int* __restrict__ order, const int* __restrict__ offsets,
-                                               int K, int E, int C, int F, const WT* __restrict__ wd,
-                                               const float* __restrict__ dob, const float* __restrict__ ad,
-                                               float s_d, int r_d, const float* __restrict__ g,
-                                               const float* __restrict__ u, float* __restrict__ dg,
-                                               float* __restrict__ du) {
-    GEMM_SHARED
-    if (!find_tile<GT>(offsets, E, BM, blockIdx.y, s_scan, s_found, tr)) return;
-    tile_rows(tr, order, K, C, rw, s_base, s_scale, s_pair);
-    const int f0 = blockIdx.x * BN;
-    OpDownBack<WT> op{dy, s_base, s_scale, wd + (i64)tr.e * C * F, C, F, f0};
-    gemm_core<WT, false>(op, C, smem);
-    const float* Cs = (const float*)smem;
-    for (int idx = threadIdx.x; idx < BM * BN; idx += GT) {
-        const int m = idx / BN, n = idx % BN, f = f0 + n;
-        if (m >= tr.rows || f >= F) continue;
-        const i64 p = tr.p0 + m;
-        float dh = Cs[m * LDC + n];
-        if (dob) dh += s_d * dot_rs(dob + p * r_d, ad + (i64)tr.e * r_d * F + f, F, r_d);
-        const float gv = g[p * F + f], uv = u[p * F + f];
-        const float sig = 1.0f / (1.0f + expf(-gv));
-        const float sg = gv / (1.0f + expf(-gv));
-        dg[p * F + f] = dh * uv * (sig * (1.0f + gv * (1.0f - sig)));
-        du[p * F + f] = dh * sg;
-    }
-}
-
-// moe_dx: dx_pairs[order[p]] = dg W_gate[e] + du W_up[e] + s_g (dg B_g) A_g[e] + s_u (du B_u) A_u[e]
-// (MUL_MAT_ID with the experts transposed; the two products are one matmul over the 2F-long
-// [dg | du] rows). Launch: grid (ceil(C / 128), row-tile bound), GT threads. Floor: 2*P*2F*C FLOPs;
-// E*2F*C weights + 2*P*F*4 read, P*C*4 written.
-template <class WT>
-__device__ __forceinline__ void dx_body(const float* __restrict__ dg, const float* __restrict__ du,
-                                        const int* __restrict__ order, const int* __restrict__ offsets, int E,
-                                        int C, int F, const WT* __restrict__ wg, const WT* __restrict__ wu,
-                                        const float* __restrict__ dgb, const float* __restrict__ ag,
-                                        float s_g,
-                                        int r_g, const float* __restrict__ dub, const float* __restrict__ au,
-                                        float s_u, int r_u, float* __restrict__ dx_pairs) {
-    GEMM_SHARED
-    if (!find_tile<GT>(offsets, E, BM, blockIdx.y, s_scan, s_found, tr)) return;
-    tile_rows(tr, order, 1, C, nullptr, s_base, s_scale, s_pair);
-    const int c0 = blockIdx.x * BN;
-    const i64 we = (i64)tr.e * F * C;
-    OpDx<WT> op{dg, du, tr.p0, tr.rows, wg + we, wu + we, C, F, c0};
-    gemm_core<WT, false>(op, 2 * F, smem);
-    const float* Cs = (const float*)smem;
-    for (int idx = threadIdx.x; idx < BM * BN; idx += GT) {
-        const int m = idx / BN, n = idx % BN, c = c0 + n;
-        if (m >= tr.rows || c >= C) continue;
-        const i64 p = tr.p0 + m;
-        float v = Cs[m * LDC + n];
-        if (dgb) v += s_g * dot_rs(dgb + p * r_g, ag + (i64)tr.e * r_g * C + c, C, r_g);
-        if (dub) v += s_u * dot_rs(dub + p * r_u, au + (i64)tr.e * r_u * C + c, C, r_u);
-        dx_pairs[(i64)s_pair[m] * C + c] = v;
-    }
-}
-
-#define GEMM_KERNELS(SUFFIX, WT)                                                                            \
-    extern "C" __global__ void __launch_bounds__(GT) moe_gate_up_##SUFFIX(                                 \
-        const float* __restrict__ x, const int* __restrict__ order, const int* __restrict__ offsets, int K, \
-        int E, int C, int F, const WT* __restrict__ wg, const WT* __restrict__ wu,                         \
-        const float* __restrict__ xa_g, const float* __restrict__ bg, float s_g, int r_g,                  \
-        const float* __restrict__ xa_u, const float* __restrict__ bu, float s_u, int r_u,                  \
-        float* __restrict__ g, float* __restrict__ u, float* __restrict__ h) {                             \
-        gate_up_body<WT>(x, order, offsets, K, E, C, F, wg, wu, xa_g, bg, s_g, r_g, xa_u, bu, s_u, r_u, g, \
-                         u, h);                                                                             \
-    }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(GT) moe_down_##SUFFIX(                                    \
-        const float* __restrict__ h, const int* __restrict__ order, const int* __restrict__ offsets, int E, \
-        int C, int F, const WT* __restrict__ wd, const float* __restrict__ ha_d,                           \
-        const float* __restrict__ bd, float s_d, int r_d, float* __restrict__ pair_out) {                  \
-        down_body<WT>(h, order, offsets, E, C, F, wd, ha_d, bd, s_d, r_d, pair_out);                      \
-    }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(GT) moe_down_back_##SUFFIX(                               \
-        const float* __restrict__ dy, const float* __restrict__ rw, const int* __restrict__ order,         \
-        const int* __restrict__ offsets, int K, int E, int C, int F, const WT* __restrict__ wd,            \
-        const float* __restrict__ dob, const float* __restrict__ ad, float s_d, int r_d,                   \
-        const float* __restrict__ g, const float* __restrict__ u, float* __restrict__ dg,                  \
-        float* __restrict__ du) {                                                                           \
-        down_back_body<WT>(dy, rw, order, offsets, K, E, C, F, wd, dob, ad, s_d, r_d, g, u, dg, du);      \
-    }                                                                                                       \
-    extern "C" __global__ void __launch_bounds__(GT) moe_dx_##SUFFIX(                                      \
-        const float* __restrict__ dg, const float* __restrict__ du, const int* __restrict__ order,         \
-        const int* __restrict__ offsets, int E, int C, int F, const WT* __restrict__ wg,                   \
-        const WT* __restrict__ wu, const float* __restrict__ dgb, const float* __restrict__ ag, float s_g, \
-        int r_g, const float* __restrict__ dub, const float* __restrict__ au, float s_u, int r_u,          \
-        float* __restrict__ dx_pairs) {                                                                     \
-        dx_body<WT>(dg, du, order, offsets, E, C, F, wg, wu, dgb, ag, s_g, r_g, dub, au, s_u, r_u,         \
-                    dx_pairs);                                                                              \
-    }
-
-GEMM_KERNELS(bf16, u16)
-GEMM_KERNELS(f32, float)
-"""
 
 GEMM_KERNELS = tuple(
     f"moe_{op}_{t}" for t in ("bf16", "f32") for op in ("gate_up", "down", "down_back", "dx")
@@ -1230,32 +402,25 @@ KERNEL_THREADS = {  # threads per block of every kernel in SOURCE
 KERNELS = tuple(KERNEL_THREADS)
 
 
-def _source_code() -> str:
-    code = _CUDA_SOURCE
-    for key, value in {
+SOURCE = KernelSource.from_file(
+    "moe.cu",
+    kernels=KERNELS,
+    defines={
         "MAX_E": MAX_E,
         "ROUTE_THREADS": ROUTE_THREADS,
         "SORT_THREADS": SORT_THREADS,
         "TOKEN_THREADS": TOKEN_THREADS,
-        "GEMM_THREADS": GEMM_THREADS,
-        "GEMM_BM": GEMM_BM,
-        "GEMM_BN": GEMM_BN,
-        "ROWS_THREADS": ROWS_THREADS,
-        "ROWS_BM": ROWS_BM,
-        "ROWS_BN": ROWS_BN,
-        "OUTER_THREADS": OUTER_THREADS,
-        "OUTER_TILE": OUTER_TILE,
-    }.items():
-        code = code.replace(f"@{key}@", str(value))
-    return code
-
-
-SOURCE = KernelSource(name="moe", code=_source_code(), kernels=KERNELS)
+        "GT": GEMM_THREADS,
+        "BM": GEMM_BM,
+        "BN": GEMM_BN,
+        "RT": ROWS_THREADS,
+        "RBM": ROWS_BM,
+        "RBN": ROWS_BN,
+        "OT": OUTER_THREADS,
+        "OTILE": OUTER_TILE,
+    },
+)
 SOURCES = (SOURCE,)
-
-# launch(kernel name, grid (x, y), args): runs one kernel of SOURCE with KERNEL_THREADS[name] threads
-# per block; args are arrays (pointers), None (a null pointer), np.int32 and np.float32 scalars
-Launch = Callable[[str, tuple[int, int], tuple], None]
 
 
 class PackedActs(NamedTuple):
@@ -1309,31 +474,12 @@ def _check_grid(name: str, grid: tuple[int, int]) -> None:
         raise ValueError(f"{name}: grid {grid} is too large for one launch; split the batch")
 
 
-def _launch(launch: Launch, name: str, grid: tuple[int, int], args: tuple) -> None:
+def _launch(rt: Runtime, name: str, grid: tuple[int, int], args: tuple) -> None:
+    """Kernel `name` of SOURCE on `rt`, KERNEL_THREADS[name] threads per block; args are arrays
+    (pointers), None (a null pointer), np.int32 and np.float32 scalars. An empty grid launches nothing."""
     if grid[0] and grid[1]:
         _check_grid(name, grid)
-        launch(name, grid, args)
-
-
-def _cupy_launch(name: str, grid: tuple[int, int], args: tuple) -> None:
-    get_kernel(SOURCE, name)(grid, (KERNEL_THREADS[name],), args)
-
-
-def runtime_launch(rt: Any) -> Launch:
-    """A `Launch` over any object with `launch(source, kernel, grid, block, args)` (a runtime in the
-    style of `engine.kernels.cuda`'s): `route_forward_launch(..., xp=rt.xp, launch=runtime_launch(rt))`."""
-
-    def launch(name: str, grid: tuple[int, int], args: tuple) -> None:
         rt.launch(SOURCE, name, grid, (KERNEL_THREADS[name],), args)
-
-    return launch
-
-
-def _device_module(a: Any, op: str) -> Any:
-    xp = array_module(a)
-    if xp is np:
-        raise TypeError(f"{op} runs on CuPy arrays, got {type(a).__name__}; use {op}_ref for NumPy arrays")
-    return xp
 
 
 def _contiguous(a: Any, what: str, dtype: Any, xp: Any) -> Any:
@@ -1413,9 +559,9 @@ def _routing_arrays(routing: Routing, xp: Any) -> tuple[Any, Any, Any]:
     return order, offsets, weights
 
 
-def _rows(xp, launch, a, a_mode, lda, rw, order, offsets, K, E, Kdim, w, w_nt, J, P):
+def _rows(rt, a, a_mode, lda, rw, order, offsets, K, E, Kdim, w, w_nt, J, P):
     """moe_rows_f32: (P, J) = grouped A W_e (or A W_e^T when w_nt)."""
-    out = xp.empty((P, J), dtype=np.float32)
+    out = rt.xp.empty((P, J), dtype=np.float32)
     grid = (-(-J // ROWS_BN), row_tiles(P, E, ROWS_BM))
     args = (
         a,
@@ -1432,13 +578,13 @@ def _rows(xp, launch, a, a_mode, lda, rw, order, offsets, K, E, Kdim, w, w_nt, J
         _i32(J),
         out,
     )
-    _launch(launch, "moe_rows_f32", grid, args)
+    _launch(rt, "moe_rows_f32", grid, args)
     return out
 
 
-def _outer(xp, launch, l, l_mode, ldl, r, r_mode, ldr, rw, order, offsets, K, E, I, J, scale):
+def _outer(rt, l, l_mode, ldl, r, r_mode, ldr, rw, order, offsets, K, E, I, J, scale):
     """moe_outer_f32: (E, I, J) = scale * per-expert sums of L[p] (x) R[p]."""
-    out = xp.empty((E, I, J), dtype=np.float32)
+    out = rt.xp.empty((E, I, J), dtype=np.float32)
     grid = (-(-I // OUTER_TILE) * -(-J // OUTER_TILE), E)
     args = (
         l,
@@ -1454,7 +600,7 @@ def _outer(xp, launch, l, l_mode, ldl, r, r_mode, ldr, rw, order, offsets, K, E,
         _i32(I),
         _i32(J),
     )
-    _launch(launch, "moe_outer_f32", grid, (*args, _f32(scale), out))
+    _launch(rt, "moe_outer_f32", grid, (*args, _f32(scale), out))
     return out
 
 
@@ -1462,47 +608,84 @@ def _outer(xp, launch, l, l_mode, ldl, r, r_mode, ldr, rw, order, offsets, K, E,
 _SORTED, _TOKEN, _TOKEN_WEIGHTED = 0, 1, 2
 
 
-def route_forward_launch(logits: Any, K: int, renorm: bool, *, xp: Any, launch: Launch):
-    """`route_forward` on array module `xp` through `launch`: the CuPy twin's body (CuPy and the GPU),
-    also run by the CPU emulation (NumPy and the kernels built with g++)."""
+GATING_CODES = {"softmax": 0, "sigmoid": 1, "softmax_selected": 2}  # moe_route_topk's `gating`
+ACT_CODES = {"silu": 0, "swiglu_oai": 2}  # the experts' `act` (cuda/glu.cuh ACT_SILU, ACT_OAI)
+
+
+def route_forward_on(
+    rt: Runtime,
+    logits: Any,
+    K: int,
+    renorm: bool,
+    gating: str = "softmax",
+    scale: float = 1.0,
+    bias: Any = None,
+    n_group: int = 0,
+    group_used: int = 0,
+):
+    """`route_forward` on a runtime: the GPU's, or in tests NumPy with the kernels built by g++."""
+    xp = rt.xp
     if logits.ndim != 2:
         raise ValueError(f"logits must be (N, E), got shape {tuple(logits.shape)}")
     N, E = logits.shape
-    if not 1 <= K <= E or E > MAX_E:
-        raise ValueError(f"need 1 <= K <= E <= {MAX_E}; got K={K}, E={E}")
+    check_routing_options(E, K, gating, n_group, group_used)
+    if E > MAX_E or n_group > ROUTE_THREADS:
+        raise ValueError(
+            f"the GPU router takes E <= {MAX_E} and n_group <= {ROUTE_THREADS}; got {E}, {n_group}"
+        )
     logits = _contiguous(logits, "logits", np.float32, xp)
+    if bias is not None:
+        bias = _contiguous(xp.asarray(bias), "routing bias", np.float32, xp)
+        if tuple(bias.shape) != (E,):
+            raise ValueError(f"the routing bias must be (E,) = ({E},), got {tuple(bias.shape)}")
     probs = xp.empty((N, E), dtype=np.float32)
     topk = xp.empty((N, K), dtype=np.int32)
     weights = xp.empty((N, K), dtype=np.float32)
+    w_sel = xp.empty((N, K), dtype=np.float32)
     wsum = xp.empty((N, 1), dtype=np.float32)
     order = xp.empty((N * K,), dtype=np.int32)
     offsets = xp.empty((E + 1,), dtype=np.int32)
-    _launch(
-        launch,
-        "moe_route_topk",
-        (N, 1),
-        (logits, _i32(E), _i32(K), _i32(bool(renorm)), probs, topk, weights, wsum),
+    options = (
+        _i32(GATING_CODES[gating]),
+        bias,
+        _i32(n_group if n_group > 1 else 0),
+        _i32(group_used),
+        _f32(scale),
     )
-    _launch(launch, "moe_route_sort", (E, 1), (topk, _i32(N * K), _i32(E), order, offsets))
+    outs = (probs, topk, weights, w_sel, wsum)
+    _launch(rt, "moe_route_topk", (N, 1), (logits, _i32(E), _i32(K), _i32(bool(renorm)), *options, *outs))
+    _launch(rt, "moe_route_sort", (E, 1), (topk, _i32(N * K), _i32(E), order, offsets))
     routing = Routing(probs, topk, weights, order, offsets)
-    return routing, RouteCache(routing, wsum if renorm else None, bool(renorm))
+    return routing, RouteCache(routing, gating, w_sel, wsum if renorm else None, None, float(scale))
 
 
-def route_backward_launch(dweights: Any, cache: RouteCache, *, xp: Any, launch: Launch) -> Any:
-    """`route_backward` on array module `xp` through `launch` (see route_forward_launch)."""
-    routing, wsum, renorm = cache
+def route_backward_on(rt: Runtime, dweights: Any, cache: RouteCache) -> Any:
+    """`route_backward` on a runtime."""
+    xp = rt.xp
+    routing, gating, w_sel, wsum, _, scale = cache
     N, E = routing.probs.shape
     K = routing.topk.shape[1]
     if tuple(dweights.shape) != (N, K):
         raise ValueError(f"dweights must be (N, K) = {(N, K)}, got {tuple(dweights.shape)}")
     dweights = _contiguous(dweights, "dweights", np.float32, xp)
     dlogits = xp.empty((N, E), dtype=np.float32)
-    args = (dweights, routing.probs, routing.topk, routing.weights, wsum if renorm else None)
-    _launch(launch, "moe_route_backward", (N, 1), (*args, _i32(E), _i32(K), _i32(bool(renorm)), dlogits))
+    renorm = wsum is not None
+    args = (dweights, routing.probs, routing.topk, w_sel, wsum, _i32(E), _i32(K), _i32(renorm))
+    _launch(rt, "moe_route_backward", (N, 1), (*args, _i32(GATING_CODES[gating]), _f32(scale), dlogits))
     return dlogits
 
 
-def experts_forward_launch(
+def _bias(b: Any, what: str, E: int, n: int, xp: Any) -> Any:
+    if b is None:
+        return None
+    b = _contiguous(xp.asarray(b), what, np.float32, xp)
+    if tuple(b.shape) != (E, n):
+        raise ValueError(f"{what} must be (E, {n}) with E={E}, got {tuple(b.shape)}")
+    return b
+
+
+def experts_forward_on(
+    rt: Runtime,
     x: Any,
     routing: Routing,
     w_gate: Any,
@@ -1512,16 +695,19 @@ def experts_forward_launch(
     lora_up: LoraTerm | None = None,
     lora_down: LoraTerm | None = None,
     *,
-    xp: Any,
-    launch: Launch,
+    b_gate: Any = None,
+    b_up: Any = None,
+    b_down: Any = None,
+    act: str = "silu",
 ):
-    """`experts_forward` on array module `xp` through `launch` (see route_forward_launch)."""
+    """`experts_forward` on a runtime."""
+    xp = rt.xp
+    check_expert_act(act)
     if x.ndim != 2:
         raise ValueError(f"x must be (N, C), got shape {tuple(x.shape)}")
     N, C = x.shape
     K = routing.topk.shape[1]
     E = routing.offsets.shape[0] - 1
-    P = N * K
     x = _contiguous(x, "x", np.float32, xp)
     order, offsets, weights = _routing_arrays(routing, xp)
     wg, wu, wd, F, bf = _stacks(w_gate, w_up, w_down, E, C, xp)
@@ -1530,40 +716,65 @@ def experts_forward_launch(
         _lora(lora_up, "up", E, F, C, xp),
         _lora(lora_down, "down", E, C, F, xp),
     )
+    bg, bu, bd = (
+        _bias(b_gate, "b_gate", E, F, xp),
+        _bias(b_up, "b_up", E, F, xp),
+        _bias(b_down, "b_down", E, C, xp),
+    )
+    route = moe_gemm.route() if bf else "v1"
+    if route != "v1":  # v2: grouped GEMMs on the tensor cores (our kernels, or cuBLAS over row tiles)
+        forward = moe_gemm.experts_forward_tc if route == "tc" else moe_cublas.experts_forward_cublas
+        epi = moe_gemm.Epilogue(bg, bu, bd, ACT_CODES[act])
+        *packed, pair_out = forward(rt, x, order, offsets, K, wg, wu, wd, lg, lu, ld, epi)
+        acts = PackedActs(*packed)
+    else:
+        biased = (bg, bu, bd, act)
+        acts, pair_out = _experts_forward_v1(rt, x, order, offsets, K, wg, wu, wd, bf, lg, lu, ld, *biased)
+    y = xp.empty((N, C), dtype=np.float32)
+    _launch(rt, "moe_combine", (N, 1), (pair_out, weights, _i32(K), _i32(C), y))
+    biases = (bg is not None, bu is not None, bd is not None)
+    return y, ExpertsCache(x, routing, pair_out, acts, (lora_gate, lora_up, lora_down), biases, act)
+
+
+def _experts_forward_v1(rt, x, order, offsets, K, wg, wu, wd, bf, lg, lu, ld, bg, bu, bd, act):
+    """The v1 kernels of the experts' forward (moe.cu): (PackedActs, pair_out)."""
+    xp = rt.xp
+    C, F, E, P = x.shape[1], wg.shape[1], offsets.shape[0] - 1, order.shape[0]
     t = "bf16" if bf else "f32"
     tiles = row_tiles(P, E, GEMM_BM)
-    xa_g = _rows(xp, launch, x, _TOKEN, C, None, order, offsets, K, E, C, lg.A, 1, lg.r, P) if lg else None
-    xa_u = _rows(xp, launch, x, _TOKEN, C, None, order, offsets, K, E, C, lu.A, 1, lu.r, P) if lu else None
+    xa_g = _rows(rt, x, _TOKEN, C, None, order, offsets, K, E, C, lg.A, 1, lg.r, P) if lg else None
+    xa_u = _rows(rt, x, _TOKEN, C, None, order, offsets, K, E, C, lu.A, 1, lu.r, P) if lu else None
     g, u, h = (xp.empty((P, F), dtype=np.float32) for _ in range(3))
     lora_g = (xa_g, lg.B, lg.s, _i32(lg.r)) if lg else (None, None, _f32(0), _i32(0))
     lora_u = (xa_u, lu.B, lu.s, _i32(lu.r)) if lu else (None, None, _f32(0), _i32(0))
-    _launch(
-        launch,
-        f"moe_gate_up_{t}",
-        (-(-F // GU_COLS), tiles),
-        (x, order, offsets, _i32(K), _i32(E), _i32(C), _i32(F), wg, wu, *lora_g, *lora_u, g, u, h),
-    )
-    ha_d = _rows(xp, launch, h, _SORTED, F, None, order, offsets, K, E, F, ld.A, 1, ld.r, P) if ld else None
+    dims = (_i32(K), _i32(E), _i32(C), _i32(F))
+    args = (x, order, offsets, *dims, wg, wu, *lora_g, *lora_u, bg, bu, _i32(ACT_CODES[act]), g, u, h)
+    _launch(rt, f"moe_gate_up_{t}", (-(-F // GU_COLS), tiles), args)
+    ha_d = _rows(rt, h, _SORTED, F, None, order, offsets, K, E, F, ld.A, 1, ld.r, P) if ld else None
     pair_out = xp.empty((P, C), dtype=np.float32)
     lora_d = (ha_d, ld.B, ld.s, _i32(ld.r)) if ld else (None, None, _f32(0), _i32(0))
     _launch(
-        launch,
+        rt,
         f"moe_down_{t}",
         (-(-C // GEMM_BN), tiles),
-        (h, order, offsets, _i32(E), _i32(C), _i32(F), wd, *lora_d, pair_out),
+        (h, order, offsets, _i32(E), _i32(C), _i32(F), wd, *lora_d, bd, pair_out),
     )
-    y = xp.empty((N, C), dtype=np.float32)
-    _launch(launch, "moe_combine", (N, 1), (pair_out, weights, _i32(K), _i32(C), y))
-    acts = PackedActs(g, u, h, xa_g, xa_u, ha_d)
-    return y, ExpertsCache(x, routing, pair_out, acts, (lora_gate, lora_up, lora_down))
+    return PackedActs(g, u, h, xa_g, xa_u, ha_d), pair_out
 
 
-def experts_backward_launch(
-    dy: Any, cache: ExpertsCache, w_gate: Any, w_up: Any, w_down: Any, need_dw: bool = False, *, xp: Any,
-    launch: Launch,
-):  # fmt: skip
-    """`experts_backward` on array module `xp` through `launch` (see route_forward_launch)."""
-    x, routing, pair_out, acts, loras = cache
+def experts_backward_on(
+    rt: Runtime,
+    dy: Any,
+    cache: ExpertsCache,
+    w_gate: Any,
+    w_up: Any,
+    w_down: Any,
+    need_dw: bool = False,
+    need_db: bool = False,
+):
+    """`experts_backward` on a runtime."""
+    xp = rt.xp
+    x, routing, pair_out, acts, loras, biases, act = cache
     if not isinstance(acts, PackedActs):
         raise TypeError("experts_backward on the GPU needs the cache of the GPU experts_forward (PackedActs)")
     N, C = x.shape
@@ -1581,88 +792,91 @@ def experts_backward_launch(
         _lora(loras[2], "down", E, C, F, xp),
     )
     t = "bf16" if bf else "f32"
+    route = moe_gemm.route() if bf else "v1"
+    if route != "v1":
+        backward = moe_gemm.experts_backward_tc if route == "tc" else moe_cublas.experts_backward_cublas
+        db_keys = tuple(k for k, has in zip(("gate", "up", "down"), biases, strict=True) if has and need_db)
+        dx_pairs, dW, dlora, db = backward(
+            rt, x, dy, weights, order, offsets, K, wg, wu, wd, lg, lu, ld, tuple(acts), need_dw,
+            ACT_CODES[act], db_keys,
+        )  # fmt: skip
+        dx = xp.empty((N, C), dtype=np.float32)
+        dweights = xp.empty((N, K), dtype=np.float32)
+        _launch(rt, "moe_token_backward", (N, 1), (dx_pairs, pair_out, dy, _i32(K), _i32(C), dx, dweights))
+        return dx, dweights, dW, dlora, db if need_db else None
     tiles = row_tiles(P, E, GEMM_BM)
     rows = (order, offsets, K, E)
     # forward was: y_n = sum_k w_nk * down_e(h), h = silu(g) * u; do = dy w (never stored: the kernels
     # read dy[token] * w as they load it)
-    do_b = _rows(xp, launch, dy, _TOKEN_WEIGHTED, C, weights, *rows, C, ld.B, 0, ld.r, P) if ld else None
+    do_b = _rows(rt, dy, _TOKEN_WEIGHTED, C, weights, *rows, C, ld.B, 0, ld.r, P) if ld else None
     dg, du = xp.empty((P, F), dtype=np.float32), xp.empty((P, F), dtype=np.float32)
     lora_d = (do_b, ld.A, ld.s, _i32(ld.r)) if ld else (None, None, _f32(0), _i32(0))
-    _launch(
-        launch,
-        f"moe_down_back_{t}",
-        (-(-F // GEMM_BN), tiles),
-        (
-            dy,
-            weights,
-            order,
-            offsets,
-            _i32(K),
-            _i32(E),
-            _i32(C),
-            _i32(F),
-            wd,
-            *lora_d,
-            acts.g,
-            acts.u,
-            dg,
-            du,
-        ),
-    )
-    dg_b = _rows(xp, launch, dg, _SORTED, F, None, *rows, F, lg.B, 0, lg.r, P) if lg else None
-    du_b = _rows(xp, launch, du, _SORTED, F, None, *rows, F, lu.B, 0, lu.r, P) if lu else None
+    dims = (_i32(K), _i32(E), _i32(C), _i32(F))
+    args = (dy, weights, order, offsets, *dims, wd, *lora_d, acts.g, acts.u, _i32(ACT_CODES[act]), dg, du)
+    _launch(rt, f"moe_down_back_{t}", (-(-F // GEMM_BN), tiles), args)
+    dg_b = _rows(rt, dg, _SORTED, F, None, *rows, F, lg.B, 0, lg.r, P) if lg else None
+    du_b = _rows(rt, du, _SORTED, F, None, *rows, F, lu.B, 0, lu.r, P) if lu else None
     dx_pairs = xp.empty((P, C), dtype=np.float32)
     lora_g = (dg_b, lg.A, lg.s, _i32(lg.r)) if lg else (None, None, _f32(0), _i32(0))
     lora_u = (du_b, lu.A, lu.s, _i32(lu.r)) if lu else (None, None, _f32(0), _i32(0))
     _launch(
-        launch,
+        rt,
         f"moe_dx_{t}",
         (-(-C // GEMM_BN), tiles),
         (dg, du, order, offsets, _i32(E), _i32(C), _i32(F), wg, wu, *lora_g, *lora_u, dx_pairs),
     )
     dx = xp.empty((N, C), dtype=np.float32)
     dweights = xp.empty((N, K), dtype=np.float32)
-    _launch(launch, "moe_token_backward", (N, 1), (dx_pairs, pair_out, dy, _i32(K), _i32(C), dx, dweights))
+    _launch(rt, "moe_token_backward", (N, 1), (dx_pairs, pair_out, dy, _i32(K), _i32(C), dx, dweights))
     # OUT_PROD_ID: per-expert sums of outer products over the expert's rows
     dW = None
     if need_dw:
         dW = {
-            "gate": _outer(xp, launch, dg, _SORTED, F, x, _TOKEN, C, None, *rows, F, C, 1.0),
-            "up": _outer(xp, launch, du, _SORTED, F, x, _TOKEN, C, None, *rows, F, C, 1.0),
-            "down": _outer(xp, launch, dy, _TOKEN_WEIGHTED, C, acts.h, _SORTED, F, weights, *rows, C, F, 1.0),
+            "gate": _outer(rt, dg, _SORTED, F, x, _TOKEN, C, None, *rows, F, C, 1.0),
+            "up": _outer(rt, du, _SORTED, F, x, _TOKEN, C, None, *rows, F, C, 1.0),
+            "down": _outer(rt, dy, _TOKEN_WEIGHTED, C, acts.h, _SORTED, F, weights, *rows, C, F, 1.0),
         }
     dlora = {}
     if ld:
-        dA = _outer(xp, launch, do_b, _SORTED, ld.r, acts.h, _SORTED, F, None, *rows, ld.r, F, ld.s)
-        dB = _outer(
-            xp, launch, dy, _TOKEN_WEIGHTED, C, acts.ha_down, _SORTED, ld.r, weights, *rows, C, ld.r, ld.s
-        )
+        dA = _outer(rt, do_b, _SORTED, ld.r, acts.h, _SORTED, F, None, *rows, ld.r, F, ld.s)
+        dB = _outer(rt, dy, _TOKEN_WEIGHTED, C, acts.ha_down, _SORTED, ld.r, weights, *rows, C, ld.r, ld.s)
         dlora["down"] = (dA, dB)
     for name, lo, d, d_b, xa in (("gate", lg, dg, dg_b, acts.xa_gate), ("up", lu, du, du_b, acts.xa_up)):
         if lo:
-            dA = _outer(xp, launch, d_b, _SORTED, lo.r, x, _TOKEN, C, None, *rows, lo.r, C, lo.s)
-            dB = _outer(xp, launch, d, _SORTED, F, xa, _SORTED, lo.r, None, *rows, F, lo.r, lo.s)
+            dA = _outer(rt, d_b, _SORTED, lo.r, x, _TOKEN, C, None, *rows, lo.r, C, lo.s)
+            dB = _outer(rt, d, _SORTED, F, xa, _SORTED, lo.r, None, *rows, F, lo.r, lo.s)
             dlora[name] = (dA, dB)
     dlora = {k: dlora[k] for k in ("gate", "up", "down") if k in dlora}
-    return dx, dweights, dW, dlora
+    db = None
+    if need_db:  # per-expert column sums: OUT_PROD_ID against a column of ones
+        ones = xp.ones((P, 1), dtype=np.float32)
+        sources = {"gate": (dg, _SORTED, F, None, F), "up": (du, _SORTED, F, None, F),
+                   "down": (dy, _TOKEN_WEIGHTED, C, weights, C)}  # fmt: skip
+        db = {}
+        for key, has in zip(("gate", "up", "down"), biases, strict=True):
+            if has:
+                src, mode, ld, rw, n = sources[key]
+                db[key] = _outer(rt, src, mode, ld, ones, _SORTED, 1, rw, *rows, n, 1, 1.0).reshape(E, n)
+    return dx, dweights, dW, dlora, db
 
 
 # ----------------------------------------------------------------------------------------------
 # the CuPy twins
 
 
-def route_forward(logits: Any, K: int, renorm: bool):
+def route_forward(logits: Any, K: int, renorm: bool, gating: str = "softmax", scale: float = 1.0,
+                  bias: Any = None, n_group: int = 0, group_used: int = 0):  # fmt: skip
     """CUDA twin of `route_forward_ref`: (Routing, RouteCache) of CuPy arrays (dtypes above); no host sync."""
-    xp = _device_module(logits, "route_forward")
+    rt = runtime_for(logits, "route_forward")
     with logits.device:
-        return route_forward_launch(logits, K, renorm, xp=xp, launch=_cupy_launch)
+        return route_forward_on(rt, logits, K, renorm, gating, scale, bias, n_group, group_used)
 
 
 def route_backward(dweights: Any, cache: RouteCache) -> Any:
     """CUDA twin of `route_backward_ref`: dlogits (N, E) float32."""
-    xp = _device_module(dweights, "route_backward")
+    rt = runtime_for(dweights, "route_backward")
     with dweights.device:
-        return route_backward_launch(dweights, cache, xp=xp, launch=_cupy_launch)
+        return route_backward_on(rt, dweights, cache)
 
 
 def experts_forward(
@@ -1674,22 +888,22 @@ def experts_forward(
     lora_gate: LoraTerm | None = None,
     lora_up: LoraTerm | None = None,
     lora_down: LoraTerm | None = None,
+    **options: Any,
 ):
-    """CUDA twin of `experts_forward_ref`: (y (N, C) float32, ExpertsCache with PackedActs).
-
-    Expert stacks are device arrays, float32 or bf16 bits (uint16); see the dtype contract above.
-    """
-    xp = _device_module(x, "experts_forward")
+    """CUDA twin of `experts_forward_ref` (options: b_gate, b_up, b_down, act): (y (N, C) float32,
+    ExpertsCache with PackedActs). Expert stacks are device arrays, float32 or bf16 bits (uint16);
+    see the dtype contract above."""
+    rt = runtime_for(x, "experts_forward")
     with x.device:
-        return experts_forward_launch(
-            x, routing, w_gate, w_up, w_down, lora_gate, lora_up, lora_down, xp=xp, launch=_cupy_launch
+        return experts_forward_on(
+            rt, x, routing, w_gate, w_up, w_down, lora_gate, lora_up, lora_down, **options
         )
 
 
-def experts_backward(
-    dy: Any, cache: ExpertsCache, w_gate: Any, w_up: Any, w_down: Any, need_dw: bool = False
-):
-    """CUDA twin of `experts_backward_ref`: (dx, dweights, dW or None, dlora), float32 CuPy arrays."""
-    xp = _device_module(dy, "experts_backward")
+def experts_backward(dy: Any, cache: ExpertsCache, w_gate: Any, w_up: Any, w_down: Any, need_dw: bool = False,
+                     need_db: bool = False):  # fmt: skip
+    """CUDA twin of `experts_backward_ref`: (dx, dweights, dW or None, dlora, db or None), float32 CuPy
+    arrays."""
+    rt = runtime_for(dy, "experts_backward")
     with dy.device:
-        return experts_backward_launch(dy, cache, w_gate, w_up, w_down, need_dw, xp=xp, launch=_cupy_launch)
+        return experts_backward_on(rt, dy, cache, w_gate, w_up, w_down, need_dw, need_db)

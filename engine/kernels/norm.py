@@ -3,7 +3,7 @@
 `rmsnorm_forward_ref` / `rmsnorm_backward_ref` are the NumPy reference (the specification; the CPU
 engine's hot path). `rmsnorm_forward` / `rmsnorm_backward` are their CUDA twins (fused kernels, one
 block per row, fp32 math), with the same signatures and cache; `*_on(rt, ...)` is a twin's host
-code on a given `engine.kernels.cuda.Runtime`. Not here: q/k norms' wiring (engine.model.layers).
+code on a given `engine.kernels.runtime.Runtime`. Not here: q/k norms' wiring (engine.model.layers).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .cuda import DEVICE_HELPERS, KernelSource, Runtime, aligned16, f32_input, runtime_for
+from .nvrtc import KernelSource
+from .runtime import Runtime, aligned16, f32_input, runtime_for
 
 
 class NormCache(NamedTuple):
@@ -68,159 +69,18 @@ def norm_threads(units: int) -> int:
     return min(1024, max(32, -(-per_thread // 32) * 32))
 
 
-_CUDA_SOURCE = (
-    r"""
-#include <cuda_bf16.h>
-#define MAXU @MAXU@
-"""
-    + DEVICE_HELPERS
-    + r"""
-template <int V> struct Row;  // V consecutive floats
-template <> struct Row<4> {
-    static __device__ __forceinline__ void load(const float* p, float (&r)[4]) {
-        const float4 t = *(const float4*)p;
-        r[0] = t.x; r[1] = t.y; r[2] = t.z; r[3] = t.w;
-    }
-    static __device__ __forceinline__ void store(float* p, const float (&r)[4]) {
-        *(float4*)p = make_float4(r[0], r[1], r[2], r[3]);
-    }
-};
-template <> struct Row<1> {
-    static __device__ __forceinline__ void load(const float* p, float (&r)[1]) { r[0] = p[0]; }
-    static __device__ __forceinline__ void store(float* p, const float (&r)[1]) { p[0] = r[0]; }
-};
-
-template <int V>
-__device__ __forceinline__ void rmsnorm_fwd(const float* __restrict__ x, const float* __restrict__ w,
-                                            float* __restrict__ y, float* __restrict__ xn,
-                                            float* __restrict__ rstd, int C, float eps, int has_w) {
-    __shared__ float scratch[32];
-    const long long row = blockIdx.x;
-    const int units = C / V;
-    const float* xr = x + row * C;
-    float r[MAXU][V];
-    float ss = 0.0f;
-#pragma unroll
-    for (int k = 0; k < MAXU; ++k) {
-        const int u = threadIdx.x + k * blockDim.x;
-        if (u < units) {
-            Row<V>::load(xr + u * V, r[k]);
-#pragma unroll
-            for (int i = 0; i < V; ++i) ss += r[k][i] * r[k][i];
-        }
-    }
-    ss = block_sum(ss, scratch);
-    const float rs = 1.0f / sqrtf(ss / (float)C + eps);
-    if (threadIdx.x == 0) rstd[row] = rs;
-#pragma unroll
-    for (int k = 0; k < MAXU; ++k) {
-        const int u = threadIdx.x + k * blockDim.x;
-        if (u < units) {
-            float a[V], b[V], ww[V];
-            if (has_w) Row<V>::load(w + u * V, ww);
-#pragma unroll
-            for (int i = 0; i < V; ++i) {
-                a[i] = r[k][i] * rs;
-                b[i] = has_w ? a[i] * ww[i] : a[i];
-            }
-            Row<V>::store(xn + row * C + u * V, a);
-            Row<V>::store(y + row * C + u * V, b);
-        }
-    }
-}
-
-template <int V>
-__device__ __forceinline__ void rmsnorm_bwd(const float* __restrict__ dy, const float* __restrict__ xn,
-                                            const float* __restrict__ rstd, const float* __restrict__ w,
-                                            float* __restrict__ dx, float* __restrict__ dw_part,
-                                            int n_rows, int C, int rows_per_block, int has_w) {
-    // only the dw partials live in registers; dy, xn and w are read again after the reduction
-    // (from L1: a row of dy and xn is 2 C * 4 bytes), which keeps the kernel free of spills
-    __shared__ float scratch[32];
-    const int units = C / V;
-    float acc[MAXU][V];
-#pragma unroll
-    for (int k = 0; k < MAXU; ++k) {
-#pragma unroll
-        for (int i = 0; i < V; ++i) acc[k][i] = 0.0f;
-    }
-    const long long r0 = (long long)blockIdx.x * rows_per_block;
-    const long long r1 = min(r0 + rows_per_block, (long long)n_rows);
-    for (long long row = r0; row < r1; ++row) {
-        const float* g_row = dy + row * C;
-        const float* a_row = xn + row * C;
-        float dot = 0.0f;
-#pragma unroll
-        for (int k = 0; k < MAXU; ++k) {
-            const int u = threadIdx.x + k * blockDim.x;
-            if (u < units) {
-                float g[V], a[V], ww[V];
-                Row<V>::load(g_row + u * V, g);
-                Row<V>::load(a_row + u * V, a);
-                if (has_w) Row<V>::load(w + u * V, ww);
-#pragma unroll
-                for (int i = 0; i < V; ++i) {
-                    dot += (has_w ? g[i] * ww[i] : g[i]) * a[i];
-                    acc[k][i] += g[i] * a[i];
-                }
-            }
-        }
-        const float mean = block_sum(dot, scratch) / (float)C;
-        const float rs = rstd[row];
-#pragma unroll
-        for (int k = 0; k < MAXU; ++k) {
-            const int u = threadIdx.x + k * blockDim.x;
-            if (u < units) {
-                float g[V], a[V], ww[V], o[V];
-                Row<V>::load(g_row + u * V, g);
-                Row<V>::load(a_row + u * V, a);
-                if (has_w) Row<V>::load(w + u * V, ww);
-#pragma unroll
-                for (int i = 0; i < V; ++i) o[i] = rs * ((has_w ? g[i] * ww[i] : g[i]) - a[i] * mean);
-                Row<V>::store(dx + row * C + u * V, o);
-            }
-        }
-    }
-    if (has_w) {
-#pragma unroll
-        for (int k = 0; k < MAXU; ++k) {
-            const int u = threadIdx.x + k * blockDim.x;
-            if (u < units) Row<V>::store(dw_part + (long long)blockIdx.x * C + u * V, acc[k]);
-        }
-    }
-}
-
-#define NORM_KERNELS(V)                                                                                  \
-    extern "C" __global__ void __launch_bounds__(1024) rmsnorm_fwd_v##V(                                \
-        const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ y,                \
-        float* __restrict__ xn, float* __restrict__ rstd, int C, float eps, int has_w) {                \
-        rmsnorm_fwd<V>(x, w, y, xn, rstd, C, eps, has_w);                                               \
-    }                                                                                                    \
-    extern "C" __global__ void __launch_bounds__(1024) rmsnorm_bwd_v##V(                                \
-        const float* __restrict__ dy, const float* __restrict__ xn, const float* __restrict__ rstd,     \
-        const float* __restrict__ w, float* __restrict__ dx, float* __restrict__ dw_part, int n_rows,   \
-        int C, int rows_per_block, int has_w) {                                                          \
-        rmsnorm_bwd<V>(dy, xn, rstd, w, dx, dw_part, n_rows, C, rows_per_block, has_w);                 \
-    }
-
-NORM_KERNELS(4)
-NORM_KERNELS(1)
-
-extern "C" __global__ void __launch_bounds__(256)
-rmsnorm_colsum(const float* __restrict__ part, float* __restrict__ out, int n_parts, int C) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float s = 0.0f;
-    for (int p = 0; p < n_parts; ++p) s += part[(long long)p * C + c];
-    out[c] = s;
-}
-"""
-).replace("@MAXU@", str(MAXU))
-
-SOURCE = KernelSource(
-    name="norm",
-    code=_CUDA_SOURCE,
-    kernels=("rmsnorm_fwd_v4", "rmsnorm_fwd_v1", "rmsnorm_bwd_v4", "rmsnorm_bwd_v1", "rmsnorm_colsum"),
+SOURCE = KernelSource.from_file(
+    "norm.cu",
+    kernels=(
+        "rmsnorm_fwd_v4",
+        "rmsnorm_fwd_v1",
+        "rmsnorm_bwd_v4",
+        "rmsnorm_bwd_v1",
+        "rmsnorm_colsum",
+        "rmsnorm_fwd_out",
+        "rmsnorm_bwd_acc",
+    ),  # fmt: skip
+    defines={"MAXU": MAXU},
 )
 SOURCES = (SOURCE,)
 
@@ -240,7 +100,7 @@ def _width(rt: Runtime, C: int, *arrays: Any) -> int:
 
 
 def rmsnorm_forward_on(rt: Runtime, x: Any, w: Any | None, eps: float) -> tuple[Any, NormCache]:
-    """`rmsnorm_forward` on a runtime (see `engine.kernels.cuda.Runtime`)."""
+    """`rmsnorm_forward` on a runtime (see `engine.kernels.runtime.Runtime`)."""
     xp = rt.xp
     x = f32_input(rt, x, "rmsnorm input x")
     C = x.shape[-1]
@@ -298,3 +158,49 @@ def rmsnorm_forward(x: Any, w: Any | None, eps: float) -> tuple[Any, NormCache]:
 def rmsnorm_backward(dy: Any, cache: NormCache, w: Any | None) -> tuple[Any, Any | None]:
     """CUDA twin of `rmsnorm_backward_ref`: (dx, dw or None) from dy and the forward's cache."""
     return rmsnorm_backward_on(runtime_for(dy, "rmsnorm_backward"), dy, cache, w)
+
+
+# ----------------------------------------------------------------------------------------------
+# The fused training step's norms (engine.train.dense_step): the forward writes its output where
+# the next GEMM reads it (bf16 bits, or float32 for the output head) and copies the residual stream
+# into the buffer the GEMM after it adds into; the backward recomputes xn from x and rstd, adds dx
+# into the residual gradient in place and writes its bf16 bits for the next GEMM. Frozen weights:
+# no dw. One block per row (norm_threads(C) threads, scalar loads). Floors: forward 10 bytes per
+# value (read x, write y bf16 and the copy), backward 14 (read dy, x, dres; write dres, bf16).
+
+
+def rmsnorm_fwd_out_ref(x: np.ndarray, w: np.ndarray, eps: float):
+    """(y, rstd): y = x rstd w, rstd = 1 / sqrt(mean(x^2) + eps) per row (N,); x (N, C)."""
+    y, cache = rmsnorm_forward_ref(x, w, eps)
+    return y, cache.rstd[..., 0]
+
+
+def rmsnorm_bwd_acc_ref(dy: np.ndarray, x: np.ndarray, rstd: np.ndarray, w: np.ndarray, dres: np.ndarray):
+    """forward was: y = x rstd w.  Returns dres + dx (the residual stream's gradient with this
+    norm's input gradient added)."""
+    xn = x * rstd[:, None]
+    dx, _ = rmsnorm_backward_ref(dy, NormCache(xn, rstd[:, None]), w)
+    return dres + dx
+
+
+def rmsnorm_fwd_out_on(
+    rt: Runtime, x: Any, w: Any, eps: float, out: Any, rstd: Any, copy: Any = None
+) -> None:
+    """`rmsnorm_fwd_out_ref` into `out` (N, C) bf16 bits (uint16, rows may be strided) or float32,
+    `rstd` (N,) float32; with `copy` (N, C) float32, x is copied there too."""
+    N, C = x.shape
+    bf16 = out.dtype.name == "uint16"
+    ld = np.int64(out.strides[0] // out.itemsize)
+    args = (x, w, out if bf16 else None, None if bf16 else out, ld, rstd, copy, np.int32(C), np.float32(eps))
+    rt.launch(SOURCE, "rmsnorm_fwd_out", (N,), (norm_threads(C),), args)
+
+
+def rmsnorm_bwd_acc_on(
+    rt: Runtime, dy: Any, x: Any, rstd: Any, w: Any, dres: Any, out16: Any = None, accumulate: bool = True
+) -> None:
+    """`rmsnorm_bwd_acc_ref` in place of `dres` (N, C) float32 (accumulate False: dres = dx), and
+    its bf16 bits into `out16` (N, >= C, rows may be strided) when given."""
+    N, C = dy.shape
+    ld = np.int64(out16.strides[0] // 2 if out16 is not None else 0)
+    args = (dy, x, rstd, w, dres, out16, ld, np.int32(C), np.int32(accumulate))
+    rt.launch(SOURCE, "rmsnorm_bwd_acc", (N,), (norm_threads(C),), args)

@@ -78,7 +78,7 @@ class _Linear:
 class FFNCache(NamedTuple):
     gate: ops.LinearCache
     up: ops.LinearCache
-    act: ops.SwigluCache | ops.GegluCache
+    act: ops.GluCache
     down: ops.LinearCache
 
 
@@ -91,8 +91,8 @@ class SharedExpertCache(NamedTuple):
 
 class MoECache(NamedTuple):
     router: ops.LinearCache
-    route: ops.RouteCache | ops.RouteExtCache
-    experts: ops.ExpertsCache | ops.ExpertsExtCache
+    route: ops.RouteCache
+    experts: ops.ExpertsCache
     shared: SharedExpertCache | None
     routing: ops.Routing
 
@@ -119,7 +119,7 @@ class BlockCache(NamedTuple):
     k_norm: ops.NormCache | None
     q_rope: ops.RopeCache
     k_rope: ops.RopeCache
-    attn: ops.AttentionCache | ops.AttentionExtCache
+    attn: ops.AttentionCache
     o: ops.LinearCache
     ffn_norm: ops.NormCache
     ffn: FFNCache | None  # dense layers
@@ -173,11 +173,8 @@ def block_forward(
         kv.k[i][:, n : n + T] = k
         kv.v[i][:, n : n + T] = v
         k, v = kv.k[i][:, : n + T], kv.v[i][:, : n + T]
-    if spec.sinks or spec.attention == "mla":
-        sinks = W[layer_name(i, "attn_sinks")] if spec.sinks else None
-        a, c_attn = ops.attention_ext_forward(q, k, v, mask, cfg.attn_scale, sinks)  # (B, T, NH*HS_v)
-    else:
-        a, c_attn = ops.attention_forward(q, k, v, mask, cfg.attn_scale)  # (B, T, NH*HS)
+    sinks = W[layer_name(i, "attn_sinks")] if spec.sinks else None
+    a, c_attn = ops.attention_forward(q, k, v, mask, cfg.attn_scale, sinks)  # (B, T, NH*HS_v)
     o, c_o = _Linear(W, lora, i, "attn_output").forward(a)
     c_pa = c_pf = None
     if spec.post_norms:
@@ -203,12 +200,19 @@ def block_forward(
 _NO_LORA: Mapping[str, LoraTerm] = {}
 
 
+def _stack(W, name: str, xp):
+    """A 3-D weight as one array (the host weight store gives a lazy stack; the device one an array)."""
+    w = W[name]
+    return np.asarray(w) if xp is np else w
+
+
 def _mla_forward(cfg, W, i, h, cos, sin):
     """Multi-head latent attention's queries, keys and values (B, T, NH, HS), (.., HS), (.., HS_v),
     expanded per head; the RoPE part of each is the last n_rot dims, the key's shared by all heads."""
     B, T, C = h.shape
     NH, HS, n_rot, R = cfg.NH, cfg.HS, cfg.n_rot, cfg.kv_lora_rank
     nope = HS - n_rot
+    xp = array_module(h)
     c_qa = c_qan = None
     if cfg.q_lora_rank:
         qa, c_qa = _Linear(W, _NO_LORA, i, "attn_q_a").forward(h)  # (B, T, q_lora_rank)
@@ -218,15 +222,17 @@ def _mla_forward(cfg, W, i, h, cos, sin):
         q, c_q = _Linear(W, _NO_LORA, i, "attn_q").forward(h)
     q = q.reshape(B, T, NH, HS)
     kva, c_kva = _Linear(W, _NO_LORA, i, "attn_kv_a_mqa").forward(h)  # (B, T, R + n_rot)
-    q_pe, c_qr = ops.rope_forward(np.ascontiguousarray(q[..., nope:]), cos, sin, cfg.rope)
+    q_pe, c_qr = ops.rope_forward(xp.ascontiguousarray(q[..., nope:]), cos, sin, cfg.rope)
     k_pe, c_kr = ops.rope_forward(
-        np.ascontiguousarray(kva[..., None, R:]), cos, sin, cfg.rope
+        xp.ascontiguousarray(kva[..., None, R:]), cos, sin, cfg.rope
     )  # (B, T, 1, n_rot)
-    ckv, c_kvn = ops.rmsnorm_forward(kva[..., :R], W[layer_name(i, "attn_kv_a_norm")], cfg.rms_eps)
-    kb, vb = (np.asarray(W[layer_name(i, kind)]) for kind in ("attn_k_b", "attn_v_b"))
+    ckv, c_kvn = ops.rmsnorm_forward(
+        xp.ascontiguousarray(kva[..., :R]), W[layer_name(i, "attn_kv_a_norm")], cfg.rms_eps
+    )
+    kb, vb = (_stack(W, layer_name(i, kind), xp) for kind in ("attn_k_b", "attn_v_b"))
     (k_nope, v), c_kv = ops.mla_kv_forward(ckv, kb, vb)  # (B, T, NH, nope), (B, T, NH, HS_v)
-    q = np.concatenate([q[..., :nope], q_pe], axis=-1)
-    k = np.concatenate([k_nope, np.broadcast_to(k_pe, (B, T, NH, n_rot))], axis=-1)
+    q = xp.concatenate([q[..., :nope], q_pe], axis=-1)
+    k = xp.concatenate([k_nope, xp.broadcast_to(k_pe, (B, T, NH, n_rot))], axis=-1)
     return q, k, v, MlaCache(c_qa, c_qan, c_q, c_kva, c_kvn, c_kv), c_qr, c_kr
 
 
@@ -236,11 +242,12 @@ def _mla_backward(cfg, W, i, dq, dk, dv, c: BlockCache, need, grads):
     HS, n_rot = cfg.HS, cfg.n_rot
     nope = HS - n_rot
     m = c.mla
-    dq_pe = ops.rope_backward(np.ascontiguousarray(dq[..., nope:]), c.q_rope)
+    xp = array_module(dq)
+    dq_pe = ops.rope_backward(xp.ascontiguousarray(dq[..., nope:]), c.q_rope)
     dk_pe = ops.rope_backward(dk[..., nope:].sum(axis=2, keepdims=True), c.k_rope)  # (B, T, 1, n_rot)
     kb, vb = (layer_name(i, kind) for kind in ("attn_k_b", "attn_v_b"))
     dckv, dkb, dvb = ops.mla_kv_backward(
-        np.ascontiguousarray(dk[..., :nope]), dv, m.kv, np.asarray(W[kb]), np.asarray(W[vb]),
+        xp.ascontiguousarray(dk[..., :nope]), dv, m.kv, _stack(W, kb, xp), _stack(W, vb, xp),
         need_dw=kb in need or vb in need,
     )  # fmt: skip
     _maybe(grads, need, kb, dkb)
@@ -248,9 +255,9 @@ def _mla_backward(cfg, W, i, dq, dk, dv, c: BlockCache, need, grads):
     name = layer_name(i, "attn_kv_a_norm")
     dckv, dw = ops.rmsnorm_backward(dckv, m.kv_norm, W[name])
     _maybe(grads, need, name, dw)
-    dkva = np.concatenate([dckv, dk_pe.reshape(B, T, n_rot)], axis=-1)
+    dkva = xp.concatenate([dckv, dk_pe.reshape(B, T, n_rot)], axis=-1)
     dh = _Linear(W, _NO_LORA, i, "attn_kv_a_mqa").backward(dkva, m.kv_a, need, grads)
-    dq = np.concatenate([dq[..., :nope], dq_pe], axis=-1).reshape(B, T, -1)
+    dq = xp.concatenate([dq[..., :nope], dq_pe], axis=-1).reshape(B, T, -1)
     if cfg.q_lora_rank:
         dqa = _Linear(W, _NO_LORA, i, "attn_q_b").backward(dq, m.q, need, grads)
         name = layer_name(i, "attn_q_a_norm")
@@ -264,10 +271,7 @@ def _ffn_forward(W, lora, i, h, kinds, act: str = "silu") -> tuple[np.ndarray, F
     gate, up, down = (_Linear(W, lora, i, k) for k in kinds)
     g, cg = gate.forward(h)
     u, cu = up.forward(h)
-    if act == "gelu":
-        a, cs = ops.geglu_forward(g, u)
-    else:
-        a, cs = ops.swiglu_forward(g, u)
+    a, cs = ops.glu_forward(g, u, act)
     y, cd = down.forward(a)
     return y, FFNCache(cg, cu, cs, cd)
 
@@ -275,10 +279,7 @@ def _ffn_forward(W, lora, i, h, kinds, act: str = "silu") -> tuple[np.ndarray, F
 def _ffn_backward(W, lora, i, dy, cache: FFNCache, kinds, need, grads):
     gate, up, down = (_Linear(W, lora, i, k) for k in kinds)
     dact = down.backward(dy, cache.down, need, grads)
-    if isinstance(cache.act, ops.GegluCache):
-        dg, du = ops.geglu_backward(dact, cache.act)
-    else:
-        dg, du = ops.swiglu_backward(dact, cache.act)
+    dg, du = ops.glu_backward(dact, cache.act)
     return gate.backward(dg, cache.gate, need, grads) + up.backward(du, cache.up, need, grads)
 
 
@@ -288,20 +289,15 @@ def _moe_forward(cfg, W, lora, i, h) -> tuple[np.ndarray, MoECache]:
     logits, c_router = _Linear(W, lora, i, "ffn_gate_inp").forward(h)  # (N, E) (+ router bias)
     bias_name = layer_name(i, "exp_probs_b", "bias")
     probs_bias = W[bias_name] if bias_name in W else None
-    if cfg.gating == "softmax" and cfg.moe_scale == 1.0 and cfg.n_group <= 1 and probs_bias is None:
-        routing, c_route = ops.route_forward(logits, cfg.K, cfg.moe_renorm)
-    else:
-        routing, c_route = ops.route_ext_forward(
-            logits, cfg.K, cfg.moe_renorm, cfg.gating, cfg.moe_scale, probs_bias, cfg.n_group, cfg.group_used
-        )
+    routing, c_route = ops.route_forward(
+        logits, cfg.K, cfg.moe_renorm, cfg.gating, cfg.moe_scale, probs_bias, cfg.n_group, cfg.group_used
+    )
     names = [layer_name(i, k) for k in EXPERT_KINDS]
-    biases = [W.get(layer_name(i, k, "bias")) for k in EXPERT_KINDS]
-    if spec.expert_act == "silu" and all(b is None for b in biases):
-        y, c_experts = ops.experts_forward(h, routing, *(W[n] for n in names), *(lora.get(n) for n in names))
-    else:
-        y, c_experts = ops.experts_ext_forward(
-            h, routing, *(W[n] for n in names), *biases, *(lora.get(n) for n in names), act=spec.expert_act
-        )
+    b_gate, b_up, b_down = (W.get(layer_name(i, k, "bias")) for k in EXPERT_KINDS)
+    y, c_experts = ops.experts_forward(
+        h, routing, *(W[n] for n in names), *(lora.get(n) for n in names),
+        b_gate=b_gate, b_up=b_up, b_down=b_down, act=spec.expert_act,
+    )  # fmt: skip
     c_shared = None
     if cfg.F_shexp:
         shared, c_ffn = _ffn_forward(W, lora, i, h, SHARED_EXPERT_KINDS)
@@ -318,28 +314,20 @@ def _moe_forward(cfg, W, lora, i, h) -> tuple[np.ndarray, MoECache]:
 
 def _moe_backward(cfg, W, lora, i, dy, cache: MoECache, need, grads):
     names = [layer_name(i, k) for k in EXPERT_KINDS]
-    if isinstance(cache.experts, ops.ExpertsExtCache):
-        bias_names = [layer_name(i, k, "bias") for k in EXPERT_KINDS]
-        dh, dweights, dW, db, dlora = ops.experts_ext_backward(
-            dy, cache.experts, *(W[n] for n in names), need_dw=any(n in need for n in names),
-            need_db=any(n in need for n in bias_names),
-        )  # fmt: skip
-        for n, key in zip(bias_names, ("gate", "up", "down"), strict=True):
-            if n in need and db is not None and key in db:
-                add_grad(grads, n, db[key])
-    else:
-        dh, dweights, dW, dlora = ops.experts_backward(
-            dy, cache.experts, *(W[n] for n in names), need_dw=any(n in need for n in names)
-        )
+    bias_names = [layer_name(i, k, "bias") for k in EXPERT_KINDS]
+    dh, dweights, dW, dlora, db = ops.experts_backward(
+        dy, cache.experts, *(W[n] for n in names), need_dw=any(n in need for n in names),
+        need_db=any(n in need for n in bias_names),
+    )  # fmt: skip
+    for n, key in zip(bias_names, ("gate", "up", "down"), strict=True):
+        if n in need and db is not None and key in db:
+            add_grad(grads, n, db[key])
     for n, key in zip(names, ("gate", "up", "down"), strict=True):
         if n in need:
             add_grad(grads, n, dW[key])
         if key in dlora:
             add_lora_grads(grads, n, *dlora[key])
-    if isinstance(cache.route, ops.RouteExtCache):
-        dlogits = ops.route_ext_backward(dweights, cache.route)
-    else:
-        dlogits = ops.route_backward(dweights, cache.route)
+    dlogits = ops.route_backward(dweights, cache.route)
     dh = dh + _Linear(W, lora, i, "ffn_gate_inp").backward(dlogits, cache.router, need, grads)
     if cache.shared is not None and cache.shared.gate is None:
         # forward was: y += shared(h)
@@ -392,12 +380,9 @@ def block_backward(
         do, dw = ops.rmsnorm_backward(dx, c.post_attn, W[name])
         _maybe(grads, need, name, dw)
     da = _Linear(W, lora, i, "attn_output").backward(do, c.o, need, grads)
-    if isinstance(c.attn, ops.AttentionExtCache):
-        dq, dk, dv, dsinks = ops.attention_ext_backward(da, c.attn)
-        if dsinks is not None:
-            _maybe(grads, need, layer_name(i, "attn_sinks"), dsinks)
-    else:
-        dq, dk, dv = ops.attention_backward(da, c.attn)
+    dq, dk, dv, dsinks = ops.attention_backward(da, c.attn)
+    if dsinks is not None:
+        _maybe(grads, need, layer_name(i, "attn_sinks"), dsinks)
     if c.mla is not None:
         dh = _mla_backward(cfg, W, i, dq, dk, dv, c, need, grads)
     else:

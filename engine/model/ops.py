@@ -14,142 +14,106 @@ head size, E experts, K experts per token, F ffn width, r LoRA rank). The functi
 whatever float dtype they are given (float32 in use, float64 in tests).
 
 The implementations live in `engine.kernels.<op>`: each `<op>_ref` there is the NumPy reference,
-the specification of the op, and `<op>` its CUDA twin. This module gives model code one name per
-op. Within `use_runtime(rt)` (what `Backend.active()` enters on a GPU) every op runs its twin on
-that runtime (`<op>_on(rt, ...)`, the MoE ops through `<op>_launch`); outside one, an op runs
-the twin when its first argument is a CuPy array and the reference otherwise. It knows no GGUF
-names and holds no state besides the current runtime of this thread; `engine.model.layers` and
-`engine.model.forward` wire the ops into models.
+the specification of the op (one per op: an architecture's variant is an argument of it, never a
+copy), `<op>_on(rt, ...)` its CUDA twin on a kernels `Runtime`, and for the MoE experts a CPU twin
+(`engine.kernels.moe_cpu`). The table below names them for every op, so that an editor goes from
+`ops.rmsnorm_forward` to its definitions in one step. Within `use_runtime(rt)` (what
+`Backend.active()` enters on a GPU) every op runs its CUDA twin on that runtime; outside one, an op
+runs its CUDA twin on the GPU runtime when its first argument is a CuPy array (on that array's
+device), and otherwise its CPU twin where it has one, else the reference. An op whose CUDA twin is
+not written yet (None in the table) raises EngineError naming it, rather than running on the host
+behind the user's back; a twin that lacks one of the reference's options refuses it by name. This
+module knows no GGUF names and holds no state (the runtime of this thread is
+engine.kernels.runtime's); `engine.model.layers` and `engine.model.forward` wire the ops into
+models.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterator
-from typing import Any
+import functools
+from collections.abc import Callable
 
 from ..errors import EngineError
 from ..kernels import attention as _attention
-from ..kernels import attention_ext as _attention_ext
 from ..kernels import cross_entropy as _cross_entropy
 from ..kernels import embedding as _embedding
 from ..kernels import glu as _glu
 from ..kernels import linear as _linear
 from ..kernels import mla as _mla
 from ..kernels import moe as _moe
-from ..kernels import moe_ext as _moe_ext
+from ..kernels import moe_cpu as _moe_cpu
 from ..kernels import norm as _norm
 from ..kernels import rope as _rope
-from ..kernels import softcap as _softcap
-from ..kernels import swiglu as _swiglu
 from ..kernels.attention import AttentionCache, attention_mask
-from ..kernels.attention_ext import AttentionExtCache
-from ..kernels.cross_entropy import softmax
+from ..kernels.cross_entropy import SoftcapCache, softmax
 from ..kernels.embedding import EmbeddingCache, row_chunks, scatter_add_rows, take_rows
-from ..kernels.glu import GegluCache, SwigluOaiCache
+from ..kernels.glu import GluCache, sigmoid, silu
 from ..kernels.linear import LinearCache, LoraTerm
 from ..kernels.mla import MlaKvCache
 from ..kernels.moe import ExpertActs, ExpertsCache, RouteCache, Routing
-from ..kernels.moe_ext import ExpertsExtCache, RouteExtCache
 from ..kernels.norm import NormCache
 from ..kernels.rope import RopeCache, rope_angles
-from ..kernels.softcap import SoftcapCache
-from ..kernels.swiglu import SwigluCache, sigmoid, silu
-
-_RUNTIME: contextvars.ContextVar[Any] = contextvars.ContextVar("engine_runtime", default=None)
+from ..kernels.runtime import current_runtime, runtime_for, use_runtime
 
 
-@contextlib.contextmanager
-def use_runtime(rt: Any) -> Iterator[Any]:
-    """Run every op of this module on kernels runtime `rt` (engine.kernels.cuda.Runtime) inside."""
-    token = _RUNTIME.set(rt)
-    try:
-        yield rt
-    finally:
-        _RUNTIME.reset(token)
+def _op(reference: Callable, twin_on: Callable | None, cpu: Callable | None = None) -> Callable:
+    """One op of the table: `reference` (`<op>_ref`, NumPy), `twin_on` (`<op>_on(rt, ...)`, its CUDA
+    twin on a runtime, or None when there is none yet) and `cpu`, its CPU twin where it has one; the
+    module docstring says which one runs."""
+    name = reference.__name__.removesuffix("_ref")
+    on_host = cpu or reference
 
-
-def current_runtime() -> Any:
-    """The runtime ops run on in this thread, or None (references, or twins on CuPy arguments)."""
-    return _RUNTIME.get()
-
-
-def _dispatch(module, name: str):
-    """The op `name` of kernels `module`: on the current runtime its `<name>_on(rt, ...)` (or
-    `<name>_launch(..., xp=, launch=)`); otherwise its NumPy reference `<name>_ref`, or its CUDA twin
-    `<name>` when the first argument is a CuPy array (a twin not written yet is an EngineError)."""
-    ref = getattr(module, name + "_ref")
-    on = getattr(module, name + "_on", None)
-    launch = getattr(module, name + "_launch", None)
-
+    @functools.wraps(reference)
     def op(*args, **kwargs):
-        rt = _RUNTIME.get()
+        rt = current_runtime()
+        on_gpu_arrays = rt is None and bool(args) and type(args[0]).__module__.startswith("cupy")
+        if rt is None and not on_gpu_arrays:
+            return on_host(*args, **kwargs)
+        if twin_on is None:
+            raise EngineError(f"{reference.__module__}.{name} has no CUDA version yet")
         if rt is not None:
-            if on is not None:
-                return on(rt, *args, **kwargs)
-            if launch is not None:
-                return launch(*args, xp=rt.xp, launch=module.runtime_launch(rt), **kwargs)
-            raise EngineError(f"{module.__name__}.{name} has no CUDA version yet")
-        if args and type(args[0]).__module__.startswith("cupy"):
-            twin = getattr(module, name, None)
-            if twin is None:
-                raise EngineError(f"{module.__name__}.{name} has no CUDA version yet")
-            return twin(*args, **kwargs)
-        return ref(*args, **kwargs)
+            return twin_on(rt, *args, **kwargs)
+        with args[0].device:
+            return twin_on(runtime_for(args[0], name), *args, **kwargs)
 
     op.__name__ = op.__qualname__ = name
-    op.__doc__ = ref.__doc__
-    op.reference = ref  # type: ignore[attr-defined]
+    op.reference = reference  # type: ignore[attr-defined]
+    op.twin_on = twin_on  # type: ignore[attr-defined]
+    op.cpu = cpu  # type: ignore[attr-defined]
     return op
 
 
-embedding_forward = _dispatch(_embedding, "embedding_forward")
-embedding_backward = _dispatch(_embedding, "embedding_backward")
-rmsnorm_forward = _dispatch(_norm, "rmsnorm_forward")
-rmsnorm_backward = _dispatch(_norm, "rmsnorm_backward")
-linear_forward = _dispatch(_linear, "linear_forward")
-linear_backward = _dispatch(_linear, "linear_backward")
-rope_forward = _dispatch(_rope, "rope_forward")
-rope_backward = _dispatch(_rope, "rope_backward")
-attention_forward = _dispatch(_attention, "attention_forward")
-attention_backward = _dispatch(_attention, "attention_backward")
-swiglu_forward = _dispatch(_swiglu, "swiglu_forward")
-swiglu_backward = _dispatch(_swiglu, "swiglu_backward")
-route_forward = _dispatch(_moe, "route_forward")
-route_backward = _dispatch(_moe, "route_backward")
-experts_forward = _dispatch(_moe, "experts_forward")
-experts_backward = _dispatch(_moe, "experts_backward")
-lm_head_loss = _dispatch(_cross_entropy, "lm_head_loss")
-project = _dispatch(_cross_entropy, "project")
-# ops of the architectures added with issue 17 (references only so far: a GPU backend says so)
-attention_ext_forward = _dispatch(_attention_ext, "attention_ext_forward")
-attention_ext_backward = _dispatch(_attention_ext, "attention_ext_backward")
-geglu_forward = _dispatch(_glu, "geglu_forward")
-geglu_backward = _dispatch(_glu, "geglu_backward")
-swiglu_oai_forward = _dispatch(_glu, "swiglu_oai_forward")
-swiglu_oai_backward = _dispatch(_glu, "swiglu_oai_backward")
-mla_kv_forward = _dispatch(_mla, "mla_kv_forward")
-mla_kv_backward = _dispatch(_mla, "mla_kv_backward")
-route_ext_forward = _dispatch(_moe_ext, "route_ext_forward")
-route_ext_backward = _dispatch(_moe_ext, "route_ext_backward")
-experts_ext_forward = _dispatch(_moe_ext, "experts_ext_forward")
-experts_ext_backward = _dispatch(_moe_ext, "experts_ext_backward")
-softcap_forward = _dispatch(_softcap, "softcap_forward")
-softcap_backward = _dispatch(_softcap, "softcap_backward")
-softcap_head_loss = _dispatch(_softcap, "softcap_head_loss")
+# every op: its NumPy reference, its CUDA twin on a runtime (and its CPU twin where it has one)
+embedding_forward = _op(_embedding.embedding_forward_ref, _embedding.embedding_forward_on)
+embedding_backward = _op(_embedding.embedding_backward_ref, _embedding.embedding_backward_on)
+rmsnorm_forward = _op(_norm.rmsnorm_forward_ref, _norm.rmsnorm_forward_on)
+rmsnorm_backward = _op(_norm.rmsnorm_backward_ref, _norm.rmsnorm_backward_on)
+linear_forward = _op(_linear.linear_forward_ref, _linear.linear_forward_on)
+linear_backward = _op(_linear.linear_backward_ref, _linear.linear_backward_on)
+rope_forward = _op(_rope.rope_forward_ref, _rope.rope_forward_on)
+rope_backward = _op(_rope.rope_backward_ref, _rope.rope_backward_on)
+attention_forward = _op(_attention.attention_forward_ref, _attention.attention_forward_on)
+attention_backward = _op(_attention.attention_backward_ref, _attention.attention_backward_on)
+mla_kv_forward = _op(_mla.mla_kv_forward_ref, _mla.mla_kv_forward_on)
+mla_kv_backward = _op(_mla.mla_kv_backward_ref, _mla.mla_kv_backward_on)
+glu_forward = _op(_glu.glu_forward_ref, _glu.glu_forward_on)
+glu_backward = _op(_glu.glu_backward_ref, _glu.glu_backward_on)
+route_forward = _op(_moe.route_forward_ref, _moe.route_forward_on)
+route_backward = _op(_moe.route_backward_ref, _moe.route_backward_on)
+experts_forward = _op(_moe.experts_forward_ref, _moe.experts_forward_on, _moe_cpu.experts_forward_cpu)
+experts_backward = _op(_moe.experts_backward_ref, _moe.experts_backward_on, _moe_cpu.experts_backward_cpu)
+lm_head_loss = _op(_cross_entropy.lm_head_loss_ref, _cross_entropy.lm_head_loss_on)
+project = _op(_cross_entropy.project_ref, _cross_entropy.project_on)
+softcap_forward = _op(_cross_entropy.softcap_forward_ref, _cross_entropy.softcap_forward_on)
+softcap_backward = _op(_cross_entropy.softcap_backward_ref, _cross_entropy.softcap_backward_on)
 
 __all__ = [
-    "AttentionCache", "EmbeddingCache", "ExpertActs", "ExpertsCache", "LinearCache", "LoraTerm",
-    "NormCache", "RopeCache", "RouteCache", "Routing", "SwigluCache", "attention_backward",
-    "attention_forward", "attention_mask", "embedding_backward", "embedding_forward", "experts_backward",
-    "experts_forward", "linear_backward", "linear_forward", "lm_head_loss", "project", "rmsnorm_backward",
+    "AttentionCache", "EmbeddingCache", "ExpertActs", "ExpertsCache", "GluCache", "LinearCache", "LoraTerm",
+    "MlaKvCache", "NormCache", "RopeCache", "RouteCache", "Routing", "SoftcapCache", "attention_backward",
+    "attention_forward", "attention_mask", "current_runtime", "embedding_backward", "embedding_forward",
+    "experts_backward", "experts_forward", "glu_backward", "glu_forward", "linear_backward",
+    "linear_forward", "lm_head_loss", "mla_kv_backward", "mla_kv_forward", "project", "rmsnorm_backward",
     "rmsnorm_forward", "rope_angles", "rope_backward", "rope_forward", "route_backward", "route_forward",
-    "row_chunks", "scatter_add_rows", "sigmoid", "silu", "softmax", "swiglu_backward", "swiglu_forward",
-    "take_rows", "current_runtime", "use_runtime",
-    "AttentionExtCache", "ExpertsExtCache", "GegluCache", "MlaKvCache", "RouteExtCache", "SoftcapCache",
-    "SwigluOaiCache", "attention_ext_backward", "attention_ext_forward", "experts_ext_backward",
-    "experts_ext_forward", "geglu_backward", "geglu_forward", "mla_kv_backward", "mla_kv_forward",
-    "route_ext_backward", "route_ext_forward", "softcap_backward", "softcap_forward", "softcap_head_loss",
-    "swiglu_oai_backward", "swiglu_oai_forward",
+    "row_chunks", "scatter_add_rows", "sigmoid", "silu", "softcap_backward", "softcap_forward", "softmax",
+    "take_rows", "use_runtime",
 ]  # fmt: skip

@@ -31,12 +31,14 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import hashlib
 import itertools
 import json
 import logging
 import math
 import os
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
@@ -52,6 +54,7 @@ import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import ModelError, TemplateError
+from .content_flow import passes_contents_through
 
 __all__ = ["CHATML_TEMPLATE", "GEMMA_TEMPLATE", "ChatTemplate"]
 
@@ -132,6 +135,9 @@ _LIPSUM = jinja2.utils.generate_lorem_ipsum
 # render_with_spans locates the replies of a conversation with more assistant messages than this
 # one at a time in a window around each (linear in its length), fewer in the whole conversation
 _EXACT_REPLIES = 8
+# conversation structures whose skeleton render a template keeps (see "skeletons" below)
+_MAX_SKELETONS = 4096
+_PAD = 64  # characters added to each placeholder to measure what a content costs the size limit
 # characters before a reply that must agree between its window and the whole conversation: back to
 # the user message before it, at least this many, and this many when that message is not found
 _MIN_WINDOW_CONTEXT = 16
@@ -770,13 +776,15 @@ class ChatTemplate:
         is_default: bool = False,
         now: Callable[[], datetime] | None = None,
         time_limit: float = _TIME_LIMIT,
+        fast_spans: bool = True,
     ):
         """Compile `source`; `TemplateError` if it is not valid Jinja or longer than 128 KiB.
 
         `now` is the clock behind the template's `strftime_now(format)` (default `datetime.now`);
         pass a fixed one to make renders of date-stamping templates reproducible. `time_limit` is
         the seconds one `render` may take (`render_with_spans` gets 5 ms more per message) before
-        it stops with a TemplateError.
+        it stops with a TemplateError. `fast_spans` False makes `render_with_spans` render every
+        conversation it needs for real, as the reference that the fast way is tested against.
         """
         if not isinstance(source, str):
             raise TemplateError(f"{name} must be a string of Jinja source, got {type(source).__name__}")
@@ -818,6 +826,14 @@ class ChatTemplate:
         except Exception as exc:  # noqa: BLE001 - e.g. RecursionError on absurd nesting
             raise TemplateError(f"{name} cannot be compiled: {type(exc).__name__}: {_line(exc)}") from exc
         self._marks_generation = _GENERATION_TAG.search(source) is not None
+        self.fast_spans = fast_spans
+        self._now = clock
+        self._reads_clock = "strftime_now" in source
+        self._passes_through: bool | None = None  # passes_contents_through, once asked
+        nonce = secrets.token_hex(6)
+        self._placeholder = "\ue000" + nonce + "{}\ue001"
+        self._placeholders = re.compile("\ue000" + nonce + "([0-9]+)\ue001")
+        self._skeletons: dict[tuple, Any] = {}
 
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> ChatTemplate:
@@ -902,14 +918,15 @@ class ChatTemplate:
     def _render_with_spans(
         self, messages: Sequence[Mapping[str, Any]], extra: dict[str, Any]
     ) -> tuple[str, list[tuple[int, int]]]:
-        text = self.render(messages, **extra)  # validates messages
+        rend = _Renders(self, extra)
+        text = rend(messages)  # validates messages
         messages = list(messages)
         roles = [m.get("role") for m in messages]
         replies = [i for i, role in enumerate(roles) if role == "assistant"]
         if not replies:
             return text, []
         if self._marks_generation:
-            marked = self._generation_spans(messages, extra)
+            marked = self._generation_spans(messages, rend.extra)
             if marked is not None and marked[0] == text and len(marked[1]) == len(replies):
                 return marked
             log.debug("%s: {%% generation %%} blocks do not match the assistant messages", self.name)
@@ -918,11 +935,11 @@ class ChatTemplate:
         for i in replies:
             span = None
             if windowed:
-                span = self._span_in_window(messages, roles, i, text, extra, spans[-1][1] if spans else 0)
+                span = self._span_in_window(messages, roles, i, text, rend, spans[-1][1] if spans else 0)
             if span is None:
-                span = self._span_after_prompt(messages, i, text, extra)
+                span = self._span_after_prompt(messages, i, text, rend)
             if span is None:
-                span = self._span_by_probe(messages, i, text, extra)
+                span = self._span_by_probe(messages, i, text, rend)
             if span is None:
                 raise TemplateError(
                     f"{self.name}: cannot locate assistant message {i} in the rendered conversation; "
@@ -936,6 +953,125 @@ class ChatTemplate:
                 )
             spans.append(span)
         return text, spans
+
+    def fingerprint(self) -> str:
+        """A SHA-256 (hex) of what decides this template's renders: its source, its BOS/EOS token
+        strings and its name (error messages carry it); for a template that reads the clock, the
+        day too (a date-stamping template renders differently tomorrow)."""
+        h = hashlib.sha256()
+        parts = [self.source, self.bos_token, self.eos_token, self.name]
+        if self._reads_clock:
+            parts.append(self._now().strftime("%Y-%m-%d"))
+        for part in parts:
+            h.update(part.encode("utf-8", "surrogatepass"))
+            h.update(b"\0")
+        return h.hexdigest()
+
+    @property
+    def passes_contents_through(self) -> bool:
+        """The template writes message contents verbatim and looks at nothing else in them but
+        their emptiness and type (`engine.text.content_flow`): `render_with_spans` then renders
+        each conversation structure once (a "skeleton") and puts the contents into it."""
+        if self._passes_through is None:
+            self._passes_through = (
+                not self._marks_generation
+                and not self._reads_clock
+                and passes_contents_through(self.source, _analysis_environment())
+            )
+        return self._passes_through
+
+    # -- skeletons ------------------------------------------------------------
+    #
+    # For a template that passes contents through, the render of a conversation is the render of
+    # its skeleton (the same messages with each non-empty content replaced by a placeholder) with
+    # the placeholders replaced by the contents (engine.text.content_flow says why). A skeleton is
+    # rendered once per structure (the roles, the other fields, which contents are empty, the
+    # generation prompt) with the same sandbox and limits as any render, and kept. A failing render
+    # fails the same way for every conversation of its structure, and is kept too. The size limit
+    # is the one thing a content can change: the skeleton is rendered a second time with longer
+    # placeholders to learn what each character of content costs, and a conversation whose contents
+    # could reach the limit is rendered for real.
+
+    def _substituted(
+        self,
+        messages: Any,
+        add_generation_prompt: bool,
+        known: dict[int, tuple[Any, str] | None] | None = None,
+    ) -> str | None:
+        """`render(messages, add_generation_prompt=...)` from the skeleton of its structure; None when
+        the conversation must be rendered for real (not plain data, or contents that could reach
+        the size limit). `TemplateError` as the render would raise it. `known`: each message's
+        structure key and content, by id, kept across calls about the same messages."""
+        if not isinstance(messages, (list, tuple)):
+            return None
+        if known is None:
+            known = {}
+        keys: list[Any] = [add_generation_prompt]
+        contents: list[str] = []
+        for m in messages:
+            found = known.get(id(m), _UNKNOWN)
+            if found is _UNKNOWN:
+                found = known[id(m)] = _message_key(m)
+            if found is None:
+                return None
+            keys.append(found[0])
+            contents.append(found[1])
+        skeleton = self._skeleton(tuple(keys), messages, add_generation_prompt)
+        if skeleton is None:
+            return None
+        rendered, spent, per_char = skeleton
+        if contents and spent + per_char * max(map(len, contents)) > _BASE_CHARS:
+            return None  # the contents might take the render past its size limit: render it for real
+        if isinstance(rendered, TemplateError):
+            raise TemplateError(str(rendered))
+        parts = list(rendered)
+        for j in range(1, len(parts), 2):
+            parts[j] = contents[parts[j]]
+        return "".join(parts)
+
+    def _skeleton(self, key: tuple, messages: Sequence[dict], add_generation_prompt: bool) -> Any:
+        """(pieces or the TemplateError, characters spent, characters spent per content character)
+        of a structure; None when it cannot be used (a render stopped at a limit)."""
+        found = self._skeletons.get(key)
+        if found is not None:
+            return found or None
+        skeleton = [
+            {**m, "content": self._placeholder.format(k) if m["content"] else ""}
+            for k, m in enumerate(messages)
+        ]
+        padded = [{**m, "content": m["content"] + "\ue002" * _PAD if m["content"] else ""} for m in skeleton]
+        try:
+            rendered, spent = self._measured(skeleton, add_generation_prompt)
+            again, spent_padded = self._measured(padded, add_generation_prompt)
+        except _StoppedError:
+            return None
+        per_char, rest = divmod(spent_padded - spent, _PAD)
+        if rest or per_char < 0 or type(rendered) is not type(again):
+            value: Any = False  # not linear in the contents' length: never substituted
+        elif isinstance(rendered, TemplateError):
+            value = (rendered, spent, per_char)
+        else:
+            parts = self._placeholders.split(rendered)
+            value = (tuple(p if j % 2 == 0 else int(p) for j, p in enumerate(parts)), spent, per_char)
+        if len(self._skeletons) >= _MAX_SKELETONS:
+            self._skeletons.clear()
+        self._skeletons[key] = value
+        return value or None
+
+    def _measured(self, messages: Sequence[dict], add_generation_prompt: bool) -> tuple[Any, int]:
+        """(the render or the TemplateError it raised, the characters it spent against the size limit),
+        in a budget of its own. `_StoppedError` when it stops at a limit."""
+        budget = _Budget(self.time_limit)
+        token = _ACTIVE.set(budget)
+        try:
+            variables = self._variables(messages, add_generation_prompt, {})
+            return self._guarded(lambda: self._template.render(variables), variables), budget.spent
+        except _StoppedError:
+            raise
+        except TemplateError as exc:
+            return exc, budget.spent
+        finally:
+            _ACTIVE.reset(token)
 
     # -- internals --------------------------------------------------------------
 
@@ -1015,14 +1151,14 @@ class ChatTemplate:
             return None
         return text, spans
 
-    def _closed_turn(self, messages: Sequence[Mapping[str, Any]], extra: dict[str, Any]) -> str | None:
+    def _closed_turn(self, messages: Sequence[Mapping[str, Any]], rend: _Renders) -> str | None:
         """`render(messages)` up to the end-of-turn marker of its last message, or None if unclear.
 
         That is the render without trailing whitespace, unless the template closes a finished
         conversation with text a continuing one lacks: then the eos_token it appends is dropped.
         """
-        closed = self.render(messages, **extra).rstrip()
-        continued = self.render(messages, add_generation_prompt=True, **extra)
+        closed = rend(messages).rstrip()
+        continued = rend(messages, True)
         if continued.startswith(closed):
             return closed
         if self.eos_token and closed.endswith(self.eos_token):
@@ -1032,12 +1168,12 @@ class ChatTemplate:
         return None
 
     def _span_after_prompt(
-        self, messages: Sequence[Mapping[str, Any]], i: int, text: str, extra: dict[str, Any]
+        self, messages: Sequence[Mapping[str, Any]], i: int, text: str, rend: _Renders
     ) -> tuple[int, int] | None:
         """Span of reply i as what `render(messages[:i + 1])` adds to the generation prompt before it."""
         try:
-            prompt = self.render(messages[:i], add_generation_prompt=True, **extra)
-            turn = self._closed_turn(messages[: i + 1], extra)
+            prompt = rend(messages[:i], True)
+            turn = self._closed_turn(messages[: i + 1], rend)
         except _StoppedError:
             raise
         except TemplateError:
@@ -1054,7 +1190,7 @@ class ChatTemplate:
         roles: Sequence[Any],
         i: int,
         text: str,
-        extra: dict[str, Any],
+        rend: _Renders,
         after: int,
     ) -> tuple[int, int] | None:
         """Span of reply i located in a window of the conversation, found again in `text`; None if not.
@@ -1074,14 +1210,14 @@ class ChatTemplate:
         window = [*head, *messages[j:end]]
         w = len(head) + i - j
         try:
-            wtext = self.render(window, **extra)
+            wtext = rend(window)
         except _StoppedError:
             raise
         except TemplateError:
             return None
-        span = self._span_after_prompt(window, w, wtext, extra)
+        span = self._span_after_prompt(window, w, wtext, rend)
         if span is None:
-            span = self._span_by_probe(window, w, wtext, extra)
+            span = self._span_by_probe(window, w, wtext, rend)
         if span is None:
             return None
         a, b = span
@@ -1105,7 +1241,7 @@ class ChatTemplate:
         return None
 
     def _span_by_probe(
-        self, messages: Sequence[Mapping[str, Any]], i: int, text: str, extra: dict[str, Any]
+        self, messages: Sequence[Mapping[str, Any]], i: int, text: str, rend: _Renders
     ) -> tuple[int, int] | None:
         """Span of reply i found by rendering the conversation with a probe string as its content.
 
@@ -1117,8 +1253,8 @@ class ChatTemplate:
         probed = list(messages)
         probed[i] = {**messages[i], "content": probe}
         try:
-            full = self.render(probed, **extra)
-            turn = self._closed_turn(probed[: i + 1], extra)
+            full = rend(probed)
+            turn = self._closed_turn(probed[: i + 1], rend)
         except _StoppedError:
             raise
         except TemplateError:
@@ -1137,6 +1273,97 @@ class ChatTemplate:
         # depend on the content, e.g. Qwen3 writes "\n" before a tool call only after non-empty content).
         end = start + len(text[start:end].rstrip())
         return (start, end) if end > start else None
+
+
+class _Renders:
+    """The renders that one `render_with_spans` call asks for: each conversation (the same message
+    objects, with or without the generation prompt) rendered once, from its skeleton when the
+    template passes contents through (`ChatTemplate._substituted`), else for real. With
+    `fast_spans` False, every render is made for real, as the reference."""
+
+    __slots__ = ("template", "extra", "_memo", "_keep", "_fast", "_memoise", "_known")
+
+    def __init__(self, template: ChatTemplate, extra: dict[str, Any]):
+        self.template = template
+        self.extra = extra
+        self._memo: dict[tuple, str] = {}
+        self._keep: list[Any] = []  # the conversations rendered, alive so that their ids stay theirs
+        self._memoise = template.fast_spans and not template._reads_clock
+        self._fast = self._memoise and not extra and template.passes_contents_through
+        self._known: dict[int, tuple[Any, str] | None] = {}  # each message's structure key, by id
+
+    def __call__(self, messages: Any, add_generation_prompt: bool = False) -> str:
+        key = None
+        if self._memoise and isinstance(messages, (list, tuple)):
+            self._keep.append(messages)  # alive for the whole call: ids in _memo and _known stay theirs
+            key = (add_generation_prompt, *map(id, messages))
+            text = self._memo.get(key)
+            if text is not None:
+                return text
+        text = None
+        if self._fast:
+            text = self.template._substituted(messages, add_generation_prompt, self._known)
+        if text is None:
+            text = self.template.render(messages, add_generation_prompt=add_generation_prompt, **self.extra)
+        if key is not None:
+            self._memo[key] = text
+        return text
+        text = (
+            self.template._substituted(messages, add_generation_prompt, self._known) if self._fast else None
+        )
+        if text is None:
+            text = self.template.render(messages, add_generation_prompt=add_generation_prompt, **self.extra)
+        if key is not None:
+            self._memo[key] = text
+            self._keep.append(messages)
+        return text
+
+
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+_UNKNOWN = object()
+
+
+def _message_key(m: Any) -> tuple[Any, str] | None:
+    """(a hashable stand-in for everything in a message but its content's text, the content), or
+    None when the message cannot be rendered from a skeleton (not a dict, content not a str, a
+    field that is not plain data)."""
+    if type(m) is not dict:
+        return None
+    content = m.get("content")
+    if type(content) is not str:
+        return None
+    role = m.get("role")
+    if len(m) == 2 and type(role) is str:
+        return (role, not content, next(iter(m)) == "role"), content
+    key = _structure_of(m)
+    return None if key is None else (key, content)
+
+
+def _structure_of(message: dict) -> tuple | None:
+    """A hashable stand-in for a message's fields besides its content's text: their names, order
+    and values, and whether the content is empty. None when a value is not plain data (a repr
+    would not tell two of them apart)."""
+    stack: list[Any] = [message]
+    while stack:
+        value = stack.pop()
+        if type(value) in _PLAIN_SCALARS:
+            continue
+        if type(value) is dict:
+            if not all(type(k) is str for k in value):
+                return None
+            stack.extend(value.values())
+        elif type(value) in (list, tuple):
+            stack.extend(value)
+        else:
+            return None
+    fields = repr([(k, None if k == "content" else v) for k, v in message.items()])
+    return ("fields", fields, not message["content"])
+
+
+@functools.lru_cache(maxsize=1)
+def _analysis_environment() -> jinja2.Environment:
+    """An environment that parses templates as `ChatTemplate` does (its extensions), for reading only."""
+    return jinja2.Environment(extensions=[_GenerationExtension, jinja2.ext.loopcontrols])
 
 
 # Markers that end a message and directly follow its content (gpt-oss's harmony format: <|end|> after

@@ -30,11 +30,13 @@ or " 's" for some BPE vocabularies), so concatenated `token_bytes` equal `decode
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 import logging
 import operator
 import os
 import types
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,6 +144,58 @@ _EOG_TEXTS = frozenset({
 })  # fmt: skip
 # gpt-oss: always rendered, so llama.cpp forces them USER_DEFINED.
 _FORCED_USER_DEFINED = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
+
+
+def _token_ranges(
+    encoding: Any, n: int, length: int, spans: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """Per span [a, b), the tokens [k0, k1) of `encoding` (n tokens of a text of `length`
+    characters) that are part of it, as `encode_with_offsets` defines it. Each bound is the first
+    token where a condition that never turns false again holds, found from the token that the
+    library says holds the bound's character, a step or two either way."""
+    to_chars, to_token = encoding.token_to_chars, encoding.char_to_token
+
+    def start(k: int) -> int:  # encode_with_offsets' start of token k (the text's end past the last)
+        return 0 if k == 0 else length if k >= n else to_chars(k)[0]
+
+    ranges = []
+    for a, b in spans:
+        # the first token starting at or after b; the first one ending after a (or empty, at >= a)
+        k1 = _first(lambda k, b=b: start(k) >= b, n, to_token(b) if 0 <= b < length else None)
+        k0 = _first(
+            lambda k, a=a: (e := start(k + 1)) > a or (e == start(k) and e >= a),
+            n,
+            to_token(a) if 0 <= a < length else None,
+        )
+        ranges.append((k0, max(k0, k1)))
+    return ranges
+
+
+_STEPS = 4  # steps from a hint before a binary search takes over
+
+
+def _first(holds: Callable[[int], bool], n: int, hint: int | None) -> int:
+    """The first k in [0, n) where `holds(k)` (false, then true for good), or n: from `hint`, a
+    few steps either way, then a binary search."""
+    lo, hi = 0, n  # the answer is in [lo, hi]
+    if hint is not None and 0 <= hint < n:
+        k = hint
+        if holds(k):
+            hi = k
+            for _ in range(_STEPS):
+                if k == 0 or not holds(k - 1):
+                    return k
+                k -= 1
+                hi = k
+        else:
+            lo = k + 1
+            for _ in range(_STEPS):
+                k += 1
+                if k >= n or holds(k):
+                    return min(k, n)
+                lo = k + 1
+    return bisect.bisect_left(range(lo, hi), True, key=holds) + lo
+
 
 # -- pre-tokenizer regexes, verbatim from llama.cpp's llm_tokenizer_bpe ---------------
 # Each entry is applied in order to the pieces the previous one produced (llama.cpp's
@@ -546,6 +600,7 @@ class Tokenizer:
 
         self.bos_id, self.eos_id, self.pad_id, self.unk_id = ids["bos"], ids["eos"], ids["pad"], ids["unk"]
         self.add_bos, self.add_eos, self.add_space_prefix = add_bos, add_eos, add_space_prefix
+        self._fingerprint: str | None = None
         self._attrs: list[int] = attrs
         self._pieces: list[bytes] | None = None  # token_bytes table, built on first use
 
@@ -772,6 +827,50 @@ class Tokenizer:
         ends = [*starts[1:], len(text)]
         return ids, list(zip(starts, ends, strict=True))
 
+    def encode_batch_ranges(
+        self,
+        texts: Sequence[str],
+        spans: Sequence[Sequence[tuple[int, int]] | None],
+        *,
+        parse_special: bool = True,
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """Per text, its token ids (no BOS/EOS added) and, per character span [a, b) of `spans`,
+        the tokens that are part of it as `encode_with_offsets` defines it, as a range [k0, k1).
+
+        The same ids and the same tokens as `encode_with_offsets` and its offsets give, for many
+        texts at once: the `tokenizers` library encodes them on its threads (`encodings`), and the
+        tokens of a span are found by a binary search over the tokens' start characters
+        (`ranges_of`), so a long text costs a few lookups per span instead of one per token. None
+        in `spans` asks for the ids only.
+        """
+        return self.ranges_of(self.encodings(texts, parse_special=parse_special), texts, spans)
+
+    def encodings(self, texts: Sequence[str], *, parse_special: bool = True) -> list:
+        """The `tokenizers` library's encodings of `texts` (no BOS/EOS added), made on its threads
+        with the interpreter lock released: for `ranges_of`. TokenizerError for a text that is not
+        a str or not Unicode."""
+        for t in texts:
+            if not isinstance(t, str):
+                raise TokenizerError(f"{self._source}: cannot tokenize a {type(t).__name__}; expected str")
+        return self._encodings(self._special if parse_special else self._plain, list(texts))
+
+    @staticmethod
+    def ranges_of(
+        encodings: Sequence[Any], texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]] | None]
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """`encode_batch_ranges` of encodings made by `encodings(texts)`. The start characters of
+        a text's tokens never decrease (the library emits tokens in text order and maps them back
+        through order-keeping normalizers and pre-tokenizers), so a binary search finds a span's
+        tokens."""
+        out: list[tuple[list[int], list[tuple[int, int]]]] = []
+        for text, encoding, text_spans in zip(texts, encodings, spans, strict=True):
+            ids = encoding.ids
+            if not text_spans or not ids:
+                out.append((ids, []))
+                continue
+            out.append((ids, _token_ranges(encoding, len(ids), len(text), text_spans)))
+        return out
+
     def _encodings(self, tk: HFTokenizer, texts: list[str]) -> list:
         """The `tokenizers` encodings of `texts`; TokenizerError for text that is not Unicode (an
         unpaired surrogate, which has no UTF-8 bytes) rather than the library's TypeError."""
@@ -881,6 +980,21 @@ class Tokenizer:
     def is_control(self, token_id: int) -> bool:
         """True for control tokens (after llama.cpp's fix-ups), which plain text never produces."""
         return bool(self._attrs[self._check_id(token_id)] & _ATTR_CONTROL)
+
+    @property
+    def fingerprint(self) -> str:
+        """A SHA-256 (hex) of everything that decides this tokenizer's ids: the vocabulary, merges,
+        normalizer, pre-tokenizer and special tokens as the `tokenizers` library holds them, and the
+        BOS/EOS rules. Two tokenizers with the same fingerprint give the same ids for any text."""
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            # the two library tokenizers differ only in whether control tokens are split out of text
+            h.update(self._special.to_str().encode("utf-8"))
+            h.update(b"\0%d%d\0" % (self._special.encode_special_tokens, self._plain.encode_special_tokens))
+            facts = (self.kind, self.pre, self.n_vocab, self.bos_id, self.eos_id, self.add_bos, self.add_eos)
+            h.update(repr((*facts, self.add_space_prefix)).encode("utf-8"))
+            self._fingerprint = h.hexdigest()
+        return self._fingerprint
 
     def __repr__(self) -> str:
         return (

@@ -31,6 +31,7 @@ from ..io.files import atomic_folder
 STATE_FILE = "state.npz"
 ADAPTER_FILE = "adapter.gguf"
 PREFIX = "ckpt-"
+SAMPLES_FILE = "data.jsonl"  # a run's samples (trained from the app's editor), beside its checkpoints
 
 
 class CheckpointError(Exception):

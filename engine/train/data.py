@@ -12,9 +12,10 @@ Alpaca's ``{"instruction", "input", "output"}``. Where a line has keys of severa
 first in that order wins (messages, conversations, prompt/response, instruction/output, text);
 other keys are ignored.
 
-`load_jsonl` never stops at a bad line: it returns the samples it could read and a `Problem`
-per line it could not (an "error": the sample is skipped) or has doubts about (a "warning": the
-sample is kept). `DatasetError` only when the file cannot be read at all.
+`load_jsonl` (or `iter_jsonl`, a sample at a time) never stops at a bad line: it returns the
+samples it could read and a `Problem` per line it could not (an "error": the sample is skipped)
+or has doubts about (a "warning": the sample is kept). `DatasetError` only when the file cannot
+be read at all. Duplicates are found by a 16-byte digest of each sample, never by keeping it.
 
 `encode_samples` turns samples into tokens and a per-token "trained" mask: the tokens the model
 must learn to produce. Conversations go through the model's chat template; a token is trained
@@ -23,8 +24,15 @@ when its characters overlap an assistant reply as `ChatTemplate.render_with_span
 message ("chat") or the prompt, the response and EOS tokenized one after the other, as
 llama.cpp's finetune-qlora does ("raw"). Text samples train every token after BOS and an EOS
 appended. Control tokens written in the data ("<|im_end|>") are parsed as control tokens.
+`encode_samples_ref` does it one sample at a time with the template's reference renders: the
+specification. `encode_samples` (and the streams `encode_iter`, `encode_chunks`) give the same
+tokens, masks and problems faster: a conversation is rendered once (its structure once, for
+templates that pass contents through), a few hundred texts are tokenized at once by the library's
+threads while the next ones are read, a reply's tokens are found as a range, and masks,
+truncation and problems are array operations over the chunk.
 
-`pack` puts whole samples into windows of `n_ctx` tokens (first-fit decreasing) and
+`pack` puts whole samples into windows of `n_ctx` tokens (first-fit decreasing, a run of equal
+lengths at a time; `pack_ref` one sample at a time, the specification) and
 `make_batches` lays the windows out as (B, T) arrays with positions restarting at 0 for each
 sample and a segment number per sample, so that attention can be kept inside each sample.
 
@@ -41,14 +49,18 @@ they are truncated and reported.
 from __future__ import annotations
 
 import codecs
+import collections
+import concurrent.futures
+import hashlib
 import itertools
 import json
 import logging
 import math
 import operator
 import os
+import re
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -132,7 +144,7 @@ def _short(value: Any, limit: int = 40, *, quote: bool = False) -> str:
 def _group_key(messages: Sequence[Mapping[str, Any]]) -> str:
     """The conversation before its last assistant message, as canonical JSON."""
     last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
-    return json.dumps(list(messages[:last]), ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return _CANONICAL.encode(list(messages[:last]))
 
 
 def _parse_messages(value: Any, key: str, problems: list[Problem], line: int) -> tuple[dict, ...] | None:
@@ -143,6 +155,12 @@ def _parse_messages(value: Any, key: str, problems: list[Problem], line: int) ->
     out: list[dict] = []
     ok = True
     for i, m in enumerate(value):
+        if type(m) is dict and len(m) == 2 and m.get("role") in ROLES and type(m.get("content")) is str:
+            # the common message, {"role", "content"}: what the checks below make of it
+            if not m["content"].strip():
+                problems.append(Problem(line, f"{key}[{i}] ({m['role']}) has empty content", WARNING))
+            out.append(dict(m))
+            continue
         where = f"{key}[{i}]"
         if not isinstance(m, dict):
             problems.append(Problem(line, f"{where} must be an object, got {_json_type(m)}", ERROR))
@@ -261,6 +279,35 @@ def parse_sample(obj: Any, line: int = 0) -> tuple[Sample | None, list[Problem]]
     return sample, _condensed(problems, line)
 
 
+class _Decoder:
+    """JSON decoding that notes what could make a value one `_value_problem` refuses, so that only
+    such lines are walked: NaN and infinities (as literals, or numbers too large for a float), an
+    escaped surrogate, or MAX_NESTING brackets (the line's count bounds the value's nesting)."""
+
+    _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+    def __init__(self) -> None:
+        self.suspect = False
+        self._decoder = json.JSONDecoder(parse_constant=self._constant, parse_float=self._float)
+
+    def _constant(self, name: str) -> float:
+        self.suspect = True
+        return float(name)  # what json.loads makes of NaN, Infinity and -Infinity
+
+    def _float(self, text: str) -> float:
+        value = float(text)
+        if not math.isfinite(value):
+            self.suspect = True
+        return value
+
+    def decode(self, raw: str) -> tuple[Any, bool]:
+        """(the value, whether it must be checked with `_value_problem`)."""
+        self.suspect = raw.count("[") + raw.count("{") >= MAX_NESTING or (
+            "\\u" in raw and self._SURROGATE_ESCAPE.search(raw) is not None
+        )
+        return self._decoder.decode(raw), self.suspect
+
+
 def _condensed(problems: list[Problem], line: int) -> list[Problem]:
     """At most one error and one warning per line: the first, saying how many more there were."""
     out = []
@@ -309,12 +356,15 @@ def _value_problem(obj: Any) -> str | None:
     return None
 
 
-def _parse_sample(obj: Any, line: int) -> tuple[Sample | None, list[Problem]]:
+def _parse_sample(obj: Any, line: int, *, checked: bool = False) -> tuple[Sample | None, list[Problem]]:
+    """`parse_sample` before condensing; `checked`: the value is known to pass `_value_problem`."""
     problems: list[Problem] = []
     if not isinstance(obj, dict):
         problems.append(Problem(line, f"expected a JSON object, got {_json_type(obj)}", ERROR))
         return None, problems
-    trouble = _value_problem({k: v for k, v in obj.items() if k not in ("reward", "score")})
+    trouble = (
+        None if checked else _value_problem({k: v for k, v in obj.items() if k not in ("reward", "score")})
+    )
     if trouble is not None:
         problems.append(Problem(line, trouble, ERROR))
         return None, problems
@@ -436,8 +486,9 @@ def _open_dataset(path: Path) -> BinaryIO:
         raise
 
 
-def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, str]]:
-    """(line number, text) of each line of a dataset file, read one line at a time.
+def _lines(path: Path, problems: list[Problem], read: list[int] | None = None) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each line of a dataset file, read one line at a time; `read[0]`,
+    when given, follows the bytes read so far.
 
     A line that is not UTF-8, or longer than MAX_LINE_BYTES (skipped without being kept in
     memory), becomes an error problem and is not yielded. `DatasetError` when the file cannot
@@ -475,6 +526,8 @@ def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, str]]:
                 return
             number += 1
             total += length
+            if read is not None:
+                read[0] = total
             if total > MAX_FILE_BYTES:
                 raise DatasetError(f"{path} grew beyond {MAX_FILE_BYTES / 2**30:g} GiB while it was read")
             if not raw:
@@ -496,8 +549,17 @@ def _lines(path: Path, problems: list[Problem]) -> Iterator[tuple[int, str]]:
             yield number, text
 
 
+_CANONICAL = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
 def _canonical(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return _CANONICAL.encode(obj)
+
+
+def digest(text: str) -> bytes:
+    """A 128-bit fingerprint of a string: what samples are compared by (duplicates, groups) without
+    keeping their text."""
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 def load_jsonl(path: str | os.PathLike[str]) -> tuple[list[Sample], list[Problem]]:
@@ -508,19 +570,37 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[list[Sample], list[Problem
     a file none of whose lines is UTF-8 is in another encoding. `DatasetError` only when the
     file cannot be read at all (missing, a folder, not a file, too large, binary, not UTF-8).
     """
-    path = Path(path)
-    samples: list[Sample] = []
     problems: list[Problem] = []
-    seen: dict[str, int] = {}
+    samples = list(iter_jsonl(path, problems))
+    return samples, problems
+
+
+def iter_jsonl(
+    path: str | os.PathLike[str], problems: list[Problem], read: list[int] | None = None
+) -> Iterator[Sample]:
+    """`load_jsonl` one sample at a time: yields the samples in line order and appends the problems
+    to `problems` as they are found (those of a line before its sample); `read[0]`, when given,
+    follows the bytes read. Keeps a 16-byte fingerprint per distinct sample (for the duplicate
+    warning), never the samples."""
+    path = Path(path)
+    seen: dict[bytes, int] = {}
+    decoder = _Decoder()
     text_lines = 0
+    unreadable: list[Problem] = []  # what _lines finds, moved to `problems` line by line
+    first_not_utf8: Problem | None = None
     # lines end at "\n" only: str.splitlines would also split at U+2028 and others, which JSON
     # allows unescaped inside strings
-    for number, raw in _lines(path, problems):
+    for number, raw in _lines(path, unreadable, read):
+        if unreadable:
+            if first_not_utf8 is None:
+                first_not_utf8 = next((p for p in unreadable if p.message.startswith(_NOT_UTF8)), None)
+            problems.extend(unreadable)
+            unreadable.clear()
         if not raw.strip():
             continue
         text_lines += 1
         try:
-            obj = json.loads(raw)
+            obj, suspect = decoder.decode(raw)
         except json.JSONDecodeError as exc:
             problems.append(Problem(number, f"invalid JSON at column {exc.colno}: {exc.msg}", ERROR))
             continue
@@ -533,25 +613,28 @@ def load_jsonl(path: str | os.PathLike[str]) -> tuple[list[Sample], list[Problem
             why = "a number has too many digits" if "digits" in str(exc) else str(exc).split(";")[0]
             problems.append(Problem(number, f"invalid JSON: {why}", ERROR))
             continue
-        sample, found = parse_sample(obj, number)
-        problems.extend(found)
+        sample, found = _parse_sample(obj, number, checked=not suspect)
+        problems.extend(_condensed(found, number))
         if sample is None:
             continue
-        key = _canonical(obj)
+        key = digest(_canonical(obj))
         if key in seen:
             problems.append(
                 Problem(number, f"duplicate of line {seen[key]} (the same sample twice)", WARNING)
             )
         else:
             seen[key] = number
-        samples.append(sample)
+        yield sample
+    if unreadable:  # on the lines after the last one read
+        if first_not_utf8 is None:
+            first_not_utf8 = next((p for p in unreadable if p.message.startswith(_NOT_UTF8)), None)
+        problems.extend(unreadable)
     if not text_lines:
-        first = next((p for p in problems if p.message.startswith(_NOT_UTF8)), None)
+        first = first_not_utf8
         if first is not None:
             raise DatasetError(
                 f"{path} is not UTF-8 text: on line {first.line}, {first.message[len(_NOT_UTF8) :]}"
             )
-    return samples, problems
 
 
 def _json_lines(samples: Sequence[Sample]) -> str:
@@ -719,6 +802,161 @@ def _encode_one(
     return ids, trained
 
 
+def _finish(
+    sample: Sample, index: int, tokens: np.ndarray, mask: np.ndarray, n_ctx: int
+) -> tuple[Encoded | None, Problem | None]:
+    """A sample's encoding cut to n_ctx, and the problem it has (a truncation warning, or an error
+    when no trained token is left: then no encoding)."""
+    n = len(tokens)
+    truncated = n > n_ctx
+    kept_tokens, kept = (tokens[:n_ctx], mask[:n_ctx]) if truncated else (tokens, mask)
+    if not kept[1:].any():
+        return None, _no_trained_tokens(sample, index, n, n_ctx, int(np.argmax(mask)))
+    problem = None
+    if truncated:
+        problem = _truncation(sample, index, n, n_ctx, int(np.count_nonzero(mask[n_ctx:])))
+    return Encoded(index, kept_tokens, kept, 1.0, truncated), problem
+
+
+def _no_trained_tokens(sample: Sample, index: int, n: int, n_ctx: int, first: int) -> Problem:
+    """The error of a sample left with no trained token (`first`: its first trained token, 0: none)."""
+    where = "" if sample.line else f"sample {index}: "
+    if n > n_ctx:
+        message = (
+            f"{where}no trained tokens left after truncating its {n} tokens to n_ctx={n_ctx}: "
+            f"the first trained token is token {first}; raise n_ctx or shorten the prompt"
+        )
+    else:
+        message = f"{where}has no trained tokens ({n} tokens)"
+    return Problem(sample.line, message, ERROR)
+
+
+def _truncation(sample: Sample, index: int, n: int, n_ctx: int, cut: int) -> Problem:
+    """The warning of a sample cut to n_ctx (`cut`: trained tokens cut off)."""
+    where = "" if sample.line else f"sample {index}: "
+    message = f"{where}{n} tokens, truncated to n_ctx={n_ctx} ({cut} trained tokens cut off)"
+    return Problem(sample.line, message, WARNING)
+
+
+def _unencodable(sample: Sample, index: int, exc: Exception) -> Problem:
+    where = "" if sample.line else f"sample {index}: "
+    return Problem(sample.line, f"{where}cannot be encoded: {exc}", ERROR)
+
+
+def encode_samples_ref(
+    samples: Sequence[Sample], tokenizer: Tokenizer, template: ChatTemplate | None, options: EncodeOptions
+) -> tuple[list[Encoded], list[Problem]]:
+    """`encode_samples` one sample at a time, each conversation's spans found with the template's
+    reference renders: the specification that `encode_samples` is tested against."""
+    if template is not None and template.fast_spans:
+        template = _reference_template(template)
+    out: list[Encoded] = []
+    problems: list[Problem] = []
+    for index, sample in enumerate(samples):
+        try:
+            ids, trained = _encode_one(sample, tokenizer, template, options)
+        except (TemplateError, TokenizerError) as exc:
+            problems.append(_unencodable(sample, index, exc))
+            continue
+        encoded, problem = _finish(
+            sample, index, np.asarray(ids, dtype=np.int32), np.asarray(trained, dtype=bool), options.n_ctx
+        )
+        if problem is not None:
+            problems.append(problem)
+        if encoded is not None:
+            out.append(encoded)
+    return out, problems
+
+
+def _reference_template(template: ChatTemplate) -> ChatTemplate:
+    from ..text.chat_template import ChatTemplate
+
+    return ChatTemplate(
+        template.source,
+        bos_token=template.bos_token,
+        eos_token=template.eos_token,
+        name=template.name,
+        is_default=template.is_default,
+        time_limit=template.time_limit,
+        fast_spans=False,
+    )
+
+
+_BATCH = 512  # samples tokenized in one call of the tokenizers library (spread over its threads)
+_IN_FLIGHT = 2  # chunks rendered and handed to the tokenizing thread ahead of the one assembled
+
+
+@dataclass
+class EncodedChunk:
+    """A few hundred samples encoded as `encode_samples` encodes them, in flat arrays: sample k's
+    tokens before truncation are tokens[starts[k]:starts[k] + lengths[k]] (trained alike); it keeps
+    kept[k] of them (0: it is dropped), truncated[k] says it was cut, targets[k] counts its kept
+    trained tokens after the first (`Encoded.n_targets`); problems[k] are its problems."""
+
+    samples: list[Sample]
+    first_index: int  # `Encoded.index` of samples[0]
+    tokens: np.ndarray  # int32, every sample's tokens before truncation, one after another
+    trained: np.ndarray  # bool, alike
+    starts: np.ndarray  # int64 (m,)
+    lengths: np.ndarray  # int64 (m,): tokens before truncation (0 for a sample that failed)
+    kept: np.ndarray  # int64 (m,): tokens kept; 0: dropped
+    truncated: np.ndarray  # bool (m,)
+    targets: np.ndarray  # int64 (m,)
+    problems: list[list[Problem]]
+
+    def encoded(self, k: int) -> Encoded | None:
+        """Sample k's `Encoded` (views of the chunk's arrays), or None when it is dropped."""
+        n = int(self.kept[k])
+        if not n:
+            return None
+        a = int(self.starts[k])
+        return Encoded(self.first_index + k, self.tokens[a : a + n], self.trained[a : a + n], 1.0,
+                       bool(self.truncated[k]))  # fmt: skip
+
+
+def encode_chunks(
+    samples: Iterable[Sample],
+    tokenizer: Tokenizer,
+    template: ChatTemplate | None,
+    options: EncodeOptions,
+    *,
+    batch: int = _BATCH,
+) -> Iterator[EncodedChunk]:
+    """Samples, a few hundred at a time, encoded as `encode_samples` encodes them
+    (`Encoded.index` counts the samples from 0), as flat arrays (`EncodedChunk`).
+
+    Each chunk goes through three stages: each conversation's text and reply spans come from one
+    `render_with_spans` (which renders each conversation structure once for templates that pass
+    contents through); the texts are tokenized by the library's parallel batch encoding, on a
+    thread of its own while the next chunk is read and rendered; the chunk's tokens are laid out
+    in one array, a span's trained tokens found as a range (not token by token), and truncation
+    and masks worked out with array operations. `samples` is consumed as the chunks are taken, so
+    a stream of samples is never held whole. `batch`: samples per chunk (smaller chunks give the
+    interpreter up more often, for a program that must stay responsive)."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    index = 0
+    for work in _pipelined(_chunks(samples, batch), tokenizer, template, options):
+        chunk = work.assemble(index)
+        index += len(chunk.samples)
+        yield chunk
+
+
+def encode_iter(
+    samples: Iterable[Sample],
+    tokenizer: Tokenizer,
+    template: ChatTemplate | None,
+    options: EncodeOptions,
+    *,
+    batch: int = _BATCH,
+) -> Iterator[tuple[Sample, Encoded | None, list[Problem]]]:
+    """`encode_samples` one sample at a time, as a stream: (sample, its encoding or None when it
+    is dropped, its problems), in order, `batch` samples tokenized at once (see `encode_chunks`)."""
+    for chunk in encode_chunks(samples, tokenizer, template, options, batch=batch):
+        for k, sample in enumerate(chunk.samples):
+            yield sample, chunk.encoded(k), chunk.problems[k]
+
+
 def encode_samples(
     samples: Sequence[Sample], tokenizer: Tokenizer, template: ChatTemplate | None, options: EncodeOptions
 ) -> tuple[list[Encoded], list[Problem]]:
@@ -726,53 +964,231 @@ def encode_samples(
 
     A sample longer than `options.n_ctx` keeps its first n_ctx tokens (a warning); one left with
     no trained token, or that the chat template cannot render, is dropped (an error). `template`
-    may be None when no sample needs one (text samples, raw prompt/response).
+    may be None when no sample needs one (text samples, raw prompt/response). The same tokens,
+    masks and problems as `encode_samples_ref`, faster (see `encode_iter`).
     """
     out: list[Encoded] = []
     problems: list[Problem] = []
-    n_ctx = options.n_ctx
-    for index, sample in enumerate(samples):
-        where = "" if sample.line else f"sample {index}: "
-        try:
-            ids, trained = _encode_one(sample, tokenizer, template, options)
-        except (TemplateError, TokenizerError) as exc:
-            problems.append(Problem(sample.line, f"{where}cannot be encoded: {exc}", ERROR))
-            continue
-        tokens = np.asarray(ids, dtype=np.int32)
-        mask = np.asarray(trained, dtype=bool)
-        n = len(tokens)
-        truncated = n > n_ctx
-        if truncated:
-            tokens, mask = tokens[:n_ctx], mask[:n_ctx]
-        if not mask[1:].any():
-            if truncated:
-                first = int(np.argmax(np.asarray(trained, dtype=bool)))
-                message = (
-                    f"{where}no trained tokens left after truncating its {n} tokens to n_ctx={n_ctx}: "
-                    f"the first trained token is token {first}; raise n_ctx or shorten the prompt"
+    for _, encoded, found in encode_iter(samples, tokenizer, template, options):
+        problems.extend(found)
+        if encoded is not None:
+            out.append(encoded)
+    return out, problems
+
+
+def _chunks(samples: Iterable[Sample], size: int) -> Iterator[list[Sample]]:
+    it = iter(samples)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+def _pipelined(
+    chunks: Iterator[list[Sample]],
+    tokenizer: Tokenizer,
+    template: ChatTemplate | None,
+    options: EncodeOptions,
+) -> Iterator[_Chunk]:
+    """Each chunk rendered and tokenized, in order; the tokenization runs on a worker thread (the
+    library releases the interpreter lock) while the next chunks are read and rendered here."""
+    first = next(chunks, None)
+    if first is None:
+        return
+    second = next(chunks, None)
+    if second is None:  # one chunk: no thread
+        work = _Chunk(first, tokenizer, template, options)
+        work.tokenize()
+        yield work
+        return
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tokenize") as pool:
+        pending: collections.deque[tuple[_Chunk, concurrent.futures.Future]] = collections.deque()
+        for chunk in itertools.chain((first, second), chunks):
+            work = _Chunk(chunk, tokenizer, template, options)
+            pending.append((work, pool.submit(work.tokenize)))
+            if len(pending) > _IN_FLIGHT:  # the library always has the next chunk waiting
+                done, future = pending.popleft()
+                future.result()
+                yield done
+        while pending:
+            done, future = pending.popleft()
+            future.result()
+            yield done
+
+
+class _Chunk:
+    """Samples on their way to tokens: rendered when made, `tokenize` (the library's batch
+    encoding: any thread), `assemble` (the ids and trained masks, as `_encode_one` makes them)."""
+
+    def __init__(
+        self,
+        samples: list[Sample],
+        tokenizer: Tokenizer,
+        template: ChatTemplate | None,
+        options: EncodeOptions,
+    ):
+        self.samples, self.tokenizer, self.template, self.options = samples, tokenizer, template, options
+        self.jobs: list[tuple[str, int] | Exception] = []  # per sample: (kind, its first text) or the error
+        self.texts: list[str] = []
+        self.spans: list[list[tuple[int, int]] | None] = []
+        self.encodings: list | None = None
+        self.failed = False  # the batch could not be tokenized (a text that is not Unicode)
+        raw = options.prompt_format == "raw"
+        for sample in samples:
+            if sample.kind == "text":
+                assert sample.text is not None
+                self._add("text", [sample.text], [None])
+            elif sample.kind == "prompt" and raw:
+                assert sample.prompt is not None and sample.response is not None
+                self._add("raw", [sample.prompt, sample.response], [None, None])
+            elif template is None:
+                self.jobs.append(
+                    TemplateError("a chat template is needed for conversations, and none was given")
                 )
             else:
-                message = f"{where}has no trained tokens ({n} tokens)"
-            problems.append(Problem(sample.line, message, ERROR))
-            continue
-        if truncated:
-            cut = int(np.count_nonzero(np.asarray(trained, dtype=bool)[n_ctx:]))
-            problems.append(
-                Problem(
-                    sample.line,
-                    f"{where}{n} tokens, truncated to n_ctx={n_ctx} ({cut} trained tokens cut off)",
-                    WARNING,
-                )
-            )
-        out.append(Encoded(index, tokens, mask, 1.0, truncated))
-    return out, problems
+                try:
+                    text, reply_spans = template.render_with_spans(list(sample.messages))
+                except TemplateError as exc:
+                    self.jobs.append(exc)
+                    continue
+                self._add("chat", [text], [None if options.train_on_prompt else reply_spans])
+
+    def _add(self, kind: str, texts: list[str], spans: list[list[tuple[int, int]] | None]) -> None:
+        self.jobs.append((kind, len(self.texts)))
+        self.texts += texts
+        self.spans += spans
+
+    def tokenize(self) -> None:
+        try:
+            self.encodings = self.tokenizer.encodings(self.texts, parse_special=True)
+        except TokenizerError:
+            self.failed = True
+
+    def assemble(self, first_index: int) -> EncodedChunk:
+        """The chunk's samples as `_encode_one` and `_finish` make them, in flat arrays."""
+        tokenizer, options = self.tokenizer, self.options
+        m = len(self.samples)
+        lengths = np.zeros(m, dtype=np.int64)
+        errors: dict[int, Exception] = {}
+        pieces: list[Iterable[int]] = []  # every sample's ids, in order
+        bounds: list[int] = []  # trained ranges [a, b) in the chunk's flat array, flattened
+        if self.failed or self.encodings is None:  # find the text that is not Unicode, sample by sample
+            masks = []
+            for k, sample in enumerate(self.samples):
+                result = _encode_alone(sample, tokenizer, self.template, options)
+                if isinstance(result, Exception):
+                    errors[k] = result
+                    continue
+                pieces.append(result[0].tolist())
+                masks.append(result[1])
+                lengths[k] = len(result[0])
+            trained = np.concatenate(masks) if masks else np.zeros(0, dtype=bool)
+        else:
+            encoded = tokenizer.ranges_of(self.encodings, self.texts, self.spans)
+            self.encodings = None
+            bos, eos = tokenizer.bos_id, tokenizer.eos_id
+            add_bos = tokenizer.add_bos and bos is not None
+            top = options.train_on_prompt
+            at = 0  # where the sample starts in the flat array
+            for k, job in enumerate(self.jobs):
+                if isinstance(job, Exception):
+                    errors[k] = job
+                    continue
+                kind, j = job
+                ids = encoded[j][0]
+                if kind == "text":  # every token trained but a first BOS; EOS appended unless last
+                    lead = 1 if add_bos and (not ids or ids[0] != bos) else 0  # a BOS first, untrained
+                    last = ids[-1] if ids else (bos if lead else None)
+                    tail = 1 if eos is not None and last != eos else 0
+                    n = lead + len(ids) + tail
+                    first = bos if lead else (ids[0] if ids else None)
+                    bounds += (at + (1 if bos is not None and first == bos else 0), at + n)
+                    pieces += ((bos,) * lead, ids, (eos,) * tail)
+                else:
+                    if kind == "raw":  # the prompt, then the response and EOS (trained)
+                        prompt, response = ids, encoded[j + 1][0]
+                        body = [*prompt, *response, eos] if eos is not None else [*prompt, *response]
+                        spans = [(len(prompt), len(body))]
+                    else:
+                        body, spans = ids, encoded[j][1]
+                    lead = 1 if add_bos and (not body or body[0] != bos) else 0  # a BOS first, untrained
+                    n = lead + len(body)
+                    pieces += ((bos,) * lead, body)
+                    if top and n:  # every token trained, but a first BOS
+                        first = bos if lead else body[0]
+                        bounds += (at + (1 if bos is not None and first == bos else 0), at + n)
+                    else:
+                        for k0, k1 in spans:
+                            bounds += (at + lead + k0, at + lead + k1)
+                lengths[k] = n
+                at += n
+            trained = _ranges_mask(bounds, at)
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1])) if m else np.zeros(0, dtype=np.int64)
+        total = int(lengths.sum())
+        tokens = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int32, count=total)
+        return _truncate(self.samples, first_index, tokens, trained, starts, lengths, errors, options.n_ctx)
+
+
+def _ranges_mask(bounds: list[int], n: int) -> np.ndarray:
+    """A bool array of n that is True inside any of the ranges [a, b) listed as a, b, a, b, ..."""
+    edges = np.zeros(n + 1, dtype=np.int32)
+    if bounds:
+        b = np.asarray(bounds, dtype=np.int64)
+        np.add.at(edges, b[0::2], 1)
+        np.add.at(edges, b[1::2], -1)
+    return np.cumsum(edges[:-1]) > 0
+
+
+def _truncate(
+    samples: list[Sample],
+    first_index: int,
+    tokens: np.ndarray,
+    trained: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    errors: dict[int, Exception],
+    n_ctx: int,
+) -> EncodedChunk:
+    """`_finish` for a chunk at once: what each sample keeps, and its problems."""
+    m = len(samples)
+    ends = starts + lengths
+    kept = np.minimum(lengths, n_ctx)
+    before = np.concatenate(([0], np.cumsum(trained, dtype=np.int64)))  # trained tokens before each position
+    targets = before[starts + kept] - before[np.minimum(starts + 1, starts + kept)]
+    truncated = lengths > n_ctx
+    failed = np.zeros(m, dtype=bool)
+    failed[list(errors)] = True
+    dropped = (targets == 0) | failed
+    problems: list[list[Problem]] = [[] for _ in range(m)]
+    for k, exc in errors.items():
+        problems[k].append(_unencodable(samples[k], first_index + k, exc))
+    for k in np.flatnonzero(dropped & ~failed).tolist():
+        a, n = int(starts[k]), int(lengths[k])
+        first = int(np.argmax(trained[a : a + n])) if n else 0
+        problems[k].append(_no_trained_tokens(samples[k], first_index + k, n, n_ctx, first))
+    for k in np.flatnonzero(truncated & ~dropped).tolist():
+        cut = int(before[ends[k]] - before[starts[k] + n_ctx])
+        problems[k].append(_truncation(samples[k], first_index + k, int(lengths[k]), n_ctx, cut))
+    kept[dropped] = 0
+    targets[dropped] = 0
+    return EncodedChunk(samples, first_index, tokens, trained, starts, lengths, kept, truncated & ~dropped,
+                        targets, problems)  # fmt: skip
+
+
+def _encode_alone(
+    sample: Sample, tokenizer: Tokenizer, template: ChatTemplate | None, options: EncodeOptions
+) -> tuple[np.ndarray, np.ndarray] | Exception:
+    try:
+        ids, trained = _encode_one(sample, tokenizer, template, options)
+    except (TemplateError, TokenizerError) as exc:
+        return exc
+    return np.asarray(ids, dtype=np.int32), np.asarray(trained, dtype=bool)
 
 
 # -- packing and batches ------------------------------------------------------------------------
 
 
-def _first_fit(lengths: Sequence[int], capacity: int) -> list[int]:
-    """First-fit bin index per item, in the order given, with a max segment tree over free space."""
+def _first_fit_ref(lengths: Sequence[int], capacity: int) -> list[int]:
+    """First-fit bin index per item, in the order given, with a max segment tree over free space:
+    the specification of `_first_fit`."""
     n = len(lengths)
     size = 1
     while size < max(n, 1):
@@ -792,6 +1208,66 @@ def _first_fit(lengths: Sequence[int], capacity: int) -> list[int]:
     return bins
 
 
+def _first_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
+    """`_first_fit_ref`, a run of equal lengths at a time (lengths sorted, as packing gives them,
+    make few runs). In a run of length L, each item goes to the first bin with L free: the open
+    bins with room, in order, each take as many as fit (free // L), then new bins take
+    capacity // L each."""
+    n = len(lengths)
+    bins = np.empty(n, dtype=np.int64)
+    free = np.empty(0, dtype=np.int64)  # the open bins' free space
+    if n == 0:
+        return bins
+    cuts = np.flatnonzero(np.diff(lengths)) + 1
+    for a, b in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [n])).tolist(), strict=True):
+        length, m = int(lengths[a]), b - a
+        if length > capacity:
+            raise ValueError(f"an item of {length} does not fit in bins of {capacity}")
+        if length <= 0:  # fits anywhere: the first bin
+            bins[a:b] = 0
+            if not len(free):
+                free = np.array([capacity], dtype=np.int64)
+            continue
+        room = np.flatnonzero(free >= length)
+        cum = np.cumsum(free[room] // length)
+        placed = min(m, int(cum[-1])) if len(cum) else 0
+        if placed:
+            which = np.searchsorted(cum, np.arange(placed), side="right")
+            bins[a : a + placed] = room[which]
+            free[room] -= np.bincount(which, minlength=len(room)) * length
+        rest = m - placed
+        if rest:
+            per = capacity // length
+            k = np.arange(rest) // per
+            bins[a + placed : b] = len(free) + k
+            free = np.concatenate((free, capacity - np.bincount(k) * length))
+    return bins
+
+
+def pack_order(
+    lengths: np.ndarray, n_ctx: int, *, shuffle_seed: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """`pack` of items with these lengths, as arrays: (item indices, window starts), window w
+    holding items[starts[w]:starts[w + 1]] in the order they were placed."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    n = len(lengths)
+    rng = np.random.default_rng(shuffle_seed) if shuffle_seed is not None else None
+    order = np.arange(n) if rng is None else rng.permutation(n)
+    order = order[np.argsort(-lengths[order], kind="stable")]  # stable: ties keep the (shuffled) order
+    bins = _first_fit(lengths[order], n_ctx)
+    n_windows = int(bins.max()) + 1 if n else 0
+    items = order[np.argsort(bins, kind="stable")]
+    counts = np.bincount(bins, minlength=n_windows)
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    if rng is not None:
+        perm = rng.permutation(n_windows)
+        counts = counts[perm]
+        moved = np.concatenate(([0], np.cumsum(counts)))
+        items = items[np.repeat(starts[:-1][perm] - moved[:-1], counts) + np.arange(n)]
+        starts = moved
+    return items, starts
+
+
 def pack(encoded: Sequence[Encoded], n_ctx: int, *, shuffle_seed: int | None = None) -> list[list[Encoded]]:
     """Whole samples in windows of at most `n_ctx` tokens, by first-fit decreasing.
 
@@ -803,10 +1279,25 @@ def pack(encoded: Sequence[Encoded], n_ctx: int, *, shuffle_seed: int | None = N
     for e in encoded:
         if len(e.tokens) > n_ctx:
             raise ValueError(f"sample {e.index} has {len(e.tokens)} tokens, more than n_ctx={n_ctx}")
+    lengths = np.fromiter((len(e.tokens) for e in encoded), dtype=np.int64, count=len(encoded))
+    items, starts = pack_order(lengths, n_ctx, shuffle_seed=shuffle_seed)
+    return [
+        [encoded[i] for i in items[a:b].tolist()]
+        for a, b in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True)
+    ]
+
+
+def pack_ref(
+    encoded: Sequence[Encoded], n_ctx: int, *, shuffle_seed: int | None = None
+) -> list[list[Encoded]]:
+    """`pack` one sample at a time with `_first_fit_ref`: the specification it is tested against."""
+    for e in encoded:
+        if len(e.tokens) > n_ctx:
+            raise ValueError(f"sample {e.index} has {len(e.tokens)} tokens, more than n_ctx={n_ctx}")
     rng = np.random.default_rng(shuffle_seed) if shuffle_seed is not None else None
     order = list(range(len(encoded))) if rng is None else rng.permutation(len(encoded)).tolist()
     order.sort(key=lambda i: -len(encoded[i].tokens))  # stable: ties keep the (shuffled) order
-    bins = _first_fit([len(encoded[i].tokens) for i in order], n_ctx)
+    bins = _first_fit_ref([len(encoded[i].tokens) for i in order], n_ctx)
     windows: list[list[Encoded]] = [[] for _ in range(max(bins, default=-1) + 1)]
     for i, b in zip(order, bins, strict=True):
         windows[b].append(encoded[i])
@@ -944,6 +1435,60 @@ def build_batches(
 def validation_indices(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[int], list[int]]:
     """Indices of `split_validation`'s (train, validation) lists, in order (what a plan counts
     without copying samples)."""
+    ids: dict[str, int] = {}
+    groups = np.fromiter(
+        (ids.setdefault(s.group, len(ids)) if s.group else -1 for s in samples),
+        dtype=np.int64,
+        count=len(samples),
+    )
+    train, val = split_groups(groups, fraction, seed)
+    return train.tolist(), val.tolist()
+
+
+def split_groups(groups: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """`validation_indices` of samples by group number (equal numbers: one group; -1: a group of
+    its own), as int64 index arrays."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"fraction must be in [0, 1), got {fraction!r}")
+    groups = np.asarray(groups, dtype=np.int64)
+    n = len(groups)
+    if fraction == 0.0 or n < 2:
+        return np.arange(n), np.arange(0)
+    own = groups < 0
+    keys = np.where(own, (groups.max(initial=0) + 1) + np.arange(n), groups)
+    _, first, which = np.unique(keys, return_index=True, return_inverse=True)
+    rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")[which.ravel()]  # by first sample
+    n_groups = len(first)
+    by_group = np.argsort(rank, kind="stable")  # sample indices, grouped, in order within each group
+    sizes = np.bincount(rank, minlength=n_groups)
+    starts = np.concatenate(([0], np.cumsum(sizes)))
+    target = min(max(1, round(fraction * n)), n - 1)
+    shuffled = np.random.default_rng(seed).permutation(n_groups)
+    held: list[int] = []  # groups held out
+    count = 0
+    for g, size in zip(shuffled.tolist(), sizes[shuffled].tolist(), strict=True):
+        if count + size <= target:
+            held.append(g)
+            count += size
+            if count == target:
+                break
+    if not held:  # every group is larger than the target: hold out the smallest that leaves some training
+        smaller = sizes[shuffled] < n
+        if smaller.any():
+            s = sizes[shuffled]
+            held = [int(shuffled[np.flatnonzero(smaller & (s == s[smaller].min()))[0]])]
+        else:
+            log.warning("all %d samples answer the same prompt: no validation split", n)
+    is_val = np.zeros(n, dtype=bool)
+    for g in held:
+        is_val[by_group[starts[g] : starts[g + 1]]] = True
+    return np.flatnonzero(~is_val), np.flatnonzero(is_val)
+
+
+def validation_indices_ref(
+    samples: Sequence[Sample], fraction: float, seed: int
+) -> tuple[list[int], list[int]]:
+    """`validation_indices` group by group in Python: the specification it is tested against."""
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"fraction must be in [0, 1), got {fraction!r}")
     n = len(samples)

@@ -32,8 +32,17 @@ class Plan:
     lora_targets: tuple[str, ...]  # adapted tensor names
     full_tensors: tuple[str, ...]  # tensors trained in full
     memory_bytes: dict[str, int]  # estimate: weights, trainable + optimizer, activations, total
-    problems: tuple[str, ...]  # dataset problems, one line each ("line 12: ...")
+    problems: tuple[str, ...]  # dataset problems, one line each ("line 12: ..."): the first 1000
     start_step: int  # 0, or the step a resumed run starts from
+    start_tokens: int = 0  # sample tokens the steps before start_step processed (a resumed run)
+    start_seconds: float = 0.0  # training time before start_step (a resumed run)
+    ranks: int = 1  # processes the run is spread over (data parallel: engine.train.parallel)
+    hosts: tuple[str, ...] = ()  # the machine each rank runs on, in rank order
+    model: str = ""  # the model file trained (rank 0's path)
+    lora_rank: int = 0  # the adapter's rank r and alpha
+    lora_alpha: float = 0.0
+    dataset: str = ""  # the dataset file, or "N samples (edited)"
+    problems_total: int = 0  # how many dataset problems there are (problems lists the first 1000)
 
 
 @dataclass(frozen=True)
@@ -135,3 +144,57 @@ def _plain(value: Any) -> Any:
 def event_to_json(event: Any) -> str:
     """One JSON line: {"event": "Step", ...fields}."""
     return json.dumps({"event": type(event).__name__, **_plain(event)}, ensure_ascii=False)
+
+
+_EVENTS = {cls.__name__: cls for cls in (Started, Step, Eval, LoraNorms, ExpertUsage, Checkpoint, RunWarning,
+                                         Paused, Finished, Failed)}  # fmt: skip
+
+
+def _number(value: Any) -> Any:
+    return float(value) if isinstance(value, str) and value in ("nan", "inf", "-inf") else value
+
+
+def event_from_json(line: str) -> Event | None:
+    """The event of one line `event_to_json` wrote (another process's events file), or None for a
+    line that is not one (cut short by a crash, or from a newer version)."""
+    try:
+        d = json.loads(line)
+        cls = _EVENTS[d.pop("event")]
+        names = {f.name for f in dataclasses.fields(cls)}
+        d = {k: _number(v) for k, v in d.items() if k in names}
+        if cls is Started:
+            plan = {k: v for k, v in d["plan"].items() if k in {f.name for f in dataclasses.fields(Plan)}}
+            for key in ("lora_targets", "full_tensors", "problems", "hosts"):
+                if key in plan:
+                    plan[key] = tuple(plan[key])
+            return Started(Plan(**plan))
+        if cls is ExpertUsage:
+            d["counts"] = np.asarray(d["counts"])
+        if cls is LoraNorms:
+            d["by_layer"] = {int(k): v for k, v in d["by_layer"].items()}
+        return cls(**d)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def follow_events(path: str, offset: int = 0) -> tuple[list[Event], int]:
+    """The events written to an events file since byte `offset`, and the offset to read from next
+    (after the last whole line: a line still being written is read next time). A file that is not
+    there yet gives nothing; one shorter than `offset` (a new run replaced it) is read from the start."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            if size < offset:
+                offset = 0
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    events = []
+    for line in data[:end].splitlines():
+        event = event_from_json(line.decode("utf-8", errors="replace"))
+        if event is not None:
+            events.append(event)
+    return events, offset + end

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ModelError
-from ..io.export import fit_problems
+from ..export.write import fit_problems
 from ..io.gguf_file import GGUFFile
 from ..io.quants import dequantize
 from ..model.lora import LoraAdapter, effective_scale

@@ -229,7 +229,7 @@ class AdamW:
     """
 
     def __init__(self, params: Mapping[str, np.ndarray], cfg: OptimConfig, runtime=None) -> None:
-        """`runtime`: an engine.kernels.cuda.Runtime whose arrays the params are (a GPU run), or None."""
+        """`runtime`: an engine.kernels.runtime.Runtime whose arrays the params are (a GPU run), or None."""
         for name, p in params.items():
             array = isinstance(p, np.ndarray) or (runtime is not None and hasattr(p, "__array_priority__"))
             if not array or not np.issubdtype(p.dtype, np.floating):
@@ -551,6 +551,11 @@ class GradAccumulator:
             buf = self._sum[name]
             out[name] = buf / array_module(buf).asarray(self.n, dtype=buf.dtype)
         return out
+
+    def sums(self) -> dict[str, np.ndarray]:
+        """The summed gradients themselves (the accumulator's buffers, valid until the next `add`
+        or `reset`): what a data-parallel step all-reduces before taking the mean."""
+        return {name: self._sum[name] for name in self._live}
 
     def reset(self) -> None:
         """Forget the sums (the buffers stay for the next accumulation)."""

@@ -677,7 +677,7 @@ class RewardSession:
         """Write the adapter as a llama.cpp LoRA GGUF with training.* facts; returns the path.
         RewardError, with nothing written, when `path` is the model, the adapter the session
         continues, the ratings file or inside the checkpoint folder's checkpoints."""
-        from ..io.export import export_adapter
+        from ..export.write import export_adapter
 
         self._check_outputs({"adapter": os.fspath(path)}, self.ratings_path)
         adapter = self.trainable.to_adapter(self.model.config.arch)

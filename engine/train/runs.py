@@ -175,3 +175,52 @@ __all__ = [
     "RUN_FILE", "STATUSES", "RunRecord", "find_runs", "latest_finished", "read_run", "record_path",
     "tensor_kinds",
 ]  # fmt: skip
+
+
+def run_from_events(path: str) -> RunRecord | None:
+    """The record of a run as its events file tells it (a run started by hand, on other machines:
+    `tune-engine train ... --events FILE`), read again whole; None when the file holds no run yet.
+    Its `path` is the events file; `updated` is the file's modification time."""
+    from .events import Checkpoint, Eval, Failed, Finished, Paused, Started, Step, follow_events
+
+    events, _ = follow_events(path)
+    starts = [i for i, e in enumerate(events) if isinstance(e, Started)]
+    if not starts:
+        return None
+    plan = events[starts[-1]].plan  # a resumed run appends a new start: its curve goes on
+    stem = os.path.basename(path)
+    for suffix in (".jsonl", ".json", "-events", ".events"):
+        stem = stem.removesuffix(suffix)
+    rec = RunRecord(
+        name=stem, model=plan.model, dataset=plan.dataset, targets=tensor_kinds(plan.lora_targets),
+        n_targets=len(plan.lora_targets), full=list(plan.full_tensors), steps_planned=plan.total_steps,
+        rank=plan.lora_rank, alpha=plan.lora_alpha,
+        steps_done=plan.start_step,
+    )  # fmt: skip
+    for e in events:
+        if isinstance(e, Started):
+            rec.losses = [x for x in rec.losses if x[0] <= e.plan.start_step]
+            rec.status, rec.message = "running", ""
+        elif isinstance(e, Step):
+            rec.add_loss(e.step, e.mean_ce)
+        elif isinstance(e, Eval):
+            rec.add_val_loss(e.step, e.mean_ce)
+        elif isinstance(e, Checkpoint):
+            rec.last_checkpoint = e.path
+            rec.checkpoints = os.path.dirname(e.path)
+        elif isinstance(e, Paused):
+            rec.status = "paused"
+        elif isinstance(e, Finished):
+            rec.status = "stopped" if e.stopped else "finished"
+            rec.adapter = e.adapter_path or rec.adapter
+            rec.last_checkpoint = e.checkpoint_path or rec.last_checkpoint
+        elif isinstance(e, Failed):
+            rec.status, rec.message = "failed", e.message
+            rec.last_checkpoint = e.checkpoint_path or rec.last_checkpoint
+    rec.path = path
+    try:
+        rec.updated = datetime.fromtimestamp(os.path.getmtime(path), timezone.utc).isoformat()
+        rec.started = rec.updated
+    except OSError:
+        pass
+    return rec

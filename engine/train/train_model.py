@@ -214,9 +214,8 @@ def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoi
         # the reference is the base model: adapter off, full-weight tensors at their original values
         h_ref = final_hidden(model, batch)
         w_ref = model.weights[out_name]
-    # the fused head and loss; with a final soft-cap (gemma3) its own op, which caps the logits first
-    head_loss = ops.softcap_head_loss if cfg.softcap else ops.lm_head_loss
-    loss, (ce_sum, n_tok), dh, g_head = head_loss(
+    # the fused head and loss (with a final soft-cap, gemma3's, the logits are capped first)
+    loss, (ce_sum, n_tok), dh, g_head = ops.lm_head_loss(
         h.reshape(-1, cfg.C),
         W[out_name],
         np.asarray(batch.targets).reshape(-1),
@@ -228,7 +227,7 @@ def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoi
         w_ref=w_ref,
         kl_coef=kl_coef,
         backward=backward,
-        **({"cap": cfg.softcap} if cfg.softcap else {}),
+        cap=cfg.softcap,
     )
     expert = array_module(counts[0]).stack(counts) if counts else None
     if not isinstance(loss, float):  # device scalars (a GPU run): both in one read

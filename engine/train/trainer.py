@@ -23,7 +23,7 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -39,20 +39,24 @@ from ..ranges import check_number
 from ..text.chat_template import ChatTemplate, template_for
 from ..text.tokenizer import Tokenizer
 from . import events as ev
+from . import parallel
 from .checkpoint import (
     PREFIX as CHECKPOINT_PREFIX,
 )
 from .checkpoint import (
+    SAMPLES_FILE,
     STATE_FILE,
     CheckpointError,
     latest_checkpoint,
     read_checkpoint,
     write_checkpoint,
 )
-from .data import EncodeOptions, Sample, batch_encoded, encode_samples, load_jsonl, split_validation
+from .collective import Collective, RankTimeout
+from .data import Encoded, EncodeOptions, Problem, Sample, save_jsonl, split_groups
 from .heap import keep_step_buffers
 from .memory import MemoryEstimate, estimate_memory
 from .optim import AdamW, GradAccumulator, OptimConfig
+from .prepared import KEPT, PackedBatches, PreparedData, default_cache_folder, prepare_data
 from .rewards import group_advantages, reward_weights
 from .runs import RunRecord, read_run, record_path, tensor_kinds
 from .threads import adjust_blas_threads
@@ -78,6 +82,7 @@ _CHOICES = {
     "schedule": ("constant", "linear", "cosine"),
     "reward_mode": ("none", "weighted", "group"),
     "out_type": ("F32", "F16", "Q8_0"),
+    "gpu_step": ("graph", "eager", "generic"),
 }
 
 
@@ -115,6 +120,8 @@ class TrainConfig:
     # runtime
     device: str = "cpu"  # where the run computes: "cpu", "cuda:N" or "auto" (engine.backend)
     cache_budget: str = "auto"  # dequantized weights kept between uses: "auto", "off" or a size ("4G")
+    data_cache: str = "auto"  # folder keeping prepared datasets between runs: "auto" (the app's data
+    # folder, engine.train.prepared.default_cache_folder), "off" (prepared again by every run), or a path
     checkpoint_layers: str = "auto"  # recompute each block in the backward pass: "on", "off", or
     # "auto" (on when the memory estimate says keeping every block's activations would not fit)
     checkpoint_every: int = 0  # steps between checkpoints; 0 = only at the end / on stop
@@ -124,6 +131,8 @@ class TrainConfig:
     norms_every: int = 1  # steps between LoraNorms events
     out: str | None = None  # adapter GGUF written at the end
     out_type: str = "F32"  # F32 | F16 | Q8_0
+    gpu_step: str = "graph"  # on a GPU, a dense model's step: "graph" (the fused step captured as one CUDA
+    # graph, replayed), "eager" (the fused step launched from Python), "generic" (the op-by-op path)
 
     def __post_init__(self) -> None:
         """Every field checked, so that the CLI and the app get the same one-line messages."""
@@ -133,6 +142,8 @@ class TrainConfig:
         elif ckpt not in ("auto", "on", "off"):
             raise ConfigError(f"checkpoint_layers must be auto, on or off, got {ckpt!r}")
         object.__setattr__(self, "cache_budget", str(self.cache_budget))
+        if not isinstance(self.data_cache, str) or not self.data_cache:
+            raise ConfigError(f"data_cache must be 'auto', 'off' or a folder, got {self.data_cache!r}")
         parse_budget(self.cache_budget)  # EngineError naming the value when it is not understood
         parse_device(self.device)
         if not isinstance(self.targets, TargetSpec):
@@ -174,6 +185,12 @@ class TrainConfig:
         t = TargetSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in t.items()})
         d = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
         return cls(targets=t, **d)
+
+
+def _replace_config(cfg: TrainConfig, **changes) -> TrainConfig:
+    from dataclasses import replace
+
+    return replace(cfg, **changes)
 
 
 def _check_rank(model, targets: list[str], rank: int) -> None:
@@ -274,12 +291,49 @@ def clean_stale_temporaries(folder: str | None, max_age_s: float = 0.0) -> int:
     return removed
 
 
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+MAX_PLAN_PROBLEMS = 1000  # dataset problems a Plan lists (it counts them all)
+
+
+class _Encodings(Sequence[Encoded]):
+    """Prepared samples as a sequence of `Encoded` (rows of `data.samples`, with their indexes)."""
+
+    def __init__(self, data: PreparedData, rows: np.ndarray, positions: np.ndarray):
+        self.data, self.rows, self.positions = data, rows, positions
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> Encoded:  # type: ignore[override]
+        if not -len(self.rows) <= i < len(self.rows):
+            raise IndexError(f"encoding {i} of {len(self.rows)}")
+        return self.data.encoded(int(self.rows[i]), int(self.positions[i]))
+
+
+def _plan_problems(data: PreparedData, train: np.ndarray, val: np.ndarray) -> tuple[list[Problem], int]:
+    """The first MAX_PLAN_PROBLEMS problems as a run meets them (reading the file, then encoding
+    the training samples, then the validation ones; a sample made in memory is named by its
+    position in its list), and how many there are."""
+    total = data.n_read_problems + data.n_encode_problems
+    side = np.zeros(len(data), dtype=np.int8)  # 0: training, 1: validation
+    side[val] = 1
+    position = np.zeros(len(data), dtype=np.int64)
+    position[train], position[val] = np.arange(len(train)), np.arange(len(val))
+    read: list[Problem] = []
+    encoded: tuple[list[Problem], list[Problem]] = ([], [])
+    for stage, sample, problem in data.problems():  # those of reading first, then of encoding
+        if stage == "read":
+            if len(read) < MAX_PLAN_PROBLEMS:
+                read.append(problem)
+            continue
+        which = encoded[side[sample]]
+        if len(read) + len(which) >= MAX_PLAN_PROBLEMS:
+            if side[sample] == 0:
+                break  # enough from the file and the training samples: the validation ones come after
+            continue
+        if not problem.line:
+            problem = Problem(0, f"sample {position[sample]}: {problem.message}", problem.severity)
+        which.append(problem)
+    return [*read, *encoded[0], *encoded[1]][:MAX_PLAN_PROBLEMS], total
 
 
 class Trainer:
@@ -296,12 +350,22 @@ class Trainer:
         init_adapter: str | None = None,
         tokenizer: Tokenizer | None = None,
         template_file: str | None = None,
+        collective: Collective | None = None,
     ):
         """tokenizer: the model's, when the caller has it built (an engine session): building a
         150k-token vocabulary takes ~0.1 s in one call that holds the interpreter lock.
         template_file: the file `template` was read from, when it came from one (no output of the
-        run may replace it)."""
+        run may replace it).
+        collective: the ranks this run is spread over (engine.train.collective; one process by
+        default); with several, every rank builds the same Trainer and calls the same methods, and
+        rank 0 alone writes the checkpoints, the adapter and the run's record (engine.train.parallel)."""
         self.config = config
+        self.comm = collective if collective is not None else Collective()
+        self._joined = False  # the ranks exchanged their facts (engine.train.parallel.join)
+        self.hosts: list[str] = [self.comm.host]  # the machine of each rank (set by parallel.join)
+        self.rank_lost = False  # the run failed because another rank stopped answering
+        self.resyncs = 0  # times ranks that drifted from rank 0 were given its parameters (expect none)
+        self._silent_rank: RankTimeout | None = None  # a rank stopped answering while ranks agreed to stop
         self.tokenizer = tokenizer
         if isinstance(model, Model):  # the model is open on its device already: the run computes there
             self.model = model
@@ -320,6 +384,9 @@ class Trainer:
         self.plan: ev.Plan | None = None  # set by start()
         self.ended = False  # finished, stopped or failed: no more steps
         self.train_seconds = 0.0  # time spent in steps (pauses excluded; carried by checkpoints)
+        self.tokens_done = 0  # sample tokens processed by the steps taken (carried by checkpoints)
+        self.dataset_path: str | None = None  # the dataset file trained (None: samples in memory)
+        self.samples_file: str | None = None  # the run's copy of in-memory samples, in its checkpoint folder
         self._recent: deque[float] = deque(maxlen=ETA_WINDOW + 1)  # seconds of the last steps
         self.last_ce: float | None = None
         self.last_ckpt: str | None = resume
@@ -339,7 +406,9 @@ class Trainer:
         }
 
     # --- data ---------------------------------------------------------------------------------
-    def _prepare(self):
+    def _prepare(self) -> PackedBatches:
+        """Prepare the dataset (engine.train.prepared: from the cache when nothing that shaped it
+        changed), split it, weight it by rewards, and pack the first epoch."""
         cfg = self.config
         md = self.model.metadata
         tok = self.tokenizer if self.tokenizer is not None else Tokenizer.from_metadata(md, self.model.path)
@@ -347,55 +416,83 @@ class Trainer:
             template = self.template_arg
         else:  # a template file, or the model's own
             template = template_for(md, self.template_arg)
-        problems = []
-        if isinstance(self.data, str):
-            samples, problems = load_jsonl(self.data)
-            self.dataset_sha256 = file_sha256(self.data)
-        else:
-            samples = list(self.data)
-            self.dataset_sha256 = hashlib.sha256(
-                json.dumps([asdict(s) for s in samples], sort_keys=True, default=str).encode()
-            ).hexdigest()
-        if not samples:
-            raise DatasetError(
-                "the dataset has no usable sample" + (f" ({len(problems)} problems)" if problems else "")
-            )
-        train, val = split_validation(samples, cfg.val_split, cfg.seed)
         options = EncodeOptions(
             n_ctx=cfg.n_ctx, train_on_prompt=cfg.train_on_prompt, prompt_format=cfg.prompt_format
         )
-        enc_train, p1 = encode_samples(train, tok, template, options)
-        enc_val, p2 = encode_samples(val, tok, template, options) if val else ([], [])
-        problems = [*problems, *p1, *p2]
-        if not enc_train:
-            raise DatasetError(
-                "no training sample is left after encoding: " + "; ".join(str(p) for p in problems[:5])
+        if isinstance(self.data, str):
+            cache = {"auto": default_cache_folder(), "off": None}.get(cfg.data_cache, cfg.data_cache)
+            data = prepare_data(self.data, tok, template, options, cache=cache)
+            self.dataset_sha256 = data.dataset_sha256
+            own = cfg.checkpoint_dir and os.path.abspath(self.data) == os.path.abspath(
+                os.path.join(cfg.checkpoint_dir, SAMPLES_FILE)
             )
+            if own:  # a run of in-memory samples, resumed on its own copy of them
+                self.samples_file = SAMPLES_FILE
+            else:
+                self.dataset_path = os.path.abspath(self.data)
+        else:
+            samples = list(self.data)
+            data = prepare_data(samples, tok, template, options)
+            self.dataset_sha256 = hashlib.sha256(
+                json.dumps([asdict(s) for s in samples], sort_keys=True, default=str).encode()
+            ).hexdigest()
+            if cfg.checkpoint_dir and samples:
+                # samples from the app's editor: a copy beside the checkpoints, so that the run can be
+                # resumed on exactly these samples after the editor changed or the app closed (rank 0)
+                if self.comm.is_root:
+                    os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+                    save_jsonl(os.path.join(cfg.checkpoint_dir, SAMPLES_FILE), samples)
+                self.samples_file = SAMPLES_FILE
+        self.prepared = data
+        table = data.samples
+        if not len(table):
+            n = data.n_read_problems
+            raise DatasetError("the dataset has no usable sample" + (f" ({n} problems)" if n else ""))
+        train, val = split_groups(table["group"], cfg.val_split, cfg.seed)
+        kept = (table["flags"] & KEPT).astype(bool)
+        train_pos, val_pos = np.flatnonzero(kept[train]), np.flatnonzero(kept[val])
+        self.problems, self.problems_total = _plan_problems(data, train, val)
+        if not len(train_pos):
+            raise DatasetError(
+                "no training sample is left after encoding: " + "; ".join(str(p) for p in self.problems[:5])
+            )
+        rewards = [None if math.isnan(r) else r for r in table["reward"][train].tolist()]
         weights, normalize = None, "tokens"
-        rewards = [s.reward for s in train]
         if cfg.reward_mode == "weighted":
             weights = reward_weights(rewards)
         elif cfg.reward_mode == "group":
-            weights = group_advantages(rewards, [s.group for s in train])
+            weights = group_advantages(rewards, table["group"][train].tolist())
             normalize = "samples"
         elif cfg.reward_mode != "none":
             raise DatasetError(f"unknown reward mode {cfg.reward_mode!r} (none, weighted, group)")
-        self.enc_train, self.weights, self.normalize = enc_train, weights, normalize
-        self.val_batches = batch_encoded(enc_val, cfg.n_ctx, cfg.batch_size) if enc_val else []
-        self.problems = problems
+        self.train_rows, self.train_pos = train[train_pos], train_pos
+        self.weights, self.normalize = weights, normalize
+        self.val_batches = (
+            PackedBatches(data, val[val_pos], val_pos, None, cfg.n_ctx, cfg.batch_size)
+            if len(val_pos)
+            else []
+        )
         self.n_train, self.n_val = len(train), len(val)
-        self._epoch_cache: dict[int, list] = {}
+        self._epoch_cache: dict[int, PackedBatches] = {}
         return self.batches_for_epoch(0)
 
-    def batches_for_epoch(self, epoch: int) -> list:
+    @property
+    def enc_train(self) -> Sequence[Encoded]:
+        """The training samples that are trained on, encoded, in the order of the training list
+        (each made from the prepared files when read)."""
+        return _Encodings(self.prepared, self.train_rows, self.train_pos)
+
+    def batches_for_epoch(self, epoch: int) -> PackedBatches:
         """Deterministic batches of one epoch (shuffled by seed + epoch): the basis of exact resume."""
         if epoch not in self._epoch_cache:
             self._epoch_cache = {
-                epoch: batch_encoded(
-                    self.enc_train,
+                epoch: PackedBatches(
+                    self.prepared,
+                    self.train_rows,
+                    self.train_pos,
+                    self.weights,
                     self.config.n_ctx,
                     self.config.batch_size,
-                    weights=self.weights,
                     shuffle_seed=self.config.seed + epoch,
                     normalize=self.normalize,
                 )
@@ -455,16 +552,23 @@ class Trainer:
     # --- checkpoints --------------------------------------------------------------------------
     def save_checkpoint(self, folder: str) -> str:
         """Write adapter + exact state into `folder/ckpt-<step>` atomically; prune old checkpoints."""
-        from ..io.export import export_adapter
+        from ..export.write import export_adapter
 
         meta = {
             "step": self.step,
+            "total_steps": self.plan.total_steps if self.plan is not None else 0,
             "config": self.config.to_json(),
-            "model": self.model.path,
+            "model": os.path.abspath(self.model.path),
+            "dataset": self.dataset_path,
+            "dataset_sha256": self.dataset_sha256,
+            "samples_file": self.samples_file,
+            "tokens": self.tokens_done,
+            "seconds": self.train_seconds,
             "rank": self.trainable.rank,
             "alpha": self.trainable.alpha,
             "lora_targets": sorted(self.trainable.pairs),
             "full": sorted(self.trainable.full),
+            "ranks": self.comm.size,  # a checkpoint resumes with any number of ranks
         }
         adapter = None
         if self.trainable.pairs:
@@ -479,7 +583,11 @@ class Trainer:
             optimizer=self.optimizer.state_dict(),
             meta=meta,
             meta_file=CONFIG_FILE,
-            extra={"trainer.step": self.step, "trainer.seconds": self.train_seconds},
+            extra={
+                "trainer.step": self.step,
+                "trainer.seconds": self.train_seconds,
+                "trainer.tokens": self.tokens_done,
+            },
             write_adapter=adapter,
             keep=self.config.keep_checkpoints,
         )
@@ -504,8 +612,18 @@ class Trainer:
             raise ModelError(f"{path}: not a training-run checkpoint (it has no step count)")
         self.step = int(other["trainer.step"])
         self.train_seconds = float(other.get("trainer.seconds", 0.0))
+        self.tokens_done = int(other.get("trainer.tokens", meta.get("tokens", 0)) or 0)
         if meta.get("step") != self.step:
             raise ModelError(f"{path}: inconsistent checkpoint (step {meta.get('step')} vs {self.step})")
+
+    def _planned_note(self) -> str:
+        """ " (it planned N steps)" from the checkpoint being resumed, when it says."""
+        try:
+            with open(os.path.join(self.resume, CONFIG_FILE), encoding="utf-8") as f:
+                planned = int(json.load(f).get("total_steps", 0) or 0)
+        except (OSError, ValueError, TypeError, AttributeError):
+            planned = 0
+        return f" (it planned {planned} steps)" if planned else ""
 
     def _adapter(self) -> LoraAdapter:
         return self.trainable.to_adapter(self.model.config.arch)
@@ -538,15 +656,17 @@ class Trainer:
         Every problem (bad data, a model that cannot train, a run that will not fit) ends in a
         `Failed` event instead, and the run is over."""
         self.last_ce = None
+        root = self.comm.is_root  # with several ranks only rank 0 reads the checkpoint and writes files
         try:
             cfg = self.config
-            if self.resume:
+            if self.resume and root:
                 self.resume = resolve_checkpoint(self.resume)
             self.last_ckpt = self.resume
-            check_run_paths(cfg, self.inputs())
-            clean_stale_temporaries(cfg.checkpoint_dir)
-            if cfg.out:
-                clean_stale_temporaries(os.path.dirname(os.path.abspath(cfg.out)), max_age_s=600)
+            if root:
+                check_run_paths(cfg, self.inputs())
+                clean_stale_temporaries(cfg.checkpoint_dir)
+                if cfg.out:
+                    clean_stale_temporaries(os.path.dirname(os.path.abspath(cfg.out)), max_age_s=600)
             batches = self._prepare()
             cfg = self.config
             n_batches = len(batches)
@@ -554,14 +674,22 @@ class Trainer:
             self.trainable = self._build_trainable()
             self.memory = self._plan_memory()
             self.optimizer = AdamW(self.trainable.params(), cfg.optim(total), runtime=self.backend.runtime)
-            if self.resume:
+            if self.resume and root:
                 self._load_checkpoint(self.resume)
+            if self.comm.parallel:  # every rank's facts checked, then rank 0's state on every rank
+                parallel.join(self, None)
+            if self.resume and self.step >= total:  # every rank has rank 0's step now: all fail alike
+                raise ConfigError(
+                    f"the checkpoint is at step {self.step} and these settings plan {total} steps: "
+                    "nothing is left to train. Resume with the checkpoint's own settings"
+                    + self._planned_note()
+                )
             self.plan = ev.Plan(
                 n_train=self.n_train,
                 n_val=self.n_val,
-                n_windows=sum(b.tokens.shape[0] for b in batches),
-                tokens_per_epoch=sum(b.n_tokens for b in batches),
-                label_tokens_per_epoch=sum(b.n_label_tokens for b in batches),
+                n_windows=batches.n_windows,
+                tokens_per_epoch=batches.n_tokens,
+                label_tokens_per_epoch=batches.n_label_tokens,
                 batches_per_epoch=n_batches,
                 total_steps=total,
                 trainable_params=self.trainable.n_params,
@@ -570,14 +698,31 @@ class Trainer:
                 memory_bytes=self.memory.to_dict(),
                 problems=tuple(str(p) for p in self.problems),
                 start_step=self.step,
+                start_tokens=self.tokens_done,
+                start_seconds=self.train_seconds,
+                ranks=self.comm.size,
+                hosts=tuple(self.hosts),
+                model=self.model.path,
+                lora_rank=self.trainable.rank,
+                lora_alpha=self.trainable.alpha,
+                dataset=self.data if isinstance(self.data, str) else f"{len(self.data)} samples (edited)",
+                problems_total=self.problems_total,
             )
         except EngineError as exc:
+            if self.comm.parallel and not self._joined:
+                try:  # the other ranks wait for this one's word before step 1: it is this failure
+                    parallel.join(self, exc)
+                except EngineError as joined:
+                    exc = joined
             self.ended = True
             failed = ev.Failed(0, str(exc), self.last_ckpt)
             self._note("failed", str(exc))
             on_event(failed)
             return failed
         self._accumulator = GradAccumulator()
+        self._fused = self._graph = None
+        self._fused_why = self._fused_reason()
+        self._fused_runs = 0
         started = ev.Started(self.plan)
         self._note("running")
         on_event(started)
@@ -588,51 +733,41 @@ class Trainer:
 
         A non-finite loss or gradient ends the run with `Failed`, keeping the last good checkpoint."""
         assert self.plan is not None and not self.done, "start() the run first; it must have steps left"
-        cfg = self.config
-        total, n_batches = self.plan.total_steps, self.plan.batches_per_epoch
         if not self.backend.is_gpu:
             adjust_blas_threads()  # the cores other programs leave free, before each step
             keep_step_buffers()  # once per process: no page faults for the same buffers every step
         t_step = time.perf_counter()
-        acc = self._accumulator
-        acc.reset()
-        loss = ce_sum = 0.0
-        n_tok = n_label = 0
-        counts = grads = None
-        for j in range(cfg.grad_accum):
-            m = self.step * cfg.grad_accum + j  # global micro-batch index
-            batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
-            res = loss_and_grads(
-                self.model,
-                self.trainable,
-                batch,
-                checkpoint=self.memory.checkpoint,
-                kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
-            )
-            if cfg.grad_accum > 1:
-                acc.add(res.grads)
-            else:
-                grads = res.grads  # one micro-batch: its gradients are the step's, no copies
-            loss += res.loss / cfg.grad_accum
-            ce_sum += res.ce_sum
-            n_label += res.n_tokens
-            n_tok += batch.n_tokens
-            if res.expert_counts is not None:
-                counts = res.expert_counts if counts is None else counts + res.expert_counts
+        if self._fused_why is None:
+            return self._fused_train_step(on_event, t_step)
+        if self.comm.parallel:  # this rank's share of the step, summed over the ranks
+            try:
+                loss, ce_sum, n_label, n_tok, counts, grads, m = parallel.sharded_step(self)
+            except RankTimeout as exc:
+                return self._lost(on_event, exc)
+        else:
+            loss, ce_sum, n_label, n_tok, counts, grads, m = self._local_step()
         if not math.isfinite(loss):
             return self._fail(
                 on_event,
                 f"the loss became {loss} at step {self.step + 1}: training stopped. "
                 "Lower the learning rate or check the data; the last good checkpoint is kept.",
             )
-        stats = self.optimizer.step(acc.mean() if cfg.grad_accum > 1 else grads)
+        stats = self.optimizer.step(grads)
         if not math.isfinite(stats.grad_norm):
             return self._fail(
                 on_event,
                 f"the gradient became {stats.grad_norm} at step {self.step + 1}: "
                 "training stopped; lower the learning rate. The last good checkpoint is kept.",
             )
-        exploded = self._exploded()
+        return self._after_step(
+            on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, self._exploded()
+        )
+
+    def _after_step(self, on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, counts, exploded):
+        """What follows an optimizer step on either path: the exploded-weights check, the Step event,
+        norms, evaluation, checkpoint."""
+        cfg = self.config
+        total, n_batches = self.plan.total_steps, self.plan.batches_per_epoch
         if exploded:
             return self._fail(
                 on_event,
@@ -641,6 +776,7 @@ class Trainer:
                 "is kept.",
             )
         self.step += 1
+        self.tokens_done += n_tok
         self.last_ce = ce_sum / max(1, n_label)
         seconds = time.perf_counter() - t_step
         self.train_seconds += seconds
@@ -667,24 +803,144 @@ class Trainer:
             self._watch_progress(on_event)
         if counts is not None:
             on_event(ev.ExpertUsage(self.step, to_host(counts)))
-        if self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0:
+        norms_due = self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0
+        if norms_due and self.comm.is_root:  # what only rank 0 reports, only rank 0 computes
             on_event(self._norms_event())
-        if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
-            on_event(self.evaluate())
-        if cfg.checkpoint_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
-            try:
-                path = self.save_checkpoint(cfg.checkpoint_dir)
-            except OSError as exc:
-                why = _os_error(exc)
-                return self._fail(
-                    on_event,
-                    f"the checkpoint of step {self.step} could not be written: {why}. Training stopped; "
-                    "the last good checkpoint is kept.",
+        try:
+            if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
+                on_event(self.evaluate())
+            if cfg.checkpoint_dir and cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                parallel.check_same(self)  # every rank holds rank 0's parameters (one digest each)
+                path = parallel.on_root(
+                    self.comm,
+                    lambda: self.save_checkpoint(cfg.checkpoint_dir),
+                    timeout=parallel.step_timeout(self.comm, self._recent),
                 )
-            self.last_ckpt = path
-            self._note("running")
-            on_event(ev.Checkpoint(self.step, self.last_ckpt))
+            else:
+                return step
+        except OSError as exc:
+            why = _os_error(exc)
+            return self._fail(
+                on_event,
+                f"the checkpoint of step {self.step} could not be written: {why}. Training stopped; "
+                "the last good checkpoint is kept.",
+            )
+        except RankTimeout as exc:
+            return self._lost(on_event, exc)
+        except EngineError as exc:  # rank 0 could not write the checkpoint
+            return self._fail(on_event, f"{exc}. Training stopped; the last good checkpoint is kept.")
+        self.last_ckpt = path
+        self._note("running")
+        on_event(ev.Checkpoint(self.step, self.last_ckpt))
         return step
+
+    # --- the fused GPU step ----------------------------------------------------------------------
+    def _fused_reason(self) -> str | None:
+        """Why this run takes the generic op-by-op path (logged on a GPU), or None: the fused step."""
+        if not self.backend.is_gpu:
+            return "CPU"
+        if self.comm.parallel:
+            return "data-parallel ranks take the generic step"
+        from .dense_step import unsupported
+
+        cfg = self.config
+        why = "gpu_step is generic" if cfg.gpu_step == "generic" else unsupported(
+            self.model, self.trainable, cfg.grad_accum, cfg.reward_mode == "group" and cfg.kl_coef > 0,
+            self.memory.checkpoint,
+        )  # fmt: skip
+        if why:
+            log.info("training step: the generic op-by-op path (%s)", why)
+        return why
+
+    def _fused_train_step(self, on_event, t_step: float):
+        """One step of the fused dense step (engine.train.dense_step): the inputs uploaded, the step
+        replayed as a CUDA graph (captured at the second step; the first runs eagerly and warms up:
+        kernels loaded, memory pools grown), one read of its scalars at the end."""
+        from .dense_step import DenseStep, stats_of
+        from .optim import StepStats, lr_at
+
+        cfg = self.config
+        n_batches = self.plan.batches_per_epoch
+        m = self.step  # grad_accum is 1 on this path
+        batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
+        if self._fused is None:
+            self._fused = DenseStep(self.model, self.trainable, self.optimizer, cfg.batch_size, cfg.n_ctx)
+            how = "captured as a CUDA graph from the second step" if cfg.gpu_step == "graph" else "eager"
+            log.info("training step: the fused dense step (%s)", how)
+        fused = self._fused
+        lr = lr_at(self.optimizer.cfg, self.optimizer.step_count)
+        n_label = fused.load(batch, lr)
+        with self.backend.active():
+            if self._graph is None and cfg.gpu_step == "graph" and self._fused_runs == 1:
+                try:
+                    with self.backend.runtime.capture() as graph:
+                        fused.run()
+                    self._graph = graph
+                except Exception as exc:  # noqa: BLE001 - any failure to capture means eager steps
+                    log.warning("training step: runs eagerly, the capture as a CUDA graph failed (%s: %s)",
+                                type(exc).__name__, exc)  # fmt: skip
+                    self.config = cfg = _replace_config(cfg, gpu_step="eager")
+            if self._graph is not None:
+                self._graph.replay()
+            else:
+                fused.run()
+        self._fused_runs += 1
+        st = fused.read()  # the step's one host read
+        fused.finish(st)
+        loss, ce_sum = st["loss"], st["ce_sum"]
+        if not math.isfinite(loss):
+            return self._fail(
+                on_event,
+                f"the loss became {loss} at step {self.step + 1}: training stopped. "
+                "Lower the learning rate or check the data; the last good checkpoint is kept.",
+            )
+        grad_norm, update_norm, param_norm, peak = stats_of(st)
+        if not math.isfinite(grad_norm):
+            return self._fail(
+                on_event,
+                f"the gradient became {grad_norm} at step {self.step + 1}: "
+                "training stopped; lower the learning rate. The last good checkpoint is kept.",
+            )
+        stats = StepStats(lr, grad_norm, bool(st["clipped"]), update_norm, param_norm)
+        exploded = None
+        if st["nonfinite_params"]:
+            exploded = f"became non-finite ({int(st['nonfinite_params'])} values)"
+        elif peak > MAX_PARAM:
+            exploded = f"exploded to {peak:.3g}"
+        n_tok = batch.n_tokens
+        return self._after_step(on_event, t_step, m, loss, ce_sum, n_label, n_tok, stats, None, exploded)
+
+    def _local_step(self):
+        """The step's micro-batches in this process: (loss, ce_sum, label tokens, sample tokens,
+        expert counts, gradients, index of the last micro-batch)."""
+        cfg = self.config
+        n_batches = self.plan.batches_per_epoch
+        acc = self._accumulator
+        acc.reset()
+        loss = ce_sum = 0.0
+        n_tok = n_label = 0
+        counts = grads = None
+        for j in range(cfg.grad_accum):
+            m = self.step * cfg.grad_accum + j  # global micro-batch index
+            batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
+            res = loss_and_grads(
+                self.model,
+                self.trainable,
+                batch,
+                checkpoint=self.memory.checkpoint,
+                kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
+            )
+            if cfg.grad_accum > 1:
+                acc.add(res.grads)
+            else:
+                grads = res.grads  # one micro-batch: its gradients are the step's, no copies
+            loss += res.loss / cfg.grad_accum
+            ce_sum += res.ce_sum
+            n_label += res.n_tokens
+            n_tok += batch.n_tokens
+            if res.expert_counts is not None:
+                counts = res.expert_counts if counts is None else counts + res.expert_counts
+        return loss, ce_sum, n_label, n_tok, counts, acc.mean() if cfg.grad_accum > 1 else grads, m
 
     def _exploded(self) -> str | None:
         """What is wrong with the parameters after a step (not finite, or far beyond what training
@@ -729,10 +985,27 @@ class Trainer:
         """End the run: a last evaluation (when it ran to the end), a checkpoint, the adapter (and
         the model of full-weight tensors); `Finished`, or `Failed` when a file cannot be written."""
         cfg = self.config
+        if self._silent_rank is not None:  # the stop was agreed without one rank: fail, write nothing
+            self.ended = True
+            return self._lost(on_event, self._silent_rank)
         if not stopped and self.val_batches and not (cfg.eval_every and self.step % cfg.eval_every == 0):
-            on_event(self.evaluate())
+            try:
+                on_event(self.evaluate())
+            except RankTimeout as exc:
+                return self._lost(on_event, exc)
         self.ended = True
         return self._finish(on_event, stopped=stopped, last_ckpt=self.last_ckpt)
+
+    def agree_stop(self, requested: bool) -> bool:
+        """Whether the run stops before its next step: `requested` in one process; with several
+        ranks, True on every rank as soon as one asks (a stop reaches them at different moments)."""
+        if not self.comm.parallel:
+            return requested
+        try:
+            return self.comm.any(requested, timeout=parallel.step_timeout(self.comm, self._recent))
+        except RankTimeout as exc:  # `finish` then reports it
+            self._silent_rank = exc
+            return True
 
     def run(
         self,
@@ -745,7 +1018,7 @@ class Trainer:
             if isinstance(started, ev.Failed):
                 return started
         while not self.done:
-            if should_stop():
+            if self.agree_stop(should_stop()):
                 return self.finish(on_event, stopped=True)
             result = self.train_step(on_event)
             if isinstance(result, ev.Failed):
@@ -753,11 +1026,15 @@ class Trainer:
         return self.finish(on_event)
 
     def evaluate(self) -> ev.Eval:
+        """Mean cross-entropy over the validation batches (with several ranks, each takes a share)."""
         ce = n = 0
-        for b in self.val_batches:
-            res = loss_and_grads(self.model, self.trainable, b, backward=False)
-            ce += res.ce_sum
-            n += res.n_tokens
+        if self.comm.parallel:
+            ce, n = parallel.sharded_eval(self)
+        else:
+            for b in self.val_batches:
+                res = loss_and_grads(self.model, self.trainable, b, backward=False)
+                ce += res.ce_sum
+                n += res.n_tokens
         result = ev.Eval(self.step, ce / max(1, n), n)
         if self.record is not None:
             self.record.add_val_loss(self.step, result.mean_ce)
@@ -769,7 +1046,7 @@ class Trainer:
         written is logged, never a reason to stop training."""
         cfg = self.config
         path = record_path(cfg.checkpoint_dir, cfg.out)
-        if path is None:
+        if path is None or not self.comm.is_root:  # one record per run, written by rank 0
             return
         if self.record is None:
             self.record = self._new_record(path)
@@ -825,6 +1102,11 @@ class Trainer:
             {t.name: t.norm_delta for t in report.tensors},
         )
 
+    def _lost(self, on_event, exc: RankTimeout) -> ev.Failed:
+        """Another rank stopped answering: the run fails here (the caller ends every rank)."""
+        self.rank_lost = True
+        return self._fail(on_event, f"{exc}. The last good checkpoint is kept.")
+
     def _fail(self, on_event, message: str, last_ckpt: str | None = None) -> ev.Failed:
         self.ended = True
         failed = ev.Failed(self.step + 1, message, last_ckpt or self.last_ckpt)
@@ -833,13 +1115,17 @@ class Trainer:
         return failed
 
     def _finish(self, on_event, *, stopped: bool, last_ckpt: str | None) -> ev.Finished | ev.Failed:
-        from ..io.export import export_adapter
+        from ..export.write import export_adapter
 
         cfg = self.config
-        try:
-            if cfg.checkpoint_dir and (not last_ckpt or not last_ckpt.endswith(f"ckpt-{self.step:06d}")):
-                last_ckpt = self.save_checkpoint(cfg.checkpoint_dir)
-                on_event(ev.Checkpoint(self.step, last_ckpt))
+        new_ckpt = cfg.checkpoint_dir and (not last_ckpt or not last_ckpt.endswith(f"ckpt-{self.step:06d}"))
+        saved = [last_ckpt]  # the newest checkpoint, even when the adapter cannot be written after it
+
+        def write() -> tuple[str | None, str | None, str | None]:  # on rank 0 alone with several ranks
+            ckpt = self.save_checkpoint(cfg.checkpoint_dir) if new_ckpt else last_ckpt
+            if new_ckpt:
+                saved[0] = ckpt
+                on_event(ev.Checkpoint(self.step, ckpt))
             adapter_path = merged_path = None
             if cfg.out and self.trainable.pairs:
                 adapter_path = export_adapter(
@@ -847,15 +1133,24 @@ class Trainer:
                 )
             if cfg.out and self.trainable.full:
                 merged_path = self._export_full(cfg.out)
+            return ckpt, adapter_path, merged_path
+
+        try:
+            parallel.check_same(self)  # every rank holds rank 0's parameters (one digest each)
+            last_ckpt, adapter_path, merged_path = parallel.on_root(
+                self.comm, write, timeout=parallel.step_timeout(self.comm, self._recent)
+            )
+        except RankTimeout as exc:
+            return self._lost(on_event, exc)
         except OSError as exc:
             return self._fail(
                 on_event,
                 f"training finished but the result could not be written: {_os_error(exc)}",
-                last_ckpt,
+                saved[0],
             )
         except EngineError as exc:
             return self._fail(
-                on_event, f"training finished but the result could not be written: {exc}", last_ckpt
+                on_event, f"training finished but the result could not be written: {exc}", saved[0]
             )
         done = ev.Finished(self.step, stopped, self.last_ce, adapter_path, merged_path, last_ckpt)
         self.last_ckpt = last_ckpt
@@ -865,7 +1160,7 @@ class Trainer:
 
     def _export_full(self, out: str) -> str:
         """Runs with full-weight tensors write a whole model: base + trained tensors (+ merged LoRA)."""
-        from ..io.export import export_merged
+        from ..export.write import export_merged
 
         path = full_model_path(out) if self.trainable.pairs else out
         full = {n: to_host(w) for n, w in self.trainable.full.items()}

@@ -46,7 +46,7 @@ from engine import (  # noqa: E402
     write_model,
 )
 from engine.io.gguf_write import write_gguf  # noqa: E402
-from engine.io.synth import CHATML, random_weights  # noqa: E402
+from engine.testing import CHATML, random_weights  # noqa: E402
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 SPEC = SynthSpec.for_arch(

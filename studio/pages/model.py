@@ -224,6 +224,18 @@ class ModelPage(QWidget):
             f"{', '.join(supported_architectures())} (Mixtral is llama with experts)."
         )
 
+    def clear(self) -> None:
+        """No model open (a new project): the facts, the tensor kinds and the estimate are emptied."""
+        self.info = None
+        self.opening = None
+        self.open_button.setEnabled(True)
+        self.error_label.hide()
+        self.path_label.setText("No model open. Open a .gguf file or drop one here.")
+        for label in self.fact_labels.values():
+            label.setText("–")
+        self.kinds.setRowCount(0)
+        self.memory_label.setText("–")
+
     def show_error(self, message: str) -> None:
         self.error_label.show_message("error", message)
         self.sig_error.emit(message)

@@ -829,6 +829,17 @@ class TrainPlotsWidget(QWidget):
         self._smooth_state = (0.0, 0)
         self._dirty |= {"loss", "lr", "grad_norm", "tokens_per_s", "norms"}
 
+    def add_history(self, losses, val_losses=()) -> None:
+        """The loss curve a run drew before this window saw it ([step, loss] pairs of its record): a
+        resumed run shows its whole curve, not only the steps after the checkpoint."""
+        for step, loss in losses:
+            self.step_series["loss"].append(step, loss)
+        for step, loss in val_losses:
+            self.val_series.append(step, loss)
+        if val_losses:
+            self.set_validation(True)
+        self._dirty.add("loss")
+
     def add_event(self, event: object) -> None:
         """Buffer one engine event (cheap); the timer draws it."""
         if isinstance(event, Step):

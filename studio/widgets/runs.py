@@ -1,8 +1,12 @@
 """Run records as the pages show them, and the adapter choice that Chat, Rewards and Export share.
 
 - `run_folders(project, settings)`: where the app looks for run records (engine `find_runs`): the
-  project's output folder and the folders added on the Runs page (remembered with QSettings under
-  `runs/folders`); `load_runs` reads them.
+  project's runs home (`Project.output_folder()`), the open model's own folder under the app's data
+  folder when the project chose another, the `tune-studio-out` folder older versions wrote, and the
+  folders added on the Runs page or written to by a run (remembered with QSettings under
+  `runs/folders`); `load_runs` reads them, and the runs of the events files the Runs page follows
+  (`runs/followed`: runs on other processes or machines, engine `run_from_events`), which take the
+  place of their own record when both are found.
 - `status_text`, `run_label`: a run's state and a one-line name for lists ("stopped at step 2 of
   150", "Reward-tuned: …").
 - `same_model`, `adapter_problems`: is a run or an adapter file made for the open model? The
@@ -26,9 +30,12 @@ from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QPushButton, QSizePolicy, QWidget
 
-from engine import EngineError, GGUFFile, RunRecord, find_runs, latest_finished, lora_shapes
+from engine import EngineError, GGUFFile, RunRecord, find_runs, latest_finished, lora_shapes, run_from_events
+
+from ..project import model_runs_folder
 
 FOLDERS_KEY = "runs/folders"
+FOLLOWED_KEY = "runs/followed"  # events files of runs started outside the app
 SETTINGS_ORG, SETTINGS_APP = "TuneStudio", "TuneStudio"  # the window's own QSettings
 ADAPTER_FILE = "adapter.gguf"  # inside a checkpoint folder
 LORA_A, LORA_B = ".lora_a", ".lora_b"
@@ -40,23 +47,57 @@ def app_settings() -> QSettings:
 
 
 # --- folders and records ------------------------------------------------------------------------
-def extra_folders(settings: QSettings | None) -> list[str]:
-    """The folders added on the Runs page, in the order they were added."""
+def _paths(settings: QSettings | None, key: str) -> list[str]:
+    """A list of paths kept under `key` (QSettings gives a lone one as a string)."""
     if settings is None:
         return []
-    value = settings.value(FOLDERS_KEY, [])
+    value = settings.value(key, [])
     if isinstance(value, str):
         value = [value]
     return [p for p in (value or []) if isinstance(p, str) and p]
+
+
+def extra_folders(settings: QSettings | None) -> list[str]:
+    """The folders added on the Runs page, in the order they were added."""
+    return _paths(settings, FOLDERS_KEY)
 
 
 def set_extra_folders(settings: QSettings, folders: Sequence[str]) -> None:
     settings.setValue(FOLDERS_KEY, list(dict.fromkeys(folders)))
 
 
+def remember_folder(settings: QSettings | None, folder: str) -> bool:
+    """Add `folder` to the remembered run folders (a run wrote there); True when it was new."""
+    if settings is None:
+        return False
+    folder = os.path.abspath(folder)
+    known = extra_folders(settings)
+    if any(same_file(folder, f) for f in known):
+        return False
+    set_extra_folders(settings, [*known, folder])
+    return True
+
+
+def model_homes(project) -> list[str]:
+    """Every model's runs home under the app's data folder (runs/<model>-<hash>): the history lists
+    the runs of every model, those of the open one first to hand."""
+    root = model_runs_folder(None)  # user_data_folder()/runs
+    try:
+        names = sorted(os.listdir(root))
+    except OSError:
+        return []
+    return [os.path.join(root, n) for n in names if os.path.isdir(os.path.join(root, n))]
+
+
 def run_folders(project, settings: QSettings | None = None) -> list[str]:
-    """The project's output folder, then the added folders (no repeats)."""
-    folders = [project.output_folder(), *extra_folders(settings)]
+    """The project's runs home, the model's default home, the legacy folder, then the remembered
+    folders (no repeats)."""
+    folders = [project.output_folder(), project.default_output_folder()]
+    legacy = project.legacy_output_folder()
+    if legacy:
+        folders.append(legacy)
+    folders += model_homes(project)
+    folders += extra_folders(settings)
     seen, out = set(), []
     for f in folders:
         key = os.path.normcase(os.path.abspath(f))
@@ -66,12 +107,41 @@ def run_folders(project, settings: QSettings | None = None) -> list[str]:
     return out
 
 
+def followed_events(settings: QSettings | None) -> list[str]:
+    """The events files the Runs page follows, in the order they were added."""
+    return _paths(settings, FOLLOWED_KEY)
+
+
+def add_followed(settings: QSettings | None, path: str) -> None:
+    """Follow a run's events file on the Runs page (remembered for the next start)."""
+    settings = settings if settings is not None else app_settings()
+    settings.setValue(FOLLOWED_KEY, list(dict.fromkeys([*followed_events(settings), os.path.abspath(path)])))
+
+
+def remove_followed(settings: QSettings, path: str) -> None:
+    settings.setValue(FOLLOWED_KEY, [p for p in followed_events(settings) if p != path])
+
+
 def load_runs(project, settings: QSettings | None = None) -> list[RunRecord]:
-    """Every run record in the run folders, newest first (never raises: broken records are skipped)."""
+    """Every run record in the run folders and every followed events file's run, newest first
+    (never raises: broken records are skipped)."""
     try:
-        return find_runs(run_folders(project, settings))
+        runs = find_runs(run_folders(project, settings))
     except OSError:
-        return []
+        runs = []
+    followed = [r for r in (run_from_events(p) for p in followed_events(settings)) if r is not None]
+    if not followed:
+        return runs
+    folders = {os.path.normcase(os.path.abspath(r.checkpoints)) for r in followed if r.checkpoints}
+    adapters = {os.path.normcase(os.path.abspath(r.adapter)) for r in followed if r.adapter}
+
+    def shadowed(r: RunRecord) -> bool:  # the followed events are the fresher account of the same run
+        return bool(
+            (r.checkpoints and os.path.normcase(os.path.abspath(r.checkpoints)) in folders)
+            or (r.adapter and os.path.normcase(os.path.abspath(r.adapter)) in adapters)
+        )
+
+    return sorted([*followed, *(r for r in runs if not shadowed(r))], key=lambda r: r.started, reverse=True)
 
 
 def same_file(a: str | None, b: str | None) -> bool:
@@ -92,6 +162,25 @@ def same_model(run: RunRecord, model_path: str | None) -> bool:
 
 def has_adapter(run: RunRecord) -> bool:
     return bool(run.adapter) and os.path.exists(run.adapter)
+
+
+def resume_checkpoint(run: RunRecord) -> str | None:
+    """The checkpoint a training run that did not finish can be resumed from (its last one, else the
+    newest in its checkpoint folder), or None: finished runs, rating sessions and runs without one."""
+    if run.kind != "training" or run.status == "finished":
+        return None
+    if run.steps_planned and run.steps_done >= run.steps_planned:
+        return None
+    last = run.last_checkpoint
+    if last and os.path.isfile(os.path.join(last, "state.npz")):
+        return last
+    folder = run.checkpoints
+    if folder and os.path.isdir(folder):
+        names = sorted(n for n in os.listdir(folder) if n.startswith("ckpt-"))
+        for name in reversed(names):
+            if os.path.isfile(os.path.join(folder, name, "state.npz")):
+                return os.path.join(folder, name)
+    return None
 
 
 def _when(iso: str) -> str:
@@ -263,8 +352,13 @@ class RunChoiceWidget(QWidget):
         self._rebuild(keep)
 
     def default_run(self) -> RunRecord | None:
-        """The latest finished run of the open model that left an adapter file."""
+        """The latest finished run of the open model that left an adapter file (None without a model)."""
+        if not self.model_path:
+            return None
         return latest_finished([r for r in self.runs if same_model(r, self.model_path)])
+
+    def _mine(self, run: RunRecord) -> bool:
+        return bool(self.model_path) and same_model(run, self.model_path)
 
     def set_path(self, path: str | None, label: str = "") -> None:
         """Choose `path` (a run's adapter, or any file: listed as a file) or a fixed entry's data."""
@@ -353,8 +447,8 @@ class RunChoiceWidget(QWidget):
         for label, data, tip in self.fixed:
             self._add(label, data, tip)
         default = self.default_run()
-        mine = [r for r in self.runs if same_model(r, self.model_path)]
-        others = [r for r in self.runs if not same_model(r, self.model_path)]
+        mine = [r for r in self.runs if self._mine(r)]
+        others = [r for r in self.runs if not self._mine(r)]
         for r in mine:
             usable = has_adapter(r)
             latest = r is default and r.kind != "rewards"  # a reward-tuned one says so in its label
@@ -368,7 +462,8 @@ class RunChoiceWidget(QWidget):
             name = self.file_labels.get(path) or os.path.basename(os.path.normpath(path))
             self._add(f"File · {name}", path, path)
         if others:
-            self._header(f"Runs of other models ({len(others)}): open their model to use them")
+            whose = "other models" if self.model_path else "their models"
+            self._header(f"Runs of {whose} ({len(others)}): open their model to use them")
             for r in others:
                 tip = f"Made for {r.model}: open that model on the Model page to use it"
                 self._add(f"   {run_label(r)} · {model_name(r.model)}", r.adapter, tip, False)
@@ -415,6 +510,8 @@ __all__ = [
     "has_adapter",
     "load_runs",
     "model_name",
+    "remember_folder",
+    "resume_checkpoint",
     "run_folders",
     "run_label",
     "same_file",

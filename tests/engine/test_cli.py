@@ -189,9 +189,9 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
 
 
 def test_train_norms_export_round_trip(tmp_path, capsys):
-    from engine.io.synth import SynthSpec, write_model
     from engine.model.lora import LoraAdapter
     from engine.model.model import Model
+    from engine.testing import SynthSpec, write_model
 
     model_path = write_model(tmp_path / "m.gguf", SynthSpec.for_arch("qwen2moe", seed=4))
     data = DATA / "datasets" / "sample_data.jsonl"
@@ -235,3 +235,46 @@ def test_train_failure_is_one_line_and_exit_2(tmp_path):
     )
     assert r.returncode == 2 and "no usable sample" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "a.gguf").exists()
+
+
+def test_train_resume_without_options_continues_the_checkpoints_run(tmp_path, capsys, chats):
+    """`train MODEL DATA --out B --resume CKPT` with no other option takes the checkpoint's settings and
+    runs to its planned step: the adapter equals the uninterrupted run's; an option that changes the
+    trajectory is refused unless accepted, and so is a checkpoint that has nothing left to train."""
+    from engine.model.lora import LoraAdapter
+    from engine.model.model import Model
+    from engine.testing import SynthSpec, write_model
+
+    model_path = write_model(tmp_path / "m.gguf", SynthSpec.for_arch("llama", seed=3))
+    first = tmp_path / "a.gguf"
+    args = ["train", model_path, chats, "--out", str(first), "--preset", "all", "--rank", "4", "--steps", "8",
+            "--ctx", "64", "--batch", "2", "--lr", "3e-3", "--warmup", "2", "--seed", "5",
+            "--checkpoint-every", "3"]  # fmt: skip
+    assert main(args) == 0
+    ckpts = tmp_path / "a.checkpoints"
+    assert sorted(p.name for p in ckpts.glob("ckpt-*")) == ["ckpt-000006", "ckpt-000008"]
+    capsys.readouterr()
+    resumed = tmp_path / "b.gguf"
+    argv = ["train", model_path, chats, "--out", str(resumed), "--resume", str(ckpts / "ckpt-000006")]
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    assert "resuming" in printed.err and "at step 6 of 8: 8 steps, context 64, batch 2" in printed.err
+    assert "step 8/8" in printed.err and "finished after 8 steps" in printed.out
+    model = Model.load(model_path)
+    a, b = LoraAdapter.load(first, model), LoraAdapter.load(resumed, model)
+    for name, (A, B) in a.pairs.items():
+        np.testing.assert_array_equal(b.pairs[name][0], A)
+        np.testing.assert_array_equal(b.pairs[name][1], B)
+    # a changed context is a new trajectory: refused, naming it, unless accepted
+    changed = [*argv[:-2], "--resume", str(ckpts / "ckpt-000006"), "--ctx", "128"]
+    assert main(changed) == 2
+    assert "context 64 -> 128" in capsys.readouterr().err
+    other = tmp_path / "other.jsonl"
+    other.write_text(open(chats).read().replace("plus", "and"))
+    assert main(["train", model_path, str(other), "--out", str(resumed), "--resume", str(ckpts)]) == 2
+    err = capsys.readouterr().err
+    assert "dataset" in err and "--accept-changes" in err
+    assert main([*changed, "--accept-changes"]) == 0
+    # the newest checkpoint is the run's end: nothing is left to train
+    assert main(["train", model_path, chats, "--out", str(resumed), "--resume", str(ckpts)]) == 2
+    assert "nothing is left to train" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from engine.kernels import cpu_workers, moe, moe_ext
+from engine.kernels import cpu_workers, moe, moe_cpu
 from engine.kernels.cpu_workers import CpuWorkers, spin_is_short
 from engine.kernels.linear import LoraTerm
 from engine.train import optim, threads
@@ -161,11 +161,14 @@ def assert_same_bits(a, b) -> None:
 def run_moe(case, ext: bool):
     x, routing, ws, loras, dy, biases = case
     if ext:
-        y, cache = moe_ext.experts_ext_forward_ref(x, routing, *ws, *biases, *loras)
-        back = moe_ext.experts_ext_backward_ref(dy, cache, *ws, need_dw=True, need_db=True)
+        b_gate, b_up, b_down = biases
+        y, cache = moe_cpu.experts_forward_cpu(
+            x, routing, *ws, *loras, b_gate=b_gate, b_up=b_up, b_down=b_down
+        )
+        back = moe_cpu.experts_backward_cpu(dy, cache, *ws, need_dw=True, need_db=True)
     else:
-        y, cache = moe.experts_forward_ref(x, routing, *ws, *loras)
-        back = moe.experts_backward_ref(dy, cache, *ws, need_dw=True)
+        y, cache = moe_cpu.experts_forward_cpu(x, routing, *ws, *loras)
+        back = moe_cpu.experts_backward_cpu(dy, cache, *ws, need_dw=True)
     return y, back
 
 
@@ -182,19 +185,19 @@ def spy_on_runs(monkeypatch) -> list[tuple[int, bool]]:
     return runs
 
 
-@pytest.mark.parametrize("ext", [False, True], ids=["moe", "moe_ext"])
+@pytest.mark.parametrize("ext", [False, True], ids=["plain", "biases"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_experts_give_the_same_bits_on_two_workers(monkeypatch, ext, seed):
     case = moe_case(seed)
     in_line = run_moe(case, ext)
     monkeypatch.setattr(cpu_workers, "_PROCESS", two_workers())
-    monkeypatch.setattr(moe, "PIECE_MIN_FLOPS", 0.0)  # these tiny experts are worth workers here
+    monkeypatch.setattr(moe_cpu, "PIECE_MIN_FLOPS", 0.0)  # these tiny experts are worth workers here
     runs = spy_on_runs(monkeypatch)
     assert_same_bits(in_line, run_moe(case, ext))
     assert len(runs) == 2 and all(n > 1 and not line for n, line in runs)  # forward and backward
 
 
-@pytest.mark.parametrize("ext", [False, True], ids=["moe", "moe_ext"])
+@pytest.mark.parametrize("ext", [False, True], ids=["plain", "biases"])
 def test_tiny_experts_stay_in_line(monkeypatch, ext):
     monkeypatch.setattr(cpu_workers, "_PROCESS", two_workers())
     runs = spy_on_runs(monkeypatch)
@@ -202,7 +205,7 @@ def test_tiny_experts_stay_in_line(monkeypatch, ext):
     assert len(runs) == 2 and all(line for _, line in runs)
     logits = np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32)
     routing, _ = moe.route_forward_ref(logits, 8, False)  # 256 tokens over 64 experts, top 8
-    assert not moe.experts_in_line(routing, 1024, 512)  # the OLMoE shape: ~100 MFLOP an expert
+    assert not moe_cpu.experts_in_line(routing, 1024, 512)  # the OLMoE shape: ~100 MFLOP an expert
 
 
 def optimizer_case():

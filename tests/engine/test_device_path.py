@@ -108,6 +108,42 @@ def test_training_on_the_device_follows_the_cpu(synth_model, emulated, chats, tm
     assert effect > 0 and np.linalg.norm(z_dev - z_cpu) <= 0.15 * effect
 
 
+MLA = dict(HS=40, n_rot=8, HS_v=32, kv_lora_rank=32, q_lora_rank=32)  # Q8_0 rows: 32-value blocks
+
+
+@pytest.mark.parametrize(
+    "arch,overrides,full",
+    [
+        ("gemma3", {}, ()),
+        ("gpt-oss", {"expert_qtype": "MXFP4"}, ("blk.*.attn_sinks.weight", "blk.*.ffn_*_exps.bias")),
+        (
+            "deepseek2",
+            dict(E=8, gating=2, probs_bias=True, n_group=4, group_used=2, moe_renorm=True, **MLA),
+            (),
+        ),
+    ],
+    ids=["gemma3", "gpt-oss-mxfp4", "deepseek-v3"],
+)
+def test_the_newer_families_train_on_the_device_as_on_the_cpu(
+    synth_model, emulated, chats, tmp_path, arch, overrides, full
+):
+    """Gemma 3 (sliding windows, GEGLU, soft-capped logits), gpt-oss (sinks, biases, clamped SwiGLU,
+    MXFP4 experts, its sinks and expert biases trained in full) and DeepSeek-V3 (MLA with q compression,
+    sigmoid routing with a selection bias and group limits) take every op on the device's twins (none
+    is refused) and follow the CPU's losses and gradient norms."""
+    path = synth_model(arch, seed=33, qtype="Q8_0", **overrides)
+    cfg = dict(steps=2, checkpoint_every=0, out="", norms_every=0, full=full)
+    cpu = _run(Model.load(path), chats, _config(tmp_path / "cpu", **cfg))
+    dev = _run(Model.load(path, backend=emulated), chats, _config(tmp_path / "dev", **cfg))
+    assert isinstance(dev[-1], ev.Finished), dev[-1]
+    a = [e for e in cpu if isinstance(e, ev.Step)]
+    b = [e for e in dev if isinstance(e, ev.Step)]
+    assert len(a) == len(b) == 2
+    for x, y in zip(a, b, strict=True):
+        assert abs(x.mean_ce - y.mean_ce) <= 2e-2 * abs(x.mean_ce)
+        assert abs(x.grad_norm - y.grad_norm) <= 5e-2 * x.grad_norm
+
+
 def test_device_run_resumes_exactly_from_its_checkpoint(synth_model, emulated, chats, tmp_path):
     path = synth_model("qwen3", seed=33)
     model = Model.load(path, backend=emulated)
@@ -148,7 +184,7 @@ def test_generation_and_reward_steps_on_the_device(synth_model, emulated, tmp_pa
 
 
 def test_a_corrupt_tensor_is_named_on_the_device_too(tmp_path, emulated):
-    from engine.io.synth import SynthSpec, random_weights, write_model
+    from engine.testing import SynthSpec, random_weights, write_model
 
     spec = SynthSpec.for_arch("llama", seed=35)
     weights = random_weights(spec)
@@ -157,3 +193,30 @@ def test_a_corrupt_tensor_is_named_on_the_device_too(tmp_path, emulated):
     model = Model.load(path, backend=emulated)
     with pytest.raises(ModelError, match="blk.1.attn_k.weight"):
         model.forward(np.array([1, 2, 3]))
+
+
+def test_vectors_and_biases_of_any_stored_type_are_float32_on_the_device(tmp_path, emulated):
+    """gpt-oss's (E, F) expert biases are matrices by shape but vectors by role; norms stored F16 or
+    BF16 (as some conversions write them) are read as float32, the values the CPU reads."""
+    from engine.io.gguf_write import write_gguf
+    from engine.testing import SynthSpec, model_metadata, random_weights
+
+    spec = SynthSpec.for_arch("gpt-oss", seed=36)
+    weights = random_weights(spec)
+    types = {n: ("F32" if a.ndim < 2 or n.endswith(".bias") else "F16") for n, a in weights.items()}
+    types["blk.0.attn_norm.weight"] = "F16"
+    types["blk.1.attn_norm.weight"] = "BF16"
+    path = write_gguf(
+        tmp_path / "m.gguf", spec.arch, model_metadata(spec), {n: (a, types[n]) for n, a in weights.items()}
+    )
+    cpu, dev = Model.load(path), Model.load(path, backend=emulated)
+    for name in (
+        "blk.0.attn_norm.weight",
+        "blk.1.attn_norm.weight",
+        "blk.0.ffn_gate_exps.bias",
+        "blk.0.attn_sinks.weight",
+    ):
+        got = dev.weights[name]
+        assert got.dtype == np.float32 and got.shape == cpu.weights.infos[name].shape, name
+        np.testing.assert_array_equal(got, cpu.weights.dense(name))
+    assert dev.weights["blk.0.ffn_gate_exps.weight"].dtype == np.uint16  # the stacks: bf16 bits, on use

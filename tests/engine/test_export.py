@@ -15,8 +15,8 @@ from gguf.quants import dequantize
 
 from engine.cli.tools import add_commands
 from engine.errors import ExportError
-from engine.io import export as export_mod
-from engine.io.export import (
+from engine.export import write as export_mod
+from engine.export.write import (
     MergeReport,
     adapter_tensor_types,
     export_adapter,
@@ -26,9 +26,9 @@ from engine.io.export import (
 from engine.io.gguf_file import GGUFFile
 from engine.io.gguf_write import LazyTensor, write_gguf
 from engine.io.quantize import quantize
-from engine.io.synth import SynthSpec, random_adapter, write_model
 from engine.model.lora import LoraAdapter
 from engine.model.model import Model
+from engine.testing import SynthSpec, random_adapter, write_model
 from tests.conftest import GOLDEN_MODELS
 
 TOKENS = np.array([1, 280, 290, 270, 299, 7, 260, 265, 3, 300 - 2])
@@ -118,7 +118,7 @@ def test_q8_0_writes_f16_for_rows_that_are_not_whole_blocks(synth_model, tmp_pat
         "blk.1.ffn_up_exps.weight.lora_a": "Q8_0",
         "blk.1.ffn_up_exps.weight.lora_b": "F16",
     }
-    with caplog.at_level(logging.WARNING, logger="engine.io.export"):
+    with caplog.at_level(logging.WARNING, logger="engine.export.write"):
         path = export_adapter(adapter, tmp_path / "a.gguf", qtype="Q8_0")
     assert "blk.0.attn_q.weight.lora_b" in caplog.text and "F16" in caplog.text
     assert {n: t.qtype for n, t in GGUFFile(path).tensors.items()} == plan
@@ -413,11 +413,47 @@ def q8_base(tmp_path_factory) -> str:
     return write_gguf(folder / "q8.gguf", "llama", f.metadata, tensors, f.metadata_types)
 
 
-def test_merged_q8_0_model_copies_bytes_and_requantizes(q8_base, tmp_path):
+def test_merged_quantized_base_writes_adapted_tensors_as_f16_by_default(q8_base, tmp_path):
+    """The default keeps the update: adapted tensors of a quantized base become F16 (W + s·ΔW exactly,
+    up to F16 rounding); every other tensor keeps its type, byte for byte."""
     model = Model.load(q8_base)
     targets = ["blk.0.attn_q.weight", "blk.1.ffn_down.weight", "blk.1.ffn_up.weight", "token_embd.weight"]
     adapter = _adapter(model, targets, rank=4)
     report = export_merged(q8_base, adapter, tmp_path / "m.gguf")
+    src, out = GGUFFile(q8_base), GGUFFile(report.path)
+    assert report.type_changes == {n: (src.tensors[n].qtype, "F16") for n in targets}
+    for name, info in src.tensors.items():
+        if name in adapter.pairs:
+            assert out.tensors[name].qtype == "F16"
+        else:
+            assert out.tensors[name].qtype == info.qtype
+            assert out.raw(name).tobytes() == src.raw(name).tobytes(), name
+    A, B = adapter.pairs["blk.0.attn_q.weight"]
+    w = src.load("blk.0.attn_q.weight") + np.float32(8.0 / 4) * (B @ A)
+    np.testing.assert_array_equal(out.load("blk.0.attn_q.weight"), w.astype(np.float16).astype(np.float32))
+    assert report.file_type_dropped and "general.file_type" not in out.metadata
+    want = model.forward(TOKENS, lora=adapter.terms())
+    assert np.abs(Model.load(report.path).forward(TOKENS) - want).max() < 5e-3 * np.abs(want).max()
+
+
+def test_merged_f16_overflow_is_an_export_error(synth_model, tmp_path):
+    base = synth_model("llama", qtype="Q8_0")
+    model = Model.load(base)
+    A = np.full((1, 64), 300.0, np.float32)
+    B = np.full((64, 1), 300.0, np.float32)
+    adapter = LoraAdapter(1.0, {"blk.0.attn_q.weight": (A, B)}, "llama")  # 9e4 > F16's 65504
+    with pytest.raises(ExportError, match="beyond F16's range"):
+        export_merged(base, adapter, tmp_path / "m.gguf")
+    assert not (tmp_path / "m.gguf").exists()
+    assert model.tensors  # (the model file is untouched)
+
+
+def test_merged_q8_0_model_copies_bytes_and_requantizes(q8_base, tmp_path):
+    """qtype "base": each adapted tensor re-quantized to the base's own type (IQ4_NL cannot be written)."""
+    model = Model.load(q8_base)
+    targets = ["blk.0.attn_q.weight", "blk.1.ffn_down.weight", "blk.1.ffn_up.weight", "token_embd.weight"]
+    adapter = _adapter(model, targets, rank=4)
+    report = export_merged(q8_base, adapter, tmp_path / "m.gguf", qtype="base")
     src, out = GGUFFile(q8_base), GGUFFile(report.path)
     assert list(out.tensors) == list(src.tensors)
     assert report.type_changes == {"blk.1.ffn_up.weight": ("IQ4_NL", "F16")}
@@ -445,7 +481,7 @@ def test_merged_q8_0_model_copies_bytes_and_requantizes(q8_base, tmp_path):
 def test_merged_keeps_file_type_when_no_type_changes(q8_base, tmp_path):
     model = Model.load(q8_base)
     adapter = _adapter(model, ["blk.0.attn_v.weight"], rank=2)
-    report = export_merged(q8_base, adapter, tmp_path / "m.gguf")
+    report = export_merged(q8_base, adapter, tmp_path / "m.gguf", qtype="base")
     out, src = GGUFFile(report.path), GGUFFile(q8_base)
     assert report.file_type == 7 and not report.file_type_dropped
     assert out.metadata == src.metadata and out.metadata_types == src.metadata_types
@@ -516,7 +552,7 @@ def test_merged_with_replaced_tensors(q8_base, tmp_path):
 def test_merged_file_reads_with_gguf_py(q8_base, tmp_path):
     model = Model.load(q8_base)
     adapter = _adapter(model, ["blk.0.attn_q.weight"], rank=2)
-    report = export_merged(q8_base, adapter, tmp_path / "m.gguf")
+    report = export_merged(q8_base, adapter, tmp_path / "m.gguf", qtype="base")
     ref = GGUFReader(report.path)
     src = GGUFFile(q8_base)
     assert [t.name for t in ref.tensors] == list(src.tensors)
@@ -623,7 +659,7 @@ def test_cli_export_merged(tmp_path, capsys):
 def test_export_size_estimate_is_close_to_the_written_file(tmp_path):
     from engine import LoraAdapter, Model, SynthSpec, export_size, write_model
     from engine.io.gguf_file import GGUFFile
-    from engine.io.synth import random_adapter
+    from engine.testing import random_adapter
 
     base_path = write_model(tmp_path / "m.gguf", SynthSpec.for_arch("qwen3moe", qtype="Q8_0"))
     model = Model.load(base_path)
@@ -636,3 +672,82 @@ def test_export_size_estimate_is_close_to_the_written_file(tmp_path):
     merged = export_merged(base_path, adapter, tmp_path / "merged.gguf").path
     estimate = export_size(adapter, qtype=None, base=GGUFFile(base_path))
     assert abs(estimate - os.path.getsize(merged)) < 0.02 * os.path.getsize(merged)
+
+
+# --- what a merge keeps of the fine-tune --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def q4_small_update(tmp_path_factory):
+    """A Q4_0 llama and an adapter whose update is far below a Q4 step (as a real LoRA's is)."""
+    from engine.testing import random_adapter
+
+    folder = tmp_path_factory.mktemp("q4")
+    base = write_model(folder / "q4.gguf", SynthSpec.for_arch("llama", qtype="Q4_0"))
+    model = Model.load(base)
+    names = [n for n in model.tensors if n.endswith(("attn_q.weight", "attn_v.weight", "ffn_up.weight"))]
+    adapter = LoraAdapter(8.0, random_adapter(model, names, rank=4, std=0.01, seed=1), "llama")
+    return base, model, adapter
+
+
+def _verify(base, model, adapter, out, qtype):
+    from engine import ExportRequest, verify_export
+
+    request = ExportRequest(source="", out=str(out), base=str(base), merge=True, qtype=qtype)
+    return verify_export(request, adapter, str(out), base=model)
+
+
+def test_default_merge_keeps_the_fine_tune_and_re_quantizing_is_measured(q4_small_update, tmp_path):
+    """Re-quantized to Q4_0, the merged model's logits stay within Q4's tolerance of base + adapter and
+    yet keep a few percent of what the adapter does: the effect measure fails it; the default keeps it."""
+    from engine import quarantine
+
+    base, model, adapter = q4_small_update
+    kept = _verify(base, model, adapter, export_merged(base, adapter, tmp_path / "m.gguf").path, None)
+    assert kept.ok and kept.written_type == "F16" and kept.effect_kept == pytest.approx(1.0, abs=0.02)
+    assert f"It keeps {kept.effect_kept:.1%} of the fine-tune's effect on the logits." in kept.verdict()
+    lost_path = export_merged(base, adapter, tmp_path / "q4.gguf", qtype="base").path
+    lost = _verify(base, model, adapter, lost_path, "base")
+    assert lost.rel < 0.2 and lost.n_off == 0  # the logits alone would pass Q4's tolerance
+    assert lost.effect_kept < 0.2 and not lost.ok
+    assert "lost the fine-tune" in lost.verdict() and "Q4_0" in lost.verdict()
+    quarantine(lost)
+    assert lost.failed_path == str(tmp_path / "q4.failed.gguf")
+    assert not (tmp_path / "q4.gguf").exists() and (tmp_path / "q4.failed.gguf").exists()
+    assert "renamed to q4.failed.gguf" in lost.verdict()
+    assert quarantine(kept).failed_path is None and (tmp_path / "m.gguf").exists()
+
+
+def test_cli_merge_verifies_by_default_and_a_failed_file_is_renamed(q4_small_update, tmp_path, capsys):
+    from engine import export_adapter
+
+    base, _model, adapter = q4_small_update
+    lora = export_adapter(adapter, tmp_path / "a.gguf")
+    out = tmp_path / "m.gguf"
+    assert _run(["export", lora, "--model", base, "--merge", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "were written as F16 to keep the fine-tune" in text and "within F16 tolerance" in text
+    assert f"run it: llama-cli -m {out}" in text
+    bad = tmp_path / "requant.gguf"
+    assert _run(["export", lora, "--model", base, "--merge", "--out", str(bad), "--type", "base"]) == 2
+    captured = capsys.readouterr()
+    assert "lost the fine-tune" in captured.err and "llama-cli" not in captured.out
+    assert not bad.exists() and (tmp_path / "requant.failed.gguf").exists()
+    no_check = tmp_path / "unchecked.gguf"
+    argv = [
+        "export",
+        lora,
+        "--model",
+        base,
+        "--merge",
+        "--out",
+        str(no_check),
+        "--type",
+        "base",
+        "--no-verify",
+    ]
+    assert _run(argv) == 0 and no_check.exists()
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is the answer?\n\nhello world\n")
+    argv = ["export", lora, "--model", base, "--merge", "--out", str(out), "--prompts", str(prompts)]
+    assert _run(argv) == 0 and "on 2 prompts" in capsys.readouterr().out

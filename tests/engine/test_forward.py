@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from engine.errors import ModelError
-from engine.io.synth import SynthSpec, random_adapter, random_weights, write_adapter, write_model
 from engine.model import ops
 from engine.model.lora import LoraAdapter, effective_scale
 from engine.model.model import Model
+from engine.testing import SynthSpec, random_adapter, random_weights, write_adapter, write_model
 from tests.conftest import ARCHS, GOLDEN_MODELS, golden_cases
 
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from engine.errors import ModelError
-from engine.io.synth import SynthSpec, write_model
 from engine.model.generate import GREEDY, SamplingConfig, generate, sample_next
 from engine.model.model import Model
+from engine.testing import SynthSpec, write_model
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from engine.errors import ExportError, ModelError
 from engine.io.gguf_file import GGUFFile, dequantizable_types
 from engine.io.gguf_write import write_gguf
 from engine.io.quantize import quantizable_types, quantize
-from engine.io.synth import SynthSpec, random_weights, write_model
 from engine.model.model import Model
 from engine.model.summary import summarize
+from engine.testing import SynthSpec, random_weights, write_model
 from tests.conftest import GOLDEN_MODELS
 
 

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from engine.io.synth import SynthSpec, write_model
 from engine.model.model import Model
 from engine.model.targets import TargetSpec, lora_candidates, select_full, select_targets, split_name
+from engine.testing import SynthSpec, write_model
 from engine.train.train_model import Trainable, loss_and_grads
 from tests.conftest import ARCHS
 from tests.gradcheck import assert_grads_close, check_grads
@@ -47,10 +47,10 @@ def _router_margin(model, batch) -> float:
     gaps = []
     orig = layers.ops.route_forward
 
-    def spy(logits, K, renorm):
+    def spy(logits, K, renorm, *options):
         s = np.sort(logits, axis=-1)[:, ::-1]
         gaps.append(float((s[:, K - 1] - s[:, K]).min()))
-        return orig(logits, K, renorm)
+        return orig(logits, K, renorm, *options)
 
     layers.ops.route_forward = spy
     try:

@@ -96,12 +96,12 @@ def test_grouped_query_attention_with_packed_mask(rng, NH, NKV):
     def f():
         return float((ops.attention_forward(q, k, v, mask, 0.5)[0] * R).sum())
 
-    dq, dk, dv = ops.attention_backward(R, ops.attention_forward(q, k, v, mask, 0.5)[1])
+    dq, dk, dv, _ = ops.attention_backward(R, ops.attention_forward(q, k, v, mask, 0.5)[1])
     assert_grads_close(check_grads(f, {"q": q, "k": k, "v": v}, {"q": dq, "k": dk, "v": dv}))
     # the mask keeps packed samples apart: the second sample's keys get no gradient from the first's queries
     R2 = np.zeros_like(R)
     R2[0, :3] = 1.0
-    _, dk2, dv2 = ops.attention_backward(R2, ops.attention_forward(q, k, v, mask, 0.5)[1])
+    _, dk2, dv2, _ = ops.attention_backward(R2, ops.attention_forward(q, k, v, mask, 0.5)[1])
     assert np.abs(dk2[0, 3:]).max() == 0 and np.abs(dv2[0, 3:]).max() == 0
 
 
@@ -110,9 +110,9 @@ def test_swiglu(rng):
     R = _r(rng, 3, 7)
 
     def f():
-        return float((ops.swiglu_forward(g, u)[0] * R).sum())
+        return float((ops.glu_forward(g, u)[0] * R).sum())
 
-    dg, du = ops.swiglu_backward(R, ops.swiglu_forward(g, u)[1])
+    dg, du = ops.glu_backward(R, ops.glu_forward(g, u)[1])
     assert_grads_close(check_grads(f, {"g": g, "u": u}, {"g": dg, "u": du}))
 
 
@@ -152,7 +152,7 @@ def test_expert_dispatch_and_combine(rng, with_lora):
     def f():
         return float((run()[0] * R).sum())
 
-    dx, dweights, dW, dlora = ops.experts_backward(R, run()[1], wg, wu, wd, need_dw=True)
+    dx, dweights, dW, dlora, _ = ops.experts_backward(R, run()[1], wg, wu, wd, need_dw=True)
     inputs = {"x": x, "weights": weights, "wg": wg, "wu": wu, "wd": wd}
     grads = {"x": dx, "weights": dweights, "wg": dW["gate"], "wu": dW["up"], "wd": dW["down"]}
     if with_lora:

@@ -33,10 +33,10 @@ def test_attention_with_sinks_value_width_and_sliding_window(rng, sinks, window)
     R = _r(rng, B, T, NH * HSV)
 
     def f():
-        return float((ops.attention_ext_forward(q, k, v, mask, 0.4, s)[0] * R).sum())
+        return float((ops.attention_forward(q, k, v, mask, 0.4, s)[0] * R).sum())
 
-    y, cache = ops.attention_ext_forward(q, k, v, mask, 0.4, s)
-    dq, dk, dv, ds = ops.attention_ext_backward(R, cache)
+    y, cache = ops.attention_forward(q, k, v, mask, 0.4, s)
+    dq, dk, dv, ds = ops.attention_backward(R, cache)
     inputs, grads = {"q": q, "k": k, "v": v}, {"q": dq, "k": dk, "v": dv}
     if sinks:
         inputs["sinks"], grads["sinks"] = s, ds
@@ -47,12 +47,12 @@ def test_attention_with_sinks_value_width_and_sliding_window(rng, sinks, window)
         np.testing.assert_allclose(y, ref.reshape(B, T, NH, HS)[..., :HSV].reshape(B, T, -1), atol=1e-12)
     assert_grads_close(check_grads(f, inputs, grads))
     if sinks:  # a sink takes probability mass and gives nothing: the output shrinks toward 0
-        plain, _ = ops.attention_ext_forward(q, k, v, mask, 0.4, None)
+        plain, _ = ops.attention_forward(q, k, v, mask, 0.4, None)
         assert np.abs(y).sum() < np.abs(plain).sum()
     if window:  # query 5 of row 1 sees keys 3, 4, 5 only
         R2 = np.zeros_like(R)
         R2[1, 5] = 1.0
-        _, dk2, dv2, _ = ops.attention_ext_backward(R2, cache)
+        _, dk2, dv2, _ = ops.attention_backward(R2, cache)
         assert np.abs(dv2[1, :3]).max() == 0 and np.abs(dv2[1, 3:]).max() > 0
 
 
@@ -60,9 +60,9 @@ def test_geglu_exact_in_float64_and_ggml_table_in_float32(rng):
     g, u, R = _r(rng, 3, 9) * 3, _r(rng, 3, 9), _r(rng, 3, 9)
 
     def f():
-        return float((ops.geglu_forward(g, u)[0] * R).sum())
+        return float((ops.glu_forward(g, u, "gelu")[0] * R).sum())
 
-    dg, du = ops.geglu_backward(R, ops.geglu_forward(g, u)[1])
+    dg, du = ops.glu_backward(R, ops.glu_forward(g, u, "gelu")[1])
     assert_grads_close(check_grads(f, {"g": g, "u": u}, {"g": dg, "u": du}))
     # float32: ggml's table, an fp16 value of gelu at the fp16-rounded input; 0 / x beyond +-10
     x = np.array([-12.0, -10.0, -3.3, -0.01, 0.0, 0.3337, 2.5, 9.99, 10.0, 15.0], np.float32)
@@ -72,23 +72,23 @@ def test_geglu_exact_in_float64_and_ggml_table_in_float32(rng):
     assert np.array_equal(y[inner], y[inner].astype(np.float16).astype(np.float32))
     h = x[inner].astype(np.float16).astype(np.float64)
     np.testing.assert_allclose(y[inner], gelu_tanh(h), rtol=2e-3, atol=1e-4)
-    a32, _ = ops.geglu_forward(g.astype(np.float32), np.ones((3, 9), np.float32))
+    a32, _ = ops.glu_forward(g.astype(np.float32), np.ones((3, 9), np.float32), "gelu")
     assert np.array_equal(a32, gelu_ggml(g.astype(np.float32)))
 
 
 def test_clamped_swiglu_of_gpt_oss(rng):
     g = np.array([[-9.0, -1.0, 0.5, 3.0, 6.5, 8.0, 20.0]])
     u = np.array([[-9.0, -6.5, 0.2, 2.0, 6.9, 7.5, -20.0]])
-    y, cache = ops.swiglu_oai_forward(g, u)
+    y, cache = ops.glu_forward(g, u, "swiglu_oai")
     gc, uc = np.minimum(g, 7), np.clip(u, -7, 7)
     np.testing.assert_allclose(y, gc / (1 + np.exp(-1.702 * gc)) * (uc + 1), rtol=1e-14)
     assert y[0, 5] == y[0, 5] and y[0, 5] == pytest.approx(7 / (1 + np.exp(-1.702 * 7)) * 8)  # both clamped
     R = _r(rng, 1, 7)
-    dg, du = ops.swiglu_oai_backward(R, cache)
+    dg, du = ops.glu_backward(R, cache)
     assert dg[0, 5] == 0 and dg[0, 6] == 0 and du[0, 0] == 0 and du[0, 6] == 0  # no gradient past a clamp
 
     def f():
-        return float((ops.swiglu_oai_forward(g, u)[0] * R).sum())
+        return float((ops.glu_forward(g, u, "swiglu_oai")[0] * R).sum())
 
     assert_grads_close(check_grads(f, {"g": g, "u": u}, {"g": dg, "u": du}))
 
@@ -127,7 +127,7 @@ def test_routing_variants(rng, gating, renorm, scale, bias, groups):
     logits = _separated_logits(rng, N, E)
     b = 0.3 * _r(rng, E) if bias else None
     R = _r(rng, N, K)
-    r, cache = ops.route_ext_forward(logits, K, renorm, gating, scale, b, groups, 1 if groups else 0)
+    r, cache = ops.route_forward(logits, K, renorm, gating, scale, b, groups, 1 if groups else 0)
     if gating == "softmax_selected":
         chosen = np.take_along_axis(logits, r.topk, 1)
         np.testing.assert_allclose(r.weights, ops.softmax(chosen), rtol=1e-12)
@@ -143,20 +143,25 @@ def test_routing_variants(rng, gating, renorm, scale, bias, groups):
     assert experts_of_pairs.tolist() == sorted(experts_of_pairs.tolist())
 
     def f():
-        rr, _ = ops.route_ext_forward(logits, K, renorm, gating, scale, b, groups, 1 if groups else 0)
+        rr, _ = ops.route_forward(logits, K, renorm, gating, scale, b, groups, 1 if groups else 0)
         assert (rr.topk == r.topk).all()
         return float((rr.weights * R).sum())
 
-    dlogits = ops.route_ext_backward(R, cache)
+    dlogits = ops.route_backward(R, cache)
     assert_grads_close(check_grads(f, {"logits": logits}, {"logits": dlogits}))
 
 
-def test_route_ext_equals_the_plain_router_when_it_is_one(rng):
+def test_router_options_at_their_neutral_values_are_the_plain_router(rng):
     logits = _separated_logits(rng, 6, 5)
     a, _ = ops.route_forward(logits, 2, True)
-    b, _ = ops.route_ext_forward(logits, 2, True)
+    b, _ = ops.route_forward(logits, 2, True, "softmax", 1.0, np.zeros(5), 1, 1)
     for x, y in zip(a, b, strict=True):
         np.testing.assert_allclose(x, y, rtol=1e-12)
+    p = ops.softmax(logits)
+    top = np.argsort(-p, axis=1)[:, :2]
+    np.testing.assert_array_equal(a.topk, top)
+    w = np.take_along_axis(p, top, 1)
+    np.testing.assert_allclose(a.weights, w / w.sum(1, keepdims=True), rtol=1e-12)
 
 
 @pytest.mark.parametrize("act", ["silu", "swiglu_oai"])
@@ -179,13 +184,13 @@ def test_experts_with_biases_lora_and_activation(rng, act):
         return [LoraTerm(A, B, 0.6) for A, B in la]
 
     def f():
-        y, _ = ops.experts_ext_forward(x, routing, wg, wu, wd, bg, bu, bd, *terms(), act=act)
+        y, _ = ops.experts_forward(x, routing, wg, wu, wd, *terms(), b_gate=bg, b_up=bu, b_down=bd, act=act)
         return float((y * R).sum())
 
-    y, cache = ops.experts_ext_forward(x, routing, wg, wu, wd, bg, bu, bd, *terms(), act=act)
+    y, cache = ops.experts_forward(x, routing, wg, wu, wd, *terms(), b_gate=bg, b_up=bu, b_down=bd, act=act)
     if act == "swiglu_oai":
-        assert max(c.act.g.max() for c in cache.per_expert) > 7
-    dx, dweights, dW, db, dl = ops.experts_ext_backward(R, cache, wg, wu, wd, need_dw=True, need_db=True)
+        assert max(c.g.max() for c in cache.per_expert) > 7
+    dx, dweights, dW, dl, db = ops.experts_backward(R, cache, wg, wu, wd, need_dw=True, need_db=True)
     inputs = {"x": x, "wg": wg, "wu": wu, "wd": wd, "bg": bg, "bu": bu, "bd": bd}
     grads = {"x": dx, "wg": dW["gate"], "wu": dW["up"], "wd": dW["down"], "bg": db["gate"], "bu": db["up"]}
     grads["bd"] = db["down"]
@@ -197,13 +202,15 @@ def test_experts_with_biases_lora_and_activation(rng, act):
 
     def fw():
         rr = routing._replace(weights=w)
-        return float((ops.experts_ext_forward(x, rr, wg, wu, wd, bg, bu, bd, act=act)[0] * R).sum())
+        return float(
+            (ops.experts_forward(x, rr, wg, wu, wd, b_gate=bg, b_up=bu, b_down=bd, act=act)[0] * R).sum()
+        )
 
-    _, c2 = ops.experts_ext_forward(x, routing, wg, wu, wd, bg, bu, bd, act=act)
-    assert_grads_close(check_grads(fw, {"w": w}, {"w": ops.experts_ext_backward(R, c2, wg, wu, wd)[1]}))
+    _, c2 = ops.experts_forward(x, routing, wg, wu, wd, b_gate=bg, b_up=bu, b_down=bd, act=act)
+    assert_grads_close(check_grads(fw, {"w": w}, {"w": ops.experts_backward(R, c2, wg, wu, wd)[1]}))
     if act == "silu":  # without biases it is the plain MUL_MAT_ID op
         plain, _ = ops.experts_forward(x, routing, wg, wu, wd)
-        np.testing.assert_allclose(ops.experts_ext_forward(x, routing, wg, wu, wd)[0], plain, atol=1e-12)
+        np.testing.assert_allclose(ops.experts_forward(x, routing, wg, wu, wd)[0], plain, atol=1e-12)
 
 
 def test_softcap_and_the_capped_head_loss(rng):
@@ -226,7 +233,7 @@ def test_softcap_and_the_capped_head_loss(rng):
     weights = rng.uniform(0.2, 1.0, N) * (targets >= 0)
 
     def run(backward=True):
-        return ops.softcap_head_loss(
+        return ops.lm_head_loss(
             h, w, targets, weights, cap=4.0, tied_lora=LoraTerm(A, B, 0.5), need_dw=True, h_ref=h_ref,
             w_ref=w_ref, kl_coef=0.3, backward=backward,
         )  # fmt: skip
@@ -240,7 +247,12 @@ def test_softcap_and_the_capped_head_loss(rng):
     assert_grads_close(check_grads(lambda: run(False)[0], {"h": h, "w": w, "A": A, "B": B}, grads))
 
 
-def test_new_ops_say_they_have_no_cuda_version_on_a_gpu_backend(rng):
+def test_every_op_has_a_cuda_twin_and_one_without_would_say_so(rng):
+    table = [getattr(ops, n) for n in ops.__all__ if hasattr(getattr(ops, n), "twin_on")]
+    assert len(table) >= 20 and all(op.twin_on is not None for op in table), [
+        op.__name__ for op in table if op.twin_on is None
+    ]
+    untwinned = ops._op(ops.softcap_forward.reference, None)
     with ops.use_runtime(object()):
         with pytest.raises(EngineError, match="no CUDA version yet"):
-            ops.geglu_forward(_r(rng, 2, 3), _r(rng, 2, 3))
+            untwinned(_r(rng, 2, 3), 15.0)

@@ -1,6 +1,6 @@
 """The forward pass against Hugging Face transformers on architectures without llama.cpp golden data.
 
-tests/data/hf_reference holds tiny random GGUF models written by engine.io.synth and the logits that
+tests/data/hf_reference holds tiny random GGUF models written by engine.testing and the logits that
 transformers' implementation of each architecture computes for the same weights (in float64); see
 make_reference.py there for how they were made. Nothing here needs torch or transformers.
 """

@@ -16,7 +16,7 @@ import pytest
 
 import engine.text.chat_template as chat_template
 from engine.errors import DatasetError
-from engine.io.synth import SynthSpec, write_model
+from engine.testing import SynthSpec, write_model
 from engine.text.chat_template import ChatTemplate
 from engine.text.tokenizer import Tokenizer
 from engine.train import data

@@ -17,9 +17,9 @@ import pytest
 from bench.fuzz import header_map
 from engine.errors import ModelError, TokenizerError
 from engine.io.gguf_file import GGUFFile
-from engine.io.synth import SynthSpec, model_metadata, random_weights, write_model
 from engine.model.archs import ModelConfig
 from engine.model.model import Model
+from engine.testing import SynthSpec, model_metadata, random_weights, write_model
 from engine.text.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,8 +8,8 @@ import pytest
 import engine.train.memory as memory_mod
 from engine import Failed, TrainConfig, Trainer, estimate_memory
 from engine.io.gguf_file import GGUFFile
-from engine.io.synth import SynthSpec, write_model
 from engine.model.archs import ModelConfig
+from engine.testing import SynthSpec, write_model
 
 GIB = 2**30
 

@@ -13,14 +13,6 @@ import pytest
 from engine.errors import ModelError
 from engine.io.gguf_file import GGUFFile
 from engine.io.gguf_write import write_gguf
-from engine.io.synth import (
-    SynthSpec,
-    model_metadata,
-    random_adapter,
-    random_weights,
-    write_adapter,
-    write_model,
-)
 from engine.kernels.rope import rope_angles
 from engine.model.archs import ModelConfig
 from engine.model.lora import LoraAdapter
@@ -28,6 +20,14 @@ from engine.model.model import Model
 from engine.model.rope_scaling import yarn_angles
 from engine.model.summary import summarize
 from engine.model.targets import TargetSpec, lora_candidates, select_targets
+from engine.testing import (
+    SynthSpec,
+    model_metadata,
+    random_adapter,
+    random_weights,
+    write_adapter,
+    write_model,
+)
 from engine.train import events as ev
 from engine.train.train_model import Trainable, loss_and_grads
 from engine.train.trainer import TrainConfig, Trainer

@@ -10,11 +10,11 @@ import pytest
 
 from engine.cli.tools import add_commands
 from engine.errors import ModelError
-from engine.io.export import export_adapter
+from engine.export.write import export_adapter
 from engine.io.gguf_file import GGUFFile
-from engine.io.synth import SynthSpec, random_adapter, write_model
 from engine.model.lora import LoraAdapter, effective_scale
 from engine.model.model import Model
+from engine.testing import SynthSpec, random_adapter, write_model
 from engine.train.norms import delta_norms_squared, kind_and_layer, lora_norms
 from tests.conftest import GOLDEN_MODELS
 

@@ -16,8 +16,8 @@ import pytest
 from bench.fuzz_cli import run_cli
 from engine.errors import ConfigError
 from engine.io.files import AppendLog, check_outputs, replace_problem
-from engine.io.synth import SynthSpec, random_adapter, write_adapter, write_model
 from engine.model.model import Model
+from engine.testing import SynthSpec, random_adapter, write_adapter, write_model
 from engine.text.chat_template import CHATML_TEMPLATE
 
 pytestmark = pytest.mark.timeout(60)

@@ -20,8 +20,8 @@ from engine import (
     TargetSpec,
     TrainConfig,
 )
-from engine.io.synth import SynthSpec, random_adapter, write_adapter, write_model
 from engine.session import RUN
+from engine.testing import SynthSpec, random_adapter, write_adapter, write_model
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from engine.model.targets import (
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
-    from engine.io.synth import SynthSpec, write_model
+    from engine.testing import SynthSpec, write_model
 
     path = write_model(tmp_path_factory.mktemp("t") / "m.gguf", SynthSpec.for_arch("qwen2moe", L=4))
     return GGUFFile(path).tensors
@@ -112,9 +112,9 @@ def test_full_weight_selection(moe):
 
 
 def test_lora_param_count_equals_what_training_allocates(tmp_path):
-    from engine.io.synth import SynthSpec, write_model
     from engine.model.model import Model
     from engine.model.targets import lora_param_count
+    from engine.testing import SynthSpec, write_model
     from engine.train.train_model import Trainable
 
     model = Model.load(write_model(tmp_path / "m.gguf", SynthSpec.for_arch("qwen2moe")))

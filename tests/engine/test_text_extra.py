@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.io.synth import CHATML, spm_vocab
+from engine.testing import CHATML, spm_vocab
 from engine.text.chat_template import GEMMA_TEMPLATE, ChatTemplate
 from engine.text.tokenizer import Tokenizer
 from tests.engine.test_tokenizer import _tiny_metadata

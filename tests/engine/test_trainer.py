@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from engine.io.synth import SynthSpec, write_model
 from engine.model.generate import GREEDY, generate
 from engine.model.lora import LoraAdapter
 from engine.model.model import Model
 from engine.model.targets import TargetSpec
+from engine.testing import SynthSpec, write_model
 from engine.text.chat_template import ChatTemplate
 from engine.text.tokenizer import Tokenizer
 from engine.train import events as ev
@@ -134,6 +135,41 @@ def test_resume_continues_the_same_trajectory(models, tmp_path):
     ]
     assert resumed == losses  # bit for bit
     assert result.step == 6
+
+
+def test_a_checkpoint_carries_its_runs_plan_settings_data_and_counters(models, tmp_path):
+    """Samples trained from memory (the app's editor) are copied beside the checkpoints; the checkpoint
+    names the settings, the planned total, the tokens and the time, and resuming on its own data with
+    its own settings continues the counters and the trajectory; too few planned steps fail clearly."""
+    from engine.train.resume import read_checkpoint_info, trajectory_changes
+
+    samples, _ = load_jsonl(write_chats(tmp_path / "d.jsonl"))
+    cfg = TrainConfig(targets=TargetSpec(preset="attention"), rank=4, lr=5e-3, steps=6, n_ctx=32, seed=3)
+    full_run, _ = run(Trainer(models["llama"], samples, cfg))
+    ckpt = tmp_path / "run-checkpoints"
+    first, stopped = run(
+        Trainer(models["llama"], samples, replace(cfg, checkpoint_dir=str(ckpt))), stop_after=2
+    )
+    assert stopped.stopped and (ckpt / "data.jsonl").exists()
+    info = read_checkpoint_info(str(ckpt))
+    steps1 = [e for e in first if isinstance(e, ev.Step)]
+    assert (info.step, info.total_steps, info.config) == (2, 6, replace(cfg, checkpoint_dir=str(ckpt)))
+    assert info.tokens == sum(e.tokens for e in steps1) and info.seconds == steps1[-1].elapsed_s > 0
+    assert info.dataset is None and info.data() == str(ckpt / "data.jsonl")
+    assert trajectory_changes(info.config, replace(info.config, n_ctx=64, lr=1e-3)) == [
+        "context 32 -> 64",
+        "learning rate 0.005 -> 0.001",
+    ]
+    second, result = run(Trainer(models["llama"], info.data(), info.config, resume=info.path))
+    plan = second[0].plan
+    assert (plan.start_step, plan.start_tokens, plan.start_seconds) == (2, info.tokens, info.seconds)
+    assert [e.loss for e in steps1 + [e for e in second if isinstance(e, ev.Step)]] == [
+        e.loss for e in full_run if isinstance(e, ev.Step)
+    ]
+    assert result.step == 6
+    _, failed = run(Trainer(models["llama"], samples, replace(cfg, steps=1), resume=info.path))
+    assert isinstance(failed, ev.Failed) and "nothing is left to train" in failed.message
+    assert "it planned 6 steps" in failed.message
 
 
 def test_stop_is_graceful_and_leaves_a_consistent_checkpoint(models, tmp_path):

@@ -155,7 +155,7 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_previous_one_and_leaves_no_tempor
 def test_a_full_disk_at_the_end_names_the_file_and_writes_nothing_partial(
     model, chats, tmp_path, monkeypatch
 ):
-    import engine.io.export as export
+    import engine.export.write as export
 
     real = export.export_adapter
 

@@ -19,12 +19,12 @@ from bench.fuzz import header_map
 from bench.fuzz_cli import numeric_options, run_cli
 from engine.errors import ConfigError, ModelError
 from engine.io.gguf_file import KNOWN_TYPES, GGUFFile, dequantizable_types
-from engine.io.synth import SynthSpec, random_adapter, write_adapter, write_model
 from engine.model.generate import SamplingConfig
 from engine.model.lora import LoraAdapter
 from engine.model.model import Model
 from engine.ranges import RANGES, check_number
 from engine.session import EngineSession
+from engine.testing import SynthSpec, random_adapter, write_adapter, write_model
 from engine.train.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
 from engine.train.reward_session import RewardConfig, RewardError
 from engine.train.trainer import TrainConfig
@@ -176,12 +176,13 @@ def test_train_resume_refuses_a_poisoned_checkpoint(model, tmp_path):
         "1",
     ]
     assert run_cli(argv)[0] == 0
-    ckpt = tmp_path / "a.checkpoints" / "ckpt-000002"
+    ckpt = tmp_path / "a.checkpoints" / "ckpt-000001"  # step 1 of 2: resuming it has a step to take
     state = dict(np.load(ckpt / "state.npz"))
     key = next(k for k in state if k.startswith("param."))
     state[key].reshape(-1)[0] = np.nan
     np.savez(ckpt / "state.npz", **state)
-    line = _error_line([*argv[:-2], "--steps", "4", "--resume", str(ckpt), "--out", str(tmp_path / "b.gguf")])
+    # the run as it was (its own settings, to its planned step), from the poisoned checkpoint
+    line = _error_line(["train", model, str(data), "--resume", str(ckpt), "--out", str(tmp_path / "b.gguf")])
     assert key in line and "non-finite" in line
 
 

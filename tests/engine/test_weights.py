@@ -9,10 +9,10 @@ from gguf import quants as gguf_quants
 
 from engine import EngineError
 from engine.io.gguf_file import GGUFFile
-from engine.io.synth import SynthSpec, write_model
 from engine.io.weights import ExpertStack, RowTensor, WeightStore, parse_budget, resolve_budget
 from engine.model.model import Model
 from engine.model.targets import TargetSpec, select_targets
+from engine.testing import SynthSpec, write_model
 from engine.train.train_model import Trainable, loss_and_grads
 from tests.engine.test_grad_model import packed_batch
 

@@ -115,8 +115,9 @@ def compiler() -> str | None:
 class HostKernels:
     """The kernels of one CUDA source built for the host; launch(name, grid, threads, *args)."""
 
-    def __init__(self, code: str, params: tuple[str, ...], workdir: Path):
-        """`params`: the kernels' parameter kinds in order, each "ptr", "i64" or "i32"."""
+    def __init__(self, code: str, params: tuple[str, ...], workdir: Path, options: Sequence[str] = ()):
+        """`params`: the kernels' parameter kinds in order, each "ptr", "i64" or "i32"; `options`: the
+        source's NVRTC options, of which the -D macro definitions are given to g++ too."""
         gxx = compiler()
         if gxx is None:
             raise RuntimeError("g++ is not installed")
@@ -146,7 +147,7 @@ extern "C" int emu_launch(const void* fn, int grid, int threads, {decl}) {{
         lib = workdir / "kernels_host.so"
         src.write_text(SHIM + body + launcher)
         cmd = [gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
-        cmd += ["-pthread", "-w", str(src), "-o", str(lib)]
+        cmd += ["-pthread", "-w", *gxx_defines(options), str(src), "-o", str(lib)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"g++ could not build the host emulation:\n{done.stderr[-4000:]}")
@@ -517,10 +518,10 @@ class FiberKernels:
         lib = workdir / f"fiber_{digest}.so"
         if not lib.exists():
             src.write_text(text)
-            defines = [o for o in options if o.startswith("-D")]
             cmd = [gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math", "-fPIC", "-shared"]
             # _longjmp between fiber stacks: the fortified longjmp would reject the stack switch
-            cmd += ["-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0", "-w", *defines, str(src), "-o", str(lib)]
+            cmd += ["-U_FORTIFY_SOURCE", "-D_FORTIFY_SOURCE=0", "-w", *gxx_defines(options)]
+            cmd += [str(src), "-o", str(lib)]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"g++ could not build the fiber emulation:\n{done.stderr[-6000:]}")
@@ -588,6 +589,11 @@ class FiberKernels:
         rc = self._lib.emu_launch(fn, ptrs, *g, *b, int(shared_mem), int(reverse), err, len(err))
         if rc != 0:
             raise EmulationError(f"{name}: {err.value.decode()}")
+
+
+def gxx_defines(options: Sequence[str]) -> list[str]:
+    """The -D macro definitions among a source's NVRTC options (g++ reads them alike)."""
+    return [o for o in options if o.startswith("-D")]
 
 
 def _dims(d: int | Sequence[int]) -> tuple[int, int, int]:

@@ -12,6 +12,11 @@ switched with _setjmp/_longjmp on one OS thread), so that:
   ISA's fragment layout: every lane posts its A and B registers, the warp meets, and each lane
   computes its own four D elements from its neighbours' registers. A kernel that loads or stores a
   fragment element at the wrong place gets wrong numbers here, as it would on the GPU;
+- `cp.async` (16-byte copies with zero fill, commit and wait_group) is emulated with a queue per thread:
+  a copy lands only when a `cp.async.wait_group` of its thread completes its group, so a kernel that
+  reads a pipeline stage before waiting for it reads what was there before (dynamic shared memory
+  starts as 0xFF bytes: NaN); `ldmatrix.x4` (and `.trans`) exchanges the warp's row addresses and gives
+  each lane the PTX ISA's fragment elements; both fault on addresses that are not 16-byte aligned;
 - kernels are called through their own C++ signature: each launch checks that every argument's kind
   and size (pointer, 4- or 8-byte integer, float) is what the kernel declares, as CuPy would need;
 - an 8- or 16-byte `__ldg` from an address that is not a multiple of its size is an error, as it
@@ -26,14 +31,14 @@ each operation, g++ -ffp-contract=off, and sums an mma tile in k order). One blo
 from __future__ import annotations
 
 import ctypes
-import re
+import hashlib
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
-from tests.kernels.emulate import compiler
+from tests.kernels.emulate import _host_source, compiler, gxx_defines
 
 SHIM = r"""
 #include <math.h>
@@ -50,8 +55,10 @@ SHIM = r"""
 
 struct uint4 { unsigned int x, y, z, w; };
 struct float4 { float x, y, z, w; };
+struct float2 { float x, y; };
 static inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
+static inline float2 make_float2(float a, float b) { return {a, b}; }
 
 struct emu_dim3 { unsigned x, y, z; };
 static emu_dim3 blockIdx, threadIdx, blockDim, gridDim;
@@ -66,6 +73,9 @@ static emu_dim3 blockIdx, threadIdx, blockDim, gridDim;
 
 static char emu_error[512];
 static int emu_faulted;
+struct emu_copy { void* dst; const void* src; int bytes, group; };
+static std::vector<emu_copy> emu_copies[1024];
+static int emu_groups[1024];
 template <class T> static inline T __ldg(const T* p) {
     if (sizeof(T) >= 8 && (uintptr_t)p % sizeof(T) != 0 && !emu_faulted) {  // the GPU faults on it
         emu_faulted = 1;
@@ -128,10 +138,13 @@ static void emu_trampoline() {
     }
 }
 
-static int emu_run(void (*body)(void*), void* argv, int gx, int gy, int threads) {
+static unsigned char* emu_dyn_smem;
+static int emu_run(void (*body)(void*), void* argv, int gx, int gy, int threads, long long shmem) {
     const size_t stack = 128 * 1024;
     std::unique_ptr<emu_fiber[]> fibers(new emu_fiber[threads]);
     std::unique_ptr<char[]> stacks(new char[stack * threads]);
+    std::vector<unsigned char> dyn((size_t)shmem + 16);
+    emu_dyn_smem = (unsigned char*)(((uintptr_t)dyn.data() + 15) & ~(uintptr_t)15);
     emu_fibers = fibers.get();
     emu_nthreads = threads;
     emu_body = body;
@@ -153,7 +166,12 @@ static int emu_run(void (*body)(void*), void* argv, int gx, int gy, int threads)
             blockIdx = {(unsigned)bx, (unsigned)by, 0};
             emu_block_bar = {0, 0};
             for (auto& w : emu_warp_bar) w = {0, 0};
-            for (int i = 0; i < threads; ++i) emu_fibers[i].done = 0;
+            for (int i = 0; i < threads; ++i) {
+                emu_fibers[i].done = 0;
+                emu_copies[i].clear();
+                emu_groups[i] = 0;
+            }
+            std::memset(emu_dyn_smem, 0xff, (size_t)shmem);  // never written: NaN floats, bf16 NaN
             for (;;) {
                 const long before = emu_progress;
                 int left = 0;
@@ -215,6 +233,65 @@ static void emu_mma_bf16_16816(float (&d)[4], const unsigned (&a)[4], const unsi
     for (int i = 0; i < 4; ++i) d[i] = out[i];
 }
 
+// ---- cp.async: each thread's copies wait in its queue until a cp.async.wait_group completes them ------
+// (so a kernel that reads a stage before waiting for it reads stale or poisoned shared memory, as it
+// may on the GPU). Groups are numbered per thread in commit order; copies issued after the last commit
+// belong to the open group, which no wait completes.
+static void emu_cp_async16(void* dst, const void* src, int bytes) {
+    if (((uintptr_t)dst % 16 || (bytes && (uintptr_t)src % 16)) && !emu_faulted) {
+        emu_faulted = 1;
+        std::snprintf(emu_error, sizeof emu_error,
+                      "misaligned cp.async (%p <- %p, thread %u of block (%u, %u))", dst, src, threadIdx.x,
+                      blockIdx.x, blockIdx.y);
+    }
+    emu_copies[threadIdx.x].push_back({dst, src, bytes, emu_groups[threadIdx.x]});
+}
+static void emu_cp_async_commit() { ++emu_groups[threadIdx.x]; }
+static void emu_cp_async_wait(int n) {
+    std::vector<emu_copy>& q = emu_copies[threadIdx.x];
+    const int done_below = emu_groups[threadIdx.x] - n;
+    size_t kept = 0;
+    for (size_t i = 0; i < q.size(); ++i) {
+        if (q[i].group < done_below) {
+            std::memcpy(q[i].dst, q[i].src, q[i].bytes);
+            std::memset((char*)q[i].dst + q[i].bytes, 0, 16 - q[i].bytes);
+        } else {
+            q[kept++] = q[i];
+        }
+    }
+    q.resize(kept);
+}
+
+// ---- ldmatrix.sync.aligned.m8n8.x4(.trans).b16: lane l gives the address of row l % 8 of matrix l / 8;
+// register j of lane l holds matrix j's elements (row l / 4, columns 2 (l % 4), +1), or transposed
+// (rows 2 (l % 4), +1 of column l / 4); the low half holds the first.
+static const void* emu_ldsm_rows[32][32];
+static void emu_ldmatrix_x4(unsigned (&r)[4], const void* p, bool trans) {
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if ((uintptr_t)p % 16 && !emu_faulted) {
+        emu_faulted = 1;
+        std::snprintf(emu_error, sizeof emu_error, "misaligned ldmatrix row %p (thread %u)", p, threadIdx.x);
+    }
+    emu_ldsm_rows[w][lane] = p;
+    emu_syncwarp();
+    const int g = lane >> 2, t = lane & 3;
+    unsigned out[4];
+    for (int j = 0; j < 4; ++j) {
+        unsigned short lo, hi;
+        if (!trans) {
+            const unsigned short* row = (const unsigned short*)emu_ldsm_rows[w][j * 8 + g];
+            lo = row[2 * t];
+            hi = row[2 * t + 1];
+        } else {
+            lo = ((const unsigned short*)emu_ldsm_rows[w][j * 8 + 2 * t])[g];
+            hi = ((const unsigned short*)emu_ldsm_rows[w][j * 8 + 2 * t + 1])[g];
+        }
+        out[j] = (unsigned)lo | ((unsigned)hi << 16);
+    }
+    emu_syncwarp();  // every lane has read the addresses before any lane's next ldmatrix posts its own
+    for (int j = 0; j < 4; ++j) r[j] = out[j];
+}
+
 // ---- calling a kernel through its own signature --------------------------------------------------------
 template <class T> constexpr char emu_kind() {
     return std::is_pointer<T>::value ? 'p' : std::is_floating_point<T>::value ? 'f' : 'i';
@@ -246,25 +323,27 @@ class FiberKernels:
     pointer), np.int32 / np.int64 / np.float32 scalars, checked against the kernel's signature.
     """
 
-    def __init__(self, code: str, kernels: Iterable[str], workdir: Path):
+    def __init__(self, code: str, kernels: Iterable[str], workdir: Path, options: Iterable[str] = ()):
         gxx = compiler()
         if gxx is None:
             raise RuntimeError("g++ is not installed")
         self.kernels = tuple(kernels)
-        body = re.sub(r"^\s*#include\s*<cuda_(fp16|bf16)\.h>\s*$", "", code, flags=re.M)
+        body = _host_source(code)
         glue = []
         for k in self.kernels:
             glue.append(
                 f"static void emu_body_{k}(void* a) {{ emu_invoke({k}, (void**)a); }}\n"
-                f'extern "C" int emu_launch_{k}(int gx, int gy, int threads, void** argv) '
-                f"{{ return emu_run(emu_body_{k}, argv, gx, gy, threads); }}\n"
+                f'extern "C" int emu_launch_{k}(int gx, int gy, int threads, long long shmem, void** argv) '
+                f"{{ return emu_run(emu_body_{k}, argv, gx, gy, threads, shmem); }}\n"
                 f'extern "C" int emu_sig_{k}(char* kinds, int* sizes) '
                 f"{{ return emu_signature({k}, kinds, sizes); }}\n"
             )
         glue.append('extern "C" const char* emu_last_error() { return emu_error; }\n')
-        src = workdir / "moe_host.cpp"
-        lib = workdir / "moe_host.so"
-        src.write_text(SHIM + body + "".join(glue))
+        text = SHIM + body + "".join(glue)
+        digest = hashlib.sha1((text + " ".join(options)).encode()).hexdigest()[:16]
+        src = workdir / f"moe_host_{digest}.cpp"
+        lib = workdir / f"moe_host_{digest}.so"  # one file per source: dlopen keeps a path's first library
+        src.write_text(text)
         cmd = [gxx, "-std=c++20", "-O1", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing"]
         cmd += [
             "-U_FORTIFY_SOURCE",
@@ -272,6 +351,7 @@ class FiberKernels:
             "-fPIC",
             "-shared",
             "-w",
+            *gxx_defines(options),
             str(src),
             "-o",
             str(lib),
@@ -291,6 +371,7 @@ class FiberKernels:
                 ctypes.c_int,
                 ctypes.c_int,
                 ctypes.c_int,
+                ctypes.c_longlong,
                 ctypes.c_void_p,
             ]
         self.launches: list[tuple[str, tuple[int, int]]] = []  # every launch, for tests to inspect
@@ -314,7 +395,9 @@ class FiberKernels:
             )
         return {np.int32: ctypes.c_int32, np.int64: ctypes.c_int64, np.float32: ctypes.c_float}[expected](a)
 
-    def launch(self, name: str, grid: tuple[int, int], threads: int, args: tuple) -> None:
+    def launch(
+        self, name: str, grid: tuple[int, int], threads: int, args: tuple, shared_mem: int = 0
+    ) -> None:
         sig = self._sig[name]
         if len(args) != len(sig):
             raise TypeError(f"{name} takes {len(sig)} arguments, got {len(args)}")
@@ -328,6 +411,6 @@ class FiberKernels:
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values]
         )
         self.launches.append((name, grid))
-        rc = getattr(self._lib, f"emu_launch_{name}")(grid[0], grid[1], threads, argv)
+        rc = getattr(self._lib, f"emu_launch_{name}")(grid[0], grid[1], threads, int(shared_mem), argv)
         if rc:
             raise EmulationError(f"{name} grid {grid}: {self._lib.emu_last_error().decode()}")

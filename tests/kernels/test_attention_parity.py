@@ -1,12 +1,16 @@
-"""Causal GQA attention's CUDA twin (flash-style) against `attention_forward_ref` /
+"""Causal GQA attention's CUDA twin (flash-style and tensor-core) against `attention_forward_ref` /
 `attention_backward_ref` (float64): packed samples (mixed mask tiles), long plain causal rows (whole
 tiles visible and skipped), grouped heads, head sizes of every kernel instantiation (padded ones
-too), a KV cache's strided keys with fewer queries than keys; on the emulator and on a GPU (marker
-gpu). The CUDA cache keeps the log-sum-exp rows, not the probabilities."""
+too), a KV cache's strided keys with fewer queries than keys, and the options of the newer
+architectures: attention sinks (gpt-oss, their gradient included), sliding-window masks (gpt-oss,
+Gemma 3) and a value head size of its own (multi-head latent attention); on the emulator and on a
+GPU (marker gpu). The CUDA cache keeps the log-sum-exp rows, not the probabilities."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from typing import NamedTuple
 
 import numpy as np
 
@@ -14,8 +18,9 @@ from engine.kernels import attention, attention_gemm
 from tests.kernels.twin import BF16_TOL, FP32_TOL, Backend, Check, _leaves, compare, f32, f64
 
 
-def _mask(rng, B, T, S, packed):
-    """Causal mask for T queries at the end of S keys, with 2 packed samples per row when asked."""
+def _mask(rng, B, T, S, packed, window=0):
+    """Causal mask for T queries at the end of S keys, with 2 packed samples per row when asked, and a
+    sliding window of `window` positions (0: none) as engine.model.forward builds it."""
     k_pos = np.tile(np.arange(S), (B, 1))
     seg = np.zeros((B, S), int)
     if packed:
@@ -24,24 +29,53 @@ def _mask(rng, B, T, S, packed):
             k_pos[b, cut:] = np.arange(S - cut)
             seg[b, cut:] = 1
     q_pos, q_seg = k_pos[:, S - T :], seg[:, S - T :]
-    return attention.attention_mask(q_pos, k_pos, q_seg, seg)
+    mask = attention.attention_mask(q_pos, k_pos, q_seg, seg)
+    if window:
+        mask &= q_pos[:, :, None] - k_pos[:, None, :] < window
+    return mask
 
 
-def cases(large: bool):
-    # (B, T, S, NH, NKV, HS, packed, strided kv)
+class Case(NamedTuple):
+    B: int
+    T: int
+    S: int
+    NH: int
+    NKV: int
+    HS: int
+    packed: bool = False
+    strided: bool = False  # keys and values are views into a longer cache
+    HSV: int = 0  # the value head size (0: HS)
+    sinks: bool = False
+    window: int = 0  # sliding window (0: none)
+
+    def __str__(self) -> str:
+        out = f"B {self.B} T {self.T} S {self.S} NH {self.NH} NKV {self.NKV} HS {self.HS}"
+        out += f" HSV {self.HSV}" if self.HSV else ""
+        for flag in ("packed", "strided", "sinks"):
+            out += f" {flag}" if getattr(self, flag) else ""
+        return out + (f" window {self.window}" if self.window else "")
+
+
+def cases(large: bool) -> list[Case]:
     out = [
-        (2, 40, 40, 4, 2, 16, True, False),
-        (1, 70, 70, 2, 1, 8, False, False),  # 3 x 3 tiles: skipped, whole and mixed ones
-        (1, 37, 37, 2, 2, 36, True, False),  # HS padded to 64
-        (1, 20, 20, 2, 1, 132, False, False),  # HS padded to 256: shared tiles of 16 rows
-        (2, 3, 45, 4, 2, 12, True, True),  # decoding: few queries, keys from a larger cache
+        Case(2, 40, 40, 4, 2, 16, packed=True),
+        Case(1, 70, 70, 2, 1, 8),  # 3 x 3 tiles: skipped, whole and mixed ones
+        Case(1, 37, 37, 2, 2, 36, packed=True),  # HS padded to 64
+        Case(1, 20, 20, 2, 1, 132),  # HS padded to 256: shared tiles of 16 rows
+        Case(2, 3, 45, 4, 2, 12, packed=True, strided=True),  # decoding: few queries, a larger cache
+        Case(2, 40, 40, 4, 2, 16, packed=True, sinks=True, window=5),  # gpt-oss: sinks, sliding window
+        Case(1, 70, 70, 4, 4, 24, HSV=16),  # MLA: per-head keys of 24, values of 16
+        Case(1, 3, 45, 2, 1, 8, strided=True, sinks=True, window=40),  # decoding with sinks
+        Case(1, 36, 36, 2, 2, 12, HSV=72, sinks=True),  # values wider than keys: D 128 for both
     ]
     if large:
         out += [
-            (2, 1024, 1024, 32, 8, 128, True, False),
-            (1, 2048, 2048, 16, 16, 64, False, False),
-            (2, 256, 256, 8, 2, 256, True, False),
-            (4, 16, 1000, 32, 8, 128, False, True),
+            Case(2, 1024, 1024, 32, 8, 128, packed=True),
+            Case(1, 2048, 2048, 16, 16, 64),
+            Case(2, 256, 256, 8, 2, 256, packed=True),
+            Case(4, 16, 1000, 32, 8, 128, strided=True),
+            Case(2, 1024, 1024, 64, 8, 64, packed=True, sinks=True, window=128),  # gpt-oss-20b's heads
+            Case(1, 1024, 1024, 16, 16, 192, HSV=128),  # DeepSeek-V2-Lite's MLA heads
         ]
     return out
 
@@ -55,35 +89,55 @@ METHODS = {
 
 def checks(be: Backend, rng: np.random.Generator, methods=tuple(METHODS)) -> list[Check]:
     out = []
-    for (B, T, S, NH, NKV, HS, packed, strided), method in itertools.product(cases(be.large), methods):
+    for c, method in itertools.product(cases(be.large), methods):
         kind, tol = METHODS[method]
-        q = f32(rng, B, T, NH, HS)
-        S_cache = S + 11 if strided else S
-        k_all = f32(rng, B, S_cache, NKV, HS)
-        v_all = f32(rng, B, S_cache, NKV, HS)
-        k, v = k_all[:, :S], v_all[:, :S]  # views with a batch stride, as the KV cache gives
-        mask = _mask(rng, B, T, S, packed)
-        scale = HS**-0.5
-        dy = f32(rng, B, T, NH * HS)
-        case = f"B {B} T {T} S {S} NH {NH} NKV {NKV} HS {HS}{' packed' if packed else ''}"
-        case += (" strided kv" if strided else "") + f" {method}"
+        HSV = c.HSV or c.HS
+        q = f32(rng, c.B, c.T, c.NH, c.HS)
+        S_cache = c.S + 11 if c.strided else c.S
+        k_all = f32(rng, c.B, S_cache, c.NKV, c.HS)
+        v_all = f32(rng, c.B, S_cache, c.NKV, HSV)
+        k, v = k_all[:, : c.S], v_all[:, : c.S]  # views with a batch stride, as the KV cache gives
+        mask = _mask(rng, c.B, c.T, c.S, c.packed, c.window)
+        sinks = f32(rng, c.NH, scale=2.0) if c.sinks else None
+        scale = c.HS**-0.5
+        dy = f32(rng, c.B, c.T, c.NH * HSV)
+        case = f"{c} {method}"
 
-        def run(
-            rt, q=q, k_all=k_all, v_all=v_all, S=S, mask=mask, scale=scale, dy=dy, method=method, kind=kind
-        ):
+        def run(rt, q=q, k_all=k_all, v_all=v_all, S=c.S, mask=mask, sinks=sinks, scale=scale, dy=dy,
+                method=method, kind=kind):  # fmt: skip
             kd, vd = be.put(k_all)[:, :S], be.put(v_all)[:, :S]
-            y, cache = attention.attention_forward_on(rt, be.put(q), kd, vd, be.put(mask), scale, method)
+            y, cache = attention.attention_forward_on(
+                rt, be.put(q), kd, vd, be.put(mask), scale, be.put(sinks), method=method
+            )
             assert isinstance(cache, kind), type(cache)
             return y, attention.attention_backward_on(rt, be.put(dy), cache)
 
-        y, (dq, dk, dv) = be.twice(run, f"attention {case}")
-        yr, cr = attention.attention_forward_ref(f64(q), f64(k), f64(v), mask, scale)
-        dqr, dkr, dvr = attention.attention_backward_ref(f64(dy), cr)
+        y, (dq, dk, dv, dsinks) = be.twice(run, f"attention {case}")
+        yr, cr = attention.attention_forward_ref(f64(q), f64(k), f64(v), mask, scale, f64(sinks))
+        dqr, dkr, dvr, dsr = attention.attention_backward_ref(f64(dy), cr)
         out.append(compare("attention_forward", case, y, yr, tol))
         out.append(compare("attention_backward.dq", case, dq, dqr, tol))
         out.append(compare("attention_backward.dk", case, dk, dkr, tol))
         out.append(compare("attention_backward.dv", case, dv, dvr, tol))
+        if c.sinks:
+            out.append(_dsinks_check(case, dsinks, dsr, cr, f64(dy), tol))
+        else:
+            assert dsinks is None, f"{case}: a gradient of sinks there are none of"
     return out
+
+
+def _dsinks_check(case: str, dsinks, dsr, cr, dy, tol: float) -> Check:
+    """dsinks[h] sums -p_sink D over the rows of head h, terms of both signs that can cancel to far
+    below their size (a few rows in the small cases): its error is measured against the norm of
+    sum |p_sink D|, the scale its rounding works at, not against the sum itself."""
+    qg, _, vt, p, _, p_sink = cr
+    B, NKV, G, T, _ = qg.shape
+    do = dy.reshape(B, T, NKV, G, vt.shape[-1]).transpose(0, 2, 3, 1, 4)
+    D = ((do @ vt.swapaxes(-1, -2)) * p).sum(axis=-1, keepdims=True)
+    size = np.linalg.norm((p_sink * np.abs(D)).sum(axis=(0, 3, 4)))
+    c = compare("attention_backward.dsinks", case, dsinks, dsr, tol)
+    rel = float(np.linalg.norm(np.asarray(dsinks, np.float64) - dsr)) / max(float(size), 1e-30)
+    return dataclasses.replace(c, rel=rel, ok=c.nan == 0 and rel <= tol)
 
 
 def test_attention_parity(backend, fresh_rng):
@@ -98,7 +152,7 @@ def test_tile_classes(backend, fresh_rng):
     q = f32(fresh_rng, B, T, 2, 8)
     kv = f32(fresh_rng, B, T, 1, 8)
     _, cache = attention.attention_forward_on(
-        backend.rt, backend.put(q), backend.put(kv), backend.put(kv), backend.put(mask), 0.3, "flash"
+        backend.rt, backend.put(q), backend.put(kv), backend.put(kv), backend.put(mask), 0.3, method="flash"
     )
     tiles = backend.get(cache.p.tiles)[0]
     expect = np.array([[2, 0, 0], [1, 2, 0], [1, 1, 2]], np.uint8)

@@ -1,7 +1,8 @@
 """The fused output head + loss's CUDA twin against `lm_head_loss_ref` (float64, both of its paths:
 the head in memory and streamed by row blocks): masked rows, per-token weights, the output LoRA,
-a tied embedding LoRA, dW, the KL term, float32 and bf16 heads, vocabulary chunks with odd widths;
-on the emulator and on a GPU (marker gpu). The twin returns the loss as device scalars."""
+a tied embedding LoRA, dW, the KL term, Gemma 3's final soft-cap, float32 and bf16 heads, vocabulary
+chunks with odd widths; and the soft-cap alone; on the emulator and on a GPU (marker gpu). The twin
+returns the loss as device scalars."""
 
 from __future__ import annotations
 
@@ -42,11 +43,14 @@ def cases(large: bool):
         (12, 16, 301, 4, ("tied", "dw"), 4 * 12 * 64),
         (10, 24, 300, 4, ("lora", "kl"), 1 << 20),
         (9, 8, 77, 2, (), 1 << 20),
+        (12, 16, 301, 4, ("lora", "cap"), 4 * 12 * 64),
+        (10, 24, 300, 4, ("tied", "kl", "dw", "cap"), 1 << 20),
     ]
     if large:
         out += [
             (2048, 1024, 32000, 16, ("lora",), 16 << 20),
             (1024, 896, 151936, 8, ("tied", "kl"), 64 << 20),
+            (1024, 640, 262144, 8, ("tied", "cap"), 64 << 20),  # Gemma 3's vocabulary
         ]
     return out
 
@@ -66,6 +70,7 @@ def checks(be: Backend, rng: np.random.Generator) -> list[Check]:
         )
         h_ref = h + f32(rng, N, C, scale=0.1) if "kl" in opts else None
         kl = 0.3 if "kl" in opts else 0.0
+        cap = 1.5 if "cap" in opts else 0.0  # small: the logits reach where tanh bends
         need_dw = "dw" in opts
         for kind in ("f32", "bf16"):
             wk = w if kind == "f32" else bf16_bits(w)
@@ -74,16 +79,16 @@ def checks(be: Backend, rng: np.random.Generator) -> list[Check]:
                 case = f"N {N} C {C} V {V} r {r} {'+'.join(opts) or 'plain'} {kind} {layout}"
                 tol = FP32_TOL if kind == "f32" else BF16_TOL
 
-                inputs = (h, targets, weights, lora, tied, h_ref, kl, need_dw, chunk)
+                inputs = (h, targets, weights, lora, tied, h_ref, kl, need_dw, chunk, cap)
 
                 def run(rt, wk=wk, layout=layout, inputs=inputs):
-                    h, targets, weights, lora, tied, h_ref, kl, need_dw, chunk = inputs
+                    h, targets, weights, lora, tied, h_ref, kl, need_dw, chunk, cap = inputs
                     W = be.put(wk) if layout == "array" else RowBlocks(wk, 128, be.put)
                     lo = None if lora is None else LoraTerm(be.put(lora.A), be.put(lora.B), lora.s)
                     ti = None if tied is None else LoraTerm(be.put(tied.A), be.put(tied.B), tied.s)
                     return ce.lm_head_loss_on(
                         rt, be.put(h), W, targets, weights, lora=lo, tied_lora=ti, need_dw=need_dw,
-                        max_logits_bytes=chunk, h_ref=be.put(h_ref), w_ref=W, kl_coef=kl,
+                        max_logits_bytes=chunk, h_ref=be.put(h_ref), w_ref=W, kl_coef=kl, cap=cap,
                     )  # fmt: skip
 
                 loss, (ce_sum, n), dh, grads = be.twice(run, f"lm_head_loss {case}")
@@ -92,7 +97,7 @@ def checks(be: Backend, rng: np.random.Generator) -> list[Check]:
                 tref = None if tied is None else LoraTerm(f64(tied.A), f64(tied.B), tied.s)
                 loss_r, (ce_r, n_r), dh_r, g_r = ce.lm_head_loss_ref(
                     f64(h), Wr, targets, weights, lora=lref, tied_lora=tref, need_dw=need_dw,
-                    h_ref=f64(h_ref), w_ref=Wr, kl_coef=kl,
+                    h_ref=f64(h_ref), w_ref=Wr, kl_coef=kl, cap=cap,
                 )  # fmt: skip
                 assert n == n_r, f"{case}: {n} label rows, the reference {n_r}"
                 # the loss is a sum of per-token terms with weights of both signs, which can cancel
@@ -100,7 +105,7 @@ def checks(be: Backend, rng: np.random.Generator) -> list[Check]:
                 # with |weights|), as the error of a vector is against its norm
                 terms, _, _, _ = ce.lm_head_loss_ref(
                     f64(h), Wr, targets, np.abs(weights), lora=lref, tied_lora=tref, h_ref=f64(h_ref),
-                    w_ref=Wr, kl_coef=kl, backward=False,
+                    w_ref=Wr, kl_coef=kl, backward=False, cap=cap,
                 )  # fmt: skip
                 out.append(
                     compare_sum("lm_head_loss.loss", case, float(np.asarray(loss)), loss_r, terms, tol)
@@ -163,3 +168,22 @@ def test_project_parity(backend, fresh_rng):
                     "project", f"N {N} C {C} V {V} {kind} {layout}", z[0], ce.project_ref(hr, wr), FP32_TOL
                 )
                 assert c.ok, c.message
+
+
+def test_softcap_parity(backend, fresh_rng):
+    """The soft-cap alone (inference logits), forward and backward, odd sizes."""
+    for shape in ((3, 301), (1, 7, 64)):
+        z = f32(fresh_rng, *shape, scale=20.0)
+        dy = f32(fresh_rng, *shape)
+
+        def run(rt, z=z, dy=dy):
+            y, cache = ce.softcap_forward_on(rt, backend.put(z), 15.0)
+            return y, ce.softcap_backward_on(rt, backend.put(dy), cache)
+
+        y, dz = backend.twice(run, f"softcap {shape}")
+        yr, cr = ce.softcap_forward_ref(f64(z), 15.0)
+        for c in (
+            compare("softcap_forward", f"{shape}", y, yr, FP32_TOL),
+            compare("softcap_backward", f"{shape}", dz, ce.softcap_backward_ref(f64(dy), cr), FP32_TOL),
+        ):
+            assert c.ok, c.message

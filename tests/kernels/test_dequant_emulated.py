@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(compiler() is None, reason="the host emulation n
 @pytest.fixture(scope="module")
 def host(tmp_path_factory) -> HostKernels:
     params = ("ptr", "i64", "ptr", "i32", "i64", "i32", "ptr")  # the order of dequant.kernel_args
-    return HostKernels(dq.SOURCE.code, params, tmp_path_factory.mktemp("emulate"))
+    return HostKernels(dq.SOURCE.code, params, tmp_path_factory.mktemp("emulate"), dq.SOURCE.options)
 
 
 def run_host(host: HostKernels, raw: np.ndarray, qtype: str, dtype: str, rows) -> np.ndarray:

@@ -6,9 +6,9 @@ and bf16 stacks, need_dw on and off): fresh random inputs (never zeros), every o
 (NaN, or -7 for integers) before the kernels write it, every output compared with the float64
 reference with its relative error in the message, and the whole path run twice: the results must be
 the same bits (no float atomics anywhere). Then: the public twins through `engine.model.ops`, a
-lazy stack given by `__cuda_array_interface__`, and no host synchronisation on the MoE path (the
-host must get through a whole layer's forward and backward while a long kernel still runs ahead of
-it on the stream).
+lazy stack given by `__cuda_array_interface__`, a layer captured once as a CUDA graph and replayed on
+new inputs (both v2 routes), and no host synchronisation on the MoE path (the host must get through
+a whole layer's forward and backward while a long kernel still runs ahead of it on the stream).
 """
 
 from __future__ import annotations
@@ -19,29 +19,36 @@ import numpy as np
 import pytest
 
 from engine.kernels import moe
+from engine.kernels.runtime import cuda_runtime
 from engine.model import ops
 from tests.kernels import moe_cases as mc
 
 pytestmark = pytest.mark.gpu
 
 
-def cupy_launch(name, grid, args):
-    moe._cupy_launch(name, grid, args)
+def routed_cases():
+    """Every GPU case on the route its stacks take: float32 stacks on v1, bf16 stacks on each of the
+    three routes (v1 kernels, v2 tensor-core kernels "tc", v2 cuBLAS tiles "cublas")."""
+    out = []
+    for case in mc.cases(gpu=True):
+        for route in ("v1", "tc", "cublas") if case.dtype == "bfloat16" else ("v1",):
+            out.append(pytest.param(case, route, id=f"{case.name}-{case.dtype}-{route}"))
+    return out
 
 
-@pytest.mark.parametrize("case", mc.cases(gpu=True), ids=lambda c: f"{c.name}-{c.dtype}")
-def test_moe_matches_reference_and_repeats_bitwise(gpu, case, fresh_rng):
-    cp = gpu
+@pytest.mark.parametrize("case, route", routed_cases())
+def test_moe_matches_reference_and_repeats_bitwise(gpu, case, route, fresh_rng, monkeypatch):
+    monkeypatch.setenv("TUNE_MOE_GEMM", route)
     inp = mc.make_inputs(case, fresh_rng)
-    first = mc.run_case(case, inp, cp, cupy_launch)
-    mc.check_case(case, inp, first)
-    second = mc.run_case(case, inp, cp, cupy_launch)
+    first = mc.run_case(case, inp, cuda_runtime())
+    mc.check_case(case, inp, first, route)
+    second = mc.run_case(case, inp, cuda_runtime())
     differ = [k for k in first if not np.array_equal(first[k], second[k], equal_nan=False)]
-    assert not differ, f"{case}: a second run gave different bits in {differ}"
+    assert not differ, f"{case} on {route}: a second run gave different bits in {differ}"
 
 
 def test_twins_dispatch_through_ops(gpu, fresh_rng):
-    """engine.model.ops runs the CUDA twins for CuPy arrays, with the same results as the launch bodies."""
+    """engine.model.ops runs the CUDA twins for CuPy arrays, with the same results as the `*_on` bodies."""
     cp = gpu
     case = mc.MoeCase("ops", N=64, C=128, F=64, E=8, K=2, lora=("gate", "down"), dtype="bfloat16")
     inp = mc.make_inputs(case, fresh_rng)
@@ -56,10 +63,10 @@ def test_twins_dispatch_through_ops(gpu, fresh_rng):
     assert isinstance(routing.order, cp.ndarray) and routing.order.dtype == cp.int32
     y, cache = ops.experts_forward(cp.asarray(inp["x"]), routing, *W, *loras)
     assert isinstance(cache.per_expert, moe.PackedActs)
-    dx, dweights, dW, dlora = ops.experts_backward(cp.asarray(inp["dy"]), cache, *W, need_dw=False)
+    dx, dweights, dW, dlora, _ = ops.experts_backward(cp.asarray(inp["dy"]), cache, *W, need_dw=False)
     assert dW is None and set(dlora) == {"gate", "down"}
     dlogits = ops.route_backward(dweights, rcache)
-    got = mc.run_case(case, inp, cp, cupy_launch)
+    got = mc.run_case(case, inp, cuda_runtime())
     assert np.array_equal(cp.asnumpy(y), got["y"]) and np.array_equal(cp.asnumpy(dx), got["dx"])
     assert dlogits.shape == (case.N, case.E) and bool(cp.isfinite(dlogits).all())
     acts = moe.unpack_acts(cache.per_expert, routing)
@@ -119,6 +126,41 @@ def spin_cycles(cp, spin, seconds: float) -> int:
     return int(n * seconds / (cp.cuda.get_elapsed_time(start, end) * 1e-3))
 
 
+@pytest.mark.parametrize("route", ["tc", "cublas"])
+def test_layer_replays_as_a_cuda_graph(gpu, route, fresh_rng, monkeypatch):
+    """A MoE layer's forward and backward captured once as a CUDA graph through the runtime's own
+    capture (`CudaRuntime.capture`: a private stream and pool, cuBLAS's workspace set; what the
+    trainer's captured step uses), then replayed on new routing logits and activations uploaded into
+    the same input buffers: the replay's outputs are the eager run's on those inputs, bit for bit."""
+    cp = gpu
+    monkeypatch.setenv("TUNE_MOE_GEMM", route)
+    rt = cuda_runtime()
+    case = mc.MoeCase("graph", N=256, C=256, F=128, E=16, K=4, lora=("gate", "up", "down"), dtype="bfloat16")
+    inp = mc.make_inputs(case, fresh_rng)
+    dev = {k: cp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in inp.items()}
+    W = [dev[f"w_{n}_bits"] for n in mc.NAMES]
+    loras = [ops.LoraTerm(dev[f"A_{n}"], dev[f"B_{n}"], dev[f"s_{n}"]) for n in mc.NAMES]
+    bufs = {k: dev[k].copy() for k in ("logits", "x", "dy")}
+
+    def layer():
+        routing, rcache = moe.route_forward_on(rt, bufs["logits"], case.K, case.renorm)
+        y, cache = moe.experts_forward_on(rt, bufs["x"], routing, *W, *loras)
+        dx, dweights, _, dlora, _ = moe.experts_backward_on(rt, bufs["dy"], cache, *W, need_dw=False)
+        return [y, dx, dweights, moe.route_backward_on(rt, dweights, rcache), *dlora["up"]]
+
+    layer()  # compile and load every kernel outside the capture
+    with rt.capture() as graph:
+        captured = layer()
+    fresh = mc.make_inputs(case, fresh_rng)
+    for k, buf in bufs.items():
+        rt.upload(buf, fresh[k])
+    graph.replay()
+    cp.cuda.get_current_stream().synchronize()
+    eager = layer()
+    for name, a, b in zip(("y", "dx", "dweights", "dlogits", "dA_up", "dB_up"), captured, eager, strict=True):
+        assert np.array_equal(cp.asnumpy(a), cp.asnumpy(b)), f"{route}: {name} differs after the replay"
+
+
 def test_no_host_synchronisation(gpu, fresh_rng):
     """Enqueue a ~0.5 s kernel, then a whole MoE layer forward and backward: if anything on that path
     waited for the device (a .get(), an int() of a device scalar, a synchronize, a blocking copy),
@@ -133,7 +175,7 @@ def test_no_host_synchronisation(gpu, fresh_rng):
     def layer():
         routing, rcache = moe.route_forward(dev["logits"], case.K, case.renorm)
         y, cache = moe.experts_forward(dev["x"], routing, *W, *loras)
-        dx, dweights, _, dlora = moe.experts_backward(dev["dy"], cache, *W, need_dw=True)
+        dx, dweights, _, dlora, _ = moe.experts_backward(dev["dy"], cache, *W, need_dw=True)
         return moe.route_backward(dweights, rcache), dx, y
 
     spin = spin_kernel(cp)

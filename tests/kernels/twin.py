@@ -2,6 +2,8 @@
 
 A `Backend` runs a twin's host code (`<op>_on(rt, ...)`) on a runtime and hands results back as
 NumPy arrays:
+- "cpu": a CPU twin (engine.kernels.moe_cpu), which takes NumPy arrays and no runtime (`rt` is None);
+  `twice` runs it in line, then on two CPU workers with every piece handed to them;
 - "gpu": `CudaRuntime` on a CUDA device, inputs copied there with CuPy; every allocation made
   while the twin runs is filled with 0xFF bytes first (NaN for float32 and bf16), so an output
   element the kernels never wrote fails the comparison;
@@ -9,16 +11,18 @@ NumPy arrays:
   and run on the CPU, allocations NaN-filled. Runs on every machine with g++.
 
 `Backend.twice` runs a twin twice and demands bit-identical results (on the emulator the second
-run takes each block's threads in reverse order), so a race or a read of unwritten memory shows
-as a difference. `compare` measures a result against the reference computed in float64, and a
-`Check` carries the figures that bench/gpu_check.py prints: the norm-wise relative error decides
-(fp32 paths 1e-5, bf16 paths ~1e-2), max abs and max rel (max |out - ref| / max |ref|) are shown.
+run takes each block's threads in reverse order; a CPU twin's second run is on two workers), so a
+race or a read of unwritten memory shows as a difference. `compare` measures a result against the
+reference computed in float64, and a `Check` carries the figures that bench/gpu_check.py prints: the
+norm-wise relative error decides (fp32 paths 1e-5, bf16 paths ~1e-2), max abs and max rel
+(max |out - ref| / max |ref|) are shown.
 Inputs are drawn fresh on every run (the `fresh_rng` fixture), never zeros.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -98,17 +102,22 @@ class Backend:
         self.cp = cp
         self._large = large
         if name == "gpu":
-            from engine.kernels.cuda import cuda_runtime
+            from engine.kernels.runtime import cuda_runtime
 
             self.rt = cuda_runtime()
+        elif name == "cpu":
+            self.rt = None
         else:
             self.rt = EmuRuntime()
             self._rt_reverse = EmuRuntime(reverse=True)
 
     @property
     def large(self) -> bool:
-        """Whether real-model sizes are affordable (on a GPU, not in the emulator), unless told."""
-        return self.name == "gpu" if self._large is None else self._large
+        """Whether real-model sizes are affordable (on a GPU, not in the emulator), unless told (or
+        unless $TUNE_PARITY_SMALL is set: test sizes on a GPU too, for a short device call)."""
+        if self._large is not None:
+            return self._large
+        return self.name == "gpu" and not os.environ.get("TUNE_PARITY_SMALL")
 
     def put(self, a: Any) -> Any:
         """A host array (or None) as this backend's array."""
@@ -150,10 +159,15 @@ class Backend:
     def twice(self, fn: Callable[[Any], Any], what: str) -> Any:
         """fn(rt) run twice (poisoned allocations), results as NumPy; AssertionError unless the two
         runs agree bit for bit. Inputs fn mutates must be rebuilt inside fn."""
-        with self.poisoned():
-            first = self.get(fn(self.rt))
-        with self.poisoned():
-            second = self.get(fn(self._rt_reverse if self.name != "gpu" else self.rt))
+        if self.name == "cpu":
+            first = fn(None)
+            with two_cpu_workers():
+                second = fn(None)
+        else:
+            with self.poisoned():
+                first = self.get(fn(self.rt))
+            with self.poisoned():
+                second = self.get(fn(self._rt_reverse if self.name != "gpu" else self.rt))
         for (path, a), (_, b) in zip(_leaves(first), _leaves(second), strict=True):
             if isinstance(a, np.ndarray) and a.dtype.kind in "fiub":
                 same = a.shape == b.shape and np.array_equal(
@@ -166,6 +180,22 @@ class Backend:
                         f"memory nothing wrote)"
                     )
         return first
+
+
+@contextlib.contextmanager
+def two_cpu_workers():
+    """Inside, CPU twins run their pieces on two CPU workers (engine.kernels.cpu_workers), however small."""
+    from engine.kernels import cpu_workers, moe_cpu
+
+    pool = cpu_workers.CpuWorkers()
+    pool.set_count(2)
+    saved = cpu_workers._PROCESS, moe_cpu.PIECE_MIN_FLOPS
+    cpu_workers._PROCESS, moe_cpu.PIECE_MIN_FLOPS = pool, 0.0
+    try:
+        yield
+    finally:
+        cpu_workers._PROCESS, moe_cpu.PIECE_MIN_FLOPS = saved
+        pool.set_count(1)
 
 
 def backends_param():

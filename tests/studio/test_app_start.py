@@ -30,18 +30,28 @@ def missing(*sonames: str):
     return lambda soname: soname not in sonames
 
 
-def test_a_missing_xcb_library_is_named_with_the_command_that_installs_it():
+@pytest.fixture
+def user(monkeypatch):
+    monkeypatch.setattr(app_module.os, "geteuid", lambda: 1000, raising=False)
+
+
+def test_a_missing_xcb_library_is_named_with_the_command_that_installs_it(user, monkeypatch):
     line = display_problem(X11, "linux", missing("libxcb-cursor.so.0", "libxcb-icccm.so.4"))
     assert line is not None and "\n" not in line
     assert "libxcb-cursor.so.0" in line and "libxcb-icccm.so.4" in line
     assert "xcb platform plugin" in line
-    assert line.endswith("install with: sudo apt-get install libxcb-cursor0 libxcb-icccm4")
+    assert line.endswith(
+        "install with: sudo apt-get update && sudo apt-get install -y libxcb-cursor0 libxcb-icccm4"
+    )
+    monkeypatch.setattr(app_module.os, "geteuid", lambda: 0, raising=False)  # root: no sudo there
+    line = display_problem(X11, "linux", missing("libxcb-cursor.so.0"))
+    assert line.endswith("install with: apt-get update && apt-get install -y libxcb-cursor0")
 
 
-def test_a_missing_gl_library_is_named_whatever_the_platform():
+def test_a_missing_gl_library_is_named_whatever_the_platform(user):
     env = {"DISPLAY": ":0", "QT_QPA_PLATFORM": "offscreen"}
     line = display_problem(env, "linux", missing("libEGL.so.1", "libxcb-cursor.so.0"))
-    assert line is not None and "libEGL.so.1" in line and line.endswith("sudo apt-get install libegl1")
+    assert line is not None and "libEGL.so.1" in line and line.endswith("sudo apt-get install -y libegl1")
     assert "libxcb-cursor" not in line  # offscreen does not load the xcb plugin
 
 
@@ -64,7 +74,7 @@ def test_no_display_says_how_to_run_without_one():
     assert not no_display({"QT_QPA_PLATFORM": "offscreen"}, "linux") and not no_display({}, "win32")
 
 
-def test_the_app_exits_with_code_1_and_one_line_before_qt_starts(monkeypatch, capsys):
+def test_the_app_exits_with_code_1_and_one_line_before_qt_starts(user, monkeypatch, capsys):
     monkeypatch.setenv("DISPLAY", ":0")
     for name in ("QT_QPA_PLATFORM", "WAYLAND_DISPLAY", "XDG_SESSION_TYPE"):
         monkeypatch.delenv(name, raising=False)
@@ -77,7 +87,7 @@ def test_the_app_exits_with_code_1_and_one_line_before_qt_starts(monkeypatch, ca
     )
     assert main(["--demo"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "sudo apt-get install libxcb-cursor0" in err[0]
+    assert len(err) == 1 and "sudo apt-get install -y libxcb-cursor0" in err[0]
 
 
 def test_the_real_loader_finds_what_is_installed_and_only_that():
@@ -107,7 +117,7 @@ def test_the_list_covers_what_the_installed_xcb_plugin_needs():
 
 def test_the_readme_installs_every_package_the_check_asks_for():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    command = re.search(r"sudo apt-get install (.*?)```", readme, flags=re.S)
+    command = re.search(r"sudo apt-get update && sudo apt-get install -y (.*?)```", readme, flags=re.S)
     assert command is not None
     listed = set(command.group(1).replace("\\", " ").split())
     assert listed == {package for _, package in GUI_LIBRARIES + XCB_LIBRARIES}

@@ -18,7 +18,8 @@ from PySide6.QtWidgets import QApplication
 from engine import EncodeOptions, encode_samples, load_jsonl, sample_to_json
 from studio.dataset_document import DatasetDocument
 from studio.pages.dataset.page import DatasetPage
-from studio.pages.dataset.table import SamplesFilterModel, SamplesModel
+from studio.pages.dataset.proxy import SamplesFilterModel
+from studio.pages.dataset.table import SamplesModel
 from studio.pages.dataset.tokens import TOKEN_PROPERTY
 from studio.project import ModelInfo, Project
 from studio.resources import DEMO_MODEL
@@ -62,6 +63,11 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 def column(page: DatasetPage, col: int) -> list[str]:
     proxy = page.proxy
     return [proxy.index(r, col).data() for r in range(proxy.rowCount())]
+
+
+def problem_texts(page: DatasetPage) -> list[str]:
+    page.problems_count()  # the list is made a slice at a time: finish it
+    return [page.problems_model.text(i) for i in range(page.problems_model.rowCount())]
 
 
 def as_json(samples) -> list[dict]:
@@ -144,7 +150,7 @@ def test_bad_lines_are_listed_by_line_and_clicking_one_selects_its_sample(qtbot,
     qtbot.waitExposed(page)
     assert page.open_path(path)
     assert [s.line for s in page.samples] == [1, 3, 4]
-    texts = [page.problems.item(i).text() for i in range(page.problems.count())]
+    texts = problem_texts(page)
     assert texts[0].startswith("line 2: invalid JSON")
     assert any(t.startswith("line 4: ") and "empty content" in t for t in texts)
     assert any(t.startswith("line 5: ") and "no assistant message" in t for t in texts)
@@ -152,15 +158,15 @@ def test_bad_lines_are_listed_by_line_and_clicking_one_selects_its_sample(qtbot,
 
     page.select_rows([0])
     row4 = next(i for i, t in enumerate(texts) if t.startswith("line 4: "))
-    item = page.problems.item(row4)
-    page.problems.scrollToItem(item)
-    rect = page.problems.visualItemRect(item)
+    index = page.problems_model.index(row4, 0)
+    page.problems.scrollTo(index)
+    rect = page.problems.visualRect(index)
     qtbot.mouseClick(page.problems.viewport(), Qt.LeftButton, pos=rect.center())
     assert page.current_row() == 2 and page.samples[page.current_row()].line == 4
     assert page.editor.sample == page.samples[2]
 
     # a skipped line has no row: clicking it explains that instead of selecting another sample
-    page.select_problem(page.problems.item(0))
+    page.select_problem(0)
     assert page.current_row() == 2
     assert "Line 2 could not be read" in page.message.text()
 
@@ -612,13 +618,8 @@ def test_screenshots_with_a_model_and_a_problem_selected(qtbot, page, info, tmp_
     assert page.open_path(bad)
     page.model.encode_all()
     page.refresh()
-    item = next(
-        page.problems.item(i)
-        for i in range(page.problems.count())
-        if "line 7" in page.problems.item(i).text()
-    )
-    page.problems.setCurrentItem(item)
-    page.select_problem(item)
+    row = next(i for i, text in enumerate(problem_texts(page)) if "line 7" in text)
+    page.select_problem_at(row)
     assert page.samples[page.current_row()].line == 7
     qtbot.wait(50)
     assert page.grab().save(str(shots / "page_problem.png"))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import engine
-import engine.io.export_check as export_check
+import engine.export.check as export_check
 from engine import (
     ChatTemplate,
     GGUFFile,
@@ -179,7 +179,7 @@ def _no_space(dlg, files, tmp_path, monkeypatch):
         (_foreign, "Architecture matches the base model", "is for 'llama', the base model is 'qwen3moe'"),
         (_missing_folder, "Target folder exists and is writable", "does not exist: create it or choose"),
         (_base_itself, "Output name", "is the base model"),
-        (_no_space, "Enough free disk space", "1000 B free: free some space"),
+        (_no_space, "Enough free disk space", "1000 B are free: free some space"),
     ],
     ids=["other-architecture", "folder-missing", "output-is-base", "disk-full"],
 )  # fmt: skip
@@ -467,4 +467,45 @@ def test_export_page_defaults_to_the_latest_finished_run_and_offers_what_to_do_n
         t.startswith("Run · stopped-run") for t in items
     )
     dlg.close()
+    qtbot.waitUntil(lambda: not engine.jobs, timeout=TIMEOUT_MS)
+
+
+def test_a_merge_that_loses_the_fine_tune_is_put_aside_with_no_command_to_run_it(qtbot, engine, tmp_path):
+    """One Type control: adapter types, then the merge's (the default keeps the fine-tune). An explicit
+    re-quantization to the base's Q4_0 keeps a few percent of what the adapter does: the page says so,
+    renames the file *.failed.gguf and shows no llama-cli command; the default writes a usable file."""
+    from engine import LoraAdapter, Model, SynthSpec, export_adapter, write_model
+    from engine.testing import random_adapter
+
+    base = write_model(tmp_path / "q4.gguf", SynthSpec.for_arch("llama", qtype="Q4_0"))
+    model = Model.load(base)
+    names = [n for n in model.tensors if n.endswith(("attn_q.weight", "attn_v.weight", "ffn_up.weight"))]
+    small = LoraAdapter(8.0, random_adapter(model, names, rank=4, std=0.01, seed=1), "llama")
+    adapter = export_adapter(small, tmp_path / "small.gguf")
+    project = Project()
+    project.update(model_path=base, output_dir=str(tmp_path))
+    page = ExportPage(project, engine)
+    qtbot.addWidget(page)
+    page.set_model_info(ModelInfo.read(base))
+    page.set_adapter(adapter)
+    assert [page.type_combo.itemData(i) for i in range(page.type_combo.count())] == ["F32", "F16", "Q8_0"]
+    page.merge_check.setChecked(True)
+    assert page.type_combo.qtype() is None and "Keep the fine-tune" in page.type_combo.currentText()
+    page.type_combo.set_qtype("base")
+    out = tmp_path / "requant.gguf"
+    page.out_edit.setText(str(out))
+    with qtbot.waitSignal(page.sig_export_failed, timeout=TIMEOUT_MS) as failed:
+        page.export()
+    assert failed.args == [str(tmp_path / "requant.failed.gguf")] and not out.exists()
+    text = page.result_label.text()
+    assert "lost the fine-tune" in text and "Q4_0" in text and "renamed to requant.failed.gguf" in text
+    assert page.result.title().startswith("Failed") and page.result.command() == ""
+    assert page.result.command_edit.isHidden()
+    page.type_combo.set_qtype(None)  # back to the default
+    page.out_edit.setText(str(tmp_path / "kept.gguf"))
+    with qtbot.waitSignal(page.sig_exported, timeout=TIMEOUT_MS):
+        page.export()
+    assert "keeps" in page.result_label.text() and page.result.command().startswith("llama-cli -m ")
+    page.merge_check.setChecked(False)  # the adapter's own choice comes back
+    assert page.type_combo.qtype() == "F32"
     qtbot.waitUntil(lambda: not engine.jobs, timeout=TIMEOUT_MS)

@@ -142,7 +142,12 @@ def test_selecting_two_runs_overlays_their_loss_curves(qtbot, page):
     opened = []
     page.open_url = opened.append
     page.select_runs(["finished-run"])
-    assert page.adapter_label.full_text().endswith("finished-run.gguf")
+    assert page.adapter_label.full_text().startswith("finished-run.gguf\nin ")
+    page.resize(1024, 640)
+    page.show()
+    qtbot.waitExposed(page)
+    # in the window's narrowest size the run's file name is shown whole (the folder is elided)
+    assert page.adapter_label.text().split("\n")[0] == "finished-run.gguf"
     qtbot.mouseClick(page.open_adapter_button, Qt.LeftButton)
     assert opened and opened[0].toLocalFile() == os.path.dirname(page.current_run().adapter)
 

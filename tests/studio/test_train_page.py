@@ -20,7 +20,7 @@ from studio.dataset_document import DatasetDocument
 from studio.pages.train.page import PHASE_DATA, PHASE_FIRST_STEP, PHASE_OPENING, TrainPage, eta_words
 from studio.pages.train.settings import FIELDS
 from studio.paths import latest_checkpoint
-from studio.project import ModelInfo, Project
+from studio.project import ModelInfo, Project, model_runs_folder, preset_settings
 from studio.train_probe import StallProbe
 
 TIMEOUT_MS = 20_000
@@ -282,10 +282,15 @@ def test_resume_from_a_chosen_checkpoint_folder(qtbot, engine, monkeypatch, tmp_
     settle(qtbot, page)
     ckpt_dir = Path(first.checkpoint_path).parent
     other = make_page(qtbot, engine, tmp_path, model, chats, steps=8, eval_every=0, val_split=0.0)
+    asked = []
+    other.ask_resume = lambda text, run_data: asked.append(text) or "cancel"
+    assert not other.resume_from(str(ckpt_dir))  # its settings differ from the run's: asked, cancelled
+    assert "steps 6 -> 8" in asked[0] and other.state == "idle"
+    other.ask_resume = lambda text, run_data: "page"  # the page's settings: 8 steps, a new trajectory
     result = run(qtbot, other, lambda: other.resume_from(str(ckpt_dir)))  # the folder: newest inside
     settle(qtbot, other)
     assert isinstance(result, Finished) and result.step == 8
-    assert list(other.plots.curve_data()["loss"][0]) == [7, 8]
+    assert list(other.plots.curve_data()["loss"][0]) == list(range(1, 9))  # the run's curve, then 7, 8
     assert other.paths.checkpoint_dir == str(ckpt_dir)
     assert other.paths.out == str(ckpt_dir)[: -len("-checkpoints")] + ".gguf"
     assert not other.resume_from(str(tmp_path))  # not a checkpoint: a banner, no run
@@ -432,6 +437,20 @@ def test_the_progress_bar_shows_the_planned_steps_before_start_and_they_are_the_
     settle(qtbot, page)
 
 
+def test_a_plan_unlikely_to_change_the_model_is_named_before_start_with_its_numbers(
+    qtbot, engine, tmp_path, synth_model, chats
+):
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats, steps=3, lr=2e-4, val_split=0.0)
+    checked(qtbot, page)
+    text = page.reason_label.text()
+    assert page.start_button.isEnabled() and page.reason_label.isVisibleTo(page)
+    assert "unlikely to change the model" in text and "3 optimizer steps" in text
+    assert "0.0002 × 3 = 0.0006" in text
+    page.settings.preset_combo.activated.emit(page.settings.preset_combo.findText("balanced"))
+    checked(qtbot, page)
+    assert page.reason_label.isHidden() and page.check.plan.total_steps >= 60
+
+
 def test_start_is_disabled_with_the_reason_and_a_link_to_the_page_that_fixes_it(
     qtbot, engine, monkeypatch, tmp_path, synth_model, chats
 ):
@@ -447,7 +466,7 @@ def test_start_is_disabled_with_the_reason_and_a_link_to_the_page_that_fixes_it(
     assert page.state == "idle" and not engine.jobs
     page.project.update_config(targets=TargetSpec(preset="attention"))
     checked(qtbot, page)
-    assert page.start_button.isEnabled() and page.reason_label.isHidden()
+    assert page.start_button.isEnabled() and "Start is unavailable" not in page.reason_label.text()
     # a run that would not fit in memory: the engine's advice
     monkeypatch.setattr(MemoryEstimate, "fits", lambda self, available=None: False)
     page.project.update_config(n_ctx=256)
@@ -563,14 +582,18 @@ def test_a_new_model_resets_resume_and_settings_and_refuses_old_checkpoints(
     assert page.state == "idle" and not page.resume_button.isEnabled() and not page.resume()
     assert "ended with its model" in page.log.toPlainText()
     cfg = page.project.config
-    assert cfg.lr == TrainConfig().lr and cfg.steps == 0 and cfg.n_ctx == TrainConfig().n_ctx
+    n_params = ModelInfo.read(qwen).summary.n_params
+    want = preset_settings("balanced", n_params, page.settings.data)  # the default preset, for its size
+    assert {k: getattr(cfg, k) for k in want} == want and cfg.lr != 1e-3
     assert cfg.targets == TargetSpec(preset="mlp")  # the Targets page's choice stays
     assert "new model" in page.banner_text() and page.banner_level == "info"
-    assert page.settings.preset_combo.currentText() == "defaults"
+    assert page.settings.preset_combo.currentText() == "balanced"
     # a checkpoint of the other model is not continued on this one
     ckpt = tmp_path / "old-checkpoints" / "ckpt-000002"
     ckpt.mkdir(parents=True)
-    (ckpt / "trainer.json").write_text(json.dumps({"step": 2, "model": llama}))
+    (ckpt / "state.npz").write_bytes(b"")
+    meta = {"step": 2, "model": llama, "config": TrainConfig().to_json()}
+    (ckpt / "trainer.json").write_text(json.dumps(meta))
     assert not page.resume_from(str(ckpt.parent))
     assert (
         f"trained on {Path(llama).name}" in page.banner_text()
@@ -583,40 +606,41 @@ def test_a_new_model_resets_resume_and_settings_and_refuses_old_checkpoints(
     page.project.restore(saved, None)
     page.set_model_info(ModelInfo.read(qwen))
     assert page.project.config.lr == 5e-4
-    # the default output folder follows the dataset (and a dataset inside the program never gets it)
+    # the default output folder is the model's runs home in the app's data folder, never beside an input
     page.project.update(output_dir=None)
-    assert str(Path(chats).parent / "tune-studio-out") in page.paths_label.full_text()
+    assert model_runs_folder(qwen) in page.paths_label.full_text()
+    assert str(Path(chats).parent) not in page.paths_label.full_text()
 
 
 def test_presets_set_the_settings_for_the_model_size_and_say_what_they_set(
     qtbot, engine, tmp_path, synth_model, chats
 ):
-    from studio.project import preset_settings
-
     page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats)
     combo = page.settings.preset_combo
     n = page.info.summary.n_params
     assert page.settings.n_params == n
     assert [combo.itemText(i) for i in range(combo.count())] == [
-        "defaults",
         "quick",
         "balanced",
         "thorough",
+        "engine defaults",
         "custom",
     ]
     assert combo.currentText() == "custom"  # make_page's own settings
+    qtbot.waitUntil(lambda: page.settings.data is not None, timeout=30_000)  # the check measured the data
     combo.activated.emit(combo.findText("quick"))
     cfg = page.project.config
-    for name, value in preset_settings("quick", n).items():
+    for name, value in preset_settings("quick", n, page.settings.data).items():
         assert getattr(cfg, name) == pytest.approx(value), name
-    assert combo.currentText() == "quick" and page.settings.editors["epochs"].value() == 1.0
+    assert combo.currentText() == "quick" and page.settings.editors["steps"].value() == 30
     tip = combo.toolTip()
     for name in ("quick", "balanced", "thorough"):
         assert f"{name}: " in tip
-    assert "learning rate 0.001" in tip and "tiny" in tip  # a tiny model's values
+    n_samples = page.settings.data.n_samples
+    assert "learning rate 0.002" in tip and "tiny" in tip and f"for {n_samples} samples" in tip
     page.settings.editors["lr"].setValue(0.05)
     assert combo.currentText() == "custom"
-    combo.activated.emit(combo.findText("defaults"))
+    combo.activated.emit(combo.findText("engine defaults"))
     assert page.project.config.lr == TrainConfig().lr and page.project.config.targets == TargetSpec(
         preset="all"
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -13,15 +14,18 @@ from engine import MemoryEstimate, Sample, TargetSpec, TrainConfig, Trainer
 from studio.pages.train.folders import clean_failed_run, folder_problem, missing_folders
 from studio.pages.train.plan import EncodingCache, check_run, count_windows
 from studio.project import (
+    DEFAULT_PRESET,
     HYPER_PRESETS,
+    DataStats,
     ModelInfo,
     Project,
     describe_preset,
     matching_preset,
+    model_runs_folder,
     preset_settings,
     user_data_folder,
 )
-from studio.resources import DEMO_DATASET
+from studio.resources import DEMO_MODEL
 
 
 @pytest.fixture
@@ -95,9 +99,15 @@ def test_the_encoding_cache_encodes_each_sample_once(synth_model, monkeypatch):
 
     info = ModelInfo.read(synth_model("llama"))
     samples = [Sample(0, "text", (), None, None, f"sample number {i}", None, "") for i in range(6)]
-    calls = []
-    real = plan_module.encode_samples
-    monkeypatch.setattr(plan_module, "encode_samples", lambda s, *a: calls.append(len(s)) or real(s, *a))
+    calls = []  # one entry per sample encoded
+    real = plan_module.encode_iter
+
+    def counting(samples, *args, **kwargs):
+        for sample, encoded, problems in real(samples, *args, **kwargs):
+            calls.append(sample)
+            yield sample, encoded, problems
+
+    monkeypatch.setattr(plan_module, "encode_iter", counting)
     cache = EncodingCache()
     args = (info.tokenizer, info.template, info.tensors, info.summary.config)
     first = check_run(samples, *args, TrainConfig(n_ctx=64), cache)
@@ -170,25 +180,59 @@ def test_folders_are_checked_without_being_made_and_tidied_after_an_early_failur
     assert (other / "notes.txt").exists() and not (other / "c").exists()
 
 
-def test_output_folder_is_never_inside_the_installed_program(tmp_path, monkeypatch):
+def test_each_model_has_one_runs_home_in_the_app_data_folder(tmp_path, monkeypatch):
+    """The runs folder follows the model only: opening a dataset or saving the project elsewhere does
+    not move it, a model in a read-only or installed folder gets one too, and older runs beside the
+    project are still found."""
     monkeypatch.setenv("TUNE_STUDIO_DATA", str(tmp_path / "data"))
     project = Project()
-    assert project.output_folder() == str(tmp_path / "data" / "runs")  # nothing to anchor it
-    project.update(dataset_path=str(DEMO_DATASET))  # the bundled demo, inside the program
-    assert project.output_folder() == str(tmp_path / "data" / "runs")
-    assert "resources" not in project.output_folder()
+    assert project.output_folder() == str(tmp_path / "data" / "runs")  # no model yet
+    project.update(model_path=str(DEMO_MODEL))  # the bundled demo, inside the program
+    home = project.output_folder()
+    assert home.startswith(str(tmp_path / "data" / "runs" / "demo-")) and "resources" not in home
+    assert not os.path.exists(home)  # asking makes nothing
     mine = tmp_path / "work" / "d.jsonl"
     mine.parent.mkdir()
     mine.write_text("")
     project.update(dataset_path=str(mine))
-    assert project.output_folder() == str(tmp_path / "work" / "tune-studio-out")
-    assert not (tmp_path / "work" / "tune-studio-out").exists()  # asking makes nothing
-    monkeypatch.setattr("studio.project.can_create_in", lambda folder: False)  # a read-only folder
-    assert project.output_folder() == str(tmp_path / "data" / "runs")
+    project.path = str(tmp_path / "elsewhere" / "p.json")
+    assert project.output_folder() == home == model_runs_folder(str(DEMO_MODEL))
+    other = tmp_path / "ro" / "demo.gguf"  # same name, another file: another home
+    assert model_runs_folder(str(other)) != home and os.path.basename(
+        model_runs_folder(str(other))
+    ).startswith("demo-")
     project.update(output_dir=str(tmp_path / "chosen"))
     assert project.output_folder() == str(tmp_path / "chosen")  # a chosen folder always wins
+    assert project.default_output_folder() == home
+    assert project.legacy_output_folder() is None
+    (tmp_path / "work" / "tune-studio-out").mkdir()  # where older versions wrote, beside the dataset
+    assert project.legacy_output_folder() == str(tmp_path / "work" / "tune-studio-out")
     monkeypatch.delenv("TUNE_STUDIO_DATA")
-    assert user_data_folder().endswith(os.path.join("TuneStudio", "Tune Studio"))
+    if sys.platform.startswith("linux"):
+        monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+        assert user_data_folder() == str(tmp_path / "xdg" / "tune-studio")  # one folder, not two nested
+
+
+def test_presets_scale_to_the_dataset_and_plan_enough_learning():
+    """A 16-sample dataset of short chats gets a short context, a batch of its windows and many epochs
+    (enough steps that lr × steps teaches it); a large dataset gets its epochs; held-out validation only
+    when there are samples to spare."""
+    small_model = 135_000_000
+    facts = DataStats(n_samples=16, n_tokens=16 * 40, longest=45, measured_ctx=512)
+    s = preset_settings("balanced", small_model, facts)
+    assert s["n_ctx"] == 64 and s["steps"] == 60 and s["lr"] == 1e-3 and s["val_split"] == 0.0
+    assert s["batch_size"] == 8 and s["lr"] * s["steps"] >= 0.04
+    quick = preset_settings("quick", small_model, facts)
+    assert quick["steps"] == 30 and quick["lr"] * quick["steps"] >= 0.01
+    big = DataStats(n_samples=20_000, n_tokens=20_000 * 300, longest=900, measured_ctx=1024)
+    b = preset_settings("balanced", small_model, big)
+    assert b["steps"] == 0 and b["epochs"] == 2.0 and b["n_ctx"] == 512 and b["val_split"] == 0.1
+    cut = DataStats(n_samples=200, n_tokens=200 * 256, longest=256, measured_ctx=256)  # cut at 256
+    assert preset_settings("balanced", small_model, cut)["n_ctx"] == 512
+    # the context is a fixed point: measured again with the context it chose, nothing changes
+    again = DataStats(16, 16 * 40, 45, s["n_ctx"])
+    assert preset_settings("balanced", small_model, again) == s
+    assert matching_preset(TrainConfig(**s), small_model, facts) == "balanced"
 
 
 def test_presets_follow_the_model_size_and_a_reset_keeps_the_targets():
@@ -196,7 +240,7 @@ def test_presets_follow_the_model_size_and_a_reset_keeps_the_targets():
     for name in HYPER_PRESETS:
         assert preset_settings(name, tiny)["lr"] > preset_settings(name, big)["lr"]
         text = describe_preset(name, big)
-        assert f"learning rate {preset_settings(name, big)['lr']:g}" in text and "epochs" in text
+        assert f"learning rate {preset_settings(name, big)['lr']:g}" in text and "steps" in text
     assert preset_settings("quick", tiny)["epochs"] < preset_settings("thorough", tiny)["epochs"]
     project = Project()
     targets = TargetSpec(preset="mlp", layers="0-1")
@@ -208,8 +252,8 @@ def test_presets_follow_the_model_size_and_a_reset_keeps_the_targets():
     assert matching_preset(project.config, tiny) is None
     heard = []
     project.subscribe(heard.append)
-    project.reset_hyperparameters()
+    project.reset_hyperparameters(tiny)
     cfg = project.config
-    assert matching_preset(cfg, tiny) == "defaults" and cfg.lr == TrainConfig().lr
+    assert matching_preset(cfg, tiny) == DEFAULT_PRESET == "balanced" and cfg.lr == 2e-3
     assert cfg.targets == targets and cfg.rank == 4 and cfg.alpha == 8.0
     assert heard and "config" in heard[0] and "config.lr" in heard[0]

@@ -10,7 +10,7 @@ These widgets draw what they are given; the page keeps the conversation and runs
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QGuiApplication, QPalette
 from PySide6.QtWidgets import (
     QFrame,
@@ -51,6 +51,7 @@ class MessageWidget(QFrame):
         super().__init__(parent)
         self.role = role
         self.text = ""
+        self._restyling = False
         self.setObjectName("message")
         self.who = ElidedLabel(who)  # one line, elided: a long adapter name never widens the bubble
         self.who.setObjectName("who")
@@ -85,7 +86,19 @@ class MessageWidget(QFrame):
         self.set_text(text)
         self._restyle()
 
+    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().changeEvent(event)
+        if event.type() == QEvent.PaletteChange and not self._restyling:
+            self._restyle()  # the theme changed: the bubble takes its colours
+
     def _restyle(self) -> None:
+        self._restyling = True
+        try:
+            self._apply_style()
+        finally:
+            self._restyling = False
+
+    def _apply_style(self) -> None:
         pal = self.palette()
         base, window = pal.color(QPalette.Base), pal.color(QPalette.Window)
         accent = pal.color(QPalette.Highlight)
@@ -98,6 +111,8 @@ class MessageWidget(QFrame):
             f"QLabel#body {{ color: {pal.color(QPalette.Text).name()}; font-size: 14px; }}"
             f"QLabel#who {{ color: {pal.color(QPalette.Text).name()}; }}"
             f"QLabel#meta {{ color: {faint}; }}"
+            # the Copy button inherits the bubble's sheet: its text takes the palette's, on any theme
+            f"QToolButton {{ color: {pal.color(QPalette.ButtonText).name()}; }}"
         )
 
     def set_text(self, text: str) -> None:

@@ -12,6 +12,12 @@ or import as conversations and are saved as "messages".
 The page keeps `project.dataset_path` up to date and opens the dataset a loaded project names.
 Errors are shown in the page, with what to do next, and emitted as `sig_error`.
 
+A file larger than `BACKGROUND_BYTES` is read off the UI thread (`loader.DatasetLoader`) with a
+progress bar and a Cancel button, and the table's rows, search texts and lookups are made there
+too; token counts with the open model are made in the background and come in as they are ready.
+The table sorts and searches with arrays (`proxy.SamplesFilterModel`) and the Problems list shows
+only the rows in sight (`problems.ProblemsModel`), so a hundred thousand samples stay fluid.
+
 What this page is not: it holds no samples itself (the document does) and does not train, split
 or pack; the dataset is kept in memory (files of a few hundred thousand samples are fine).
 """
@@ -24,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QItemSelection, QItemSelectionModel, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QItemSelection, QItemSelectionModel, QModelIndex, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -33,13 +39,13 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLineEdit,
-    QListWidget,
-    QListWidgetItem,
+    QListView,
     QMenu,
     QMessageBox,
+    QProgressBar,
+    QPushButton,
     QSizePolicy,
     QSplitter,
-    QStyle,
     QTableView,
     QToolBar,
     QToolButton,
@@ -53,11 +59,15 @@ from ...dataset_document import DatasetChange, DatasetDocument
 from ...project import ModelInfo, Project
 from ...widgets.banner import MessageBar
 from .editor import SampleEditorWidget
-from .table import SampleRow, SamplesFilterModel, SamplesModel, new_sample
+from .loader import DatasetLoader, LoadResult, read_dataset
+from .problems import ProblemsBuilder, ProblemsModel
+from .proxy import SamplesFilterModel
+from .table import SamplesModel, new_sample
 from .tokens import TokenViewWidget
 
 DATASET_SUFFIXES = (".jsonl", ".json", ".ndjson")
 FILE_FILTER = "JSON Lines datasets (*.jsonl *.ndjson *.json);;All files (*)"
+BACKGROUND_BYTES = 256 << 10  # files larger than this are read off the UI thread, with progress
 
 
 class DatasetPage(QWidget):
@@ -65,6 +75,7 @@ class DatasetPage(QWidget):
     undo, redo, document (DatasetDocument), is_modified, path, model (SamplesModel), samples."""
 
     sig_dataset_opened = Signal(str)  # a file was opened (its absolute path)
+    sig_dataset_opening = Signal(str)  # a large file is being read in the background (its path)
     sig_modified = Signal(bool)  # the dataset now differs (True) or not (False) from the file
     sig_error = Signal(str)  # an error, also shown in the page
     sig_saved = Signal(str)  # the dataset was written to this path
@@ -77,8 +88,10 @@ class DatasetPage(QWidget):
         self.document = document if document is not None else DatasetDocument()
         self.model_info: ModelInfo | None = None
         self._template: ChatTemplate | None = None
-        self._problem_targets: list[tuple[SampleRow | None, int]] = []  # per Problems list row
         self._tokens_shown: tuple | None = None  # what the token view shows (not to render it twice)
+        self.background_bytes = BACKGROUND_BYTES  # files larger than this are read off the UI thread
+        self._load_job: int | None = None  # the background read under way
+        self._load_path: str | None = None
         # Questions to the person; replace them in tests or scripts.
         # confirm(title, text) -> bool: go ahead?  ask_unsaved() -> "save" | "discard" | "cancel"
         self.confirm: Callable[[str, str], bool] = self._confirm_dialog
@@ -88,6 +101,15 @@ class DatasetPage(QWidget):
         self.model = SamplesModel(self.document, parent=self)
         self.proxy = SamplesFilterModel(self)
         self.proxy.setSourceModel(self.model)
+        self.proxy.sig_searched.connect(self._update_labels)
+        self.loader = DatasetLoader(self)
+        self.loader.sig_progress.connect(self._load_progress)
+        self.loader.sig_loaded.connect(self._load_done)
+        self.loader.sig_failed.connect(self._load_failed)
+        self.loader.sig_counts.connect(self.model.take_counts)
+        self.loader.sig_counted.connect(self.model.counting_done)
+        self.model.set_counter(self._count_in_background)
+        self.problems_model = ProblemsModel(self)
         self._refresh_timer = QTimer(self)
         self._refresh_timer.setSingleShot(True)
         self._refresh_timer.setInterval(120)
@@ -293,16 +315,25 @@ class DatasetPage(QWidget):
 
         # problems
         self.problems_title = QLabel("<b>Problems</b>")
-        self.problems = QListWidget()
+        self.problems = QListView()
+        self.problems.setModel(self.problems_model)
         self.problems.setToolTip(
             "Problems found when reading the file or encoding the samples. Click one to select its "
             "sample. Errors: the sample is skipped by training; warnings: it is kept"
         )
-        self.problems.setWordWrap(True)
-        self.problems.setUniformItemSizes(False)
+        self.problems.setUniformItemSizes(True)  # a hundred thousand rows: no per-row layout
+        self.problems.setTextElideMode(Qt.ElideRight)
         self.problems.setIconSize(QSize(16, 16))
-        self.problems.itemClicked.connect(self.select_problem)
-        self.problems.itemActivated.connect(self.select_problem)
+        self.problems.clicked.connect(self.select_problem)
+        self.problems.activated.connect(self.select_problem)
+        self._problems_builder = ProblemsBuilder(
+            self.problems_model,
+            self.model,
+            lambda: self.skipped,
+            self._no_problems_text,
+            self._problems_built,
+            self,
+        )
         problems_box = QWidget()
         pl = QVBoxLayout(problems_box)
         pl.setContentsMargins(0, 4, 0, 0)
@@ -336,9 +367,25 @@ class DatasetPage(QWidget):
         self.splitter.setSizes([520, 200])
         self.splitter.setChildrenCollapsible(False)
 
+        self.load_label = QLabel()
+        self.load_bar = QProgressBar()
+        self.load_bar.setRange(0, 1000)
+        self.load_bar.setTextVisible(True)
+        self.load_cancel = QPushButton("Cancel")
+        self.load_cancel.setToolTip("Stop reading the file; the dataset shown stays as it is")
+        self.load_cancel.clicked.connect(self.cancel_loading)
+        self.load_strip = QWidget()
+        strip = QHBoxLayout(self.load_strip)
+        strip.setContentsMargins(0, 0, 0, 0)
+        strip.addWidget(self.load_label)
+        strip.addWidget(self.load_bar, 1)
+        strip.addWidget(self.load_cancel)
+        self.load_strip.hide()
+
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addWidget(self.message)
+        layout.addWidget(self.load_strip)
         layout.addLayout(info)
         layout.addWidget(self.splitter, 1)
 
@@ -382,38 +429,138 @@ class DatasetPage(QWidget):
     def open_path(self, path: str | os.PathLike[str]) -> bool:
         """Open a dataset file; False (and the reason shown in the page) when it cannot be read.
 
-        Asks first when there are unsaved changes (`ask_unsaved`)."""
+        Asks first when there are unsaved changes (`ask_unsaved`). A file larger than
+        `background_bytes` is read off the UI thread: True then says that it is being read (the
+        progress shows above the table, and sig_dataset_opened follows when it is open)."""
         path = os.path.abspath(os.fspath(path))
         if not self.may_discard_changes():
             return False
         try:
-            problems = self.document.open(path)  # the table, problems and editor follow (a reset)
+            size = os.path.getsize(path) if os.path.isfile(path) else 0
+        except OSError:
+            size = 0
+        if size > self.background_bytes:
+            self._start_loading(path, size)
+            return True
+        self.cancel_loading()
+        try:
+            result = read_dataset(path)
         except (DatasetError, OSError) as exc:
-            self.show_error(
-                f"The dataset could not be opened: {exc}",
-                "Choose a JSON Lines file (.jsonl) saved as UTF-8 text, with one JSON object per line.",
-            )
+            self._open_failed(exc)
             return False
-        samples = self.document.samples()
+        self._apply_load(result)
+        return True
+
+    @property
+    def loading(self) -> bool:
+        """A file is being read in the background."""
+        return self._load_job is not None
+
+    def busy(self) -> bool:
+        """Reading a file, searching, or listing its problems (in the background)."""
+        return self.loading or self.proxy.searching or self._problems_builder.busy
+
+    def cancel_loading(self) -> None:
+        """Stop reading a file in the background; the dataset shown stays as it is."""
+        if self._load_job is None:
+            return
+        self.loader.cancel_load()
+        self._end_loading()
+        self.show_message("info", f"Stopped reading {Path(self._load_path or '').name}: nothing was changed.")
+
+    def _start_loading(self, path: str, size: int) -> None:
+        self._load_path = path
+        self._load_job = self.loader.load(path)
+        self.load_label.setText(f"Reading {Path(path).name} ({size / 2**20:,.0f} MB)…")
+        self.load_bar.setValue(0)
+        self.load_bar.setFormat("%p%")
+        self.load_strip.show()
+        self.message.hide()
+        self.sig_dataset_opening.emit(path)
+        self.splitter.setEnabled(False)  # edits would be replaced by the file being read
+        for action in self._actions:
+            if action is not self.action_open:
+                action.setEnabled(False)
+
+    def _end_loading(self) -> None:
+        self._load_job = None
+        self.load_strip.hide()
+        self.splitter.setEnabled(True)
+        for action in (
+            self.action_save,
+            self.action_save_as,
+            self.action_import,
+            self.action_add,
+            self.action_find,
+        ):
+            action.setEnabled(True)
+        self._update_actions()
+        self._update_history_actions()
+
+    def _load_progress(self, job: int, done: int, total: int) -> None:
+        if job == self._load_job and total:
+            self.load_bar.setValue(int(1000 * min(done, total) / total))
+            if done >= total:
+                self.load_bar.setFormat("preparing the table…")
+
+    def _load_done(self, job: int, result: LoadResult) -> None:
+        if job != self._load_job:
+            return
+        self._end_loading()
+        self._apply_load(result)
+
+    def _load_failed(self, job: int, message: str) -> None:
+        if job != self._load_job:
+            return
+        self._end_loading()
+        self._open_failed(message)
+
+    def _open_failed(self, exc: object) -> None:
+        self.show_error(
+            f"The dataset could not be opened: {exc}",
+            "Choose a JSON Lines file (.jsonl) saved as UTF-8 text, with one JSON object per line.",
+        )
+
+    def _apply_load(self, result: LoadResult) -> None:
+        """Show a file that was read: the document, the table and the problems take it in."""
+        path = result.path
+        self.model.prepare_rows(result.rows)
+        self.document.reset(result.samples, path, saved=True, problems=result.problems, index=result.index)
+        self._fit_number_columns()
         self.project.update(dataset_path=path)
-        n_problems = len(problems)
-        name = Path(path).name
+        n, n_problems, name = len(result.samples), len(result.problems), Path(path).name
         if self.skipped:
             self.show_message(
                 "warning",
-                f"Opened {name}: {len(samples)} samples. {len(self.skipped)} line(s) could not be read and "
-                "are not in the table (see Problems). Fix them in the file, or know that saving here "
-                "drops them.",
+                f"Opened {name}: {n:,} samples. {len(self.skipped):,} line(s) could not be read and are not "
+                "in the table (see Problems). Fix them in the file, or know that saving here drops them.",
             )
         elif n_problems:
             self.show_message(
-                "warning", f"Opened {name}: {len(samples)} samples, {n_problems} warning(s) (see Problems)."
+                "warning", f"Opened {name}: {n:,} samples, {n_problems:,} warning(s) (see Problems)."
             )
-        elif not samples:
+        elif not n:
             self.show_message("info", f"{name} holds no samples yet: add one with Add sample (Ctrl+Shift+N).")
         else:
             self.message.hide()
         self.sig_dataset_opened.emit(path)
+
+    def _fit_number_columns(self) -> None:
+        """Widen # and Line to hold the largest position and line (100,000 needs six digits)."""
+        last_line = self.document.sample(len(self.document) - 1).line if len(self.document) else 0
+        digits = len(str(max(len(self.document), last_line)))  # a file's lines only grow
+        fm = self.fontMetrics()
+        for col, title in ((SamplesModel.COL_INDEX, "#"), (SamplesModel.COL_LINE, "Line")):
+            width = max(fm.horizontalAdvance("0" * max(digits, 4)), fm.horizontalAdvance(title + "0")) + 12
+            if self.table.columnWidth(col) < width:
+                self.table.setColumnWidth(col, width)
+
+    def _count_in_background(self, generation: int, samples: list[Sample]) -> bool:
+        """The table's counter: count tokens on the loader's thread (many rows; few are counted here)."""
+        model = self.model
+        if len(samples) < 2000 or model.tokenizer is None or model.options is None:
+            return False
+        self.loader.count(generation, samples, model.tokenizer, model.template, model.options)
         return True
 
     def save(self) -> bool:
@@ -648,61 +795,46 @@ class DatasetPage(QWidget):
         self.document.edit(row, new, description, key=key)
 
     # --- problems -----------------------------------------------------------------------------
-    def select_problem(self, item: QListWidgetItem) -> None:
-        """Select the sample a problem is about (by its row; skipped lines have none)."""
-        # kept in a Python list, not in item data: reading item data back that holds None loses a
-        # reference to None in PySide6 6.12 (a crash after enough calls)
-        index = self.problems.row(item)
-        if not 0 <= index < len(self._problem_targets):
+    def select_problem(self, index: QModelIndex | int) -> None:
+        """Select the sample a problem is about (a row of the Problems list; skipped lines have none)."""
+        row = index.row() if isinstance(index, QModelIndex) else int(index)
+        entry = self.problems_model.entry(row)
+        if entry is None:
             return
-        obj, line = self._problem_targets[index]
-        if isinstance(obj, SampleRow):
-            row = self.model.row_of(obj)
-            if row >= 0:
-                self.select_rows([row])
+        if entry.row is not None:
+            at = self.model.row_of(entry.row)
+            if at >= 0:
+                self.select_rows([at])
                 return
         self.show_message(
             "warning",
-            f"Line {line} could not be read, so it is not in the table: fix it in a text editor and open "
-            "the file again, or add the sample again here.",
+            f"Line {entry.line} could not be read, so it is not in the table: fix it in a text editor and "
+            "open the file again, or add the sample again here.",
         )
 
+    def select_problem_at(self, row: int) -> None:
+        """Click the Problems list's row `row` (as a person would): its sample is selected."""
+        index = self.problems_model.index(row, 0)
+        self.problems.setCurrentIndex(index)
+        self.problems.scrollTo(index)
+        self.select_problem(index)
+
+    def problems_count(self) -> int:
+        """Problems listed (the list is made in the background: this finishes it first)."""
+        self._problems_builder.finish()
+        return len(self.problems_model.entries)
+
     def _fill_problems(self) -> None:
-        entries: list[tuple[int, int, Problem, SampleRow | None]] = [
-            (p.line, 0, p, None) for p in self.skipped
-        ]
-        for i in range(self.model.rowCount()):
-            obj = self.model.row_object(i)
-            for p in self.model.known_problems(i):
-                line = obj.sample.line
-                entries.append((line if line else 10**12 + i, i, p, obj))
-        entries.sort(key=lambda e: (e[0], e[1]))
-        style = self.style()
-        error_icon = style.standardIcon(QStyle.SP_MessageBoxCritical)
-        warning_icon = style.standardIcon(QStyle.SP_MessageBoxWarning)
-        self.problems.setUpdatesEnabled(False)
-        self.problems.clear()
-        self._problem_targets: list[tuple[SampleRow | None, int]] = []
-        for _, i, p, obj in entries:
-            if obj is None:
-                where = f"line {p.line}"
-                text = f"{where}: {p.message} (not in the table)"
-            else:
-                where = f"line {obj.sample.line}" if obj.sample.line else f"new sample #{i + 1}"
-                text = f"{where}: {p.message}"
-            item = QListWidgetItem(error_icon if p.severity == "error" else warning_icon, text)
-            item.setToolTip(f"{where}: {p.severity}: {p.message}")
-            self._problem_targets.append((obj, obj.sample.line if obj is not None else p.line))
-            self.problems.addItem(item)
-        self.problems.setUpdatesEnabled(True)
-        if not entries:
-            item = QListWidgetItem("No problems found: every line was read and every sample encodes.")
-            if self.model_info is None:
-                item.setText("No problems found in the file (open a model to check tokens too).")
-            item.setFlags(Qt.NoItemFlags)
-            self.problems.addItem(item)
-        n = len(entries)
-        self.problems_title.setText(f"<b>Problems</b> ({n})" if n else "<b>Problems</b> (none)")
+        self._problems_builder.rebuild()
+
+    def _no_problems_text(self) -> str:
+        if self.model_info is None:
+            return "No problems found in the file (open a model to check tokens too)."
+        return "No problems found: every line was read and every sample encodes."
+
+    def _problems_built(self) -> None:
+        n = len(self.problems_model.entries)
+        self.problems_title.setText(f"<b>Problems</b> ({n:,})" if n else "<b>Problems</b> (none)")
 
     # --- refreshing ---------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -815,7 +947,9 @@ class DatasetPage(QWidget):
         if change.kind == "reset":  # opened, or replaced (a recovered autosave)
             self.proxy.set_pinned(None)
             self.refresh()
-            if len(self.document):
+            if len(self.document) > 20_000:  # a large file: show it first, select the first sample next
+                QTimer.singleShot(0, self._select_first)
+            elif len(self.document):
                 self.select_rows([0])
         elif change.kind == "history":
             self._update_history_actions()
@@ -826,6 +960,10 @@ class DatasetPage(QWidget):
         elif change.kind == "dirty":
             self._update_labels()
             self.sig_modified.emit(self.document.dirty)
+
+    def _select_first(self) -> None:
+        if len(self.document) and self.current_row() < 0:
+            self.select_rows([0])
 
     def _update_history_actions(self) -> None:
         doc = self.document
@@ -900,6 +1038,7 @@ class DatasetPage(QWidget):
 
     def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
         if event.type() == QEvent.PaletteChange:
+            self.model.forget_looks()
             self._refresh_tokens()
         super().changeEvent(event)
 

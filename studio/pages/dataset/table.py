@@ -4,27 +4,33 @@
 line, shape, first words, reward, token counts and problems. It observes the document and turns
 its notifications into Qt's begin/end row signals; changes go to the document, never to the
 model. Token counts come from `engine.encode_samples` with the open model's tokenizer and chat
-template, cached per row and recomputed when that sample or the model changes; without a model
-they show "–". `SamplesFilterModel` sorts and searches it (all the text of a sample,
-case-insensitive). `rebuild_sample` makes an edited copy of a frozen `Sample` and validates it.
+template: made by a background counter (the page's loader thread) when there is one, a slice at
+a time on the UI thread otherwise, and for a row on show at once; only the counts are kept per row
+(the token view's tokens are encoded when asked). Totals are kept as rows change, so a
+hundred-thousand-row table answers `stats()` at once. `rebuild_sample` makes an edited copy of a
+frozen `Sample` and validates it.
 
 What this module is not: it holds no samples of its own, reads and writes no files and keeps no
-undo history (`studio.dataset_document.DatasetDocument` does all three).
+undo history (`studio.dataset_document.DatasetDocument` does all three); sorting and searching
+are `studio.pages.dataset.proxy.SamplesFilterModel`'s.
 """
 
 from __future__ import annotations
 
+import heapq
+import operator
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 from PySide6.QtCore import (
     QAbstractTableModel,
     QModelIndex,
     QObject,
     QPersistentModelIndex,
-    QSortFilterProxyModel,
     Qt,
     QTimer,
     Signal,
@@ -61,6 +67,14 @@ SHAPE_HELP = {
     "prompt": "a prompt and its response",
     "text": "plain text (every token is trained)",
 }
+
+
+_ROLES = frozenset(
+    {Qt.DisplayRole, SortRole, Qt.ToolTipRole, Qt.TextAlignmentRole, Qt.ForegroundRole, Qt.DecorationRole,
+     Qt.FontRole}
+)  # fmt: skip
+_RIGHT = Qt.AlignRight | Qt.AlignVCenter
+_LEFT = Qt.AlignLeft | Qt.AlignVCenter
 
 
 def _dark() -> bool:
@@ -152,17 +166,74 @@ def sample_preview(sample: Sample, limit: int = 600) -> str:
 
 @dataclass(eq=False)
 class SampleRow:
-    """One row: a sample, what reading/validating it found, and its cached encoding."""
+    """One row: a sample, what reading/validating it found, and its token counts with the open
+    model (valid while `count_gen` is the model's: a new tokenizer, template or n_ctx makes every
+    count stale at once)."""
 
     sample: Sample
     problems: list[Problem] = field(default_factory=list)  # from loading or validating the sample
-    encoded: Encoded | None = None
+    count_gen: int = -1  # the SamplesModel generation its counts belong to
+    n_tokens: int = -1  # tokens after truncation; -1: the sample cannot be encoded (dropped)
+    n_trained: int = 0
+    truncated: bool = False
     encode_problems: list[Problem] = field(default_factory=list)
-    encoded_ok: bool = False  # `encoded`/`encode_problems` are up to date
-    keys: dict[int, Any] = field(default_factory=dict)  # sort key per column (cleared on change)
+    text: str | None = None  # all its text, casefolded (search), made when first needed
+    words: str | None = None  # its first words (the column), made when first needed
+    key: str | None = None  # the same, casefolded: how the column sorts
 
-    def all_problems(self) -> list[Problem]:
-        return [*self.problems, *self.encode_problems]
+    def search_text(self) -> str:
+        if self.text is None:
+            self.text = sample_text(self.sample).casefold()
+        return self.text
+
+    def first_words(self) -> str:
+        if self.words is None:
+            self.words = first_words(self.sample)
+        return self.words
+
+    def words_key(self) -> str:
+        """Its first words as they sort (casefolded)."""
+        if self.key is None:
+            self.key = self.first_words().casefold()
+        return self.key
+
+
+@dataclass
+class PreparedRows:
+    """Rows made ahead for the samples a document is about to hold, with the model's lookups."""
+
+    samples: list[Sample]
+    rows: list[SampleRow]
+    by_sample: dict[int, SampleRow]  # id(sample) -> its row
+    read: list[int]  # reading problems, errors, samples with a reward
+    word_ranks: np.ndarray  # how the rows sort by first words
+
+
+def make_rows(
+    samples: Sequence[Sample],
+    problems_for: Callable[[Sample], list[Problem]],
+    go_on: Callable[[], bool] | None = None,
+) -> PreparedRows | None:
+    """Rows for samples, with their search text and first words made now, and what the model looks
+    them up by (a loader thread makes them, so that the UI thread does not). `go_on()` is asked
+    every few hundred rows; None when it said stop."""
+    rows: list[SampleRow] = []
+    by_sample: dict[int, SampleRow] = {}
+    read = [0, 0, 0]
+    for k, s in enumerate(samples):
+        if go_on is not None and k & 255 == 255 and not go_on():
+            return None
+        row = SampleRow(s, problems_for(s))
+        row.search_text()
+        row.words_key()
+        rows.append(row)
+        by_sample[id(s)] = row
+        if row.problems:
+            read[0] += len(row.problems)
+            read[1] += sum(1 for p in row.problems if p.severity == "error")
+        if s.reward is not None:
+            read[2] += 1
+    return PreparedRows(list(samples), rows, by_sample, read, _dense_ranks([r.words_key() for r in rows]))
 
 
 @dataclass(frozen=True)
@@ -176,10 +247,43 @@ class DatasetStats:
     counted: int  # rows whose tokens are known
 
 
+@dataclass(frozen=True)
+class RowCounts:
+    """One sample's counts with a model, as a background counter reports them."""
+
+    sample: Sample
+    n_tokens: int  # -1: dropped
+    n_trained: int
+    truncated: bool
+    problems: tuple[Problem, ...]
+
+
+def count_row(sample: Sample, encoded: Encoded | None, problems: Sequence[Problem], index: int) -> RowCounts:
+    """RowCounts from `encode_samples`' result for a sample (its "sample N: " prefix removed)."""
+    prefix = f"sample {index}: "
+    cleaned = tuple(
+        replace(p, message=p.message[len(prefix) :]) if p.message.startswith(prefix) else p for p in problems
+    )
+    if encoded is None:
+        return RowCounts(sample, -1, 0, False, cleaned)
+    trained = int(np.count_nonzero(encoded.trained))
+    return RowCounts(sample, len(encoded.tokens), trained, encoded.truncated, cleaned)
+
+
+# A background counter: counter(generation, samples) starts counting them off the UI thread, handing
+# the results to `SamplesModel.take_counts(generation, results)` and then `counting_done(generation)`;
+# False when it declines (few samples: the model counts them a slice at a time itself).
+Counter = Callable[[int, list[Sample]], bool]
+
+
 class SamplesModel(QAbstractTableModel):
     """A Qt table over a `DatasetDocument` (a new, empty one when none is given): the document is
-    the data, this only adapts it and caches token counts. `sig_changed` fires after any change to
+    the data, this only adapts it and keeps token counts. `sig_changed` fires after any change to
     samples, problems or token counts.
+
+    Token counts are made by a background `counter` when the page gives one (`set_counter`), else
+    a slice at a time on the UI thread; a row that is shown before it is counted is counted then.
+    Totals (`stats`) are kept as rows change, so that they cost nothing to read.
     """
 
     COLUMNS = ("#", "Line", "Shape", "First words", "Reward", "Tokens", "Trained", "Problems")
@@ -194,19 +298,32 @@ class SamplesModel(QAbstractTableModel):
         "Tokens the model learns to produce (assistant replies and their end-of-turn token)",
         "Problems found when reading or encoding the sample; hover for the first one",
     )
+    COUNT_COLUMNS = (COL_TOKENS, COL_TRAINED, COL_PROBLEMS)
 
     sig_changed = Signal()
 
     def __init__(self, document: DatasetDocument | None = None, parent: QObject | None = None):
         super().__init__(parent)
         self.document = document if document is not None else DatasetDocument()
-        self._rows: list[SampleRow] = [SampleRow(s, self.document.problems_for(s)) for s in self.document]
+        self._rows: list[SampleRow] = []
+        self._by_sample: dict[int, SampleRow] = {}  # id(sample) -> its row (the counter's results find it)
         self._tokenizer: Tokenizer | None = None
         self._template: ChatTemplate | None = None
         self._options: EncodeOptions | None = None
+        self._gen = 0  # counts of rows with another count_gen are stale
+        self._counter: Counter | None = None
+        self._counting = False  # the counter is at work for this generation
+        self._prepared: PreparedRows | None = None  # rows a loader made
+        self._encoded: dict[int, tuple[Sample, Encoded | None]] = {}  # the token view's last samples
+        self._looks: dict[tuple[str, str], Any] = {}  # brushes, icons and the font, made once
+        self._word_ranks: np.ndarray | None = None  # how the rows sort by first words (made ahead)
+        # totals over the rows: read problems and errors, rewards; counted rows, their tokens, problems
+        self._read = [0, 0, 0]  # problems, errors, with reward
+        self._counted = [0, 0, 0, 0, 0]  # rows, tokens, trained, problems, errors
         self._fill_timer = QTimer(self)
         self._fill_timer.setInterval(0)
         self._fill_timer.timeout.connect(self._fill_some)
+        self._set_rows([SampleRow(s, self.document.problems_for(s)) for s in self.document])
         # a listener that does not keep the model alive, and leaves with it
         ref = weakref.ref(self)
 
@@ -231,6 +348,10 @@ class SamplesModel(QAbstractTableModel):
     def row_object(self, row: int) -> SampleRow:
         return self._rows[row]
 
+    def rows(self) -> list[SampleRow]:
+        """The rows in dataset order (the list itself: read it, do not change it)."""
+        return self._rows
+
     def row_of(self, obj: SampleRow) -> int:
         """Current position of a row object, -1 if it is not in the dataset."""
         for i, r in enumerate(self._rows):
@@ -241,12 +362,15 @@ class SamplesModel(QAbstractTableModel):
     def problems(self, row: int) -> list[Problem]:
         """Reading/validation problems, then encoding problems (when a model is open)."""
         r = self._rows[row]
-        self._ensure_encoded(r)
-        return r.all_problems()
+        self._ensure_counted(r)
+        return self._all_problems(r)
 
     def known_problems(self, row: int) -> list[Problem]:
-        """Like `problems`, without encoding the sample when its tokens are not counted yet."""
-        return self._rows[row].all_problems()
+        """Like `problems`, without counting the sample's tokens when they are not counted yet."""
+        return self._all_problems(self._rows[row])
+
+    def _all_problems(self, r: SampleRow) -> list[Problem]:
+        return [*r.problems, *r.encode_problems] if r.count_gen == self._gen else list(r.problems)
 
     def has_encoder(self) -> bool:
         return self._tokenizer is not None and self._options is not None
@@ -256,100 +380,193 @@ class SamplesModel(QAbstractTableModel):
         return self._tokenizer
 
     @property
+    def template(self) -> ChatTemplate | None:
+        return self._template
+
+    @property
     def options(self) -> EncodeOptions | None:
         return self._options
 
+    @property
+    def generation(self) -> int:
+        """Changes whenever the counts become stale (another tokenizer, template or settings)."""
+        return self._gen
+
     def encoded(self, row: int) -> Encoded | None:
-        """Tokens and trained mask of a sample (None without a model or when it cannot be encoded)."""
-        r = self._rows[row]
-        self._ensure_encoded(r)
-        return r.encoded
+        """Tokens and trained mask of a sample (None without a model or when it cannot be encoded);
+        encoded when asked (the token view's), the last few kept."""
+        if not self.has_encoder():
+            return None
+        sample = self._rows[row].sample
+        hit = self._encoded.get(id(sample))
+        if hit is not None and hit[0] is sample:
+            return hit[1]
+        encoded, problems = self._encode(sample)
+        if len(self._encoded) >= 8:
+            self._encoded.clear()
+        self._encoded[id(sample)] = (sample, encoded)
+        self._set_counts(self._rows[row], count_row(sample, encoded, problems, 0))
+        return encoded
 
     def encode_all(self) -> None:
-        """Encode every sample now (normally done a slice at a time in the background)."""
+        """Count every sample now (normally done in the background, or a slice at a time)."""
         for r in self._rows:
-            self._ensure_encoded(r)
+            self._ensure_counted(r)
         self._fill_timer.stop()
 
     def fully_counted(self) -> bool:
-        return not self.has_encoder() or all(r.encoded_ok for r in self._rows)
+        return not self.has_encoder() or self._counted[0] >= len(self._rows)
 
     def stats(self) -> DatasetStats:
-        rows = self._rows
-        problems = sum(len(r.all_problems()) for r in rows)
-        errors = sum(1 for r in rows for p in r.all_problems() if p.severity == "error")
-        counted = [r for r in rows if r.encoded_ok]
-        tokens = trained = None
-        if self.has_encoder() and len(counted) == len(rows):
-            tokens = sum(len(r.encoded.tokens) for r in rows if r.encoded is not None)
-            trained = sum(int(r.encoded.trained.sum()) for r in rows if r.encoded is not None)
+        rows, counted, tokens, trained, enc_problems, enc_errors = len(self._rows), *self._counted
+        full = self.has_encoder() and counted >= rows
         return DatasetStats(
-            samples=len(rows),
-            with_reward=sum(1 for r in rows if r.sample.reward is not None),
-            problems=problems,
-            errors=errors,
-            tokens=tokens,
-            trained=trained,
-            counted=len(counted),
+            samples=rows,
+            with_reward=self._read[2],
+            problems=self._read[0] + enc_problems,
+            errors=self._read[1] + enc_errors,
+            tokens=tokens if full else None,
+            trained=trained if full else None,
+            counted=counted,
         )
 
     def sort_key(self, row: int, col: int) -> Any:
-        """What `SortRole` gives, cached per row (sorting big datasets asks it n log n times)."""
+        """What `SortRole` gives for a row."""
+        return self._value(row, col, self._rows[row], sort=True)
+
+    def sort_keys(self, col: int) -> np.ndarray:
+        """Every row's sort key for a column, as an array that sorts like them (strings by rank);
+        token counts not known yet sort first."""
+        rows = self._rows
+        n = len(rows)
         if col == self.COL_INDEX:
-            return row
-        r = self._rows[row]
-        key = r.keys.get(col)
-        if key is None:
-            key = r.keys[col] = self._value(row, col, r, sort=True)
-        return key
+            return np.arange(n)
+        if col == self.COL_LINE:
+            return np.fromiter((r.sample.line for r in rows), dtype=np.int64, count=n)
+        if col == self.COL_REWARD:
+            return np.fromiter(
+                (-1e300 if r.sample.reward is None else r.sample.reward for r in rows),
+                dtype=np.float64,
+                count=n,
+            )
+        if col == self.COL_SHAPE:
+            kinds = {kind: i for i, kind in enumerate(sorted({r.sample.kind for r in rows}))}
+            return np.fromiter((kinds[r.sample.kind] for r in rows), dtype=np.int64, count=n)
+        if col == self.COL_WORDS:
+            if self._word_ranks is None or len(self._word_ranks) != n:
+                self._word_ranks = _dense_ranks([r.words_key() for r in rows])
+            return self._word_ranks
+        gen, ok = self._gen, self.has_encoder()
+        if col == self.COL_TOKENS:
+            values = (r.n_tokens if ok and r.count_gen == gen else -1 for r in rows)
+        elif col == self.COL_TRAINED:
+            values = (
+                (r.n_trained if r.n_tokens >= 0 else -1) if ok and r.count_gen == gen else -1 for r in rows
+            )
+        else:
+            values = (len(r.problems) + (len(r.encode_problems) if r.count_gen == gen else 0) for r in rows)
+        return np.fromiter(values, dtype=np.int64, count=n)
 
     def search_text(self, row: int) -> str:
-        return sample_text(self._rows[row].sample).casefold()
+        return self._rows[row].search_text()
 
-    # --- encoding -----------------------------------------------------------------------------
+    # --- counting -----------------------------------------------------------------------------
+    def set_counter(self, counter: Counter | None) -> None:
+        """Count tokens with `counter` in the background (None: a slice at a time on the UI thread)."""
+        self._counter = counter
+
     def set_encoder(
         self, tokenizer: Tokenizer | None, template: ChatTemplate | None, options: EncodeOptions | None
     ) -> None:
         """Use this tokenizer, template and options for token counts (None: no model, no counts)."""
         self._tokenizer, self._template, self._options = tokenizer, template, options
-        for r in self._rows:
-            r.encoded, r.encode_problems, r.encoded_ok = None, [], False
-            r.keys.clear()
-        self._columns_changed(self.COL_TOKENS, self.COL_PROBLEMS)
+        self._gen += 1  # every count is stale
+        self._counted = [0, 0, 0, 0, 0]
+        self._counting = False
+        self._encoded.clear()
+        self._columns_changed(*self.COUNT_COLUMNS)
         self._start_fill()
         self.sig_changed.emit()
 
-    def _ensure_encoded(self, r: SampleRow) -> None:
-        if r.encoded_ok:
+    def take_counts(self, generation: int, results: Sequence[RowCounts]) -> None:
+        """Counts a background counter made for `generation` (stale ones are dropped)."""
+        if generation != self._gen:
             return
-        r.encoded_ok = True
-        r.encoded, r.encode_problems = None, []
-        r.keys.clear()
-        if self._tokenizer is None or self._options is None:
-            return
+        for c in results:
+            r = self._by_sample.get(id(c.sample))
+            if r is not None and r.sample is c.sample and r.count_gen != self._gen:
+                self._set_counts(r, c)
+        if self._rows and results:
+            self._columns_changed(*self.COUNT_COLUMNS)
+        if self.fully_counted():
+            self._counting = False
+        self.sig_changed.emit()
+
+    def counting_done(self, generation: int) -> None:
+        """The background counter stopped (finished or not): count what is left on the UI thread."""
+        if generation == self._gen:
+            self._counting = False
+            self._start_fill()
+
+    def _encode(self, sample: Sample) -> tuple[Encoded | None, list[Problem]]:
+        assert self._tokenizer is not None and self._options is not None
         try:
-            encoded, problems = encode_samples([r.sample], self._tokenizer, self._template, self._options)
+            encoded, problems = encode_samples([sample], self._tokenizer, self._template, self._options)
         except Exception as exc:  # noqa: BLE001 - a sample the engine chokes on is a problem, not a crash
-            encoded, problems = [], [Problem(r.sample.line, f"cannot be encoded: {exc}", "error")]
-        r.encoded = encoded[0] if encoded else None
-        prefix = "sample 0: "
-        r.encode_problems = [
-            replace(p, message=p.message[len(prefix) :]) if p.message.startswith(prefix) else p
-            for p in problems
-        ]
+            return None, [Problem(sample.line, f"cannot be encoded: {exc}", "error")]
+        return (encoded[0] if encoded else None), problems
+
+    def _ensure_counted(self, r: SampleRow) -> None:
+        if r.count_gen == self._gen or not self.has_encoder():
+            return
+        encoded, problems = self._encode(r.sample)
+        self._set_counts(r, count_row(r.sample, encoded, problems, 0))
+
+    def _set_counts(self, r: SampleRow, c: RowCounts) -> None:
+        if r.count_gen == self._gen:
+            self._account_counts(r, -1)
+        r.n_tokens, r.n_trained, r.truncated = c.n_tokens, c.n_trained, c.truncated
+        r.encode_problems = list(c.problems)
+        r.count_gen = self._gen
+        self._account_counts(r, +1)
+
+    def _account_counts(self, r: SampleRow, sign: int) -> None:
+        t = self._counted
+        t[0] += sign
+        if r.n_tokens >= 0:
+            t[1] += sign * r.n_tokens
+            t[2] += sign * r.n_trained
+        t[3] += sign * len(r.encode_problems)
+        t[4] += sign * sum(1 for p in r.encode_problems if p.severity == "error")
+
+    def _account_read(self, r: SampleRow, sign: int) -> None:
+        t = self._read
+        if r.problems:
+            t[0] += sign * len(r.problems)
+            t[1] += sign * sum(1 for p in r.problems if p.severity == "error")
+        if r.sample.reward is not None:
+            t[2] += sign
 
     def _start_fill(self) -> None:
-        if self.has_encoder() and not self.fully_counted():
-            self._fill_timer.start()
+        if not self.has_encoder() or self.fully_counted():
+            return
+        if self._counting:
+            return
+        if self._counter is not None:
+            stale = [r.sample for r in self._rows if r.count_gen != self._gen]
+            if self._counter(self._gen, stale):
+                self._counting = True
+                return
+        self._fill_timer.start()
 
     def _fill_some(self) -> None:
-        """Encode rows for ~20 ms, then let the event loop run; sig_changed when all are counted."""
+        """Count rows for ~20 ms, then let the event loop run; sig_changed when all are counted."""
         deadline = time.perf_counter() + 0.02
         first = last = -1
         for i, r in enumerate(self._rows):
-            if r.encoded_ok:
+            if r.count_gen == self._gen:
                 continue
-            self._ensure_encoded(r)
+            self._ensure_counted(r)
             first = i if first < 0 else first
             last = i
             if time.perf_counter() > deadline:
@@ -361,22 +578,69 @@ class SamplesModel(QAbstractTableModel):
             self.sig_changed.emit()
 
     # --- following the document ---------------------------------------------------------------
+    def prepare_rows(self, prepared: PreparedRows) -> None:
+        """Rows a loader made for the samples the document is about to hold (used at its next reset
+        when it holds exactly those samples: the UI thread then makes none)."""
+        self._prepared = prepared
+
+    def _set_rows(self, rows: list[SampleRow]) -> None:
+        self._rows = rows
+        self._word_ranks = None
+        self._by_sample = {id(r.sample): r for r in rows}
+        self._read = [0, 0, 0]
+        self._counted = [0, 0, 0, 0, 0]
+        for r in rows:
+            self._account_read(r, +1)
+            if r.count_gen == self._gen:
+                self._account_counts(r, +1)
+        self._counting = False
+
+    def _adopt_rows(self, prepared: PreparedRows) -> None:
+        """`_set_rows` of rows made ahead (none counted), without a pass over them."""
+        self._rows = prepared.rows
+        self._by_sample = prepared.by_sample
+        self._read = list(prepared.read)
+        self._counted = [0, 0, 0, 0, 0]
+        self._counting = False
+        self._word_ranks = prepared.word_ranks
+
+    def _new_row(self, sample: Sample) -> SampleRow:
+        r = SampleRow(sample, self.document.problems_for(sample))
+        self._by_sample[id(sample)] = r
+        self._account_read(r, +1)
+        return r
+
+    def _drop_row(self, r: SampleRow) -> None:
+        self._account_read(r, -1)
+        if r.count_gen == self._gen:
+            self._account_counts(r, -1)
+        if self._by_sample.get(id(r.sample)) is r:
+            del self._by_sample[id(r.sample)]
+
     def _document_changed(self, change: DatasetChange) -> None:
         """Mirror a change of the document in the rows (with the begin/end calls views need)."""
         doc, kind = self.document, change.kind
+        if kind in ("inserted", "removed", "moved", "changed"):
+            self._word_ranks = None
         if kind == "reset":
+            prepared, self._prepared = self._prepared, None
             self.beginResetModel()
-            self._rows = [SampleRow(s, doc.problems_for(s)) for s in doc]
+            if prepared is not None and _same_objects(prepared.samples, doc):
+                self._adopt_rows(prepared)
+            else:
+                self._set_rows([SampleRow(s, doc.problems_for(s)) for s in doc])
             self.endResetModel()
         elif kind == "inserted":
             first, last = change.row, change.row + change.count - 1
-            rows = [SampleRow(s, doc.problems_for(s)) for s in map(doc.sample, range(first, last + 1))]
+            rows = [self._new_row(s) for s in map(doc.sample, range(first, last + 1))]
             self.beginInsertRows(QModelIndex(), first, last)
             self._rows[first:first] = rows
             self.endInsertRows()
             self._index_changed(first)
         elif kind == "removed":
             self.beginRemoveRows(QModelIndex(), change.row, change.row + change.count - 1)
+            for r in self._rows[change.row : change.row + change.count]:
+                self._drop_row(r)
             del self._rows[change.row : change.row + change.count]
             self.endRemoveRows()
             self._index_changed(change.row)
@@ -401,20 +665,25 @@ class SamplesModel(QAbstractTableModel):
         r, new = self._rows[row], self.document.sample(row)
         if new is r.sample:
             return
+        self._drop_row(r)
         if replace(r.sample, line=new.line) == new:  # only its line in the file changed (a save)
             r.encode_problems = [replace(p, line=new.line) for p in r.encode_problems]
         else:
-            r.encoded, r.encode_problems, r.encoded_ok = None, [], False
+            r.count_gen = -1
+            r.text = r.words = r.key = None
         r.sample, r.problems = new, self.document.problems_for(new)
-        r.keys.clear()
+        self._by_sample[id(new)] = r
+        self._account_read(r, +1)
+        if r.count_gen == self._gen:
+            self._account_counts(r, +1)
 
     def _index_changed(self, first: int) -> None:
         if first < len(self._rows):
             self.dataChanged.emit(self.index(first, 0), self.index(len(self._rows) - 1, 0))
 
-    def _columns_changed(self, first: int, last: int) -> None:
+    def _columns_changed(self, *columns: int) -> None:
         if self._rows:
-            self.dataChanged.emit(self.index(0, first), self.index(len(self._rows) - 1, last))
+            self.dataChanged.emit(self.index(0, min(columns)), self.index(len(self._rows) - 1, max(columns)))
 
     # --- Qt model -----------------------------------------------------------------------------
     def rowCount(self, parent: QModelIndex | QPersistentModelIndex = QModelIndex()) -> int:  # noqa: N802, B008
@@ -439,39 +708,72 @@ class SamplesModel(QAbstractTableModel):
         return Qt.ItemIsSelectable | Qt.ItemIsEnabled
 
     def data(self, index: QModelIndex | QPersistentModelIndex, role: int = Qt.DisplayRole) -> Any:
-        if not index.isValid() or not (0 <= index.row() < len(self._rows)):
+        # A view asks for a dozen roles per cell: the ones answered here are few, and the answers are
+        # made once (brushes, icons, the font) so that a repaint of the rows in sight stays cheap.
+        if role not in _ROLES or not index.isValid():
             return None
-        row, col = index.row(), index.column()
+        return self.cell(index.row(), index.column(), role)
+
+    def cell(self, row: int, col: int, role: int) -> Any:
+        """`data` of the cell at (row, col), without an index (the filter model asks this way)."""
+        if role not in _ROLES or not 0 <= row < len(self._rows):
+            return None
         r = self._rows[row]
-        s = r.sample
-        if role in (Qt.DisplayRole, SortRole):
+        if role == Qt.DisplayRole or role == SortRole:
             return self._value(row, col, r, sort=role == SortRole)
+        if role == Qt.TextAlignmentRole:
+            return _RIGHT if col in self._RIGHT_COLUMNS else _LEFT
         if role == Qt.ToolTipRole:
             return self._tooltip(col, r)
-        if role == Qt.TextAlignmentRole:
-            if col in (self.COL_INDEX, self.COL_LINE, self.COL_REWARD, self.COL_TOKENS, self.COL_TRAINED):
-                return Qt.AlignRight | Qt.AlignVCenter
-            return Qt.AlignLeft | Qt.AlignVCenter
-        if role == Qt.ForegroundRole and col == self.COL_PROBLEMS:
-            self._ensure_encoded(r)
-            if any(p.severity == "error" for p in r.all_problems()):
-                return QBrush(QColor(TEXT_COLOURS["error"][_dark()]))
-            if r.all_problems():
-                return QBrush(QColor(TEXT_COLOURS["warning"][_dark()]))
-        if role == Qt.ForegroundRole and col == self.COL_LINE and not s.line:
-            return QBrush(QColor(TEXT_COLOURS["new"][_dark()]))
-        if role == Qt.DecorationRole and col == self.COL_PROBLEMS:
-            self._ensure_encoded(r)
-            problems = r.all_problems()
-            if problems and QApplication.instance() is not None:
-                error = any(p.severity == "error" for p in problems)
-                icon = QStyle.SP_MessageBoxCritical if error else QStyle.SP_MessageBoxWarning
-                return QApplication.style().standardIcon(icon)
+        if role == Qt.ForegroundRole:
+            if col == self.COL_PROBLEMS:
+                severity = self._severity(r)
+                return self._look("brush", severity) if severity else None
+            if col == self.COL_LINE and not r.sample.line:
+                return self._look("brush", "new")
+            return None
+        if role == Qt.DecorationRole:
+            if col == self.COL_PROBLEMS:
+                severity = self._severity(r)
+                return self._look("icon", severity) if severity else None
+            return None
         if role == Qt.FontRole and col == self.COL_SHAPE:
-            font = QFont()
-            font.setItalic(True)
-            return font
+            return self._look("font", "italic")
         return None
+
+    _RIGHT_COLUMNS = frozenset({0, 1, 4, 5, 6})  # index, line, reward, tokens, trained
+
+    def _severity(self, r: SampleRow) -> str:
+        """ "error", "warning" or "" for a row's problems (counting it first)."""
+        self._ensure_counted(r)
+        problems = self._all_problems(r)
+        if not problems:
+            return ""
+        return "error" if any(p.severity == "error" for p in problems) else "warning"
+
+    def _look(self, kind: str, name: str) -> Any:
+        """A brush, icon or font made once (again after the palette changes: `forget_looks`)."""
+        key = (kind, name)
+        found = self._looks.get(key)
+        if found is None:
+            if kind == "brush":
+                found = QBrush(QColor(TEXT_COLOURS[name][_dark()]))
+            elif kind == "icon":
+                if QApplication.instance() is None:
+                    return None
+                icon = QStyle.SP_MessageBoxCritical if name == "error" else QStyle.SP_MessageBoxWarning
+                found = QApplication.style().standardIcon(icon)
+            else:
+                found = QFont()
+                found.setItalic(True)
+            self._looks[key] = found
+        return found
+
+    def forget_looks(self) -> None:
+        """The palette or style changed: make brushes and icons again."""
+        self._looks.clear()
+        if self._rows:
+            self.dataChanged.emit(self.index(0, 0), self.index(len(self._rows) - 1, self.columnCount() - 1))
 
     def _value(self, row: int, col: int, r: SampleRow, *, sort: bool) -> Any:
         s = r.sample
@@ -482,8 +784,7 @@ class SamplesModel(QAbstractTableModel):
         if col == self.COL_SHAPE:
             return s.kind
         if col == self.COL_WORDS:
-            words = first_words(s)
-            return words.casefold() if sort else words
+            return r.words_key() if sort else r.first_words()
         if col == self.COL_REWARD:
             if s.reward is None:
                 return -1e300 if sort else ""
@@ -491,24 +792,24 @@ class SamplesModel(QAbstractTableModel):
         if col in (self.COL_TOKENS, self.COL_TRAINED):
             if not self.has_encoder():
                 return -1 if sort else NO_VALUE
-            self._ensure_encoded(r)
-            if r.encoded is None:
+            self._ensure_counted(r)
+            if r.n_tokens < 0:
                 return -1 if sort else NO_VALUE
-            n = len(r.encoded.tokens) if col == self.COL_TOKENS else int(r.encoded.trained.sum())
+            n = r.n_tokens if col == self.COL_TOKENS else r.n_trained
             if sort:
                 return n
-            return f"{n:,}" + (" ✂" if col == self.COL_TOKENS and r.encoded.truncated else "")
+            return f"{n:,}" + (" ✂" if col == self.COL_TOKENS and r.truncated else "")
         if col == self.COL_PROBLEMS:
-            self._ensure_encoded(r)
-            n = len(r.all_problems())
+            self._ensure_counted(r)
+            n = len(self._all_problems(r))
             return n if sort else (str(n) if n else "")
         return None
 
     def _tooltip(self, col: int, r: SampleRow) -> str | None:
         s = r.sample
         if col == self.COL_PROBLEMS:
-            self._ensure_encoded(r)
-            problems = r.all_problems()
+            self._ensure_counted(r)
+            problems = self._all_problems(r)
             if not problems:
                 return "No problems found"
             more = f"\n(and {len(problems) - 1} more: see the Problems list)" if len(problems) > 1 else ""
@@ -516,10 +817,10 @@ class SamplesModel(QAbstractTableModel):
         if col in (self.COL_TOKENS, self.COL_TRAINED):
             if not self.has_encoder():
                 return "Open a model on the Model page to count tokens"
-            self._ensure_encoded(r)
-            if r.encoded is None:
+            self._ensure_counted(r)
+            if r.n_tokens < 0:
                 return "This sample cannot be encoded: see its problems"
-            if r.encoded.truncated and self._options is not None:
+            if r.truncated and self._options is not None:
                 return f"Cut to n_ctx = {self._options.n_ctx} tokens (✂): raise n_ctx or shorten the sample"
             return self.HEADER_TIPS[col]
         if col == self.COL_SHAPE:
@@ -534,72 +835,42 @@ class SamplesModel(QAbstractTableModel):
         return self.HEADER_TIPS[col]
 
 
-class SamplesFilterModel(QSortFilterProxyModel):
-    """Sorts `SamplesModel` by its SortRole and keeps the rows whose text contains the search."""
+def _dense_ranks(keys: list[Any], run: int = 8192) -> np.ndarray:
+    """Per key, its rank among the distinct keys in sorted order (equal keys, equal ranks).
 
-    def __init__(self, parent: QObject | None = None):
-        super().__init__(parent)
-        self._needle = ""
-        self._pinned: SampleRow | None = None
-        self.setSortRole(SortRole)
-        self.setDynamicSortFilter(True)
+    Sorted a run of keys at a time and merged: one sort call holds the interpreter for its whole
+    length, and a loader thread must not hold it from the UI thread for long."""
+    n = len(keys)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    key = keys.__getitem__
+    runs = [sorted(range(a, min(a + run, n)), key=key) for a in range(0, n, run)]
+    order = runs[0] if len(runs) == 1 else list(heapq.merge(*runs, key=key))  # stable: ties by index
+    ordered = [keys[i] for i in order]
+    pairs = zip(ordered[:-1], ordered[1:], strict=True)
+    steps = np.fromiter((a != b for a, b in pairs), dtype=bool, count=n - 1)
+    ranks = np.empty(n, dtype=np.int64)
+    ranks[np.asarray(order)] = np.concatenate(([0], np.cumsum(steps)))
+    return ranks
 
-    @property
-    def search(self) -> str:
-        return self._needle
 
-    def set_search(self, text: str) -> None:
-        needle = text.strip().casefold()
-        if needle == self._needle:
-            return
-        self.beginFilterChange()
-        self._needle = needle
-        self._pinned = None  # a new search shows what matches, the selected row included or not
-        self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
-
-    def sort(self, column: int, order: Qt.SortOrder = Qt.AscendingOrder) -> None:
-        """Sorting by # ascending is the dataset's own order: no comparisons (fast on big files)."""
-        if column == SamplesModel.COL_INDEX and order == Qt.AscendingOrder:
-            column = -1
-        super().sort(column, order)
-
-    def lessThan(  # noqa: N802 - Qt override
-        self, left: QModelIndex | QPersistentModelIndex, right: QModelIndex | QPersistentModelIndex
-    ) -> bool:
-        model = self.sourceModel()
-        if isinstance(model, SamplesModel):
-            col = left.column()
-            return model.sort_key(left.row(), col) < model.sort_key(right.row(), col)
-        return super().lessThan(left, right)
-
-    def set_pinned(self, row: SampleRow | None, *, refilter: bool = False) -> None:
-        """Keep this row visible whatever the search (the one being edited), until the search
-        changes. `refilter`: show it now if it is hidden (otherwise it is only kept from hiding)."""
-        self._pinned = row
-        if refilter and row is not None and self._needle:
-            self.beginFilterChange()
-            self.endFilterChange(QSortFilterProxyModel.Direction.Rows)
-
-    def filterAcceptsRow(self, source_row: int, source_parent: QModelIndex | QPersistentModelIndex) -> bool:  # noqa: N802
-        if not self._needle:
-            return True
-        model = self.sourceModel()
-        if not isinstance(model, SamplesModel):
-            return True
-        if self._pinned is not None and model.row_object(source_row) is self._pinned:
-            return True
-        return self._needle in model.search_text(source_row)
+def _same_objects(samples: list[Sample], doc: DatasetDocument) -> bool:
+    return len(samples) == len(doc) and all(map(operator.is_, samples, doc.iter_samples()))
 
 
 __all__ = [
+    "Counter",
     "DatasetStats",
     "NO_VALUE",
+    "PreparedRows",
     "ROLES",
+    "RowCounts",
     "SampleRow",
-    "SamplesFilterModel",
     "SamplesModel",
     "SortRole",
+    "count_row",
     "first_words",
+    "make_rows",
     "new_sample",
     "rebuild_sample",
     "sample_text",

@@ -45,7 +45,6 @@ from PySide6.QtWidgets import (
 
 from engine import (
     BAD_MARK,
-    MERGE_TYPES,
     OK_MARK,
     VERIFY_PROMPTS,
     CheckReport,
@@ -55,6 +54,7 @@ from engine import (
     check_export,
     find_checkpoints,
     human_bytes,
+    quarantine,
     run_of,
     suggest_out,
     verify_export,
@@ -67,6 +67,7 @@ from ...widgets.side_panel import SidePanelWidget
 from ...widgets.theme import is_dark
 from ...worker import Engine
 from .result import ExportResultWidget
+from .types import ExportTypeCombo
 
 GREEN, RED = "#1e7a34", "#b03a2e"  # on the light palette
 DARK_GREEN, DARK_RED = "#7dcea0", "#ff8a80"  # on the dark one
@@ -165,40 +166,21 @@ class ExportDialog(QDialog):
         self.kind_group = QButtonGroup(self)
         self.kind_group.addButton(self.adapter_radio)
         self.kind_group.addButton(self.merged_radio)
-        self.type_combo = QComboBox()
-        for t, tip in (
-            ("F32", "exact (default)"),
-            ("F16", "half the size; llama-export-lora merges it"),
-            ("Q8_0", "about a quarter; llama-cli --lora only, F16 where rows are not a multiple of 32"),
-        ):
-            self.type_combo.addItem(f"{t} — {tip}", t)
-        self.type_combo.setToolTip(
-            "Tensor type of the adapter file. Default F32. llama-export-lora merges only F16 and F32 "
-            "adapters; Q8_0 writes F16 for tensors whose rows are not a multiple of 32."
-        )
+        self.type_combo = ExportTypeCombo()  # one control: the adapter's type, or the merge's
         self.scale_spin = QDoubleSpinBox()
         self.scale_spin.setRange(-10.0, 10.0)
         self.scale_spin.setSingleStep(0.1)
         self.scale_spin.setDecimals(3)
         self.scale_spin.setValue(1.0)
         self.scale_spin.setToolTip("How strongly the adapter is merged: W + scale·alpha/r·B·A. Default 1.")
-        self.merge_type_combo = QComboBox()
-        self.merge_type_combo.addItem("Keep each tensor's type (default)", None)
-        for t in MERGE_TYPES:
-            self.merge_type_combo.addItem(t, t)
-        self.merge_type_combo.setToolTip(
-            "Type of the merged tensors. Default: each keeps the base model's type (re-quantized after "
-            "merging). Tensors that are not merged are copied byte for byte."
-        )
-        adapter_opts, merged_opts = QWidget(), QWidget()
-        f1 = QFormLayout(adapter_opts)
+        type_row, merged_opts = QWidget(), QWidget()
+        f1 = QFormLayout(type_row)
         f1.setContentsMargins(0, 0, 0, 0)
         f1.addRow("Type:", self.type_combo)
         f2 = QFormLayout(merged_opts)
         f2.setContentsMargins(0, 0, 0, 0)
         f2.addRow("Scale:", self.scale_spin)
-        f2.addRow("Tensor type:", self.merge_type_combo)
-        self.adapter_options, self.merged_options = adapter_opts, merged_opts
+        self.type_row, self.merged_options = type_row, merged_opts
         merged_opts.hide()
         self.note_label = QLabel()
         self.note_label.setWordWrap(True)
@@ -206,7 +188,7 @@ class ExportDialog(QDialog):
         kind_layout = QVBoxLayout(kind_box)
         kind_layout.addWidget(self.adapter_radio)
         kind_layout.addWidget(self.merged_radio)
-        kind_layout.addWidget(adapter_opts)
+        kind_layout.addWidget(type_row)
         kind_layout.addWidget(merged_opts)
         kind_layout.addWidget(self.note_label)
         layout.addWidget(kind_box)
@@ -308,7 +290,6 @@ class ExportDialog(QDialog):
         self.source_combo.currentIndexChanged.connect(self._source_changed)
         self.adapter_radio.toggled.connect(self._kind_changed)
         self.type_combo.currentIndexChanged.connect(self._settings_changed)
-        self.merge_type_combo.currentIndexChanged.connect(self._settings_changed)
         self.scale_spin.valueChanged.connect(self._settings_changed)
         self.out_edit.textEdited.connect(self._out_edited)
         self.out_edit.textChanged.connect(lambda _: self._invalidate())
@@ -401,7 +382,7 @@ class ExportDialog(QDialog):
             out=self.out_edit.text().strip(),
             base=self.project.model_path,
             merge=merge,
-            qtype=self.merge_type_combo.currentData() if merge else self.type_combo.currentData(),
+            qtype=self.type_combo.qtype(),
             scale=float(self.scale_spin.value()) if merge else 1.0,
         )
 
@@ -410,25 +391,20 @@ class ExportDialog(QDialog):
 
     def _kind_changed(self, *_: object) -> None:
         merge = self.merged_radio.isChecked()
-        self.adapter_options.setVisible(not merge)
+        self.type_combo.set_merge(merge)
         self.merged_options.setVisible(merge)
         self._settings_changed()
 
     def _settings_changed(self, *_: object) -> None:
         merge = self.merged_radio.isChecked()
+        tip = self.type_combo.itemData(self.type_combo.currentIndex(), Qt.ToolTipRole) or ""
         if merge:
             self.note_label.setText(
                 "A whole model file: every metadata key, the tokenizer and the chat template are copied; "
-                "tensors the adapter does not touch are copied byte for byte."
+                f"tensors the adapter does not touch are copied byte for byte. {tip}"
             )
         else:
-            notes = {
-                "F32": "Exact. llama-export-lora and llama-cli --lora both read it.",
-                "F16": "Half the size. llama-export-lora and llama-cli --lora both read it.",
-                "Q8_0": "About a quarter of F32. llama-cli --lora reads it; llama-export-lora merges only "
-                "F16/F32 adapters. Tensors whose rows are not a multiple of 32 are written as F16.",
-            }
-            self.note_label.setText(notes.get(self.type_combo.currentData(), ""))
+            self.note_label.setText(tip)
         self._suggest()
         self._invalidate()
 
@@ -471,7 +447,7 @@ class ExportDialog(QDialog):
             self.source_combo,
             self.adapter_radio,
             self.merged_radio,
-            self.adapter_options,
+            self.type_row,
             self.merged_options,
             self.out_edit,
         ):
@@ -638,7 +614,6 @@ class ExportDialog(QDialog):
         self._bar("done", text="Written")
         req, adapter = self._writing
         self.written = (req, adapter, path)
-        self.result.set_result(path, req.base, req.merge)
         size = human_bytes(os.path.getsize(path)) if os.path.exists(path) else "?"
         self.status_label.setText(f"Wrote {path} ({size}). Verifying…")
         closed = self._end_phase()
@@ -666,8 +641,10 @@ class ExportDialog(QDialog):
 
         def work(progress, should_stop, session):
             if session is not None and req.base and os.path.samefile(session.path, req.base):
-                return session.verify_export(req, adapter, path)  # against the model in memory
-            return verify_export(req, adapter, path, template=template)
+                report = session.verify_export(req, adapter, path)  # against the model in memory
+            else:
+                report = verify_export(req, adapter, path, template=template)
+            return quarantine(report)  # a file that failed is renamed *.failed.gguf
 
         self._run("verify", work, self._verified)
 
@@ -689,8 +666,14 @@ class ExportDialog(QDialog):
         notes = f" ({'; '.join(report.notes)})" if report.notes else ""
         self.verdict_label.setStyleSheet(f"QLabel {{ color: {self._colour(report.ok)}; }}")
         self.verdict_label.setText(f"{mark} {report.verdict()}{notes}")
-        self._set_status(f"Wrote and verified {report.path}.", error=not report.ok)
-        self.result.set_result(report.path, self.project.model_path, report.merge)
+        if report.ok:
+            self._set_status(f"Wrote and verified {report.path}.")
+            self.result.set_result(report.path, self.project.model_path, report.merge)
+        else:
+            self._set_status(f"{os.path.basename(report.path)} failed its check: do not use it.", error=True)
+            self.result.set_failed(report.failed_path or report.path)
+            if report.failed_path:
+                self.written = None  # the file is no longer where it was written
         self._end_phase()
         self.sig_verified.emit(report)
 

@@ -23,7 +23,6 @@ from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QKeySequence, QPalette
 from PySide6.QtWidgets import (
     QCheckBox,
-    QComboBox,
     QFileDialog,
     QFormLayout,
     QHBoxLayout,
@@ -35,10 +34,14 @@ from PySide6.QtWidgets import (
 )
 
 from engine import (
+    VERIFY_PROMPTS,
+    EngineError,
     ExportError,
     ExportRequest,
     check_export,
     human_bytes,
+    load_jsonl,
+    quarantine,
     suggest_out,
     verify_export,
     write_export,
@@ -52,6 +55,27 @@ from ...widgets.theme import is_dark
 from ...worker import Engine
 from .dialog import ExportDialog
 from .result import ExportResultWidget
+from .types import ExportTypeCombo
+
+RUN_PROMPTS = 3  # prompts of the run's own dataset the verification adds to the generic ones
+
+
+def run_prompts(dataset: str | None) -> tuple[str, ...]:
+    """The verification's prompts: the first user turns of the run's dataset (when its file is at
+    hand) and the generic ones (`engine.VERIFY_PROMPTS`). Reads the file: call it in the worker."""
+    own: list[str] = []
+    if dataset:
+        try:
+            samples, _ = load_jsonl(dataset)
+        except (EngineError, OSError):
+            samples = []
+        for sample in samples:
+            user = next((m.get("content") for m in sample.messages if m.get("role") == "user"), None)
+            if isinstance(user, str) and user.strip() and user not in own:
+                own.append(user)
+            if len(own) == RUN_PROMPTS:
+                break
+    return (*own, *VERIFY_PROMPTS)
 
 
 def _keys(seq: str) -> str:
@@ -61,7 +85,8 @@ def _keys(seq: str) -> str:
 class ExportPage(QWidget):
     """Export the chosen adapter; see the module docstring."""
 
-    sig_exported = Signal(str)
+    sig_exported = Signal(str)  # a file written and verified
+    sig_export_failed = Signal(str)  # a file that failed its check (renamed *.failed.gguf)
 
     def __init__(
         self,
@@ -89,23 +114,13 @@ class ExportPage(QWidget):
         self.adapter_path_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.adapter_path_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.adapter_path_label.setObjectName("faint")
-        self.type_combo = QComboBox()
-        for t, tip in (
-            ("F32", "exact"),
-            ("F16", "half the size"),
-            ("Q8_0", "a quarter; llama-cli --lora only"),
-        ):
-            self.type_combo.addItem(f"{t} — {tip}", t)
-        self.type_combo.setToolTip(
-            "Tensor type of the written adapter. Default F32. llama-export-lora merges only F16/F32 "
-            "adapters; Q8_0 writes F16 where rows are not a multiple of 32. When merging: F32 keeps each "
-            "tensor's type, F16/Q8_0 write every merged matrix in that type."
-        )
         self.merge_check = QCheckBox("Merge into the base model (a full model file)")
         self.merge_check.setToolTip(
-            "Write base + adapter as one GGUF model; tensors keep their quantization type. Default: off "
-            "(an adapter file, loaded with --lora)."
+            "Write base + adapter as one GGUF model: the adapted tensors in a type that keeps the "
+            "fine-tune (Type), every other tensor as the base stores it. Default: off (an adapter file, "
+            "loaded with --lora)."
         )
+        self.type_combo = ExportTypeCombo()  # one control: the adapter's type, or the merge's
         self.out_edit = QLineEdit()
         self.out_edit.setToolTip(
             "Where the file is written (atomically: a temporary file, then renamed). Default: beside the "
@@ -152,8 +167,8 @@ class ExportPage(QWidget):
         form = QFormLayout()
         form.addRow("Adapter:", self.adapter_choice)
         form.addRow("", self.adapter_path_label)
-        form.addRow("Type:", self.type_combo)
         form.addRow("", self.merge_check)
+        form.addRow("Type:", self.type_combo)
         form.addRow("Write to:", out_row)
         intro = QLabel(
             "<h3>Export</h3>Write an adapter llama.cpp loads with <code>--lora</code>, or a merged model. "
@@ -171,6 +186,7 @@ class ExportPage(QWidget):
         layout.addStretch(1)
         faint = self.palette().color(QPalette.PlaceholderText).name()
         self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
+        self.merge_check.toggled.connect(self.type_combo.set_merge)
         self.merge_check.toggled.connect(self._suggest_out)
         self.type_combo.currentIndexChanged.connect(self._suggest_out)
         self.out_edit.textEdited.connect(self._out_edited)
@@ -203,6 +219,18 @@ class ExportPage(QWidget):
 
     def model_path(self) -> str | None:
         return self.info.path if self.info is not None else self.project.model_path
+
+    def reset(self) -> None:
+        """A new project: no adapter chosen, no result, the default type and name."""
+        self.adapter_choice.files = []
+        self.adapter_choice.reset()
+        self.merge_check.setChecked(False)
+        self.type_combo.set_qtype("F32")
+        self.result.clear()
+        self.result_label.setText("")
+        self.out_edit.clear()
+        self._out_auto = True
+        self.banner.hide()
 
     def shutdown(self) -> None:
         """The app is quitting: close the dialog (a merge in flight stops between tensors); the window
@@ -246,10 +274,7 @@ class ExportPage(QWidget):
             self.out_edit.setText(suggest_out(src, merge, self._qtype()))
 
     def _qtype(self) -> str | None:
-        qtype = self.type_combo.currentData()
-        if self.merge_check.isChecked():
-            return None if qtype == "F32" else qtype  # F32: each merged tensor keeps its type
-        return qtype
+        return self.type_combo.qtype()
 
     def request(self) -> ExportRequest:
         return ExportRequest(
@@ -280,17 +305,12 @@ class ExportPage(QWidget):
         dialog.set_runs([r for r in self.adapter_choice.runs], self.model_path())
         dialog.set_adapter(self.adapter_path() or None)
         dialog.set_kind(self.merge_check.isChecked())
-        if self.merge_check.isChecked():
-            dialog.merge_type_combo.setCurrentIndex(max(0, dialog.merge_type_combo.findData(self._qtype())))
-        else:
-            dialog.type_combo.setCurrentIndex(dialog.type_combo.findData(self.type_combo.currentData()))
+        dialog.type_combo.set_qtype(self._qtype())
         dialog.open()
         return dialog
 
     def _dialog_verified(self, report) -> None:
-        self._show(f"Wrote {report.path}. {report.verdict()}", error=not report.ok)
-        merged = bool(getattr(report, "merge", False))
-        self.result.set_result(report.path, self.project.model_path, merged)
+        self._show_verified(report)
 
     # --- export ----------------------------------------------------------------------------------
     def export(self) -> None:
@@ -307,15 +327,20 @@ class ExportPage(QWidget):
             self._show(f"Export failed: {fit_message(req.source, self.info, problems)}", error=True)
             return
         template = self.info.template if self.info is not None and self.info.path == req.base else None
+        run = self.adapter_choice.current_run()
+        dataset = run.dataset if run is not None and os.path.isfile(run.dataset or "") else None
 
         def work(session, job):
             report = check_export(req)
             if not report.ok or report.adapter is None:
                 raise ExportError(report.summary())
             path = write_export(req, report.adapter)
+            prompts = run_prompts(dataset)  # the run's own prompts, besides the generic ones
             if session is not None and os.path.samefile(session.path, req.base):
-                return path, session.verify_export(req, report.adapter, path)  # the model in memory
-            return path, verify_export(req, report.adapter, path, template=template)
+                verified = session.verify_export(req, report.adapter, path, prompts=prompts)
+            else:
+                verified = verify_export(req, report.adapter, path, template=template, prompts=prompts)
+            return path, quarantine(verified)  # a file that failed is renamed *.failed.gguf
 
         self.export_button.setEnabled(False)
         self.result.clear()
@@ -326,15 +351,24 @@ class ExportPage(QWidget):
     def _done(self, result) -> None:
         path, verified = result
         self.export_button.setEnabled(True)
-        size = os.path.getsize(path) if os.path.exists(path) else 0
-        kind = "merged model" if verified.merge else f"{self._qtype()} adapter"
+        self._show_verified(verified)
         if verified.ok:
-            text = f"Wrote {path} ({kind}, {human_bytes(size)}); the file reloads. {verified.verdict()}"
+            self.sig_exported.emit(path)
         else:
-            text = f"Wrote {path}, but the file reloads with different logits: {verified.verdict()}"
-        self._show(text, error=not verified.ok)
-        self.result.set_result(path, self.project.model_path, bool(verified.merge))
-        self.sig_exported.emit(path)
+            self.sig_export_failed.emit(verified.failed_path or path)
+
+    def _show_verified(self, verified) -> None:
+        """The verdict, and what to do with the file: run it when it passed; when it failed, where it
+        was put aside (never a command that runs it)."""
+        path = verified.path
+        if verified.ok:
+            size = os.path.getsize(path) if os.path.exists(path) else 0
+            kind = "merged model" if verified.merge else "adapter"
+            self._show(f"Wrote {path} ({kind}, {human_bytes(size)}); the file reloads. {verified.verdict()}")
+            self.result.set_result(path, self.project.model_path, bool(verified.merge))
+        else:
+            self._show(f"The export failed its check: {verified.verdict()}", error=True)
+            self.result.set_failed(verified.failed_path or path)
 
     def _failed(self, message: str) -> None:
         self.export_button.setEnabled(True)

@@ -63,7 +63,7 @@ class ExportResultWidget(QGroupBox):
         self.copy_command_button = QPushButton("Copy command")
         self.copy_command_button.setToolTip("Put the llama-cli command on the clipboard")
         self.copy_command_button.clicked.connect(self.copy_command)
-        hint = QLabel("Run it with llama.cpp:")
+        self.hint = hint = QLabel("Run it with llama.cpp:")
         hint.setStyleSheet(f"QLabel {{ color: {self.palette().color(QPalette.PlaceholderText).name()}; }}")
         files = QHBoxLayout()
         files.addWidget(self.file_label, 1)
@@ -83,11 +83,28 @@ class ExportResultWidget(QGroupBox):
     def set_result(self, path: str, base: str | None, merged: bool, summary: str = "") -> None:
         """Show a written file: `summary` is a line about it (kind, size, verification)."""
         self.path = path
+        self.setTitle("Written")
+        for w in (self.hint, self.command_edit, self.copy_command_button):
+            w.show()
         self.file_label.setText(f"<b>{os.path.basename(path)}</b> in {os.path.dirname(path)}"
                                 + (f"<br>{summary}" if summary else ""))  # fmt: skip
         self.file_label.setToolTip(path)
         self.command_edit.setText(llama_cli_command(path, base, merged))
         self.command_edit.setCursorPosition(0)
+        self.show()
+
+    def set_failed(self, path: str) -> None:
+        """A file that failed its check: where it was put aside, and no command that runs it."""
+        self.path = path
+        self.setTitle("Failed its check: not usable")
+        self.file_label.setText(
+            f"<b>{os.path.basename(path)}</b> in {os.path.dirname(path)}<br>Kept for a bug report under a "
+            "name nothing loads by mistake; export again with the default type."
+        )
+        self.file_label.setToolTip(path)
+        self.command_edit.clear()
+        for w in (self.hint, self.command_edit, self.copy_command_button):
+            w.hide()
         self.show()
 
     def clear(self) -> None:

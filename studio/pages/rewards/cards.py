@@ -183,6 +183,7 @@ class AnswerCardWidget(QFrame):
 
         # --- header: number, length and stop reason, rating badge, weight ---
         self.title = QLabel(f"<b>Answer {index + 1}</b>")
+        self.title.setObjectName("cardTitle")  # coloured by the card's style sheet (dark themes too)
         self.meta = QLabel()
         self.meta.setObjectName("cardMeta")
         self.set_meta(n_tokens, stop_reason)
@@ -477,6 +478,7 @@ class AnswerCardWidget(QFrame):
             f"{border}; border-left: 7px solid {band.name() if self.state != 'unrated' else border}; "
             f"border-radius: 6px; }}"
             f"QLabel#answerText {{ font-size: 14px; color: {text_colour.name()}; }}"
+            f"QLabel#cardTitle {{ color: {self.palette().color(QPalette.Text).name()}; }}"
             f"QLabel#cardMeta {{ color: {self.palette().color(QPalette.PlaceholderText).name()}; }}"
             f"QLabel#cardWeight {{ color: {'#9ecbff' if dark else '#1b4f72'}; }}"
             f"QLabel#sameAs {{ color: {'#f5c26b' if dark else '#8a5300'}; font-weight: bold; }}"

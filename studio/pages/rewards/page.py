@@ -471,6 +471,16 @@ class RewardsPage(QWidget):
     def checkpoint_dir(self) -> str:
         return os.path.join(os.path.dirname(os.path.abspath(self.ratings_path())), CHECKPOINT_FOLDER)
 
+    def reset(self) -> None:
+        """A new project: no rating session, no prompt, a new adapter, the default ratings file."""
+        self.shutdown()
+        self._drop_session()
+        self.prompt_edit.clear()
+        self.custom_ratings_path = None
+        self.set_adapter(None)
+        self.banner.hide()
+        self._show_paths()
+
     def shutdown(self) -> None:
         """Stop a generation (the app is quitting; the window then waits for the engine worker)."""
         self._stop.set()

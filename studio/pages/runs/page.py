@@ -9,6 +9,10 @@ the details below name the adapter and the checkpoints, each with a button that 
 through signals (the window routes them). The list is read again when a run folder changes (a
 QFileSystemWatcher), every few seconds while the page is visible, and on F5.
 
+"Follow a run…" adds a run's events file (`tune-engine train --events FILE`, as the Train page's
+"Across machines…" gives it for a run on other machines): the run is listed from its events,
+its loss curve growing as rank 0 writes them (the file is watched), until it finishes.
+
 What this is not: it trains nothing and loads no weights; it reads run records (small JSON files).
 """
 
@@ -43,10 +47,14 @@ from ...widgets.elided_label import ElidedLabel
 from ...widgets.loss_overlay import LossOverlayWidget
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import (
+    add_followed,
     app_settings,
     extra_folders,
+    followed_events,
     has_adapter,
     load_runs,
+    remove_followed,
+    resume_checkpoint,
     run_folders,
     run_label,
     same_model,
@@ -60,12 +68,20 @@ POLL_MS = 3000  # re-read the records this often while the page is visible
 SETTLE_MS = 300  # after a folder changes, wait for the burst of writes to end
 
 
+def _two_lines(path: str, note: str = "") -> str:
+    """A path as its name, then its folder: each line is elided on its own, so the name stays readable
+    in a narrow column."""
+    path = os.path.normpath(path)
+    return f"{os.path.basename(path)}{note}\nin {os.path.dirname(path)}"
+
+
 class RunsPage(QWidget):
     """The run history; see the module docstring."""
 
     sig_chat_requested = Signal(str, str)  # adapter path, label
     sig_rate_requested = Signal(str)  # adapter path
     sig_export_requested = Signal(str)  # adapter path
+    sig_resume_requested = Signal(str, str)  # checkpoint folder, the run's model
 
     def __init__(
         self,
@@ -94,6 +110,12 @@ class RunsPage(QWidget):
             "for the next start. Default: only the project's output folder."
         )
         self.add_button.clicked.connect(self.choose_folder)
+        self.follow_button = QPushButton("Follow a run…")
+        self.follow_button.setToolTip(
+            "List a run from its events file (tune-engine train --events FILE: a run on other processes "
+            "or machines) and draw its loss as it trains; remembered for the next start."
+        )
+        self.follow_button.clicked.connect(self.choose_events)
         self.remove_button = QToolButton()
         self.remove_button.setText("Remove folder")
         self.remove_button.setPopupMode(QToolButton.InstantPopup)
@@ -107,6 +129,7 @@ class RunsPage(QWidget):
         top.addWidget(title)
         top.addWidget(self.folders_label, 1)
         top.addWidget(self.add_button)
+        top.addWidget(self.follow_button)
         top.addWidget(self.remove_button)
         top.addWidget(self.refresh_button)
 
@@ -168,6 +191,12 @@ class RunsPage(QWidget):
             "Export this run's adapter (or merge it into the model) on the Export page"
         )
         self.export_button.clicked.connect(self.export)
+        self.resume_button = QPushButton("Resume")
+        self.resume_button.setToolTip(
+            "Continue this stopped (or failed) run from its last checkpoint to its planned end, with its own "
+            "settings and data, on the Train page (its model is opened when another one is)"
+        )
+        self.resume_button.clicked.connect(self.resume)
         self.why_label = QLabel()
         self.why_label.setObjectName("faint")
         self.why_label.setWordWrap(True)
@@ -176,6 +205,7 @@ class RunsPage(QWidget):
         actions.addWidget(self.chat_button)
         actions.addWidget(self.rate_button)
         actions.addWidget(self.export_button)
+        actions.addWidget(self.resume_button)
         actions.addWidget(self.why_label, 1)
 
         layout = PageLayout(self)  # fills the height it is given: the buttons stay in view
@@ -239,7 +269,7 @@ class RunsPage(QWidget):
         layout.addWidget(self.detail_status)
         layout.addLayout(form)
         layout.addStretch(1)
-        box.setMinimumWidth(240)
+        box.setMinimumWidth(300)
         return box
 
     @staticmethod
@@ -324,6 +354,24 @@ class RunsPage(QWidget):
         self._signature = ()
         self.refresh()
 
+    def follow(self, events: str) -> None:
+        """List the run of an events file and follow it as it grows."""
+        add_followed(self.settings, events)
+        self._signature = ()
+        self.refresh()
+
+    def unfollow(self, events: str) -> None:
+        remove_followed(self.settings, events)
+        self._signature = ()
+        self.refresh()
+
+    def choose_events(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Follow a run's events file", self.project.output_folder(), "Events (*.jsonl);;All (*)"
+        )
+        if path:
+            self.follow(path)
+
     def choose_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of runs", self.project.output_folder())
         if folder:
@@ -363,11 +411,22 @@ class RunsPage(QWidget):
         if not self._usable(run):
             self.sig_export_requested.emit(run.adapter)
 
+    def resume(self) -> None:
+        run = self.current_run()
+        ckpt = resume_checkpoint(run) if run is not None else None
+        if ckpt:
+            self.sig_resume_requested.emit(ckpt, run.model or "")
+
     def _update_buttons(self) -> None:
-        why = self._usable(self.current_run())
+        run = self.current_run()
+        why = self._usable(run)
         for b in (self.chat_button, self.rate_button, self.export_button):
             b.setEnabled(not why)
-        self.why_label.setText(why if self.current_run() is not None else "")
+        ckpt = resume_checkpoint(run) if run is not None else None
+        self.resume_button.setEnabled(bool(ckpt))
+        if ckpt:
+            why = f"{run.name} {status_text(run)}: Resume continues it from {os.path.basename(ckpt)}."
+        self.why_label.setText(why if run is not None else "")
 
     # --- selection and details ----------------------------------------------------------------
     def _selection_changed(self, *_: object) -> None:
@@ -389,10 +448,13 @@ class RunsPage(QWidget):
         steps = f"{run.steps_done} of {run.steps_planned or '?'} steps"
         loss = f", final loss {run.final_loss:.4f}" if run.final_loss is not None else ""
         self.detail_status.setText(f"{status_text(run)} · {steps}{loss}")
-        adapter = run.adapter or "none named"
-        self.adapter_label.setText(adapter + ("" if has_adapter(run) else " (not written)"))
-        ckpt = run.last_checkpoint or run.checkpoints or "none"
-        self.checkpoints_label.setText(ckpt)
+        self.adapter_label.setText(
+            _two_lines(run.adapter, "" if has_adapter(run) else " (not written)")
+            if run.adapter
+            else "none named"
+        )
+        ckpt = run.last_checkpoint or run.checkpoints
+        self.checkpoints_label.setText(_two_lines(ckpt) if ckpt else "none")
         cfg = run.config or {}
         bits = [f"rank {run.rank}", f"alpha {run.alpha:g}"]
         for key, name in (("lr", "lr"), ("steps", "steps"), ("batch_size", "batch"), ("mode", "mode")):
@@ -436,6 +498,11 @@ class RunsPage(QWidget):
             self.watcher.addPaths(sorted(want - have))
         if have - want:
             self.watcher.removePaths(sorted(have - want))
+        # a followed run's events file grows in place: watch the file itself
+        files = {os.path.abspath(p) for p in followed_events(self.settings) if os.path.isfile(p)}
+        watched = set(self.watcher.files())
+        if files - watched:
+            self.watcher.addPaths(sorted(files - watched))
 
     def _folder_changed(self, _path: str) -> None:
         self._settle.start()
@@ -449,7 +516,10 @@ class RunsPage(QWidget):
         self.remove_menu.clear()
         for folder in added:
             self.remove_menu.addAction(folder, lambda f=folder: self.remove_folder(f))
-        self.remove_button.setEnabled(bool(added))
+        followed = followed_events(self.settings)
+        for events in followed:
+            self.remove_menu.addAction(f"Stop following {events}", lambda f=events: self.unfollow(f))
+        self.remove_button.setEnabled(bool(added or followed))
 
     def _project_changed(self, changed: set[str]) -> None:
         if changed & {"output_dir", "path", "dataset_path", "model_path"}:

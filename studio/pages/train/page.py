@@ -22,6 +22,15 @@ preparing the data, the first step); during the run it shows the run's training 
 moving average, `Step.eta_s`). A run longer than `notify_after_s` that ends alerts the window, the
 system tray (when there is one) and the status line.
 
+With "Processes" above 1, Start runs `tune-engine train --ranks N` beside the app (data parallel
+over MPI: every process takes a share of each step's windows; studio.pages.train.processes), and a
+resume from a checkpoint runs it with `--resume` (a checkpoint resumes on any number of processes,
+with the run's settings and data as in the app): the page follows rank 0's events file as it
+follows the worker, the log names each rank's machine, Stop ends every rank after the same step
+with a checkpoint and the adapter; there is no Pause. "Across
+machines…" gives the `mpiexec -hosts ...` line of the same run for several machines, and adds its
+events file to the Runs page.
+
 A new model resets what belonged to the old one: Resume is no longer offered (a checkpoint of
 another model neither), and the hyperparameters go back to their defaults (the targets stay).
 
@@ -40,7 +49,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer, Signal, Slot
+from PySide6.QtCore import QEventLoop, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
@@ -49,11 +58,13 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QMainWindow,
+    QMessageBox,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QScrollArea,
     QSizePolicy,
+    QSpinBox,
     QSplitter,
     QStyle,
     QSystemTrayIcon,
@@ -62,7 +73,9 @@ from PySide6.QtWidgets import (
 )
 
 from engine import (
+    TRAJECTORY_FIELDS,
     Checkpoint,
+    CheckpointInfo,
     EngineError,
     Eval,
     Failed,
@@ -71,20 +84,29 @@ from engine import (
     Started,
     Step,
     TrainConfig,
+    describe_settings,
+    find_runs,
     human_bytes,
+    local_ranks_available,
+    plan_warning,
+    read_checkpoint_info,
     template_for,
+    trajectory_changes,
 )
 
 from ...dataset_document import DatasetDocument
 from ...paths import latest_checkpoint
-from ...project import ModelInfo, Project
+from ...project import DEFAULT_PRESET, DataStats, ModelInfo, Project, matching_preset
+from ...ui_gate import UiGate
 from ...widgets.banner import MessageBar
 from ...widgets.buttons import PrimaryButton
 from ...widgets.elided_label import ElidedLabel
 from ...widgets.plots import TrainPlotsWidget
+from ...widgets.runs import load_runs, resume_checkpoint, same_model
 from ...worker import Engine, Job
 from .folders import checkpoint_model, clean_failed_run, folder_problem, missing_folders, same_file
 from .plan import Blocker, EncodingCache, RunCheck, check_run, check_selection
+from .processes import MachinesDialog, ProcessRun, RunFiles
 from .settings import TrainSettingsWidget
 
 STATES = ("idle", "loading", "training", "pausing", "paused", "stopping", "finished", "failed")
@@ -154,6 +176,7 @@ class TrainPage(QWidget):
     sig_run_finished = Signal(object)  # the engine's Finished or Failed of each run segment
     sig_go_to_page = Signal(str)  # a link asked for another page: "Model", "Dataset", "Targets"
     sig_notice = Signal(str)  # a long run ended: what the window also showed in its status line
+    sig_open_dataset = Signal(str)  # a resumed run's dataset, for an empty editor to show
 
     def __init__(
         self,
@@ -161,14 +184,24 @@ class TrainPage(QWidget):
         engine: Engine,
         dataset: DatasetDocument | None = None,
         parent: QWidget | None = None,
+        settings=None,
     ):
+        """settings: the window's QSettings (the run folders it remembers), for the run history."""
         super().__init__(parent)
         self.project = project
         self.engine = engine
+        self.app_settings = settings
+        self.resumable: tuple[str, str] | None = None  # (checkpoint, run name) of a run of this model
+        # ask_resume(text, run_data) -> "run" | "page" | "cancel": before resuming with settings or data
+        # that differ from the checkpoint's run (run_data False: the run's data is gone); tests replace it
+        self.ask_resume = self._ask_resume
         self.dataset = dataset  # the samples the editor shows: trained as they are, unsaved edits included
         self.info: ModelInfo | None = None
         self._state = "idle"
         self.job: Job | None = None  # the training job in flight
+        self.proc_run: ProcessRun | None = None  # a run on several processes beside the app
+        self.machines_dialog: MachinesDialog | None = None
+        self._ranks = 1  # processes of the run in flight (its Started event says)
         self.run = None  # the engine's run of this page (an identity token; it lives in the worker)
         self.run_model: str | None = None  # the model file of the current (or last) run
         self.paths: RunPaths | None = None  # of the current (or last) run
@@ -190,11 +223,13 @@ class TrainPage(QWidget):
         self._config_model = project.model_path  # the model the hyperparameters were set for
         # the check of the next run (plan.check_run), done by an engine job
         self.check: RunCheck | None = None
+        self.check_config: TrainConfig | None = None  # the settings `check` was made with
         self._check_job: Job | None = None
         self._check_gen = 0
         self._check_again = False
         self._show_next = True  # the progress bar shows the next run's plan (not the last run's end)
-        self._encodings = EncodingCache()  # used by the check jobs only, in the worker
+        # used by the check jobs only, in the worker, which give the UI thread its turn as they go
+        self._encodings = EncodingCache(pause=UiGate.for_app().pause)
         self._tray: QSystemTrayIcon | None = None
         self.check_timer = QTimer(self)
         self.check_timer.setSingleShot(True)
@@ -247,6 +282,18 @@ class TrainPage(QWidget):
         self.resume_from_button = self._button("From checkpoint…", None, self.choose_checkpoint,
                                                "Continue training from a checkpoint folder of the open model "
                                                "(ckpt-NNNNNN, or a folder of them: the newest).")  # fmt: skip
+        self.processes = QSpinBox()
+        self.processes.setRange(1, 64)
+        self.processes.setPrefix("Processes: ")
+        self.processes.setToolTip(
+            "Train on this many processes of this machine (data parallel over MPI: each takes a share of "
+            "every step's windows; the same steps as one process). 1 (default): in the app, with Pause. "
+            "Needs the mpi extra (pip install 'tune-studio[mpi]')."
+        )
+        self.machines_button = self._button(
+            "Across machines…", None, self.show_machines,
+            "The command that runs this training on several machines (mpiexec); the Runs page follows it.",
+        )  # fmt: skip
         self.state_label = QLabel()
         self.state_label.setAlignment(Qt.AlignRight | Qt.AlignVCenter)
         self.state_label.setToolTip("The state of the training run.")
@@ -293,6 +340,8 @@ class TrainPage(QWidget):
         paths_row = QHBoxLayout()
         paths_row.addWidget(self.paths_label, 1)
         paths_row.addWidget(self.output_button, 0, Qt.AlignTop)
+        paths_row.addWidget(self.processes, 0, Qt.AlignTop)
+        paths_row.addWidget(self.machines_button, 0, Qt.AlignTop)
 
         # --- plots and log ---
         self.plots = TrainPlotsWidget()
@@ -301,7 +350,7 @@ class TrainPage(QWidget):
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(LOG_MAX_LINES)
-        self.log.setLineWrapMode(QPlainTextEdit.NoWrap)
+        self.log.setLineWrapMode(QPlainTextEdit.WidgetWidth)  # long lines wrap: nothing hides sideways
         self.log.setPlaceholderText("Events of the run appear here.")
         self.log.setMinimumHeight(50)
         font = self.log.font()
@@ -372,14 +421,16 @@ class TrainPage(QWidget):
         changed = state != self._state
         self._state = state
         active = state in ACTIVE
-        resumable = state in ("paused", "failed", "finished") and self._can_resume()
-        self.pause_button.setEnabled(state == "training")
+        resumable = state in ("idle", "paused", "failed", "finished") and self._can_resume()
+        self.pause_button.setEnabled(state == "training" and self.proc_run is None)
         self.resume_button.setEnabled(resumable)
         self.stop_button.setEnabled(state in ("loading", "training", "paused"))  # paused: end it
         self.resume_from_button.setEnabled(not active)
+        self.processes.setEnabled(not active)
         self.output_button.setEnabled(not active)
         self.settings.setEnabled(not active)
-        self.state_label.setText(f"<b>{state}</b>")
+        ranks = f" on {self._ranks} processes" if self._ranks > 1 and active else ""
+        self.state_label.setText(f"<b>{state}</b>{ranks}")
         self._update_start()
         if changed or force:
             self.sig_state_changed.emit(state)
@@ -398,10 +449,29 @@ class TrainPage(QWidget):
         if self._state == "paused":
             return True
         if self.paths is None or latest_checkpoint(self.paths.checkpoint_dir) is None:
-            return False
+            return self.resumable is not None  # a stopped run of this model in the history
         if isinstance(self.last_result, Finished) and not self.last_result.stopped:
-            return False
+            return self.resumable is not None
         return True
+
+    def refresh_resumable(self) -> None:
+        """Look in the run history for the newest run of the open model that stopped or failed before
+        its planned end and left a checkpoint: Resume offers it (after a relaunch, say)."""
+        found = None
+        model = self.project.model_path
+        if model and self._state not in ACTIVE:
+            for run in load_runs(self.project, self.app_settings):
+                ckpt = resume_checkpoint(run) if run.model and same_model(run, model) else None
+                if ckpt:
+                    found = (ckpt, run.name)
+                    break
+        self.resumable = found
+        if found:
+            self.resume_button.setToolTip(
+                f"Continue the run {found[1]} from its checkpoint {os.path.basename(found[0])}, with its own "
+                "settings (Ctrl+Shift+Enter)."
+            )
+        self._set_state(self._state)
 
     # --- model ------------------------------------------------------------------------------
     def set_model_info(self, info: ModelInfo | None) -> None:
@@ -417,21 +487,29 @@ class TrainPage(QWidget):
             cfg = info.summary.config
             self.plots.set_model_shape(cfg.L, cfg.E)
             self.settings.set_model_size(info.summary.n_params)
+            n_params = info.summary.n_params
             if self._config_model and not same_file(self._config_model, info.path):
-                self.project.reset_hyperparameters()
-                self._log(f"New model {Path(info.path).name}: the training settings are back to their "
-                          "defaults (the targets are kept).")  # fmt: skip
+                self.project.reset_hyperparameters(n_params, self.settings.data)
+                self._log(f"New model {Path(info.path).name}: the training settings are the {DEFAULT_PRESET} "
+                          "preset for its size and the dataset (the targets are kept).")  # fmt: skip
                 self.show_banner(
-                    f"{Path(info.path).name} is a new model: the training settings are back to their "
-                    "defaults (the targets are kept). Pick a preset or adjust them, then press Start.",
+                    f"{Path(info.path).name} is a new model: the training settings are the {DEFAULT_PRESET} "
+                    "preset for its size and the dataset (the targets are kept). Pick another preset or "
+                    "adjust them, then press Start.",
                     "info",
                 )
+            elif not self._config_model and not self.project.path:
+                # the first model of a new project: the engine's bare defaults become the default preset
+                if matching_preset(self.project.config, n_params) == "defaults":
+                    self.project.reset_hyperparameters(n_params, self.settings.data)
             self._config_model = info.path
             if self.run_model and not same_file(self.run_model, info.path) and self._state not in ACTIVE:
                 self._forget_run()
+            elif not self.run_model and self._state not in ACTIVE:
+                self.plots.clear()  # nothing of another model stays on show
         if self.banner_level == "error" and info is not None and "model" in self._banner_plain.lower():
             self.hide_banner()
-        self._set_state(self._state)
+        self.refresh_resumable()
         self.schedule_check()
 
     def _forget_run(self) -> None:
@@ -446,6 +524,8 @@ class TrainPage(QWidget):
         self.last_result = None
         self.last_checkpoint = None
         self._show_next = True
+        self.plots.clear()  # the curves were the old model's
+        self.tokens_done, self.elapsed_s, self.last_step = 0, 0.0, 0
         self._set_state("idle")
         self._show_paths()
 
@@ -515,17 +595,22 @@ class TrainPage(QWidget):
         self._check_job = self.engine.submit(
             "checking the next run",
             check,
-            on_done=lambda result, g=gen: self._check_done(g, result),
+            on_done=lambda result, g=gen, c=config: self._check_done(g, result, c),
             on_error=lambda message, g=gen: self._check_failed(g, message),
             needs_session=False,
         )
         return self._check_job
 
-    def _check_done(self, gen: int, result: RunCheck) -> None:
+    def _check_done(self, gen: int, result: RunCheck, config: TrainConfig | None = None) -> None:
         self._check_job = None
         stale = self._check_again  # something changed while it ran: check again, show this one not
         if gen == self._check_gen and not stale:
             self.check = result
+            self.check_config = config  # the settings it checked
+            plan = result.plan
+            if plan is not None and plan.n_usable:  # a preset follows the dataset (it may check again)
+                stats = DataStats(plan.n_usable, plan.usable_tokens, plan.longest, self.project.config.n_ctx)
+                self.settings.set_data_stats(stats)
             self._update_start()
             self._refresh_progress(force=True)
         if stale:
@@ -542,14 +627,21 @@ class TrainPage(QWidget):
             self._check_again = False
             self.schedule_check()
 
-    def _input_blocker(self) -> Blocker | None:
-        """What is missing before anything can be checked: a model, a dataset."""
+    def _model_blocker(self) -> Blocker | None:
         p = self.project
         if not p.model_path:
             return Blocker("No model is chosen. Open a .gguf model on the Model page.", "Model")
         if not os.path.isfile(p.model_path):
             return Blocker(f"The model file {p.model_path} does not exist any more. Open it again on the "
                            "Model page.", "Model")  # fmt: skip
+        return None
+
+    def _input_blocker(self) -> Blocker | None:
+        """What is missing before anything can be checked: a model, a dataset."""
+        p = self.project
+        model = self._model_blocker()
+        if model is not None:
+            return model
         if self._edited_samples() is not None:
             return None  # the editor's samples, saved or not
         if not p.dataset_path:
@@ -561,6 +653,14 @@ class TrainPage(QWidget):
                            "Dataset page.", "Dataset")  # fmt: skip
         return None
 
+    def plan_warning(self) -> str | None:
+        """Why the next run, as checked, is unlikely to change the model (too few steps, learning rate
+        × steps too small), with its numbers; None when it looks able to, or is not checked yet."""
+        plan = self.check.plan if self.check is not None else None
+        if plan is None or not plan.total_steps:
+            return None
+        return plan_warning(plan.total_steps, self.project.config.lr)
+
     def blocker(self) -> Blocker | None:
         """Why Start is disabled, or None."""
         return self._input_blocker() or (self.check.blocker if self.check is not None else None)
@@ -569,12 +669,17 @@ class TrainPage(QWidget):
         active = self._state in ACTIVE
         blocker = None if active else self.blocker()
         self.start_button.setEnabled(not active and blocker is None)
+        weak = None if active or blocker is not None else self.plan_warning()
         if blocker is not None:
             self.reason_label.setText(
                 f"<b>Start is unavailable:</b> {self._html(blocker.reason, blocker.page)}"
             )
             self.reason_label.show()
             self.start_button.setToolTip(f"Start is unavailable: {blocker.reason}")
+        elif weak:
+            self.reason_label.setText(f"<b>Before you start:</b> {html.escape(weak)}")
+            self.reason_label.show()
+            self.start_button.setToolTip(f"Start a new training run with these settings (Ctrl+Enter). {weak}")
         else:
             self.reason_label.hide()
             self.start_button.setToolTip("Start a new training run with these settings (Ctrl+Enter).")
@@ -732,44 +837,59 @@ class TrainPage(QWidget):
             else os.path.basename(self.project.dataset_path)
         )
         self._log(f"New run: {os.path.basename(self.project.model_path)} on {source}; adapter → {paths.out}")
+        weak = self.plan_warning()
+        if weak:
+            self._log(f"Warning: {weak}")
+        if self.processes.value() > 1:
+            return self._launch_processes(self.processes.value(), data)
         self._launch(resume=None)
         return True
 
     def resume(self) -> bool:
-        """Continue the current run: in memory after Pause, else from its latest checkpoint."""
-        if self._state in ACTIVE or self.paths is None or not self._can_resume():
+        """Continue the current run: in memory after Pause, else from its latest checkpoint; after a
+        relaunch, the newest stopped run of the open model (`refresh_resumable`)."""
+        if self._state in ACTIVE or not self._can_resume():
             return False
         if self._state == "paused":
             self.hide_banner()
             self._log(f"Resuming at step {self.last_step}")
             self._launch(resume=None, continue_run=True)
             return True
-        ckpt = latest_checkpoint(self.paths.checkpoint_dir)
-        if ckpt is None:
-            self.show_banner(f"No checkpoint of this run was found in {self.paths.checkpoint_dir}. "
-                             "Start a new run, or resume from another checkpoint folder.")  # fmt: skip
-            return False
-        return self.resume_from(ckpt, same_run=True)
+        own = latest_checkpoint(self.paths.checkpoint_dir) if self.paths is not None else None
+        finished = isinstance(self.last_result, Finished) and not self.last_result.stopped
+        if own is not None and not finished:
+            return self.resume_from(own, same_run=True)
+        if self.resumable is not None:
+            return self.resume_from(self.resumable[0])
+        self.show_banner("No checkpoint of this run was found. Start a new run, or resume from another "
+                         "checkpoint folder.")  # fmt: skip
+        return False
 
     def choose_checkpoint(self) -> None:
         start_dir = self.paths.checkpoint_dir if self.paths else self.project.output_folder()
+        start_dir = start_dir if os.path.isdir(start_dir) else os.path.expanduser("~")
         folder = QFileDialog.getExistingDirectory(self, "Resume from checkpoint", start_dir)
         if folder:
             self.resume_from(folder)
 
     def resume_from(self, folder: str, same_run: bool = False) -> bool:
         """Continue training from a checkpoint folder (ckpt-NNNNNN, or a folder holding them) of the
-        open model."""
-        if self._state in ACTIVE or not self._check_inputs():
+        open model, with the run's own settings and data (the checkpoint carries them): the steps,
+        the training time and the tokens go on from the checkpoint's, to the run's planned end. When
+        the page's settings or dataset differ from the run's, `ask_resume` asks first."""
+        if self._state in ACTIVE:
             return False
-        ckpt = folder if os.path.basename(os.path.normpath(folder)).startswith("ckpt-") else None
-        ckpt = ckpt or latest_checkpoint(folder)
-        if ckpt is None or not os.path.isdir(ckpt):
+        blocker = self._model_blocker()
+        if blocker is not None:
+            self.show_banner(blocker.reason, page=blocker.page)
+            return False
+        try:
+            info = read_checkpoint_info(folder)
+        except EngineError as exc:
             self.show_banner(f"{folder} is not a checkpoint: choose a ckpt-NNNNNN folder (inside a run's "
-                             "-checkpoints folder), or the -checkpoints folder itself.")  # fmt: skip
+                             f"-checkpoints folder), or the -checkpoints folder itself ({exc}).")  # fmt: skip
             return False
-        ckpt = os.path.abspath(ckpt)
-        trained_on = checkpoint_model(ckpt)
+        trained_on = info.model or checkpoint_model(info.path)
         if trained_on and not same_file(trained_on, self.project.model_path):
             self.show_banner(
                 f"This checkpoint was trained on {Path(trained_on).name}, not on the open model "
@@ -778,24 +898,107 @@ class TrainPage(QWidget):
                 page="Model",
             )
             return False
-        if not same_run:
-            parent = os.path.dirname(ckpt)
-            out = parent[: -len("-checkpoints")] + ".gguf" if parent.endswith("-checkpoints") else None
-            paths = RunPaths(out or self.default_paths().out, parent)
-            if not self._check_writable(paths):
-                return False
-            self.paths = paths
-            self._created = missing_folders(os.path.dirname(os.path.abspath(paths.out)))
+        chosen = self._resume_choice(info)
+        if chosen is None:
+            return False
+        config, data = chosen
+        parent = info.run_dir
+        out = config.out or (
+            parent[: -len("-checkpoints")] + ".gguf" if parent.endswith("-checkpoints") else None
+        )
+        paths = RunPaths(out or self.default_paths().out, parent)
+        if not self._check_writable(paths):
+            return False
+        if not (same_run and self.paths is not None and same_file(self.paths.checkpoint_dir, parent)):
             self.plots.clear()
-            self.tokens_done = 0
-            self.elapsed_s = 0.0
             self.last_result = None
+            record = next(iter(find_runs([parent])), None)  # the run's own curve up to its checkpoint
+            if record is not None:
+                self.plots.add_history(
+                    [x for x in record.losses if x[0] <= info.step],
+                    [x for x in record.val_losses if x[0] <= info.step],
+                )
+        self.paths = paths
+        self._created = missing_folders(os.path.dirname(os.path.abspath(paths.out)))
+        self.tokens_done, self.elapsed_s, self.last_step = info.tokens, info.seconds, info.step
+        self.total_steps = info.total_steps
+        if info.total_steps:
+            self.plots.set_total_steps(info.total_steps)
         self.run_model = self.project.model_path
         self.ever_started = True
         self.hide_banner()
-        self._log(f"Resuming from {ckpt}")
-        self._launch(resume=ckpt)
+        planned = f" of {info.total_steps}" if info.total_steps else ""
+        self._log(f"Resuming {Path(parent).name} at step {info.step}{planned} from {info.path}: "
+                  f"{describe_settings(config, info.total_steps)}")  # fmt: skip
+        config = replace(config, out=paths.out, checkpoint_dir=parent)
+        if self.processes.value() > 1:  # a checkpoint resumes on any number of processes
+            return self._launch_processes(self.processes.value(), data, config=config, resume=info.path)
+        self._launch(resume=info.path, config=config, data=data)
         return True
+
+    def _resume_choice(self, info: CheckpointInfo) -> tuple[TrainConfig, object] | None:
+        """The settings and data to resume with: the run's own (the default), or the page's when the
+        person chose them over the run's (`ask_resume`); None when cancelled or impossible."""
+        p = self.project
+        run_data = info.data()
+        edited = self._edited_samples()
+        page_data = edited if edited is not None else p.dataset_path
+        differences = trajectory_changes(info.config, p.config)
+        if edited is not None:
+            differences.append(f"dataset {info.describe_data()} -> the {len(edited)} samples in the editor")
+        elif p.dataset_path and not info.same_data(p.dataset_path) and info.knows_data:
+            differences.append(f"dataset {info.describe_data()} -> {p.dataset_path}")
+        if run_data is None and not info.knows_data:
+            run_data = page_data  # an older checkpoint that does not record its data: the page's
+        answer = "run"
+        # settings the person shaped by hand (no preset's) are a question; a preset is a suggestion
+        # for new runs, and the run's own settings take its place without one
+        custom = matching_preset(p.config, self.settings.n_params, self.settings.data) is None
+        data_differs = any(d.startswith("dataset ") for d in differences)
+        if run_data is None or data_differs or (differences and custom):
+            if run_data is None and page_data is None:
+                self.show_banner(
+                    f"The data this run trained on is gone ({info.describe_data()}). Open a dataset on the "
+                    "Dataset page to continue on it.",
+                    page="Dataset",
+                )
+                return None
+            lines = "\n".join(f"• {d}" for d in differences)
+            if run_data is None:
+                text = (f"The data this run trained on is gone ({info.describe_data()}). Continuing on the "
+                        f"page's dataset changes the run's trajectory.\n{lines}")  # fmt: skip
+            else:
+                text = (f"The page's settings differ from the run's (step {info.step} of "
+                        f"{info.total_steps or '?'}):\n{lines}\nContinuing the run as it was uses its own "
+                        "settings and data; the page's change its trajectory.")  # fmt: skip
+            answer = self.ask_resume(text, run_data is not None)
+            if answer == "cancel" or (answer == "run" and run_data is None):
+                return None
+        runtime = {name: getattr(p.config, name) for name in ("device", "cache_budget", "checkpoint_layers")}
+        if answer == "page":
+            self._log("Resuming with the page's settings and data: " + "; ".join(differences))
+            return p.config, page_data
+        # the run as it was: its settings go on the page, so that what is shown is what runs
+        shown = {name: getattr(info.config, name) for name in TRAJECTORY_FIELDS}
+        changed = {k: v for k, v in shown.items() if getattr(p.config, k) != v}
+        if changed:
+            p.update_config(**changed)
+        if info.dataset and not p.dataset_path and self.dataset is not None and not len(self.dataset):
+            self.sig_open_dataset.emit(info.dataset)  # an empty project shows what the run trains on
+        return replace(info.config, **runtime), run_data
+
+    def _ask_resume(self, text: str, run_data: bool) -> str:
+        box = QMessageBox(self)
+        box.setIcon(QMessageBox.Question)
+        box.setWindowTitle("Resume the run")
+        box.setText(text)
+        as_was = box.addButton("Continue the run as it was", QMessageBox.AcceptRole) if run_data else None
+        page = box.addButton("Use the page's settings", QMessageBox.DestructiveRole)
+        box.addButton(QMessageBox.Cancel)
+        box.setDefaultButton(as_was or page)
+        box.exec()
+        clicked = box.clickedButton()
+        return "run" if clicked is as_was and as_was is not None else "page" if clicked is page else "cancel"
 
     def pause(self) -> None:
         """Pause after the current step; the run stays in memory and Resume goes on from there."""
@@ -806,7 +1009,11 @@ class TrainPage(QWidget):
 
     def stop(self) -> None:
         """End the run after the current step (the adapter and a checkpoint are written). No question."""
-        if self._state in ("loading", "training") and self.job is not None:
+        if self._state in ("loading", "training") and self.proc_run is not None:
+            self.proc_run.stop()
+            self._set_state("stopping")
+            self._log("Stopping every process after the current step…")
+        elif self._state in ("loading", "training") and self.job is not None:
             self.job.request_stop()
             self._set_state("stopping")
             self._log("Stopping after the current step…")
@@ -830,17 +1037,29 @@ class TrainPage(QWidget):
             m is not None and same_file(m.path, self.project.model_path) and m.device == self.project.device
         )
 
-    def _launch(self, resume: str | None, continue_run: bool = False) -> None:
+    def _launch(
+        self, resume: str | None, continue_run: bool = False, config: TrainConfig | None = None, data=None
+    ) -> None:
+        """Run the training job: a new run (or one resumed from `resume`) with `config` and `data`
+        (default: the project's settings and the editor's dataset), or the paused run in memory."""
         assert self.paths is not None
-        config = replace(self.project.config, out=self.paths.out, checkpoint_dir=self.paths.checkpoint_dir)
+        if continue_run and self.run_config is not None:
+            config = self.run_config  # the paused run's own settings
+        if config is None:
+            paths = self.paths
+            config = replace(self.project.config, out=paths.out, checkpoint_dir=paths.checkpoint_dir)
         self.run_config = config
+        self._ranks = 1
         self._latest_step = None
         self._show_next = False
         p = self.project
-        edited = self._edited_samples()
-        data = edited if edited is not None else p.dataset_path
-        if edited is not None and not continue_run:
-            self._log(f"Training the {len(edited)} samples the editor shows (unsaved edits included)")
+        if data is None:
+            edited = self._edited_samples()
+            data = edited if edited is not None else p.dataset_path
+            if edited is not None and not continue_run:
+                self._log(f"Training the {len(edited)} samples the editor shows (unsaved edits included)")
+        elif isinstance(data, str):
+            self._log(f"Training on {data}")
         template_file, expected = p.template_file, self.run
         self.phase = (
             f"Resuming at step {self.last_step}…"
@@ -875,6 +1094,72 @@ class TrainPage(QWidget):
         self._show_paths()
         self.plots.start()
         self._refresh_progress(force=True)
+
+    # --- runs on several processes ------------------------------------------------------------
+    def _run_files(self, paths: RunPaths, data, config: TrainConfig | None = None) -> RunFiles:
+        """The run's files beside its adapter, written: its settings (`config`, default the page's) and
+        `data` when they are samples (a path, or None for the project's dataset, is read as it is)."""
+        config = replace(config or self.project.config, out=paths.out, checkpoint_dir=paths.checkpoint_dir)
+        self.run_config = config
+        dataset = data if isinstance(data, str) else self.project.dataset_path
+        files = RunFiles.beside(paths.out, paths.checkpoint_dir, dataset)
+        return files.write(config, None if isinstance(data, str) else data)
+
+    def _launch_processes(
+        self, n: int, data, config: TrainConfig | None = None, resume: str | None = None
+    ) -> bool:
+        """Start the run as `n` processes beside the app (tune-engine train --ranks n): a new run with
+        the page's settings, or the run of checkpoint `resume` with `config` (its own settings, or those
+        the person chose over them in `_resume_choice`, hence --accept-changes) and `data`."""
+        ok, why = local_ranks_available()
+        if not ok:
+            self.show_banner(f"Cannot train on {n} processes: {why}. Set Processes to 1 to train in the app.")
+            return False
+        try:
+            files = self._run_files(self.paths, data, config)
+        except OSError as exc:
+            self.show_banner(f"The run's settings cannot be written ({exc.strerror or exc}): choose another "
+                             "output folder.")  # fmt: skip
+            return False
+        p = self.project
+        command = files.command(p.model_path, ranks=n, template_file=p.template_file, device=p.device,
+                                resume=resume, accept_changes=resume is not None)  # fmt: skip
+        self._log(f"Training on {n} processes: {' '.join(command[3:])}")
+        self._log(f"Events: {files.events}; output of the processes: {files.output}")
+        self._ranks = n
+        self.proc_run = ProcessRun(command, files, self)
+        self.proc_run.sig_event.connect(self._on_event)
+        self.proc_run.sig_done.connect(self._on_finished)
+        self.phase = PHASE_OPENING
+        self._segment_t0 = time.monotonic()
+        try:
+            self.proc_run.start()
+        except OSError as exc:
+            self.proc_run = None
+            self.show_banner(f"The training processes cannot be started: {exc.strerror or exc}")
+            return False
+        self._set_state("loading")
+        self._show_paths()
+        self.plots.start()
+        self._refresh_progress(force=True)
+        return True
+
+    def show_machines(self) -> MachinesDialog | None:
+        """The command of this run across machines (settings written now, beside the next adapter)."""
+        if not self._check_inputs():
+            return None
+        paths = self.default_paths()
+        try:
+            files = self._run_files(paths, self._edited_samples())
+        except OSError as exc:
+            self.show_banner(f"The run's settings cannot be written ({exc.strerror or exc}).")
+            return None
+        p = self.project
+        dialog = MachinesDialog(files, p.model_path, ranks=max(2, self.processes.value()),
+                                template_file=p.template_file, device=p.device, parent=self)  # fmt: skip
+        dialog.show()
+        self.machines_dialog = dialog
+        return dialog
 
     # --- worker signals (queued to the UI thread) -------------------------------------------
     @Slot(object)
@@ -914,6 +1199,8 @@ class TrainPage(QWidget):
         plan = event.plan
         self.total_steps = plan.total_steps
         self.last_step = plan.start_step
+        if plan.start_step:  # a resumed run: its training time and tokens go on from the checkpoint's
+            self.tokens_done, self.elapsed_s = plan.start_tokens, plan.start_seconds
         self.log_every = max(1, plan.total_steps // 50)
         self.phase = PHASE_FIRST_STEP
         cfg = self.run_config
@@ -928,15 +1215,21 @@ class TrainPage(QWidget):
             f"memory ≈ {human_bytes(mem)}"
         )
         if plan.problems:
-            shown = "; ".join(plan.problems[:3]) + ("; …" if len(plan.problems) > 3 else "")
-            line += f"; {len(plan.problems)} dataset problems: {shown}"
+            n_problems = max(plan.problems_total, len(plan.problems))  # the plan lists the first 1000
+            shown = "; ".join(plan.problems[:3]) + ("; …" if n_problems > 3 else "")
+            line += f"; {n_problems} dataset problems: {shown}"
             self.show_banner(
-                f"The dataset has {len(plan.problems)} problems (samples skipped or truncated), e.g. "
+                f"The dataset has {n_problems} problems (samples skipped or truncated), e.g. "
                 f"{plan.problems[0]}. Training goes on; fix them on the Dataset page.",
                 "warning",
                 page="Dataset",
             )
         self._log(line)
+        self._ranks = plan.ranks
+        if plan.ranks > 1:
+            hosts = ", ".join(f"rank {r} on {h}" for r, h in enumerate(plan.hosts))
+            self._log(f"{plan.ranks} processes, each with a share of every step's windows: {hosts}")
+            self.state_label.setToolTip(f"Training on {plan.ranks} processes: {hosts}")
         self._set_state("training")
         self._refresh_progress(force=True)
 
@@ -960,6 +1253,7 @@ class TrainPage(QWidget):
 
     def _on_finished(self, result: object) -> None:
         self.job = None
+        self.proc_run = None
         self.plots.stop()
         self.phase = ""
         if isinstance(result, Paused):
@@ -1122,13 +1416,53 @@ class TrainPage(QWidget):
     # --- lifetime ---------------------------------------------------------------------------
     def is_running(self) -> bool:
         """A training job is queued or running (a paused run is not running)."""
-        return self.job is not None and self.job.active
+        processes = self.proc_run is not None and self.proc_run.running
+        return (self.job is not None and self.job.active) or processes
+
+    def stop_and_wait(self, timeout_s: float = 900.0) -> bool:
+        """End the run (running, or paused in memory) after its current step, with its checkpoint and
+        adapter written, and wait for that while the window keeps painting (input waits). True when
+        no run is left; False when it did not end within `timeout_s`."""
+        if self._state in ("loading", "training", "pausing", "paused"):
+            self.stop()
+        if not self.is_running():
+            return True
+        self._log("Waiting for the current step to end and the checkpoint to be written…")
+        loop = QEventLoop()
+        done = lambda *_: loop.quit() if not self.is_running() else None  # noqa: E731
+        self.sig_state_changed.connect(done)
+        self.sig_run_finished.connect(done)
+        timer = QTimer()
+        timer.setSingleShot(True)
+        timer.timeout.connect(loop.quit)
+        timer.start(int(timeout_s * 1000))
+        if self.is_running():
+            loop.exec(QEventLoop.ExcludeUserInputEvents)
+        timer.stop()
+        self.sig_state_changed.disconnect(done)
+        self.sig_run_finished.disconnect(done)
+        return not self.is_running()
+
+    def reset(self) -> None:
+        """A new project: no run, no curves, no log, no checkpoint offered (the run's files stay)."""
+        if self._state in ACTIVE or self._state == "paused":
+            self.stop_and_wait()
+        self._forget_run()
+        self.resumable = None
+        self.log.clear()
+        self.ever_started = False
+        self.hide_banner()
+        self._set_state("idle", force=True)
+        self._refresh_progress(force=True)
 
     def shutdown(self) -> None:
         """Ask a running run to stop (the engine writes its checkpoint); the window then waits for
-        the engine worker (Engine.shutdown)."""
+        the engine worker (Engine.shutdown). Processes beside the app stop after their step and
+        write their checkpoint by themselves."""
         if self.job is not None and self.job.active:
             self.job.request_stop()
+        if self.proc_run is not None:
+            self.proc_run.stop()
         self.check_timer.stop()
         self.plots.timer.stop()
         if self._tray is not None:

@@ -23,21 +23,23 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from engine import (
     ChatTemplate,
     DatasetError,
+    Encoded,
     EncodeOptions,
     EngineError,
     MemoryEstimate,
+    Problem,
     Sample,
     TensorInfo,
     Tokenizer,
     TrainConfig,
-    encode_samples,
+    encode_iter,
     estimate_memory,
     load_jsonl,
     lora_param_count,
@@ -69,6 +71,9 @@ class DataPlan:
     tokens_per_epoch: int
     label_tokens_per_epoch: int
     problems: tuple[str, ...]  # reading and encoding problems, one line each
+    n_usable: int = 0  # samples of either split with a token to learn from
+    usable_tokens: int = 0  # their tokens (the validation samples' too)
+    longest: int = 0  # tokens of the longest of them (cut at the context length)
 
     def describe(self, config: TrainConfig) -> str:
         """One line for people: where the step total comes from."""
@@ -148,7 +153,8 @@ class EncodingCache:
     for one tokenizer, template and set of encoding options; a file is read again only when its size
     or modification time changed."""
 
-    def __init__(self) -> None:
+    def __init__(self, pause: Callable[[], None] | None = None) -> None:
+        self.pause = pause  # called between a few samples: gives the UI thread its turn (UiGate.pause)
         self.key: tuple | None = None
         self.entries: dict[int, tuple[Sample, SampleTokens]] = {}
         self.file_key: tuple | None = None
@@ -178,26 +184,43 @@ class EncodingCache:
         key = (id(tokenizer), id(template), options)
         if key != self.key:
             self.key, self.entries = key, {}
+        known = self.entries
+        missing = [s for s in samples if (hit := known.get(id(s))) is None or hit[0] is not s]
+        new = dict(self._encode(missing, tokenizer, template, options)) if missing else {}
         out, entries = [], {}
         for sample in samples:
-            hit = self.entries.get(id(sample))
+            hit = known.get(id(sample))
             if hit is None or hit[0] is not sample:
-                hit = (sample, _encode_one(sample, tokenizer, template, options))
+                hit = (sample, new[id(sample)])
             entries[id(sample)] = hit
             out.append(hit[1])
         self.entries = entries  # only the current samples stay
         return out
 
+    def _encode(
+        self, samples: list[Sample], tokenizer: Tokenizer, template: ChatTemplate, options: EncodeOptions
+    ) -> Iterator[tuple[int, SampleTokens]]:
+        """(id(sample), its tokens) for samples encoded a batch at a time (`encode_iter`), pausing
+        for the UI thread every few samples."""
 
-def _encode_one(
-    sample: Sample, tokenizer: Tokenizer, template: ChatTemplate, options: EncodeOptions
-) -> SampleTokens:
-    encoded, problems = encode_samples([sample], tokenizer, template, options)
-    notes = tuple((p.line, p.severity, p.message.removeprefix("sample 0: ")) for p in problems)
-    if not encoded:
+        def given() -> Iterator[Sample]:
+            for k, sample in enumerate(samples):
+                if self.pause is not None and k % 16 == 0:
+                    self.pause()
+                yield sample
+
+        for k, (sample, encoded, problems) in enumerate(
+            encode_iter(given(), tokenizer, template, options, batch=64)
+        ):
+            yield id(sample), _sample_tokens(encoded, problems, f"sample {k}: ")
+
+
+def _sample_tokens(encoded: Encoded | None, problems: Sequence[Problem], prefix: str) -> SampleTokens:
+    """A sample's SampleTokens from its encoding (None: dropped) and problems ("sample N: " removed)."""
+    notes = tuple((p.line, p.severity, p.message.removeprefix(prefix)) for p in problems)
+    if encoded is None:
         return SampleTokens(0, 0, True, notes)
-    e = encoded[0]
-    return SampleTokens(len(e.tokens), e.n_targets, False, notes)
+    return SampleTokens(len(encoded.tokens), encoded.n_targets, False, notes)
 
 
 def _problem_line(row: int, line: int, severity: str, message: str) -> str:
@@ -228,6 +251,7 @@ def plan_data(
     n_batches = math.ceil(n_windows / config.batch_size) if n_windows else 0
     total = config.steps or max(1, math.ceil(config.epochs * n_batches / config.grad_accum))
     problems = [*read_problems]
+    usable = [e for e in encoded if not e.dropped]
     for row, e in enumerate(encoded):
         problems.extend(_problem_line(row, line, sev, msg) for line, sev, msg in e.problems)
     return DataPlan(
@@ -241,6 +265,9 @@ def plan_data(
         tokens_per_epoch=sum(e.n_tokens for e in kept),
         label_tokens_per_epoch=sum(e.n_targets for e in kept),
         problems=tuple(problems),
+        n_usable=len(usable),
+        usable_tokens=sum(e.n_tokens for e in usable),
+        longest=max((e.n_tokens for e in usable), default=0),
     )
 
 

@@ -5,9 +5,11 @@ setting means; the tooltip adds the TrainConfig default. Editing a value calls
 `project.update_config(...)`; a change made elsewhere (a project loaded from disk) refreshes the
 editors. Rank, alpha and the targets belong to the Targets page and are not here.
 
-Above the groups, a preset combo (defaults, quick, balanced, thorough: studio.project's presets,
-whose values depend on the model's size, `set_model_size`) sets several fields at once; it shows
-"custom" when the settings match no preset, and its tooltip says what each preset sets.
+Above the groups, a preset combo (quick, balanced, thorough: studio.project's presets, whose values
+depend on the model's size, `set_model_size`, and on the dataset, `set_data_stats`; and the engine's
+own defaults) sets several fields at once; it shows "custom" when the settings match no preset, and
+its tooltip says what each preset sets. Settings that match a preset follow the dataset when it
+changes; a setting changed by hand stays.
 """
 
 from __future__ import annotations
@@ -29,7 +31,15 @@ from PySide6.QtWidgets import (
 
 from engine import TrainConfig
 
-from ...project import HYPER_PRESETS, Project, describe_preset, matching_preset, size_class
+from ...project import (
+    HYPER_PRESETS,
+    DataStats,
+    Project,
+    describe_preset,
+    matching_preset,
+    preset_settings,
+    size_class,
+)
 from ...widgets.spinbox import SciSpinBox
 
 DEFAULTS = {f.name: getattr(TrainConfig(), f.name) for f in fields(TrainConfig)}
@@ -152,12 +162,13 @@ class TrainSettingsWidget(QWidget):
         self.editors: dict[str, QWidget] = {}
         self._updating = False
         self.n_params: int | None = None  # of the open model: the presets depend on it
+        self.data: DataStats | None = None  # the dataset as the last check saw it: the presets follow it
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(4)
         self.preset_combo = QComboBox()
-        for name in ("defaults", *HYPER_PRESETS):
-            self.preset_combo.addItem(name, name)
+        for name in (*HYPER_PRESETS, "defaults"):
+            self.preset_combo.addItem("engine defaults" if name == "defaults" else name, name)
         self.preset_combo.addItem("custom", None)  # the settings match no preset
         self.preset_combo.activated.connect(self._preset_chosen)
         preset_form = QFormLayout()
@@ -262,31 +273,49 @@ class TrainSettingsWidget(QWidget):
         self.n_params = n_params
         self._sync_preset()
 
+    def set_data_stats(self, data: DataStats | None) -> None:
+        """The dataset as the Train page's check measured it. Settings that are a preset's (quick,
+        balanced, thorough) follow the dataset: the preset is applied again for it; settings the person
+        changed by hand stay."""
+        if data == self.data:
+            return
+        name = matching_preset(self.project.config, self.n_params, self.data)
+        self.data = data
+        if name in HYPER_PRESETS:
+            settings = preset_settings(name, self.n_params, data)
+            changed = {k: v for k, v in settings.items() if getattr(self.project.config, k) != v}
+            if changed:
+                self.project.update_config(**changed)
+        self._sync_preset()
+
     def _preset_chosen(self, index: int) -> None:
         name = self.preset_combo.itemData(index)
         if name:
-            self.project.apply_preset(name, self.n_params)
+            self.project.apply_preset(name, self.n_params, self.data)
         self._sync_preset()
 
     def _sync_preset(self) -> None:
         """Show the preset the settings match ("custom" when none) and say what each one sets."""
-        name = matching_preset(self.project.config, self.n_params)
+        name = matching_preset(self.project.config, self.n_params, self.data)
         combo = self.preset_combo
         combo.blockSignals(True)
         combo.setCurrentIndex(combo.findData(name) if name else combo.count() - 1)
         combo.blockSignals(False)
         size = size_class(self.n_params)[0] if self.n_params is not None else "unknown until a model is open"
         lines = {
-            "defaults": "defaults: the engine's own settings (TrainConfig), what a new model starts with."
+            "defaults": "engine defaults: the engine's own settings (TrainConfig: 1 epoch at learning rate "
+            "2e-4, context 512), as tune-engine train uses them."
         }
-        lines.update({p: describe_preset(p, self.n_params) for p in HYPER_PRESETS})
-        lines["custom"] = "custom: the settings match no preset (choosing it changes nothing)."
+        lines.update({p: describe_preset(p, self.n_params, self.data) for p in HYPER_PRESETS})
+        lines[None] = "custom: the settings match no preset (choosing it changes nothing)."
         for i in range(combo.count()):
-            combo.setItemData(i, lines[combo.itemText(i)], Qt.ToolTipRole)
+            combo.setItemData(i, lines[combo.itemData(i)], Qt.ToolTipRole)
+        data = f"{self.data.n_samples} samples" if self.data is not None else "the dataset, once checked"
         tip = (
-            f"Set several training settings at once for the model's size ({size}). Only the settings "
-            "named are changed; targets, rank and the advanced settings stay. Default: defaults.\n\n"
-            + "\n\n".join(lines[combo.itemText(i)] for i in range(combo.count()))
+            f"Set several training settings at once for the model's size ({size}) and {data}. Only the "
+            "settings named are changed; targets, rank and the advanced settings stay. A preset follows "
+            "the dataset until you change a setting by hand. Default: balanced.\n\n"
+            + "\n\n".join(lines[combo.itemData(i)] for i in range(combo.count()))
         )
         combo.setToolTip(tip)
         self.preset_label.setToolTip(tip)

@@ -1,7 +1,7 @@
 """Regenerate the Hugging Face transformers reference cases in this folder.
 
 For each case a tiny model with random weights is made with our own generator
-(`engine.io.synth`), written as `<case>.gguf`, and the same weights are loaded (strict)
+(`engine.testing`), written as `<case>.gguf`, and the same weights are loaded (strict)
 into the transformers implementation of the architecture; the logits that
 transformers computes for three token sequences are saved as `<case>.npz`
 (`tokens_i` int32, `logits_i` float64 for i = 0..2), and `manifest.json` describes
@@ -39,7 +39,7 @@ ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.hf_peer import build_hf_model  # noqa: E402
-from engine.io.synth import SynthSpec, random_weights, write_model  # noqa: E402
+from engine.testing import SynthSpec, random_weights, write_model  # noqa: E402
 
 LENGTHS = (1, 9, 20)
 BOS = 1
@@ -160,7 +160,7 @@ def make_case(case: Case) -> dict:
 def main() -> None:
     entries = [make_case(c) for c in CASES]
     manifest = {
-        "description": "Hugging Face transformers logits for tiny random GGUF models (engine.io.synth)",
+        "description": "Hugging Face transformers logits for tiny random GGUF models (engine.testing)",
         "generator": "tests/data/hf_reference/make_reference.py",
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,

@@ -16,14 +16,10 @@ What it is:
   for the driver to finish when NVRTC is older than the GPU) and loaded with CuPy's
   `cupy.cuda.function.Module`. Not `cupy.RawModule`: CuPy adds `-ftz=true` to every RawModule,
   which flushes subnormal floats to zero, and kernels here promise bit-exact float32 results.
-- `Runtime`: what a CUDA twin's host code (`<op>_on(rt, ...)` in each op module) runs against: an
-  array module, kernel launches, fp32-accumulating GEMMs. `CudaRuntime` (`cuda_runtime()`,
-  `runtime_for(x)`) is the GPU: CuPy, `get_kernel`, cuBLAS `cublasGemmEx` (bf16 or fp32 operands);
-  tests/kernels runs the same host code on NumPy with the kernels built by g++. `DEVICE_HELPERS`
-  is CUDA C++ the sources share (warp and block reductions, bf16 bits).
 
-What it is not: no kernels live here, and nothing here touches arrays. Importing this module needs
-neither CuPy nor NVRTC nor a GPU; they are looked for on first use.
+What it is not: no kernels live here, and nothing here touches arrays (`engine.kernels.runtime` runs
+the twins). Importing this module needs neither CuPy nor NVRTC nor a GPU; they are looked for on
+first use.
 """
 
 from __future__ import annotations
@@ -40,8 +36,9 @@ import pkgutil
 import platform
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any
 
 from ..errors import EngineError
@@ -63,25 +60,73 @@ class KernelCompileError(EngineError):
 
 @dataclass(frozen=True)
 class KernelSource:
-    """One CUDA C++ translation unit of a kernel module, and the kernels it defines."""
+    """One CUDA C++ translation unit of a kernel module, and the kernels it defines.
+
+    A kernel module reads its source from `engine/kernels/cuda/<name>.cu` with `from_file`; `code`
+    as text serves tests and one-off kernels.
+    """
 
     name: str  # unique across the package, e.g. "dequant"; names the NVRTC program and the cache entry
     code: str  # CUDA C++; every kernel is `extern "C" __global__` so that its name is not mangled
     kernels: tuple[str, ...]  # the kernel names `get_kernel` may be asked for
     options: tuple[str, ...] = ()  # extra NVRTC options, e.g. ("-DTILE=256",); no -arch, no -I
 
+    @classmethod
+    def from_file(
+        cls, filename: str, kernels: Sequence[str], defines: Mapping[str, object] | None = None
+    ) -> KernelSource:
+        """The source in `engine/kernels/cuda/<filename>` (see `read_cuda_source`), named after the
+        file, with each of `defines` given to NVRTC as `-DNAME=value`: the numbers the host code
+        launches with (block and tile sizes) stay defined once, in the op module."""
+        options = tuple(f"-D{k}={v}" for k, v in (defines or {}).items())
+        return cls(os.path.splitext(filename)[0], read_cuda_source(filename), tuple(kernels), options)
+
+
+# ----------------------------------------------------------------------------------------------
+# the .cu files
+
+CUDA_DIR = "cuda"  # engine/kernels/cuda: the .cu sources and the .cuh headers they share (package data)
+_LOCAL_INCLUDE = re.compile(r'[ \t]*#include[ \t]+"([\w.-]+)"[ \t]*')
+
+
+def read_cuda_source(filename: str) -> str:
+    """The text of `engine/kernels/cuda/<filename>`, each `#include "<header>"` line replaced by the
+    text of that header (from the same folder; once per header, as `#pragma once` would), between
+    `#line` directives, so that NVRTC's messages name the file and line an editor shows.
+
+    NVRTC and the tests' g++ emulators then get one translation unit and need no include path.
+    """
+    return _expand(filename, set())
+
+
+def _expand(filename: str, seen: set[str]) -> str:
+    text = (resources.files(__package__) / CUDA_DIR / filename).read_text(encoding="utf-8")
+    out: list[str] = []
+    for number, line in enumerate(text.splitlines(keepends=True), start=1):
+        m = _LOCAL_INCLUDE.fullmatch(line.rstrip("\r\n"))
+        if m is None:
+            out.append(line)
+        elif m.group(1) not in seen:
+            seen.add(m.group(1))
+            body = _expand(m.group(1), seen)
+            out.append(f'#line 1 "{m.group(1)}"\n{body}#line {number + 1} "{filename}"\n')
+    return "".join(out)
+
 
 # ----------------------------------------------------------------------------------------------
 # registry
 
+_NOT_OP_MODULES = ("nvrtc", "runtime")  # modules of engine.kernels that declare no SOURCES
+
 
 def all_sources() -> tuple[KernelSource, ...]:
     """Every `KernelSource` that a module of `engine.kernels` declares in its `SOURCES` tuple."""
-    from . import __path__ as package_path
-
     found: list[KernelSource] = []
-    for info in sorted(pkgutil.iter_modules(package_path), key=lambda m: m.name):
-        if info.name.startswith("_") or info.name == "cuda":
+    # the op modules are found on disk and imported by name: an import of the package from here
+    # would be a cycle (the op modules import this one)
+    here = os.path.dirname(os.path.abspath(__file__))
+    for info in sorted(pkgutil.iter_modules([here]), key=lambda m: m.name):
+        if info.name.startswith("_") or info.name in _NOT_OP_MODULES:
             continue
         module = importlib.import_module(f"{__package__}.{info.name}")
         for src in getattr(module, "SOURCES", ()):
@@ -336,6 +381,34 @@ def compile_ptx_or_cubin(
     return out
 
 
+_PTXAS_ENTRY = re.compile(r"Compiling entry function '(\w+)' for '(\w+)'")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_USED = re.compile(r"Used (\d+) registers")
+
+
+def ptxas_report(src: KernelSource, arch: str = "sm_90") -> dict[str, dict[str, int]]:
+    """What ptxas says of each kernel of `src` for `arch` (`-Xptxas -v`): {kernel: {"registers",
+    "stack", "spill_stores", "spill_loads"}}. Needs NVRTC, no GPU; KernelCompileError on an error."""
+    nv = _nvrtc()
+    include = cuda_include_dir(nv.version[0])
+    if include is None:
+        raise CudaToolkitError("the CUDA headers (cuda_bf16.h) were not found")
+    opts = [f"--gpu-architecture={arch}", f"-I{include}", *src.options, "-Xptxas", "-v"]
+    ok, text, _ = nv.compile(src.code, f"{src.name}.cu", opts, cubin=True)
+    if not ok:
+        raise KernelCompileError(f"kernel source {src.name!r} for {arch} does not compile", text)
+    report: dict[str, dict[str, int]] = {}
+    current = None
+    for line in text.splitlines():
+        if m := _PTXAS_ENTRY.search(line):
+            current = report.setdefault(m.group(1), {})
+        elif current is not None and (m := _PTXAS_SPILL.search(line)):
+            current.update(stack=int(m.group(1)), spill_stores=int(m.group(2)), spill_loads=int(m.group(3)))
+        elif current is not None and (m := _PTXAS_USED.search(line)):
+            current["registers"] = int(m.group(1))
+    return report
+
+
 def compile_source(src: KernelSource, arch: str = "sm_90") -> bytes:
     """`compile_ptx_or_cubin` for a registered source, with its own options."""
     return compile_ptx_or_cubin(src.code, src.name, arch, src.options)
@@ -401,276 +474,3 @@ def platform_has_nvrtc_wheels() -> bool:
         "aarch64",
         "arm64",
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# where a CUDA twin runs
-#
-# Every op module writes its CUDA twin's host side once, as `<op>_on(rt, ...)`, against a
-# `Runtime`: the array module, kernel launches and matrix products. `CudaRuntime` is the GPU
-# (CuPy, NVRTC kernels, cuBLAS); the public twin `<op>(...)` is `<op>_on(runtime_for(x), ...)`.
-# tests/kernels gives the same host code a runtime that is NumPy with the kernels built by g++
-# (tests/kernels/emulate.py), so the whole twin (buffers, launch shapes, argument order and
-# types, chunking loops) runs on a machine without a GPU.
-
-# device-side helpers the kernel sources share (prepended to a source's code where it uses them)
-DEVICE_HELPERS = r"""
-#include <cuda_bf16.h>
-#ifndef INFINITY
-#define INFINITY __uint_as_float(0x7f800000u)
-#endif
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ double warp_sum_d(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-// sum over the block, given to every thread; blockDim.x a multiple of 32; scratch: 32 floats of
-// shared memory; deterministic (fixed order for a given block size)
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum(v);
-    __syncthreads();  // the scratch may still be read by a previous call
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    return warp_sum(lane < nw ? scratch[lane] : 0.0f);
-}
-__device__ __forceinline__ double block_sum_d(double v, double* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_sum_d(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    return warp_sum_d(lane < nw ? scratch[lane] : 0.0);
-}
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    return warp_max(lane < nw ? scratch[lane] : -INFINITY);
-}
-__device__ __forceinline__ float bf16_bits_to_f32(unsigned short b) {
-    return __uint_as_float((unsigned)b << 16);
-}
-__device__ __forceinline__ unsigned short f32_to_bf16_bits(float x) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-}
-"""
-
-# cudaDataType and cublasComputeType_t values (cuda_runtime library_types.h, cublas_api.h)
-CUDA_R_32F = 0
-CUDA_R_16BF = 14
-CUBLAS_COMPUTE_32F = 68
-CUBLAS_COMPUTE_32F_PEDANTIC = 69
-CUBLAS_GEMM_DEFAULT = -1
-
-
-class Runtime:
-    """Where a CUDA twin runs: `xp` (its array module), kernel launches and fp32-accumulating GEMMs.
-
-    Arrays are `xp` arrays. bfloat16 data is held as uint16 bit patterns (CuPy has no bfloat16).
-    """
-
-    xp: Any
-
-    def launch(
-        self,
-        source: KernelSource,
-        kernel: str,
-        grid: tuple[int, ...],
-        block: tuple[int, ...],
-        args: tuple,
-        shared_mem: int = 0,
-    ) -> None:
-        """Run `kernel` of `source`: args are arrays (pointers) and NumPy scalars of the exact C types."""
-        raise NotImplementedError
-
-    def gemm(
-        self,
-        a: Any,
-        b: Any,
-        out: Any,
-        *,
-        trans_a: bool = False,
-        trans_b: bool = False,
-        alpha: float = 1.0,
-        beta: float = 0.0,
-    ) -> None:
-        """out = alpha * op(a) @ op(b) + beta * out, row-major, op(x) = x.T when trans_x.
-
-        out: float32 (M, N), C-contiguous. a, b: 2-D with unit inner stride (rows may be strided),
-        both float32 (fp32 products and sums) or both bf16 bits as uint16 (bf16 products,
-        fp32 accumulation). beta = 0 never reads out (it may hold NaN).
-        """
-        raise NotImplementedError
-
-    def gemm_batched(
-        self,
-        a: Any,
-        b: Any,
-        out: Any,
-        *,
-        trans_a: bool = False,
-        trans_b: bool = False,
-        alpha: float = 1.0,
-        beta: float = 0.0,
-    ) -> None:
-        """out[i] = alpha * op(a[i]) @ op(b[i]) + beta * out[i] for every i: `gemm` on 3-D arrays
-        with one leading batch axis each (any batch stride, 0 too). This default runs one `gemm`
-        per matrix; the GPU's is one strided-batched cuBLAS call."""
-        check_gemm_batched(a, b, out)
-        for i in range(out.shape[0]):
-            self.gemm(a[i], b[i], out[i], trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta)
-
-    def address(self, a: Any) -> int:
-        """The address of a's first element (for pointer tables and alignment checks)."""
-        raise NotImplementedError
-
-
-def check_gemm(a: Any, b: Any, out: Any, trans_a: bool, trans_b: bool) -> tuple[int, int, int]:
-    """(M, N, K) of a GEMM after checking shapes, dtypes and layouts (ValueError naming them)."""
-    if a.ndim != 2 or b.ndim != 2 or out.ndim != 2:
-        raise ValueError(f"gemm takes 2-D arrays, got {a.shape}, {b.shape} -> {out.shape}")
-    M, K = (a.shape[1], a.shape[0]) if trans_a else a.shape
-    K2, N = (b.shape[1], b.shape[0]) if trans_b else b.shape
-    if K != K2 or tuple(out.shape) != (M, N):
-        raise ValueError(f"gemm shapes do not agree: op(a) {M}x{K}, op(b) {K2}x{N}, out {tuple(out.shape)}")
-    if a.dtype != b.dtype or a.dtype.name not in ("float32", "uint16"):
-        raise ValueError(
-            f"gemm takes float32 or bf16 (uint16) operands of one kind, got {a.dtype}, {b.dtype}"
-        )
-    if out.dtype.name != "float32" or not out.flags.c_contiguous:
-        raise ValueError(f"gemm writes a C-contiguous float32 out, got {out.dtype} strides {out.strides}")
-    for name, x in (("a", a), ("b", b)):
-        if x.strides[1] != x.itemsize or (x.shape[0] > 1 and x.strides[0] < x.shape[1] * x.itemsize):
-            raise ValueError(f"gemm operand {name} needs unit inner stride, got strides {x.strides}")
-    return int(M), int(N), int(K)
-
-
-def check_gemm_batched(a: Any, b: Any, out: Any) -> int:
-    """The batch count of `gemm_batched`'s operands (ValueError unless each is 3-D with the same
-    first axis, out's batch contiguous); each matrix is then checked as `check_gemm` checks it."""
-    if a.ndim != 3 or b.ndim != 3 or out.ndim != 3 or not (a.shape[0] == b.shape[0] == out.shape[0]):
-        raise ValueError(
-            f"gemm_batched takes 3-D arrays of one batch, got {a.shape}, {b.shape} -> {out.shape}"
-        )
-    if not out.flags.c_contiguous:
-        raise ValueError(f"gemm_batched writes a C-contiguous out, got strides {out.strides}")
-    return int(out.shape[0])
-
-
-class CudaRuntime(Runtime):
-    """The GPU: CuPy arrays, kernels through `get_kernel`, GEMMs through cuBLAS `cublasGemmEx` on the
-    current stream (bf16 operands: CUBLAS_COMPUTE_32F, tensor cores with fp32 accumulation; fp32
-    operands: CUBLAS_COMPUTE_32F_PEDANTIC, true fp32, never TF32)."""
-
-    def __init__(self) -> None:
-        import cupy
-
-        self.xp = cupy
-
-    def launch(self, source, kernel, grid, block, args, shared_mem=0) -> None:
-        if min(grid) <= 0:
-            return
-        get_kernel(source, kernel)(tuple(grid), tuple(block), tuple(args), shared_mem=shared_mem)
-
-    def address(self, a: Any) -> int:
-        return int(a.data.ptr)
-
-    def gemm(self, a, b, out, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> None:
-        M, N, K = check_gemm(a, b, out, trans_a, trans_b)
-        self._cublas(a, b, out, None, M, N, K, trans_a, trans_b, alpha, beta)
-
-    def gemm_batched(self, a, b, out, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0) -> None:
-        count = check_gemm_batched(a, b, out)
-        if count == 0:
-            return
-        M, N, K = check_gemm(a[0], b[0], out[0], trans_a, trans_b)
-        self._cublas(a, b, out, count, M, N, K, trans_a, trans_b, alpha, beta)
-
-    def _cublas(self, a, b, out, count, M, N, K, trans_a, trans_b, alpha, beta) -> None:
-        """cublasGemmEx (count None: 2-D operands) or cublasGemmStridedBatchedEx (3-D, `count`)."""
-        import numpy as np
-        from cupy_backends.cuda.libs import cublas  # type: ignore[import-not-found]
-
-        if M == 0 or N == 0:
-            return
-        if K == 0:
-            if beta == 0.0:
-                out.fill(0)
-            else:
-                out *= np.float32(beta)
-            return
-        bf16 = a.dtype.name == "uint16"
-        dtype = CUDA_R_16BF if bf16 else CUDA_R_32F
-        compute = CUBLAS_COMPUTE_32F if bf16 else CUBLAS_COMPUTE_32F_PEDANTIC
-        handle = self.xp.cuda.device.get_cublas_handle()
-        cublas.setStream(handle, self.xp.cuda.get_current_stream().ptr)
-        alpha_h = np.array(alpha, dtype=np.float32)
-        beta_h = np.array(beta, dtype=np.float32)
-        mode = cublas.getPointerMode(handle)
-        cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-        row = 0 if count is None else 1  # the axis of the matrices' rows
-        ops = (
-            cublas.CUBLAS_OP_T if trans_b else cublas.CUBLAS_OP_N,
-            cublas.CUBLAS_OP_T if trans_a else cublas.CUBLAS_OP_N,
-        )
-        try:
-            # cuBLAS is column-major: out^T (N x M) = op(b)^T (N x K) @ op(a)^T (K x M), and a row-major
-            # matrix is its transpose in column-major, so b goes first and each op flips
-            ld = [x.strides[row] // x.itemsize for x in (b, a, out)]
-            if count is None:
-                cublas.gemmEx(
-                    handle, *ops, N, M, K, alpha_h.ctypes.data,
-                    b.data.ptr, dtype, ld[0], a.data.ptr, dtype, ld[1],
-                    beta_h.ctypes.data, out.data.ptr, CUDA_R_32F, ld[2], compute, CUBLAS_GEMM_DEFAULT,
-                )  # fmt: skip
-            else:
-                st = [x.strides[0] // x.itemsize for x in (b, a, out)]
-                cublas.gemmStridedBatchedEx(
-                    handle, *ops, N, M, K, alpha_h.ctypes.data,
-                    b.data.ptr, dtype, ld[0], st[0], a.data.ptr, dtype, ld[1], st[1],
-                    beta_h.ctypes.data, out.data.ptr, CUDA_R_32F, ld[2], st[2], count, compute,
-                    CUBLAS_GEMM_DEFAULT,
-                )  # fmt: skip
-        finally:
-            cublas.setPointerMode(handle, mode)
-
-
-@functools.lru_cache(maxsize=1)
-def cuda_runtime() -> CudaRuntime:
-    """The GPU runtime (one per process; kernels and cuBLAS act on the current device and stream)."""
-    return CudaRuntime()
-
-
-def runtime_for(x: Any, op: str = "this op") -> Runtime:
-    """The GPU runtime for a CuPy array; TypeError naming `op`'s NumPy reference for anything else."""
-    if not type(x).__module__.startswith("cupy"):
-        raise TypeError(f"{op} runs on CuPy arrays, got {type(x).__name__}; use {op}_ref for NumPy arrays")
-    return cuda_runtime()
-
-
-def f32_input(rt: Runtime, a: Any, what: str) -> Any:
-    """`a` as a C-contiguous float32 device array (a copy only when it is not one); a host array is
-    copied to the device; another dtype is a ValueError naming `what`."""
-    xp = rt.xp
-    a = xp.asarray(a)  # a host array goes to the device; a device array stays as it is
-    if a.dtype.name != "float32":
-        raise ValueError(f"{what} must be float32 on the GPU path, got {a.dtype} (shape {tuple(a.shape)})")
-    return xp.ascontiguousarray(a)
-
-
-def aligned16(rt: Runtime, *arrays: Any) -> bool:
-    """Whether every array starts on a 16-byte boundary (float4 / uint4 loads and stores)."""
-    return all(rt.address(a) % 16 == 0 for a in arrays if a is not None)

@@ -2,25 +2,34 @@
 
 `verify_export(request, adapter, path, base=model)` -> `VerifyReport`: base + reloaded adapter
 against base + source adapter, or the merged model alone against base + adapter, on a few short
-chat prompts; max |Δ| per prompt and a verdict against the tolerance of the type written. The base
-model in memory is used when it is given (an engine session's), else loaded (quantized at rest:
-loading costs a header read).
+chat prompts (the run's own, when the caller has them); max |Δ| per prompt and a verdict against
+the tolerance of the type written. The base model in memory is used when it is given (an engine
+session's), else loaded (quantized at rest: loading costs a header read).
+
+A merged model is also measured against what the fine-tune did: the adapter's effect on the logits
+is E = z(base + adapter) - z(base), and the share of it the file keeps is <z(merged) - z(base), E> /
+|E|² over every position of every prompt (1: all of it; 0: the file answers as the base model).
+Re-quantizing adapted tensors to a small type can round the update away while the logits still
+look close to the reference (the effect is small beside the logits): below `MIN_EFFECT_KEPT` the
+file fails, whatever its max |Δ|. `quarantine(report)` renames a file that failed to
+`<name>.failed.gguf`, so that nothing loads it by mistake.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import ExportError, TemplateError
-from ..io.export_check import ExportRequest
 from ..io.gguf_file import GGUFFile
+from ..model.lora import LoraAdapter
+from ..model.model import Model
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
-from .lora import LoraAdapter
-from .model import Model
+from .check import MIN_EFFECT_KEPT, ExportRequest
 
 VERIFY_PROMPTS = ("Hello! Who are you?", "Name three colours.", "What is 2 + 3?")
 # Largest max |Δ| of the logits, relative to the largest reference logit (at least 1), that a file
@@ -38,6 +47,8 @@ TOLERANCE = {
     "Q4_1": 2e-1,
     "Q4_K": 2e-1,
 }
+WARN_EFFECT_KEPT = 0.9  # below this the verdict says how much of the fine-tune was lost
+_EFFECT_FLOOR = 1e-6  # an adapter whose effect is below this share of the logits has none to keep
 _LEVELS = (
     ("within float32 rounding", 1e-5),
     ("within F16 tolerance", 5e-3),
@@ -54,6 +65,9 @@ class PromptResult:
     max_ref: float  # largest |logit| of the reference
     n_off: int = 0  # positions whose max |Δ| is beyond the tolerance
     max_abs_rest: float = 0.0  # max |Δ| over the other positions
+    effect_sq: float = 0.0  # merges: |E|², E = z(base + adapter) - z(base), over every position
+    effect_dot: float = 0.0  # merges: <z(merged) - z(base), E>
+    error_sq: float = 0.0  # merges: |z(merged) - z(base + adapter)|²
 
     @property
     def scale(self) -> float:
@@ -81,6 +95,27 @@ class VerifyReport:
     tolerance: float  # allowed max |Δ| relative to the largest logit (0: must be identical)
     moe: bool = False  # the model routes tokens to experts
     notes: list[str] = field(default_factory=list)
+    failed_path: str | None = None  # where `quarantine` moved a file that failed
+
+    @property
+    def effect_kept(self) -> float | None:
+        """Merges: the share of the adapter's effect on the logits the file keeps (see the module
+        docstring); None for adapters, and when the adapter changes the logits too little to tell."""
+        if not self.merge:
+            return None
+        sq = sum(r.effect_sq for r in self.rows)
+        scale = max((r.scale for r in self.rows), default=1.0)
+        n = max(1, self.n_positions)
+        # no effect to speak of, or one far smaller than the file's own rounding noise (which is
+        # uncorrelated with it, so the projection stays near 1 until then)
+        if sq <= (_EFFECT_FLOOR * scale) ** 2 * n or sq < 0.01 * sum(r.error_sq for r in self.rows):
+            return None
+        return sum(r.effect_dot for r in self.rows) / sq
+
+    @property
+    def effect_lost(self) -> bool:
+        kept = self.effect_kept
+        return kept is not None and kept < MIN_EFFECT_KEPT
 
     @property
     def max_abs(self) -> float:
@@ -110,7 +145,7 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return bool(self.rows) and (self.n_off == 0 or self.routing_flips)
+        return bool(self.rows) and (self.n_off == 0 or self.routing_flips) and not self.effect_lost
 
     @property
     def level(self) -> str:
@@ -126,10 +161,38 @@ class VerifyReport:
         return "differs"
 
     def verdict(self) -> str:
+        text = self._verdict()
+        if self.failed_path:
+            text += (
+                f" The file was renamed to {os.path.basename(self.failed_path)} so that nothing loads it by "
+                "mistake."
+            )
+        return text
+
+    def _kept_text(self) -> str:
+        kept = self.effect_kept
+        if kept is None:
+            return ""
+        if kept < WARN_EFFECT_KEPT:
+            return (
+                f" It keeps only {kept:.0%} of the fine-tune's effect on the logits: writing the adapted "
+                f"tensors as {self.written_type} rounds part of the update away; the default type (F16 "
+                "for quantized tensors) keeps it."
+            )
+        return f" It keeps {min(kept, 9.999):.1%} of the fine-tune's effect on the logits."
+
+    def _verdict(self) -> str:
         n = len(self.rows)
         what = "The merged model" if self.merge else "The reloaded adapter"
+        if self.effect_lost:
+            return (
+                f"{what} lost the fine-tune: it keeps {self.effect_kept:.0%} of the adapter's effect on the "
+                f"logits, because writing the adapted tensors as {self.written_type} rounds the update away "
+                f"(max |Δ| = {self.max_abs:.3g} against base + adapter). Do not use this file; export with "
+                "the default type (F16 for quantized tensors) to keep the fine-tune."
+            )
         if self.max_abs == 0.0:
-            return f"{what} gives identical logits on {n} prompts (max |Δ| = 0)."
+            return f"{what} gives identical logits on {n} prompts (max |Δ| = 0).{self._kept_text()}"
         allowed = "identical logits" if self.tolerance == 0 else f"{self.tolerance:.0e} of the largest logit"
         if not self.ok:
             return (
@@ -141,6 +204,7 @@ class VerifyReport:
             return (
                 f"{what} gives logits {self.level} on {n} prompts: max |Δ| = {self.max_abs:.3g} "
                 f"({self.rel:.1e} of the largest logit; {self.written_type} allows {allowed})."
+                + self._kept_text()
             )
         rest = max(r.max_abs_rest for r in self.rows)
         return (
@@ -149,6 +213,7 @@ class VerifyReport:
             f"{self.written_type} allows {allowed}). At {self.n_off} position{'s' if self.n_off > 1 else ''} "
             f"the logits moved by up to {self.max_abs:.3g}: a near tie in this mixture-of-experts "
             f"model's expert choice flipped, which rounding the weights to {self.written_type} can do."
+            + self._kept_text()
         )
 
 
@@ -203,6 +268,7 @@ def verify_export(
         written.close()
         merged = Model.load(path)
         outs = [merged.forward(ids) for _, ids in seqs]
+        bases = [base.forward(ids) for _, ids in seqs]  # the adapter's effect is measured against these
         tolerance = TOLERANCE.get(_worst(types), 0.5)
     else:
         types = [t.qtype for t in written.tensors.values()]
@@ -212,16 +278,31 @@ def verify_export(
         outs = [base.forward(ids, lora=back.terms()) for _, ids in seqs]
         worst = _worst(types)
         tolerance = 0.0 if worst == "F32" else TOLERANCE.get(worst, 0.5)
-    rows = [_compare(p, ref, out, tolerance) for (p, _), ref, out in zip(seqs, refs, outs, strict=True)]
+        bases = [None] * len(seqs)
+    rows = [
+        _compare(p, ref, out, tolerance, z0)
+        for (p, _), ref, out, z0 in zip(seqs, refs, outs, bases, strict=True)
+    ]
     return VerifyReport(path, request.merge, rows, _worst(types), tolerance, moe, notes)
 
 
-def _compare(prompt: str, ref: np.ndarray, out: np.ndarray, tolerance: float) -> PromptResult:
-    """Logits (T, V) of the reloaded file against the reference, per position."""
+def _compare(
+    prompt: str, ref: np.ndarray, out: np.ndarray, tolerance: float, base: np.ndarray | None = None
+) -> PromptResult:
+    """Logits (T, V) of the reloaded file against the reference, per position; with the base model's
+    logits, the adapter's effect and how much of it the file keeps."""
+    ref, out = np.asarray(ref, np.float64), np.asarray(out, np.float64)
     per_pos = np.max(np.abs(out - ref), axis=-1)  # (T,)
     max_ref = float(np.max(np.abs(ref)))
     off = per_pos > tolerance * max(1.0, max_ref)
     rest = per_pos[~off]
+    effect_sq = effect_dot = error_sq = 0.0
+    if base is not None:
+        base = np.asarray(base, np.float64)
+        effect = ref - base  # (T, V): what the adapter does
+        effect_sq = float(np.sum(effect * effect))
+        effect_dot = float(np.sum((out - base) * effect))
+        error_sq = float(np.sum((out - ref) ** 2))
     return PromptResult(
         prompt,
         int(ref.shape[0]),
@@ -229,4 +310,24 @@ def _compare(prompt: str, ref: np.ndarray, out: np.ndarray, tolerance: float) ->
         max_ref,
         int(off.sum()),
         float(rest.max()) if rest.size else 0.0,
+        effect_sq,
+        effect_dot,
+        error_sq,
     )
+
+
+def failed_name(path: str) -> str:
+    """Where a file that failed its check is kept: X.gguf -> X.failed.gguf."""
+    stem = path[:-5] if path.lower().endswith(".gguf") else path
+    return stem + ".failed.gguf"
+
+
+def quarantine(report: VerifyReport) -> VerifyReport:
+    """A report that failed: rename its file to `<name>.failed.gguf` (replacing an older one) and say so
+    in the report (`failed_path`). A report that passed is returned as it is."""
+    if report.ok or report.failed_path or not os.path.exists(report.path):
+        return report
+    target = failed_name(report.path)
+    os.replace(report.path, target)
+    report.failed_path = target
+    return report

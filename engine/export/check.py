@@ -10,7 +10,7 @@
 - `find_checkpoints(folders)` lists the trainer's `<run>-checkpoints/ckpt-NNNNNN/adapter.gguf`;
   `suggest_out` names an export beside its source.
 
-The reload-and-compare check after writing is `engine.model.verify` (it needs the model). The
+The reload-and-compare check after writing is `engine.export.verify` (it needs the model). The
 studio's export dialog and `tune-engine export --check` both use this module.
 """
 
@@ -24,11 +24,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..errors import ConfigError, EngineError, ExportError
+from ..io.files import check_outputs
+from ..io.gguf_file import GGUFFile
 from ..model.lora import LoraAdapter
 from ..model.summary import human_bytes
 from ..ranges import check_number
-from .export import (
+from .write import (
     ADAPTER_TYPES,
+    FLOAT_TYPES,
     adapter_tensor_types,
     export_adapter,
     export_merged,
@@ -36,10 +39,10 @@ from .export import (
     fit_problems,
     merged_tensor_types,
 )
-from .files import check_outputs
-from .gguf_file import GGUFFile
 
-MERGE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q4_K")  # offered for merged tensors
+MERGE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q6_K", "Q4_K")  # offered for merged tensors, besides the
+# default (None: a type that keeps the update) and "base" (re-quantized to the base's own types)
+MIN_EFFECT_KEPT = 0.5  # engine.export.verify's: a merged file keeping less of the fine-tune fails
 _DISK_MARGIN = 1 << 20  # bytes kept free beyond the estimate
 _CKPT = re.compile(r"^ckpt-(\d+)$")
 OK_MARK, BAD_MARK = "✓", "✗"
@@ -100,7 +103,9 @@ class CheckReport:
         bad = self.failures()
         if not bad:
             return f"All {len(self.items)} checks passed."
-        return "Not ready: " + "; ".join(f"{i.label.lower()}: {i.detail}" for i in bad)
+        # checks that failed only because an earlier one did ("needs a readable adapter ...") add nothing
+        first = [i for i in bad if not i.detail.startswith("needs ")] or bad
+        return "Cannot export: " + "; ".join(i.detail for i in first) + "."
 
 
 def estimate_size(request: ExportRequest, adapter: LoraAdapter, base: GGUFFile | None) -> int:
@@ -210,9 +215,11 @@ def check_export(request: ExportRequest) -> CheckReport:
     if not out:
         items.append(CheckItem(False, label, "choose where to write"))
     elif not os.path.isdir(folder):
-        items.append(CheckItem(False, label, f"folder {folder} does not exist: create it or choose another"))
+        items.append(
+            CheckItem(False, label, f"the folder {folder} does not exist: create it or choose another folder")
+        )
     elif not os.access(folder, os.W_OK | os.X_OK):
-        items.append(CheckItem(False, label, f"folder {folder} is not writable: choose another"))
+        items.append(CheckItem(False, label, f"the folder {folder} is not writable: choose another folder"))
     else:
         items.append(CheckItem(True, label, folder))
     label = "Enough free disk space"
@@ -224,7 +231,9 @@ def check_export(request: ExportRequest) -> CheckReport:
         free = shutil.disk_usage(folder).free
         need = size + _DISK_MARGIN
         detail = f"needs about {human_bytes(size)}, {human_bytes(free)} free"
-        items.append(CheckItem(free >= need, label, detail if free >= need else f"{detail}: free some space"))
+        short = f"not enough disk space in {folder}: the file needs about {human_bytes(size)}, "
+        short += f"{human_bytes(free)} are free: free some space or choose another folder"
+        items.append(CheckItem(free >= need, label, detail if free >= need else short))
     label = "Output name"
     name_problem = None
     if not out:
@@ -262,19 +271,43 @@ def check_export(request: ExportRequest) -> CheckReport:
         elif qtype == "F16":
             notes.append("F16 halves the size; the logits move by about 1e-3 of their size.")
     elif adapter is not None and base is not None:
-        types = merged_tensor_types(adapter, base, request.qtype)
-        changed = {n: t for n, t in types.items() if t != base.tensors[n].qtype}
-        if changed:
-            example = next(iter(changed))
-            notes.append(
-                f"{len(changed)} of {len(types)} merged tensors change type "
-                f"(e.g. {example}: {base.tensors[example].qtype} -> {changed[example]})."
-            )
+        notes.extend(merge_notes(request, adapter, base, size))
         if request.scale != 1.0:
             notes.append(f"The adapter is merged at scale {request.scale:g}.")
     if base is not None:
         base.close()
     return CheckReport(request, items, notes, size, adapter)
+
+
+def merge_notes(request: ExportRequest, adapter: LoraAdapter, base: GGUFFile, size: int) -> list[str]:
+    """What a merge writes, in words: which adapted tensors change type and why, what it costs in
+    size, and for a re-quantizing merge that what survives is measured after writing."""
+    types = merged_tensor_types(adapter, base, request.qtype)
+    changed = {n: t for n, t in types.items() if t != base.tensors[n].qtype}
+    base_size = os.path.getsize(base.path)
+    grown = f"{human_bytes(base_size)} -> about {human_bytes(size)}" if size else ""
+    stored = sorted({base.tensors[n].qtype for n in changed})
+    lossy = sorted({t for t in types.values() if t not in FLOAT_TYPES})
+    notes = []
+    if request.qtype is None and changed:
+        notes.append(
+            f"{len(changed)} of {len(types)} adapted tensors are stored as {'/'.join(stored)} in the base "
+            "and are written as F16, so that the fine-tune survives the merge (re-quantizing W + ΔW rounds "
+            f"most of a LoRA update away); the other tensors keep their type. Size: {grown}."
+        )
+    elif changed:
+        example = next(iter(changed))
+        notes.append(
+            f"{len(changed)} of {len(types)} merged tensors change type "
+            f"(e.g. {example}: {base.tensors[example].qtype} -> {changed[example]}). Size: {grown}."
+        )
+    if lossy and request.qtype is not None:
+        notes.append(
+            f"Re-quantizing adapted tensors to {'/'.join(lossy)} can round the fine-tune away: after "
+            "writing, the share of the adapter's effect on the logits that the file keeps is measured, "
+            f"and a file keeping less than {MIN_EFFECT_KEPT:.0%} fails (renamed *.failed.gguf)."
+        )
+    return notes
 
 
 # --- writing ---------------------------------------------------------------------------------------

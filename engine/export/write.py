@@ -26,10 +26,20 @@ Training facts go in `training.*` keys, typed from their Python values (see
 - every metadata key is copied with its exact value type (tokenizer and chat
   template included);
 - every tensor that is not adapted is copied byte for byte in its stored type;
-- an adapted tensor is dequantized, merged in float32 and re-quantized to its
-  own type when `engine.io.quantize` can write it (else F16), or to `qtype` when
-  one is given (F16 where its rows are not whole blocks of that type); every
-  change of type is listed in `MergeReport.type_changes`;
+- an adapted tensor is dequantized and merged in float32, then written in a type
+  that keeps the update (`qtype` None, the default): F16 where the base stores it
+  quantized (a Q4 or Q8 step is larger than most LoRA updates: re-quantizing
+  W + s·ΔW to the base's type gives back W and throws the fine-tune away), its
+  own type where the base stores it as F32, F16 or BF16 (BF16 becomes F16: its
+  8-bit mantissa drops small updates too). This is what `llama-export-lora`
+  does for quantized tensors ("output model is F16"), but only for the adapted
+  tensors: the others keep their own type, so a Q4_1 file with LoRA on
+  attention grows by the F16 size of its attention matrices, not to a whole
+  F16 model. Re-quantizing is an explicit choice: `qtype` "base" (each adapted
+  tensor back to its own stored type) or a type name (every adapted matrix in
+  that type), F16 where its rows are not whole blocks of that type; what
+  survives is measured after writing (`engine.export.verify`). Every change of
+  type is listed in `MergeReport.type_changes`;
 - `replace_tensors` (weights trained in full) stand in for base tensors the
   same way, vectors keeping their own type;
 - `general.file_type` is kept when no tensor changed type and dropped when one
@@ -59,14 +69,16 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import ExportError, ModelError
+from ..io.gguf_file import GGUFFile, dequantizable_types
+from ..io.gguf_write import LazyTensor, tensor_bytes, write_gguf
+from ..io.quantize import quantizable_types
 from ..model.lora import SUFFIX_A, SUFFIX_B, LoraAdapter, effective_scale, lora_shapes
-from .gguf_file import GGUFFile, dequantizable_types
-from .gguf_write import LazyTensor, tensor_bytes, write_gguf
-from .quantize import quantizable_types
 
 log = logging.getLogger(__name__)
 
 ADAPTER_TYPES = ("F32", "F16", "Q8_0")  # types export_adapter writes
+MERGE_BASE_TYPE = "base"  # merge qtype: each adapted tensor re-quantized to the base's own type
+FLOAT_TYPES = ("F32", "F16")  # types an adapted tensor keeps by default (merged without rounding it away)
 TOOL = "tune-studio"  # training.tool
 _ALIGN = 32  # GGUF's default data alignment, for size estimates
 # Keys of a loaded adapter's metadata that export_adapter sets itself, or that describe the old file.
@@ -348,16 +360,33 @@ class MergeReport:
 
 
 def _merge_type(name: str, shape: tuple[int, ...], stored: str, qtype: str | None) -> str:
-    # a vector (norm, bias) keeps its type: ggml's elementwise ops want F32 there, never blocks
-    want = (qtype if len(shape) >= 2 else None) or stored
+    if len(shape) < 2:  # a vector (norm, bias) keeps its type: ggml's elementwise ops want F32 there
+        want = stored
+    elif qtype is None:  # keep the update: float types stay, quantized ones become F16
+        want = stored if stored in FLOAT_TYPES else "F16"
+    elif qtype == MERGE_BASE_TYPE:
+        want = stored
+    else:
+        want = qtype
     if want not in quantizable_types():
         return "F16"
     return want if _rows_fit(shape, want) else "F16"
 
 
+def check_merge_type(qtype: str | None) -> None:
+    """ExportError unless `qtype` is a merge type: None (keep the update), "base", or a writable type."""
+    if qtype is not None and qtype != MERGE_BASE_TYPE and qtype not in quantizable_types():
+        raise ExportError(
+            f"cannot write merged tensors as {qtype!r}; choose one of {', '.join(quantizable_types())}, "
+            f"or {MERGE_BASE_TYPE!r} (each adapted tensor re-quantized to the base model's own type)"
+        )
+
+
 def merged_tensor_types(adapter: LoraAdapter, base: GGUFFile, qtype: str | None = None) -> dict[str, str]:
-    """The type each adapted base tensor is written as by `export_merged`: its stored type (or `qtype`),
-    F16 where that type cannot be written or its rows are not whole blocks."""
+    """The type each adapted base tensor is written as by `export_merged` (see the module docstring):
+    by default F16 for a quantized base tensor and its own type for a float one; with `qtype` "base"
+    its stored type; else `qtype`. F16 where that type cannot be written or its rows are not whole
+    blocks."""
     return {
         name: _merge_type(name, base.tensors[name].shape, base.tensors[name].qtype, qtype)
         for name in adapter.pairs
@@ -367,7 +396,7 @@ def merged_tensor_types(adapter: LoraAdapter, base: GGUFFile, qtype: str | None 
 
 def export_size(adapter: LoraAdapter, *, qtype: str | None = "F32", base: GGUFFile | None = None) -> int:
     """About how many bytes the written file takes: the adapter alone (`qtype` F32/F16/Q8_0), or, with
-    `base`, the merged model (`qtype` None keeps each tensor's type)."""
+    `base`, the merged model (`qtype` as `export_merged` takes it)."""
     if base is None:
         types = adapter_tensor_types(adapter, qtype or "F32")
         size = 4096 + sum(96 + len(n) for n in types)
@@ -382,22 +411,37 @@ def export_size(adapter: LoraAdapter, *, qtype: str | None = "F32", base: GGUFFi
     return size
 
 
+F16_MAX = 65504.0  # the largest finite float16
+
+
 def _merged_tensor(
-    f: GGUFFile, name: str, pair: tuple[np.ndarray, np.ndarray] | None, s: float, w_new: np.ndarray | None
+    f: GGUFFile,
+    name: str,
+    pair: tuple[np.ndarray, np.ndarray] | None,
+    s: float,
+    w_new: np.ndarray | None,
+    out_type: str = "F32",
 ) -> Callable[[], np.ndarray]:
-    """W (from the file, or its replacement) + s·ΔW, made when the writer gets to it."""
+    """W (from the file, or its replacement) + s·ΔW, made when the writer gets to it; ExportError when
+    it is written as F16 and a value lies beyond F16's range (it would become infinite)."""
 
     def make() -> np.ndarray:
         # (n_out, n_in), (E, n_out, n_in), token_embd (V, C), or a vector (replacements only)
         w = f.load(name, np.float32) if w_new is None else np.array(w_new, dtype=np.float32)
-        if pair is None:
-            return w
-        A, B = pair
-        if name == "token_embd.weight":
-            delta = np.asarray(A) @ np.asarray(B).T  # (V, r) @ (r, C)
-        else:
-            delta = np.matmul(np.asarray(B), np.asarray(A))  # (..., n_out, r) @ (..., r, n_in)
-        w += (s * delta).astype(np.float32)
+        if pair is not None:
+            A, B = pair
+            if name == "token_embd.weight":
+                delta = np.asarray(A) @ np.asarray(B).T  # (V, r) @ (r, C)
+            else:
+                delta = np.matmul(np.asarray(B), np.asarray(A))  # (..., n_out, r) @ (..., r, n_in)
+            w += (s * delta).astype(np.float32)
+        if out_type == "F16":
+            peak = float(np.max(np.abs(w))) if w.size else 0.0
+            if not peak <= F16_MAX:
+                raise ExportError(
+                    f"{name}: the merged values reach {peak:.4g}, beyond F16's range ({F16_MAX:g}); "
+                    "export the merged model with type F32"
+                )
         return w
 
     return make
@@ -420,7 +464,8 @@ def export_merged(
 ) -> MergeReport:
     """Write the base model with the adapter merged in (W + scale·alpha/r·ΔW); see the module docstring.
 
-    Checks before anything is written: `qtype` (None: each adapted tensor keeps its type), the
+    Checks before anything is written: `qtype` (None: adapted tensors in a type that keeps the
+    update; "base": re-quantized to their own type; or a type for every adapted matrix), the
     base file, architecture, adapted tensors and shapes, the target folder and free disk space;
     each failure is an ExportError naming the problem. `on_progress(done, total)` is called after
     each tensor; `should_stop()` returning True between tensors cancels (ExportError, nothing written).
@@ -428,10 +473,7 @@ def export_merged(
     stand in for the base's values before the adapter is added; they are written like adapted
     tensors (their own type, or `qtype` for matrices) and listed in `MergeReport.replaced`.
     """
-    if qtype is not None and qtype not in quantizable_types():
-        raise ExportError(
-            f"cannot write merged tensors as {qtype!r}; choose one of {', '.join(quantizable_types())}"
-        )
+    check_merge_type(qtype)
     if not math.isfinite(scale):
         raise ExportError(f"scale must be a finite number, got {scale}")
     try:
@@ -472,7 +514,7 @@ def export_merged(
             out = _merge_type(name, info.shape, info.qtype, qtype)
             if out != info.qtype:
                 changes[name] = (info.qtype, out)
-            make = _merged_tensor(f, name, pair, s, replace.get(name))
+            make = _merged_tensor(f, name, pair, s, replace.get(name), out)
             tensors[name] = (LazyTensor(info.shape, make), out)
             if pair is not None:
                 merged.append(name)

@@ -6,6 +6,9 @@ weight type `engine.io.quantize` can write) with a real SentencePiece-style
 vocabulary (byte fallback, ChatML control tokens, a chat template), so that
 every part of the engine can be exercised on it. `write_adapter` writes a
 random LoRA adapter in llama.cpp's layout. Nothing here is downloaded.
+
+A top layer of its own: it writes models of every architecture in the table, and no other module of
+the engine imports it (the import contracts in pyproject.toml hold that).
 """
 
 from __future__ import annotations
@@ -15,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ModelError
-from ..model.archs import ARCHS
-from .gguf_write import write_gguf
+from .errors import ModelError
+from .io.gguf_write import write_gguf
+from .model.archs import ARCHS
 
 CHATML = (
     "{% for message in messages %}"
@@ -92,6 +95,7 @@ class SynthSpec:
     tied: bool = False  # no output.weight: the output projection reuses token_embd
     rope_freqs: bool = False  # write a rope_freqs.weight tensor of frequency factors (llama 3.1 style)
     qtype: str = "F32"  # type of the 2-D/3-D matmul weights (norms stay F32)
+    expert_qtype: str = ""  # type of the routed expert stacks when it differs (gpt-oss: "MXFP4")
     n_ctx: int = 256  # context_length
     rope_base: float = 10000.0
     eps: float = 1e-5
@@ -349,9 +353,25 @@ def _arch_metadata(spec: SynthSpec) -> dict:
     return md
 
 
-def _storage_type(name: str, array: np.ndarray, qtype: str) -> str:
-    """Matmul weights get `qtype`; vectors (norms, biases, expert biases) stay F32, as llama-quantize does."""
-    return qtype if array.ndim >= 2 and not name.endswith(".bias") else "F32"
+def _storage_type(name: str, array: np.ndarray, spec: SynthSpec) -> str:
+    """Matmul weights get `qtype` (expert stacks `expert_qtype` when set); vectors (norms, biases,
+    expert biases) stay F32, as llama-quantize does."""
+    if array.ndim < 2 or name.endswith(".bias"):
+        return "F32"
+    return spec.expert_qtype if spec.expert_qtype and name.endswith("_exps.weight") else spec.qtype
+
+
+def _stored(array: np.ndarray, qtype: str):
+    """The values to write: as they are for the types engine.io.quantize writes, else (MXFP4) the
+    blocks gguf-py quantizes them to."""
+    from gguf import GGMLQuantizationType
+    from gguf import quants as gguf_quants
+
+    from .io.quantize import quantizable_types
+
+    if qtype in quantizable_types():
+        return array
+    return gguf_quants.quantize(np.asarray(array, np.float32), GGMLQuantizationType[qtype])
 
 
 def write_model(
@@ -364,7 +384,10 @@ def write_model(
     weights = weights if weights is not None else random_weights(spec)
     md = model_metadata(spec)
     md.update(metadata or {})
-    tensors = {n: (a, _storage_type(n, a, spec.qtype)) for n, a in weights.items()}
+    tensors = {}
+    for n, a in weights.items():
+        qt = _storage_type(n, a, spec)
+        tensors[n] = (_stored(a, qt), qt)
     return write_gguf(path, spec.arch, md, tensors)
 
 
@@ -376,7 +399,7 @@ def random_adapter(
     model, targets: list[str], rank: int = 4, seed: int = 0, std: float = 0.1
 ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Random non-zero LoRA pairs for the named tensors of a loaded `engine.model.Model`."""
-    from ..model.lora import lora_shapes  # local: lora imports ops only, but keep synth light to import
+    from .model.lora import lora_shapes  # local: lora imports ops only, but keep synth light to import
 
     rng = np.random.default_rng(seed)
     pairs = {}

@@ -1,0 +1,216 @@
+"""Reading dataset files and counting their tokens off the UI thread, for the Dataset page.
+
+`DatasetLoader.load(path)` reads a JSON Lines file with the engine's `iter_jsonl` on a thread of
+its own, reporting progress (`sig_progress`), and makes there what the UI thread would otherwise
+spend seconds on for a large file: the document's lookups (`index_of`), the table's rows with their
+search text and first words (`make_rows`). `sig_loaded(job, LoadResult)` hands them over; the page
+then only swaps them in. `count(generation, samples, ...)` counts tokens with the engine's
+`encode_iter` on another thread and hands the counts over a few thousand rows at a time
+(`sig_counts`), then `sig_counted`. A newer load or count makes an older one stop.
+
+The threads are plain Python threads, one per job, not QThreads: a job may outlive the page that
+asked for it (a window closed while a file is read) without a running QThread being destroyed;
+the loader is a QObject on the UI thread, so its signals reach the page queued, and a job whose
+loader is gone stops. Only host data crosses.
+
+The jobs give way to the UI thread between small pieces of work (`studio.ui_gate.UiGate`), so
+that a table repainting while a file is read does not wait for the interpreter.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, Signal
+
+from engine import (
+    ChatTemplate,
+    DatasetError,
+    EncodeOptions,
+    Problem,
+    Sample,
+    Tokenizer,
+    encode_iter,
+    iter_jsonl,
+)
+
+from ...dataset_document import DocumentIndex, index_of
+from ...ui_gate import UiGate
+from .table import PreparedRows, RowCounts, count_row, make_rows
+
+log = logging.getLogger(__name__)
+
+PROGRESS_S = 0.1  # seconds between progress reports
+COUNT_BATCH = 64  # samples tokenized at once while counting (small: the interpreter is given up often)
+HAND_OVER = 1024  # counts handed to the UI thread at once
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """A file read off the UI thread, and what the document and the table need, made there too."""
+
+    path: str
+    samples: list[Sample]
+    problems: list[Problem]
+    index: DocumentIndex  # the document's lookups
+    rows: PreparedRows  # the table's rows
+    seconds: float
+
+
+def read_dataset(
+    path: str,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+    go_on: Callable[[], bool] | None = None,
+) -> LoadResult | None:
+    """Read a dataset file (engine `iter_jsonl`) and make the document's lookups and the table's
+    rows, on any thread. `progress(bytes read, bytes in the file)` now and then; `go_on()` every
+    few dozen samples: False stops (None is returned). DatasetError when the file cannot be read."""
+    t0 = time.perf_counter()
+    total = os.path.getsize(path) if os.path.isfile(path) else 0
+    problems: list[Problem] = []
+    read = [0]
+    samples: list[Sample] = []
+    next_report = time.monotonic() + PROGRESS_S
+    for k, sample in enumerate(iter_jsonl(path, problems, read)):
+        samples.append(sample)
+        if k & 63 == 63:
+            if go_on is not None and not go_on():
+                return None
+            if progress is not None and time.monotonic() >= next_report:
+                progress(read[0], total)
+                next_report = time.monotonic() + PROGRESS_S
+    if progress is not None:
+        progress(total, total)
+    index = index_of(samples, problems)
+    rows = make_rows(samples, index.problems_for, go_on)
+    if rows is None:
+        return None
+    return LoadResult(path, samples, problems, index, rows, time.perf_counter() - t0)
+
+
+class DatasetLoader(QObject):
+    """Reads files and counts tokens on background threads; see the module docstring."""
+
+    sig_progress = Signal(int, int, int)  # job, bytes read, bytes in the file
+    sig_loaded = Signal(int, object)  # job, LoadResult
+    sig_failed = Signal(int, str)  # job, what went wrong
+    sig_counts = Signal(int, object)  # generation, list[RowCounts]
+    sig_counted = Signal(int)  # generation: counting stopped (done, or overtaken)
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self.gate = UiGate.for_app()
+        self._load_job = 0  # the load that may go on; older ones stop
+        self._count_gen = -1  # the counting that may go on
+
+    # --- reading ------------------------------------------------------------------------------
+    def load(self, path: str) -> int:
+        """Start reading `path`; the job number that its signals carry."""
+        self._load_job += 1
+        job = self._load_job
+        threading.Thread(target=self._load, args=(job, path), name=f"dataset-load-{job}", daemon=True).start()
+        return job
+
+    def cancel_load(self) -> None:
+        self._load_job += 1
+
+    def loading(self, job: int) -> bool:
+        return job == self._load_job
+
+    def _load(self, job: int, path: str) -> None:
+        def progress(done: int, total: int) -> None:
+            self._emit(self.sig_progress, job, done, total)
+
+        def go_on() -> bool:
+            self.gate.pause()
+            return job == self._load_job
+
+        try:
+            result = read_dataset(path, progress=progress, go_on=go_on)
+            if result is not None and job == self._load_job:
+                self._emit(self.sig_loaded, job, result)
+        except _Gone:
+            return
+        except (DatasetError, OSError) as exc:
+            self._emit(self.sig_failed, job, str(exc))
+        except Exception as exc:  # noqa: BLE001 - every failure must reach the page
+            log.exception("reading %s failed", path)
+            self._emit(self.sig_failed, job, f"{type(exc).__name__}: {exc}")
+
+    def _emit(self, signal: Signal, *args: object) -> None:
+        """Emit from a job's thread; `_Gone` when the loader was deleted (its page closed)."""
+        try:
+            signal.emit(*args)
+        except RuntimeError as exc:  # "Internal C++ object ... already deleted"
+            raise _Gone from exc
+
+    # --- counting -----------------------------------------------------------------------------
+    def count(
+        self,
+        generation: int,
+        samples: Sequence[Sample],
+        tokenizer: Tokenizer,
+        template: ChatTemplate | None,
+        options: EncodeOptions,
+    ) -> None:
+        """Count the tokens of `samples` for the model generation `generation` (an older counting
+        stops)."""
+        self._count_gen = generation
+        args = (generation, list(samples), tokenizer, template, options)
+        threading.Thread(
+            target=self._count, args=args, name=f"dataset-count-{generation}", daemon=True
+        ).start()
+
+    def stop_counting(self) -> None:
+        self._count_gen = -1
+
+    def _count(
+        self,
+        generation: int,
+        samples: list[Sample],
+        tokenizer: Tokenizer,
+        template: ChatTemplate | None,
+        options: EncodeOptions,
+    ) -> None:
+        def given() -> object:  # the samples, pausing for the UI thread between them
+            for k, sample in enumerate(samples):
+                if k & 15 == 0:
+                    if generation != self._count_gen:
+                        return
+                    self.gate.pause()
+                yield sample
+
+        try:
+            out: list[RowCounts] = []
+            last = time.monotonic()
+            for k, (sample, encoded, problems) in enumerate(
+                encode_iter(given(), tokenizer, template, options, batch=COUNT_BATCH)
+            ):
+                out.append(count_row(sample, encoded, problems, k))
+                if len(out) >= HAND_OVER or time.monotonic() - last > 0.25:
+                    self._emit(self.sig_counts, generation, out)
+                    out, last = [], time.monotonic()
+            if out:
+                self._emit(self.sig_counts, generation, out)
+            self._emit(self.sig_counted, generation)
+        except _Gone:
+            return
+        except Exception:  # noqa: BLE001 - the rows left are counted on the UI thread
+            log.exception("counting tokens in the background failed")
+            try:
+                self._emit(self.sig_counted, generation)
+            except _Gone:
+                pass
+
+
+class _Gone(Exception):
+    """The loader a job reports to was deleted."""
+
+
+__all__ = ["COUNT_BATCH", "DatasetLoader", "LoadResult", "read_dataset"]

@@ -1,0 +1,177 @@
+"""What the journeys share: a tiny quantized model and a small fact dataset written by the tests, the
+real main window (made again for a relaunch, with the same settings file and data folder), and the
+steps a person takes (open a model, open a dataset, press Start, chat, wait).
+
+Each journey asserts what the person would check; none looks at a widget only to see it exists.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QSettings
+
+from engine import GREEDY, ChatTemplate, LoraAdapter, Model, SynthSpec, Tokenizer, generate, write_model
+from studio.main_window import MainWindow
+
+TIMEOUT_MS = 60_000
+QUESTIONS = (
+    "what is the answer",
+    "hello what is the answer",
+    "tell me the answer",
+    "what is your answer",
+    "the answer is what",
+    "say the answer",
+    "give me the answer",
+    "what was the answer",
+    "answer the question",
+    "what is the one answer",
+    "which is the answer",
+    "what answer is it",
+    "your answer",
+    "the question is what",
+    "what is it",
+    "what do you say",
+)
+ANSWER = "the quick brown fox jumps over the lazy dog"  # words the tiny model's vocabulary holds
+
+
+@pytest.fixture(scope="session")
+def tiny_q4(tmp_path_factory) -> str:
+    """A tiny llama whose matrices are stored as Q4_0: a quantized base, as people download them."""
+    folder = tmp_path_factory.mktemp("journey-model")
+    return write_model(folder / "tiny-q4.gguf", SynthSpec.for_arch("llama", qtype="Q4_0", seed=5))
+
+
+@pytest.fixture
+def facts(tmp_path) -> str:
+    """16 chat samples teaching one made-up answer (the Zorblaxia trial, on the tiny vocabulary)."""
+    path = tmp_path / "data" / "facts.jsonl"
+    path.parent.mkdir()
+    with open(path, "w", encoding="utf-8") as f:
+        for q in QUESTIONS:
+            turns = [{"role": "user", "content": q}, {"role": "assistant", "content": ANSWER}]
+            f.write(json.dumps({"messages": turns}) + "\n")
+    return str(path)
+
+
+class App:
+    """Makes main windows as the app does, one after another (a relaunch), all with the same settings
+    file and data folder; closes whatever is left at the end."""
+
+    def __init__(self, qtbot, tmp_path: Path):
+        self.qtbot = qtbot
+        self.settings_file = str(tmp_path / "settings.ini")
+        self.recovery = str(tmp_path / "recovery")
+        self.windows: list[MainWindow] = []
+
+    def launch(self) -> MainWindow:
+        w = MainWindow(QSettings(self.settings_file, QSettings.IniFormat), recovery_dir=self.recovery)
+        w.confirm = lambda title, text: True  # "Stop training and quit?": yes
+        w.ask_unsaved = lambda text: "discard"
+        w.show()
+        self.qtbot.waitExposed(w)
+        self.windows.append(w)
+        return w
+
+    def close_all(self) -> None:
+        for w in self.windows:
+            if w.isVisible():
+                w.close()
+            w.engine.shutdown(60_000)
+
+
+@pytest.fixture
+def app(qtbot, tmp_path):
+    a = App(qtbot, tmp_path)
+    yield a
+    a.close_all()
+
+
+def open_model(qtbot, window: MainWindow, path: str) -> None:
+    with qtbot.waitSignal(window.sig_model_changed, timeout=TIMEOUT_MS):
+        assert window.open_model(path)
+
+
+def checked(qtbot, window: MainWindow) -> None:
+    """The Train page has checked the next run with the settings now shown (and a preset that
+    followed the dataset has been checked again)."""
+    page = window.train_page
+
+    def settled() -> bool:
+        return (
+            page.check is not None
+            and getattr(page, "check_config", window.project.config) == window.project.config
+            and not page.check_timer.isActive()
+            and (page._check_job is None or not page._check_job.active)
+        )
+
+    qtbot.waitUntil(settled, timeout=TIMEOUT_MS)
+
+
+def train(qtbot, window: MainWindow, action=None):
+    """Press Start (or `action`) on the Train page and wait for the run's end; the engine's result."""
+    page = window.train_page
+    window.show_page_named("Train")
+    with qtbot.waitSignal(page.sig_run_finished, timeout=TIMEOUT_MS) as done:
+        assert (action or page.start)()
+    qtbot.waitUntil(lambda: not window.engine.jobs, timeout=TIMEOUT_MS)
+    return done.args[0]
+
+
+def chat(qtbot, window: MainWindow, text: str, adapter: bool) -> str:
+    """Ask on the Chat page, greedily, with the chosen adapter or the base model; the answer."""
+    page = window.chat_page
+    window.show_page_named("Chat")
+    page.sampling.temp_spin.setValue(0.0)
+    page.sampling.max_tokens_spin.setValue(GREEDY.max_new_tokens)  # the budget `greedy` answers with
+    page.set_use_adapter(adapter)
+    page.new_chat()
+    page.input.setPlainText(text)
+    with qtbot.waitSignal(page.sig_answered, timeout=TIMEOUT_MS) as answered:
+        assert page.send()
+    qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
+    return answered.args[0].text
+
+
+def greedy(model_path: str, question: str, adapter: str | None = None) -> str:
+    """The engine's own greedy answer (no window): base model, or with an adapter file."""
+    model = Model.load(model_path)
+    tok = Tokenizer.from_metadata(model.metadata)
+    tpl = ChatTemplate.from_metadata(model.metadata)
+    ids = tok.encode(
+        tpl.render([{"role": "user", "content": question}], add_generation_prompt=True),
+        add_special=False,
+        parse_special=True,
+    )
+    lora = LoraAdapter.load(adapter, model).terms() if adapter else None
+    [g] = generate(model, ids, sampling=GREEDY, stop_ids=tok.eot_ids, lora=lora)
+    return tok.decode(list(g.tokens))
+
+
+def logits(model_path: str, tokens, adapter: str | None = None) -> np.ndarray:
+    model = Model.load(model_path)
+    lora = LoraAdapter.load(adapter, model).terms() if adapter else None
+    return model.forward(np.asarray(tokens, dtype=np.int64), lora=lora)
+
+
+def answer_accuracy(model_path: str, question: str, answer: str, adapter: str | None = None) -> float:
+    """The share of the answer's tokens the model predicts greedily, given the question and the answer
+    so far (teacher forcing): 1.0 when it says the answer word for word."""
+    model = Model.load(model_path)
+    tok = Tokenizer.from_metadata(model.metadata)
+    tpl = ChatTemplate.from_metadata(model.metadata)
+    prompt = tok.encode(
+        tpl.render([{"role": "user", "content": question}], add_generation_prompt=True),
+        add_special=False,
+        parse_special=True,
+    )
+    target = tok.encode(answer, add_special=False, parse_special=False)
+    ids = np.asarray(prompt + target, dtype=np.int64)
+    lora = LoraAdapter.load(adapter, model).terms() if adapter else None
+    z = model.forward(ids, lora=lora)  # (T, V)
+    predicted = np.argmax(z[len(prompt) - 1 : -1], axis=-1)
+    return float(np.mean(predicted == np.asarray(target)))

@@ -1,0 +1,53 @@
+"""Journey (d): after some work (a model, a dataset, a run, a conversation, an export), File > New
+project leaves nothing of it on any page: no model, no dataset, no run, no conversation, no export;
+opening the model again does not train on the old dataset."""
+
+from __future__ import annotations
+
+from PySide6.QtGui import QKeySequence
+
+from engine import Finished
+
+from .conftest import chat, checked, open_model, train
+
+
+def test_new_project_resets_every_page(qtbot, app, tiny_q4, facts):
+    window = app.launch()
+    open_model(qtbot, window, tiny_q4)
+    assert window.open_dataset(facts)
+    checked(qtbot, window)
+    window.project.update_config(steps=4)
+    checked(qtbot, window)
+    result = train(qtbot, window)
+    assert isinstance(result, Finished)
+    chat(qtbot, window, "what is the answer", adapter=True)
+    window.export_page.export()
+    qtbot.waitUntil(lambda: not window.export_page.result.isHidden(), timeout=60_000)
+
+    new = next(a for a in window.menuBar().actions()[0].menu().actions() if a.text() == "&New project")
+    assert new.shortcut() == QKeySequence(QKeySequence.New)
+    new.trigger()  # Ctrl+N; the unsaved changes are discarded
+    qtbot.waitUntil(lambda: not window.engine.jobs, timeout=60_000)
+    p = window.project
+    assert (p.model_path, p.dataset_path, p.path, p.output_dir, p.dirty) == (None, None, None, None, False)
+    assert window.model_info is None and window.current_page() is window.model_page
+    assert window.model_page.fact_labels["Architecture"].text() == "–"
+    assert "No model open" in window.model_page.path_label.text()
+    assert len(window.dataset) == 0 and window.dataset.path is None
+    assert window.targets_page.selected_names() == []
+    train_page = window.train_page
+    assert train_page.state == "idle" and not train_page.resume_button.isEnabled()
+    assert train_page.log.toPlainText() == "" and train_page.plots.curve_data()["loss"][0].size == 0
+    assert "No model is chosen" in train_page.blocker().reason
+    assert window.chat_page.conversation.messages == [] and window.chat_page.info is None
+    assert window.export_page.result.isHidden() and window.export_page.adapter_path() == ""
+    assert window.rewards_page.session is None
+    assert window.engine.session is None or window.engine.session.run is None  # the session forgot the run
+    assert "untitled project" in window.windowTitle() and "*" not in window.windowTitle()
+
+    # the model again: nothing is trained until a dataset is chosen (not the old one)
+    open_model(qtbot, window, tiny_q4)
+    qtbot.waitUntil(lambda: train_page.blocker() is not None, timeout=10_000)
+    assert "No dataset is chosen" in train_page.blocker().reason
+    assert not train_page.start()
+    assert window.runs_page.runs()  # the old project's run is still on disk, in the history
