@@ -985,6 +985,8 @@ def main(argv: list[str] | None = None) -> int:
     categories = tuple(args.only) if args.only else CATEGORIES
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tune-fuzz-") as tmp:
+        # train's prepared datasets go to the app's data folder: a throwaway one here, not the user's
+        os.environ["TUNE_STUDIO_DATA"] = os.path.join(tmp, "app-data")
         fuzzer = Fuzzer(tmp, args.seed, args.case_seconds)
         done = 0
 

@@ -168,6 +168,10 @@ class CliFiles:
         (folder / "template.jinja").write_text(CHATML_TEMPLATE, encoding="utf-8")
         (folder / "prompts.txt").write_text("hello there\nwhat is two?\n", encoding="utf-8")
         (folder / "messages.json").write_text(json.dumps(rows[0]["messages"]), encoding="utf-8")
+        from engine.train.trainer import TrainConfig
+
+        settings = TrainConfig(steps=1, n_ctx=32, rank=2, alpha=4.0, data_cache="off").to_json()
+        (folder / "settings.json").write_text(json.dumps(settings), encoding="utf-8")  # train --settings
         work = folder / "work"
         work.mkdir(exist_ok=True)
         argv = [
@@ -198,6 +202,7 @@ class CliFiles:
             "template.jinja",
             "prompts.txt",
             "messages.json",
+            "settings.json",
             "run.checkpoints",
         ]
 
@@ -243,23 +248,35 @@ def _command(rng: random.Random, name: str, f: dict[str, str], out: Path) -> Com
         elif r < 0.5:
             c.options["--resume"] = c.inputs["checkpoint"] = f["run.checkpoints"]
             c.options["--steps"] = "3"
+            c.options["--accept-changes"] = None  # 3 steps where the run planned 2: said, and accepted
+        if rng.random() < 0.2:  # a run's settings as the studio writes them, in place of the options
+            c.options["--settings"] = c.inputs["settings"] = f["settings.json"]
         if rng.random() < 0.4:
             c.options["--checkpoint-every"] = "1"
+        if "--checkpoint-every" in c.options or "--resume" in c.options:
+            # (a resumed run goes on in its own folder unless told another: here, one in `out`)
             c.options["--checkpoint-dir"] = str(out / "ck")
             c.outputs.append("--checkpoint-dir")
         return c
     if name == "export":
         if rng.random() < 0.5:
-            return Command(
+            c = Command(
                 "export",
                 [A],
                 {"--model": M, "--merge": None, "--out": str(out / "merged.gguf")},
                 {"adapter": A, "model": M},
                 ["--out"],
             )
-        return Command(
-            "export", [A], {"--out": str(out / "x.gguf"), "--type": "F16"}, {"adapter": A}, ["--out"]
-        )
+        else:
+            c = Command(
+                "export", [A], {"--out": str(out / "x.gguf"), "--type": "F16"}, {"adapter": A}, ["--out"]
+            )
+        if rng.random() < 0.3:  # the prompts the written file is verified on
+            c.options["--prompts"] = c.inputs["prompts"] = f["prompts.txt"]
+            if "--merge" not in c.options:
+                c.options["--model"] = c.inputs["model"] = M
+                c.options["--verify"] = None
+        return c
     if name == "reward":
         c = Command(
             "reward",

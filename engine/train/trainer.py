@@ -716,7 +716,9 @@ class Trainer:
                     exc = joined
             self.ended = True
             failed = ev.Failed(0, str(exc), self.last_ckpt)
-            self._note("failed", str(exc))
+            record = record_path(self.config.checkpoint_dir, self.config.out)
+            if not (self.resume and record and os.path.exists(record)):  # a resume refused before its
+                self._note("failed", str(exc))  # first step leaves the record of the run it resumes as it was
             on_event(failed)
             return failed
         self._accumulator = GradAccumulator()

@@ -181,9 +181,11 @@ def test_train_resume_refuses_a_poisoned_checkpoint(model, tmp_path):
     key = next(k for k in state if k.startswith("param."))
     state[key].reshape(-1)[0] = np.nan
     np.savez(ckpt / "state.npz", **state)
+    record = (tmp_path / "a.checkpoints" / "run.json").read_bytes()
     # the run as it was (its own settings, to its planned step), from the poisoned checkpoint
     line = _error_line(["train", model, str(data), "--resume", str(ckpt), "--out", str(tmp_path / "b.gguf")])
     assert key in line and "non-finite" in line
+    assert (tmp_path / "a.checkpoints" / "run.json").read_bytes() == record  # the finished run stays finished
 
 
 def test_logits_and_generate_never_hand_out_non_finite_logits(model, pairs, tmp_path):
