@@ -19,6 +19,7 @@ from engine.io.files import AppendLog, check_outputs, replace_problem
 from engine.model.model import Model
 from engine.testing import SynthSpec, random_adapter, write_adapter, write_model
 from engine.text.chat_template import CHATML_TEMPLATE
+from engine.train.trainer import TrainConfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -47,6 +48,8 @@ def files(tmp_path_factory) -> dict[str, str]:
     (folder / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (folder / "template.jinja").write_text(CHATML_TEMPLATE, encoding="utf-8")
     (folder / "prompts.txt").write_text("hello\n", encoding="utf-8")
+    settings = TrainConfig(steps=1, n_ctx=32, rank=2, alpha=4.0).to_json()  # a run's, as the studio writes
+    (folder / "settings.json").write_text(json.dumps(settings), encoding="utf-8")
     rc, _, err = run_cli(
         [
             "train",
@@ -72,6 +75,7 @@ def files(tmp_path_factory) -> dict[str, str]:
         "template": str(folder / "template.jinja"),
         "prompts": str(folder / "prompts.txt"),
         "checkpoints": str(folder / "run.checkpoints"),
+        "settings": str(folder / "settings.json"),
     }
 
 
@@ -140,6 +144,26 @@ AIMED = [
         "are the same path",
     ),
     (
+        "train --settings S --out S",
+        ["train", "{model}", "{data}", "--settings", "{settings}", "--out", "{settings}"],
+        "is the settings file",
+    ),
+    (
+        "export --prompts P --out P",
+        [
+            "export",
+            "{adapter}",
+            "--model",
+            "{model}",
+            "--merge",
+            "--prompts",
+            "{prompts}",
+            "--out",
+            "{prompts}",
+        ],
+        "is the verification prompts",
+    ),
+    (
         "export --merge --out ADAPTER",
         ["export", "{adapter}", "--model", "{model}", "--merge", "--out", "{adapter}"],
         "is the adapter",
@@ -186,7 +210,7 @@ def test_an_output_aimed_at_an_input_of_the_command_is_refused_and_the_input_kep
     argv = [a.format(**paths) for a in argv]
     _refused(
         argv,
-        [files[k] for k in ("model", "adapter", "data", "template", "prompts", "checkpoints")],
+        [files[k] for k in ("model", "adapter", "data", "template", "prompts", "checkpoints", "settings")],
         words.format(**paths),
     )
     assert sorted(os.listdir(tmp_path)) == []  # nothing was written: refused before any work
