@@ -71,3 +71,21 @@ def test_neither_the_dataset_nor_the_project_is_saved_over_the_model(qtbot, tmp_
         assert window.project.save(str(tmp_path / "p.tune.json")) == str(tmp_path / "p.tune.json")
     finally:
         window.engine.shutdown()
+
+
+@pytest.mark.parametrize("name", ["run-events.jsonl", "run-data.jsonl", "run-settings.json"])
+def test_a_run_on_several_processes_never_writes_its_files_over_the_dataset(tmp_path, name):
+    """The files a run on several processes keeps beside its adapter (run-settings.json,
+    run-events.jsonl, run-output.log, run-data.jsonl for edited samples) are refused, nothing
+    written, when one of them is the dataset the run reads (or the model): a dataset that happens to
+    be named like one is kept."""
+    from engine import ConfigError, TrainConfig
+    from studio.pages.train.processes import RunFiles
+
+    dataset = tmp_path / name
+    shutil.copyfile(DEMO_DATASET, dataset)
+    before = _digest(dataset)
+    files = RunFiles.beside(str(tmp_path / "run.gguf"), str(tmp_path / "run.checkpoints"), str(dataset))
+    with pytest.raises(ConfigError, match="is the dataset"):
+        files.write(TrainConfig(), samples=[], inputs={"model": DEMO_MODEL})
+    assert _digest(dataset) == before and sorted(os.listdir(tmp_path)) == [name]

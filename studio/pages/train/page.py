@@ -1103,7 +1103,8 @@ class TrainPage(QWidget):
         self.run_config = config
         dataset = data if isinstance(data, str) else self.project.dataset_path
         files = RunFiles.beside(paths.out, paths.checkpoint_dir, dataset)
-        return files.write(config, None if isinstance(data, str) else data)
+        inputs = {"model": self.project.model_path, "chat template": self.project.template_file}
+        return files.write(config, None if isinstance(data, str) else data, inputs)
 
     def _launch_processes(
         self, n: int, data, config: TrainConfig | None = None, resume: str | None = None
@@ -1120,6 +1121,9 @@ class TrainPage(QWidget):
         except OSError as exc:
             self.show_banner(f"The run's settings cannot be written ({exc.strerror or exc}): choose another "
                              "output folder.")  # fmt: skip
+            return False
+        except EngineError as exc:  # a file of the run beside its adapter would replace an input
+            self.show_banner(f"{exc}")
             return False
         p = self.project
         command = files.command(p.model_path, ranks=n, template_file=p.template_file, device=p.device,
@@ -1153,6 +1157,9 @@ class TrainPage(QWidget):
             files = self._run_files(paths, self._edited_samples())
         except OSError as exc:
             self.show_banner(f"The run's settings cannot be written ({exc.strerror or exc}).")
+            return None
+        except EngineError as exc:
+            self.show_banner(f"{exc}")
             return None
         p = self.project
         dialog = MachinesDialog(files, p.model_path, ranks=max(2, self.processes.value()),
