@@ -83,6 +83,19 @@ def batch_tokens(V: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(3, V, size=(1, T)).astype(np.int64)
 
 
+def make_batch(V: int):
+    """One window of T random tokens, labels the next token, every label weighted 1/n."""
+    from types import SimpleNamespace
+
+    tokens = batch_tokens(V)
+    targets = np.concatenate([tokens[:, 1:], np.full((1, 1), -1)], axis=1)
+    n = int((targets >= 0).sum())
+    return SimpleNamespace(
+        tokens=tokens, positions=np.arange(T)[None], segments=np.zeros((1, T), np.int64), targets=targets,
+        weights=np.where(targets >= 0, 1.0 / n, 0.0).astype(np.float32),
+    )  # fmt: skip
+
+
 def step_flops(spec: SynthSpec, mode: str) -> float:
     cfg = _config_of(spec)
     fwd = forward_flops(cfg, T)
@@ -116,15 +129,7 @@ def run_ours(path: str, w: dict) -> dict:
     else:
         tr = Trainable.init(model, [], rank=1, full=select_full(model.tensors, ("all",), cfg.L))
     opt = AdamW(tr.params(), OptimConfig(lr=LR, max_grad_norm=0.0))
-    tokens = batch_tokens(cfg.V)
-    targets = np.concatenate([tokens[:, 1:], np.full((1, 1), -1)], axis=1)
-    n = int((targets >= 0).sum())
-    from types import SimpleNamespace
-
-    batch = SimpleNamespace(
-        tokens=tokens, positions=np.arange(T)[None], segments=np.zeros((1, T), np.int64), targets=targets,
-        weights=np.where(targets >= 0, 1.0 / n, 0.0).astype(np.float32),
-    )  # fmt: skip
+    batch = make_batch(cfg.V)
     times = []
     for i in range(WARMUP + MEASURED):
         adjust_blas_threads()  # what engine.Trainer does before each CPU step
@@ -264,9 +269,12 @@ def main() -> None:
         args.who = args.child
         child(args)
         return
+    from bench.cpu_profile import machine_lines
+
     rate = max(matmul_rate(), matmul_rate(n=3072, repeats=3))
-    print(f"machine: {os.cpu_count()} cores; NumPy float32 matmul rate {rate / 1e9:.0f} GFLOP/s; "
-          f"sequence {T}, batch 1, {WARMUP} warm-up + {MEASURED} measured steps, "
+    for line in machine_lines():  # the CPU, the BLAS and its kernel, the GEMM rate, numba, the load
+        print(line)
+    print(f"sequence {T}, batch 1, {WARMUP} warm-up + {MEASURED} measured steps, "
           f"{args.rounds} run(s) of each, alternated")  # fmt: skip
     rows = []
     for name in args.workloads.split(","):
@@ -316,6 +324,7 @@ def main() -> None:
         if ours is not None:
             steps = " ".join(f"{t:.2f}" for t in ours["times"])
             print(f"{'':<9} ours step times (s): {steps}")
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -331,6 +331,7 @@ class GGUFFile:
         data_start = -(-cur.pos // alignment) * alignment
         self.tensors: dict[str, TensorInfo] = {}
         self._raw: dict[str, np.ndarray] = {}
+        self._prefetcher: Prefetcher | None = None  # made by the first `prefetch`
         extents = []  # (begin, end, name) of each tensor's bytes
         for name, ne, type_id, offset, at in infos:
             if name in self.tensors:
@@ -475,15 +476,23 @@ class GGUFFile:
             out = gguf_quants.dequantize(raw, GGMLQuantizationType[info.qtype]).reshape(info.shape)
         return out.astype(dtype, copy=True)
 
-    def release(self, view: np.ndarray) -> None:
-        """Let the kernel drop this process's resident pages of `view` (a slice of the mapping).
+    def prefetch(self, view: np.ndarray) -> None:
+        """Start reading the bytes of `view` (a slice of the mapping) from storage in the background, so
+        that a read a little later finds them in the page cache (`Prefetcher`: one thread reading the
+        file; MADV_WILLNEED was measured to read nothing ahead here). A no-op where os.preadv is missing
+        (not Linux) or `view` is not part of the mapping."""
+        if not hasattr(os, "preadv") or view.size == 0 or not view.flags.c_contiguous:
+            return
+        start = view.ctypes.data - self._map.ctypes.data
+        if 0 <= start and start + view.nbytes <= self._map.nbytes:
+            if self._prefetcher is None:
+                self._prefetcher = Prefetcher(self.path)
+            self._prefetcher.read(start, view.nbytes)
 
-        The bytes stay in the page cache and a later read maps them back (a minor fault), so
-        tensors that were just dequantized stop counting against the process's resident memory.
-        A no-op where madvise is unavailable (Windows) or `view` is not part of the mapping.
-        """
+    def _advise(self, view: np.ndarray, advice: int | None) -> None:
+        """madvise the whole pages inside `view` (its neighbours may be in use)."""
         mm = getattr(self._map, "_mmap", None)
-        if mm is None or not hasattr(mm, "madvise") or view.size == 0:
+        if advice is None or mm is None or not hasattr(mm, "madvise") or view.size == 0:
             return
         base = self._map.ctypes.data
         start = view.ctypes.data - base
@@ -491,13 +500,25 @@ class GGUFFile:
         if length is None or start < 0 or start + length > self._map.nbytes:
             return
         page = mmap.PAGESIZE
-        lo = (start + page - 1) // page * page  # whole pages inside the view only: its neighbours
-        hi = (start + length) // page * page  # may be in use
+        lo = (start + page - 1) // page * page
+        hi = (start + length) // page * page
         if hi > lo:
             with contextlib.suppress(OSError, ValueError):
-                mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+                mm.madvise(advice, lo, hi - lo)
+
+    def release(self, view: np.ndarray) -> None:
+        """Let the kernel drop this process's resident pages of `view` (a slice of the mapping).
+
+        The bytes stay in the page cache and a later read maps them back (a minor fault), so
+        tensors that were just dequantized stop counting against the process's resident memory.
+        A no-op where madvise is unavailable (Windows) or `view` is not part of the mapping.
+        """
+        self._advise(view, getattr(mmap, "MADV_DONTNEED", None))
 
     def close(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
         self._raw.clear()
         self._map = None  # type: ignore[assignment]
 
@@ -506,3 +527,58 @@ class GGUFFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Prefetcher:
+    """One background thread that reads byte ranges of a file into a scratch buffer, so that their
+    pages are in the page cache when the engine maps them a moment later (engine.io.weights'
+    prefetch_layer: the next layer's weights while this one computes). At most `PENDING` ranges wait;
+    a newer request pushes out the oldest that has not started (it would arrive too late). Reading
+    gives the interpreter lock away (os.preadv), so the engine's threads run on meanwhile."""
+
+    PENDING = 2
+    CHUNK = 4 << 20
+
+    def __init__(self, path: str) -> None:
+        import collections
+        import threading
+
+        self._fd = os.open(path, os.O_RDONLY)
+        self._jobs: collections.deque[tuple[int, int]] = collections.deque()
+        self._cv = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="gguf-prefetch", daemon=True)
+        self._thread.start()
+
+    def read(self, start: int, length: int) -> None:
+        with self._cv:
+            if (start, length) in self._jobs:
+                return
+            self._jobs.append((start, length))
+            while len(self._jobs) > self.PENDING:
+                self._jobs.popleft()
+            self._cv.notify()
+
+    def _run(self) -> None:
+        buf = bytearray(self.CHUNK)
+        while True:
+            with self._cv:
+                while not self._jobs and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                start, length = self._jobs.popleft()
+            with contextlib.suppress(OSError):
+                for off in range(start, start + length, self.CHUNK):
+                    if self._closed:
+                        return
+                    os.preadv(self._fd, [memoryview(buf)[: min(self.CHUNK, start + length - off)]], off)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._jobs.clear()
+            self._cv.notify()
+        self._thread.join(timeout=5)
+        with contextlib.suppress(OSError):
+            os.close(self._fd)

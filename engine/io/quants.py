@@ -39,6 +39,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from ..errors import ModelError
+from ..kernels.dequant_cpu import blocks_kernel
 
 QK_K = 256
 
@@ -583,7 +584,9 @@ def _pool() -> ThreadPoolExecutor:
 Piece = tuple[np.ndarray, np.ndarray]  # (raw bytes, float32 output) of whole blocks
 
 
-def _run_pieces(codec: _Codec, pieces: list[Piece]) -> None:
+def _run_pieces(codec: _Codec, pieces: list[Piece], compiled: Callable | None = None) -> None:
+    """Dequantize each piece: with `compiled` (engine.kernels.dequant_cpu.blocks_kernel's, the same
+    bits) where the type has a compiled kernel, else the codec's NumPy passes."""
     ws = _workspace()
     with np.errstate(all="ignore"):  # garbage scales give NaN/Inf, as in gguf-py and ggml
         for src, dst in pieces:
@@ -591,7 +594,10 @@ def _run_pieces(codec: _Codec, pieces: list[Piece]) -> None:
                 buf = ws("src", src.shape)
                 np.copyto(buf, src)
                 src = buf
-            codec.run(ws, src.reshape(-1), dst.reshape(-1))
+            if compiled is not None:
+                compiled(src.reshape(-1), dst.reshape(-1))
+            else:
+                codec.run(ws, src.reshape(-1), dst.reshape(-1))
 
 
 def _pieces(src: np.ndarray, dst: np.ndarray, codec: _Codec, span: int) -> list[Piece]:
@@ -652,14 +658,15 @@ def dequantize(
     span = max(1, -(-n_blocks // (n_threads * per_thread)))
     pieces = _pieces(src, dst, codec, span)
     n_threads = min(n_threads, len(pieces))
+    compiled = blocks_kernel(qtype) if src.dtype == np.uint8 else None
     if n_threads == 1:
-        _run_pieces(codec, pieces)
+        _run_pieces(codec, pieces, compiled)
         return dst
     # one run of pieces per thread: the calling thread takes the first, the pool the others
     runs = [pieces[t::n_threads] for t in range(n_threads)]
-    futures = [_pool().submit(_run_pieces, codec, run) for run in runs[1:]]
+    futures = [_pool().submit(_run_pieces, codec, run, compiled) for run in runs[1:]]
     try:
-        _run_pieces(codec, runs[0])
+        _run_pieces(codec, runs[0], compiled)
     finally:
         for f in futures:
             f.result()

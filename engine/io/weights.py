@@ -210,6 +210,7 @@ class WeightStore(Mapping):
         self.stats = StoreStats()
         self._pinned: dict[str, np.ndarray] = {}
         self._finite: set[tuple[str, object]] = set()  # (tensor, part) whose values were checked finite
+        self._layer_matrices: dict[int, list[str]] = {}  # layer -> its 2-D and 3-D tensors (prefetch_layer)
         for n, info in self.infos.items():
             if len(info.shape) <= 1:
                 self._pinned[n] = self._dequantize(gguf.raw(n), info.qtype, info.shape, name=n)
@@ -260,6 +261,24 @@ class WeightStore(Mapping):
             self._evict(0)
         return self.budget
 
+    def prefetch_layer(self, i: int) -> None:
+        """Start reading layer i's stored matrices from storage in the background (GGUFFile.prefetch),
+        when the cache cannot hold the model: a step then reads the next layer's bytes from disk while
+        it computes this one, instead of waiting on page faults in the middle of the layer (measured on
+        a Qwen3-30B-A3B-shaped file larger than the page cache: bench/CPU_NOTES.md). Tensors cached
+        dequantized are skipped; a no-op when the budget holds the whole model."""
+        if self.budget >= self.dequantized_bytes:
+            return
+        names = self._layer_matrices.get(i)
+        if names is None:
+            prefix = f"blk.{i}."
+            names = self._layer_matrices[i] = [
+                n for n, info in self.infos.items() if n.startswith(prefix) and len(info.shape) >= 2
+            ]
+        for n in names:
+            if (n, None) not in self._cache:
+                self.file.prefetch(self.file.raw(n))
+
     def clear(self) -> None:
         """Drop every cached dequantized tensor (pinned vectors stay)."""
         with self._lock:
@@ -297,6 +316,43 @@ class WeightStore(Mapping):
         if not 0 <= e < info.shape[0]:
             raise IndexError(f"{name}: expert {e} out of range 0..{info.shape[0] - 1}")
         return self._get(name, int(e))
+
+    def rows_of(self, names: Iterable[str]) -> list[np.ndarray]:
+        """2-D tensors with the same number of columns (a layer's q, k, v; gate and up), dequantized as
+        consecutive row blocks of one array, which is cached as one entry: the list of blocks, in
+        order. A CPU twin multiplies by the whole array at once (engine.kernels.linear_cpu)."""
+        names = tuple(names)
+        key = ("rows", names)
+        with self._lock:
+            whole = self._cache.get(key)
+            if whole is not None:
+                self._cache.move_to_end(key)
+                self.stats.hits += 1
+            else:
+                infos = [self.infos[n] for n in names]
+                shape = (sum(i.shape[0] for i in infos), infos[0].shape[1])
+                if any(len(i.shape) != 2 or i.shape[1] != shape[1] for i in infos):
+                    raise ValueError(f"{names}: not 2-D tensors with the same number of columns")
+                self.stats.misses += 1
+                nbytes = math.prod(shape) * self.dtype.itemsize
+                whole = self._reusable(shape, nbytes)
+                if whole is None:
+                    whole = np.empty(shape, self.dtype)
+                lo = 0
+                for n, info in zip(names, infos, strict=True):
+                    out = whole[lo : lo + info.shape[0]]
+                    self._dequantize(self.file.raw(n), info.qtype, info.shape, out=out, name=n)
+                    lo += info.shape[0]
+                self._cache[key] = whole
+                self._cache_bytes += whole.nbytes
+                self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, self._cache_bytes)
+                self._evict(keep=1)
+        blocks, lo = [], 0
+        for n in names:
+            rows = self.infos[n].shape[0]
+            blocks.append(whole[lo : lo + rows])
+            lo += rows
+        return blocks
 
     def take_rows(self, name: str, idx: np.ndarray) -> np.ndarray:
         """Rows `idx` (any shape of ids) of a 2-D tensor: (*idx.shape, n_in), only those dequantized."""

@@ -118,6 +118,30 @@ def lm_head_loss_ref(
         return _lm_head_loss_streamed_ref(
             h, w, targets, weights, lora, tied_lora, max_logits_bytes, h_ref, w_ref, kl_coef, backward, cap
         )
+    return lm_head_loss_blocks(h, w, targets, weights, lora, tied_lora, need_dw, max_logits_bytes, min_rows,
+                               h_ref, w_ref, kl_coef, backward, cap)  # fmt: skip
+
+
+def ce_rows_ref(z: np.ndarray, tgt: np.ndarray, wt: np.ndarray, backward: bool = True):
+    """Cross-entropy of logit rows z (n, V) against targets tgt (n,), the step between the head's
+    two products: returns (ce (n,), dz), dz = wt (softmax(z) - onehot(tgt)) the weighted loss's
+    gradient (wt (n,) the rows' weights; None without `backward`). z is overwritten (here with the
+    log-probabilities; the CPU twin, engine.kernels.cross_entropy_cpu.ce_rows_cpu, writes dz there)."""
+    n = z.shape[0]
+    p = _softmax_inplace_pair(z)  # z becomes log-probabilities, p the probabilities
+    ce = -z[np.arange(n), tgt]
+    if not backward:
+        return ce, None
+    p *= wt[:, None]
+    p[np.arange(n), tgt] -= wt
+    return ce, p
+
+
+def lm_head_loss_blocks(h, w, targets, weights, lora, tied_lora, need_dw, max_logits_bytes, min_rows, h_ref,
+                        w_ref, kl_coef, backward, cap, ce_rows=ce_rows_ref):  # fmt: skip
+    """`lm_head_loss_ref` for an output weight in memory as one array (see there), blocks of label
+    rows at a time. `ce_rows`: the softmax and cross-entropy of each block's logits where there is no
+    KL term, `ce_rows_ref` or a twin of it."""
     N, C = h.shape
     V = w.shape[0]
     kl = bool(kl_coef) and h_ref is not None
@@ -144,31 +168,38 @@ def lm_head_loss_ref(
         c_cap = None
         if cap:
             logp, c_cap = softcap_forward_ref(logp, cap)
-        p = _softmax_inplace_pair(logp)  # logp becomes log-probabilities, p the probabilities
         tgt = targets[rows]
         wt = weights[rows].astype(h.dtype)
+        if not kl:
+            ce, dz = ce_rows(logp, tgt, wt, backward)
+            loss += float((wt * ce).sum())
+            ce_sum += float(ce.sum())
+            if backward:
+                if c_cap is not None:
+                    dz = softcap_backward_ref(dz, c_cap)  # through the cap to the raw logits
+                dh[rows] = head_backward(dz, hc, w, lora, tied_lora, ha, hb, dW, dl, dt)
+            continue
+        # with the KL term to the reference model
+        p = _softmax_inplace_pair(logp)  # logp becomes log-probabilities, p the probabilities
         ce = -logp[np.arange(n), tgt]
         loss += float((wt * ce).sum())
         ce_sum += float(ce.sum())
-        if kl:
-            zr = project_ref(h_ref[rows], w_ref)
-            logq = _log_softmax_rows(softcap_forward_ref(zr, cap)[0] if cap else zr)
-            klv = (p * (logp - logq)).sum(axis=-1)  # (n,)
-            aw = np.abs(wt)
-            loss += kl_coef * float((aw * klv).sum())
+        zr = project_ref(h_ref[rows], w_ref)
+        logq = _log_softmax_rows(softcap_forward_ref(zr, cap)[0] if cap else zr)
+        klv = (p * (logp - logq)).sum(axis=-1)  # (n,)
+        aw = np.abs(wt)
+        loss += kl_coef * float((aw * klv).sum())
         if not backward:
             continue
         dz = p
-        if kl:
-            # d KL(p||q) / dz = p * (log p - log q - KL)
-            logp -= logq
-            logp -= klv[:, None]
-            logp *= p
-            logp *= (kl_coef * aw)[:, None]
+        # d KL(p||q) / dz = p * (log p - log q - KL)
+        logp -= logq
+        logp -= klv[:, None]
+        logp *= p
+        logp *= (kl_coef * aw)[:, None]
         dz *= wt[:, None]
         dz[np.arange(n), tgt] -= wt
-        if kl:
-            dz += logp
+        dz += logp
         if c_cap is not None:
             dz = softcap_backward_ref(dz, c_cap)  # through the cap to the raw logits
         dh[rows] = head_backward(dz, hc, w, lora, tied_lora, ha, hb, dW, dl, dt)

@@ -193,3 +193,47 @@ def linear_forward(x: Any, w: Any, b: Any = None, lora: LoraTerm | None = None):
 def linear_backward(dy: Any, cache: LinearCache, w: Any, need_dw: bool = False):
     """CUDA twin of `linear_backward_ref`: (dx, dW, db, dA, dB), None where not needed."""
     return linear_backward_on(runtime_for(dy, "linear_backward"), dy, cache, w, need_dw)
+
+
+# ----------------------------------------------------------------------------------------------
+# Groups: linear maps of one input (q, k, v; gate and up), as one op so that a twin can take them as
+# one product of the concatenated weights (the CPU twin, engine.kernels.linear_cpu; the fused GPU
+# step, engine.train.dense_step, does the same on its own buffers).
+
+
+def linear_group_forward_ref(x: np.ndarray, ws, bs, loras):
+    """[linear_forward_ref(x, w, b, lora) for each member]: returns (ys, caches), tuples of each
+    member's output (..., n_out_i) and LinearCache. ws, bs, loras: one entry per member (bias or LoRA
+    None where a member has none)."""
+    outs = [linear_forward_ref(x, w, b, lora) for w, b, lora in zip(ws, bs, loras, strict=True)]
+    return tuple(y for y, _ in outs), tuple(c for _, c in outs)
+
+
+def linear_group_backward_ref(dys, caches, ws, need_dw):
+    """forward was: y_i = linear(x, W_i, b_i, lora_i) for each member i. Returns (dx, grads): dx the sum
+    of the members' input gradients, grads a tuple of (dW, db, dA, dB) per member (None where not
+    needed); need_dw: one flag per member."""
+    dx = None
+    grads = []
+    for dy, cache, w, need in zip(dys, caches, ws, need_dw, strict=True):
+        dxi, dW, db, dA, dB = linear_backward_ref(dy, cache, w, need_dw=need)
+        dx = dxi if dx is None else dx + dxi
+        grads.append((dW, db, dA, dB))
+    return dx, tuple(grads)
+
+
+def linear_group_forward_on(rt: Runtime, x: Any, ws, bs, loras):
+    """`linear_group_forward` on a runtime: each member's `linear_forward_on`."""
+    outs = [linear_forward_on(rt, x, w, b, lora) for w, b, lora in zip(ws, bs, loras, strict=True)]
+    return tuple(y for y, _ in outs), tuple(c for _, c in outs)
+
+
+def linear_group_backward_on(rt: Runtime, dys, caches, ws, need_dw):
+    """`linear_group_backward` on a runtime: each member's `linear_backward_on`, dx summed."""
+    dx = None
+    grads = []
+    for dy, cache, w, need in zip(dys, caches, ws, need_dw, strict=True):
+        dxi, dW, db, dA, dB = linear_backward_on(rt, dy, cache, w, need_dw=need)
+        dx = dxi if dx is None else dx + dxi
+        grads.append((dW, db, dA, dB))
+    return dx, tuple(grads)

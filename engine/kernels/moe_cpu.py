@@ -22,7 +22,8 @@ from __future__ import annotations
 import numpy as np
 
 from .cpu_workers import PIECE_MIN_FLOPS, run_each
-from .glu import GluCache, glu_backward_ref, glu_forward_ref
+from .glu import GluCache
+from .glu_cpu import glu_backward_cpu, glu_forward_cpu
 from .linear import LoraTerm
 from .moe import ExpertActs, ExpertsCache, Routing, check_expert_act, zero_grads
 
@@ -92,7 +93,7 @@ def experts_forward_cpu(
             g = g + b_gate[e]
         if b_up is not None:
             u = u + b_up[e]
-        h, c_act = glu_forward_ref(g, u, act)
+        h, c_act = glu_forward_cpu(g, u, act)
         ye, ha_d = expert_linear(h, w_down, lora_down, e)  # (n_e, C)
         if b_down is not None:
             ye = ye + b_down[e]
@@ -123,7 +124,7 @@ def experts_backward_cpu(dy: np.ndarray, cache: ExpertsCache, w_gate, w_up, w_do
         xe = x[pairs // K]  # (n_e, C)
         do_e = do[pairs]  # (n_e, C)
         dh = expert_linear_backward(do_e, h, ha_d, w_down, lora_down, e, dlora.get("down"))  # (n_e, F)
-        dg, du = glu_backward_ref(dh, GluCache(g, u, a, act))
+        dg, du = glu_backward_cpu(dh, GluCache(g, u, a, act))
         dxe = expert_linear_backward(dg, xe, xa_g, w_gate, lora_gate, e, dlora.get("gate"))
         dxe += expert_linear_backward(du, xe, xa_u, w_up, lora_up, e, dlora.get("up"))
         if need_dw:

@@ -16,6 +16,7 @@ Shapes: tokens (B, T), hidden states (B, T, C), logits (B, T, V).
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Mapping, MutableMapping
 from typing import NamedTuple
 
@@ -100,6 +101,16 @@ def make_inputs(
     return inp
 
 
+def prefetch_layer(W: Mapping[str, np.ndarray], i: int) -> None:
+    """Let the weight store start reading layer i's stored bytes ahead of use (a store that keeps
+    only part of the model dequantized reads the rest from the file each pass; see
+    engine.io.weights.WeightStore.prefetch_layer). W may overlay the store (a ChainMap)."""
+    store = W.maps[-1] if isinstance(W, ChainMap) else W
+    fn = getattr(store, "prefetch_layer", None)
+    if fn is not None:
+        fn(i)
+
+
 def output_name(W: Mapping[str, np.ndarray]) -> str:
     """The output projection's tensor: output.weight, or token_embd.weight when tied."""
     return OUTPUT if OUTPUT in W else TOKEN_EMBD
@@ -139,6 +150,8 @@ def forward_hidden(
     kept = []
     for i in range(cfg.L):
         x_in = x
+        if i + 1 < cfg.L:
+            prefetch_layer(W, i + 1)
         cos, sin, mask = inp.layer(cfg, i)
         x, cache = block_forward(cfg, W, lora, i, moe_layers[i], x, cos, sin, mask, kv=kv)
         if expert_usage is not None:
@@ -199,6 +212,8 @@ def backward_hidden(
     if OUTPUT_NORM in need:
         add_grad(grads, OUTPUT_NORM, dw)
     for i in reversed(range(cfg.L)):
+        if i > 0:
+            prefetch_layer(W, i - 1)
         cache = fc.blocks[i]
         if fc.checkpoint:
             cos, sin, mask = inp.layer(cfg, i)

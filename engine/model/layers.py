@@ -14,6 +14,7 @@ weight store can drop a dequantized layer in between. Shapes: x (B, T, C).
 
 from __future__ import annotations
 
+from collections import ChainMap
 from collections.abc import Mapping, MutableMapping
 from typing import NamedTuple
 
@@ -27,6 +28,7 @@ from .ops import LoraTerm
 EXPERT_KINDS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 SHARED_EXPERT_KINDS = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 DENSE_FFN_KINDS = ("ffn_gate", "ffn_up", "ffn_down")
+QKV_KINDS = ("attn_q", "attn_k", "attn_v")
 
 
 def layer_name(i: int, kind: str, suffix: str = "weight") -> str:
@@ -75,9 +77,44 @@ class _Linear:
         return dx
 
 
+def member_weights(W: Mapping[str, np.ndarray], names: tuple[str, ...]) -> list[np.ndarray]:
+    """The weights of a group of linear maps: row blocks of one array when the weight store can give
+    them so (`WeightStore.rows_of`: a CPU twin then multiplies by all of them at once), else each
+    tensor as W has it (tensors trained in full, the device's store)."""
+    store, overlay = (W.maps[-1], W.maps[:-1]) if isinstance(W, ChainMap) else (W, ())
+    rows_of = getattr(store, "rows_of", None)
+    if rows_of is not None and not any(n in m for m in overlay for n in names):
+        return rows_of(names)
+    return [W[n] for n in names]
+
+
+class _LinearGroup:
+    """Linear maps of block i that read one input (q, k, v; gate and up), as one op
+    (`ops.linear_group_forward`: its CPU twin takes them as one product; weights read at use)."""
+
+    def __init__(self, W: Mapping[str, np.ndarray], lora: Mapping[str, LoraTerm], i: int, kinds):
+        self.W = W
+        self.members = [_Linear(W, lora, i, k) for k in kinds]
+        self.names = tuple(m.name for m in self.members)
+
+    def forward(self, x):
+        ws, bs = member_weights(self.W, self.names), [self.W.get(m.bias_name) for m in self.members]
+        return ops.linear_group_forward(x, ws, bs, [m.lora for m in self.members])
+
+    def backward(self, dys, caches, need, grads):
+        ws = member_weights(self.W, self.names)
+        dx, member_grads = ops.linear_group_backward(dys, caches, ws, [n in need for n in self.names])
+        for m, (dW, db, dA, dB) in zip(self.members, member_grads, strict=True):
+            add_grad(grads, m.name, dW)
+            if m.bias_name in need:
+                add_grad(grads, m.bias_name, db)
+            if m.lora is not None:
+                add_lora_grads(grads, m.name, dA, dB)
+        return dx
+
+
 class FFNCache(NamedTuple):
-    gate: ops.LinearCache
-    up: ops.LinearCache
+    gate_up: tuple[ops.LinearCache, ops.LinearCache]  # the gate and up projections (one group)
     act: ops.GluCache
     down: ops.LinearCache
 
@@ -112,9 +149,7 @@ class BlockCache(NamedTuple):
     """Activations of one block's forward pass (no weights)."""
 
     attn_norm: ops.NormCache
-    q: ops.LinearCache | None  # (None for MLA: see mla)
-    k: ops.LinearCache | None
-    v: ops.LinearCache | None
+    qkv: tuple[ops.LinearCache, ...] | None  # the q, k, v projections (one group; None for MLA: see mla)
     q_norm: ops.NormCache | None
     k_norm: ops.NormCache | None
     q_rope: ops.RopeCache
@@ -150,13 +185,11 @@ def block_forward(
     spec = cfg.spec
     # attention block: x += attn_output(attn(rmsnorm(x) * attn_norm))
     h, c_an = ops.rmsnorm_forward(x, W[layer_name(i, "attn_norm")], eps)
-    c_q = c_k = c_v = c_qn = c_kn = c_mla = None
+    c_qkv = c_qn = c_kn = c_mla = None
     if spec.attention == "mla":
         q, k, v, c_mla, c_qr, c_kr = _mla_forward(cfg, W, i, h, cos, sin)
     else:
-        q, c_q = _Linear(W, lora, i, "attn_q").forward(h)  # (B, T, NH*HS)
-        k, c_k = _Linear(W, lora, i, "attn_k").forward(h)  # (B, T, NKV*HS)
-        v, c_v = _Linear(W, lora, i, "attn_v").forward(h)
+        (q, k, v), c_qkv = _LinearGroup(W, lora, i, QKV_KINDS).forward(h)  # (B, T, NH*HS), (.., NKV*HS) x2
         if cfg.qk_norm == "full":
             q, c_qn = ops.rmsnorm_forward(q, W[layer_name(i, "attn_q_norm")], eps)
             k, c_kn = ops.rmsnorm_forward(k, W[layer_name(i, "attn_k_norm")], eps)
@@ -190,9 +223,8 @@ def block_forward(
         y, c_ffn = _ffn_forward(W, lora, i, h, DENSE_FFN_KINDS, spec.ffn_act)
     if spec.post_norms:
         y, c_pf = ops.rmsnorm_forward(y, W[layer_name(i, "post_ffw_norm")], eps)
-    cache = BlockCache(
-        c_an, c_q, c_k, c_v, c_qn, c_kn, c_qr, c_kr, c_attn, c_o, c_fn, c_ffn, c_moe, c_pa, c_pf, c_mla
-    )
+    caches = (c_an, c_qkv, c_qn, c_kn, c_qr, c_kr, c_attn, c_o, c_fn, c_ffn, c_moe, c_pa, c_pf, c_mla)
+    cache = BlockCache(*caches)
     return x + y, cache
 
 
@@ -268,19 +300,16 @@ def _mla_backward(cfg, W, i, dq, dk, dv, c: BlockCache, need, grads):
 
 
 def _ffn_forward(W, lora, i, h, kinds, act: str = "silu") -> tuple[np.ndarray, FFNCache]:
-    gate, up, down = (_Linear(W, lora, i, k) for k in kinds)
-    g, cg = gate.forward(h)
-    u, cu = up.forward(h)
+    (g, u), c_gu = _LinearGroup(W, lora, i, kinds[:2]).forward(h)
     a, cs = ops.glu_forward(g, u, act)
-    y, cd = down.forward(a)
-    return y, FFNCache(cg, cu, cs, cd)
+    y, cd = _Linear(W, lora, i, kinds[2]).forward(a)
+    return y, FFNCache(c_gu, cs, cd)
 
 
 def _ffn_backward(W, lora, i, dy, cache: FFNCache, kinds, need, grads):
-    gate, up, down = (_Linear(W, lora, i, k) for k in kinds)
-    dact = down.backward(dy, cache.down, need, grads)
+    dact = _Linear(W, lora, i, kinds[2]).backward(dy, cache.down, need, grads)
     dg, du = ops.glu_backward(dact, cache.act)
-    return gate.backward(dg, cache.gate, need, grads) + up.backward(du, cache.up, need, grads)
+    return _LinearGroup(W, lora, i, kinds[:2]).backward((dg, du), cache.gate_up, need, grads)
 
 
 def _moe_forward(cfg, W, lora, i, h) -> tuple[np.ndarray, MoECache]:
@@ -395,11 +424,7 @@ def block_backward(
         dv = dv.reshape(B, T, -1)
         if cfg.qk_norm == "full":
             dq, dk = _qk_norm_backward(W, i, dq, dk, c, need, grads)
-        dh = (
-            _Linear(W, lora, i, "attn_q").backward(dq, c.q, need, grads)
-            + _Linear(W, lora, i, "attn_k").backward(dk, c.k, need, grads)
-            + _Linear(W, lora, i, "attn_v").backward(dv, c.v, need, grads)
-        )
+        dh = _LinearGroup(W, lora, i, QKV_KINDS).backward((dq, dk, dv), c.qkv, need, grads)
     name = layer_name(i, "attn_norm")
     dx0, dw = ops.rmsnorm_backward(dh, c.attn_norm, W[name])
     _maybe(grads, need, name, dw)

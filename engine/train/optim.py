@@ -38,16 +38,12 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ..backend import array_module, to_host
-from ..kernels.adamw import SUMSQ_CHUNK, sumsq, sumsq_fast
-from ..kernels.cpu_workers import run_each
+from ..kernels.adamw import sumsq, sumsq_fast
+from ..model import ops
 
 logger = logging.getLogger(__name__)
 
 SCHEDULES = ("constant", "linear", "cosine")
-# Fewer values than this are updated in line, not on CPU workers (engine.kernels.cpu_workers): the
-# tiny models' optimizer steps (tens of thousands of values, chunks of a few microseconds) only pay
-# the hand-off; 5.5M values took 12 ms on two workers against 18 ms in line (bench/CPU_NOTES.md).
-PARALLEL_MIN_VALUES = 1 << 20
 STATE_KIND = "adamw"
 
 
@@ -124,49 +120,6 @@ def lr_at(cfg: OptimConfig, step: int) -> float:
 def _sumsq(a: np.ndarray) -> float:
     """sum(a^2) accumulated in float64, chunk by chunk (engine.kernels.adamw.sumsq)."""
     return sumsq(a)
-
-
-def _adamw_update(p, m, v, g, gbuf, tmp, dbuf, gclip, scale, b1, b2, eps, bc2_sqrt, step_size, decay):
-    """One AdamW update in place of `p`, `m`, `v` (views of one shape) from the gradient `g`, in the
-    reference's order of float32 operations (engine.kernels.adamw.adamw_step_ref); `gbuf`, `tmp`,
-    `dbuf` are scratch of that shape. Returns the update (a view of `tmp` or `dbuf`)."""
-    if gclip > 0.0:
-        np.clip(g, -gclip, gclip, out=gbuf, casting="same_kind")
-    else:
-        np.copyto(gbuf, g, casting="same_kind")
-    g = gbuf
-    if scale != 1.0:
-        g *= scale
-    m *= b1  # m = b1 m + (1 - b1) g
-    np.multiply(g, 1.0 - b1, out=tmp)
-    m += tmp
-    v *= b2  # v = b2 v + (1 - b2) g^2
-    np.multiply(g, g, out=tmp)
-    tmp *= 1.0 - b2
-    v += tmp
-    np.sqrt(v, out=tmp)  # tmp = sqrt(v_hat) + eps
-    tmp /= bc2_sqrt
-    tmp += eps
-    np.divide(m, tmp, out=tmp)  # tmp = lr * m_hat / (sqrt(v_hat) + eps)
-    tmp *= step_size
-    if not decay:
-        p -= tmp
-        return tmp
-    np.multiply(p, decay, out=dbuf)
-    dbuf += tmp
-    p -= dbuf
-    return dbuf
-
-
-def _update_chunk(piece: tuple) -> tuple[float, float]:
-    """`_adamw_update` on one chunk of a contiguous float32 param, with scratch of its own (chunks
-    may run side by side): returns the float32 BLAS dots of its update and of its new values, the
-    chunk sums `sumsq_fast` takes."""
-    (p, m, v, g), args = piece
-    gbuf, tmp = np.empty(p.size, np.float32), np.empty(p.size, np.float32)
-    dbuf = np.empty(p.size, np.float32) if args[-1] else None  # only weight decay writes it
-    delta = _adamw_update(p, m, v, g, gbuf, tmp, dbuf, *args)
-    return float(np.dot(delta, delta)), float(np.dot(p, p))
 
 
 def _exceeds(g: np.ndarray, bound: float) -> bool:
@@ -248,28 +201,10 @@ class AdamW:
         self._m = {name: xp.zeros_like(p) for name, p in self.params.items()}
         self._v = {name: xp.zeros_like(p) for name, p in self.params.items()}
         self._t = dict.fromkeys(self.params, 0)
-        # Two flat scratch buffers per dtype, as large as the largest param: the hot loop's only temporaries.
-        self._scratch: dict[np.dtype, tuple[np.ndarray, np.ndarray]] = {}
-        self._scratch_decay: dict[np.dtype, np.ndarray] = {}
-        for p in self.params.values() if runtime is None else ():
-            size = max(p.size, self._scratch[p.dtype][0].size if p.dtype in self._scratch else 0)
-            self._scratch[p.dtype] = (np.empty(size, p.dtype), np.empty(size, p.dtype))
 
     def decays(self, name: str) -> bool:
         """Whether weight decay applies to param `name` (ndim >= cfg.decay_min_ndim)."""
         return self.params[name].ndim >= self.cfg.decay_min_ndim
-
-    def _buffers(self, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        a, b = self._scratch[p.dtype]
-        return a[: p.size].reshape(p.shape), b[: p.size].reshape(p.shape)
-
-    def _decay_buffer(self, p: np.ndarray) -> np.ndarray:
-        """A third scratch buffer of p's shape (the update with weight decay), made on first use."""
-        buf = self._scratch_decay.get(p.dtype)
-        if buf is None or buf.size < p.size:
-            size = max(q.size for q in self.params.values() if q.dtype == p.dtype)
-            buf = self._scratch_decay[p.dtype] = np.empty(size, p.dtype)
-        return buf[: p.size].reshape(p.shape)
 
     def _param_norm(self) -> float:
         if self.runtime is not None:
@@ -336,77 +271,36 @@ class AdamW:
         if self.runtime is not None:
             return self._step_on_device(grads, names, lr)
 
-        # Pass 1: norms before and after element-wise clipping, for the global-norm clip.
-        small = sum(grads[name].size for name in names) < PARALLEL_MIN_VALUES  # in line, not on workers
-        grad_sumsq = run_each(lambda name: _sumsq(grads[name]), names, in_line=small)  # per param, in order
-        grad_norm = math.sqrt(sum(grad_sumsq))
-        if not math.isfinite(grad_norm):
+        # the CPU twin of the step (engine.kernels.adamw_cpu: chunks in the cache, on CPU workers,
+        # compiled where numba is), the same bits as the reference
+        res = ops.adamw_step(
+            [self.params[n] for n in names],
+            [grads[n] for n in names],
+            [self._m[n] for n in names],
+            [self._v[n] for n in names],
+            [self._t[n] + 1 for n in names],
+            [self.decays(n) for n in names],
+            lr=lr,
+            betas=cfg.betas,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            gclip=cfg.gclip,
+            max_grad_norm=cfg.max_grad_norm,
+        )
+        if res.skipped:
             logger.warning(
-                "non-finite gradient norm %s at step %d: update skipped", grad_norm, self.step_count
+                "non-finite gradient norm %s at step %d: update skipped", res.grad_norm, self.step_count
             )
-            return StepStats(lr, grad_norm, False, 0.0, self._param_norm())
-        clipped = False
-        norm = grad_norm
-        if cfg.gclip > 0.0:
-            sumsq = 0.0
-            for name in names:
-                g, _ = self._buffers(self.params[name])
-                clipped = clipped or _exceeds(grads[name], cfg.gclip)
-                np.clip(grads[name], -cfg.gclip, cfg.gclip, out=g, casting="same_kind")
-                sumsq += _sumsq(g)
-            norm = math.sqrt(sumsq)
-        scale = _clip_scale(norm, cfg.max_grad_norm)
-        clipped = clipped or scale != 1.0
-
-        # Pass 2: per param, clipped grad -> moments -> update, chunk by chunk (a chunk's dozen
-        # element-wise passes run in the cache), the update's and the param's sums of squares taken
-        # on the way, in the chunks and order of `sumsq`. Chunks are independent pieces: with more
-        # than one CPU worker they run side by side (engine.kernels.cpu_workers); their sums are
-        # added below in the sequential order, so every bit is the same either way.
-        b1, b2 = cfg.betas
-        owner: list[int] = []  # per piece, the index in `names` of its param
-        sums: list[tuple[float, float] | None] = []  # per piece, (update, param) sums of squares
-        chunks: list[tuple] = []  # what `_update_chunk` takes, for the pieces whose sums are None
-        for k, name in enumerate(names):
-            p, m, v = self.params[name], self._m[name], self._v[name]
-            self._t[name] += 1
-            t = self._t[name]
-            decay = lr * cfg.weight_decay if cfg.weight_decay > 0.0 and self.decays(name) else 0.0
-            args = (cfg.gclip, scale, b1, b2, cfg.eps, math.sqrt(1.0 - b2**t), lr / (1.0 - b1**t), decay)
-            g = grads[name]
-            if (
-                p.flags.c_contiguous
-                and m.flags.c_contiguous
-                and v.flags.c_contiguous
-                and p.dtype == np.float32
-            ):
-                flat = tuple(a.reshape(-1) for a in (p, m, v, g))
-                for lo in range(0, p.size, SUMSQ_CHUNK):
-                    owner.append(k)
-                    sums.append(None)
-                    chunks.append((tuple(a[lo : lo + SUMSQ_CHUNK] for a in flat), args))
-            else:  # in line, with the optimizer's scratch (shared by every param, so never side by side)
-                delta = _adamw_update(p, m, v, g, *self._buffers(p), self._decay_buffer(p), *args)
-                owner.append(k)
-                sums.append((sumsq_fast(delta), sumsq_fast(p)))
-        done = iter(run_each(_update_chunk, chunks, in_line=small))
-        sums = [s if s is not None else next(done) for s in sums]
-        update_sumsq = param_sumsq = 0.0
-        du = dp = 0.0
-        for i, (k, (u2, p2)) in enumerate(zip(owner, sums, strict=True)):
-            du += u2
-            dp += p2
-            if i + 1 == len(owner) or owner[i + 1] != k:  # the param's last piece
-                update_sumsq += du
-                param_sumsq += dp
-                du = dp = 0.0
+            return StepStats(lr, res.grad_norm, False, 0.0, self._param_norm())
+        for n in names:
+            self._t[n] += 1
+        param_sumsq = res.param_sumsq
         touched = set(names)
         for name, p in self.params.items():
             if name not in touched:
                 param_sumsq += sumsq_fast(p)
-
         self.step_count += 1
-        return StepStats(lr, grad_norm, clipped, math.sqrt(update_sumsq), math.sqrt(param_sumsq))
+        return StepStats(lr, res.grad_norm, res.clipped, math.sqrt(res.update_sumsq), math.sqrt(param_sumsq))
 
     def state_dict(self) -> dict[str, np.ndarray | int | float | str]:
         """Everything needed to resume exactly: moments, update counts, step count and config.

@@ -9,10 +9,10 @@ import threading
 import numpy as np
 import pytest
 
-from engine.kernels import cpu_workers, moe, moe_cpu
+from engine.kernels import adamw_cpu, cpu_workers, moe, moe_cpu
 from engine.kernels.cpu_workers import CpuWorkers, spin_is_short
 from engine.kernels.linear import LoraTerm
-from engine.train import optim, threads
+from engine.train import threads
 from engine.train.optim import AdamW, OptimConfig
 
 
@@ -230,7 +230,7 @@ def test_adamw_gives_the_same_bits_on_two_workers(monkeypatch):
     runs = spy_on_runs(monkeypatch)
     assert_same_bits(run_optimizer()[0], p1)  # 240k values: updated in line
     assert runs and all(line for _, line in runs)
-    monkeypatch.setattr(optim, "PARALLEL_MIN_VALUES", 0)
+    monkeypatch.setattr(adamw_cpu, "PARALLEL_MIN_VALUES", 0)
     runs.clear()
     p2, o2, s2 = run_optimizer()
     assert any(n > 1 and not line for n, line in runs)

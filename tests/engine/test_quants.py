@@ -2,7 +2,9 @@
 
 Data is random blocks: random bytes with finite, non-zero float16 scales (the "clean" case), or
 random bytes throughout (garbage scales: NaN, Inf, subnormals), compared by bit pattern. Shapes are
-one row, several rows, and an expert stack (E, rows, row_bytes), contiguous or sliced.
+one row, several rows, and an expert stack (E, rows, row_bytes), contiguous or sliced. Every test
+runs twice: with the compiled kernels (engine.kernels.dequant_cpu, where numba is installed) and
+with the NumPy passes they replace (the fallback without numba).
 """
 
 from __future__ import annotations
@@ -18,6 +20,19 @@ from gguf import quants as gguf_quants
 from engine.errors import ModelError
 from engine.io import quants
 from engine.io.quants import dequantize, fast_types
+from engine.kernels import jit
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def kernels(request, monkeypatch):
+    """The compiled dequantization kernels where numba is, then the NumPy passes."""
+    if request.param == "numpy":
+        monkeypatch.setenv(jit.OFF_VARIABLE, "1")
+    jit.reset()
+    yield request.param
+    monkeypatch.delenv(jit.OFF_VARIABLE, raising=False)
+    jit.reset()
+
 
 REQUIRED_FAST = {
     "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
@@ -152,9 +167,9 @@ def test_two_threads_and_small_chunks_give_the_same_bits(qtype, monkeypatch):
     workers = set()
     run_pieces = quants._run_pieces
 
-    def spy(codec, pieces):
+    def spy(codec, pieces, *compiled):
         workers.add(threading.get_ident())
-        run_pieces(codec, pieces)
+        run_pieces(codec, pieces, *compiled)
 
     monkeypatch.setattr(quants, "_run_pieces", spy)
     raw = random_raw(qtype, (2, 7), np.random.default_rng(5))

@@ -66,6 +66,54 @@ def test_one_expert_is_dequantized_not_the_stack(moe_q8):
     assert store.stats.dequant_values - before == stack.shape[1] * stack.shape[2]
 
 
+def test_rows_of_gives_a_layers_projections_as_blocks_of_one_cached_array(moe_q8):
+    model = Model.load(moe_q8, cache_budget="auto")
+    f = GGUFFile(moe_q8)
+    names = ("blk.1.attn_q.weight", "blk.1.attn_k.weight", "blk.1.attn_v.weight")
+    blocks = model.weights.rows_of(names)
+    for n, b in zip(names, blocks, strict=True):
+        np.testing.assert_array_equal(b, _exact(f, n), err_msg=n)
+    base = blocks[0].base
+    assert all(b.base is base and b.flags.c_contiguous for b in blocks)
+    assert _addr(blocks[1]) == _addr(blocks[0]) + blocks[0].nbytes  # consecutive rows of one array
+    misses = model.weights.stats.misses
+    again = model.weights.rows_of(names)  # cached: the same array, nothing dequantized
+    assert model.weights.stats.misses == misses and _addr(again[0]) == _addr(blocks[0])
+    with pytest.raises(ValueError, match="same number of columns"):
+        model.weights.rows_of(("blk.1.attn_q.weight", "blk.1.attn_output.weight"))
+
+
+def test_prefetch_reads_the_next_layers_bytes_only_when_the_cache_cannot_hold_the_model(moe_q8, monkeypatch):
+    from engine.io import gguf_file
+
+    asked = []
+    monkeypatch.setattr(gguf_file.Prefetcher, "read", lambda self, start, n: asked.append((start, n)))
+    model = Model.load(moe_q8, cache_budget=0)
+    f = model.weights.file
+    model.weights.prefetch_layer(1)
+    base = f._map.ctypes.data
+    want = sorted(
+        (f.raw(n).ctypes.data - base, f.raw(n).nbytes)
+        for n, info in model.weights.infos.items()
+        if n.startswith("blk.1.") and len(info.shape) >= 2
+    )
+    assert sorted(asked) == want and want
+    asked.clear()
+    roomy = Model.load(moe_q8, cache_budget="1G")
+    roomy.weights.prefetch_layer(1)
+    assert not asked
+
+
+def test_prefetcher_reads_ranges_in_the_background_and_closes(moe_q8):
+    from engine.io.gguf_file import Prefetcher
+
+    p = Prefetcher(moe_q8)
+    p.read(0, 4096)
+    p.read(4096, 10_000)
+    p.close()
+    assert not p._thread.is_alive()
+
+
 def test_take_rows_dequantizes_only_the_rows_asked_for(moe_q8):
     store = Model.load(moe_q8, cache_budget=0).weights
     before = store.stats.dequant_values

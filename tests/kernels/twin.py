@@ -2,7 +2,7 @@
 
 A `Backend` runs a twin's host code (`<op>_on(rt, ...)`) on a runtime and hands results back as
 NumPy arrays:
-- "cpu": a CPU twin (engine.kernels.moe_cpu), which takes NumPy arrays and no runtime (`rt` is None);
+- "cpu": a CPU twin (engine.kernels.<op>_cpu), which takes NumPy arrays and no runtime (`rt` is None);
   `twice` runs it in line, then on two CPU workers with every piece handed to them;
 - "gpu": `CudaRuntime` on a CUDA device, inputs copied there with CuPy; every allocation made
   while the twin runs is filled with 0xFF bytes first (NaN for float32 and bf16), so an output

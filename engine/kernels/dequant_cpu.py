@@ -1,0 +1,184 @@
+"""The CPU twin of dequantization: `dequant_cpu(raw, qtype, rows=None, out=None)`, the arguments and
+result of `engine.kernels.dequant.dequant_ref` (gguf-py's), bit for bit, with compiled kernels
+(engine.kernels.jit) for the common quantized types (`COMPILED_TYPES`): one pass over the blocks
+that reads each byte once and writes each float once, where NumPy takes a dozen passes through
+scratch buffers (engine.io.quants). The weight store's dequantization (engine.io.quants.dequantize,
+split over threads in spans of blocks) runs the same kernels through `blocks_kernel`.
+
+Bit for bit: every value is gguf-py's float32 arithmetic in its order, each product and sum rounded
+once (no FMA contraction): Q8_0 q d; Q4_0 d (q - 8); Q4_1 d q + m; Q4_K and Q5_K (d sc) q - (dmin m);
+Q6_K (d sc) q; the f16 scales through NumPy's own float16 conversion (a table of all 65536).
+Other types, and every call while compiled kernels are off, run the NumPy path (engine.io.quants
+for the store; `dequant_ref` here). The parity test is tests/kernels/test_cpu_twins.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from . import jit
+from .dequant import block_geometry, dequant_ref
+
+# float16 bits -> float32 through NumPy's conversion (the one gguf-py uses)
+F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+F16_TO_F32.setflags(write=False)
+
+
+@jit.kernel
+def _q8_0(src, table, dst):  # blocks of 34 bytes: d (f16), 32 int8 codes
+    for b in range(src.size // 34):
+        o = b * 34
+        d = table[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
+        for i in range(32):
+            q = np.int32(src[o + 2 + i])
+            dst[b * 32 + i] = np.float32(q - ((q >> 7) << 8)) * d  # the byte as int8
+
+
+@jit.kernel
+def _q4_0(src, table, dst):  # 18 bytes: d, 16 bytes of nibbles (low: values 0-15, high: 16-31)
+    for b in range(src.size // 18):
+        o = b * 18
+        d = table[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
+        for i in range(16):
+            byte = np.int32(src[o + 2 + i])
+            dst[b * 32 + i] = d * np.float32((byte & 15) - 8)
+            dst[b * 32 + 16 + i] = d * np.float32((byte >> 4) - 8)
+
+
+@jit.kernel
+def _q4_1(src, table, dst):  # 20 bytes: d, m, 16 bytes of nibbles
+    for b in range(src.size // 20):
+        o = b * 20
+        d = table[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
+        m = table[np.int64(src[o + 2]) | (np.int64(src[o + 3]) << 8)]
+        for i in range(16):
+            byte = np.int32(src[o + 4 + i])
+            dst[b * 32 + i] = d * np.float32(byte & 15) + m
+            dst[b * 32 + 16 + i] = d * np.float32(byte >> 4) + m
+
+
+@jit.kernel
+def _k_scale_min(src, sc, g):
+    """Q4_K/Q5_K group g's 6-bit scale and min from the 12 scale bytes at `sc`."""
+    if g < 4:
+        return np.int32(src[sc + g]) & 63, np.int32(src[sc + g + 4]) & 63
+    s = (np.int32(src[sc + g + 4]) & 15) | ((np.int32(src[sc + g - 4]) >> 6) << 4)
+    m = (np.int32(src[sc + g + 4]) >> 4) | ((np.int32(src[sc + g]) >> 6) << 4)
+    return s, m
+
+
+@jit.kernel
+def _q4_k(src, table, dst):  # 144 bytes: d, dmin, 12 scale bytes, 4 runs of 32 bytes of nibbles
+    for b in range(src.size // 144):
+        o = b * 144
+        d = table[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
+        dmin = table[np.int64(src[o + 2]) | (np.int64(src[o + 3]) << 8)]
+        for j in range(4):
+            s0, m0 = _k_scale_min(src, o + 4, 2 * j)
+            s1, m1 = _k_scale_min(src, o + 4, 2 * j + 1)
+            dl0, ml0 = d * np.float32(s0), dmin * np.float32(m0)
+            dl1, ml1 = d * np.float32(s1), dmin * np.float32(m1)
+            q = o + 16 + 32 * j
+            out = b * 256 + 64 * j
+            for i in range(32):
+                byte = np.int32(src[q + i])
+                dst[out + i] = dl0 * np.float32(byte & 15) - ml0
+                dst[out + 32 + i] = dl1 * np.float32(byte >> 4) - ml1
+
+
+@jit.kernel
+def _q5_k(src, table, dst):  # 176 bytes: d, dmin, 12 scale bytes, 32 bytes of high bits, 128 of nibbles
+    for b in range(src.size // 176):
+        o = b * 176
+        d = table[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
+        dmin = table[np.int64(src[o + 2]) | (np.int64(src[o + 3]) << 8)]
+        for j in range(4):
+            s0, m0 = _k_scale_min(src, o + 4, 2 * j)
+            s1, m1 = _k_scale_min(src, o + 4, 2 * j + 1)
+            dl0, ml0 = d * np.float32(s0), dmin * np.float32(m0)
+            dl1, ml1 = d * np.float32(s1), dmin * np.float32(m1)
+            q = o + 48 + 32 * j
+            out = b * 256 + 64 * j
+            for i in range(32):
+                byte = np.int32(src[q + i])
+                h = np.int32(src[o + 16 + i])
+                lo = (byte & 15) | (((h >> (2 * j)) & 1) << 4)
+                hi = (byte >> 4) | (((h >> (2 * j + 1)) & 1) << 4)
+                dst[out + i] = dl0 * np.float32(lo) - ml0
+                dst[out + 32 + i] = dl1 * np.float32(hi) - ml1
+
+
+@jit.kernel
+def _q6_k(src, table, dst):  # 210 bytes: 128 of low nibbles, 64 of 2-bit highs, 16 int8 scales, d
+    scale = np.empty(16, np.float32)
+    for b in range(src.size // 210):
+        o = b * 210
+        d = table[np.int64(src[o + 208]) | (np.int64(src[o + 209]) << 8)]
+        for k in range(16):  # groups of 16 values
+            s = np.int32(src[o + 192 + k])
+            scale[k] = d * np.float32(s - 256 if s >= 128 else s)
+        for h in range(2):
+            ql = o + 64 * h
+            qh = o + 128 + 32 * h
+            out = b * 256 + 128 * h
+            for i in range(32):
+                a = np.int32(src[ql + i])
+                c = np.int32(src[ql + i + 32])
+                hb = np.int32(src[qh + i])
+                g = 8 * h + i // 16
+                dst[out + i] = scale[g] * np.float32(((a & 15) | ((hb & 3) << 4)) - 32)
+                dst[out + 32 + i] = scale[g + 2] * np.float32(((c & 15) | (((hb >> 2) & 3) << 4)) - 32)
+                dst[out + 64 + i] = scale[g + 4] * np.float32(((a >> 4) | (((hb >> 4) & 3) << 4)) - 32)
+                dst[out + 96 + i] = scale[g + 6] * np.float32(((c >> 4) | (((hb >> 6) & 3) << 4)) - 32)
+
+
+KERNELS: dict[str, jit.Kernel] = {
+    "Q8_0": _q8_0,
+    "Q4_0": _q4_0,
+    "Q4_1": _q4_1,
+    "Q4_K": _q4_k,
+    "Q5_K": _q5_k,
+    "Q6_K": _q6_k,
+}
+COMPILED_TYPES = tuple(KERNELS)
+
+
+def blocks_kernel(qtype: str) -> Callable[[np.ndarray, np.ndarray], None] | None:
+    """`run(src, dst)` for raw blocks src (flat uint8, C-contiguous, whole blocks) into dst (flat
+    float32, C-contiguous, every value of those blocks), or None where `qtype` has no compiled kernel
+    or compiled kernels are off."""
+    kernel = KERNELS.get(qtype)
+    if kernel is None or not jit.enabled():
+        return None
+    return lambda src, dst: kernel(src, F16_TO_F32, dst)
+
+
+def dequant_cpu(raw: np.ndarray, qtype: str, rows=None, out: np.ndarray | None = None) -> np.ndarray:
+    """CPU twin of `dequant_ref` (same arguments and result); `out`: a C-contiguous float32 array of
+    the result's shape to write into."""
+    run = blocks_kernel(qtype)
+    data = np.asarray(raw)
+    if run is None or data.dtype != np.uint8 or data.ndim == 0:
+        ref = dequant_ref(raw, qtype, rows)
+        if out is None:
+            return ref
+        out[...] = ref
+        return out
+    if rows is not None:
+        data = data[np.asarray(rows, dtype=np.intp)]
+    qk, ts = block_geometry(qtype)
+    if data.shape[-1] % ts:
+        raise ValueError(
+            f"{qtype} data of shape {data.shape} does not hold whole blocks of {ts} bytes per row"
+        )
+    shape = (*data.shape[:-1], data.shape[-1] // ts * qk)
+    if out is None:
+        out = np.empty(shape, np.float32)
+    elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(
+            f"out must be a C-contiguous float32 array of shape {shape}, got {out.dtype} {out.shape}"
+        )
+    run(np.ascontiguousarray(data).reshape(-1), out.reshape(-1))
+    return out
