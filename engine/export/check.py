@@ -23,10 +23,12 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..errors import EngineError, ExportError
+from ..errors import ConfigError, EngineError, ExportError
+from ..io.files import check_outputs
 from ..io.gguf_file import GGUFFile
 from ..model.lora import LoraAdapter
 from ..model.summary import human_bytes
+from ..ranges import check_number
 from .write import (
     ADAPTER_TYPES,
     FLOAT_TYPES,
@@ -63,6 +65,9 @@ class ExportRequest:
     merge: bool = False
     qtype: str | None = "F32"
     scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_number("adapter_scale", self.scale, label="adapter scale", error=ExportError)
 
     @property
     def kind(self) -> str:
@@ -110,15 +115,13 @@ def estimate_size(request: ExportRequest, adapter: LoraAdapter, base: GGUFFile |
     return export_size(adapter, qtype=request.qtype or "F32")
 
 
-def _same_file(a: str, b: str | None) -> bool:
-    if not b:
-        return False
-    try:
-        if os.path.exists(a) and os.path.exists(b):
-            return os.path.samefile(a, b)
-    except OSError:
-        pass
-    return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
+def check_export_paths(request: ExportRequest) -> None:
+    """ConfigError when the output is the base model or the source adapter (or a link to either):
+    the rule every command's outputs follow (engine.io.files.check_outputs)."""
+    check_outputs(
+        {"output": request.out}, {"base model": request.base, "source adapter": request.source},
+        kinds={"output": "model" if request.merge else "adapter"},
+    )  # fmt: skip
 
 
 def check_export(request: ExportRequest) -> CheckReport:
@@ -239,10 +242,11 @@ def check_export(request: ExportRequest) -> CheckReport:
         name_problem = "the file name must end in .gguf"
     elif os.path.isdir(out):
         name_problem = f"{out} is a folder: give a file name ending in .gguf"
-    elif _same_file(out, request.base):
-        name_problem = "that is the base model itself: write to another file"
-    elif _same_file(out, request.source):
-        name_problem = "that is the source adapter itself: write to another file"
+    else:
+        try:
+            check_export_paths(request)
+        except ConfigError as exc:
+            name_problem = str(exc)
     if name_problem:
         items.append(CheckItem(False, label, name_problem))
     elif os.path.exists(out):
@@ -315,7 +319,9 @@ def write_export(
     on_progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> str:
-    """Write the file atomically; returns its path. ExportError when cancelled (nothing changed)."""
+    """Write the file atomically; returns its path. ExportError when cancelled (nothing changed),
+    ConfigError when the output is one of the inputs (nothing written)."""
+    check_export_paths(request)
     if request.merge:
         if not request.base:
             raise ExportError("open the base model on the Model page before merging")
