@@ -5,13 +5,22 @@ main thread after every test, as the app's GarbageCollector timer does.
 What survives a test's collection is frozen (`gc.freeze`): later collections look only at objects
 made since, instead of the whole session's (with PySide6 wrappers a full collection took 60-200 ms,
 twice a test, about a third of the studio tests' time). Frozen objects are still freed when their
-last reference goes; only a reference cycle among them is kept until the session ends."""
+last reference goes; a reference cycle among them waits for the end of the test module, where
+everything is unfrozen and collected once (windows kept alive past their module would slow every
+later palette change and theme test)."""
 
 from __future__ import annotations
 
 import gc
 
 import pytest
+
+
+@pytest.fixture(autouse=True, scope="module")
+def collect_everything_after_each_module():
+    yield
+    gc.unfreeze()
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)
