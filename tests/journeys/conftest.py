@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QSettings
+from PySide6.QtCore import QEvent, QSettings
+from PySide6.QtWidgets import QApplication
 
 from engine import GREEDY, ChatTemplate, LoraAdapter, Model, SynthSpec, Tokenizer, generate, write_model
 from studio.main_window import MainWindow
@@ -78,10 +79,15 @@ class App:
         return w
 
     def close_all(self) -> None:
+        """Close and delete every window made (a window left alive, with its thousands of widgets,
+        slows every later palette change of the test session)."""
         for w in self.windows:
             if w.isVisible():
                 w.close()
             w.engine.shutdown(60_000)
+            w.deleteLater()
+        self.windows.clear()
+        QApplication.sendPostedEvents(None, QEvent.DeferredDelete)
 
 
 @pytest.fixture
