@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 
 from ..errors import EngineError, ExportError
 from ..io.gguf_file import GGUFFile
+from ..model.generate import SamplingConfig
 from ..model.lora import LoraAdapter
 from ..model.summary import human_bytes
+from .modelfile import ModelfilePlan, modelfile_path, plan_modelfile, write_modelfile
 from .write import (
     ADAPTER_TYPES,
     FLOAT_TYPES,
@@ -63,6 +65,8 @@ class ExportRequest:
     merge: bool = False
     qtype: str | None = "F32"
     scale: float = 1.0
+    modelfile: bool = False  # also write an Ollama Modelfile beside `out` (when the template translates)
+    sampling: SamplingConfig | None = None  # the Modelfile's PARAMETERs (None: the Chat page's defaults)
 
     @property
     def kind(self) -> str:
@@ -85,6 +89,7 @@ class CheckReport:
     items: list[CheckItem]
     notes: list[str] = field(default_factory=list)  # facts worth knowing that do not block the export
     size: int = 0  # estimated bytes of the file
+    modelfile: ModelfilePlan | None = None  # what the Modelfile will say; None: none will be written
     adapter: LoraAdapter | None = field(default=None, repr=False)  # the source, as read by the check
 
     @property
@@ -249,6 +254,7 @@ def check_export(request: ExportRequest) -> CheckReport:
         items.append(CheckItem(True, label, f"{os.path.basename(out)} exists and will be replaced"))
     else:
         items.append(CheckItem(True, label, f"{os.path.basename(out)} (a new file)"))
+    plan = _modelfile_check(request, base, out, items, notes)
     # notes on the type
     if adapter is not None and not request.merge:
         qtype = request.qtype or "F32"
@@ -272,7 +278,38 @@ def check_export(request: ExportRequest) -> CheckReport:
             notes.append(f"The adapter is merged at scale {request.scale:g}.")
     if base is not None:
         base.close()
-    return CheckReport(request, items, notes, size, adapter)
+    return CheckReport(request, items, notes, size, adapter, plan)
+
+
+def _modelfile_check(
+    request: ExportRequest, base: GGUFFile | None, out: str, items: list[CheckItem], notes: list[str]
+) -> ModelfilePlan | None:
+    """The Modelfile's plan, when asked for and the template translates; a note says why not.
+
+    An untranslatable template does not block the export (a note); a Modelfile path that names an
+    input is refused like the export's own name (a failed check)."""
+    if not request.modelfile:
+        return None
+    if out and (
+        _same_file(modelfile_path(out), request.base) or _same_file(modelfile_path(out), request.source)
+    ):
+        items.append(
+            CheckItem(False, "Modelfile name", f"{modelfile_path(out)} is an input: choose another folder")
+        )
+        return None
+    if base is None:
+        return None
+    try:
+        plan = plan_modelfile(base.metadata, request.sampling)
+    except EngineError as exc:
+        notes.append(f"No Ollama Modelfile will be written: {exc}.")
+        return None
+    stops = ", ".join(plan.stops) or "none"
+    notes.append(
+        f"An Ollama Modelfile will be written beside it ({plan.format.family} template, stop {stops}): "
+        f"ollama create NAME -f {modelfile_path(out)}"
+    )
+    return plan
 
 
 def merge_notes(request: ExportRequest, adapter: LoraAdapter, base: GGUFFile, size: int) -> list[str]:
@@ -315,7 +352,38 @@ def write_export(
     on_progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> str:
-    """Write the file atomically; returns its path. ExportError when cancelled (nothing changed)."""
+    """Write the file atomically, and the Modelfile when asked for and the template translates (see
+    `export_modelfile`); returns the file's path. ExportError when cancelled (nothing changed)."""
+    path = _write_file(request, adapter, on_progress, should_stop)
+    export_modelfile(request)
+    return path
+
+
+def export_modelfile(request: ExportRequest) -> str | None:
+    """Write the Modelfile of a written export (`request.modelfile`); its path, or None when not
+    asked for or the model's template cannot be translated (the check's note says why)."""
+    if not request.modelfile or not request.base:
+        return None
+    with GGUFFile(request.base) as base:
+        metadata = base.metadata
+    for path in (request.base, request.source):
+        if _same_file(modelfile_path(request.out), path):
+            raise ExportError(
+                f"{modelfile_path(request.out)} is an input: the Modelfile is not written there"
+            )
+    try:
+        plan = plan_modelfile(metadata, request.sampling)
+    except EngineError:
+        return None
+    return write_modelfile(plan, request.out, merged=request.merge, base=request.base)
+
+
+def _write_file(
+    request: ExportRequest,
+    adapter: LoraAdapter,
+    on_progress: Callable[[int, int], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> str:
     if request.merge:
         if not request.base:
             raise ExportError("open the base model on the Model page before merging")

@@ -129,8 +129,9 @@ def test_interpreter_follows_go_rules_it_claims():
     assert run("a  {{- 1 -}}  b", {}) == "a1b"
     assert run('{{ if eq .X "a" }}A{{ else if eq .X "b" }}B{{ else }}C{{ end }}', {"X": "b"}) == "B"
     assert run("{{ if and .X (not .Y) }}yes{{ end }}", {"X": "1", "Y": ""}) == "yes"
-    assert run('{{ range $i, $_ := .L }}{{ $last := eq (len (slice $.L $i)) 1 }}{{ $i }}{{ if $last }}!{{ end }}{{ end }}',
-               {"L": [1, 2, 3]}) == "012!"  # fmt: skip
+    loop = "{{ range $i, $_ := .L }}{{ $last := eq (len (slice $.L $i)) 1 }}{{ $i }}"
+    loop += "{{ if $last }}!{{ end }}{{ end }}"
+    assert run(loop, {"L": [1, 2, 3]}) == "012!"
     with pytest.raises(ValueError):
         run("{{ printf .X }}", {"X": 1})
 
@@ -160,3 +161,74 @@ def test_modelfile_of_a_model_names_files_stops_and_sampling(synth_model, tmp_pa
     lines = Path(adapter).read_text().splitlines()
     assert "FROM /m/base.gguf" in lines and "ADAPTER ./run.f16.gguf" in lines
     assert [p.name for p in tmp_path.iterdir()] == ["Modelfile"]  # no temporary file left
+
+
+def _adapter_file(model_path: str, folder: Path) -> str:
+    from engine.model.model import Model
+    from engine.testing import random_adapter, write_adapter
+
+    model = Model.load(model_path)
+    return write_adapter(str(folder / "run.gguf"), "llama", random_adapter(model, ["blk.0.attn_q.weight"]), 8.0)
+
+
+def test_cli_export_writes_modelfile_naming_the_files(synth_model, tmp_path, capsys):
+    from engine.cli.main import main
+
+    base = synth_model("llama")
+    adapter = _adapter_file(base, tmp_path)
+    out = tmp_path / "out"
+    out.mkdir()
+    merged = out / "run.merged.gguf"
+    args = [
+        "export",
+        adapter,
+        "--model",
+        base,
+        "--merge",
+        "--out",
+        str(merged),
+        "--modelfile",
+        "--temp",
+        "0.3",
+    ]
+    assert main(args) == 0
+    assert "ollama create NAME -f" in capsys.readouterr().out
+    lines = (out / "Modelfile").read_text().splitlines()
+    assert "FROM ./run.merged.gguf" in lines and "PARAMETER temperature 0.3" in lines
+    assert 'PARAMETER stop "<|im_end|>"' in lines
+    assert main(["export", adapter, "--model", base, "--out", str(out / "run.f16.gguf"), "--type", "f16",
+                 "--modelfile"]) == 0  # fmt: skip
+    lines = (out / "Modelfile").read_text().splitlines()
+    assert f"FROM {base}" in lines and "ADAPTER ./run.f16.gguf" in lines
+    assert sorted(p.name for p in out.iterdir()) == ["Modelfile", "run.f16.gguf", "run.merged.gguf"]
+
+
+def test_untranslatable_template_is_said_by_the_check_and_the_export_still_works(tmp_path, capsys):
+    from engine.cli.main import main
+    from engine.testing import SynthSpec, write_model
+
+    custom = {"tokenizer.chat_template": "{% for m in messages %}## {{ m.content }}\n{% endfor %}"}
+    base = write_model(tmp_path / "custom.gguf", SynthSpec.for_arch("llama"), metadata=custom)
+    adapter = _adapter_file(base, tmp_path)
+    out = tmp_path / "run.f32.gguf"
+    check = ["export", adapter, "--model", base, "--out", str(out), "--modelfile", "--check"]
+    assert main(check) == 0
+    assert "No Ollama Modelfile will be written" in capsys.readouterr().out
+    assert main(["export", adapter, "--model", base, "--out", str(out), "--modelfile"]) == 0
+    assert "no chat-template family" in capsys.readouterr().err
+    assert out.exists() and not (tmp_path / "Modelfile").exists()
+
+
+def test_modelfile_that_would_replace_an_input_is_refused(synth_model, tmp_path):
+    import shutil
+
+    from engine.cli.main import main
+    from engine.export.check import ExportRequest, check_export
+
+    base = str(shutil.copy(synth_model("llama"), tmp_path / "Modelfile"))  # a base model named Modelfile
+    adapter = _adapter_file(base, tmp_path)
+    out = tmp_path / "run.f32.gguf"
+    report = check_export(ExportRequest(adapter, str(out), base, modelfile=True))
+    assert not report.ok and any(i.label == "Modelfile name" and not i.ok for i in report.items)
+    assert main(["export", adapter, "--model", base, "--out", str(out), "--modelfile"]) == 2
+    assert not out.exists()
