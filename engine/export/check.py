@@ -278,7 +278,7 @@ def check_export(request: ExportRequest) -> CheckReport:
             notes.append(f"The adapter is merged at scale {request.scale:g}.")
     if base is not None:
         base.close()
-    return CheckReport(request, items, notes, size, adapter, plan)
+    return CheckReport(request, items, notes, size, modelfile=plan, adapter=adapter)
 
 
 def _modelfile_check(
@@ -352,11 +352,9 @@ def write_export(
     on_progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> str:
-    """Write the file atomically, and the Modelfile when asked for and the template translates (see
-    `export_modelfile`); returns the file's path. ExportError when cancelled (nothing changed)."""
-    path = _write_file(request, adapter, on_progress, should_stop)
-    export_modelfile(request)
-    return path
+    """Write the file atomically; returns its path. ExportError when cancelled (nothing changed).
+    The Modelfile is written by `export_modelfile` once the file has passed its verification."""
+    return _write_file(request, adapter, on_progress, should_stop)
 
 
 def export_modelfile(request: ExportRequest) -> str | None:

@@ -168,7 +168,9 @@ def _adapter_file(model_path: str, folder: Path) -> str:
     from engine.testing import random_adapter, write_adapter
 
     model = Model.load(model_path)
-    return write_adapter(str(folder / "run.gguf"), "llama", random_adapter(model, ["blk.0.attn_q.weight"]), 8.0)
+    return write_adapter(
+        str(folder / "run.gguf"), "llama", random_adapter(model, ["blk.0.attn_q.weight"]), 8.0
+    )
 
 
 def test_cli_export_writes_modelfile_naming_the_files(synth_model, tmp_path, capsys):

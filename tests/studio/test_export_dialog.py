@@ -391,6 +391,10 @@ def test_export_page_checks_writes_and_verifies_inline_and_opens_the_dialog(qtbo
     assert sig.args == [str(out)]
     text = page.result_label.text()
     assert "the file reloads" in text and "within F16 tolerance" in text, text
+    # the Modelfile (on by default) names the base model and the adapter just written
+    assert page.modelfile_check.isChecked() and "ollama create" in text
+    lines = (tmp_path / "Modelfile").read_text().splitlines()
+    assert f"FROM {files.base}" in lines and "ADAPTER ./page.f16.gguf" in lines
     dlg = page.open_dialog()
     assert dlg.isVisible() and dlg.source_path() == files.adapter
     assert dlg.type_combo.currentData() == "F16"

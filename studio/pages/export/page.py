@@ -39,6 +39,7 @@ from engine import (
     ExportError,
     ExportRequest,
     check_export,
+    export_modelfile,
     human_bytes,
     load_jsonl,
     quarantine,
@@ -120,6 +121,14 @@ class ExportPage(QWidget):
             "fine-tune (Type), every other tensor as the base stores it. Default: off (an adapter file, "
             "loaded with --lora)."
         )
+        self.modelfile_check = QCheckBox("Also write an Ollama Modelfile beside it")
+        self.modelfile_check.setChecked(True)
+        self.modelfile_check.setToolTip(
+            "A Modelfile for `ollama create`: FROM the merged file (or the base model with ADAPTER), the "
+            "model's chat template as an Ollama TEMPLATE, its end-of-turn tokens as stops and the Chat "
+            "page's sampling settings. Skipped, with the reason, when the template is of no known family. "
+            "Default: on."
+        )
         self.type_combo = ExportTypeCombo()  # one control: the adapter's type, or the merge's
         self.out_edit = QLineEdit()
         self.out_edit.setToolTip(
@@ -170,6 +179,7 @@ class ExportPage(QWidget):
         form.addRow("", self.merge_check)
         form.addRow("Type:", self.type_combo)
         form.addRow("Write to:", out_row)
+        form.addRow("", self.modelfile_check)
         intro = QLabel(
             "<h3>Export</h3>Write an adapter llama.cpp loads with <code>--lora</code>, or a merged model. "
             "Every export is checked before writing and reloaded afterwards to compare its logits."
@@ -283,6 +293,8 @@ class ExportPage(QWidget):
             base=self.project.model_path,
             merge=self.merge_check.isChecked(),
             qtype=self._qtype(),
+            modelfile=self.modelfile_check.isChecked(),
+            sampling=self.project.chat_sampling,
         )
 
     # --- the dialog ------------------------------------------------------------------------------
@@ -340,7 +352,9 @@ class ExportPage(QWidget):
                 verified = session.verify_export(req, report.adapter, path, prompts=prompts)
             else:
                 verified = verify_export(req, report.adapter, path, template=template, prompts=prompts)
-            return path, quarantine(verified)  # a file that failed is renamed *.failed.gguf
+            verified = quarantine(verified)  # a file that failed is renamed *.failed.gguf
+            modelfile = export_modelfile(req) if verified.ok else None
+            return path, verified, modelfile, report.notes
 
         self.export_button.setEnabled(False)
         self.result.clear()
@@ -349,9 +363,16 @@ class ExportPage(QWidget):
                                       needs_session=False)  # fmt: skip
 
     def _done(self, result) -> None:
-        path, verified = result
+        path, verified, modelfile, notes = result
         self.export_button.setEnabled(True)
         self._show_verified(verified)
+        if verified.ok and modelfile:
+            self.result_label.setText(
+                self.result_label.text() + f" Wrote {modelfile}: ollama create NAME -f {modelfile}"
+            )
+        elif verified.ok and self.modelfile_check.isChecked():
+            why = next((n for n in notes if n.startswith("No Ollama Modelfile")), "No Modelfile was written.")
+            self.result_label.setText(self.result_label.text() + " " + why)
         if verified.ok:
             self.sig_exported.emit(path)
         else:
