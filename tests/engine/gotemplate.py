@@ -11,7 +11,8 @@ Go's: empty string, 0, false, nil and empty lists are false. Anything else raise
 template using more than the subset fails the test instead of rendering wrongly.
 
 `render(template, messages)` executes it on Ollama's values: `System` (the system messages joined
-with blank lines) and `Messages` (every message, system ones included), as Ollama's template.go does.
+with blank lines) and `Messages` (every message, system ones included, consecutive messages of one
+role merged), as Ollama's template/template.go (`Execute`, `collate`) does.
 """
 
 from __future__ import annotations
@@ -263,7 +264,14 @@ def execute(template: str, values: Mapping[str, Any]) -> str:
 
 
 def render(template: str, messages: Sequence[Mapping[str, str]]) -> str:
-    """What Ollama renders for a chat: `.System` (system messages joined) and `.Messages`."""
-    msgs = [{"Role": m["role"], "Content": m["content"]} for m in messages]
+    """What Ollama renders for a chat: `.System` (the system messages joined with a blank line) and
+    `.Messages` (consecutive messages of one role, tools' excepted, merged the same way), as
+    `Template.Execute` and `collate` in Ollama's template/template.go do."""
+    msgs: list[dict[str, str]] = []
+    for m in messages:
+        if msgs and msgs[-1]["Role"] == m["role"] and m["role"] != "tool":
+            msgs[-1]["Content"] += "\n\n" + m["content"]
+        else:
+            msgs.append({"Role": m["role"], "Content": m["content"]})
     system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
     return execute(template, {"System": system, "Messages": msgs})

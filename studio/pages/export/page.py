@@ -56,7 +56,7 @@ from ...widgets.theme import is_dark
 from ...worker import Engine
 from .dialog import ExportDialog
 from .result import ExportResultWidget
-from .types import ExportTypeCombo
+from .types import ExportTypeCombo, modelfile_check, modelfile_outcome
 
 RUN_PROMPTS = 3  # prompts of the run's own dataset the verification adds to the generic ones
 
@@ -121,14 +121,7 @@ class ExportPage(QWidget):
             "fine-tune (Type), every other tensor as the base stores it. Default: off (an adapter file, "
             "loaded with --lora)."
         )
-        self.modelfile_check = QCheckBox("Also write an Ollama Modelfile beside it")
-        self.modelfile_check.setChecked(True)
-        self.modelfile_check.setToolTip(
-            "A Modelfile for `ollama create`: FROM the merged file (or the base model with ADAPTER), the "
-            "model's chat template as an Ollama TEMPLATE, its end-of-turn tokens as stops and the Chat "
-            "page's sampling settings. Skipped, with the reason, when the template is of no known family. "
-            "Default: on."
-        )
+        self.modelfile_check = modelfile_check()
         self.type_combo = ExportTypeCombo()  # one control: the adapter's type, or the merge's
         self.out_edit = QLineEdit()
         self.out_edit.setToolTip(
@@ -318,6 +311,7 @@ class ExportPage(QWidget):
         dialog.set_adapter(self.adapter_path() or None)
         dialog.set_kind(self.merge_check.isChecked())
         dialog.type_combo.set_qtype(self._qtype())
+        dialog.modelfile_check.setChecked(self.modelfile_check.isChecked())
         dialog.open()
         return dialog
 
@@ -366,13 +360,8 @@ class ExportPage(QWidget):
         path, verified, modelfile, notes = result
         self.export_button.setEnabled(True)
         self._show_verified(verified)
-        if verified.ok and modelfile:
-            self.result_label.setText(
-                self.result_label.text() + f" Wrote {modelfile}: ollama create NAME -f {modelfile}"
-            )
-        elif verified.ok and self.modelfile_check.isChecked():
-            why = next((n for n in notes if n.startswith("No Ollama Modelfile")), "No Modelfile was written.")
-            self.result_label.setText(self.result_label.text() + " " + why)
+        if verified.ok and self.modelfile_check.isChecked():
+            self.result_label.setText(f"{self.result_label.text()} {modelfile_outcome(modelfile, notes)}")
         if verified.ok:
             self.sig_exported.emit(path)
         else:
