@@ -187,14 +187,16 @@ def _probes() -> list[list[dict[str, str]]]:
     return [[u1], [s, u1], [u1, a1, u2], [s, u1, a1, u2], [s, u1, a1, u2, a2, u3], [u1, a1, u2, a2, u3]]
 
 
-def _fitted(fmt: TurnFormat, template: ChatTemplate, bos_added: bool) -> TurnFormat | None:
-    """`fmt` with the model's variable parts learned from its template; None when it does not fit."""
+def _fitted(fmt: TurnFormat, template: ChatTemplate, bos: str, bos_added: bool) -> TurnFormat | None:
+    """`fmt` with the model's variable parts learned from its template, which writes `bos` first;
+    None when it does not fit."""
     try:
         one = template.render([{"role": "user", "content": _U1}], add_generation_prompt=True)
         closed = template.render([{"role": "user", "content": _U1}])
     except TemplateError:
         return None
-    bos = template.bos_token if template.bos_token and one.startswith(template.bos_token) else ""
+    if not one.startswith(bos):
+        return None
     if not (one.startswith(closed) and _U1 in closed):
         return None
     gen = one[len(closed) :]
@@ -235,10 +237,12 @@ def _fitted(fmt: TurnFormat, template: ChatTemplate, bos_added: bool) -> TurnFor
 
 def translate(template: ChatTemplate, *, bos_added: bool = False) -> TurnFormat:
     """The family format that renders like `template` on every probe; TemplateNotTranslatable if none."""
-    for fmt in _candidates(template.eos_token):
-        fitted = _fitted(fmt, template, bos_added)
-        if fitted is not None:
-            return fitted
+    # a BOS text the template writes first, or none (SmolLM2's BOS is "<|im_start|>", a turn's start)
+    for bos in dict.fromkeys((template.bos_token, "")):
+        for fmt in _candidates(template.eos_token):
+            fitted = _fitted(fmt, template, bos, bos_added)
+            if fitted is not None:
+                return fitted
     kind = "the default ChatML template" if template.is_default else template.name
     raise TemplateNotTranslatable(
         f"{kind} is of no chat-template family that can be written as an Ollama template "

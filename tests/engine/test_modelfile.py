@@ -23,8 +23,18 @@ from . import gotemplate
 
 DATA = Path(__file__).parent.parent / "data" / "templates"
 
+# SmolLM2-Instruct's template: a default system prompt, and its BOS token is "<|im_start|>"
+SMOLLM2 = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+    "trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
 # (template source, bos, eos, the family it must translate to)
 FAMILY_CASES = {
+    "smollm2": (SMOLLM2, "<|im_start|>", "<|im_end|>", "ChatML"),
     "chatml-default": (CHATML_TEMPLATE, "", "<|im_end|>", "ChatML"),
     "qwen2.5": ((DATA / "Qwen-Qwen2.5-7B-Instruct.jinja").read_text(), "", "<|im_end|>", "ChatML"),
     "qwen3": ((DATA / "Qwen-Qwen3-0.6B.jinja").read_text(), "", "<|im_end|>", "ChatML"),
