@@ -97,6 +97,7 @@ if has moe; then
     stamp moe
 fi
 if has moestep; then
+    export TUNE_MOE_STEP=1  # MoE models take the captured step only when asked, until this part has passed
     MC=${MSTEP_CHECK_S:-120}
     # each log ends with its exit status (124: killed at its time limit)
     {

@@ -1,7 +1,7 @@
 """Hostile inputs at the engine's boundaries: every case must end in a clean, one-line error or a
 correct result, within its time limit, and leave every input file as it was.
 
-Five categories of cases, each made from a seeded generator:
+Nine categories of cases, each made from a seeded generator: five at the engine's readers,
 
 - ``gguf``: tiny models written by `engine.testing` (F32, F16 and Q8_0 weights, dense and MoE),
   then truncated, bit-flipped, with header fields (counts, lengths, type ids, dimensions, tensor
@@ -18,11 +18,25 @@ Five categories of cases, each made from a seeded generator:
   can), reach for Python internals, or are not Jinja at all; rendered with and without spans.
 - ``sampling``: NaN/Inf logits and sampling settings in and out of range.
 
+and four at the command line, every `tune-engine` command run through its `main` in this process
+(bench/fuzz_cli.py has the details):
+
+- ``outputs``: an output option of `logits`, `train`, `export` or `reward` aimed at an input of the
+  same command, at a link (symbolic or hard) to one, inside the checkpoint being resumed, at a
+  checkpoint folder holding an input, at a file of another kind, or at another output: refused.
+- ``values``: every numeric option of every command set to NaN, an infinity or a value out of its
+  range (refused, naming the option), or in range (runs, or fails cleanly).
+- ``types``: a tensor's ggml type code rewritten to any other code: refused unless the code means
+  exactly the same bytes.
+- ``adapters``: adapters with NaN/Inf factors or alpha, or 1e30 factors, and checkpoints with a NaN
+  in their state, used by every command that reads one: refused; no exit 0 with non-finite logits.
+
 Each case runs in this process with a time limit (SIGALRM where available, and the elapsed time
 in any case). The outcome is "ok" (a result, checked), "error" (the expected exception, its
 message one line), or a failure: "traceback" (any other exception, or a multi-line message),
 "wrong" (a result that fails its check), "hang" (past the time limit) or "changed" (an input
-file's hash or the folder's listing changed).
+file's hash or the folder's listing changed: every input of a case lives in its folder, every
+output the case means to write in another).
 
     python bench/fuzz.py --n 2500 --seed 1
 
@@ -60,6 +74,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.fuzz_cli import CLI_CATEGORIES, CliCases, Wrong  # noqa: E402
 from engine.errors import DatasetError, EngineError, ModelError, TemplateError, TokenizerError  # noqa: E402
 from engine.io.gguf_file import GGUFFile  # noqa: E402
 from engine.model.generate import SamplingConfig, generate, sample_next  # noqa: E402
@@ -75,15 +90,12 @@ from engine.train.data import (  # noqa: E402
     save_jsonl,
 )
 
-CATEGORIES = ("gguf", "vocab", "jsonl", "template", "sampling")
-SHARE = {"gguf": 0.34, "vocab": 0.1, "jsonl": 0.24, "template": 0.22, "sampling": 0.1}
+CATEGORIES = ("gguf", "vocab", "jsonl", "template", "sampling", *CLI_CATEGORIES)
+SHARE = {"gguf": 0.26, "vocab": 0.08, "jsonl": 0.18, "template": 0.16, "sampling": 0.08, "outputs": 0.08,
+         "values": 0.08, "types": 0.04, "adapters": 0.04}  # fmt: skip
 FAILURES = ("traceback", "wrong", "hang", "changed")
 TEMPLATE_SECONDS = 0.5  # the time limit templates get here (a spinning one costs this much)
 REPO = Path(__file__).resolve().parents[1]
-
-
-class Wrong(Exception):
-    """A case finished with a result that fails its check."""
 
 
 class _Hang(BaseException):
@@ -230,8 +242,9 @@ def _put(data: bytearray, f: HeaderField, value: int) -> None:
 # -- the fuzzer -----------------------------------------------------------------------------------
 
 
-class Fuzzer:
-    """Makes and runs cases; `workdir` holds the base models and one folder per case."""
+class Fuzzer(CliCases):
+    """Makes and runs cases; `workdir` holds the base models and one folder per case (the
+    command-line categories are bench/fuzz_cli.py's)."""
 
     def __init__(self, workdir: str | os.PathLike[str], seed: int = 0, case_seconds: float = 10.0):
         self.workdir = Path(workdir)
@@ -972,6 +985,8 @@ def main(argv: list[str] | None = None) -> int:
     categories = tuple(args.only) if args.only else CATEGORIES
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tune-fuzz-") as tmp:
+        # train's prepared datasets go to the app's data folder: a throwaway one here, not the user's
+        os.environ["TUNE_STUDIO_DATA"] = os.path.join(tmp, "app-data")
         fuzzer = Fuzzer(tmp, args.seed, args.case_seconds)
         done = 0
 

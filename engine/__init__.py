@@ -53,7 +53,9 @@ from .export.write import (
     fit_problems,
     merged_tensor_types,
 )
-from .io.gguf_file import GGUFFile, TensorInfo, dequantizable_types
+from .io.files import AppendLog, atomic_write, check_outputs
+from .io.gguf_file import KNOWN_TYPES, GGUFFile, TensorInfo, dequantizable_types
+from .io.quantize import quantizable_types
 from .model.archs import ARCHS, ArchSpec, ModelConfig, supported_architectures
 from .model.generate import GREEDY, Generation, SamplingConfig, generate
 from .model.lora import LoraAdapter, lora_shapes
@@ -72,6 +74,7 @@ from .model.targets import (
     select_targets,
     split_name,
 )
+from .ranges import RANGES, Range, check_number
 from .session import RUN, EngineSession, Reply, template_for
 from .testing import SynthSpec, write_adapter, write_model
 from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
@@ -154,31 +157,33 @@ from .train.runs import RunRecord, find_runs, latest_finished, run_from_events
 from .train.trainer import TrainConfig, Trainer
 
 __all__ = [
-    "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "append_preference", "ARCHS",
-    "ArchSpec", "AutoRounds", "available_devices", "Backend", "BAD_MARK", "Batch", "blind_pair", "BlindPair",
-    "BUILTIN_CHECKS", "Candidate", "CHATML_TEMPLATE", "ChatTemplate", "check_export", "CheckError",
-    "CheckItem", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckpointInfo", "CheckReport",
-    "CheckSpec", "chosen_text", "ConfigError", "DatasetError", "dequantizable_types", "describe_settings",
+    "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "append_preference", "AppendLog",
+    "ARCHS", "ArchSpec", "atomic_write", "AutoRounds", "available_devices", "Backend", "BAD_MARK", "Batch",
+    "blind_pair", "BlindPair", "BUILTIN_CHECKS", "Candidate", "CHATML_TEMPLATE", "ChatTemplate",
+    "check_export", "check_number", "check_outputs", "CheckError", "CheckItem", "Checkpoint",
+    "checkpoint_roots", "CheckpointEntry", "CheckpointInfo", "CheckReport", "CheckSpec", "chosen_text",
+    "ConfigError", "DatasetError", "dequantizable_types", "describe_settings", "Device", "encode_iter",
+    "encode_samples", "Encoded", "EncodeOptions", "EngineError", "EngineSession", "estimate_memory",
+    "estimate_size", "Eval", "event_from_json", "event_to_json", "Example", "ExpertUsage", "export_adapter",
     "export_modelfile",
-    "Device", "encode_iter", "encode_samples", "Encoded", "EncodeOptions", "EngineError", "EngineSession",
-    "estimate_memory", "estimate_size", "Eval", "event_from_json", "event_to_json", "Example", "ExpertUsage",
-    "export_adapter", "export_merged", "export_size", "ExportError", "ExportRequest", "Failed", "failed_name",
+    "export_merged", "export_size", "ExportError", "ExportRequest", "Failed", "failed_name",
     "find_checkpoints", "find_runs", "Finished", "fit_problems", "follow_events", "generate", "Generation",
-    "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "iter_jsonl", "KVCache",
-    "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_prompts",
+    "GGUFFile", "GREEDY", "group_advantages", "human_bytes", "human_count", "iter_jsonl", "KNOWN_TYPES",
+    "KVCache", "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl", "load_prompts",
     "load_ratings", "local_ranks_available", "lora_candidates", "lora_norms", "lora_param_count",
-    "lora_shapes", "LoraAdapter", "LoraNorms", "LoraTerm", "MemoryEstimate", "MERGE_BASE_TYPE", "MERGE_TYPES",
-    "merged_tensor_types", "MergeReport", "MIN_EFFECT_KEPT", "Model", "ModelConfig", "ModelError",
-    "ModelSummary", "NormsReport", "OK_MARK", "parse_layers", "parse_rating", "parse_sample", "Paused",
-    "Plan", "plan_warning", "PREFERENCE_CHOICES", "PreferenceEval", "PreferenceStep", "PRESETS", "Preview",
-    "Problem", "prompt_from_json", "PromptItem", "PromptResult", "quantizable_types", "quarantine",
-    "rating_from_stars", "read_checkpoint_info", "reference_of", "Reply", "reward_weights", "RewardConfig",
-    "RewardError", "RewardSession", "round_table", "RoundProgress", "RoundReport", "RoundResult",
-    "RoundsConfig", "RUN", "run_from_events", "run_of", "RunRecord", "RunWarning", "Sample", "sample_to_json",
-    "SAMPLES_FILE", "SamplingConfig", "save_jsonl", "Score", "ScoredGroup", "Scorer", "select_backend",
-    "select_full", "select_targets", "shell_line", "split_name", "Started", "Step", "suggest_out",
-    "summarize", "supported_architectures", "SynthSpec", "TargetSpec", "template_for", "TemplateError",
-    "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE", "train_command", "TrainConfig",
-    "Trainer", "trajectory_changes", "TRAJECTORY_FIELDS", "validation_indices", "verify_export",
-    "VERIFY_PROMPTS", "VerifyReport", "with_answers", "write_adapter", "write_export", "write_model"
+    "lora_shapes", "LoraAdapter", "LoraNorms", "LoraTerm", "MemoryEstimate", "MERGE_BASE_TYPE",
+    "MERGE_TYPES", "merged_tensor_types", "MergeReport", "MIN_EFFECT_KEPT", "Model", "ModelConfig",
+    "ModelError", "ModelSummary", "NormsReport", "OK_MARK", "parse_layers", "parse_rating", "parse_sample",
+    "Paused", "Plan", "plan_warning", "PREFERENCE_CHOICES", "PreferenceEval", "PreferenceStep", "PRESETS",
+    "Preview", "Problem", "prompt_from_json", "PromptItem", "PromptResult", "quantizable_types",
+    "quarantine", "Range", "RANGES", "rating_from_stars", "read_checkpoint_info", "reference_of", "Reply",
+    "reward_weights", "RewardConfig", "RewardError", "RewardSession", "round_table", "RoundProgress",
+    "RoundReport", "RoundResult", "RoundsConfig", "RUN", "run_from_events", "run_of", "RunRecord",
+    "RunWarning", "Sample", "sample_to_json", "SAMPLES_FILE", "SamplingConfig", "save_jsonl", "Score",
+    "ScoredGroup", "Scorer", "select_backend", "select_full", "select_targets", "shell_line", "split_name",
+    "Started", "Step", "suggest_out", "summarize", "supported_architectures", "SynthSpec", "TargetSpec",
+    "template_for", "TemplateError", "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE",
+    "train_command", "TrainConfig", "Trainer", "trajectory_changes", "TRAJECTORY_FIELDS",
+    "validation_indices", "verify_export", "VERIFY_PROMPTS", "VerifyReport", "with_answers",
+    "write_adapter", "write_export", "write_model"
 ]  # fmt: skip

@@ -27,7 +27,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from engine import DatasetError, Problem, Sample, load_jsonl, parse_sample, sample_to_json, save_jsonl
+from engine import (
+    DatasetError,
+    EngineError,
+    Problem,
+    Sample,
+    check_outputs,
+    load_jsonl,
+    parse_sample,
+    sample_to_json,
+    save_jsonl,
+)
 
 ChangeKind = Literal["reset", "inserted", "removed", "moved", "changed", "path", "history", "dirty"]
 
@@ -191,6 +201,9 @@ class DatasetDocument:
         self._index = 0  # steps of the history that are done
         self._clean: int | None = 0  # the index at which the document equals its file; None: never
         self._listeners: list[Listener] = []
+        # the other files the app reads (what they are -> path), which a save must never replace:
+        # the window sets it (the model, the chat template, the project file)
+        self.protected: Callable[[], dict[str, str | None]] = dict
         self._replace(list(samples), _absolute(path), [], saved=True)
 
     # --- reading ----------------------------------------------------------------------------
@@ -423,6 +436,10 @@ class DatasetDocument:
         target = _absolute(path) if path is not None else self._path
         if not target:
             raise DatasetError("the dataset has no file name yet: save it with Save As")
+        try:
+            check_outputs({"dataset": target}, self.protected())
+        except EngineError as exc:
+            raise DatasetError(str(exc)) from exc
         save_jsonl(target, self._samples)
         was_dirty, old_path = self.dirty, self._path
         changed = [i for i, s in enumerate(self._samples) if s.line != i + 1]

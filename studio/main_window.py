@@ -181,6 +181,10 @@ class MainWindow(QMainWindow):
         self.settings = settings or QSettings(SETTINGS_ORG, SETTINGS_APP)
         self.project = Project()
         self.dataset = DatasetDocument()  # the samples being edited, read by every page
+        self.dataset.protected = lambda: {  # a Save As never replaces another file of the project
+            "model": self.project.model_path, "chat template": self.project.template_file,
+            "project file": self.project.path,
+        }  # fmt: skip
         self.engine = engine or Engine(self)
         self.model_info: ModelInfo | None = None
         self.theme = "system"

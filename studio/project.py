@@ -34,7 +34,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -50,6 +49,8 @@ from engine import (
     TensorInfo,
     Tokenizer,
     TrainConfig,
+    atomic_write,
+    check_outputs,
     summarize,
     template_for,
 )
@@ -369,12 +370,14 @@ class Project:
         path = path or self.path
         if not path:
             raise ProjectError("the project has no file name yet: use Save As")
-        folder = os.path.dirname(os.path.abspath(path))
+        try:  # never over a file the project names (Save As onto the model would replace it)
+            check_outputs({"project file": path}, {"model": self.model_path, "dataset": self.dataset_path,
+                                                   "chat template": self.template_file})  # fmt: skip
+        except EngineError as exc:
+            raise ProjectError(str(exc)) from exc
         try:
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=folder)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
+            with atomic_write(path, "w", encoding="utf-8") as f:
                 json.dump(self.to_json(), f, indent=2)
-            os.replace(tmp, path)
         except OSError as exc:
             raise ProjectError(f"{path}: the project could not be saved ({exc})") from exc
         self.path = path

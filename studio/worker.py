@@ -8,9 +8,14 @@ callbacks (`on_event`, `on_done`, `on_error`) run on the UI thread: the worker's
 to the `Engine`, which lives there, and it calls the job's callbacks. Only host data crosses.
 
 `Engine.jobs` is the one registry of queued and running work (the status bar shows it);
-`sig_busy_changed(bool)` says when the worker starts and stops working. `shutdown()` stops the
-running job (a training run writes its checkpoint), drops the queued ones and waits for the thread:
-the window calls it on close. Threads are never terminated.
+`sig_busy_changed(bool)` says when the worker starts and stops working. A job's state changes
+under its own lock (`Job.begin`, `Job.cancel`, `Job.end`): a job cancelled before the worker takes
+it never runs and its `on_done` never fires; one the worker took first is asked to stop. The open
+model is announced as a `ModelHandle` (path, device, a number per opening): the `EngineSession`
+itself never leaves the worker thread. `shutdown()` stops the running job (a training run writes
+its checkpoint), drops the queued ones and waits for the thread: the window calls it on close, the
+application's `aboutToQuit` calls it, and so does an exit hook for a program that builds an
+`Engine` (a `MainWindow`) and exits without closing it. Threads are never terminated.
 
 The worker object is superqt's shape: a QObject moved to a QThread (not a QThread subclass), with
 signals for started / event / finished / errored. This module has no widgets.
@@ -18,12 +23,14 @@ signals for started / event / finished / errored. This module has no widgets.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import os
 import sys
 import threading
 import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +71,7 @@ class Job:
     traceback: str = ""  # of an unexpected exception (a bug), for the event log
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _pause: threading.Event = field(default_factory=threading.Event, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # guards state
     _emit: Callable[[Job, object], None] | None = field(default=None, repr=False)
 
     # --- any thread ------------------------------------------------------------------------------
@@ -83,11 +91,50 @@ class Job:
     def active(self) -> bool:
         return self.state in ("queued", "running")
 
+    def cancel(self) -> bool:
+        """Drop the job if it is still queued (True: it will never run), else ask it to stop."""
+        with self._lock:
+            if self.state == "queued":
+                self.state = "cancelled"
+                return True
+            if self.state == "running":
+                self._stop.set()
+            return False
+
     # --- the worker thread -----------------------------------------------------------------------
+    def begin(self) -> bool:
+        """Queued -> running, unless it was cancelled first (False: do not run it)."""
+        with self._lock:
+            if self.state != "queued":
+                return False
+            self.state = "running"
+            return True
+
+    def end(self, state: str, *, result: Any = None, error: str = "", tb: str = "") -> None:
+        """Running -> done or failed, with its result or error."""
+        with self._lock:
+            self.result, self.error, self.traceback, self.state = result, error, tb, state
+
     def emit(self, event: object) -> None:
         """Send an event to the job's on_event (on the UI thread)."""
         if self._emit is not None:
             self._emit(self, event)
+
+
+@dataclass(frozen=True)
+class ModelHandle:
+    """The model the worker has open, as the UI thread knows it: host data only, never the session."""
+
+    path: str  # the model file
+    device: str  # "cpu" or "cuda:N"
+    number: int  # counts openings: another number is another load (of the same file or another)
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+
+_OPENINGS = itertools.count(1)
 
 
 class EngineWorker(QObject):
@@ -97,34 +144,33 @@ class EngineWorker(QObject):
     sig_event = Signal(object, object)  # job, event
     sig_finished = Signal(object)  # job (state done: its result is job.result)
     sig_errored = Signal(object)  # job (state failed: job.error, job.traceback)
-    sig_session = Signal(object)  # the new EngineSession, or None (worker thread object: read-only)
+    sig_session = Signal(object)  # the ModelHandle of the model just opened, or None when it closed
 
     def __init__(self) -> None:
         super().__init__()
-        self.session: EngineSession | None = None
+        self.session: EngineSession | None = None  # only ever used on the worker thread
+        self.handle: ModelHandle | None = None
 
     def _emit(self, job: Job, event: object) -> None:
         self.sig_event.emit(job, event)
 
     @Slot(object)
     def run_job(self, job: Job) -> None:
-        if job.state == "cancelled":
-            return
-        self._run_one(job)
+        if job.begin():  # False: cancelled while queued, never run
+            self._run_one(job)
 
     @Slot()
     def farewell(self) -> None:
         """The last call on the worker thread: let the model go, move this object to the UI thread
         (a Python-made QObject must not be deleted on a worker thread: the binding's wrapper lock
         against the interpreter lock can deadlock) and end the thread's event loop."""
-        self.session = None
+        self.session = self.handle = None
         app = QCoreApplication.instance()
         if app is not None:
             self.moveToThread(app.thread())
         QThread.currentThread().quit()
 
     def _run_one(self, job: Job) -> None:
-        job.state = "running"
         job._emit = self._emit
         self.sig_started.emit(job)
         previous = sys.getswitchinterval()
@@ -135,8 +181,7 @@ class EngineWorker(QObject):
             if job.needs_session and self.session is None:
                 raise EngineError("no model is open: open a model on the Model page first")
             result = job.fn(self.session, job)
-            job.result = result
-            job.state = "done"
+            job.end("done", result=result)
             self.sig_finished.emit(job)
         except EngineError as exc:
             self._failed(job, str(exc))
@@ -160,14 +205,15 @@ class EngineWorker(QObject):
         if s is not None and s.device == device and _same_file(s.path, path):
             return
         if s is not None:
-            self.session = None  # release the old model before the new one loads
+            self.session = self.handle = None  # release the old model before the new one loads
             self.sig_session.emit(None)
         self.session = EngineSession(path, device=device)
         self.session.summary  # noqa: B018 - read the summary here, not on the UI thread
-        self.sig_session.emit(self.session)
+        self.handle = ModelHandle(self.session.path, self.session.device, next(_OPENINGS))
+        self.sig_session.emit(self.handle)
 
     def _failed(self, job: Job, message: str, tb: str = "") -> None:
-        job.error, job.traceback, job.state = message, tb, "failed"
+        job.end("failed", error=message, tb=tb)
         self.sig_errored.emit(job)
 
 
@@ -176,7 +222,7 @@ class Engine(QObject):
 
     sig_busy_changed = Signal(bool)
     sig_jobs_changed = Signal()
-    sig_model_opened = Signal(object)  # the EngineSession (use from jobs only; read its facts)
+    sig_model_opened = Signal(object)  # ModelHandle (the session stays on the worker: jobs get it)
     _sig_submit = Signal(object)  # to the worker's run_job (queued: it lives on the worker thread)
     _sig_farewell = Signal()
 
@@ -184,7 +230,7 @@ class Engine(QObject):
         super().__init__(parent)
         self.jobs: list[Job] = []  # queued and running, in order
         self.running: Job | None = None
-        self.session: EngineSession | None = None  # the worker's; set when a model opens
+        self.model: ModelHandle | None = None  # the model the worker has open
         self._thread = QThread()
         self._thread.setObjectName("tune-studio-engine")
         self._worker = EngineWorker()
@@ -198,6 +244,10 @@ class Engine(QObject):
         self._worker.sig_session.connect(self._session)
         self._thread.start()
         self._closed = False
+        _ENGINES.add(self)  # stopped by the exit hook if nothing else stops it first
+        app = QCoreApplication.instance()
+        if app is not None:
+            app.aboutToQuit.connect(self.shutdown)
 
     # --- submitting ------------------------------------------------------------------------------
     def submit(
@@ -230,22 +280,26 @@ class Engine(QObject):
         path: str,
         *,
         device: str = "cpu",
-        on_done: Callable[[EngineSession], None] | None = None,
+        on_done: Callable[[Any], None] | None = None,
         on_error: Callable[[str], None] | None = None,
+        describe: Callable[[EngineSession], Any] | None = None,
     ) -> Job:
-        """Open a model file in the worker (the previous one is closed); on_done(session)."""
+        """Open a model file in the worker (the previous one is closed); on_done(what) with what
+        `describe(session)` returns, run on the worker thread (host data: the facts a page shows),
+        or the ModelHandle without `describe`."""
+        worker = self._worker
+
+        def fn(session: EngineSession, job: Job) -> Any:
+            return describe(session) if describe is not None else worker.handle
+
         return self.submit(
-            f"opening {os.path.basename(path)}", lambda session, job: session, on_done=on_done,
-            on_error=on_error, model=(path, device),
-        )  # fmt: skip
+            f"opening {os.path.basename(path)}", fn, on_done=on_done, on_error=on_error, model=(path, device)
+        )
 
     def cancel(self, job: Job) -> None:
-        """Drop a queued job, or ask a running one to stop."""
-        if job.state == "queued":
-            job.state = "cancelled"
+        """Drop a queued job (it never runs), or ask a running one to stop."""
+        if job.cancel():
             self._forget(job)
-        elif job.state == "running":
-            job.request_stop()
 
     @property
     def busy(self) -> bool:
@@ -271,10 +325,10 @@ class Engine(QObject):
             job.on_event(event)
 
     @Slot(object)
-    def _session(self, session: EngineSession | None) -> None:
-        self.session = session
-        if session is not None:
-            self.sig_model_opened.emit(session)
+    def _session(self, handle: ModelHandle | None) -> None:
+        self.model = handle
+        if handle is not None:
+            self.sig_model_opened.emit(handle)
 
     @Slot(object)
     def _finished(self, job: Job) -> None:
@@ -307,14 +361,14 @@ class Engine(QObject):
         if self._closed:
             return not self._thread.isRunning()
         self._closed = True
+        _ENGINES.discard(self)
         for job in list(self.jobs):
-            job.request_stop()  # the one running (its state may not have reached this thread yet)
-            if job.state == "queued":
-                job.state = "cancelled"
+            job.cancel()  # queued: never runs; running (or about to): asked to stop after its step
+            job.request_stop()
         self._sig_farewell.emit()  # after the running job: the worker's event loop takes them in order
         done = bool(self._thread.wait(timeout_ms))
         if done:
-            self.session = None
+            self.model = None
             self.jobs.clear()
             self._worker.deleteLater()
         return done
@@ -331,6 +385,21 @@ class Engine(QObject):
         return not self.jobs
 
 
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()  # engines whose thread may still run
+
+
+@atexit.register
+def _stop_engines_at_exit() -> None:
+    """A program that built an Engine (a MainWindow) and exits without closing it: end each worker
+    thread before the interpreter goes, or Qt aborts ("QThread: Destroyed while thread is still
+    running"). A running job is asked to stop after its step, as on close."""
+    for engine in list(_ENGINES):
+        try:
+            engine.shutdown()
+        except RuntimeError:  # its Qt object is gone already: so is its thread
+            pass
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -338,4 +407,4 @@ def _same_file(a: str, b: str) -> bool:
         return os.path.abspath(a) == os.path.abspath(b)
 
 
-__all__ = ["OUT_OF_MEMORY", "Engine", "EngineWorker", "Job"]
+__all__ = ["OUT_OF_MEMORY", "Engine", "EngineWorker", "Job", "ModelHandle"]

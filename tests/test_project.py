@@ -46,6 +46,16 @@ def test_engine_imports_without_qt():
     assert out.stdout.strip() == "[]"
 
 
+def test_every_name_the_engine_exports_exists():
+    """`from engine import *` imports every name of engine.__all__ (quantizable_types was listed and
+    not imported: the star import raised)."""
+    namespace: dict = {}
+    exec("from engine import *", namespace)
+    import engine
+
+    assert set(engine.__all__) <= set(namespace) and "quantizable_types" in namespace
+
+
 def test_ci_runs_the_readme_commands():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()

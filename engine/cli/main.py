@@ -10,21 +10,28 @@ every command that computes shares are in `engine.cli.common`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import EngineError
-from ..io.files import atomic_write
+from ..export.modelfile import modelfile_path
+from ..export.verify import failed_name
+from ..io.files import AppendLog, atomic_write, check_outputs
 from ..model.generate import GREEDY, SamplingConfig
 from ..model.summary import human_bytes, human_count, summarize
+from ..ranges import check_number
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
+from ..train.checkpoint import PREFIX as CHECKPOINT_PREFIX
+from ..train.trainer import RESUMED, RUN_FOLDERS, resolve_checkpoint, run_kinds, run_outputs
 from . import ranks
 from .common import add_runtime_options, open_session
 
@@ -33,6 +40,89 @@ EXIT_USAGE = 2
 
 class CliError(Exception):
     """A problem with the command's own inputs (a file that cannot be read, a bad value)."""
+
+
+# --- the one rule for every command's values and paths ----------------------------------------------
+
+# Numeric options (argparse dest) and their entry in engine.ranges, the table the app shares.
+OPTION_RANGES = {
+    "lora_scale": "adapter_scale", "scale": "adapter_scale", "temp": "temperature", "top_k": "top_k",
+    "top_p": "top_p", "min_p": "min_p", "seed": "seed", "samples": "n_samples", "n": "max_new_tokens",
+    "rank": "rank", "alpha": "alpha", "lr": "lr", "warmup": "warmup_steps", "weight_decay": "weight_decay",
+    "gclip": "gclip", "max_grad_norm": "max_grad_norm", "epochs": "epochs", "steps": "steps",
+    "ctx": "n_ctx", "batch": "batch_size", "grad_accum": "grad_accum", "val_split": "val_split",
+    "eval_every": "eval_every", "kl": "kl_coef", "checkpoint_every": "checkpoint_every",
+    "rank_timeout": "rank_timeout_s",
+}  # fmt: skip
+COMMAND_RANGES = {("generate", "seed"): "sampling_seed"}  # where a command's option means another thing
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """ConfigError naming the option (--lr, -n) when a numeric option is NaN, infinite or out of range."""
+    for dest, value in vars(args).items():
+        name = COMMAND_RANGES.get((args.command, dest), OPTION_RANGES.get(dest))
+        if name is None or value is None:
+            continue
+        label = ("-" if len(dest) == 1 else "--") + dest.replace("_", "-")
+        check_number(name, value, label=label)
+
+
+class CommandPaths(NamedTuple):
+    """Every file a command reads and every path it writes, by what they are (for people)."""
+
+    inputs: dict[str, str | None]
+    outputs: dict[str, str | None]
+    folders: dict[str, str] | None = None  # outputs that are folders -> prefix of the entries they replace
+    continues: str | None = None  # the input a folder output may hold (a resumed checkpoint)
+    kinds: dict[str, str] | None = None  # outputs -> what they write (engine.io.files.KINDS)
+
+
+def command_paths(args: argparse.Namespace) -> CommandPaths:
+    """The inputs and outputs of the command `args` runs (see engine.io.files.check_outputs)."""
+    a = vars(args)
+    cmd = args.command
+    if cmd == "logits":
+        return CommandPaths({"model": a["model"], "adapter": a["lora"]}, {"logits file": a["out"]},
+                            kinds={"logits file": "npy"})  # fmt: skip
+    if cmd == "export":
+        kind = "model" if a["merge"] else "adapter"
+        verified = a["verify"] if a["verify"] is not None else a["merge"]
+        failed = failed_name(a["out"]) if verified and not a["check"] else None  # where a failed file goes
+        modelfile = modelfile_path(a["out"]) if a["modelfile"] and a["out"] else None  # for Ollama
+        return CommandPaths(
+            {"adapter": a["adapter"], "base model": a["model"], "verification prompts": a["prompts"]},
+            {"output": a["out"], "failed output": failed, "Modelfile": modelfile},
+            kinds={"output": kind, "failed output": kind},
+        )  # fmt: skip
+    if cmd == "reward":
+        return CommandPaths(
+            {"model": a["model"], "adapter to continue": a["adapter"], "prompts file": a["prompts"]},
+            {"adapter": a["out"], "ratings file": a["ratings"], "checkpoint folder": a["checkpoint_dir"]},
+            {"checkpoint folder": CHECKPOINT_PREFIX},
+            "adapter to continue",
+            {"adapter": "adapter", "ratings file": "jsonl"},
+        )
+    if cmd == "train":
+        resume = a["resume"]
+        if resume:
+            with contextlib.suppress(EngineError):  # the run names a checkpoint that cannot be used
+                resume = resolve_checkpoint(resume)
+        config, _ = train_config(args)
+        return CommandPaths(
+            {"model": a["model"], "dataset": a["data"], "adapter to continue": a["init_adapter"],
+             RESUMED: resume, "chat template": a["template_file"], "settings file": a["settings"]},
+            {**run_outputs(config), "events file": a["events"]},
+            RUN_FOLDERS, RESUMED, {**run_kinds(config), "events file": "events"},
+        )  # fmt: skip
+    return CommandPaths({}, {})  # inspect, tokenize, chat-template, generate, norms: nothing is written
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """ConfigError, before any work, when an output of the command is one of its inputs (symbolic
+    links followed, hard links caught), lies inside one, is another of its outputs, or is a file
+    of another kind than it writes (a dataset where logits go)."""
+    p = command_paths(args)
+    check_outputs(p.outputs, p.inputs, folders=p.folders, continues=p.continues, kinds=p.kinds)
 
 
 def _read_text(path: str) -> str:
@@ -269,27 +359,17 @@ def _same_path(a: str, b: str) -> bool:
         return os.path.abspath(a) == os.path.abspath(b)
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def train_config(args: argparse.Namespace):
+    """The TrainConfig of `tune-engine train`'s arguments and the checkpoint it resumes (None: a new
+    run): the options given, over the checkpoint's settings or the defaults, or the --settings file's
+    (CliError or ConfigError naming a bad value; nothing is written)."""
     from dataclasses import replace
 
-    from ..train import events as ev
-    from ..train.advice import plan_warning
-    from ..train.resume import describe_settings, read_checkpoint_info
+    from ..train.resume import read_checkpoint_info
     from ..train.trainer import TrainConfig
 
     if args.epochs is not None and args.steps is not None:
         raise CliError("give --epochs or --steps, not both")
-    if args.ranks < 1:
-        raise CliError(f"--ranks must be at least 1, got {args.ranks}")
-    if args.ranks > 1 and args.objective not in (None, "sft"):
-        raise CliError(
-            f"--objective {args.objective} trains in one process (its loss compares the two answers of "
-            "each pair, which cannot be split across processes): leave out --ranks"
-        )
-    if ranks.several_ranks_wanted(args):
-        return ranks.launch_local(args.ranks, args.argv, CliError)
-    comm = args.comm = ranks.open_ranks(args)
-    root = comm.is_root  # with several ranks, rank 0 alone prints progress and writes events
     out = args.out
     given = _given_settings(args)
     info = read_checkpoint_info(args.resume) if args.resume else None
@@ -307,6 +387,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.settings:  # the file's settings replace the options; a resumed run keeps its checkpoint folder
         folder = ckpt_dir if info is not None else args.checkpoint_dir
         config = ranks.settings_config(args.settings, config, folder, CliError)
+    return config, info
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ..train import events as ev
+    from ..train.advice import plan_warning
+    from ..train.resume import describe_settings
+
+    if args.ranks < 1:
+        raise CliError(f"--ranks must be at least 1, got {args.ranks}")
+    if args.ranks > 1 and args.objective not in (None, "sft"):
+        raise CliError(
+            f"--objective {args.objective} trains in one process (its loss compares the two answers of "
+            "each pair, which cannot be split across processes): leave out --ranks"
+        )
+    if ranks.several_ranks_wanted(args):
+        return ranks.launch_local(args.ranks, args.argv, CliError)
+    comm = args.comm = ranks.open_ranks(args)
+    root = comm.is_root  # with several ranks, rank 0 alone prints progress and writes events
+    config, info = train_config(args)
     if info is not None:
         changes = _resume_changes(args, info, config)
         if changes and not args.accept_changes:
@@ -320,21 +420,30 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"resuming {info.path} at step {info.step}{planned}: {describe_settings(config)}"
                   + (f" (changed: {'; '.join(changes)})" if changes else ""), file=sys.stderr)  # fmt: skip
     tty = sys.stderr.isatty()
-    events_file = None
-    if args.events and root:
-        try:
-            events_file = open(args.events, "w", encoding="utf-8")  # noqa: SIM115 - closed below
-        except OSError as exc:
-            raise CliError(f"{args.events}: cannot be written ({exc})") from exc
+    # appended to, never truncated: a resumed run's events follow the first part's; each event is
+    # flushed at once and synced to disk every second, at each checkpoint and at the end
+    events_log = AppendLog(args.events) if args.events and root else None
     stop = {"requested": False}
     run_steps = {"total": 1}  # the run's step total, for the preference lines between step lines
+
+    def log_event(e) -> None:
+        nonlocal events_log
+        try:
+            events_log.write((ev.event_to_json(e) + "\n").encode("utf-8"))
+            if isinstance(e, (ev.Checkpoint, ev.Finished, ev.Failed)):
+                events_log.sync()
+        except OSError as exc:  # the run goes on: its checkpoints and adapter matter more
+            print(f"{chr(10) if tty else ''}warning: {args.events}: events are no longer written "
+                  f"({exc.strerror or exc})", file=sys.stderr)  # fmt: skip
+            with contextlib.suppress(OSError):
+                events_log.close()
+            events_log = None
 
     def on_event(e) -> None:
         if not root:
             return
-        if events_file is not None:
-            events_file.write(ev.event_to_json(e) + "\n")
-            events_file.flush()
+        if events_log is not None:
+            log_event(e)
         if isinstance(e, ev.Started):
             p = e.plan
             m = p.memory_bytes
@@ -397,8 +506,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         result = session.train(on_event, lambda: stop["requested"])
     finally:
         signal.signal(signal.SIGINT, previous)
-        if events_file is not None:
-            events_file.close()
+        if events_log is not None:
+            with contextlib.suppress(OSError):
+                events_log.close()
     if tty and root:
         print(file=sys.stderr)
     if isinstance(result, ev.Failed):
@@ -571,7 +681,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--init-adapter", help="adapter GGUF to continue training")
     s.add_argument("--template-file", help="Jinja chat template overriding the model's")
     s.add_argument("--seed", type=int, default=None, help="shuffling, split and LoRA init (default 0)")
-    s.add_argument("--events", help="write every event as one JSON line to this file")
+    s.add_argument(
+        "--events", help="append every event as one JSON line to this file (an events log; never truncated)"
+    )
     s.add_argument(
         "--settings",
         help="a run's settings as JSON (what the studio writes: every TrainConfig field); they replace "
@@ -605,6 +717,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        check_options(args)
+        check_paths(args)
         return args.func(args)
     except (EngineError, CliError) as exc:
         comm = getattr(args, "comm", None)

@@ -15,8 +15,8 @@ import sys
 from dataclasses import replace
 
 from ..errors import EngineError, ExportError
-from ..export.check import ExportRequest, _same_file, check_export
-from ..export.modelfile import modelfile_path, plan_modelfile, write_modelfile
+from ..export.check import ExportRequest, check_export
+from ..export.modelfile import plan_modelfile, write_modelfile
 from ..export.verify import quarantine, verify_export
 from ..export.write import (
     ADAPTER_TYPES,
@@ -157,11 +157,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.modelfile:
         if not args.model:
             raise ExportError("--modelfile names the base model in FROM: give --model BASE.gguf")
-        for path in (args.model, args.adapter):
-            if _same_file(modelfile_path(args.out), path):
-                raise ExportError(
-                    f"{modelfile_path(args.out)} is an input: write the export to another folder"
-                )
         try:
             plan = plan_modelfile(GGUFFile(args.model).metadata, request.sampling)
         except EngineError as exc:

@@ -23,11 +23,13 @@ import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from ..errors import EngineError, ExportError
+from ..errors import ConfigError, EngineError, ExportError
+from ..io.files import check_outputs
 from ..io.gguf_file import GGUFFile
 from ..model.generate import SamplingConfig
 from ..model.lora import LoraAdapter
 from ..model.summary import human_bytes
+from ..ranges import check_number
 from .modelfile import ModelfilePlan, modelfile_path, plan_modelfile, write_modelfile
 from .write import (
     ADAPTER_TYPES,
@@ -67,6 +69,9 @@ class ExportRequest:
     scale: float = 1.0
     modelfile: bool = False  # also write an Ollama Modelfile beside `out` (when the template translates)
     sampling: SamplingConfig | None = None  # the Modelfile's PARAMETERs (None: the Chat page's defaults)
+
+    def __post_init__(self) -> None:
+        check_number("adapter_scale", self.scale, label="adapter scale", error=ExportError)
 
     @property
     def kind(self) -> str:
@@ -115,15 +120,17 @@ def estimate_size(request: ExportRequest, adapter: LoraAdapter, base: GGUFFile |
     return export_size(adapter, qtype=request.qtype or "F32")
 
 
-def _same_file(a: str, b: str | None) -> bool:
-    if not b:
-        return False
-    try:
-        if os.path.exists(a) and os.path.exists(b):
-            return os.path.samefile(a, b)
-    except OSError:
-        pass
-    return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
+def check_export_paths(request: ExportRequest) -> None:
+    """ConfigError when the output, or the Modelfile written beside it, is the base model or the
+    source adapter (or a link to either): the rule every command's outputs follow
+    (engine.io.files.check_outputs)."""
+    outputs = {"output": request.out}
+    if request.modelfile and request.out:
+        outputs["Modelfile"] = modelfile_path(request.out)
+    check_outputs(
+        outputs, {"base model": request.base, "source adapter": request.source},
+        kinds={"output": "model" if request.merge else "adapter"},
+    )  # fmt: skip
 
 
 def check_export(request: ExportRequest) -> CheckReport:
@@ -244,10 +251,11 @@ def check_export(request: ExportRequest) -> CheckReport:
         name_problem = "the file name must end in .gguf"
     elif os.path.isdir(out):
         name_problem = f"{out} is a folder: give a file name ending in .gguf"
-    elif _same_file(out, request.base):
-        name_problem = "that is the base model itself: write to another file"
-    elif _same_file(out, request.source):
-        name_problem = "that is the source adapter itself: write to another file"
+    else:
+        try:
+            check_export_paths(request)
+        except ConfigError as exc:
+            name_problem = str(exc)
     if name_problem:
         items.append(CheckItem(False, label, name_problem))
     elif os.path.exists(out):
@@ -287,15 +295,8 @@ def _modelfile_check(
     """The Modelfile's plan, when asked for and the template translates; a note says why not.
 
     An untranslatable template does not block the export (a note); a Modelfile path that names an
-    input is refused like the export's own name (a failed check)."""
+    input is refused with the export's own name ("Output name": `check_export_paths`)."""
     if not request.modelfile:
-        return None
-    if out and (
-        _same_file(modelfile_path(out), request.base) or _same_file(modelfile_path(out), request.source)
-    ):
-        items.append(
-            CheckItem(False, "Modelfile name", f"{modelfile_path(out)} is an input: choose another folder")
-        )
         return None
     if base is None:
         return None
@@ -352,23 +353,22 @@ def write_export(
     on_progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> str:
-    """Write the file atomically; returns its path. ExportError when cancelled (nothing changed).
-    The Modelfile is written by `export_modelfile` once the file has passed its verification."""
+    """Write the file atomically; returns its path. ExportError when cancelled (nothing changed),
+    ConfigError when the output (or its Modelfile) is one of the inputs (nothing written). The
+    Modelfile is written by `export_modelfile` once the file has passed its verification."""
+    check_export_paths(request)
     return _write_file(request, adapter, on_progress, should_stop)
 
 
 def export_modelfile(request: ExportRequest) -> str | None:
     """Write the Modelfile of a written export (`request.modelfile`); its path, or None when not
-    asked for or the model's template cannot be translated (the check's note says why)."""
+    asked for or the model's template cannot be translated (the check's note says why).
+    ConfigError when the Modelfile would replace an input (`check_export_paths`)."""
     if not request.modelfile or not request.base:
         return None
+    check_export_paths(request)
     with GGUFFile(request.base) as base:
         metadata = base.metadata
-    for path in (request.base, request.source):
-        if _same_file(modelfile_path(request.out), path):
-            raise ExportError(
-                f"{modelfile_path(request.out)} is an input: the Modelfile is not written there"
-            )
     try:
         plan = plan_modelfile(metadata, request.sampling)
     except EngineError:

@@ -10,7 +10,13 @@
   into place; an existing folder of that name is replaced only once the new one is complete.
 - `durable_append(path, data)`: bytes appended and flushed to disk before it returns, starting on
   a line of their own when the file ends mid-line (a record cut short by a crash); earlier bytes
-  are never rewritten.
+  are never rewritten. `AppendLog(path)` is the same for a log written record by record (a run's
+  events): opened once, never truncated, each record flushed, synced to disk at most every
+  `sync_every_s` seconds and on `sync()`/`close()`.
+- `check_outputs(outputs, inputs)`: the one rule for every output of every command and page: an
+  output path is compared with every input of the same command and with the other outputs,
+  resolved (symbolic links followed, hard links caught by device and inode), and refused with a
+  `ConfigError` naming both before any work is done.
 
 Temporary names start with `TMP_PREFIX`, which `engine.train.trainer.clean_stale_temporaries`
 removes when a killed run left them behind. Errors are the OSError of the failing call; callers
@@ -20,11 +26,15 @@ turn them into their own messages.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Mapping
 from typing import IO
+
+from ..errors import ConfigError
 
 TMP_PREFIX = ".tmp-"
 
@@ -131,3 +141,252 @@ def durable_append(path: str | os.PathLike[str], data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+class AppendLog:
+    """A file written record by record (a run's events), as `durable_append` does for one record:
+    opened in append mode (an existing file is never truncated), each record starting on a line of
+    its own and flushed at once (a reader sees it), the file synced to disk at most every
+    `sync_every_s` seconds, on `sync()` and on `close()`. Opening is lazy: nothing happens to the
+    file before the first record."""
+
+    def __init__(self, path: str | os.PathLike[str], sync_every_s: float = 1.0):
+        self.path = os.fspath(path)
+        self.sync_every_s = sync_every_s
+        self._f: IO[bytes] | None = None
+        self._synced = 0.0
+
+    def write(self, record: bytes) -> None:
+        if self._f is None:
+            f = open(self.path, "a+b")  # noqa: SIM115 - closed by close()
+            if f.tell() > 0:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    record = b"\n" + record
+            self._f = f
+        self._f.write(record)
+        self._f.flush()
+        if time.monotonic() - self._synced >= self.sync_every_s:
+            self.sync()
+
+    def sync(self) -> None:
+        if self._f is not None:
+            os.fsync(self._f.fileno())
+            self._synced = time.monotonic()
+
+    def close(self) -> None:
+        f, self._f = self._f, None
+        if f is not None:
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            finally:
+                f.close()
+
+    def __enter__(self) -> AppendLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- outputs against inputs --------------------------------------------------------------------------
+
+
+def _identity(path: str) -> tuple[str, tuple[int, int] | None]:
+    """(the path with every symbolic link resolved, (device, inode) of what it names or None)."""
+    real = os.path.normcase(os.path.realpath(path))
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return real, None
+    return real, (st.st_dev, st.st_ino)
+
+
+def _same(a: tuple[str, tuple[int, int] | None], b: tuple[str, tuple[int, int] | None]) -> bool:
+    return a[0] == b[0] or (a[1] is not None and a[1] == b[1])
+
+
+def _inside(path: str, folder: str) -> bool:
+    """Whether resolved `path` lies under resolved `folder` (not the folder itself)."""
+    return path != folder and path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def check_outputs(
+    outputs: Mapping[str, str | os.PathLike[str] | None],
+    inputs: Mapping[str, str | os.PathLike[str] | None],
+    *,
+    folders: Mapping[str, str] | None = None,
+    continues: str | None = None,
+    kinds: Mapping[str, str] | None = None,
+) -> None:
+    """Refuse, before any work, an output that would replace or change something the command reads.
+
+    `outputs` and `inputs` map what each path is, for people ("adapter", "events file", "model",
+    "dataset"), to the path (None: not given). `folders` maps the outputs that are folders to the
+    prefix of the entries their writer replaces or deletes inside them (a run's checkpoint folder:
+    "ckpt-"). `continues` names the input a folder output may hold, be or lie in (the checkpoint a
+    resumed run goes on from, in its own checkpoint folder); file outputs inside it are refused.
+
+    Every path is resolved: symbolic links followed, hard links caught by device and inode. An
+    output is refused when it is an input, lies inside an input folder, is another output, is a
+    folder where a file is written (or the reverse), or when a folder output would replace an
+    input inside it. `kinds` maps outputs to what they write (a key of `KINDS`): a file already
+    there is replaced (or appended to) only when it is of that kind, so a command's output never
+    lands on a dataset, a model or a template by a slip of the hand.
+    ConfigError names both paths and what they are; nothing is created.
+    """
+    folders = dict(folders or {})
+    kinds = dict(kinds or {})
+    ins = {role: (os.fspath(p), _identity(os.fspath(p))) for role, p in inputs.items() if p}
+    outs = {role: (os.fspath(p), _identity(os.fspath(p))) for role, p in outputs.items() if p}
+    seen: list[tuple[str, str, tuple[str, tuple[int, int] | None]]] = []
+    for role, (path, ident) in outs.items():
+        is_folder = role in folders
+        if not is_folder and os.path.isdir(path):
+            raise ConfigError(f"the {role} {path} is a folder; it needs a file name (for example {path}/out)")
+        if is_folder and os.path.exists(path) and not os.path.isdir(path):
+            raise ConfigError(f"the {role} {path} is a file; it must be a folder")
+        for in_role, (in_path, in_ident) in ins.items():
+            what = f"the {role} {path}"
+            if _same(ident, in_ident):
+                if is_folder and in_role == continues:
+                    continue
+                also = (
+                    " (the same file under another name: a hard link)"
+                    if ident[0] != in_ident[0]
+                    else (
+                        " (through a symbolic link)"
+                        if os.path.abspath(path) != os.path.abspath(in_path)
+                        else ""
+                    )
+                )
+                raise ConfigError(
+                    f"{what} is the {in_role} {in_path}{also}: choose another path; the {in_role} is kept"
+                )
+            if (
+                os.path.isdir(in_path)
+                and _inside(ident[0], in_ident[0])
+                and not (is_folder and in_role == continues)
+            ):
+                raise ConfigError(
+                    f"{what} is inside the {in_role} {in_path}: choose a path outside it; the {in_role} "
+                    "is kept"
+                )
+            if is_folder and in_role != continues and _inside(in_ident[0], ident[0]):
+                entry = os.path.relpath(in_ident[0], ident[0]).split(os.sep)[0]
+                if entry.startswith(folders[role]):
+                    raise ConfigError(
+                        f"the {in_role} {in_path} is inside {entry} of the {role} {path}, which the run "
+                        f"replaces or deletes: copy it elsewhere or choose another {role}"
+                    )
+        for other_role, other_path, other_ident in seen:
+            if _same(ident, other_ident):
+                raise ConfigError(
+                    f"the {role} and the {other_role} are the same path ({path}, {other_path}): give "
+                    "each its own"
+                )
+            for (f_role, f_ident), (x_role, x_path, x_ident) in (
+                ((role, ident), (other_role, other_path, other_ident)),
+                ((other_role, other_ident), (role, path, ident)),
+            ):
+                if f_role in folders and _inside(x_ident[0], f_ident[0]):
+                    entry = os.path.relpath(x_ident[0], f_ident[0]).split(os.sep)[0]
+                    if entry.startswith(folders[f_role]):
+                        raise ConfigError(
+                            f"the {x_role} {x_path} is inside {entry} of the {f_role}, which the run "
+                            f"replaces or deletes: choose a path outside it"
+                        )
+        seen.append((role, path, ident))
+        if role in kinds:
+            problem = replace_problem(path, kinds[role])
+            if problem:
+                raise ConfigError(
+                    f"the {role} {path} exists and is not {KINDS[kinds[role]]} ({problem}): it is kept; "
+                    "choose another path, or delete it first"
+                )
+
+
+# What an output writes, for `check_outputs(kinds=...)`: a file there already must be one of these.
+KINDS = {
+    "npy": "a NumPy .npy file",
+    "adapter": "a LoRA adapter GGUF",
+    "model": "a GGUF model",
+    "gguf": "a GGUF file",
+    "events": 'an events log (JSON lines with an "event" key)',
+    "jsonl": "a JSON Lines file",
+    "json": "a JSON object",
+}
+_PEEK = 1 << 16  # bytes read to tell what a file is
+
+
+def _first_line_object(head: bytes) -> dict | None:
+    line = head.split(b"\n", 1)[0].strip().removeprefix(b"\xef\xbb\xbf")
+    try:
+        value = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def replace_problem(path: str | os.PathLike[str], kind: str) -> str | None:
+    """Why the file at `path` is not of `kind` (a key of KINDS), in words; None when it is, or when
+    there is nothing to replace (no file, an empty file)."""
+    path = os.fspath(path)
+    try:
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:
+            return None
+        with open(path, "rb") as f:
+            head = f.read(_PEEK)
+    except OSError:
+        return None  # what cannot be read cannot be told apart; writing it will say why it fails
+    if kind == "npy":
+        return None if head.startswith(b"\x93NUMPY") else _what(path, head)
+    if kind in ("adapter", "model", "gguf"):
+        if not head.startswith(b"GGUF"):
+            return _what(path, head)
+        if kind == "gguf":
+            return None
+        from ..errors import EngineError
+        from .gguf_file import GGUFFile
+
+        try:
+            is_adapter = GGUFFile(path).get("general.type") == "adapter"
+        except EngineError:
+            return None  # a broken GGUF file: replacing it loses nothing usable
+        if (kind == "adapter") != is_adapter:
+            return "it is a LoRA adapter" if is_adapter else "it is a GGUF model"
+        return None
+    if kind in ("events", "jsonl"):
+        record = _first_line_object(head)
+        if record is None:
+            return _what(path, head)
+        if kind == "events" and "event" not in record:
+            return "its first line is not an event: a dataset or another JSON Lines file"
+        return None
+    if kind == "json":
+        try:
+            if os.path.getsize(path) > (16 << 20):
+                return "it is larger than any project file"
+            with open(path, encoding="utf-8") as f:
+                value = json.load(f)
+        except (OSError, UnicodeDecodeError, ValueError):
+            return _what(path, head)
+        return None if isinstance(value, dict) else "it holds JSON that is not an object"
+    raise ValueError(f"unknown output kind {kind!r}; known: {', '.join(KINDS)}")
+
+
+def _what(path: str, head: bytes) -> str:
+    """What a file is, from its first bytes, for messages."""
+    if head.startswith(b"GGUF"):
+        return "it is a GGUF file"
+    if head.startswith(b"\x93NUMPY"):
+        return "it is a NumPy array"
+    if head.startswith(b"PK"):
+        return "it is a zip archive"
+    if _first_line_object(head) is not None:
+        return "it is a JSON Lines or JSON file"
+    text = head[:16]
+    if text and all(32 <= b < 127 or b in (9, 10, 13) for b in text):
+        return f"it starts with {text.decode('ascii')!r}"
+    return "it starts with the bytes " + " ".join(f"{b:02x}" for b in text[:8])

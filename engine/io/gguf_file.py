@@ -80,12 +80,51 @@ class TensorInfo:
         return math.prod(self.shape)
 
 
+# The ggml tensor types this engine reads, by type code: (name, values per block, bytes per block),
+# as ggml defines them (ggml.c's type_traits). A tensor of any other code is refused, naming it: the
+# code decides how many bytes a tensor takes, so a code read wrongly would read the wrong bytes.
+KNOWN_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
+    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98), 19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110), 22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136),
+    29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17), 40: ("NVFP4", 64, 36),
+}  # fmt: skip
+# Codes ggml has defined that hold nothing this engine can use as weights, and why.
+_UNUSABLE_TYPES: dict[int, str] = {
+    4: "Q4_2, removed from ggml in 2023", 5: "Q4_3, removed from ggml in 2023",
+    9: "Q8_1, an intermediate type of ggml's matrix products, never stored as weights",
+    15: "Q8_K, an intermediate type of ggml's matrix products, never stored as weights",
+    24: "I8, integers, not weights", 25: "I16, integers, not weights", 26: "I32, integers, not weights",
+    27: "I64, integers, not weights", 28: "F64, which this engine does not read",
+    31: "Q4_0_4_4, removed from ggml (repacked in memory now)",
+    32: "Q4_0_4_8, removed from ggml (repacked in memory now)",
+    33: "Q4_0_8_8, removed from ggml (repacked in memory now)",
+    36: "IQ4_NL_4_4, removed from ggml", 37: "IQ4_NL_4_8, removed from ggml",
+    38: "IQ4_NL_8_8, removed from ggml",
+}  # fmt: skip
+
+
+def type_problem(type_id: int) -> str | None:
+    """Why a tensor of ggml type code `type_id` cannot be read (None: it can)."""
+    if type_id in KNOWN_TYPES:
+        return None
+    if type_id in _UNUSABLE_TYPES:
+        return f"type code {type_id} is {_UNUSABLE_TYPES[type_id]}"
+    known = ", ".join(f"{name} ({code})" for code, (name, _, _) in sorted(KNOWN_TYPES.items()))
+    return f"type code {type_id} is not a ggml type this engine knows (it reads {known})"
+
+
 @functools.lru_cache(maxsize=1)
 def dequantizable_types() -> frozenset[str]:
-    """Names of the ggml tensor types this installation of gguf-py can turn into float32."""
+    """Names of the known ggml tensor types (`KNOWN_TYPES`) this installation of gguf-py can turn
+    into float32."""
     ok = set()
+    names = {name for name, _, _ in KNOWN_TYPES.values()}
     for qtype in GGMLQuantizationType:
-        if qtype not in GGML_QUANT_SIZES:
+        if qtype not in GGML_QUANT_SIZES or qtype.name not in names:
             continue
         block_size, type_size = GGML_QUANT_SIZES[qtype]
         if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
@@ -300,14 +339,11 @@ class GGUFFile:
                     f"{self.path}: tensor {_q(name)} appears twice in the tensor directory (again at "
                     f"offset {at}): corrupt file"
                 )
-            try:
-                qtype = GGMLQuantizationType(type_id)
-            except ValueError as exc:
-                raise ModelError(
-                    f"{self.path}: tensor {_q(name)} has unknown ggml type id {type_id}"
-                ) from exc
+            problem = type_problem(type_id)
+            if problem is not None:
+                raise ModelError(f"{self.path}: tensor {_q(name)} cannot be read: {problem}")
+            type_name, block_size, type_size = KNOWN_TYPES[type_id]
             shape = tuple(int(d) for d in reversed(ne))
-            block_size, type_size = GGML_QUANT_SIZES[qtype]
             n_elem = math.prod(shape)  # exact: a corrupt dimension must not wrap around
             if math.prod(max(d, 1) for d in shape) > _MAX_ELEMENTS:
                 raise ModelError(
@@ -317,7 +353,7 @@ class GGUFFile:
             row = shape[-1] if shape else 1
             if row % block_size:
                 raise ModelError(
-                    f"{self.path}: tensor {_q(name)} ({qtype.name}) has rows of {row} values, "
+                    f"{self.path}: tensor {_q(name)} ({type_name}) has rows of {row} values, "
                     f"not a multiple of the block size {block_size}"
                 )
             if offset % alignment:
@@ -329,17 +365,17 @@ class GGUFFile:
             begin = data_start + offset
             if begin + n_bytes > len(self._map):
                 raise ModelError(
-                    f"{self.path}: tensor {_q(name)} ({qtype.name}, shape {shape}) needs bytes "
+                    f"{self.path}: tensor {_q(name)} ({type_name}, shape {shape}) needs bytes "
                     f"{begin}..{begin + n_bytes} but the file ends at {len(self._map)}: the file is truncated"
                 )
             raw = self._map[begin : begin + n_bytes]
-            if qtype == GGMLQuantizationType.F32:
+            if type_name == "F32":
                 raw = raw.view(np.float32).reshape(shape)
-            elif qtype == GGMLQuantizationType.F16:
+            elif type_name == "F16":
                 raw = raw.view(np.float16).reshape(shape)
             else:
                 raw = raw.reshape(*shape[:-1], row // block_size * type_size)
-            self.tensors[name] = TensorInfo(name, qtype.name, shape, n_bytes)
+            self.tensors[name] = TensorInfo(name, type_name, shape, n_bytes)
             self._raw[name] = raw
             if n_bytes:
                 extents.append((begin, begin + n_bytes, name))
@@ -349,6 +385,41 @@ class GGUFFile:
                 raise ModelError(
                     f"{self.path}: tensors {_q(n0)} (bytes {b0}..{e0}) and {_q(n1)} (bytes {b1}..{e1}) "
                     "overlap: corrupt file"
+                )
+        self._check_layout(infos, alignment, data_start)
+
+    def _check_layout(self, infos: list, alignment: int, data_start: int) -> None:
+        """Tensor data back to back in directory order, each padded to the alignment, as llama.cpp
+        requires (gguf.cpp: "tensor has offset X, expected Y"), and the file ending with the last
+        one: so every tensor spans exactly the bytes its type code and shape give it. A type code
+        changed to that of another type (another block size) fails here, naming the tensor."""
+        expected = 0
+        previous = None
+        for name, _ne, _type_id, offset, _at in infos:
+            if offset != expected:
+                after = (
+                    f"tensor {_q(previous.name)} ({previous.qtype}, shape {previous.shape}) takes "
+                    f"{previous.n_bytes} bytes, so the next starts at {expected}"
+                    if previous is not None
+                    else "the first tensor starts at data offset 0"
+                )
+                raise ModelError(
+                    f"{self.path}: tensor {_q(name)} starts at data offset {offset}, but {after}: a type "
+                    "code or shape does not match the stored bytes (corrupt file)"
+                )
+            previous = self.tensors[name]
+            expected += -(-previous.n_bytes // alignment) * alignment
+        if previous is not None:
+            end_min = (
+                data_start + expected - (-(-previous.n_bytes // alignment) * alignment) + previous.n_bytes
+            )
+            end_max = data_start + expected
+            if not end_min <= len(self._map) <= end_max:
+                raise ModelError(
+                    f"{self.path}: the file has {len(self._map) - end_max} bytes after the data of its last "
+                    f"tensor {_q(previous.name)} ({previous.qtype}, shape {previous.shape}, "
+                    f"{previous.n_bytes} bytes): its type code or shape does not match the stored bytes "
+                    "(corrupt file)"
                 )
 
     def _alignment(self) -> int:
@@ -397,13 +468,12 @@ class GGUFFile:
                 f"supported types: {', '.join(sorted(dequantizable_types()))}"
             )
         raw = self._raw[name]
-        qtype = GGMLQuantizationType[info.qtype]
-        if qtype == GGMLQuantizationType.F32:
+        if info.qtype == "F32":
             out = np.asarray(raw, dtype=np.float32).reshape(info.shape)
-        elif qtype == GGMLQuantizationType.F16:
+        elif info.qtype == "F16":
             out = np.asarray(raw, dtype=np.float16).reshape(info.shape)
         else:
-            out = gguf_quants.dequantize(raw, qtype).reshape(info.shape)
+            out = gguf_quants.dequantize(raw, GGMLQuantizationType[info.qtype]).reshape(info.shape)
         return out.astype(dtype, copy=True)
 
     def prefetch(self, view: np.ndarray) -> None:

@@ -14,24 +14,16 @@ and get token ids back.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import EngineError, ModelError
+from ..errors import ModelError
+from ..ranges import check_number
 from .ops import LoraTerm
 
 log = logging.getLogger(__name__)
-
-
-def _real(v: object) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
-
-
-def _integer(v: object) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
 
 
 @dataclass(frozen=True)
@@ -46,21 +38,12 @@ class SamplingConfig:
     max_new_tokens: int = 128  # token budget per sample
 
     def __post_init__(self) -> None:
-        """EngineError naming the first setting out of range, and what it accepts."""
-        t, k, p, m, seed, n = (
-            self.temperature, self.top_k, self.top_p, self.min_p, self.seed, self.max_new_tokens
-        )  # fmt: skip
-        checks = (
-            ("temperature", _real(t) and 0 <= t < math.inf, "a finite number >= 0 (0: greedy)"),
-            ("top_k", _integer(k) and k >= 0, "an integer >= 0 (0: off)"),
-            ("top_p", _real(p) and 0 < p <= 1, "a number in (0, 1] (1: off)"),
-            ("min_p", _real(m) and 0 <= m <= 1, "a number in [0, 1] (0: off)"),
-            ("seed", seed is None or (_integer(seed) and seed >= 0), "an integer >= 0, or None"),
-            ("max_new_tokens", _integer(n) and n >= 1, "an integer >= 1"),
-        )
-        for name, ok, accepted in checks:
-            if not ok:
-                raise EngineError(f"sampling setting {name} is {getattr(self, name)!r}; expected {accepted}")
+        """ConfigError (an EngineError) naming the first setting out of range, and what it accepts
+        (engine.ranges: the table the CLI and the app share)."""
+        for name in ("temperature", "top_k", "top_p", "min_p", "max_new_tokens"):
+            check_number(name, getattr(self, name), label=f"sampling setting {name}")
+        if self.seed is not None:
+            check_number("sampling_seed", self.seed, label="sampling setting seed")
 
     @property
     def greedy(self) -> bool:
@@ -76,6 +59,21 @@ class Generation:
 
     tokens: tuple[int, ...]
     stop_reason: str  # "eos" (end-of-generation token), "length" (budget), "context" (n_ctx), "stopped"
+
+
+def check_logits(logits, where: str) -> None:
+    """ModelError when `logits` (any shape; NumPy or CuPy) hold a NaN or an infinity, saying how
+    many and where they first appear: non-finite logits never leave the engine silently."""
+    bad = ~np.isfinite(logits)
+    if not bool(bad.any()):
+        return
+    bad = np.asarray(getattr(bad, "get", lambda: bad)())  # CuPy: to the host once, on failure only
+    first = np.unravel_index(int(np.argmax(bad)), bad.shape)
+    at = f" (first at position {first[-2]}, token {first[-1]})" if bad.ndim >= 2 else ""
+    raise ModelError(
+        f"{where} hold {int(bad.sum())} non-finite values (NaN or infinity) of {bad.size}{at}: the model's "
+        "weights, the adapter or its scale overflow float32; nothing was produced from them"
+    )
 
 
 def _usable(logits: np.ndarray) -> np.ndarray:
@@ -167,6 +165,7 @@ def generate(
     out: list[list[int]] = [[] for _ in range(n_samples)]
     reason: list[str | None] = [None] * n_samples
     for step in range(budget):
+        check_logits(logits[:1] if step == 0 else logits, f"the logits of generated token {step + 1}")
         nxt = sample_next(logits, sampling, rng)
         for b in range(n_samples):
             if reason[b] is not None:

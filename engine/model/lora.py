@@ -14,6 +14,7 @@ This module reads and validates; training and writing adapters live elsewhere.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -50,6 +51,19 @@ def effective_scale(alpha: float, r: int, scale: float = 1.0) -> float:
     return scale * (alpha / r if alpha else 1.0)
 
 
+def _check_finite(path: str, name: str, values: np.ndarray) -> None:
+    """ModelError naming the tensor when `values` hold a NaN or an infinity: such an adapter would
+    turn every logit it touches into NaN."""
+    bad = ~np.isfinite(values)
+    if bad.any():
+        n_nan = int(np.isnan(values).sum())
+        raise ModelError(
+            f"{path}: tensor {name!r} holds {int(bad.sum())} non-finite values ({n_nan} NaN, "
+            f"{int(bad.sum()) - n_nan} infinite) of {values.size}: the adapter is broken (a run that "
+            "diverged, or a corrupt file) and cannot be used"
+        )
+
+
 @dataclass
 class LoraAdapter:
     """A set of LoRA factor pairs keyed by base tensor name, with one alpha."""
@@ -80,7 +94,10 @@ class LoraAdapter:
                 f"{f.path}: not a LoRA adapter (general.type = {f.get('general.type')!r}, "
                 f"adapter.type = {f.get('adapter.type')!r}; expected 'adapter' and 'lora')"
             )
-        alpha = float(f.get("adapter.lora.alpha", 0.0))
+        alpha = f.get("adapter.lora.alpha", 0.0)
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+            raise ModelError(f"{f.path}: adapter.lora.alpha is {alpha!r}; expected a finite number")
+        alpha = float(alpha)
         dtype = dtype or (model.dtype if model is not None else np.float32)
         bases = {}
         for name in f.tensors:
@@ -99,6 +116,8 @@ class LoraAdapter:
                 )
             A = f.load(base + SUFFIX_A, dtype)
             B = f.load(base + SUFFIX_B, dtype)
+            for suffix, values in ((SUFFIX_A, A), (SUFFIX_B, B)):
+                _check_finite(f.path, base + suffix, values)
             pairs[base] = (A, B)
         adapter = cls(alpha, pairs, str(f.get("general.architecture", "")), dict(f.metadata), f.path)
         if model is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -76,16 +77,24 @@ def write_checkpoint(
 
 def read_checkpoint(path: str, meta_file: str) -> tuple[dict, dict[str, np.ndarray], dict[str, Any], dict]:
     """(meta, params, optimizer state, other arrays) of a checkpoint folder; CheckpointError naming
-    what is wrong when it cannot be read."""
+    what is wrong when it cannot be read, or naming the array when one holds a NaN or an infinity."""
     try:
         with open(os.path.join(path, meta_file), encoding="utf-8") as f:
             meta = json.load(f)
         with np.load(os.path.join(path, STATE_FILE)) as npz:
             state = dict(npz)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise CheckpointError(f"{path}: not a readable checkpoint ({exc})") from exc
     if not isinstance(meta, dict):
         raise CheckpointError(f"{path}: {meta_file} is not a JSON object")
+    for key, value in state.items():
+        if value.dtype.kind in "fc" and not np.isfinite(value).all():
+            n = int((~np.isfinite(value)).sum())
+            raise CheckpointError(
+                f"{path}: {key} holds {n} non-finite values (NaN or infinity) of {value.size}: the "
+                "checkpoint is broken (a run that diverged, or a corrupt file) and cannot be used; resume "
+                "from an earlier one"
+            )
     params = {k[len("param.") :]: v for k, v in state.items() if k.startswith("param.")}
     optim = {k[len("optim.") :]: v for k, v in state.items() if k.startswith("optim.")}
     other = {k: v for k, v in state.items() if not k.startswith(("param.", "optim."))}

@@ -30,6 +30,7 @@ from ..export.write import fit_problems
 from ..io.gguf_file import GGUFFile
 from ..io.quants import dequantize
 from ..model.lora import LoraAdapter, effective_scale
+from ..ranges import check_number
 
 _LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 _CHUNK = 1 << 22  # values per chunk when summing squares of a base tensor
@@ -142,6 +143,7 @@ def lora_norms(
 ) -> NormsReport:
     """Norms of every tensor of `adapter` at `scale`; with `base` (a model path or open GGUFFile),
     also ‖W‖ and ‖ΔW‖/‖W‖. ModelError when the adapter does not fit the base."""
+    check_number("adapter_scale", scale, label="adapter scale")
     f = _open_base(base, adapter) if base is not None else None
     rows = []
     for name, (A, B) in adapter.pairs.items():

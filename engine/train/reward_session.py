@@ -70,16 +70,17 @@ from typing import Any
 import numpy as np
 
 from ..backend import to_host
-from ..errors import EngineError
-from ..io.files import durable_append
+from ..errors import ConfigError, EngineError
+from ..io.files import check_outputs, durable_append
 from ..model.generate import SamplingConfig
 from ..model.generate import generate as generate_tokens
 from ..model.lora import LoraAdapter
 from ..model.model import Model
 from ..model.targets import TargetSpec, select_targets
+from ..ranges import check_number
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
-from .checkpoint import ADAPTER_FILE, CheckpointError, read_checkpoint, write_checkpoint
+from .checkpoint import ADAPTER_FILE, PREFIX, CheckpointError, read_checkpoint, write_checkpoint
 from .data import EncodeOptions, Problem, Sample, batch_encoded, encode_samples, load_jsonl, parse_sample
 from .optim import AdamW, OptimConfig
 from .reward_fns import Score, Scorer
@@ -101,6 +102,10 @@ class RewardError(EngineError):
     """A reward session cannot do what was asked: nothing rated, a bad rating or setting, a file."""
 
 
+_CONFIG_NUMBERS = ("kl_coef", "lr", "max_grad_norm", "temperature", "top_p", "min_p", "n_samples", "top_k",
+                   "max_new_tokens", "n_ctx")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class RewardConfig:
     """How a reward session samples answers and turns ratings into a step."""
@@ -110,7 +115,7 @@ class RewardConfig:
     lr: float = 1e-3  # learning rate of each apply() step (AdamW, constant)
     max_grad_norm: float = 1.0  # global gradient-norm clipping; 0 = off
     n_samples: int = 4  # answers per prompt
-    temperature: float = 0.9  # sampling temperature; <= 0 is greedy (all answers alike)
+    temperature: float = 0.9  # sampling temperature; 0 is greedy (all answers alike)
     top_k: int = 40  # keep the k most likely tokens; 0 = off
     top_p: float = 0.95  # nucleus sampling; 1 = off
     min_p: float = 0.05  # drop tokens below min_p x the most likely; 0 = off
@@ -120,27 +125,8 @@ class RewardConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise RewardError(f"reward mode {self.mode!r} is not one of {', '.join(MODES)}")
-        checks = (
-            ("kl_coef", self.kl_coef, lambda v: v >= 0, ">= 0"),
-            ("lr", self.lr, lambda v: v > 0, "> 0"),
-            ("max_grad_norm", self.max_grad_norm, lambda v: v >= 0, ">= 0"),
-            ("temperature", self.temperature, lambda v: True, "a number"),
-            ("top_p", self.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
-            ("min_p", self.min_p, lambda v: 0 <= v <= 1, "in [0, 1]"),
-        )
-        for name, value, ok, what in checks:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise RewardError(f"{name} must be a finite number, got {value!r}")
-            if not ok(value):
-                raise RewardError(f"{name} must be {what}, got {value!r}")
-        for name, value, low in (
-            ("n_samples", self.n_samples, 1),
-            ("top_k", self.top_k, 0),
-            ("max_new_tokens", self.max_new_tokens, 1),
-            ("n_ctx", self.n_ctx, 2),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise RewardError(f"{name} must be an integer >= {low}, got {value!r}")
+        for name in _CONFIG_NUMBERS:  # their ranges: engine.ranges, shared with the CLI
+            check_number(name, getattr(self, name), error=RewardError)
 
 
 @dataclass(frozen=True)
@@ -295,8 +281,14 @@ class RewardSession:
         # the session's tokenizer when given: a 150k vocabulary is a 0.1 s build holding the GIL
         self.tokenizer = tokenizer if tokenizer is not None else Tokenizer.from_metadata(md, self.model.path)
         self.template = template if template is not None else ChatTemplate.from_metadata(md)
-        self.ratings_path = os.fspath(ratings_path)
         self.checkpoint_dir = checkpoint_dir
+        start = adapter.path if isinstance(adapter, LoraAdapter) else adapter
+        # every file the session reads: no output of it (ratings, checkpoints, saved adapters) may be one
+        self.inputs: dict[str, str | None] = {
+            "model": self.model.path, "adapter to continue": os.fspath(start) if start else None,
+        }  # fmt: skip
+        self._check_outputs({}, ratings_path)
+        self._ratings_path = os.fspath(ratings_path)
         self.seed = seed
         self.session_id = uuid.uuid4().hex[:12]
         self._rng = np.random.default_rng(seed)
@@ -350,6 +342,29 @@ class RewardSession:
             raise RewardError(
                 f"{self.ratings_path}: the ratings file cannot be written ({exc.strerror or exc})"
             ) from exc
+
+    @property
+    def ratings_path(self) -> str:
+        """The JSONL file every rating is appended to; a new one is checked like every output."""
+        return self._ratings_path
+
+    @ratings_path.setter
+    def ratings_path(self, path: str | os.PathLike[str]) -> None:
+        self._check_outputs({}, path)
+        self._ratings_path = os.fspath(path)
+
+    def _check_outputs(self, more: dict[str, str | None], ratings: str | os.PathLike[str] | None) -> None:
+        """RewardError when an output of the session (the ratings file, the checkpoint folder, and
+        `more`) is one of its inputs or another output (engine.io.files.check_outputs)."""
+        try:
+            check_outputs(
+                {"ratings file": os.fspath(ratings) if ratings else None,
+                 "checkpoint folder": self.checkpoint_dir, **more},
+                self.inputs, folders={"checkpoint folder": PREFIX}, continues="adapter to continue",
+                kinds={"ratings file": "jsonl", "adapter": "adapter"},
+            )  # fmt: skip
+        except ConfigError as exc:
+            raise RewardError(str(exc)) from exc
 
     def set_config(self, config: RewardConfig) -> None:
         """New settings for the next calls: sampling, mode and KL at once, and the learning rate of
@@ -770,9 +785,12 @@ class RewardSession:
         }
 
     def save_adapter(self, path: str, qtype: str = "F32") -> str:
-        """Write the adapter as a llama.cpp LoRA GGUF with training.* facts; returns the path."""
+        """Write the adapter as a llama.cpp LoRA GGUF with training.* facts; returns the path.
+        RewardError, with nothing written, when `path` is the model, the adapter the session
+        continues, the ratings file or inside the checkpoint folder's checkpoints."""
         from ..export.write import export_adapter
 
+        self._check_outputs({"adapter": os.fspath(path)}, self.ratings_path)
         adapter = self.trainable.to_adapter(self.model.config.arch)
         return export_adapter(adapter, path, qtype=qtype, training=self._training_facts())
 

@@ -30,14 +30,19 @@ import numpy as np
 
 from ..backend import parse_device, select_backend, to_host
 from ..errors import ConfigError, DatasetError, EngineError, ModelError
+from ..io.files import check_outputs
 from ..io.weights import parse_budget
 from ..model.lora import LoraAdapter
 from ..model.model import Model
 from ..model.targets import TargetSpec, select_full, select_targets
+from ..ranges import check_number
 from ..text.chat_template import ChatTemplate, template_for
 from ..text.tokenizer import Tokenizer
 from . import events as ev
 from . import parallel
+from .checkpoint import (
+    PREFIX as CHECKPOINT_PREFIX,
+)
 from .checkpoint import (
     SAMPLES_FILE,
     STATE_FILE,
@@ -66,32 +71,12 @@ STALL_STEPS = 20  # steps of a flat loss with exploding norms before the run is 
 CONFIG_FILE = "trainer.json"  # the facts file of a run's checkpoints (engine.train.checkpoint)
 
 
-_INT_RANGES = (  # field, lowest, highest
-    ("rank", 1, 65536),
-    ("n_ctx", 1, 1 << 20),
-    ("batch_size", 1, 1 << 16),
-    ("grad_accum", 1, 1 << 16),
-    ("steps", 0, 10**9),
-    ("seed", 0, 2**32 - 1),
-    ("warmup_steps", 0, 10**9),
-    ("checkpoint_every", 0, 10**9),
-    ("keep_checkpoints", 1, 10**6),
-    ("eval_every", 0, 10**9),
-    ("norms_every", 0, 10**9),
-)
-_FLOAT_RANGES = (  # field, lowest, highest, lowest excluded
-    ("alpha", 0.0, 1e6, False),
-    ("epochs", 0.0, 1e6, True),
-    ("val_split", 0.0, 0.99, False),
-    ("lr", 0.0, 10.0, True),
-    ("min_lr_ratio", 0.0, 1.0, False),
-    ("weight_decay", 0.0, 1e3, False),
-    ("gclip", 0.0, 1e9, False),
-    ("max_grad_norm", 0.0, 1e9, False),
-    ("kl_coef", 0.0, 1e3, False),
-    ("dpo_beta", 0.0, 1e3, True),
-    ("orpo_lambda", 0.0, 1e3, False),
-)
+# numeric fields, each checked against its range in engine.ranges (the table the CLI shares)
+_NUMBERS = (
+    "rank", "n_ctx", "batch_size", "grad_accum", "steps", "seed", "warmup_steps", "checkpoint_every",
+    "keep_checkpoints", "eval_every", "norms_every", "alpha", "epochs", "val_split", "lr", "min_lr_ratio",
+    "weight_decay", "gclip", "max_grad_norm", "kl_coef", "dpo_beta", "orpo_lambda",
+)  # fmt: skip
 _CHOICES = {
     "lora_init": ("kaiming", "gaussian"),
     "prompt_format": ("chat", "raw"),
@@ -101,23 +86,6 @@ _CHOICES = {
     "gpu_step": ("graph", "eager", "generic"),
     "objective": ("sft", "dpo", "orpo"),
 }
-
-
-def _check_int(name: str, value, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{name} must be a whole number in {lo}..{hi}, got {value!r}")
-    if not lo <= value <= hi:
-        raise ConfigError(f"{name} must be in {lo}..{hi}, got {value}")
-
-
-def _check_float(name: str, value, lo: float, hi: float, lo_open: bool) -> None:
-    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
-    if not ok or not math.isfinite(float(value)):
-        raise ConfigError(f"{name} must be a finite number, got {value!r}")
-    v = float(value)
-    if (v <= lo if lo_open else v < lo) or v > hi:
-        interval = f"({lo:g}, {hi:g}]" if lo_open else f"[{lo:g}, {hi:g}]"
-        raise ConfigError(f"{name} must be in {interval}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -188,10 +156,8 @@ class TrainConfig:
         parse_device(self.device)
         if not isinstance(self.targets, TargetSpec):
             raise ConfigError(f"targets must be a TargetSpec, got {type(self.targets).__name__}")
-        for name, lo, hi in _INT_RANGES:
-            _check_int(name, getattr(self, name), lo, hi)
-        for name, lo, hi, lo_open in _FLOAT_RANGES:
-            _check_float(name, getattr(self, name), lo, hi, lo_open)
+        for name in _NUMBERS:
+            check_number(name, getattr(self, name))
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
@@ -276,28 +242,40 @@ def resolve_checkpoint(path: str) -> str:
     return latest
 
 
-def check_outputs(outputs: dict[str, str | None], inputs: dict[str, str | None]) -> None:
-    """Refuse an output path that is one of the inputs (the model, the dataset, an adapter being
-    read) or an existing folder where a file is written: nothing the user has is ever replaced."""
+def full_model_path(out: str) -> str:
+    """Where a run with full-weight tensors and LoRA pairs writes its whole model: OUT.model.gguf."""
+    stem = out[:-5] if out.endswith(".gguf") else out
+    return stem + ".model.gguf"
 
-    def same(a: str, b: str) -> bool:
-        try:
-            return os.path.samefile(a, b)
-        except OSError:
-            return os.path.abspath(a) == os.path.abspath(b)
 
-    for what, out in outputs.items():
-        if not out:
-            continue
-        if what != "checkpoint folder" and os.path.isdir(out):
-            raise ConfigError(
-                f"{out} is a folder; the {what} needs a file name (for example {out}/adapter.gguf)"
-            )
-        if what == "checkpoint folder" and os.path.isfile(out):
-            raise ConfigError(f"{out} is a file; the {what} must be a folder")
-        for name, path in inputs.items():
-            if path and isinstance(path, (str, os.PathLike)) and os.path.exists(path) and same(out, path):
-                raise ConfigError(f"the {what} {out} is the {name}: choose another file, the {name} is kept")
+def run_outputs(config: TrainConfig) -> dict[str, str | None]:
+    """Every path a run with `config` writes, by what it is (engine.io.files.check_outputs)."""
+    out = config.out
+    return {
+        "adapter": out,
+        "full model": full_model_path(out) if out and config.full else None,
+        "checkpoint folder": config.checkpoint_dir,
+        "run record": record_path(config.checkpoint_dir, out),
+    }
+
+
+def run_kinds(config: TrainConfig) -> dict[str, str]:
+    """What each output of `run_outputs` writes (engine.io.files.KINDS): a file already at its path
+    is replaced only when it is of that kind."""
+    return {"adapter": "gguf" if config.full else "adapter", "full model": "model", "run record": "json"}
+
+
+RUN_FOLDERS = {"checkpoint folder": CHECKPOINT_PREFIX}  # what a run replaces and prunes in its folder
+RESUMED = "checkpoint to resume"  # the input a run's own checkpoint folder may hold
+
+
+def check_run_paths(config: TrainConfig, inputs: dict[str, str | None]) -> None:
+    """ConfigError, before any work, when an output of the run would replace or change one of its
+    `inputs` (model, dataset, adapter to continue, checkpoint to resume, chat template) or another
+    of its outputs, or lands on a file of another kind (engine.io.files.check_outputs)."""
+    check_outputs(
+        run_outputs(config), inputs, folders=RUN_FOLDERS, continues=RESUMED, kinds=run_kinds(config)
+    )
 
 
 def clean_stale_temporaries(folder: str | None, max_age_s: float = 0.0) -> int:
@@ -397,10 +375,13 @@ class Trainer:
         resume: str | None = None,
         init_adapter: str | None = None,
         tokenizer: Tokenizer | None = None,
+        template_file: str | None = None,
         collective: Collective | None = None,
     ):
         """tokenizer: the model's, when the caller has it built (an engine session): building a
         150k-token vocabulary takes ~0.1 s in one call that holds the interpreter lock.
+        template_file: the file `template` was read from, when it came from one (no output of the
+        run may replace it).
         collective: the ranks this run is spread over (engine.train.collective; one process by
         default); with several, every rank builds the same Trainer and calls the same methods, and
         rank 0 alone writes the checkpoints, the adapter and the run's record (engine.train.parallel)."""
@@ -420,6 +401,7 @@ class Trainer:
             self.model = Model.load(model, cache_budget=0, backend=self.backend)
         self.data = data
         self.template_arg = template
+        self.template_file = template_file or (template if isinstance(template, str) else None)
         self.resume = resume
         self.init_adapter = init_adapter
         self.trainable: Trainable | None = None
@@ -439,6 +421,16 @@ class Trainer:
         self._norm_window: deque[float] = deque(maxlen=STALL_STEPS)
         self._stall_warned = False
         self.preference = None  # the PreferenceObjective of a DPO or ORPO run (engine.train.preferences)
+
+    def inputs(self) -> dict[str, str | None]:
+        """Every file the run reads, by what it is: no output may replace one (check_run_paths)."""
+        return {
+            "model": self.model.path,
+            "dataset": os.fspath(self.data) if isinstance(self.data, (str, os.PathLike)) else None,
+            "adapter to continue": self.init_adapter,
+            RESUMED: self.resume,
+            "chat template": self.template_file,
+        }
 
     # --- data ---------------------------------------------------------------------------------
     def _prepare(self) -> PackedBatches:
@@ -742,11 +734,7 @@ class Trainer:
                 self.resume = resolve_checkpoint(self.resume)
             self.last_ckpt = self.resume
             if root:
-                check_outputs(
-                    {"adapter": cfg.out, "checkpoint folder": cfg.checkpoint_dir},
-                    {"model": self.model.path, "dataset": self.data if isinstance(self.data, str) else None,
-                     "adapter to continue": self.init_adapter},
-                )  # fmt: skip
+                check_run_paths(cfg, self.inputs())
                 clean_stale_temporaries(cfg.checkpoint_dir)
                 if cfg.out:
                     clean_stale_temporaries(os.path.dirname(os.path.abspath(cfg.out)), max_age_s=600)
@@ -806,7 +794,9 @@ class Trainer:
                     exc = joined
             self.ended = True
             failed = ev.Failed(0, str(exc), self.last_ckpt)
-            self._note("failed", str(exc))
+            record = record_path(self.config.checkpoint_dir, self.config.out)
+            if not (self.resume and record and os.path.exists(record)):  # a resume refused before its
+                self._note("failed", str(exc))  # first step leaves the record of the run it resumes as it was
             on_event(failed)
             return failed
         self._accumulator = GradAccumulator()
@@ -1274,8 +1264,7 @@ class Trainer:
         """Runs with full-weight tensors write a whole model: base + trained tensors (+ merged LoRA)."""
         from ..export.write import export_merged
 
-        stem = out[:-5] if out.endswith(".gguf") else out
-        path = stem + ".model.gguf" if self.trainable.pairs else out
+        path = full_model_path(out) if self.trainable.pairs else out
         full = {n: to_host(w) for n, w in self.trainable.full.items()}
         export_merged(self.model.path, self._adapter(), path, replace_tensors=full)
         return path

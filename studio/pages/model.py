@@ -182,22 +182,26 @@ class ModelPage(QWidget):
         self.path_label.setText(f"Opening {Path(path).name}…")
         if self.project.model_path != path:  # jobs submitted from now on use it (queued after this one)
             self.project.update(model_path=path)
+        template_file = self.project.template_file
+
+        def describe(session) -> ModelInfo:  # on the worker thread: only these facts cross over
+            try:
+                return ModelInfo.from_session(session, template_file)
+            except ProjectError as exc:
+                raise EngineError(str(exc)) from exc
+
         self.engine.open_model(
             path,
             device=self.project.device,
-            on_done=lambda session: self._opened(path, session),
+            describe=describe,
+            on_done=lambda info: self._opened(path, info),
             on_error=lambda message: self._open_failed(path, message),
         )
         return True
 
-    def _opened(self, path: str, session) -> None:
+    def _opened(self, path: str, info: ModelInfo) -> None:
         self.opening = None
         self.open_button.setEnabled(True)
-        try:
-            info = ModelInfo.from_session(session, self.project.template_file)
-        except (EngineError, ProjectError) as exc:
-            self._open_failed(path, str(exc))
-            return
         self.error_label.hide()
         self.info = info
         self._fill(info)

@@ -24,12 +24,13 @@ It draws; it does not run training or keep anything the engine needs.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFontMetrics, QPalette
+from PySide6.QtGui import QBrush, QColor, QFontMetrics, QPalette, QPen
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -171,9 +172,22 @@ def _paint_plot(pw: pg.PlotWidget, pal: QPalette | None = None) -> None:
     plot.setLabel("bottom", bottom, color=text.name())
 
 
+@functools.cache
+def _marker_brush(color: str) -> QBrush:
+    """One brush per colour: pyqtgraph's symbol atlas keys its pictures by the brush and pen
+    objects, so a new brush for every run's first point grew the atlas without end (bench/soak.py app)."""
+    return pg.mkBrush(color)
+
+
+@functools.cache
+def _marker_pen() -> QPen:
+    """The markers' one (empty) pen: `symbolPen=None` made a new pen, so a new atlas key, every run."""
+    return pg.mkPen(None)
+
+
 def _marker(color: str) -> dict:
     """The options of the round markers a curve shows while it has fewer than two points."""
-    return {"symbol": "o", "symbolSize": 7, "symbolBrush": pg.mkBrush(color), "symbolPen": None}
+    return {"symbol": "o", "symbolSize": 7, "symbolBrush": _marker_brush(color), "symbolPen": _marker_pen()}
 
 
 def _legend(pw: pg.PlotWidget, offset: tuple[int, int], columns: int = 1) -> pg.LegendItem:

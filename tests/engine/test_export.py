@@ -590,7 +590,7 @@ def test_merge_failures_are_export_errors_and_change_nothing(synth_model, tmp_pa
     assert "no such file" in fail(tmp_path, monkeypatch, tmp_path / "none.gguf", adapter)
     assert "is an adapter" in fail(tmp_path, monkeypatch, GOLDEN_MODELS / "llama.lora.gguf", adapter)
     assert "does not exist" in fail(tmp_path, monkeypatch, base, adapter, path=tmp_path / "x" / "m.gguf")
-    assert "is the base model itself" in fail(tmp_path, monkeypatch, base, adapter, path=base)
+    assert "is the base model" in fail(tmp_path, monkeypatch, base, adapter, path=base)
     # cancelled half-way: nothing written
     assert "cancelled" in fail(tmp_path, monkeypatch, base, adapter, should_stop=lambda: True)
 

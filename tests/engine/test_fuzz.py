@@ -1,7 +1,8 @@
 """The fuzz harness of bench/fuzz.py at a small count: seeded hostile model files, vocabularies,
-datasets, chat templates and sampling settings each end in the expected engine error or a checked
-result, within the time limit, without changing an input file (`python bench/fuzz.py --n 2500`
-runs the same cases at scale)."""
+datasets, chat templates and sampling settings, and the command line's cases (outputs aimed at
+inputs, numeric options out of range, unknown tensor type codes, non-finite adapters and
+checkpoints) each end in the expected engine error or a checked result, within the time limit,
+without changing an input file (`python bench/fuzz.py --n 10000` runs the same cases at scale)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ import pytest
 
 from bench.fuzz import CATEGORIES, Fuzzer
 
-COUNTS = {"gguf": 160, "vocab": 100, "jsonl": 120, "template": 120, "sampling": 200}
+COUNTS = {
+    "gguf": 160, "vocab": 100, "jsonl": 120, "template": 120, "sampling": 200,
+    "outputs": 80, "values": 80, "types": 40, "adapters": 40,  # the command line's (bench/fuzz_cli.py)
+}  # fmt: skip
 
 
 @pytest.mark.timeout(60)

@@ -17,7 +17,7 @@ CONFIGS = [
     SAMPLED,
     SamplingConfig(),
     SamplingConfig(temperature=1e-300),
-    SamplingConfig(temperature=1e300),
+    SamplingConfig(temperature=100.0),  # the highest accepted (engine.ranges)
 ]
 
 
@@ -72,22 +72,23 @@ def test_finite_logits_sample_as_before():
 
 
 BAD_SETTINGS = [
-    ("temperature", -0.5, "a finite number >= 0 (0: greedy)"),
-    ("temperature", math.nan, "a finite number >= 0 (0: greedy)"),
-    ("temperature", math.inf, "a finite number >= 0 (0: greedy)"),
-    ("temperature", "0.8", "a finite number >= 0 (0: greedy)"),
-    ("top_k", -1, "an integer >= 0 (0: off)"),
-    ("top_k", 2.5, "an integer >= 0 (0: off)"),
-    ("top_k", True, "an integer >= 0 (0: off)"),
-    ("top_p", 0.0, "a number in (0, 1] (1: off)"),
-    ("top_p", 1.5, "a number in (0, 1] (1: off)"),
-    ("top_p", math.nan, "a number in (0, 1] (1: off)"),
-    ("min_p", -0.1, "a number in [0, 1] (0: off)"),
-    ("min_p", 1.01, "a number in [0, 1] (0: off)"),
-    ("max_new_tokens", 0, "an integer >= 1"),
-    ("max_new_tokens", 2.0, "an integer >= 1"),
-    ("seed", -1, "an integer >= 0, or None"),
-    ("seed", 1.5, "an integer >= 0, or None"),
+    ("temperature", -0.5, "in [0, 100] (0: greedy)"),
+    ("temperature", math.nan, "a finite number in [0, 100] (0: greedy)"),
+    ("temperature", math.inf, "a finite number in [0, 100] (0: greedy)"),
+    ("temperature", 1e300, "in [0, 100] (0: greedy)"),
+    ("temperature", "0.8", "a finite number in [0, 100] (0: greedy)"),
+    ("top_k", -1, "in 0..2147483647 (0: off)"),
+    ("top_k", 2.5, "a whole number in 0..2147483647 (0: off)"),
+    ("top_k", True, "a whole number in 0..2147483647 (0: off)"),
+    ("top_p", 0.0, "in (0, 1] (1: off)"),
+    ("top_p", 1.5, "in (0, 1] (1: off)"),
+    ("top_p", math.nan, "a finite number in (0, 1] (1: off)"),
+    ("min_p", -0.1, "in [0, 1] (0: off)"),
+    ("min_p", 1.01, "in [0, 1] (0: off)"),
+    ("max_new_tokens", 0, "in 1..1048576"),
+    ("max_new_tokens", 2.0, "a whole number in 1..1048576"),
+    ("seed", -1, "in 0..9223372036854775807"),
+    ("seed", 1.5, "a whole number in 0..9223372036854775807"),
 ]
 
 
@@ -97,7 +98,7 @@ BAD_SETTINGS = [
 def test_sampling_settings_validate_themselves(name, value, accepted):
     with pytest.raises(EngineError) as err:
         SamplingConfig(**{name: value})
-    assert str(err.value) == f"sampling setting {name} is {value!r}; expected {accepted}"
+    assert str(err.value) == f"sampling setting {name} must be {accepted}, got {value!r}"
 
 
 def test_settings_in_range_are_accepted():

@@ -241,6 +241,7 @@ def test_modelfile_that_would_replace_an_input_is_refused(synth_model, tmp_path)
     adapter = _adapter_file(base, tmp_path)
     out = tmp_path / "run.f32.gguf"
     report = check_export(ExportRequest(adapter, str(out), base, modelfile=True))
-    assert not report.ok and any(i.label == "Modelfile name" and not i.ok for i in report.items)
+    [name] = [i for i in report.items if i.label == "Output name"]
+    assert not report.ok and not name.ok and "Modelfile" in name.detail and "base model" in name.detail
     assert main(["export", adapter, "--model", base, "--out", str(out), "--modelfile"]) == 2
     assert not out.exists()

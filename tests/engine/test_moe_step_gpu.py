@@ -24,6 +24,13 @@ from tests.engine.test_moe_step import _targets
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(autouse=True)
+def moe_step_taken(monkeypatch):
+    """The MoE layers of the captured step are taken with TUNE_MOE_STEP=1 until this test has passed
+    on a GPU (engine.train.moe_step.unsupported)."""
+    monkeypatch.setenv("TUNE_MOE_STEP", "1")
+
+
 @pytest.fixture(scope="module")
 def cuda():
     from engine.backend import gpu_unavailable_reason, select_backend

@@ -134,9 +134,9 @@ def test_parse_rating_rejects_the_rest_saying_what_is_accepted(text):
 def test_config_is_checked():
     with pytest.raises(RewardError, match="'ppo' is not one of weighted, group"):
         RewardConfig(mode="ppo")
-    with pytest.raises(RewardError, match="n_samples must be an integer >= 1"):
+    with pytest.raises(RewardError, match=r"n_samples must be in 1\.\.1024, got 0"):
         RewardConfig(n_samples=0)
-    with pytest.raises(RewardError, match="kl_coef must be >= 0"):
+    with pytest.raises(RewardError, match=r"kl_coef must be in \[0, 1000\], got -0.1"):
         RewardConfig(kl_coef=-0.1)
     with pytest.raises(RewardError, match="lr must be a finite number"):
         RewardConfig(lr=float("nan"))

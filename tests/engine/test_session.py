@@ -181,3 +181,19 @@ def test_a_run_killed_by_the_system_resumes_from_its_last_checkpoint(model_path,
     result = session.train(events.append)
     assert isinstance(result, Finished) and result.step == 6
     assert [e.step for e in events if isinstance(e, Step)] == [3, 4, 5, 6]
+
+
+def test_the_session_keeps_only_the_adapters_read_last(model_path, tmp_path):
+    """A long app session chats with the adapter of every new run: the session keeps the last few
+    read, not all of them (bench/soak.py app grew ~0.3 MiB a round before)."""
+    from engine.session import ADAPTERS_KEPT
+
+    session = EngineSession(model_path)
+    pairs = random_adapter(session.model, ["blk.0.attn_q.weight"], rank=2, seed=4)
+    paths = [write_adapter(tmp_path / f"a{i}.gguf", session.model.config.arch, pairs, 4.0) for i in range(6)]
+    first = session.adapter(paths[0])
+    for p in paths[1:]:
+        session.adapter(p)
+        session.adapter(paths[0])  # used again: kept
+    assert len(session._adapters) == ADAPTERS_KEPT and session.adapter(paths[0]) is first
+    assert list(session._adapters) == [*paths[6 - ADAPTERS_KEPT + 1 :], paths[0]]

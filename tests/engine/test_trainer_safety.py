@@ -14,14 +14,15 @@ import numpy as np
 import pytest
 
 from engine.errors import ConfigError
+from engine.io.files import check_outputs
 from engine.model.model import Model
 from engine.model.targets import TargetSpec
 from engine.train import events as ev
 from engine.train import trainer as trainer_module
 from engine.train.trainer import (
+    RUN_FOLDERS,
     TrainConfig,
     Trainer,
-    check_outputs,
     clean_stale_temporaries,
     resolve_checkpoint,
 )
@@ -70,7 +71,7 @@ def _run(model, chats, cfg, **kwargs):
         ({"rank": 0}, "rank must be in 1..65536"),
         ({"rank": 2.5}, "rank must be a whole number"),
         ({"batch_size": True}, "batch_size must be a whole number"),
-        ({"n_ctx": -5}, "n_ctx must be in 1..1048576"),
+        ({"n_ctx": -5}, "n_ctx must be in 2..1048576"),
         ({"epochs": 0.0}, "epochs must be in (0, 1e+06]"),
         ({"val_split": 1.0}, "val_split must be in [0, 0.99]"),
         ({"schedule": "exp"}, "schedule must be one of constant, linear, cosine, got 'exp'"),
@@ -110,7 +111,7 @@ def test_outputs_that_are_folders_or_files_of_the_wrong_kind(tmp_path):
     with pytest.raises(ConfigError, match="is a folder"):
         check_outputs({"adapter": str(tmp_path / "folder")}, {})
     with pytest.raises(ConfigError, match="is a file"):
-        check_outputs({"checkpoint folder": str(tmp_path / "file")}, {})
+        check_outputs({"checkpoint folder": str(tmp_path / "file")}, {}, folders=RUN_FOLDERS)
     check_outputs({"adapter": str(tmp_path / "new.gguf")}, {"model": str(tmp_path / "file")})
 
 

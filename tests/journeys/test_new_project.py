@@ -42,7 +42,10 @@ def test_new_project_resets_every_page(qtbot, app, tiny_q4, facts):
     assert window.chat_page.conversation.messages == [] and window.chat_page.info is None
     assert window.export_page.result.isHidden() and window.export_page.adapter_path() == ""
     assert window.rewards_page.session is None
-    assert window.engine.session is None or window.engine.session.run is None  # the session forgot the run
+    forgot: list[bool] = []  # the session lives on the engine's thread: asked there
+    window.engine.submit("look", lambda s, j: forgot.append(s is None or s.run is None), needs_session=False)
+    qtbot.waitUntil(lambda: bool(forgot), timeout=10_000)
+    assert forgot == [True]  # the session forgot the run
     assert "untitled project" in window.windowTitle() and "*" not in window.windowTitle()
 
     # the model again: nothing is trained until a dataset is chosen (not the old one)

@@ -178,7 +178,7 @@ def _no_space(dlg, files, tmp_path, monkeypatch):
     [
         (_foreign, "Architecture matches the base model", "is for 'llama', the base model is 'qwen3moe'"),
         (_missing_folder, "Target folder exists and is writable", "does not exist: create it or choose"),
-        (_base_itself, "Output name", "that is the base model itself: write to another file"),
+        (_base_itself, "Output name", "is the base model"),
         (_no_space, "Enough free disk space", "1000 B are free: free some space"),
     ],
     ids=["other-architecture", "folder-missing", "output-is-base", "disk-full"],

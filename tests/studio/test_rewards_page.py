@@ -246,7 +246,7 @@ def test_apply_with_nothing_rated_shows_what_to_do(qtbot, page):
 
 def test_unwritable_ratings_file_shows_the_error_and_keeps_the_card_unrated(qtbot, page, tmp_path):
     generate(qtbot, page)
-    page.session.ratings_path = str(tmp_path)  # a folder: appending to it fails
+    page.session.ratings_path = str(tmp_path / "gone" / "r.jsonl")  # its folder is missing: appending fails
     rate_keys(qtbot, page, "5")
     assert "The rating was not saved" in page.banner_text() and "Ratings file" in page.banner_text()
     assert page.cards[0].state == "unrated" and page.session.ratings[0] is None

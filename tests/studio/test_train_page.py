@@ -220,11 +220,11 @@ def test_pause_then_resume_in_memory_continues_the_run(
     qtbot.waitUntil(lambda: page.state == "paused", timeout=TIMEOUT_MS)
     assert page.resume_button.isEnabled() and page.stop_button.isEnabled() and not page.is_running()
     assert latest_checkpoint(page.paths.checkpoint_dir) is None  # nothing written: the run is in memory
-    session = engine.session
+    opened = engine.model
     out = page.paths.out
     result = run(qtbot, page, page.resume)
     settle(qtbot, page)
-    assert engine.session is session  # the same model: nothing reloaded
+    assert engine.model is opened  # the same model: nothing reloaded
     assert isinstance(result, Finished) and not result.stopped and result.step == 10
     assert page.paths.out == out == result.adapter_path  # the same run, the same files
     x, _ = page.plots.curve_data()["loss"]
@@ -523,7 +523,7 @@ def test_a_starting_run_says_what_it_does_and_a_long_run_alerts_when_it_ends(
     alerts = []
     monkeypatch.setattr(QApplication, "alert", staticmethod(lambda widget, ms=0: alerts.append(widget)))
     page.notify_after_s = 0.0  # every run is "long" here
-    assert engine.session is None  # the model opens with the run
+    assert engine.model is None  # the model opens with the run
     gate = Gate(monkeypatch, step=1)  # held after step 1 until the page has shown it (3 steps take ms)
 
     def start() -> bool:

@@ -241,3 +241,23 @@ def test_a_new_point_repaints_the_curve_but_not_the_axes(plots, qtbot, monkeypat
     plots.add_event(step(5, 40.0, total=100))  # the loss axis must grow
     plots.flush()
     qtbot.waitUntil(lambda: painted["axis"] > 0, timeout=2000)
+
+
+def test_many_runs_do_not_grow_the_marker_pictures(plots):
+    """Each run's first point shows a marker; its brush is the same object every run, so pyqtgraph's
+    symbol atlas (keyed by the brush object) stops growing (bench/soak.py app grew ~0.15 MiB a run)."""
+    from pyqtgraph.graphicsItems.ScatterPlotItem import ScatterPlotItem
+
+    def atlas_keys() -> int:
+        scatters = [c.scatter for c in (plots.train_curve, plots.lr_curve, plots.gn_curve, plots.tps_curve)]
+        return sum(len(s.fragmentAtlas._coords) for s in scatters if isinstance(s, ScatterPlotItem))
+
+    sizes = []
+    for run in range(6):
+        plots.clear()
+        plots.add_event(started(0))
+        plots.add_event(step(1, 2.5 - run * 0.1))
+        plots.flush()
+        plots.grab()  # paint: the atlas draws each marker picture it has not drawn yet
+        sizes.append(atlas_keys())
+    assert sizes[-1] == sizes[1] > 0, sizes

@@ -59,7 +59,16 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import Answer, EngineError, RewardConfig, RewardSession, RoundResult, Scorer, load_jsonl
+from engine import (
+    Answer,
+    EngineError,
+    RewardConfig,
+    RewardSession,
+    RoundResult,
+    Scorer,
+    check_outputs,
+    load_jsonl,
+)
 
 from ...paths import writable_problem
 from ...project import ModelInfo, Project
@@ -667,7 +676,19 @@ class RewardsPage(QWidget):
     def set_ratings_path(self, path: str) -> bool:
         """Append ratings to `path` from now on; False (and why, in the page) if it cannot be written."""
         path = os.path.abspath(path)
-        why = writable_problem(os.path.dirname(path))
+        try:  # never one of the files the page reads (the model, the adapter it continues, ...)
+            inputs = {
+                "model": self.project.model_path,
+                "dataset": self.project.dataset_path,
+                "chat template": self.project.template_file,
+                "adapter to continue": self.start_adapter,
+            }
+            if self.session is not None:
+                inputs.update(self.session.inputs)
+            check_outputs({"ratings file": path}, inputs)  # fmt: skip
+            why = writable_problem(os.path.dirname(path))
+        except EngineError as exc:
+            why = str(exc)
         if why is None:
             try:
                 with open(path, "ab"):

@@ -1058,9 +1058,9 @@ class TrainPage(QWidget):
                                           on_done=self._on_finished, on_error=self._on_failed)  # fmt: skip
 
     def _model_is_open(self) -> bool:
-        s = self.engine.session
+        m = self.engine.model
         return (
-            s is not None and same_file(s.path, self.project.model_path) and s.device == self.project.device
+            m is not None and same_file(m.path, self.project.model_path) and m.device == self.project.device
         )
 
     def _launch(
@@ -1129,7 +1129,8 @@ class TrainPage(QWidget):
         self.run_config = config
         dataset = data if isinstance(data, str) else self.project.dataset_path
         files = RunFiles.beside(paths.out, paths.checkpoint_dir, dataset)
-        return files.write(config, None if isinstance(data, str) else data)
+        inputs = {"model": self.project.model_path, "chat template": self.project.template_file}
+        return files.write(config, None if isinstance(data, str) else data, inputs)
 
     def _launch_processes(
         self, n: int, data, config: TrainConfig | None = None, resume: str | None = None
@@ -1146,6 +1147,9 @@ class TrainPage(QWidget):
         except OSError as exc:
             self.show_banner(f"The run's settings cannot be written ({exc.strerror or exc}): choose another "
                              "output folder.")  # fmt: skip
+            return False
+        except EngineError as exc:  # a file of the run beside its adapter would replace an input
+            self.show_banner(f"{exc}")
             return False
         p = self.project
         command = files.command(p.model_path, ranks=n, template_file=p.template_file, device=p.device,
@@ -1184,6 +1188,9 @@ class TrainPage(QWidget):
             files = self._run_files(paths, self._edited_samples())
         except OSError as exc:
             self.show_banner(f"The run's settings cannot be written ({exc.strerror or exc}).")
+            return None
+        except EngineError as exc:
+            self.show_banner(f"{exc}")
             return None
         p = self.project
         dialog = MachinesDialog(files, p.model_path, ranks=max(2, self.processes.value()),

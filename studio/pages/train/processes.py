@@ -43,6 +43,7 @@ from engine import (
     Finished,
     Step,
     TrainConfig,
+    check_outputs,
     follow_events,
     save_jsonl,
     shell_line,
@@ -72,8 +73,22 @@ class RunFiles:
         return cls(out, checkpoint_dir, stem + "-settings.json", stem + "-events.jsonl", stem + "-output.log",
                    dataset)  # fmt: skip
 
-    def write(self, config: TrainConfig, samples=None) -> RunFiles:
-        """Write the settings (and the editor's samples); the files as the processes will read them."""
+    def write(
+        self, config: TrainConfig, samples=None, inputs: dict[str, str | None] | None = None
+    ) -> RunFiles:
+        """Write the settings (and the editor's samples); the files as the processes will read them.
+        ConfigError, with nothing written, when one of the run's files beside the adapter would be an
+        input (`inputs`: the model, the chat template; and the dataset), another of them, or a file of
+        another kind (engine.check_outputs: the rule every output follows)."""
+        samples_path = (
+            self.settings[: -len("-settings.json")] + "-data.jsonl" if samples is not None else None
+        )
+        check_outputs(
+            {"run settings": self.settings, "events file": self.events,
+             "output of the processes": self.output, "edited samples": samples_path},
+            {**(inputs or {}), "dataset": self.data},
+            kinds={"run settings": "json", "events file": "events", "edited samples": "jsonl"},
+        )  # fmt: skip
         os.makedirs(os.path.dirname(os.path.abspath(self.settings)), exist_ok=True)
         config = replace(config, out=self.out, checkpoint_dir=self.checkpoint_dir)
         tmp = self.settings + ".tmp"
@@ -82,9 +97,8 @@ class RunFiles:
         os.replace(tmp, self.settings)
         if samples is None:
             return self
-        data = self.settings[: -len("-settings.json")] + "-data.jsonl"
-        save_jsonl(data, samples)
-        return replace(self, data=data)
+        save_jsonl(samples_path, samples)
+        return replace(self, data=samples_path)
 
     def command(self, model: str, *, ranks: int, hosts=(), template_file=None, device="cpu", resume=None,
                 accept_changes=False) -> list[str]:  # fmt: skip
