@@ -113,7 +113,7 @@ def _sampling(args: argparse.Namespace) -> SamplingConfig:
     """The Modelfile's sampling PARAMETERs: the options given, else the Chat page's defaults."""
     d = SamplingConfig()
     pick = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
-    return replace(d, **{k: v for k, v in pick.items() if v is not None}, seed=args.seed)
+    return replace(d, **{k: v for k, v in pick.items() if v is not None})
 
 
 def _merge_qtype(text: str | None) -> str | None:
@@ -290,5 +290,4 @@ def add_commands(subparsers) -> None:
     s.add_argument("--top-k", type=int, default=None, help="Modelfile top_k (default 40)")
     s.add_argument("--top-p", type=float, default=None, help="Modelfile top_p (default 0.95)")
     s.add_argument("--min-p", type=float, default=None, help="Modelfile min_p (default 0.05)")
-    s.add_argument("--seed", type=int, default=None, help="Modelfile seed (default: none)")
     s.set_defaults(func=cmd_export)

@@ -259,6 +259,9 @@ class ModelfilePlan:
     sampling: SamplingConfig
 
     def text(self, from_line: str, adapter_line: str | None = None) -> str:
+        """The Modelfile. Sampling: temperature, top_k, top_p, min_p (the engine has no repeat
+        penalty); the Chat page's seed and answer budget stay out (a fixed seed would make every
+        Ollama answer the same; Ollama's own budget is "until a stop")."""
         lines = [
             "# Ollama Modelfile written by Tune Studio",
             f"# chat template: {self.format.family}",
@@ -273,9 +276,6 @@ class ModelfilePlan:
         lines.append(f"PARAMETER top_k {s.top_k}")
         lines.append(f"PARAMETER top_p {s.top_p:g}")
         lines.append(f"PARAMETER min_p {s.min_p:g}")
-        if s.seed is not None:
-            lines.append(f"PARAMETER seed {s.seed}")
-        lines.append(f"PARAMETER num_predict {s.max_new_tokens}")
         return "\n".join(lines) + "\n"
 
 
