@@ -310,6 +310,8 @@ def _modelfile_check(
         f"An Ollama Modelfile will be written beside it ({plan.format.family} template, stop {stops}): "
         f"ollama create NAME -f {modelfile_path(out)}"
     )
+    if plan.format.system == "none":
+        notes.append("The model's template takes no system message: Ollama's system prompt is left out.")
     return plan
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import TemplateError
 from engine.export.modelfile import (
     TemplateNotTranslatable,
     plan_modelfile,
@@ -32,6 +33,16 @@ SMOLLM2 = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# Mistral-7B-Instruct-v0.1's template: spaces inside [INST] ... [/INST], no system message
+MISTRAL_V01 = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+
 # (template source, bos, eos, the family it must translate to)
 FAMILY_CASES = {
     "smollm2": (SMOLLM2, "<|im_start|>", "<|im_end|>", "ChatML"),
@@ -45,6 +56,7 @@ FAMILY_CASES = {
         "Llama 3",
     ),
     "gemma3": (GEMMA_TEMPLATE, "<bos>", "<eos>", "Gemma"),
+    "mistral-v0.1": (MISTRAL_V01, "<s>", "</s>", "Mistral (spaced)"),
     "mistral-nemo": (
         (DATA / "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text(),
         "<s>",
@@ -92,6 +104,10 @@ def test_translated_template_renders_like_the_engine(case, conversation):
     fmt = translate(template)
     assert fmt.family == family
     messages = CONVERSATIONS[conversation]
+    if fmt.system == "none" and messages[0]["role"] == "system":  # the template refuses them
+        with pytest.raises(TemplateError):
+            template.render(messages, add_generation_prompt=True)
+        return
     want = template.render(messages, add_generation_prompt=True)
     got = gotemplate.render(fmt.go_template(), messages)
     assert got == want
