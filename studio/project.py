@@ -44,6 +44,7 @@ from engine import (
     EngineSession,
     GGUFFile,
     ModelSummary,
+    SamplingConfig,
     TargetSpec,
     TensorInfo,
     Tokenizer,
@@ -295,6 +296,7 @@ class Project:
         self.config: TrainConfig = TrainConfig()  # its `device` is the project's device
         self.path: str | None = None
         self.dirty = False
+        self.chat_sampling: SamplingConfig | None = None  # last used on the Chat page (not saved)
         self._listeners: list[Listener] = []
 
     @property

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import EngineError
+from ..export.modelfile import modelfile_path
 from ..export.verify import failed_name
 from ..io.files import AppendLog, atomic_write, check_outputs
 from ..model.generate import GREEDY, SamplingConfig
@@ -87,9 +88,11 @@ def command_paths(args: argparse.Namespace) -> CommandPaths:
         kind = "model" if a["merge"] else "adapter"
         verified = a["verify"] if a["verify"] is not None else a["merge"]
         failed = failed_name(a["out"]) if verified and not a["check"] else None  # where a failed file goes
+        modelfile = modelfile_path(a["out"]) if a["modelfile"] and a["out"] else None  # for Ollama
         return CommandPaths(
             {"adapter": a["adapter"], "base model": a["model"], "verification prompts": a["prompts"]},
-            {"output": a["out"], "failed output": failed}, kinds={"output": kind, "failed output": kind},
+            {"output": a["out"], "failed output": failed, "Modelfile": modelfile},
+            kinds={"output": kind, "failed output": kind},
         )  # fmt: skip
     if cmd == "reward":
         return CommandPaths(

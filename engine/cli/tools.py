@@ -12,9 +12,11 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 
-from ..errors import ExportError
+from ..errors import EngineError, ExportError
 from ..export.check import ExportRequest, check_export
+from ..export.modelfile import plan_modelfile, write_modelfile
 from ..export.verify import quarantine, verify_export
 from ..export.write import (
     ADAPTER_TYPES,
@@ -26,6 +28,7 @@ from ..export.write import (
 )
 from ..io.gguf_file import GGUFFile
 from ..io.quantize import quantizable_types
+from ..model.generate import SamplingConfig
 from ..model.lora import LoraAdapter
 from ..train.norms import NormsReport, lora_norms
 
@@ -101,7 +104,16 @@ def _request(args: argparse.Namespace, qtype: str | None) -> ExportRequest:
         merge=args.merge,
         qtype=qtype if args.merge else (qtype or "F32"),
         scale=1.0 if args.scale is None else args.scale,
+        modelfile=args.modelfile,
+        sampling=_sampling(args),
     )
+
+
+def _sampling(args: argparse.Namespace) -> SamplingConfig:
+    """The Modelfile's sampling PARAMETERs: the options given, else the Chat page's defaults."""
+    d = SamplingConfig()
+    pick = {"temperature": args.temp, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p}
+    return replace(d, **{k: v for k, v in pick.items() if v is not None})
 
 
 def _merge_qtype(text: str | None) -> str | None:
@@ -140,6 +152,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     if verify and not args.model:
         raise ExportError("--verify compares logits on the base model: give --model BASE.gguf")
     prompts = _prompts(args.prompts)
+    request = _request(args, qtype)
+    plan = None
+    if args.modelfile:
+        if not args.model:
+            raise ExportError("--modelfile names the base model in FROM: give --model BASE.gguf")
+        try:
+            plan = plan_modelfile(GGUFFile(args.model).metadata, request.sampling)
+        except EngineError as exc:
+            print(f"note: no Ollama Modelfile will be written: {exc}", file=sys.stderr)
     adapter = LoraAdapter.load(args.adapter)
     code = _write(args, adapter, qtype)
     if verify:
@@ -151,6 +172,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(report.verdict())
         if args.merge:
             print(f"run it: llama-cli -m {args.out}")
+    if plan is not None:
+        path = write_modelfile(plan, args.out, merged=args.merge, base=args.model)
+        print(f"wrote {path} ({plan.format.family} template): ollama create NAME -f {path}")
     return code
 
 
@@ -256,4 +280,14 @@ def add_commands(subparsers) -> None:
         "fails is renamed NAME.failed.gguf and the exit code is 2. Default: on for --merge, off otherwise",
     )
     s.add_argument("--prompts", help="verification prompts, one per line (default: three short chat prompts)")
+    s.add_argument(
+        "--modelfile",
+        action="store_true",
+        help="also write an Ollama Modelfile beside OUT (FROM, ADAPTER, the chat template as a Go TEMPLATE, "
+        "stop tokens, sampling); needs --model. A template of no known family is named and skipped",
+    )
+    s.add_argument("--temp", type=float, default=None, help="Modelfile temperature (default 0.8)")
+    s.add_argument("--top-k", type=int, default=None, help="Modelfile top_k (default 40)")
+    s.add_argument("--top-p", type=float, default=None, help="Modelfile top_p (default 0.95)")
+    s.add_argument("--min-p", type=float, default=None, help="Modelfile min_p (default 0.05)")
     s.set_defaults(func=cmd_export)

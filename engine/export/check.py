@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError, EngineError, ExportError
 from ..io.files import check_outputs
 from ..io.gguf_file import GGUFFile
+from ..model.generate import SamplingConfig
 from ..model.lora import LoraAdapter
 from ..model.summary import human_bytes
 from ..ranges import check_number
+from .modelfile import ModelfilePlan, modelfile_path, plan_modelfile, write_modelfile
 from .write import (
     ADAPTER_TYPES,
     FLOAT_TYPES,
@@ -65,6 +67,8 @@ class ExportRequest:
     merge: bool = False
     qtype: str | None = "F32"
     scale: float = 1.0
+    modelfile: bool = False  # also write an Ollama Modelfile beside `out` (when the template translates)
+    sampling: SamplingConfig | None = None  # the Modelfile's PARAMETERs (None: the Chat page's defaults)
 
     def __post_init__(self) -> None:
         check_number("adapter_scale", self.scale, label="adapter scale", error=ExportError)
@@ -90,6 +94,7 @@ class CheckReport:
     items: list[CheckItem]
     notes: list[str] = field(default_factory=list)  # facts worth knowing that do not block the export
     size: int = 0  # estimated bytes of the file
+    modelfile: ModelfilePlan | None = None  # what the Modelfile will say; None: none will be written
     adapter: LoraAdapter | None = field(default=None, repr=False)  # the source, as read by the check
 
     @property
@@ -116,10 +121,14 @@ def estimate_size(request: ExportRequest, adapter: LoraAdapter, base: GGUFFile |
 
 
 def check_export_paths(request: ExportRequest) -> None:
-    """ConfigError when the output is the base model or the source adapter (or a link to either):
-    the rule every command's outputs follow (engine.io.files.check_outputs)."""
+    """ConfigError when the output, or the Modelfile written beside it, is the base model or the
+    source adapter (or a link to either): the rule every command's outputs follow
+    (engine.io.files.check_outputs)."""
+    outputs = {"output": request.out}
+    if request.modelfile and request.out:
+        outputs["Modelfile"] = modelfile_path(request.out)
     check_outputs(
-        {"output": request.out}, {"base model": request.base, "source adapter": request.source},
+        outputs, {"base model": request.base, "source adapter": request.source},
         kinds={"output": "model" if request.merge else "adapter"},
     )  # fmt: skip
 
@@ -253,6 +262,7 @@ def check_export(request: ExportRequest) -> CheckReport:
         items.append(CheckItem(True, label, f"{os.path.basename(out)} exists and will be replaced"))
     else:
         items.append(CheckItem(True, label, f"{os.path.basename(out)} (a new file)"))
+    plan = _modelfile_check(request, base, out, items, notes)
     # notes on the type
     if adapter is not None and not request.merge:
         qtype = request.qtype or "F32"
@@ -276,7 +286,33 @@ def check_export(request: ExportRequest) -> CheckReport:
             notes.append(f"The adapter is merged at scale {request.scale:g}.")
     if base is not None:
         base.close()
-    return CheckReport(request, items, notes, size, adapter)
+    return CheckReport(request, items, notes, size, modelfile=plan, adapter=adapter)
+
+
+def _modelfile_check(
+    request: ExportRequest, base: GGUFFile | None, out: str, items: list[CheckItem], notes: list[str]
+) -> ModelfilePlan | None:
+    """The Modelfile's plan, when asked for and the template translates; a note says why not.
+
+    An untranslatable template does not block the export (a note); a Modelfile path that names an
+    input is refused with the export's own name ("Output name": `check_export_paths`)."""
+    if not request.modelfile:
+        return None
+    if base is None:
+        return None
+    try:
+        plan = plan_modelfile(base.metadata, request.sampling)
+    except EngineError as exc:
+        notes.append(f"No Ollama Modelfile will be written: {exc}.")
+        return None
+    stops = ", ".join(plan.stops) or "none"
+    notes.append(
+        f"An Ollama Modelfile will be written beside it ({plan.format.family} template, stop {stops}): "
+        f"ollama create NAME -f {modelfile_path(out)}"
+    )
+    if plan.format.system == "none":
+        notes.append("The model's template takes no system message: Ollama's system prompt is left out.")
+    return plan
 
 
 def merge_notes(request: ExportRequest, adapter: LoraAdapter, base: GGUFFile, size: int) -> list[str]:
@@ -320,8 +356,34 @@ def write_export(
     should_stop: Callable[[], bool] | None = None,
 ) -> str:
     """Write the file atomically; returns its path. ExportError when cancelled (nothing changed),
-    ConfigError when the output is one of the inputs (nothing written)."""
+    ConfigError when the output (or its Modelfile) is one of the inputs (nothing written). The
+    Modelfile is written by `export_modelfile` once the file has passed its verification."""
     check_export_paths(request)
+    return _write_file(request, adapter, on_progress, should_stop)
+
+
+def export_modelfile(request: ExportRequest) -> str | None:
+    """Write the Modelfile of a written export (`request.modelfile`); its path, or None when not
+    asked for or the model's template cannot be translated (the check's note says why).
+    ConfigError when the Modelfile would replace an input (`check_export_paths`)."""
+    if not request.modelfile or not request.base:
+        return None
+    check_export_paths(request)
+    with GGUFFile(request.base) as base:
+        metadata = base.metadata
+    try:
+        plan = plan_modelfile(metadata, request.sampling)
+    except EngineError:
+        return None
+    return write_modelfile(plan, request.out, merged=request.merge, base=request.base)
+
+
+def _write_file(
+    request: ExportRequest,
+    adapter: LoraAdapter,
+    on_progress: Callable[[int, int], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> str:
     if request.merge:
         if not request.base:
             raise ExportError("open the base model on the Model page before merging")

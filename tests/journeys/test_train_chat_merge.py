@@ -1,6 +1,7 @@
 """Journey (a): open a quantized model, open a dataset, train with the default preset, chat with the
 adapter, export it merged with the Export page's defaults: the merged file answers as base + adapter
-(its logits within F16's tolerance of theirs), and the page offers a command to run it.
+(its logits within F16's tolerance of theirs), the page offers a command to run it, and an Ollama
+Modelfile beside it carries the chat template, the stop token and the Chat page's sampling.
 
 Journey (c): the default preset on a 16-sample dataset changes the model's answer (on the code before
 it planned 1-4 steps at lr 2e-4 and the answer stayed the base model's).
@@ -12,7 +13,8 @@ import os
 
 import numpy as np
 
-from engine import TOLERANCE, Finished, GGUFFile, TargetSpec
+from engine import TOLERANCE, ChatTemplate, Finished, GGUFFile, TargetSpec
+from tests.engine import gotemplate
 
 from .conftest import ANSWER, QUESTIONS, answer_accuracy, chat, checked, greedy, logits, open_model, train
 
@@ -66,6 +68,20 @@ def test_train_chat_and_merge_with_defaults_keeps_the_fine_tune(qtbot, app, tiny
     assert np.abs(got - want).max() <= TOLERANCE["F16"] * max(1.0, np.abs(want).max())
     assert greedy(merged, question).startswith(taught)  # and it answers as the adapter taught
     assert page.type_combo.qtype() is None  # it was the default: keep the fine-tune
+    # and beside it an Ollama Modelfile: FROM the merged file, the chat template as Ollama renders it,
+    # the end-of-turn stop and the sampling the Chat page used (greedy)
+    modelfile = os.path.join(os.path.dirname(merged), "Modelfile")
+    assert f"ollama create NAME -f {modelfile}" in page.result_label.text()
+    text = open(modelfile, encoding="utf-8").read()
+    lines = text.splitlines()
+    assert f"FROM ./{os.path.basename(merged)}" in lines and "PARAMETER temperature 0" in lines
+    assert 'PARAMETER stop "<|im_end|>"' in lines
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}]
+    template = text.split('TEMPLATE """', 1)[1].split('"""', 1)[0]
+    want = ChatTemplate.from_metadata(GGUFFile(merged).metadata).render(
+        conversation, add_generation_prompt=True
+    )
+    assert gotemplate.render(template, conversation) == want
 
 
 def LoraAdapterNames(path: str) -> list[str]:  # noqa: N802 - reads like the set it is

@@ -252,7 +252,11 @@ def test_merged_export_reports_progress_per_tensor_and_reloads_with_the_same_log
     assert dlg.out_edit.text().endswith("adapter.merged.gguf")
     out = tmp_path / "merged.gguf"
     dlg.out_edit.setText(str(out))
-    assert check(qtbot, dlg).ok
+    dlg.project.chat_sampling = engine.SamplingConfig(
+        temperature=0.25, top_k=12
+    )  # as the Chat page last used
+    checked = check(qtbot, dlg)
+    assert checked.ok and any("An Ollama Modelfile will be written" in n for n in checked.notes)
     values = []
     dlg.progress.valueChanged.connect(values.append)
     _, report = export_and_verify(qtbot, dlg)
@@ -262,6 +266,12 @@ def test_merged_export_reports_progress_per_tensor_and_reloads_with_the_same_log
     assert merge_steps[:n_tensors] == list(range(1, n_tensors + 1))  # one update per tensor, in order
     assert report.merge and report.ok and 0 < report.max_abs <= 1e-4
     assert "tokenizer and chat template copied" in " ".join(report.notes)
+    # the Modelfile beside it: FROM the merged file, ChatML as a Go template, the Chat page's sampling
+    lines = (tmp_path / "Modelfile").read_text().splitlines()
+    assert "FROM ./merged.gguf" in lines and "ADAPTER" not in " ".join(lines)
+    assert 'PARAMETER stop "<|im_end|>"' in lines and "PARAMETER temperature 0.25" in lines
+    assert "PARAMETER top_k 12" in lines and dlg.modelfile_written == str(tmp_path / "Modelfile")
+    assert "ollama create NAME -f" in dlg.status_label.text()
     source = LoraAdapter.load(files.adapter)
     ref, merged = prompt_logits(files.base, [source.terms()], merged=str(out))
     for x, y in zip(ref, merged, strict=True):
@@ -391,6 +401,10 @@ def test_export_page_checks_writes_and_verifies_inline_and_opens_the_dialog(qtbo
     assert sig.args == [str(out)]
     text = page.result_label.text()
     assert "the file reloads" in text and "within F16 tolerance" in text, text
+    # the Modelfile (on by default) names the base model and the adapter just written
+    assert page.modelfile_check.isChecked() and "ollama create" in text
+    lines = (tmp_path / "Modelfile").read_text().splitlines()
+    assert f"FROM {files.base}" in lines and "ADAPTER ./page.f16.gguf" in lines
     dlg = page.open_dialog()
     assert dlg.isVisible() and dlg.source_path() == files.adapter
     assert dlg.type_combo.currentData() == "F16"

@@ -496,7 +496,9 @@ class ChatPage(QWidget):
 
     def _sampling(self, seed: int | None = None):
         try:
-            return self.sampling.sampling(seed)
+            sampling = self.sampling.sampling(seed)
+            self.project.chat_sampling = sampling  # what an export's Ollama Modelfile carries
+            return sampling
         except EngineError as exc:
             self.show_error(f"A sampling setting is not valid: {exc}. Fix it on the right, then try again.")
             return None

@@ -52,6 +52,7 @@ from engine import (
     LoraAdapter,
     VerifyReport,
     check_export,
+    export_modelfile,
     find_checkpoints,
     human_bytes,
     quarantine,
@@ -67,7 +68,7 @@ from ...widgets.side_panel import SidePanelWidget
 from ...widgets.theme import is_dark
 from ...worker import Engine
 from .result import ExportResultWidget
-from .types import ExportTypeCombo
+from .types import ExportTypeCombo, modelfile_check, modelfile_outcome
 
 GREEN, RED = "#1e7a34", "#b03a2e"  # on the light palette
 DARK_GREEN, DARK_RED = "#7dcea0", "#ff8a80"  # on the dark one
@@ -106,6 +107,7 @@ class ExportDialog(QDialog):
         self.model_path: str | None = None
         self.verify_report: VerifyReport | None = None
         self.written: tuple[ExportRequest, LoraAdapter, str] | None = None
+        self.modelfile_written: str | None = None  # the Modelfile of the last verified export
         self.cancelled = False
         self._busy = False  # an engine job of this dialog is queued or running
         self._phase = ""
@@ -201,9 +203,14 @@ class ExportDialog(QDialog):
         )
         out_browse = QPushButton("Choose…")
         out_browse.clicked.connect(self._choose_out)
-        out_row = QHBoxLayout(out_box)
+        self.modelfile_check = modelfile_check()
+        self.modelfile_check.toggled.connect(self._settings_changed)
+        out_layout = QVBoxLayout(out_box)
+        out_row = QHBoxLayout()
         out_row.addWidget(self.out_edit, 1)
         out_row.addWidget(out_browse)
+        out_layout.addLayout(out_row)
+        out_layout.addWidget(self.modelfile_check)
         layout.addWidget(out_box)
 
         check_box = QGroupBox("Checks")
@@ -384,6 +391,8 @@ class ExportDialog(QDialog):
             merge=merge,
             qtype=self.type_combo.qtype(),
             scale=float(self.scale_spin.value()) if merge else 1.0,
+            modelfile=self.modelfile_check.isChecked(),
+            sampling=self.project.chat_sampling,
         )
 
     def set_kind(self, merge: bool) -> None:
@@ -644,9 +653,18 @@ class ExportDialog(QDialog):
                 report = session.verify_export(req, adapter, path)  # against the model in memory
             else:
                 report = verify_export(req, adapter, path, template=template)
-            return quarantine(report)  # a file that failed is renamed *.failed.gguf
+            report = quarantine(report)  # a file that failed is renamed *.failed.gguf
+            return report, export_modelfile(req) if report.ok else None
 
-        self._run("verify", work, self._verified)
+        self._run("verify", work, self._verified_and_modelfile)
+
+    def _verified_and_modelfile(self, result) -> None:
+        report, modelfile = result
+        self.modelfile_written = modelfile
+        self._verified(report)
+        if report.ok and self.modelfile_check.isChecked():
+            notes = self.report.notes if self.report is not None else []
+            self._set_status(f"{self.status_label.text()} {modelfile_outcome(modelfile, notes)}")
 
     @Slot(object)
     def _verified(self, report: VerifyReport) -> None:

@@ -39,6 +39,7 @@ from engine import (
     ExportError,
     ExportRequest,
     check_export,
+    export_modelfile,
     human_bytes,
     load_jsonl,
     quarantine,
@@ -55,7 +56,7 @@ from ...widgets.theme import is_dark
 from ...worker import Engine
 from .dialog import ExportDialog
 from .result import ExportResultWidget
-from .types import ExportTypeCombo
+from .types import ExportTypeCombo, modelfile_check, modelfile_outcome
 
 RUN_PROMPTS = 3  # prompts of the run's own dataset the verification adds to the generic ones
 
@@ -120,6 +121,7 @@ class ExportPage(QWidget):
             "fine-tune (Type), every other tensor as the base stores it. Default: off (an adapter file, "
             "loaded with --lora)."
         )
+        self.modelfile_check = modelfile_check()
         self.type_combo = ExportTypeCombo()  # one control: the adapter's type, or the merge's
         self.out_edit = QLineEdit()
         self.out_edit.setToolTip(
@@ -170,6 +172,7 @@ class ExportPage(QWidget):
         form.addRow("", self.merge_check)
         form.addRow("Type:", self.type_combo)
         form.addRow("Write to:", out_row)
+        form.addRow("", self.modelfile_check)
         intro = QLabel(
             "<h3>Export</h3>Write an adapter llama.cpp loads with <code>--lora</code>, or a merged model. "
             "Every export is checked before writing and reloaded afterwards to compare its logits."
@@ -283,6 +286,8 @@ class ExportPage(QWidget):
             base=self.project.model_path,
             merge=self.merge_check.isChecked(),
             qtype=self._qtype(),
+            modelfile=self.modelfile_check.isChecked(),
+            sampling=self.project.chat_sampling,
         )
 
     # --- the dialog ------------------------------------------------------------------------------
@@ -306,6 +311,7 @@ class ExportPage(QWidget):
         dialog.set_adapter(self.adapter_path() or None)
         dialog.set_kind(self.merge_check.isChecked())
         dialog.type_combo.set_qtype(self._qtype())
+        dialog.modelfile_check.setChecked(self.modelfile_check.isChecked())
         dialog.open()
         return dialog
 
@@ -340,7 +346,9 @@ class ExportPage(QWidget):
                 verified = session.verify_export(req, report.adapter, path, prompts=prompts)
             else:
                 verified = verify_export(req, report.adapter, path, template=template, prompts=prompts)
-            return path, quarantine(verified)  # a file that failed is renamed *.failed.gguf
+            verified = quarantine(verified)  # a file that failed is renamed *.failed.gguf
+            modelfile = export_modelfile(req) if verified.ok else None
+            return path, verified, modelfile, report.notes
 
         self.export_button.setEnabled(False)
         self.result.clear()
@@ -349,9 +357,11 @@ class ExportPage(QWidget):
                                       needs_session=False)  # fmt: skip
 
     def _done(self, result) -> None:
-        path, verified = result
+        path, verified, modelfile, notes = result
         self.export_button.setEnabled(True)
         self._show_verified(verified)
+        if verified.ok and self.modelfile_check.isChecked():
+            self.result_label.setText(f"{self.result_label.text()} {modelfile_outcome(modelfile, notes)}")
         if verified.ok:
             self.sig_exported.emit(path)
         else:

@@ -11,7 +11,7 @@ remembers its own choice when the other is shown. `qtype()` is what `engine.Expo
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QComboBox, QWidget
+from PySide6.QtWidgets import QCheckBox, QComboBox, QWidget
 
 from engine import MERGE_BASE_TYPE
 
@@ -98,4 +98,24 @@ class ExportTypeCombo(QComboBox):
         self.currentIndexChanged.emit(self.currentIndex())
 
 
-__all__ = ["ADAPTER_CHOICES", "MERGE_CHOICES", "ExportTypeCombo"]
+def modelfile_check(parent: QWidget | None = None) -> QCheckBox:
+    """The "also write an Ollama Modelfile" option of the page and the dialog (on by default)."""
+    box = QCheckBox("Also write an Ollama Modelfile beside it", parent)
+    box.setChecked(True)
+    box.setToolTip(
+        "A Modelfile for `ollama create NAME -f Modelfile`, in the same folder: FROM the merged file (or "
+        "the base model with ADAPTER), the model's chat template as an Ollama TEMPLATE, its end-of-turn "
+        "tokens as stops and the Chat page's last sampling settings. Written once the file verifies; "
+        "skipped, with the reason, when the template is of no known family. Default: on."
+    )
+    return box
+
+
+def modelfile_outcome(path: str | None, notes: list[str]) -> str:
+    """What became of the Modelfile, in words: the command that uses it, or why none was written."""
+    if path:
+        return f"Wrote {path}: ollama create NAME -f {path}"
+    return next((n for n in notes if n.startswith("No Ollama Modelfile")), "No Modelfile was written.")
+
+
+__all__ = ["ADAPTER_CHOICES", "MERGE_CHOICES", "ExportTypeCombo", "modelfile_check", "modelfile_outcome"]
