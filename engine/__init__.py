@@ -77,6 +77,7 @@ from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from .text.tokenizer import Tokenizer
 from .train.advice import plan_warning
 from .train.commands import local_ranks_available, shell_line, train_command
+from .train.convert import ColumnMap, Conversion, Source, convert_file, convert_source, guess_map, read_source
 from .train.data import (
     Batch,
     Encoded,
@@ -157,7 +158,8 @@ __all__ = [
     "ArchSpec", "AutoRounds", "available_devices", "Backend", "BAD_MARK", "Batch", "blind_pair", "BlindPair",
     "BUILTIN_CHECKS", "Candidate", "CHATML_TEMPLATE", "ChatTemplate", "check_export", "CheckError",
     "CheckItem", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckpointInfo", "CheckReport",
-    "CheckSpec", "chosen_text", "ConfigError", "DatasetError", "dequantizable_types", "describe_settings",
+    "CheckSpec", "chosen_text", "ColumnMap", "Conversion", "convert_file", "convert_source", "guess_map",
+    "read_source", "Source", "ConfigError", "DatasetError", "dequantizable_types", "describe_settings",
     "Device", "encode_iter", "encode_samples", "Encoded", "EncodeOptions", "EngineError", "EngineSession",
     "estimate_memory", "estimate_size", "Eval", "event_from_json", "event_to_json", "Example", "ExpertUsage",
     "export_adapter", "export_merged", "export_size", "ExportError", "ExportRequest", "Failed", "failed_name",

@@ -586,6 +586,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_reward_command(sub)
     add_commands(sub)
+    from .convert import add_command as add_convert_command
+
+    add_convert_command(sub)
     return p
 
 
