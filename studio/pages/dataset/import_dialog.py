@@ -41,13 +41,18 @@ class ColumnMapDialog(QDialog):
         self.setWindowTitle(f"Import {source.path.name}")
         self.resize(860, 520)
         layout = QVBoxLayout(self)
-        layout.addWidget(
-            QLabel(
-                f"{source.format.upper()} file, {len(source.rows)} rows, columns: "
-                f"{', '.join(source.columns) or 'none'}. Choose which column is which; the file itself "
-                "is only read."
-            )
+        unread = [p for p in source.problems if p.severity == "error"]
+        skipped = ""
+        if unread:
+            skipped = f" {len(unread)} record(s) cannot be read and are left out (line {unread[0].line}: "
+            skipped += f"{unread[0].message})."
+        intro = QLabel(
+            f"{source.format.upper()} file, {len(source.rows)} rows, columns: "
+            f"{', '.join(source.columns) or 'none'}. Choose which column is which; the file itself "
+            f"is only read.{skipped}"
         )
+        intro.setWordWrap(True)
+        layout.addWidget(intro)
         top = QHBoxLayout()
         form = QFormLayout()
         self.combos: dict[str, QComboBox] = {}
