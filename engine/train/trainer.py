@@ -78,6 +78,8 @@ _INT_RANGES = (  # field, lowest, highest
     ("keep_checkpoints", 1, 10**6),
     ("eval_every", 0, 10**9),
     ("norms_every", 0, 10**9),
+    ("sample_every", 0, 10**9),
+    ("sample_tokens", 1, 4096),
 )
 _FLOAT_RANGES = (  # field, lowest, highest, lowest excluded
     ("alpha", 0.0, 1e6, False),
@@ -168,6 +170,9 @@ class TrainConfig:
     keep_checkpoints: int = 2  # newest checkpoints kept
     eval_every: int = 0  # steps between validation passes; 0 = at the end only
     norms_every: int = 1  # steps between LoraNorms events
+    sample_prompts: tuple[str, ...] = ()  # answered every sample_every steps (SampleAnswers events)
+    sample_every: int = 0  # steps between sample answers; 0 = none
+    sample_tokens: int = 48  # new tokens per sample answer (greedy)
     out: str | None = None  # adapter GGUF written at the end
     out_type: str = "F32"  # F32 | F16 | Q8_0
     gpu_step: str = "graph"  # on a GPU, the step of a model the fused step covers (dense_step: llama, qwen2,
@@ -451,6 +456,7 @@ class Trainer:
             template = self.template_arg
         else:  # a template file, or the model's own
             template = template_for(md, self.template_arg)
+        self._sample_text = (tok, template)  # what sample answers are prompted and decoded with
         pairs = cfg.objective != "sft"  # DPO / ORPO: each preference pair prepared as two rows
         options = EncodeOptions(  # a pair's answers alone are trained: their log-probabilities count
             n_ctx=cfg.n_ctx,
@@ -703,6 +709,16 @@ class Trainer:
             planned = 0
         return f" (it planned {planned} steps)" if planned else ""
 
+    def sample_answers(self) -> ev.SampleAnswers:
+        """The greedy answers to `config.sample_prompts` with the adapter as it is now."""
+        from .samples import answer_prompts
+
+        tok, template = self._sample_text
+        terms = self.trainable.terms() if self.trainable.pairs else None
+        prompts = list(self.config.sample_prompts)
+        n = self.config.sample_tokens
+        return answer_prompts(self.model, tok, template, prompts, terms, step=self.step, max_new_tokens=n)
+
     def _adapter(self) -> LoraAdapter:
         return self.trainable.to_adapter(self.model.config.arch)
 
@@ -902,6 +918,9 @@ class Trainer:
         norms_due = self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0
         if norms_due and self.comm.is_root:  # what only rank 0 reports, only rank 0 computes
             on_event(self._norms_event())
+        samples_due = cfg.sample_every and cfg.sample_prompts and self.step % cfg.sample_every == 0
+        if samples_due and self.comm.is_root:
+            on_event(self.sample_answers())
         try:
             if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
                 on_event(self.evaluate())
