@@ -920,7 +920,10 @@ class Trainer:
             on_event(self._norms_event())
         samples_due = cfg.sample_every and cfg.sample_prompts and self.step % cfg.sample_every == 0
         if samples_due and self.comm.is_root:
-            on_event(self.sample_answers())
+            answers = self.sample_answers()
+            if self.record is not None:  # kept in the run's record too (the Runs page shows them)
+                self.record.add_sample_answers(answers.step, answers.prompts, answers.answers)
+            on_event(answers)
         try:
             if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
                 on_event(self.evaluate())

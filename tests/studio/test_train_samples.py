@@ -33,3 +33,24 @@ def test_no_prompts_no_sample_answers(qtbot, engine, tmp_path, synth_model, chat
     run(qtbot, page)
     settle(qtbot, page)
     assert page.sample_answers.table.rowCount() == 0 and page.run_config.sample_every == 0
+
+
+def test_the_runs_page_shows_a_runs_sample_answers(qtbot, engine, tmp_path, synth_model, chats):  # noqa: F811
+    from studio.pages.runs.page import RunsPage
+    from studio.project import Project
+
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats, steps=4)
+    page.sample_answers.prompts_edit.setPlainText("hello")
+    page.sample_answers.every_spin.setValue(2)
+    run(qtbot, page)
+    settle(qtbot, page)
+    shown = page.sample_answers.table.rows()
+    project = Project()
+    project.update(model_path=page.project.model_path, output_dir=page.project.output_dir)
+    runs = RunsPage(project, engine)
+    qtbot.addWidget(runs)
+    runs.refresh()
+    record = next(r for r in runs.runs() if r.adapter == page.run_config.out)
+    assert [[str(s), p, a] for s, p, a in record.sample_answers] == [list(r) for r in shown]
+    runs.select_runs([record.name])
+    assert runs.samples_table.rows() == shown and len(shown) == 2
