@@ -26,9 +26,8 @@ class SampleAnswersTable(QTableWidget):
         super().__init__(0, 3, parent)
         self.setHorizontalHeaderLabels(["Step", "Prompt", "Answer"])
         self.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeToContents)
-        self.horizontalHeader().setSectionResizeMode(1, QHeaderView.Interactive)
-        self.horizontalHeader().setStretchLastSection(True)
-        self.setColumnWidth(1, 220)
+        self.horizontalHeader().setSectionResizeMode(1, QHeaderView.Stretch)  # prompt and answer share
+        self.horizontalHeader().setSectionResizeMode(2, QHeaderView.Stretch)  # the width, wrapped
         self.verticalHeader().hide()
         self.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.setWordWrap(True)
