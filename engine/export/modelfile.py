@@ -4,7 +4,7 @@ Ollama renders a prompt with a Go template over `.Messages` (each with `.Role` a
 `.System` (the system message), and the reply is generated after the text it makes; it tokenizes
 that text with the model's BOS added. So the translation of a template is right when, for every
 conversation ending in a user turn, the Go template's text equals the engine's rendering with
-`add_generation_prompt=True` and an empty `bos_token` (the BOS the tokenizer adds).
+`add_generation_prompt=True`, less a leading BOS.
 
 The families translated are ChatML (Qwen, SmolLM, ...), Llama 3 and Gemma: each has a Go template
 written here with the literal parts the model's own template adds (a default system message, a
@@ -101,9 +101,9 @@ class Translation:
 
 
 def _render(template: ChatTemplate, messages: Sequence[Mapping[str, str]]) -> str:
-    """The engine's rendering less the BOS the template writes itself (Ollama's tokenizer adds it);
-    a BOS text that the template writes as ordinary text (SmolLM2's is <|im_start|>) stays."""
-    return template.render(list(messages), add_generation_prompt=True, bos_token="")
+    text = template.render(list(messages), add_generation_prompt=True)
+    bos = template.bos_token
+    return text[len(bos) :] if bos and text.startswith(bos) else text
 
 
 def _go_literal(text: str) -> str:
@@ -120,9 +120,7 @@ def _candidates(template: ChatTemplate) -> list[tuple[str, str]]:
     # ChatML: what comes before the first user turn when there is no system message
     i = alone.find("<|im_start|>user\n")
     if i >= 0:
-        default = alone[:i]
-        chatml = _CHATML.replace("{default}", _go_literal(default)) if default else _CHATML.split("\n", 1)[1]
-        out.append(("ChatML", chatml))
+        out.append(("ChatML", _CHATML.replace("{default}", _go_literal(alone[:i]))))
     i = alone.find("<|start_header_id|>user<|end_header_id|>")
     if i >= 0:
         with_sys = _render(template, PROBES[1])
