@@ -32,7 +32,6 @@ from .export.check import (
     suggest_out,
     write_export,
 )
-from .export.modelfile import MODELFILE, Translation, translate, write_modelfile
 from .export.verify import (
     TOLERANCE,
     VERIFY_PROMPTS,
@@ -161,8 +160,7 @@ __all__ = [
     "BUILTIN_CHECKS", "Candidate", "CHATML_TEMPLATE", "ChatTemplate", "check_export", "CheckError",
     "CheckItem", "Checkpoint", "checkpoint_roots", "CheckpointEntry", "CheckpointInfo", "CheckReport",
     "CheckSpec", "chosen_text", "ColumnMap", "Conversion", "convert_file", "convert_source", "guess_map",
-    "read_source", "Source", "MODELFILE", "Translation", "translate",
-    "write_modelfile", "SampleAnswers",
+    "read_source", "Source", "SampleAnswers",
     "ConfigError", "DatasetError", "dequantizable_types", "describe_settings",
     "Device", "encode_iter", "encode_samples", "Encoded", "EncodeOptions", "EngineError", "EngineSession",
     "estimate_memory", "estimate_size", "Eval", "event_from_json", "event_to_json", "Example", "ExpertUsage",

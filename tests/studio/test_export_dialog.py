@@ -35,10 +35,8 @@ from engine import (
 from studio.pages.export.dialog import ExportDialog
 from studio.pages.export.page import ExportPage
 from studio.project import ModelInfo, Project
-from tests.conftest import DATA
 
 TIMEOUT_MS = 15_000
-
 SHOTS = Path(os.environ["TUNE_STUDIO_SHOTS"]) if os.environ.get("TUNE_STUDIO_SHOTS") else None
 
 
@@ -146,9 +144,8 @@ def test_checks_pass_for_a_good_setup_and_enable_export(qtbot, make_dialog, file
         "✓ Target folder exists and is writable",
         "✓ Enough free disk space",
         "✓ Output name",
-        "✓ Ollama Modelfile",
     ]
-    assert "both are qwen3moe" in texts[2] and "ChatML chat template" in texts[7]
+    assert "both are qwen3moe" in texts[2]
     assert dlg.out_edit.text() == os.path.join(str(files.dir), "adapter.f32.gguf")
     assert dlg.export_button.isEnabled()
     shot(dlg, "export_dialog_checked")
@@ -219,47 +216,6 @@ def test_f32_adapter_export_reloads_with_identical_logits(qtbot, make_dialog, fi
         np.testing.assert_array_equal(x, y)
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".tmp")]  # atomic: no temporary left
     shot(dlg, "export_dialog_verified")
-
-
-def test_adapter_export_writes_an_ollama_modelfile_beside_it(qtbot, make_dialog, files, tmp_path):
-    dlg = make_dialog()
-    out = tmp_path / "out" / "tuned.gguf"
-    out.parent.mkdir()
-    dlg.out_edit.setText(str(out))
-    assert check(qtbot, dlg).ok
-    export_and_verify(qtbot, dlg)
-    text = (out.parent / "Modelfile").read_text(encoding="utf-8")
-    assert f"FROM {files.base}\nADAPTER ./tuned.gguf\n" in text and 'PARAMETER stop "<|im_end|>"' in text
-    shot(dlg, "export_dialog_modelfile")
-    # unticked: nothing beside the next export
-    dlg.modelfile_check.setChecked(False)
-    assert not dlg.export_button.isEnabled()
-    out2 = tmp_path / "other" / "plain.gguf"
-    out2.parent.mkdir()
-    dlg.out_edit.setText(str(out2))
-    assert check(qtbot, dlg).ok
-    export_and_verify(qtbot, dlg)
-    assert os.listdir(out2.parent) == ["plain.gguf"]
-
-
-def test_an_untranslatable_template_is_reported_before_writing(qtbot, make_dialog, files, tmp_path):
-    mistral = (DATA / "templates" / "mistralai-Mistral-Nemo-Instruct-2407.jinja").read_text(encoding="utf-8")
-    base = write_model(
-        tmp_path / "mistral.gguf",
-        SynthSpec.for_arch("qwen3moe"),
-        metadata={"tokenizer.chat_template": mistral},
-    )
-    dlg = make_dialog(model=base)
-    out = tmp_path / "x.gguf"
-    dlg.out_edit.setText(str(out))
-    check(qtbot, dlg)
-    assert any(t.startswith("✗ Ollama Modelfile") and "not yet" in t for t in dlg.check_texts())
-    assert not dlg.export_button.isEnabled() and "Modelfile" in dlg.status_label.text()
-    dlg.export()
-    assert not out.exists()
-    shot(dlg, "export_dialog_modelfile_refused")
-    dlg.modelfile_check.setChecked(False)
-    assert check(qtbot, dlg).ok and dlg.export_button.isEnabled()
 
 
 @pytest.mark.parametrize("qtype, level", [("F16", "within F16 tolerance"), ("Q8_0", "within Q8_0 tolerance")])

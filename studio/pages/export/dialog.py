@@ -22,7 +22,6 @@ from PySide6.QtGui import QColor, QGuiApplication, QKeySequence, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QButtonGroup,
-    QCheckBox,
     QComboBox,
     QDialog,
     QDoubleSpinBox,
@@ -46,10 +45,8 @@ from PySide6.QtWidgets import (
 
 from engine import (
     BAD_MARK,
-    MODELFILE,
     OK_MARK,
     VERIFY_PROMPTS,
-    ChatTemplate,
     CheckReport,
     ExportRequest,
     LoraAdapter,
@@ -60,10 +57,8 @@ from engine import (
     quarantine,
     run_of,
     suggest_out,
-    translate,
     verify_export,
     write_export,
-    write_modelfile,
 )
 
 from ...project import ModelInfo, Project
@@ -111,7 +106,6 @@ class ExportDialog(QDialog):
         self.model_path: str | None = None
         self.verify_report: VerifyReport | None = None
         self.written: tuple[ExportRequest, LoraAdapter, str] | None = None
-        self.modelfile_problem = ""  # why the Modelfile asked for cannot be written, from the check
         self.cancelled = False
         self._busy = False  # an engine job of this dialog is queued or running
         self._phase = ""
@@ -207,21 +201,9 @@ class ExportDialog(QDialog):
         )
         out_browse = QPushButton("Choose…")
         out_browse.clicked.connect(self._choose_out)
-        out_rows = QVBoxLayout(out_box)
-        out_row = QHBoxLayout()
+        out_row = QHBoxLayout(out_box)
         out_row.addWidget(self.out_edit, 1)
         out_row.addWidget(out_browse)
-        out_rows.addLayout(out_row)
-        self.modelfile_check = QCheckBox("Also write an Ollama Modelfile beside it")
-        self.modelfile_check.setToolTip(
-            "A Modelfile (FROM the merged file, or FROM the base and ADAPTER the adapter) with the model's "
-            "chat template as Ollama's TEMPLATE and its end-of-turn tokens as stops: `ollama create NAME -f "
-            "Modelfile`. ChatML, Llama 3 and Gemma templates are translated; the check says if this one "
-            "is not."
-        )
-        self.modelfile_check.setChecked(True)
-        self.modelfile_check.toggled.connect(self._modelfile_toggled)
-        out_rows.addWidget(self.modelfile_check)
         layout.addWidget(out_box)
 
         check_box = QGroupBox("Checks")
@@ -441,15 +423,6 @@ class ExportDialog(QDialog):
             self._out_auto = False
             self.out_edit.setText(path)
 
-    def _modelfile_toggled(self) -> None:
-        """The checks no longer say what Export would write: check again."""
-        if self.report is not None:
-            self.report = None
-            self.check_tree.setEnabled(False)
-            self.status_label.setStyleSheet("")
-            self.status_label.setText("The settings changed: check again (Ctrl+K) before exporting.")
-        self._update_buttons()
-
     def _invalidate(self) -> None:
         if self.report is not None and self.report.request != self.request():
             self.report = None
@@ -466,7 +439,6 @@ class ExportDialog(QDialog):
     def _update_buttons(self) -> None:
         busy = self.is_busy()
         ready = self.report is not None and self.report.ok and self.report.request == self.request()
-        ready = ready and not self.modelfile_problem
         self.check_button.setEnabled(not busy)
         self.export_button.setEnabled(not busy and ready)
         self.verify_button.setEnabled(not busy and self.written is not None)
@@ -587,11 +559,7 @@ class ExportDialog(QDialog):
             row.setToolTip(0, item.detail)
             row.setToolTip(1, item.detail)
             self.check_tree.addTopLevelItem(row)
-        self.modelfile_problem = self._check_modelfile(report.request)
-        self._update_buttons()
-        if report.ok and self.modelfile_problem:
-            self._set_status(f"{BAD_MARK} Ollama Modelfile: {self.modelfile_problem}", True)
-        elif report.ok:
+        if report.ok:
             size = f" (about {human_bytes(report.size)})" if report.size else ""
             notes = "".join(f"\nNote: {n}" for n in report.notes)
             what = f"Export writes the {report.request.kind}{size}."
@@ -604,36 +572,6 @@ class ExportDialog(QDialog):
             self._set_status(f"{what} and check again — {lines}", True)
         self._end_phase()
         self.sig_checked.emit(report)
-
-    def _modelfile_template(self, req: ExportRequest) -> ChatTemplate | None:
-        """The base model's chat template (the open model's when it is the base)."""
-        if self.info is not None and req.base and same_file(self.info.path, req.base):
-            return self.info.template
-        if req.base and os.path.isfile(req.base):
-            return ModelInfo.read(req.base).template
-        return None
-
-    def _check_modelfile(self, req: ExportRequest) -> str:
-        """Add the Modelfile's row to the checks when one is asked for; the problem, or ""."""
-        if not self.modelfile_check.isChecked():
-            return ""
-        template = self._modelfile_template(req)
-        if template is None:
-            ok, detail = False, "needs the base model (its chat template): choose the base model"
-        else:
-            found = translate(template, template.eos_token)
-            ok = found.family is not None
-            if ok:
-                stops = ", ".join(found.stops)
-                detail = f"{found.family} chat template as Ollama's TEMPLATE; stops {stops}"
-            else:
-                detail = f"{found.reason}; untick the Modelfile to export without it"
-        label = f"Ollama {MODELFILE}"
-        row = QTreeWidgetItem([f"{OK_MARK if ok else BAD_MARK} {label}", detail])
-        row.setForeground(0, QColor(self._colour(ok)))
-        row.setToolTip(1, detail)
-        self.check_tree.addTopLevelItem(row)
-        return "" if ok else detail
 
     def check_texts(self) -> list[str]:
         """The rows of the check list as shown: "✓ label — detail" (notes are in the status line)."""
@@ -648,10 +586,7 @@ class ExportDialog(QDialog):
         """Write the file in a worker (the checks must have passed), then verify it."""
         if self.is_busy() or self.report is None or not self.report.ok or self.report.adapter is None:
             return
-        if self.modelfile_problem:
-            return
         req, adapter = self.report.request, self.report.adapter
-        template = self._modelfile_template(req) if self.modelfile_check.isChecked() else None
         if req != self.request():
             self._invalidate()
             return
@@ -669,10 +604,7 @@ class ExportDialog(QDialog):
         self.status_label.setStyleSheet("")
 
         def work(progress, should_stop, session):
-            path = write_export(req, adapter, progress, should_stop)
-            if template is not None:
-                write_modelfile(path, template, base=None if req.merge else req.base)
-            return path
+            return write_export(req, adapter, progress, should_stop)
 
         self._writing = (req, adapter)
         self._run("export", work, self._exported, progress=True)
