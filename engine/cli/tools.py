@@ -15,7 +15,6 @@ import sys
 
 from ..errors import ExportError
 from ..export.check import ExportRequest, check_export
-from ..export.modelfile import translate, write_modelfile
 from ..export.verify import quarantine, verify_export
 from ..export.write import (
     ADAPTER_TYPES,
@@ -28,7 +27,6 @@ from ..export.write import (
 from ..io.gguf_file import GGUFFile
 from ..io.quantize import quantizable_types
 from ..model.lora import LoraAdapter
-from ..text.chat_template import ChatTemplate
 from ..train.norms import NormsReport, lora_norms
 
 
@@ -132,13 +130,6 @@ def cmd_export(args: argparse.Namespace) -> int:
         report = check_export(_request(args, qtype))
         for item in report.items:
             print(f"{item.text()}: {item.detail}")
-        if args.modelfile:
-            try:
-                _modelfile_template(args)
-                print("Modelfile: the chat template translates to Ollama's TEMPLATE")
-            except ExportError as exc:
-                print(f"Modelfile: {exc}")
-                return 2
         for note in report.notes:
             print(f"  note: {note}")
         print(report.summary())
@@ -149,7 +140,6 @@ def cmd_export(args: argparse.Namespace) -> int:
     if verify and not args.model:
         raise ExportError("--verify compares logits on the base model: give --model BASE.gguf")
     prompts = _prompts(args.prompts)
-    template = _modelfile_template(args)  # before writing: a template Ollama cannot get stops here
     adapter = LoraAdapter.load(args.adapter)
     code = _write(args, adapter, qtype)
     if verify:
@@ -161,25 +151,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(report.verdict())
         if args.merge:
             print(f"run it: llama-cli -m {args.out}")
-    if template is not None and code == 0:
-        path = write_modelfile(args.out, template, base=None if args.merge else args.model)
-        print(
-            f"wrote {path} ({translate(template).family} chat template); run it: ollama create NAME -f {path}"
-        )
     return code
-
-
-def _modelfile_template(args: argparse.Namespace) -> ChatTemplate | None:
-    """The base model's chat template when --modelfile asks for one (ExportError if untranslatable)."""
-    if not getattr(args, "modelfile", False):
-        return None
-    if not args.model:
-        raise ExportError("--modelfile needs the base model: --model BASE.gguf (its chat template)")
-    template = ChatTemplate.from_metadata(GGUFFile(args.model).metadata)
-    found = translate(template, template.eos_token)
-    if found.family is None:
-        raise ExportError(f"no Modelfile: {found.reason}; nothing was written")
-    return template
 
 
 def _write(args: argparse.Namespace, adapter: LoraAdapter, qtype: str | None) -> int:
@@ -284,9 +256,4 @@ def add_commands(subparsers) -> None:
         "fails is renamed NAME.failed.gguf and the exit code is 2. Default: on for --merge, off otherwise",
     )
     s.add_argument("--prompts", help="verification prompts, one per line (default: three short chat prompts)")
-    s.add_argument(
-        "--modelfile",
-        action="store_true",
-        help="also write an Ollama Modelfile beside OUT (needs --model: its chat template becomes TEMPLATE)",
-    )
     s.set_defaults(func=cmd_export)
