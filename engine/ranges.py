@@ -85,6 +85,8 @@ RANGES: dict[str, Range] = {
     # a run's rhythm
     "checkpoint_every": Range(0, 10**9, integer=True, note="0: at the end only"),
     "keep_checkpoints": Range(1, 10**6, integer=True),
+    "sample_every": Range(0, 10**9, integer=True, note="0: off"),
+    "sample_tokens": Range(1, 4096, integer=True),
     "eval_every": Range(0, 10**9, integer=True, note="0: at the end only"),
     "norms_every": Range(0, 10**9, integer=True),
     "rank_timeout_s": Range(0.0, 1e7, lo_open=True),  # a data-parallel rank's wait for the others

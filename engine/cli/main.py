@@ -379,6 +379,9 @@ def train_config(args: argparse.Namespace):
     else:
         base = info.config  # the checkpoint's run: its settings, unless an option changes them
     config = replace(base, **given, device=args.device, cache_budget=args.cache_budget, out=out)
+    if args.sample_prompts:  # sample answers every --sample-every steps (engine.train.samples)
+        prompts = tuple(p for p in _read_text(args.sample_prompts).splitlines() if p.strip())
+        config = replace(config, sample_prompts=prompts, sample_every=args.sample_every or 10)
     ckpt_dir = args.checkpoint_dir or (
         info.run_dir if info is not None
         else os.path.splitext(out)[0] + ".checkpoints" if config.checkpoint_every else None
@@ -487,6 +490,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"{chr(10) if tty else ''}checkpoint: {e.path}", file=sys.stderr)
         elif isinstance(e, ev.RunWarning):
             print(f"{chr(10) if tty else ''}warning at step {e.step}: {e.message}", file=sys.stderr)
+        elif isinstance(e, ev.SampleAnswers):
+            for prompt, answer in zip(e.prompts, e.answers, strict=True):
+                print(
+                    f"{chr(10) if tty else ''}sample at step {e.step}: {prompt!r} -> {answer!r}",
+                    file=sys.stderr,
+                )
 
     import signal
 
@@ -637,6 +646,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--eval-every", type=int, default=None, help="steps between validation passes; 0 = at the end"
     )
+    s.add_argument("--sample-prompts", help="prompts, one a line, answered (greedy) during training")
+    s.add_argument("--sample-every", type=int, default=None, help="steps between sample answers (default 10)")
     s.add_argument("--train-on-prompt", action="store_true", default=None, help="loss on prompt tokens too")
     s.add_argument(
         "--reward-mode",
@@ -698,6 +709,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_reward_command(sub)
     add_commands(sub)
+    from .convert import add_command as add_convert_command
+
+    add_convert_command(sub)
     return p
 
 

@@ -1,10 +1,10 @@
 """Events a training run reports, as frozen dataclasses holding host data only.
 
 `Trainer.run(on_event, should_stop)` emits them in this order: one `Started`, then per optimizer
-step a `Step` (and, when due, `Eval`, `LoraNorms`, `ExpertUsage`, `Checkpoint`), and finally one
-`Finished` or `Failed`. A preference run (DPO, ORPO) adds a `PreferenceStep` after each `Step` and a
-`PreferenceEval` in place of `Eval`. A run driven by an engine session may also stop at `Paused` and go on
-later. The CLI prints them and writes them as JSON lines; the studio plots them.
+step a `Step` (and, when due, `Eval`, `LoraNorms`, `ExpertUsage`, `SampleAnswers`, `Checkpoint`),
+and finally one `Finished` or `Failed`. A preference run (DPO, ORPO) adds a `PreferenceStep` after
+each `Step` and a `PreferenceEval` in place of `Eval`. A run driven by an engine session may also
+stop at `Paused` and go on later. The CLI prints them and writes them as JSON lines; the studio plots them.
 """
 
 from __future__ import annotations
@@ -120,6 +120,13 @@ class ExpertUsage:
 
 
 @dataclass(frozen=True)
+class SampleAnswers:
+    step: int  # 0: the base model's answers, before the first step
+    prompts: list[str]  # the prompts, in order
+    answers: list[str]  # the greedy answer to each with the adapter of this step
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     step: int
     path: str  # checkpoint folder
@@ -155,7 +162,7 @@ class Failed:
 
 Event = (
     Started | Step | Eval | LoraNorms | ExpertUsage | Checkpoint | RunWarning | Paused | Finished | Failed
-    | PreferenceStep | PreferenceEval
+    | PreferenceStep | PreferenceEval | SampleAnswers
 )  # fmt: skip
 
 
@@ -180,7 +187,7 @@ def event_to_json(event: Any) -> str:
 
 _EVENTS = {cls.__name__: cls for cls in (Started, Step, Eval, LoraNorms, ExpertUsage, Checkpoint, RunWarning,
                                          Paused, Finished, Failed, PreferenceStep,
-                                         PreferenceEval)}  # fmt: skip
+                                         PreferenceEval, SampleAnswers)}  # fmt: skip
 
 
 def _number(value: Any) -> Any:

@@ -63,6 +63,7 @@ class RunRecord:
     losses: list[list[float]] = field(default_factory=list)  # [step, mean cross-entropy]
     val_losses: list[list[float]] = field(default_factory=list)  # [step, validation loss]
     config: dict = field(default_factory=dict)  # the TrainConfig (or reward settings) as JSON
+    sample_answers: list[list] = field(default_factory=list)  # [step, prompt, answer] (SampleAnswers)
     path: str = field(default="", compare=False)  # where this record was read from / written to
 
     @property
@@ -92,6 +93,9 @@ class RunRecord:
         self.best_val_loss = (
             float(loss) if self.best_val_loss is None else min(self.best_val_loss, float(loss))
         )
+
+    def add_sample_answers(self, step: int, prompts: list[str], answers: list[str]) -> None:
+        self.sample_answers.extend([int(step), p, a] for p, a in zip(prompts, answers, strict=True))
 
     def to_json(self) -> dict:
         d = asdict(self)

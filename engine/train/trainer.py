@@ -75,7 +75,8 @@ CONFIG_FILE = "trainer.json"  # the facts file of a run's checkpoints (engine.tr
 _NUMBERS = (
     "rank", "n_ctx", "batch_size", "grad_accum", "steps", "seed", "warmup_steps", "checkpoint_every",
     "keep_checkpoints", "eval_every", "norms_every", "alpha", "epochs", "val_split", "lr", "min_lr_ratio",
-    "weight_decay", "gclip", "max_grad_norm", "kl_coef", "dpo_beta", "orpo_lambda",
+    "weight_decay", "gclip", "max_grad_norm", "kl_coef", "dpo_beta", "orpo_lambda", "sample_every",
+    "sample_tokens",
 )  # fmt: skip
 _CHOICES = {
     "lora_init": ("kaiming", "gaussian"),
@@ -136,6 +137,9 @@ class TrainConfig:
     keep_checkpoints: int = 2  # newest checkpoints kept
     eval_every: int = 0  # steps between validation passes; 0 = at the end only
     norms_every: int = 1  # steps between LoraNorms events
+    sample_prompts: tuple[str, ...] = ()  # answered every sample_every steps (SampleAnswers events)
+    sample_every: int = 0  # steps between sample answers; 0 = none
+    sample_tokens: int = 48  # new tokens per sample answer (greedy)
     out: str | None = None  # adapter GGUF written at the end
     out_type: str = "F32"  # F32 | F16 | Q8_0
     gpu_step: str = "graph"  # on a GPU, the step of a model the fused step covers (dense_step: llama, qwen2,
@@ -443,6 +447,7 @@ class Trainer:
             template = self.template_arg
         else:  # a template file, or the model's own
             template = template_for(md, self.template_arg)
+        self._sample_text = (tok, template)  # what sample answers are prompted and decoded with
         pairs = cfg.objective != "sft"  # DPO / ORPO: each preference pair prepared as two rows
         options = EncodeOptions(  # a pair's answers alone are trained: their log-probabilities count
             n_ctx=cfg.n_ctx,
@@ -695,6 +700,16 @@ class Trainer:
             planned = 0
         return f" (it planned {planned} steps)" if planned else ""
 
+    def sample_answers(self) -> ev.SampleAnswers:
+        """The greedy answers to `config.sample_prompts` with the adapter as it is now."""
+        from .samples import answer_prompts
+
+        tok, template = self._sample_text
+        terms = self.trainable.terms() if self.trainable.pairs else None
+        prompts = list(self.config.sample_prompts)
+        n = self.config.sample_tokens
+        return answer_prompts(self.model, tok, template, prompts, terms, step=self.step, max_new_tokens=n)
+
     def _adapter(self) -> LoraAdapter:
         return self.trainable.to_adapter(self.model.config.arch)
 
@@ -892,6 +907,12 @@ class Trainer:
         norms_due = self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0
         if norms_due and self.comm.is_root:  # what only rank 0 reports, only rank 0 computes
             on_event(self._norms_event())
+        samples_due = cfg.sample_every and cfg.sample_prompts and self.step % cfg.sample_every == 0
+        if samples_due and self.comm.is_root:
+            answers = self.sample_answers()
+            if self.record is not None:  # kept in the run's record too (the Runs page shows them)
+                self.record.add_sample_answers(answers.step, answers.prompts, answers.answers)
+            on_event(answers)
         try:
             if self.val_batches and cfg.eval_every and self.step % cfg.eval_every == 0:
                 on_event(self.evaluate())

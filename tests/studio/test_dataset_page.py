@@ -559,7 +559,7 @@ def test_actions_have_the_documented_shortcuts(page):
         "Open dataset…": "Ctrl+Shift+O",
         "Save dataset": "Ctrl+S",
         "Save dataset as…": "Ctrl+Shift+S",
-        "Import ShareGPT/Alpaca…": "",
+        "Import CSV/ShareGPT/Alpaca…": "",
         "Add sample": "Ctrl+Shift+N",
         "Duplicate": "Ctrl+D",
         "Delete": "Del",

@@ -34,6 +34,7 @@ from PySide6.QtCore import QEvent, QItemSelection, QItemSelectionModel, QModelIn
 from PySide6.QtGui import QAction, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QDialog,
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
@@ -53,12 +54,24 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import ChatTemplate, DatasetError, EncodeOptions, Problem, Sample, load_jsonl
+from engine import (
+    ChatTemplate,
+    ColumnMap,
+    DatasetError,
+    EncodeOptions,
+    Problem,
+    Sample,
+    Source,
+    convert_source,
+    guess_map,
+    read_source,
+)
 
 from ...dataset_document import DatasetChange, DatasetDocument
 from ...project import ModelInfo, Project
 from ...widgets.banner import MessageBar
 from .editor import SampleEditorWidget
+from .import_dialog import ColumnMapDialog
 from .loader import DatasetLoader, LoadResult, read_dataset
 from .problems import ProblemsBuilder, ProblemsModel
 from .proxy import SamplesFilterModel
@@ -67,6 +80,7 @@ from .tokens import TokenViewWidget
 
 DATASET_SUFFIXES = (".jsonl", ".json", ".ndjson")
 FILE_FILTER = "JSON Lines datasets (*.jsonl *.ndjson *.json);;All files (*)"
+IMPORT_FILTER = "Datasets (*.csv *.tsv *.tab *.json *.jsonl *.ndjson);;All files (*)"
 BACKGROUND_BYTES = 256 << 10  # files larger than this are read off the UI thread, with progress
 
 
@@ -86,6 +100,7 @@ class DatasetPage(QWidget):
         super().__init__(parent)
         self.project = project
         self.document = document if document is not None else DatasetDocument()
+        self.mapping_dialog: ColumnMapDialog | None = None  # the import's column mapping, while shown
         self.model_info: ModelInfo | None = None
         self._template: ChatTemplate | None = None
         self._tokens_shown: tuple | None = None  # what the token view shows (not to render it twice)
@@ -172,10 +187,10 @@ class DatasetPage(QWidget):
             "Ctrl+Shift+S",
         )
         self.action_import = a(
-            "Import ShareGPT/Alpaca…",
+            "Import CSV/ShareGPT/Alpaca…",
             "Import…",
-            "Append the samples of another file (ShareGPT conversations, Alpaca instructions or any "
-            "accepted shape) to this dataset, as conversations",
+            "Append the samples of another file (CSV or TSV with a column mapping, ShareGPT "
+            "conversations, Alpaca instructions, preference pairs or any accepted shape) to this dataset",
             self.choose_import,
         )
         self.action_add = a(
@@ -575,16 +590,30 @@ class DatasetPage(QWidget):
         return self._write(os.path.abspath(os.fspath(path)))
 
     def import_path(self, path: str | os.PathLike[str]) -> bool:
-        """Append the samples of another file (ShareGPT, Alpaca or any accepted shape) as one undoable
-        step; they are saved as conversations ("messages")."""
+        """Append the samples of another file as one undoable step: CSV or TSV (through the
+        column-mapping dialog), ShareGPT, Alpaca or preference data as a JSON array or JSON Lines,
+        or any accepted shape. The file is only read; problems are reported by line."""
         path = os.path.abspath(os.fspath(path))
         try:
-            samples, problems = load_jsonl(path)
+            source = read_source(path)
+            mapping = ColumnMap()
+            if source.format in ("csv", "tsv"):
+                mapping = self.ask_mapping(source, guess_map(source.columns))
+            else:
+                result = convert_source(source, mapping)
+                if not result.samples and not guess_map(source.columns).is_empty():
+                    mapping = self.ask_mapping(source, guess_map(source.columns))
+            if mapping is None:
+                return False
+            result = convert_source(source, mapping)
+            samples, problems = result.samples, result.problems
         except (DatasetError, OSError) as exc:
             self.show_error(
                 f"Nothing was imported: {exc}",
-                'Choose a JSON Lines file: ShareGPT ({"conversations": [{"from", "value"}, …]}), '
-                'Alpaca ({"instruction", "input", "output"}) or one of the dataset shapes.',
+                "Choose a CSV or TSV file with a header line, a JSON array or JSON Lines: ShareGPT "
+                '({"conversations": [{"from", "value"}, …]}), Alpaca ({"instruction", "input", '
+                '"output"}), preference pairs ({"prompt", "chosen", "rejected"}) or one of the '
+                "dataset shapes.",
             )
             return False
         name = Path(path).name
@@ -593,7 +622,7 @@ class DatasetPage(QWidget):
             first = f" First problem: line {errors[0].line}: {errors[0].message}" if errors else ""
             self.show_error(
                 f"Nothing was imported: {name} has no sample that can be read.{first}",
-                "Check that it is JSON Lines (one object per line) in one of the accepted shapes.",
+                "Check the column mapping, or that the file holds one of the accepted shapes.",
             )
             return False
         imported = [replace(s, line=0) for s in samples]
@@ -648,9 +677,17 @@ class DatasetPage(QWidget):
 
     def choose_import(self) -> bool:
         path, _ = QFileDialog.getOpenFileName(
-            self, "Import samples (ShareGPT, Alpaca, JSON Lines)", self._start_dir(), FILE_FILTER
+            self, "Import samples (CSV, TSV, ShareGPT, Alpaca, JSON Lines)", self._start_dir(), IMPORT_FILTER
         )
         return self.import_path(path) if path else False
+
+    def ask_mapping(self, source: Source, guess: ColumnMap) -> ColumnMap | None:
+        """The columns the person maps in the dialog (None: cancelled)."""
+        dialog = ColumnMapDialog(source, guess, self)
+        self.mapping_dialog = dialog  # for tests and screenshots
+        accepted = dialog.exec() == QDialog.Accepted
+        self.mapping_dialog = None
+        return dialog.mapping() if accepted else None
 
     def _confirm_dialog(self, title: str, text: str) -> bool:
         answer = QMessageBox.question(

@@ -40,7 +40,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import RunRecord
+from engine import RunRecord, SampleAnswers
 
 from ...project import ModelInfo, Project
 from ...widgets.elided_label import ElidedLabel
@@ -61,6 +61,7 @@ from ...widgets.runs import (
     set_extra_folders,
     status_text,
 )
+from ...widgets.sample_answers import SampleAnswersTable
 from ...worker import Engine
 from .model import RunsModel
 
@@ -263,11 +264,15 @@ class RunsPage(QWidget):
         form.addRow("Adapter:", self._row(self.adapter_label, self.open_adapter_button))
         form.addRow("Checkpoints:", self._row(self.checkpoints_label, self.open_checkpoints_button))
         form.addRow("Settings:", self.settings_label)
+        self.samples_table = SampleAnswersTable()  # the run's sample answers, when it had prompts
+        self.samples_table.setMinimumHeight(120)
+        self.samples_table.hide()
         layout = QVBoxLayout(box)
         layout.setContentsMargins(8, 6, 8, 6)
         layout.addWidget(self.detail_title)
         layout.addWidget(self.detail_status)
         layout.addLayout(form)
+        layout.addWidget(self.samples_table, 1)
         layout.addStretch(1)
         box.setMinimumWidth(300)
         return box
@@ -436,6 +441,10 @@ class RunsPage(QWidget):
         self._update_buttons()
 
     def _show_details(self, run: RunRecord | None) -> None:
+        self.samples_table.clear_rows()
+        self.samples_table.setVisible(bool(run is not None and run.sample_answers))
+        for step, prompt, answer in run.sample_answers if run is not None else []:
+            self.samples_table.add_event(SampleAnswers(step, [prompt], [answer]))
         if run is None:
             self.detail_title.setText("Select a run." if self.model.runs else "")
             for w in (self.detail_status, self.adapter_label, self.checkpoints_label, self.settings_label):

@@ -83,6 +83,7 @@ from engine import (
     Paused,
     PreferenceEval,
     PreferenceStep,
+    SampleAnswers,
     Started,
     Step,
     TrainConfig,
@@ -106,6 +107,7 @@ from ...widgets.elided_label import ElidedLabel
 from ...widgets.plots import TrainPlotsWidget
 from ...widgets.preference_plots import PreferencePlotsWidget
 from ...widgets.runs import load_runs, resume_checkpoint, same_model
+from ...widgets.sample_answers import SampleAnswersWidget
 from ...worker import Engine, Job
 from .folders import checkpoint_model, clean_failed_run, folder_problem, missing_folders, same_file
 from .plan import Blocker, EncodingCache, RunCheck, check_run, check_selection
@@ -356,6 +358,8 @@ class TrainPage(QWidget):
         self.plots.tabs.setTabVisible(self.plots.tabs.count() - 1, False)
         self.plots.timer.timeout.connect(self.preference_plots.redraw)
         self.plots.sig_link_activated.connect(self._link)
+        self.sample_answers = SampleAnswersWidget()  # prompts answered every N steps, and the answers
+        self.plots.tabs.addTab(self.sample_answers, "Sample answers")
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(LOG_MAX_LINES)
@@ -1074,6 +1078,8 @@ class TrainPage(QWidget):
         if config is None:
             paths = self.paths
             config = replace(self.project.config, out=paths.out, checkpoint_dir=paths.checkpoint_dir)
+            config = self._with_sample_prompts(config)
+            self.sample_answers.clear()
         self.run_config = config
         self._ranks = 1
         self._latest_step = None
@@ -1121,11 +1127,19 @@ class TrainPage(QWidget):
         self.plots.start()
         self._refresh_progress(force=True)
 
+    def _with_sample_prompts(self, config: TrainConfig) -> TrainConfig:
+        """`config` with the prompts typed in the Sample answers tab (none: no sample answers)."""
+        prompts = self.sample_answers.prompts()
+        return replace(
+            config, sample_prompts=prompts, sample_every=self.sample_answers.every() if prompts else 0
+        )
+
     # --- runs on several processes ------------------------------------------------------------
     def _run_files(self, paths: RunPaths, data, config: TrainConfig | None = None) -> RunFiles:
         """The run's files beside its adapter, written: its settings (`config`, default the page's) and
         `data` when they are samples (a path, or None for the project's dataset, is read as it is)."""
         config = replace(config or self.project.config, out=paths.out, checkpoint_dir=paths.checkpoint_dir)
+        config = self._with_sample_prompts(config)
         self.run_config = config
         dataset = data if isinstance(data, str) else self.project.dataset_path
         files = RunFiles.beside(paths.out, paths.checkpoint_dir, dataset)
@@ -1234,6 +1248,8 @@ class TrainPage(QWidget):
         elif isinstance(event, Checkpoint):
             self.last_checkpoint = event.path
             self._log(f"checkpoint at step {event.step}: {event.path}")
+        elif isinstance(event, SampleAnswers):
+            self.sample_answers.add_event(event)
 
     def _on_preference(self, event: PreferenceStep | PreferenceEval) -> None:
         self.preference_plots.add_event(event)

@@ -1,0 +1,68 @@
+"""Sample answers during training: greedy answers to a few prompts every N steps, with the
+adapter of that step, as SampleAnswers events (kept in the events file)."""
+
+from __future__ import annotations
+
+from engine.model.lora import LoraAdapter
+from engine.model.model import Model
+from engine.model.targets import TargetSpec
+from engine.train import events as ev
+from engine.train.trainer import TrainConfig, Trainer
+from tests.engine.test_trainer import answer, models, run, write_chats  # noqa: F401 - models: fixture
+
+PROMPTS = ("hello", "who are you")
+
+
+def test_sample_answers_at_the_planned_steps_with_the_adapter_of_that_step(models, tmp_path):  # noqa: F811
+    data = write_chats(tmp_path / "d.jsonl")
+    out = tmp_path / "adapter.gguf"
+    cfg = TrainConfig(
+        targets=TargetSpec(preset="all"), rank=8, alpha=16, lr=1e-2, steps=30, schedule="constant",
+        n_ctx=64, batch_size=3, out=str(out), seed=1,
+        sample_prompts=PROMPTS, sample_every=10, sample_tokens=12,
+    )  # fmt: skip
+    got, result = run(Trainer(models["llama"], data, cfg))
+    assert isinstance(result, ev.Finished)
+    table = [e for e in got if isinstance(e, ev.SampleAnswers)]
+    assert [e.step for e in table] == [10, 20, 30]
+    assert all(e.prompts == list(PROMPTS) and len(e.answers) == 2 for e in table)
+    # each row is emitted after its step's Step event
+    order = [(type(e).__name__, e.step) for e in got if isinstance(e, (ev.Step, ev.SampleAnswers))]
+    assert order.index(("SampleAnswers", 10)) == order.index(("Step", 10)) + 1
+    # the last row is what the written adapter answers (greedy: the same every time)
+    model = Model.load(models["llama"])
+    terms = LoraAdapter.load(out, model).terms()
+    full = [answer(model, terms, p) for p in PROMPTS]  # up to 128 tokens; the table's are 12
+    assert all(a and f.startswith(a) for a, f in zip(table[-1].answers, full, strict=True)), (table[-1], full)
+    base = [answer(model, None, p) for p in PROMPTS]
+    assert table[-1].answers != base  # the answers moved away from the base model's during the run
+    # kept in the events file: the JSON line reads back equal
+    back = ev.event_from_json(ev.event_to_json(table[1]))
+    assert back == table[1]
+
+
+def test_no_sample_answers_unless_asked(models, tmp_path):  # noqa: F811
+    data = write_chats(tmp_path / "d.jsonl")
+    cfg = TrainConfig(targets=TargetSpec(preset="all"), steps=2, n_ctx=64, batch_size=3, sample_every=1)
+    got, _ = run(Trainer(models["llama"], data, cfg))
+    assert not [e for e in got if isinstance(e, ev.SampleAnswers)]
+
+
+def test_cli_prints_and_keeps_sample_answers(models, tmp_path, capsys):  # noqa: F811
+    from engine.cli.main import main
+
+    data = write_chats(tmp_path / "d.jsonl")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello\n\nwho are you\n", encoding="utf-8")
+    events = tmp_path / "ev.jsonl"
+    args = ["train", models["llama"], data, "--out", str(tmp_path / "a.gguf"), "--steps", "4", "--ctx", "64",
+            "--sample-prompts", str(prompts), "--sample-every", "2", "--events", str(events)]  # fmt: skip
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "sample at step 2: 'hello' -> " in err and "sample at step 4: 'who are you' -> " in err
+    rows = [ev.event_from_json(line) for line in events.read_text(encoding="utf-8").splitlines()]
+    table = [e for e in rows if isinstance(e, ev.SampleAnswers)]
+    assert [(e.step, e.prompts) for e in table] == [
+        (2, ["hello", "who are you"]),
+        (4, ["hello", "who are you"]),
+    ]

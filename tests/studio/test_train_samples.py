@@ -1,0 +1,56 @@
+"""The Train page's Sample answers tab: prompts typed there are answered every N steps during the
+run, and the table grows at those steps (the answers are the run's SampleAnswers events)."""
+
+from __future__ import annotations
+
+from engine import Finished
+from tests.studio.test_train_page import chats, make_page, run, settle  # noqa: F401 - chats: fixture
+
+
+def test_typed_prompts_are_answered_at_the_planned_steps(qtbot, engine, tmp_path, synth_model, chats):  # noqa: F811
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats, steps=6)
+    tab = page.sample_answers
+    assert page.plots.tabs.indexOf(tab) >= 0
+    tab.prompts_edit.setPlainText("hello\n\nwho are you\n")
+    tab.every_spin.setValue(3)
+    seen = []
+    original = tab.table.add_event
+    tab.table.add_event = lambda e: (seen.append(tab.table.rowCount()), original(e))
+    result = run(qtbot, page)
+    settle(qtbot, page)
+    assert isinstance(result, Finished)
+    rows = tab.table.rows()
+    assert [(step, prompt) for step, prompt, _ in rows] == [
+        ("3", "hello"), ("3", "who are you"), ("6", "hello"), ("6", "who are you"),
+    ]  # fmt: skip
+    assert seen == [0, 2]  # the table grew during the run, a step's rows at a time
+    assert all(answer for _, _, answer in rows) and tab.empty.isHidden()
+    assert page.run_config.sample_prompts == ("hello", "who are you") and page.run_config.sample_every == 3
+
+
+def test_no_prompts_no_sample_answers(qtbot, engine, tmp_path, synth_model, chats):  # noqa: F811
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats, steps=2)
+    run(qtbot, page)
+    settle(qtbot, page)
+    assert page.sample_answers.table.rowCount() == 0 and page.run_config.sample_every == 0
+
+
+def test_the_runs_page_shows_a_runs_sample_answers(qtbot, engine, tmp_path, synth_model, chats):  # noqa: F811
+    from studio.pages.runs.page import RunsPage
+    from studio.project import Project
+
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats, steps=4)
+    page.sample_answers.prompts_edit.setPlainText("hello")
+    page.sample_answers.every_spin.setValue(2)
+    run(qtbot, page)
+    settle(qtbot, page)
+    shown = page.sample_answers.table.rows()
+    project = Project()
+    project.update(model_path=page.project.model_path, output_dir=page.project.output_dir)
+    runs = RunsPage(project, engine)
+    qtbot.addWidget(runs)
+    runs.refresh()
+    record = next(r for r in runs.runs() if r.adapter == page.run_config.out)
+    assert [[str(s), p, a] for s, p, a in record.sample_answers] == [list(r) for r in shown]
+    runs.select_runs([record.name])
+    assert runs.samples_table.rows() == shown and len(shown) == 2
