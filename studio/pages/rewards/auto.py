@@ -360,6 +360,12 @@ class AutoRoundsWidget(QWidget):
         return prompts_of_samples(samples or [])
 
     def show_source(self) -> None:
+        """Say where the rounds' prompts come from. Counting a dataset's prompts reads every sample
+        (about 2 s for 100,000 on the UI thread), so it waits until the tab is shown."""
+        if not self.isVisible():
+            self._source_stale = True
+            return
+        self._source_stale = False
         if self.source_combo.currentData() == "file" and self.prompts_file:
             self.source_label.setText(self.prompts_file)
         else:
@@ -372,6 +378,11 @@ class AutoRoundsWidget(QWidget):
                 if n
                 else "The dataset has no prompt yet: open one on the Dataset page, or choose a file."
             )
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt override
+        super().showEvent(event)
+        if getattr(self, "_source_stale", True):
+            self.show_source()
 
     # --- running --------------------------------------------------------------------------------
     def page_busy(self, busy: str) -> None:
