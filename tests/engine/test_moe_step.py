@@ -66,8 +66,9 @@ def _run(trainer, n: int):
 
 
 # olmoe (q/k norm over the whole projection: a pass of its own) runs captured: its widening glue replays
-# Mixtral's layers are llama's attention (the dense step's llama parity) and qwen3moe's MoE layer
-@pytest.mark.parametrize("arch,mode", [("qwen3moe", "eager"), ("qwen2moe", "eager"), ("olmoe", "graph")])
+# qwen3moe's and Mixtral's layers are checked by parts: their attention by the dense step's qwen3 and
+# llama parity, their MoE layer (router, routed experts) by olmoe's and qwen2moe's here
+@pytest.mark.parametrize("arch,mode", [("qwen2moe", "eager"), ("olmoe", "graph")])
 def test_fused_moe_step_trains_as_the_generic_path(tmp_path, arch, mode):
     path = _moe_model(tmp_path, arch)
     generic, _ = _trainer(path, "generic", patterns=_targets(arch))
