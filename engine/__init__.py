@@ -53,7 +53,7 @@ from .export.write import (
     fit_problems,
     merged_tensor_types,
 )
-from .io.files import AppendLog, atomic_write, check_outputs
+from .io.files import AppendLog, atomic_write, check_outputs, user_data_folder
 from .io.gguf_file import KNOWN_TYPES, GGUFFile, TensorInfo, dequantizable_types
 from .io.quantize import quantizable_types
 from .model.archs import ARCHS, ArchSpec, ModelConfig, supported_architectures
@@ -186,6 +186,7 @@ __all__ = [
     "select_full", "select_targets", "shell_line", "Source", "split_name", "Started", "Step", "suggest_out",
     "summarize", "supported_architectures", "SynthSpec", "TargetSpec", "template_for", "TemplateError",
     "TensorInfo", "TensorKind", "Tokenizer", "TokenizerError", "TOLERANCE", "train_command", "TrainConfig",
-    "Trainer", "trajectory_changes", "TRAJECTORY_FIELDS", "validation_indices", "verify_export",
-    "VERIFY_PROMPTS", "VerifyReport", "with_answers", "write_adapter", "write_export", "write_model"
+    "Trainer", "trajectory_changes", "TRAJECTORY_FIELDS", "user_data_folder", "validation_indices",
+    "verify_export", "VERIFY_PROMPTS", "VerifyReport", "with_answers", "write_adapter", "write_export",
+    "write_model"
 ]  # fmt: skip

@@ -33,7 +33,6 @@ import hashlib
 import json
 import math
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -53,30 +52,14 @@ from engine import (
     check_outputs,
     summarize,
     template_for,
+    user_data_folder,
 )
 
 PROJECT_VERSION = 1
 OUTPUT_FOLDER_NAME = "tune-studio-out"  # where older versions wrote runs, beside the project (or dataset)
-DATA_FOLDER_NAMES = {"win32": "Tune Studio", "darwin": "Tune Studio"}  # elsewhere: "tune-studio"
 # the installed program: the packages and the bundled resources (the demo model and dataset)
 _INSTALL_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 INSTALLED_FOLDERS = tuple(os.path.join(_INSTALL_ROOT, name) for name in ("studio", "engine", "resources"))
-
-
-def user_data_folder() -> str:
-    """The user's writable data folder for Tune Studio, one level under the platform's data folder:
-    ~/.local/share/tune-studio ($XDG_DATA_HOME), ~/Library/Application Support/Tune Studio,
-    %LOCALAPPDATA%\\Tune Studio; or $TUNE_STUDIO_DATA when set."""
-    if os.environ.get("TUNE_STUDIO_DATA"):
-        return os.environ["TUNE_STUDIO_DATA"]
-    home = os.path.expanduser("~")
-    if sys.platform == "win32":
-        base = os.environ.get("LOCALAPPDATA") or os.path.join(home, "AppData", "Local")
-    elif sys.platform == "darwin":
-        base = os.path.join(home, "Library", "Application Support")
-    else:
-        base = os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
-    return os.path.join(base, DATA_FOLDER_NAMES.get(sys.platform, "tune-studio"))
 
 
 def model_runs_folder(model_path: str | None) -> str:

@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
@@ -37,6 +38,26 @@ from typing import IO
 from ..errors import ConfigError
 
 TMP_PREFIX = ".tmp-"
+
+
+DATA_FOLDER_NAMES = {"win32": "Tune Studio", "darwin": "Tune Studio"}  # elsewhere: "tune-studio"
+
+
+def user_data_folder() -> str:
+    """The user's writable data folder for Tune Studio (the app's and the engine's: runs, prepared
+    datasets), one level under the platform's data folder: ~/.local/share/tune-studio
+    ($XDG_DATA_HOME), ~/Library/Application Support/Tune Studio, %LOCALAPPDATA%\\Tune Studio; or
+    $TUNE_STUDIO_DATA when set."""
+    if os.environ.get("TUNE_STUDIO_DATA"):
+        return os.environ["TUNE_STUDIO_DATA"]
+    home = os.path.expanduser("~")
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.join(home, "AppData", "Local")
+    elif sys.platform == "darwin":
+        base = os.path.join(home, "Library", "Application Support")
+    else:
+        base = os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
+    return os.path.join(base, DATA_FOLDER_NAMES.get(sys.platform, "tune-studio"))
 
 
 def file_mode(path: str) -> int:

@@ -62,7 +62,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import DatasetError
-from ..io.files import atomic_write
+from ..io.files import atomic_write, user_data_folder
 from .data import (
     Batch,
     BatchesOnDemand,
@@ -118,19 +118,8 @@ class PrepareProgress:
 
 def default_cache_folder() -> str:
     """Where prepared datasets go when the caller names no folder: `prepared` in the app's data
-    folder ($TUNE_STUDIO_DATA when set; else the platform's per-user data folder, as the studio's
-    `user_data_folder`)."""
-    base = os.environ.get("TUNE_STUDIO_DATA")
-    if not base:
-        home = os.path.expanduser("~")
-        if sys.platform == "win32":
-            root = os.environ.get("LOCALAPPDATA") or os.path.join(home, "AppData", "Local")
-        elif sys.platform == "darwin":
-            root = os.path.join(home, "Library", "Application Support")
-        else:
-            root = os.environ.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
-        base = os.path.join(root, "TuneStudio", "Tune Studio")
-    return os.path.join(base, "prepared")
+    folder (`engine.io.files.user_data_folder`, the folder the studio keeps its runs in)."""
+    return os.path.join(user_data_folder(), "prepared")
 
 
 # -- what shaped the data ------------------------------------------------------------------------

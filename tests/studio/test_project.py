@@ -64,3 +64,19 @@ def test_model_info_reads_header_tokenizer_and_template():
     assert "blk.0.attn_q.weight" in info.tensors
     assert info.tokenizer.encode("hello", add_special=False)
     assert "<|im_start|>" in info.template.render([{"role": "user", "content": "x"}])
+
+
+def test_the_engine_prepares_datasets_in_the_folder_the_app_keeps_its_runs_in(monkeypatch, tmp_path):
+    # one data folder for the app and the engine: the command line's runs reuse the app's prepared data
+    import os
+
+    from engine.train.prepared import default_cache_folder
+    from studio.project import model_runs_folder, user_data_folder
+
+    monkeypatch.delenv("TUNE_STUDIO_DATA", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    root = user_data_folder()
+    assert root.startswith(str(tmp_path))
+    assert default_cache_folder() == os.path.join(root, "prepared")
+    assert model_runs_folder(None) == os.path.join(root, "runs")
