@@ -74,3 +74,17 @@ def chats(tmp_path):
             ]
             f.write(json.dumps({"messages": turns}) + "\n")
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    """The engine's CUDA backend on GPU 0; the test is skipped, saying why, where none can run."""
+    from engine.backend import gpu_unavailable_reason, select_backend
+
+    try:
+        backend = select_backend("cuda:0")
+    except Exception as exc:  # noqa: BLE001 - no CuPy, no driver, no GPU: say which
+        pytest.skip(f"needs a usable CUDA GPU ({exc})")
+    if gpu_unavailable_reason():
+        pytest.skip(f"the GPU path cannot run here ({gpu_unavailable_reason()})")
+    return backend

@@ -23,19 +23,11 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def cuda():
-    from engine.backend import gpu_unavailable_reason, select_backend
-
-    try:
-        backend = select_backend("cuda:0")
-    except Exception as exc:  # noqa: BLE001 - no CuPy, no driver, no GPU: say which
-        pytest.skip(f"needs a usable CUDA GPU ({exc})")
-    if gpu_unavailable_reason():
-        pytest.skip(f"the GPU path cannot run here ({gpu_unavailable_reason()})")
+def cuda(cuda):  # tests/conftest.py's GPU backend, where NCCL is there too
     ok, why = nccl_available()
     if not ok:
         pytest.skip(f"needs NCCL ({why})")
-    return backend
+    return cuda
 
 
 def test_nccl_allreduce_and_broadcast_equal_the_reference(cuda):

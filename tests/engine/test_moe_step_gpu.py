@@ -31,19 +31,6 @@ def moe_step_taken(monkeypatch):
     monkeypatch.setenv("TUNE_MOE_STEP", "1")
 
 
-@pytest.fixture(scope="module")
-def cuda():
-    from engine.backend import gpu_unavailable_reason, select_backend
-
-    try:
-        backend = select_backend("cuda:0")
-    except Exception as exc:  # noqa: BLE001 - no CuPy, no driver, no GPU: say which
-        pytest.skip(f"needs a usable CUDA GPU ({exc})")
-    if gpu_unavailable_reason():
-        pytest.skip(f"the GPU path cannot run here ({gpu_unavailable_reason()})")
-    return backend
-
-
 def _train(path, backend, arch: str, mode: str, steps: int):
     """(Step events, expert counts of each step, host copies of the factors and moments at the end)."""
     model = Model.load(path, backend=backend)

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import numpy as np
 
 from bench.gpu_check import TRAIN_CE_TOL, TRAIN_GRAD_TOL, _bf16_twin, _envelope
+from engine.io.device_weights import _bf16_bits
 from engine.io.gguf_file import GGUFFile
 from engine.testing import SynthSpec, write_model
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
-    bits = x.astype(np.float32).view(np.uint32)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # nearest, ties to even
-    return rounded.astype(np.uint32).view(np.float32)
+    """x rounded to bfloat16 as the device's weights are (engine.io.device_weights), as float32."""
+    return (_bf16_bits(x).astype(np.uint32) << 16).view(np.float32).reshape(x.shape)
 
 
 def test_the_twin_holds_the_bf16_roundings_of_the_matrices_and_the_vectors_as_they_are(tmp_path):

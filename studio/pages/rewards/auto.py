@@ -203,6 +203,7 @@ class AutoRoundsWidget(QWidget):
     def __init__(self, page, parent: QWidget | None = None):
         super().__init__(parent)
         self.page = page  # the RewardsPage: its session, settings, dataset and engine
+        self._source_stale = True  # the prompt count waits until the tab is shown (show_source)
         self.state = "idle"
         self.job = None
         self.rounds: AutoRounds | None = None  # kept between Pause and Resume
@@ -381,7 +382,7 @@ class AutoRoundsWidget(QWidget):
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override
         super().showEvent(event)
-        if getattr(self, "_source_stale", True):
+        if self._source_stale:
             self.show_source()
 
     # --- running --------------------------------------------------------------------------------
