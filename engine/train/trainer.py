@@ -1188,8 +1188,7 @@ class Trainer:
         cfg = self.config
         previous = read_run(path) if self.resume and os.path.exists(path) else None
         if previous is not None:  # a resumed run goes on in its own record, its curve cut at the resume
-            previous.losses = [x for x in previous.losses if x[0] <= self.step]
-            previous.val_losses = [x for x in previous.val_losses if x[0] <= self.step]
+            previous.cut_at(self.step)
             return previous
         data = self.data if isinstance(self.data, str) else f"{len(self.data)} samples (edited)"
         out = cfg.out or cfg.checkpoint_dir or "run"
