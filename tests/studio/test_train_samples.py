@@ -87,3 +87,29 @@ def test_a_run_known_by_its_events_file_shows_its_sample_answers(qtbot, engine, 
         ("2", "hello"), ("2", "who are you"), ("4", "hello"), ("4", "who are you"),
     ]  # fmt: skip
     assert all(answer for _, _, answer in rows) and not runs.samples_table.isHidden()
+
+
+def test_prompts_from_the_validation_split_or_a_note(qtbot, engine, tmp_path, synth_model, chats):  # noqa: F811
+    page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats, steps=2, val_split=0.0)
+    tab = page.sample_answers
+    tab.prompts_edit.setPlainText("typed, not asked")
+    tab.validation_radio.setChecked(True)
+    tab.count_spin.setValue(2)
+    tab.every_spin.setValue(2)
+    assert page.project.sample_answers.source == "validation" and not tab.prompts_edit.isEnabled()
+    assert not tab.validation_note.isHidden() and "No validation split" in tab.validation_note.text()
+    page.project.update_config(val_split=0.5)  # the Settings' validation split: the note follows it
+    assert "No validation split" not in tab.validation_note.text()
+    assert "first 2 validation samples" in tab.validation_note.text()
+    result = run(qtbot, page)
+    settle(qtbot, page)
+    assert isinstance(result, Finished)
+    config = page.run_config
+    assert (config.sample_prompts, config.sample_from_validation, config.sample_every) == ((), 2, 2)
+    rows = tab.table.rows()
+    questions = {f"What is {i} plus {i}? Answer in one sentence." for i in range(12)}
+    assert len(rows) == 2 and all(s == "2" and p in questions and a for s, p, a in rows)
+    assert len({p for _, p, _ in rows}) == 2 and "typed, not asked" not in {p for _, p, _ in rows}
+    tab.typed_radio.setChecked(True)  # back to the typed prompts: they were kept
+    assert tab.prompts_edit.isEnabled() and tab.validation_note.isHidden()
+    assert page.project.sample_answers.prompts == ("typed, not asked",)

@@ -358,7 +358,7 @@ class TrainPage(QWidget):
         self.plots.tabs.setTabVisible(self.plots.tabs.count() - 1, False)
         self.plots.timer.timeout.connect(self.preference_plots.redraw)
         self.plots.sig_link_activated.connect(self._link)
-        self.sample_answers = SampleAnswersWidget()  # prompts answered every N steps, and the answers
+        self.sample_answers = SampleAnswersWidget(project)  # prompts answered every N steps, the answers
         self.plots.tabs.addTab(self.sample_answers, "Sample answers")
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
@@ -1128,11 +1128,8 @@ class TrainPage(QWidget):
         self._refresh_progress(force=True)
 
     def _with_sample_prompts(self, config: TrainConfig) -> TrainConfig:
-        """`config` with the prompts typed in the Sample answers tab (none: no sample answers)."""
-        prompts = self.sample_answers.prompts()
-        return replace(
-            config, sample_prompts=prompts, sample_every=self.sample_answers.every() if prompts else 0
-        )
+        """`config` with the Sample answers tab's prompts (typed, or from the validation split)."""
+        return replace(config, **self.project.sample_answers.config_changes())
 
     # --- runs on several processes ------------------------------------------------------------
     def _run_files(self, paths: RunPaths, data, config: TrainConfig | None = None) -> RunFiles:
