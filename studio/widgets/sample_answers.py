@@ -129,6 +129,17 @@ class SampleAnswersWidget(QWidget):
             prompts, source, int(self.count_spin.value()), int(self.every_spin.value())
         )
 
+    def summary(self) -> str:
+        """What is chosen, in a few words after the tab's name (" (2 typed prompts, every 10 steps)"),
+        or nothing when no prompt is."""
+        s = self.project.sample_answers
+        if s.source == "validation":
+            return f" ({s.count} from the validation split, every {s.every} steps)"
+        if s.prompts:
+            n = len(s.prompts)
+            return f" ({n} typed prompt{'s' if n > 1 else ''}, every {s.every} steps)"
+        return ""
+
     def prompts(self) -> tuple[str, ...]:
         return self.settings().prompts
 

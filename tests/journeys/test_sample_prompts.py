@@ -17,8 +17,11 @@ def test_typed_prompts_come_back_with_the_project_and_are_answered(qtbot, app, t
     checked(qtbot, window)
     window.project.update_config(steps=6)
     window.show_page_named("Train")
-    tab = window.train_page.sample_answers
-    window.train_page.plots.tabs.setCurrentWidget(tab)
+    plots, tab = window.train_page.plots, window.train_page.sample_answers
+    assert plots.placeholder_shown and "Sample answers" in plots.placeholder.text()  # no run yet
+    plots.placeholder.linkActivated.emit("tab:samples")  # the first look's link opens the tab
+    checked(qtbot, window)  # (a check that comes back does not hide it again)
+    assert not plots.placeholder_shown and plots.tabs.currentWidget() is tab
     qtbot.keyClicks(tab.prompts_edit, "what is the answer")
     tab.prompts_edit.appendPlainText("say the answer")
     tab.every_spin.setValue(3)
@@ -31,6 +34,7 @@ def test_typed_prompts_come_back_with_the_project_and_are_answered(qtbot, app, t
         assert again.open_project(project_file)
     checked(qtbot, again)
     tab = again.train_page.sample_answers
+    assert "(2 typed prompts, every 3 steps)" in again.train_page.plots.placeholder.text()
     assert tab.prompts_edit.toPlainText() == "what is the answer\nsay the answer"
     assert tab.every_spin.value() == 3 and tab.typed_radio.isChecked()
     result = train(qtbot, again)
