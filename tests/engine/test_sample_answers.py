@@ -133,3 +133,28 @@ def test_cli_samples_from_the_validation_split(models, tmp_path, capsys):  # noq
     assert main([*args, "--val-split", "0.5", "--seed", "0"]) == 0
     err = capsys.readouterr().err
     assert len([line for line in err.splitlines() if line.startswith("sample at step 2: 'q")]) == 2
+
+
+def test_validation_prompts_of_preference_pairs_and_of_a_file(tmp_path):
+    """Rows of a pair-prepared table are two per pair (chosen, rejected): row 2k is pair k's prompt;
+    a file is read again only up to the rows asked for; a prompt asked twice comes once."""
+    import json
+
+    import numpy as np
+
+    from engine.train.data import parse_sample
+    from engine.train.samples import validation_prompts
+
+    lines = [{"prompt": f"p{k}", "chosen": "yes", "rejected": "no"} for k in range(4)]
+    lines.insert(1, {"text": "not a pair"})  # left out of pair rows: the pairs' rows do not count it
+    samples = [parse_sample(obj, i + 1)[0] for i, obj in enumerate(lines)]
+    got = validation_prompts(samples, np.array([2, 6]), 5, pairs=True)
+    assert [c[-1]["content"] for c in got] == ["p1", "p3"]
+    path = tmp_path / "d.jsonl"
+    rows = [{"prompt": "same", "response": "a"}, {"prompt": "same", "response": "b"}, {"text": "t"},
+            {"messages": [{"role": "assistant", "content": "an answer with no question"}]},
+            {"prompt": "other", "response": "c"}]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    got = validation_prompts(str(path), np.arange(5), 2)
+    assert got == [({"role": "user", "content": "same"},), ({"role": "user", "content": "other"},)]
+    assert validation_prompts(str(path), np.arange(0), 2) == []
