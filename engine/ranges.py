@@ -87,6 +87,7 @@ RANGES: dict[str, Range] = {
     "keep_checkpoints": Range(1, 10**6, integer=True),
     "sample_every": Range(0, 10**9, integer=True, note="0: off"),
     "sample_tokens": Range(1, 4096, integer=True),
+    "sample_from_validation": Range(0, 1000, integer=True, note="0: none"),
     "eval_every": Range(0, 10**9, integer=True, note="0: at the end only"),
     "norms_every": Range(0, 10**9, integer=True),
     "rank_timeout_s": Range(0.0, 1e7, lo_open=True),  # a data-parallel rank's wait for the others

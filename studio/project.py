@@ -225,6 +225,57 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+@dataclass(frozen=True)
+class SampleAnswerSettings:
+    """The Train page's sample answers, saved with the project: which prompts are answered during
+    training (typed ones, or those of the run's validation split) and how often."""
+
+    prompts: tuple[str, ...] = ()  # typed, one a line
+    source: str = "typed"  # "typed" | "validation" (the first `count` held-out samples' prompts)
+    count: int = 3  # prompts taken from the validation split
+    every: int = 10  # steps between sample answers
+
+    SOURCES = ("typed", "validation")
+
+    def config_changes(self) -> dict[str, Any]:
+        """The TrainConfig settings of a run with these sample answers (none: sample_every 0)."""
+        prompts = self.prompts if self.source == "typed" else ()
+        count = self.count if self.source == "validation" else 0
+        return {
+            "sample_prompts": prompts,
+            "sample_from_validation": count,
+            "sample_every": self.every if prompts or count else 0,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompts": list(self.prompts),
+            "source": self.source,
+            "count": self.count,
+            "every": self.every,
+        }
+
+    @classmethod
+    def from_json(cls, d: Any) -> SampleAnswerSettings:
+        """ValueError naming what is wrong."""
+        if not isinstance(d, dict):
+            raise ValueError(f"sample answers must be an object, got {type(d).__name__}")
+        default = cls()
+        prompts = d.get("prompts", [])
+        if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+            raise ValueError("sample answers: 'prompts' must be a list of texts")
+        source = d.get("source", default.source)
+        if source not in cls.SOURCES:
+            raise ValueError(f"sample answers: source {source!r} is not one of {', '.join(cls.SOURCES)}")
+        numbers = {}
+        for name, low in (("count", 1), ("every", 1)):
+            value = d.get(name, getattr(default, name))
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"sample answers: {name!r} must be a whole number >= {low}, got {value!r}")
+            numbers[name] = value
+        return cls(tuple(prompts), source, **numbers)
+
+
 class ProjectError(Exception):
     """A project file that cannot be read or written; the message says which and why."""
 
@@ -267,9 +318,22 @@ Listener = Callable[[set[str]], None]
 
 class Project:
     """Observable project state. Fields: model_path, dataset_path, template_file, output_dir,
-    device, config (TrainConfig), path (the JSON file it was loaded from or saved to), dirty."""
+    device, config (TrainConfig), sample_answers (SampleAnswerSettings), path (the JSON file it was
+    loaded from or saved to), dirty.
 
-    FIELDS = ("model_path", "dataset_path", "template_file", "output_dir", "device", "config")
+    The file's format is version `PROJECT_VERSION`; keys added since (sample_answers) are optional,
+    so a file written before them opens with their defaults, and an older version reading a newer
+    file without a newer version number ignores what it does not know."""
+
+    FIELDS = (
+        "model_path",
+        "dataset_path",
+        "template_file",
+        "output_dir",
+        "device",
+        "config",
+        "sample_answers",
+    )
 
     def __init__(self) -> None:
         self.model_path: str | None = None
@@ -277,6 +341,7 @@ class Project:
         self.template_file: str | None = None  # overrides the model's chat template
         self.output_dir: str | None = None  # adapters and checkpoints; default: beside the project/dataset
         self.config: TrainConfig = TrainConfig()  # its `device` is the project's device
+        self.sample_answers = SampleAnswerSettings()  # the Train page's prompts answered during training
         self.path: str | None = None
         self.dirty = False
         self.chat_sampling: SamplingConfig | None = None  # last used on the Chat page (not saved)
@@ -346,6 +411,7 @@ class Project:
             "output_dir": self.output_dir,
             "device": self.device,
             "config": self.config.to_json(),
+            "sample_answers": self.sample_answers.to_json(),
         }
 
     def save(self, path: str | None = None) -> str:
@@ -402,11 +468,16 @@ class Project:
             config = TrainConfig.from_json(data["config"])
         except (TypeError, ValueError) as exc:
             raise ProjectError(f"{source}: training settings are not valid ({exc})") from exc
+        try:  # not in files written before sample answers were saved: the defaults
+            samples = SampleAnswerSettings.from_json(data.get("sample_answers", {}))
+        except ValueError as exc:
+            raise ProjectError(f"{source}: {exc}") from exc
         self.model_path = data.get("model_path")
         self.dataset_path = data.get("dataset_path")
         self.template_file = data.get("template_file")
         self.output_dir = data.get("output_dir")
         self.config = config
+        self.sample_answers = samples
         self.device = data.get("device") or config.device
 
     def reset_hyperparameters(self, n_params: int | None = None, data: DataStats | None = None) -> None:
@@ -465,6 +536,7 @@ __all__ = [
     "ModelInfo",
     "Project",
     "ProjectError",
+    "SampleAnswerSettings",
     "describe_preset",
     "is_installed_path",
     "matching_preset",

@@ -52,7 +52,8 @@ OPTION_RANGES = {
     "gclip": "gclip", "max_grad_norm": "max_grad_norm", "epochs": "epochs", "steps": "steps",
     "ctx": "n_ctx", "batch": "batch_size", "grad_accum": "grad_accum", "val_split": "val_split",
     "eval_every": "eval_every", "kl": "kl_coef", "checkpoint_every": "checkpoint_every",
-    "rank_timeout": "rank_timeout_s",
+    "rank_timeout": "rank_timeout_s", "sample_every": "sample_every",
+    "sample_from_validation": "sample_from_validation",
 }  # fmt: skip
 COMMAND_RANGES = {("generate", "seed"): "sampling_seed"}  # where a command's option means another thing
 
@@ -382,6 +383,17 @@ def train_config(args: argparse.Namespace):
     if args.sample_prompts:  # sample answers every --sample-every steps (engine.train.samples)
         prompts = tuple(p for p in _read_text(args.sample_prompts).splitlines() if p.strip())
         config = replace(config, sample_prompts=prompts, sample_every=args.sample_every or 10)
+    if args.sample_from_validation:  # and the prompts of the first N validation samples
+        if not config.val_split:
+            raise CliError(
+                "--sample-from-validation answers prompts of the validation split, and there is none: "
+                "give --val-split (e.g. 0.1), or type the prompts in a file for --sample-prompts"
+            )
+        config = replace(
+            config,
+            sample_from_validation=args.sample_from_validation,
+            sample_every=args.sample_every or config.sample_every or 10,
+        )
     ckpt_dir = args.checkpoint_dir or (
         info.run_dir if info is not None
         else os.path.splitext(out)[0] + ".checkpoints" if config.checkpoint_every else None
@@ -647,6 +659,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--eval-every", type=int, default=None, help="steps between validation passes; 0 = at the end"
     )
     s.add_argument("--sample-prompts", help="prompts, one a line, answered (greedy) during training")
+    s.add_argument(
+        "--sample-from-validation", type=int, default=0, metavar="N",
+        help="also answer the prompts of the first N validation samples (file order; needs --val-split)",
+    )  # fmt: skip
     s.add_argument("--sample-every", type=int, default=None, help="steps between sample answers (default 10)")
     s.add_argument("--train-on-prompt", action="store_true", default=None, help="loss on prompt tokens too")
     s.add_argument(

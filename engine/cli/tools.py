@@ -15,7 +15,7 @@ import sys
 from dataclasses import replace
 
 from ..errors import EngineError, ExportError
-from ..export.check import ExportRequest, check_export
+from ..export.check import ExportRequest, check_export, check_export_paths
 from ..export.modelfile import plan_modelfile, write_modelfile
 from ..export.verify import quarantine, verify_export
 from ..export.write import (
@@ -157,6 +157,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     if args.modelfile:
         if not args.model:
             raise ExportError("--modelfile names the base model in FROM: give --model BASE.gguf")
+        check_export_paths(request)  # another export's Modelfile is never written over (nothing written)
         try:
             plan = plan_modelfile(GGUFFile(args.model).metadata, request.sampling)
         except EngineError as exc:

@@ -30,7 +30,7 @@ from ..model.generate import SamplingConfig
 from ..model.lora import LoraAdapter
 from ..model.summary import human_bytes
 from ..ranges import check_number
-from .modelfile import ModelfilePlan, modelfile_path, plan_modelfile, write_modelfile
+from .modelfile import ModelfilePlan, modelfile_conflict, modelfile_path, plan_modelfile, write_modelfile
 from .write import (
     ADAPTER_TYPES,
     FLOAT_TYPES,
@@ -131,6 +131,12 @@ def check_export_paths(request: ExportRequest) -> None:
         outputs, {"base model": request.base, "source adapter": request.source},
         kinds={"output": "model" if request.merge else "adapter"},
     )  # fmt: skip
+    conflict = modelfile_conflict(request.out) if request.modelfile and request.out else None
+    if conflict:  # never written over without a word: the person decides what becomes of it
+        raise ConfigError(
+            f"{conflict}: it is kept. Delete or rename it, export under another name, or export "
+            "without the Modelfile"
+        )
 
 
 def check_export(request: ExportRequest) -> CheckReport:
@@ -306,9 +312,13 @@ def _modelfile_check(
         notes.append(f"No Ollama Modelfile will be written: {exc}.")
         return None
     stops = ", ".join(plan.stops) or "none"
+    path = modelfile_path(out)
+    name = os.path.basename(path)
+    if os.path.exists(path) and modelfile_conflict(out) is None:
+        name += ", replacing the one an earlier export of this file wrote"
     notes.append(
-        f"An Ollama Modelfile will be written beside it ({plan.format.family} template, stop {stops}): "
-        f"ollama create NAME -f {modelfile_path(out)}"
+        f"An Ollama Modelfile will be written beside it ({name}; {plan.format.family} template, "
+        f"stop {stops}): ollama create NAME -f {path}"
     )
     if plan.format.system == "none":
         notes.append("The model's template takes no system message: Ollama's system prompt is left out.")

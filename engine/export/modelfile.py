@@ -296,8 +296,54 @@ def plan_modelfile(metadata: Mapping, sampling: SamplingConfig | None = None) ->
 
 
 def modelfile_path(out: str) -> str:
-    """Where the Modelfile of the export `out` goes: `Modelfile` in the same folder."""
-    return os.path.join(os.path.dirname(os.path.abspath(out)), MODELFILE_NAME)
+    """Where the Modelfile of the export `out` goes: beside it, named after it (`run.merged.gguf` ->
+    `run.merged.Modelfile`), so that every export in a folder keeps its own Modelfile (a merged
+    model beside its adapter, two adapters of one run); `ollama create NAME -f run.merged.Modelfile`."""
+    folder, name = os.path.split(os.path.abspath(out))
+    stem = name[:-5] if name.lower().endswith(".gguf") else name
+    return os.path.join(folder, f"{stem}.{MODELFILE_NAME}")
+
+
+_MAX_MODELFILE = 1 << 20  # bytes: a Modelfile is a page of text; a larger file is something else
+
+
+def modelfile_owner(path: str) -> str | None:
+    """The file a Modelfile builds from, as it is written there: its ADAPTER (an adapter's
+    Modelfile), else its FROM; None when `path` is no Modelfile (no FROM line) or cannot be read."""
+    try:
+        if os.path.getsize(path) > _MAX_MODELFILE:
+            return None
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    found: dict[str, str] = {}
+    for line in lines:
+        word, _, rest = line.strip().partition(" ")
+        if word.upper() in ("FROM", "ADAPTER") and rest.strip():
+            found.setdefault(word.upper(), rest.strip())
+    if "FROM" not in found:
+        return None
+    return found.get("ADAPTER", found["FROM"])
+
+
+def modelfile_conflict(out: str) -> str | None:
+    """Why the Modelfile of the export `out` must not be written over the file already at its path
+    (another export's Modelfile, or a file that is no Modelfile), in words; None when there is no
+    file there or it is the Modelfile of `out` itself (written again, replaced)."""
+    path = modelfile_path(out)
+    if not os.path.lexists(path):
+        return None
+    if not os.path.isfile(path):
+        return f"{path} is not a file"
+    owner = modelfile_owner(path)
+    if owner is None:
+        return f"{path} exists and is not an Ollama Modelfile (no FROM line)"
+    folder = os.path.dirname(path)
+    target = os.path.normpath(os.path.join(folder, os.path.expanduser(owner)))
+    if os.path.normcase(target) == os.path.normcase(os.path.abspath(out)):
+        return None
+    return f"{path} is the Modelfile of another file ({owner}, not ./{os.path.basename(out)})"
 
 
 def write_modelfile(plan: ModelfilePlan, out: str, *, merged: bool, base: str) -> str:

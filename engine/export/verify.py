@@ -217,14 +217,17 @@ class VerifyReport:
         )
 
 
-def _prompt_ids(tok: Tokenizer, template: ChatTemplate, prompt: str) -> np.ndarray:
+def _prompt_ids(tok: Tokenizer, template: ChatTemplate, prompt: str | Sequence[dict]) -> np.ndarray:
+    """The ids of `prompt` (a user's text, or the turns of a conversation) rendered with the chat
+    template and its generation prompt; without a usable template, the last turn's text as it is."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     try:
-        text = template.render([{"role": "user", "content": prompt}], add_generation_prompt=True)
+        text = template.render(messages, add_generation_prompt=True)
         ids = tok.encode(text, add_special=False, parse_special=True)
         if tok.add_bos and tok.bos_id is not None and (not ids or ids[0] != tok.bos_id):
             ids = [tok.bos_id, *ids]
     except TemplateError:
-        ids = tok.encode(prompt, add_special=True, parse_special=False)
+        ids = tok.encode(str(messages[-1]["content"]), add_special=True, parse_special=False)
     return np.asarray(ids, dtype=np.int64)
 
 

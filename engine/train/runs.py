@@ -97,6 +97,13 @@ class RunRecord:
     def add_sample_answers(self, step: int, prompts: list[str], answers: list[str]) -> None:
         self.sample_answers.extend([int(step), p, a] for p, a in zip(prompts, answers, strict=True))
 
+    def cut_at(self, step: int) -> None:
+        """Forget what came after `step` (a run resumed from the checkpoint of that step goes on
+        from there: its curves and sample answers after it are taken again)."""
+        self.losses = [x for x in self.losses if x[0] <= step]
+        self.val_losses = [x for x in self.val_losses if x[0] <= step]
+        self.sample_answers = [x for x in self.sample_answers if x[0] <= step]
+
     def to_json(self) -> dict:
         d = asdict(self)
         d.pop("path")
@@ -185,7 +192,17 @@ def run_from_events(path: str) -> RunRecord | None:
     """The record of a run as its events file tells it (a run started by hand, on other machines:
     `tune-engine train ... --events FILE`), read again whole; None when the file holds no run yet.
     Its `path` is the events file; `updated` is the file's modification time."""
-    from .events import Checkpoint, Eval, Failed, Finished, Paused, Started, Step, follow_events
+    from .events import (
+        Checkpoint,
+        Eval,
+        Failed,
+        Finished,
+        Paused,
+        SampleAnswers,
+        Started,
+        Step,
+        follow_events,
+    )
 
     events, _ = follow_events(path)
     starts = [i for i, e in enumerate(events) if isinstance(e, Started)]
@@ -203,12 +220,14 @@ def run_from_events(path: str) -> RunRecord | None:
     )  # fmt: skip
     for e in events:
         if isinstance(e, Started):
-            rec.losses = [x for x in rec.losses if x[0] <= e.plan.start_step]
+            rec.cut_at(e.plan.start_step)
             rec.status, rec.message = "running", ""
         elif isinstance(e, Step):
             rec.add_loss(e.step, e.mean_ce)
         elif isinstance(e, Eval):
             rec.add_val_loss(e.step, e.mean_ce)
+        elif isinstance(e, SampleAnswers):
+            rec.add_sample_answers(e.step, e.prompts, e.answers)
         elif isinstance(e, Checkpoint):
             rec.last_checkpoint = e.path
             rec.checkpoints = os.path.dirname(e.path)

@@ -76,7 +76,7 @@ _NUMBERS = (
     "rank", "n_ctx", "batch_size", "grad_accum", "steps", "seed", "warmup_steps", "checkpoint_every",
     "keep_checkpoints", "eval_every", "norms_every", "alpha", "epochs", "val_split", "lr", "min_lr_ratio",
     "weight_decay", "gclip", "max_grad_norm", "kl_coef", "dpo_beta", "orpo_lambda", "sample_every",
-    "sample_tokens",
+    "sample_tokens", "sample_from_validation",
 )  # fmt: skip
 _CHOICES = {
     "lora_init": ("kaiming", "gaussian"),
@@ -140,6 +140,8 @@ class TrainConfig:
     sample_prompts: tuple[str, ...] = ()  # answered every sample_every steps (SampleAnswers events)
     sample_every: int = 0  # steps between sample answers; 0 = none
     sample_tokens: int = 48  # new tokens per sample answer (greedy)
+    sample_from_validation: int = 0  # also answer the prompts of the first N validation samples (file
+    # order, distinct prompts; engine.train.samples.validation_prompts); 0 = none
     out: str | None = None  # adapter GGUF written at the end
     out_type: str = "F32"  # F32 | F16 | Q8_0
     gpu_step: str = "graph"  # on a GPU, the step of a model the fused step covers (dense_step: llama, qwen2,
@@ -425,6 +427,8 @@ class Trainer:
         self._norm_window: deque[float] = deque(maxlen=STALL_STEPS)
         self._stall_warned = False
         self.preference = None  # the PreferenceObjective of a DPO or ORPO run (engine.train.preferences)
+        # the conversations of sample_from_validation (engine.train.samples.validation_prompts)
+        self.validation_prompts: list[tuple[dict, ...]] = []
 
     def inputs(self) -> dict[str, str | None]:
         """Every file the run reads, by what it is: no output may replace one (check_run_paths)."""
@@ -510,6 +514,7 @@ class Trainer:
             else []
         )
         self.n_train, self.n_val = len(train), len(val)
+        self._find_validation_prompts(val[val_pos])
         self._epoch_cache: dict[int, PackedBatches] = {}
         return self.batches_for_epoch(0)
 
@@ -538,6 +543,7 @@ class Trainer:
             PairBatches(PreparedPairs(data, val[val_pos]), cfg.n_ctx, cfg.batch_size) if len(val_pos) else []
         )
         self.n_train, self.n_val = len(train_pos), len(val_pos)
+        self._find_validation_prompts(2 * val[val_pos])  # each pair's chosen row
         self.preference = PreferenceObjective(
             self.model, cfg.objective, beta=cfg.dpo_beta, lam=cfg.orpo_lambda
         )
@@ -706,9 +712,39 @@ class Trainer:
 
         tok, template = self._sample_text
         terms = self.trainable.terms() if self.trainable.pairs else None
-        prompts = list(self.config.sample_prompts)
+        prompts = [*self.config.sample_prompts, *self.validation_prompts]
         n = self.config.sample_tokens
         return answer_prompts(self.model, tok, template, prompts, terms, step=self.step, max_new_tokens=n)
+
+    def _find_validation_prompts(self, rows: np.ndarray) -> None:
+        """The prompts of the first `sample_from_validation` validation samples (`rows`), or none."""
+        from .samples import validation_prompts
+
+        want = self.config.sample_from_validation
+        if not want or not self.comm.is_root:
+            return
+        source = self.data if isinstance(self.data, str) else list(self.data)
+        self.validation_prompts = validation_prompts(
+            source, np.sort(rows), want, pairs=self.config.objective != "sft"
+        )
+
+    def _validation_prompts_warning(self) -> ev.RunWarning | None:
+        """What a run asked to answer validation prompts and has none says."""
+        cfg = self.config
+        if not cfg.sample_from_validation or self.validation_prompts or not self.comm.is_root:
+            return None
+        if not cfg.sample_every:
+            return None
+        why = (
+            "there is no validation split (set one, e.g. 0.1)"
+            if not self.n_val
+            else f"none of its {self.n_val} validation samples has a prompt (text samples have none)"
+        )
+        return ev.RunWarning(
+            self.step,
+            f"no sample answers from the validation split: {why}"
+            + ("; the typed prompts are answered" if cfg.sample_prompts else ""),
+        )
 
     def _adapter(self) -> LoraAdapter:
         return self.trainable.to_adapter(self.model.config.arch)
@@ -821,6 +857,9 @@ class Trainer:
         started = ev.Started(self.plan)
         self._note("running")
         on_event(started)
+        warning = self._validation_prompts_warning()
+        if warning is not None:
+            on_event(warning)
         return started
 
     def train_step(self, on_event: Callable[[object], None] = lambda e: None) -> ev.Step | ev.Failed:
@@ -907,7 +946,8 @@ class Trainer:
         norms_due = self.trainable.pairs and cfg.norms_every and self.step % cfg.norms_every == 0
         if norms_due and self.comm.is_root:  # what only rank 0 reports, only rank 0 computes
             on_event(self._norms_event())
-        samples_due = cfg.sample_every and cfg.sample_prompts and self.step % cfg.sample_every == 0
+        has_prompts = cfg.sample_prompts or self.validation_prompts
+        samples_due = cfg.sample_every and has_prompts and self.step % cfg.sample_every == 0
         if samples_due and self.comm.is_root:
             answers = self.sample_answers()
             if self.record is not None:  # kept in the run's record too (the Runs page shows them)
@@ -1188,8 +1228,7 @@ class Trainer:
         cfg = self.config
         previous = read_run(path) if self.resume and os.path.exists(path) else None
         if previous is not None:  # a resumed run goes on in its own record, its curve cut at the resume
-            previous.losses = [x for x in previous.losses if x[0] <= self.step]
-            previous.val_losses = [x for x in previous.val_losses if x[0] <= self.step]
+            previous.cut_at(self.step)
             return previous
         data = self.data if isinstance(self.data, str) else f"{len(self.data)} samples (edited)"
         out = cfg.out or cfg.checkpoint_dir or "run"

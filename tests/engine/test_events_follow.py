@@ -68,10 +68,14 @@ def test_follow_reads_whole_lines_only_and_starts_over_on_a_new_file(tmp_path):
 def test_a_runs_record_is_rebuilt_from_its_events_resume_included(tmp_path):
     path = tmp_path / "run-events.jsonl"
     resumed = ev.Started(ev.Plan(**{**PLAN.__dict__, "start_step": 2}))
-    events = [ev.Started(PLAN), step(1, 3.0), step(2, 2.0), ev.Checkpoint(2, "/c/ckpt-000002"), step(3, 1.0),
+    events = [ev.Started(PLAN), step(1, 3.0), step(2, 2.0),
+              ev.SampleAnswers(2, ["hi", "who?"], ["hey", "me"]),
+              ev.Checkpoint(2, "/c/ckpt-000002"), step(3, 1.0), ev.Eval(3, 1.9, 30),
+              ev.SampleAnswers(3, ["hi", "who?"], ["lost", "lost"]),
               ev.Failed(4, "rank 1 stopped answering", "/c/ckpt-000002"), resumed, step(3, 1.5), step(4, 1.2),
+              ev.SampleAnswers(4, ["hi", "who?"], ["hello", "a model"]),
               ev.Eval(4, 1.3, 30), ev.Finished(4, False, 1.2, "/a.gguf", None, "/c/ckpt-000004")]  # fmt: skip
-    path.write_text("".join(ev.event_to_json(e) + "\n" for e in events[:6]))
+    path.write_text("".join(ev.event_to_json(e) + "\n" for e in events[:9]))
     rec = run_from_events(str(path))
     assert rec.status == "failed" and "stopped answering" in rec.message and rec.steps_done == 3
     assert (
@@ -90,4 +94,8 @@ def test_a_runs_record_is_rebuilt_from_its_events_resume_included(tmp_path):
         [4, 1.2],
     ]  # the resumed run's step 3, not the lost one
     assert rec.val_losses == [[4, 1.3]] and rec.checkpoints == "/c" and rec.path == str(path)
+    # the sample answers come back (the Runs page shows them), those of the lost step 3 not
+    assert rec.sample_answers == [
+        [2, "hi", "hey"], [2, "who?", "me"], [4, "hi", "hello"], [4, "who?", "a model"],
+    ]  # fmt: skip
     assert run_from_events(str(tmp_path / "none.jsonl")) is None

@@ -183,10 +183,11 @@ def test_modelfile_of_a_model_names_files_stops_and_sampling(synth_model, tmp_pa
         messages, add_generation_prompt=True
     )
     adapter = write_modelfile(plan, str(tmp_path / "run.f16.gguf"), merged=False, base="/m/base.gguf")
-    assert adapter == merged  # one Modelfile per folder, replaced
+    assert merged == str(tmp_path / "run.merged.Modelfile") and adapter == str(tmp_path / "run.f16.Modelfile")
     lines = Path(adapter).read_text().splitlines()
     assert "FROM /m/base.gguf" in lines and "ADAPTER ./run.f16.gguf" in lines
-    assert [p.name for p in tmp_path.iterdir()] == ["Modelfile"]  # no temporary file left
+    assert "FROM ./run.merged.gguf" in Path(merged).read_text().splitlines()  # each export keeps its own
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.f16.Modelfile", "run.merged.Modelfile"]
 
 
 def _adapter_file(model_path: str, folder: Path) -> str:
@@ -220,15 +221,25 @@ def test_cli_export_writes_modelfile_naming_the_files(synth_model, tmp_path, cap
         "0.3",
     ]
     assert main(args) == 0
-    assert "ollama create NAME -f" in capsys.readouterr().out
-    lines = (out / "Modelfile").read_text().splitlines()
+    said = capsys.readouterr().out
+    assert f"wrote {out / 'run.merged.Modelfile'} " in said
+    assert f"ollama create NAME -f {out / 'run.merged.Modelfile'}" in said
+    lines = (out / "run.merged.Modelfile").read_text().splitlines()
     assert "FROM ./run.merged.gguf" in lines and "PARAMETER temperature 0.3" in lines
     assert 'PARAMETER stop "<|im_end|>"' in lines
     assert main(["export", adapter, "--model", base, "--out", str(out / "run.f16.gguf"), "--type", "f16",
                  "--modelfile"]) == 0  # fmt: skip
-    lines = (out / "Modelfile").read_text().splitlines()
+    assert f"ollama create NAME -f {out / 'run.f16.Modelfile'}" in capsys.readouterr().out
+    lines = (out / "run.f16.Modelfile").read_text().splitlines()
     assert f"FROM {base}" in lines and "ADAPTER ./run.f16.gguf" in lines
-    assert sorted(p.name for p in out.iterdir()) == ["Modelfile", "run.f16.gguf", "run.merged.gguf"]
+    # the merged model's Modelfile is still its own: the second export did not write over it
+    assert "FROM ./run.merged.gguf" in (out / "run.merged.Modelfile").read_text().splitlines()
+    assert sorted(p.name for p in out.iterdir()) == [
+        "run.f16.Modelfile", "run.f16.gguf", "run.merged.Modelfile", "run.merged.gguf",
+    ]  # fmt: skip
+    assert main(args) == 0  # the same export again replaces its own Modelfile, saying so first
+    assert main([*args, "--check"]) == 0
+    assert "replacing the one an earlier export of this file wrote" in capsys.readouterr().out
 
 
 def test_untranslatable_template_is_said_by_the_check_and_the_export_still_works(tmp_path, capsys):
@@ -244,7 +255,7 @@ def test_untranslatable_template_is_said_by_the_check_and_the_export_still_works
     assert "No Ollama Modelfile will be written" in capsys.readouterr().out
     assert main(["export", adapter, "--model", base, "--out", str(out), "--modelfile"]) == 0
     assert "no chat-template family" in capsys.readouterr().err
-    assert out.exists() and not (tmp_path / "Modelfile").exists()
+    assert out.exists() and not (tmp_path / "run.f32.Modelfile").exists()
 
 
 def test_modelfile_that_would_replace_an_input_is_refused(synth_model, tmp_path):
@@ -253,7 +264,7 @@ def test_modelfile_that_would_replace_an_input_is_refused(synth_model, tmp_path)
     from engine.cli.main import main
     from engine.export.check import ExportRequest, check_export
 
-    base = str(shutil.copy(synth_model("llama"), tmp_path / "Modelfile"))  # a base model named Modelfile
+    base = str(shutil.copy(synth_model("llama"), tmp_path / "run.f32.Modelfile"))  # a model named so
     adapter = _adapter_file(base, tmp_path)
     out = tmp_path / "run.f32.gguf"
     report = check_export(ExportRequest(adapter, str(out), base, modelfile=True))
@@ -261,3 +272,30 @@ def test_modelfile_that_would_replace_an_input_is_refused(synth_model, tmp_path)
     assert not report.ok and not name.ok and "Modelfile" in name.detail and "base model" in name.detail
     assert main(["export", adapter, "--model", base, "--out", str(out), "--modelfile"]) == 2
     assert not out.exists()
+
+
+def test_a_modelfile_of_another_file_is_never_written_over(synth_model, tmp_path, capsys):
+    """A Modelfile already at the export's Modelfile path that builds another file (a hand-written
+    one, a copied folder) or is no Modelfile at all: the check refuses, naming it, and nothing is
+    written; without the Modelfile the export goes ahead."""
+    from engine.cli.main import main
+    from engine.export.check import ExportRequest, check_export
+
+    base = synth_model("llama")
+    adapter = _adapter_file(base, tmp_path)
+    out = tmp_path / "run.merged.gguf"
+    theirs = tmp_path / "run.merged.Modelfile"
+    mine = "FROM ./other.gguf\nPARAMETER temperature 0.1\n"
+    theirs.write_text(mine)
+    report = check_export(ExportRequest(adapter, str(out), base, merge=True, modelfile=True))
+    [name] = [i for i in report.items if i.label == "Output name"]
+    assert not report.ok and "the Modelfile of another file (./other.gguf" in name.detail
+    assert "it is kept" in name.detail
+    args = ["export", adapter, "--model", base, "--merge", "--out", str(out), "--modelfile"]
+    assert main(args) == 2
+    assert "./other.gguf" in capsys.readouterr().err
+    assert theirs.read_text() == mine and not out.exists()
+    theirs.write_text("notes about my model\n")  # not a Modelfile either: kept
+    assert main(args) == 2 and "is not an Ollama Modelfile" in capsys.readouterr().err
+    assert main(args[:-1]) == 0 and out.exists()  # without --modelfile: the export alone
+    assert theirs.read_text() == "notes about my model\n"

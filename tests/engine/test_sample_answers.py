@@ -66,3 +66,95 @@ def test_cli_prints_and_keeps_sample_answers(models, tmp_path, capsys):  # noqa:
         (2, ["hello", "who are you"]),
         (4, ["hello", "who are you"]),
     ]
+
+
+def _mixed_rows(path):
+    """12 samples with distinct prompts q0..q11: q4 is a text sample (no prompt), q7 has a system
+    turn, q9 is a prompt/response sample."""
+    import json
+
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(12):
+            turns = [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]
+            row = {"messages": turns}
+            if i == 4:
+                row = {"text": f"q{i} plain text"}
+            elif i == 7:
+                row = {"messages": [{"role": "system", "content": "be brief"}, *turns]}
+            elif i == 9:
+                row = {"prompt": f"q{i}", "response": f"a{i}"}
+            f.write(json.dumps(row) + "\n")
+    return str(path)
+
+
+def test_prompts_from_the_validation_split_first_in_file_order(models, tmp_path):  # noqa: F811
+    import numpy as np
+
+    from engine.train.data import split_groups
+
+    cfg = TrainConfig(
+        targets=TargetSpec(preset="all"), steps=2, n_ctx=64, batch_size=2, val_split=0.5, seed=0,
+        sample_prompts=("typed",), sample_every=2, sample_tokens=4, sample_from_validation=3,
+    )  # fmt: skip
+    trainer = Trainer(models["llama"], _mixed_rows(tmp_path / "d.jsonl"), cfg)
+    got, result = run(trainer)
+    assert isinstance(result, ev.Finished)
+    _, val = split_groups(trainer.prepared.samples["group"], cfg.val_split, cfg.seed)
+    held_out = [f"q{r}" for r in np.sort(val) if r != 4]  # the text sample has no prompt to answer
+    assert len(held_out) >= 3 and set(held_out) != {f"q{i}" for i in range(12) if i != 4}
+    (table,) = [e for e in got if isinstance(e, ev.SampleAnswers)]
+    assert table.prompts == ["typed", *held_out[:3]] and all(table.answers)  # typed ones first
+    assert held_out[:3] == ["q2", "q5", "q7"]  # (seed 0 holds out 2, 4, 5, 7, 9, 11: q4 is text)
+    # a held-out conversation is asked with its system turn, up to its answer
+    assert trainer.validation_prompts[2] == (
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "q7"},
+    )  # fmt: skip
+    assert not [e for e in got if isinstance(e, ev.RunWarning) and "validation" in e.message]
+
+
+def test_validation_prompts_asked_for_and_none_there_is_said(models, tmp_path):  # noqa: F811
+    data = write_chats(tmp_path / "d.jsonl")
+    cfg = TrainConfig(targets=TargetSpec(preset="all"), steps=2, n_ctx=64, batch_size=3, sample_every=1,
+                      sample_tokens=2, sample_from_validation=2)  # fmt: skip
+    got, result = run(Trainer(models["llama"], data, cfg))
+    assert isinstance(result, ev.Finished) and not [e for e in got if isinstance(e, ev.SampleAnswers)]
+    (warning,) = [e for e in got if isinstance(e, ev.RunWarning)]
+    assert "no validation split" in warning.message
+
+
+def test_cli_samples_from_the_validation_split(models, tmp_path, capsys):  # noqa: F811
+    from engine.cli.main import main
+
+    data = _mixed_rows(tmp_path / "d.jsonl")
+    args = ["train", models["llama"], data, "--out", str(tmp_path / "a.gguf"), "--steps", "2", "--ctx", "64",
+            "--sample-from-validation", "2", "--sample-every", "2"]  # fmt: skip
+    assert main(args) == 2  # no --val-split: refused, saying what to give
+    assert "--val-split" in capsys.readouterr().err
+    assert main([*args, "--val-split", "0.5", "--seed", "0"]) == 0
+    err = capsys.readouterr().err
+    assert len([line for line in err.splitlines() if line.startswith("sample at step 2: 'q")]) == 2
+
+
+def test_validation_prompts_of_preference_pairs_and_of_a_file(tmp_path):
+    """Rows of a pair-prepared table are two per pair (chosen, rejected): row 2k is pair k's prompt;
+    a file is read again only up to the rows asked for; a prompt asked twice comes once."""
+    import json
+
+    import numpy as np
+
+    from engine.train.data import parse_sample
+    from engine.train.samples import validation_prompts
+
+    lines = [{"prompt": f"p{k}", "chosen": "yes", "rejected": "no"} for k in range(4)]
+    lines.insert(1, {"text": "not a pair"})  # left out of pair rows: the pairs' rows do not count it
+    samples = [parse_sample(obj, i + 1)[0] for i, obj in enumerate(lines)]
+    got = validation_prompts(samples, np.array([2, 6]), 5, pairs=True)
+    assert [c[-1]["content"] for c in got] == ["p1", "p3"]
+    path = tmp_path / "d.jsonl"
+    rows = [{"prompt": "same", "response": "a"}, {"prompt": "same", "response": "b"}, {"text": "t"},
+            {"messages": [{"role": "assistant", "content": "an answer with no question"}]},
+            {"prompt": "other", "response": "c"}]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    got = validation_prompts(str(path), np.arange(5), 2)
+    assert got == [({"role": "user", "content": "same"},), ({"role": "user", "content": "other"},)]
+    assert validation_prompts(str(path), np.arange(0), 2) == []

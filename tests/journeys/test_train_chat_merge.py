@@ -70,7 +70,7 @@ def test_train_chat_and_merge_with_defaults_keeps_the_fine_tune(qtbot, app, tiny
     assert page.type_combo.qtype() is None  # it was the default: keep the fine-tune
     # and beside it an Ollama Modelfile: FROM the merged file, the chat template as Ollama renders it,
     # the end-of-turn stop and the sampling the Chat page used (greedy)
-    modelfile = os.path.join(os.path.dirname(merged), "Modelfile")
+    modelfile = merged.removesuffix(".gguf") + ".Modelfile"  # named after it: one per export
     assert f"ollama create NAME -f {modelfile}" in page.result_label.text()
     text = open(modelfile, encoding="utf-8").read()
     lines = text.splitlines()

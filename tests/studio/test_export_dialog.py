@@ -267,11 +267,11 @@ def test_merged_export_reports_progress_per_tensor_and_reloads_with_the_same_log
     assert report.merge and report.ok and 0 < report.max_abs <= 1e-4
     assert "tokenizer and chat template copied" in " ".join(report.notes)
     # the Modelfile beside it: FROM the merged file, ChatML as a Go template, the Chat page's sampling
-    lines = (tmp_path / "Modelfile").read_text().splitlines()
+    lines = (tmp_path / "merged.Modelfile").read_text().splitlines()
     assert "FROM ./merged.gguf" in lines and "ADAPTER" not in " ".join(lines)
     assert 'PARAMETER stop "<|im_end|>"' in lines and "PARAMETER temperature 0.25" in lines
-    assert "PARAMETER top_k 12" in lines and dlg.modelfile_written == str(tmp_path / "Modelfile")
-    assert "ollama create NAME -f" in dlg.status_label.text()
+    assert "PARAMETER top_k 12" in lines and dlg.modelfile_written == str(tmp_path / "merged.Modelfile")
+    assert f"ollama create NAME -f {tmp_path / 'merged.Modelfile'}" in dlg.status_label.text()
     source = LoraAdapter.load(files.adapter)
     ref, merged = prompt_logits(files.base, [source.terms()], merged=str(out))
     for x, y in zip(ref, merged, strict=True):
@@ -379,12 +379,18 @@ def test_choosing_a_checkpoint_from_the_list(qtbot, make_dialog, files, trained_
 # --- the page ----------------------------------------------------------------------------------------
 
 
-def test_export_page_checks_writes_and_verifies_inline_and_opens_the_dialog(qtbot, engine, files, tmp_path):
+def _page(qtbot, engine, files, tmp_path) -> ExportPage:
+    """The Export page on the base model, its runs home `tmp_path`."""
     project = Project()
     project.update(model_path=files.base, output_dir=str(tmp_path))
     page = ExportPage(project, engine)
     qtbot.addWidget(page)
     page.set_model_info(ModelInfo.read(files.base))
+    return page
+
+
+def test_export_page_checks_writes_and_verifies_inline_and_opens_the_dialog(qtbot, engine, files, tmp_path):
+    page = _page(qtbot, engine, files, tmp_path)
     page.set_adapter(files.foreign)
     page.out_edit.setText(str(tmp_path / "x.gguf"))
     page.export()
@@ -402,8 +408,11 @@ def test_export_page_checks_writes_and_verifies_inline_and_opens_the_dialog(qtbo
     text = page.result_label.text()
     assert "the file reloads" in text and "within F16 tolerance" in text, text
     # the Modelfile (on by default) names the base model and the adapter just written
-    assert page.modelfile_check.isChecked() and "ollama create" in text
-    lines = (tmp_path / "Modelfile").read_text().splitlines()
+    assert (
+        page.modelfile_check.isChecked()
+        and f"ollama create NAME -f {tmp_path / 'page.f16.Modelfile'}" in text
+    )
+    lines = (tmp_path / "page.f16.Modelfile").read_text().splitlines()
     assert f"FROM {files.base}" in lines and "ADAPTER ./page.f16.gguf" in lines
     dlg = page.open_dialog()
     assert dlg.isVisible() and dlg.source_path() == files.adapter
@@ -415,7 +424,26 @@ def test_export_page_checks_writes_and_verifies_inline_and_opens_the_dialog(qtbo
         dlg.export()
     qtbot.waitUntil(lambda: dlg.verify_report is not None and not dlg.is_busy(), timeout=TIMEOUT_MS)
     assert "Wrote" in page.result_label.text()
+    # the dialog's export into the same folder has its own Modelfile; the page's is still its own
+    assert dlg.modelfile_written == str(tmp_path / "from-dialog.Modelfile")
+    assert "ADAPTER ./from-dialog.gguf" in (tmp_path / "from-dialog.Modelfile").read_text().splitlines()
+    assert "ADAPTER ./page.f16.gguf" in (tmp_path / "page.f16.Modelfile").read_text().splitlines()
     dlg.close()
+    qtbot.waitUntil(lambda: not engine.jobs, timeout=TIMEOUT_MS)
+
+
+def test_export_page_never_writes_over_the_modelfile_of_another_file(qtbot, engine, files, tmp_path):
+    page = _page(qtbot, engine, files, tmp_path)
+    page.set_adapter(files.adapter)
+    theirs = tmp_path / "mine.Modelfile"  # written by hand for another file
+    theirs.write_text("FROM ./other.gguf\nSYSTEM You are mine.\n")
+    page.out_edit.setText(str(tmp_path / "mine.gguf"))
+    page.export()
+    qtbot.waitUntil(lambda: "Export failed" in page.result_label.text(), timeout=TIMEOUT_MS)
+    text = page.result_label.text()
+    assert "the Modelfile of another file (./other.gguf" in text and "it is kept" in text, text
+    assert theirs.read_text() == "FROM ./other.gguf\nSYSTEM You are mine.\n"
+    assert not (tmp_path / "mine.gguf").exists()
     qtbot.waitUntil(lambda: not engine.jobs, timeout=TIMEOUT_MS)
 
 

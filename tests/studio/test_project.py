@@ -80,3 +80,36 @@ def test_the_engine_prepares_datasets_in_the_folder_the_app_keeps_its_runs_in(mo
     assert root.startswith(str(tmp_path))
     assert default_cache_folder() == os.path.join(root, "prepared")
     assert model_runs_folder(None) == os.path.join(root, "runs")
+
+
+def test_sample_answers_are_saved_with_the_project_and_older_files_open(tmp_path):
+    from studio.project import SampleAnswerSettings
+
+    p = Project()
+    heard = []
+    p.subscribe(heard.append)
+    chosen = SampleAnswerSettings(("hello", "who are you"), "validation", 4, 25)
+    p.update(sample_answers=chosen)
+    assert heard == [{"sample_answers"}] and p.dirty
+    path = p.save(str(tmp_path / "p.tune.json"))
+    q = Project()
+    q.load(path)
+    assert q.sample_answers == chosen
+    assert q.sample_answers.config_changes() == {
+        "sample_prompts": (), "sample_from_validation": 4, "sample_every": 25,
+    }  # fmt: skip
+    typed = SampleAnswerSettings(("hello",), "typed", 4, 25).config_changes()
+    assert typed == {"sample_prompts": ("hello",), "sample_from_validation": 0, "sample_every": 25}
+    assert SampleAnswerSettings().config_changes()["sample_every"] == 0  # nothing to answer: off
+    # a file written before sample answers were saved opens with the defaults
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    del data["sample_answers"]
+    old = tmp_path / "old.tune.json"
+    old.write_text(json.dumps(data))
+    q.load(str(old))
+    assert q.sample_answers == SampleAnswerSettings()
+    data["sample_answers"] = {"prompts": "hello", "every": 0}
+    old.write_text(json.dumps(data))
+    with pytest.raises(ProjectError, match="'prompts' must be a list"):
+        q.load(str(old))

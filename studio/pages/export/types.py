@@ -103,10 +103,12 @@ def modelfile_check(parent: QWidget | None = None) -> QCheckBox:
     box = QCheckBox("Also write an Ollama Modelfile beside it", parent)
     box.setChecked(True)
     box.setToolTip(
-        "A Modelfile for `ollama create NAME -f Modelfile`, in the same folder: FROM the merged file (or "
-        "the base model with ADAPTER), the model's chat template as an Ollama TEMPLATE, its end-of-turn "
-        "tokens as stops and the Chat page's last sampling settings. Written once the file verifies; "
-        "skipped, with the reason, when the template is of no known family. Default: on."
+        "A Modelfile beside the file, named after it (run.merged.gguf: run.merged.Modelfile, for "
+        "`ollama create NAME -f run.merged.Modelfile`), so every export in a folder keeps its own: FROM "
+        "the merged file (or the base model with ADAPTER), the model's chat template as an Ollama "
+        "TEMPLATE, its end-of-turn tokens as stops and the Chat page's last sampling settings. Written "
+        "once the file verifies; skipped, with the reason, when the template is of no known family; a "
+        "Modelfile of another file already there is never written over (the checks name it). Default: on."
     )
     return box
 

@@ -358,8 +358,9 @@ class TrainPage(QWidget):
         self.plots.tabs.setTabVisible(self.plots.tabs.count() - 1, False)
         self.plots.timer.timeout.connect(self.preference_plots.redraw)
         self.plots.sig_link_activated.connect(self._link)
-        self.sample_answers = SampleAnswersWidget()  # prompts answered every N steps, and the answers
+        self.sample_answers = SampleAnswersWidget(project)  # prompts answered every N steps, the answers
         self.plots.tabs.addTab(self.sample_answers, "Sample answers")
+        self._samples_opened = False  # the tab was opened from the first look, before any run
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setMaximumBlockCount(LOG_MAX_LINES)
@@ -423,6 +424,14 @@ class TrainPage(QWidget):
     def _link(self, href: str) -> None:
         if href.startswith("page:"):
             self.sig_go_to_page.emit(href[len("page:") :])
+        elif href == "tab:samples":
+            self.show_sample_answers()
+
+    def show_sample_answers(self) -> None:
+        """The Sample answers tab, also before the first run (its prompts are chosen before Start)."""
+        self._samples_opened = True
+        self.plots.show_plots()
+        self.plots.tabs.setCurrentWidget(self.sample_answers)
 
     # --- state ------------------------------------------------------------------------------
     @property
@@ -708,7 +717,7 @@ class TrainPage(QWidget):
         else:
             self.reason_label.hide()
             self.start_button.setToolTip("Start a new training run with these settings (Ctrl+Enter).")
-        if not self.ever_started:
+        if not self.ever_started and not self._samples_opened:
             self.plots.show_placeholder(self._first_look())
 
     @staticmethod
@@ -742,7 +751,9 @@ class TrainPage(QWidget):
             row(bool(data), f"A dataset{': ' + html.escape(data) if data else ''}", "Dataset"),
             row(targets_ok, f"What to train{': ' + what if what else ''}", "Targets"),
             row(None, "Settings on the left: a preset, or your own"),
-        ]
+            row(None, "Optional: prompts answered as it trains, in "
+                '<a href="tab:samples">Sample answers</a>' + self.sample_answers.summary()),
+        ]  # fmt: skip
         return (
             "<h3>Train a LoRA adapter</h3><table>" + "".join(rows) + "</table>"
             "<p>Then press <b>Start</b> (Ctrl+Enter). The loss, learning rate, gradient norm, throughput "
@@ -1128,11 +1139,8 @@ class TrainPage(QWidget):
         self._refresh_progress(force=True)
 
     def _with_sample_prompts(self, config: TrainConfig) -> TrainConfig:
-        """`config` with the prompts typed in the Sample answers tab (none: no sample answers)."""
-        prompts = self.sample_answers.prompts()
-        return replace(
-            config, sample_prompts=prompts, sample_every=self.sample_answers.every() if prompts else 0
-        )
+        """`config` with the Sample answers tab's prompts (typed, or from the validation split)."""
+        return replace(config, **self.project.sample_answers.config_changes())
 
     # --- runs on several processes ------------------------------------------------------------
     def _run_files(self, paths: RunPaths, data, config: TrainConfig | None = None) -> RunFiles:
