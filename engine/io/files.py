@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 import shutil
-import stat
 import sys
 import tempfile
 import time
@@ -69,19 +68,6 @@ def file_mode(path: str) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
-
-
-def file_kind(mode: int) -> str:
-    """What a path that is not a regular file is (from its st_mode), for messages."""
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 def fsync_folder(folder: str) -> None:

@@ -33,7 +33,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf import quants as gguf_quants
 
 from ..errors import ModelError
-from .files import file_kind
+from .file_kind import file_kind
 
 log = logging.getLogger(__name__)
 

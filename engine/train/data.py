@@ -69,7 +69,8 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from ..errors import DatasetError, TemplateError, TokenizerError
-from ..io.files import atomic_write, durable_append, file_kind
+from ..io.file_kind import file_kind
+from ..io.files import atomic_write, durable_append
 
 if TYPE_CHECKING:
     from ..text.chat_template import ChatTemplate

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import html
 import os
-import threading
 
 import numpy as np
 from PySide6.QtCore import QEvent, QSettings, Qt, QTimer, Signal
@@ -52,12 +51,12 @@ from PySide6.QtWidgets import (
 from engine import RUN, EngineError, blind_pair
 
 from ...project import ModelInfo, Project
-from ...widgets.banner import MessageBar
 from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
+from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.page_layout import PageLayout
-from ...widgets.runs import RunChoiceWidget, adapter_problems, app_settings, fit_message, load_runs
+from ...widgets.runs import RunChoiceWidget, adapter_problems, fit_message, load_runs
 from ...widgets.side_panel import SidePanelWidget
-from ...worker import Engine, Job
+from ...worker import Engine
 from .conversation import AnswerColumnWidget, ConversationWidget, MessageWidget
 from .settings import SamplingSettingsWidget
 
@@ -69,7 +68,7 @@ def _keys(seq: str) -> str:
     return QKeySequence(seq).toString(QKeySequence.NativeText)
 
 
-class ChatPage(QWidget):
+class ChatPage(JobPage):
     """Chat with the model; see the module docstring."""
 
     sig_export_requested = Signal(str)  # adapter path
@@ -78,8 +77,6 @@ class ChatPage(QWidget):
     sig_compared = Signal(object, object)  # base Reply, adapter Reply
     sig_train_choices = Signal(str)  # the preferences file: train on the A/B choices (DPO)
     sig_chosen = Signal(str)  # a blind A/B choice was taken: "A", "B", "tie" or "skip"
-    sig_busy_changed = Signal(bool)
-    sig_error = Signal(str)
 
     def __init__(
         self,
@@ -89,17 +86,11 @@ class ChatPage(QWidget):
         settings: QSettings | None = None,
     ):
         """settings: where the Runs page keeps its added folders (default: the app's settings)."""
-        super().__init__(parent)
-        self.project = project
-        self.engine = engine
-        self.settings = settings if settings is not None else app_settings()
-        self.info: ModelInfo | None = None
+        super().__init__(project, engine, parent, settings)
         self.history: list[dict[str, str]] = []  # the conversation as the model sees it (no system)
-        self.job: Job | None = None
-        self.busy = ""  # "", "chat" or "compare"
+        # busy: "", "chat" or "compare"
         self.use_adapter = False
         self._last_adapter: object = None  # the adapter entry to go back to when toggled on
-        self._stop = threading.Event()
         self._pieces: list[tuple[int, str]] = []  # (column, text) streamed by the worker
         self._targets: list[MessageWidget] = []  # where column i's pieces go
         self._fits: dict[tuple[str, float], list[str]] = {}
@@ -110,7 +101,6 @@ class ChatPage(QWidget):
         self.preferences = PreferenceRecorder(project.output_folder)
         self._blind_context: dict | None = None  # the messages and facts of the pair being judged
 
-        self.banner = MessageBar()
         self.tabs = QTabWidget()
         self.tabs.addTab(self._build_chat_tab(), "Chat")
         self.tabs.addTab(self._build_compare_tab(), "Side by side")
@@ -140,8 +130,6 @@ class ChatPage(QWidget):
         QShortcut(QKeySequence("Ctrl+B"), self, self.toggle_adapter, context=Qt.WidgetWithChildrenShortcut)
         QShortcut(QKeySequence("Ctrl+."), self, self.stop, context=Qt.WidgetWithChildrenShortcut)
 
-        project.subscribe(self._project_changed)
-        self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
         self.refresh_adapters()
         self._set_busy("")
         self._update_placeholder()
@@ -350,9 +338,6 @@ class ChatPage(QWidget):
         self.adapter_choice.start_folder = self.project.output_folder()
         self.adapter_choice.set_runs(load_runs(self.project, self.settings), self.model_path())
 
-    def model_path(self) -> str | None:
-        return self.info.path if self.info is not None else self.project.model_path
-
     def adapter(self) -> str | None:
         """What answers now: None (base model), engine.RUN, or an adapter file."""
         data = self.adapter_choice.current_data()
@@ -375,23 +360,6 @@ class ChatPage(QWidget):
             return f"{run.name} (reward-tuned)" if run.kind == "rewards" else run.name
         label = self.adapter_choice.current_label()
         return label.removeprefix("Latest finished: ").removeprefix("File · ")
-
-    def is_busy(self) -> bool:
-        return bool(self.busy) or (self.job is not None and self.job.active)
-
-    def shutdown(self) -> None:
-        """Stop an answer (the app is quitting; the window then waits for the engine worker)."""
-        self._stop.set()
-        if self.job is not None:
-            self.engine.cancel(self.job)
-
-    def show_error(self, text: str, level: str = "error") -> None:
-        self.banner.show_message(level, text)
-        if level == "error":
-            self.sig_error.emit(text)
-
-    def banner_text(self) -> str:
-        return self.banner.text() if not self.banner.isHidden() else ""
 
     # --- the adapter ----------------------------------------------------------------------------
     def _adapter_changed(self, data: object, _label: str) -> None:
@@ -789,7 +757,7 @@ class ChatPage(QWidget):
         self.base_toggle.setEnabled(idle)
         self.adapter_toggle.setEnabled(idle)
         self._show_toggle()
-        self.sig_busy_changed.emit(bool(busy))
+        self.sig_busy_changed.emit(busy)
 
     def _update_placeholder(self) -> None:
         if not self.model_path():
@@ -808,7 +776,7 @@ class ChatPage(QWidget):
         (self.compare_prompt if index == 1 else self.input).setFocus()
 
     def _project_changed(self, changed: set[str]) -> None:
-        if changed & {"output_dir", "path", "dataset_path", "model_path"}:
+        if changed & RUNS_MOVED:
             self.refresh_adapters()
             self._update_placeholder()
             self._show_preferences()

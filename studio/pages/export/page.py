@@ -49,9 +49,9 @@ from engine import (
 )
 
 from ...project import ModelInfo, Project
-from ...widgets.banner import MessageBar
+from ...widgets.engine_page import RUNS_MOVED, EnginePage
 from ...widgets.page_layout import PageLayout
-from ...widgets.runs import RunChoiceWidget, adapter_problems, app_settings, fit_message, load_runs
+from ...widgets.runs import RunChoiceWidget, adapter_problems, fit_message, load_runs
 from ...widgets.theme import is_dark
 from ...worker import Engine
 from .dialog import ExportDialog
@@ -83,7 +83,7 @@ def _keys(seq: str) -> str:
     return QKeySequence(seq).toString(QKeySequence.NativeText)
 
 
-class ExportPage(QWidget):
+class ExportPage(EnginePage):
     """Export the chosen adapter; see the module docstring."""
 
     sig_exported = Signal(str)  # a file written and verified
@@ -97,15 +97,10 @@ class ExportPage(QWidget):
         settings: QSettings | None = None,
     ):
         """settings: where the Runs page keeps its added folders (default: the app's settings)."""
-        super().__init__(parent)
-        self.project = project
-        self.engine = engine
-        self.settings = settings if settings is not None else app_settings()
-        self.info: ModelInfo | None = None
+        super().__init__(project, engine, parent, settings)
         self.job = None  # the export job in flight
         self.dialog: ExportDialog | None = None
         self._out_auto = True
-        self.banner = MessageBar()
         self.adapter_choice = RunChoiceWidget(
             placeholder="No finished run of this model yet: train one, or choose a file"
         )
@@ -193,8 +188,6 @@ class ExportPage(QWidget):
         self.merge_check.toggled.connect(self._suggest_out)
         self.type_combo.currentIndexChanged.connect(self._suggest_out)
         self.out_edit.textEdited.connect(self._out_edited)
-        project.subscribe(self._project_changed)
-        self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
         self.refresh_runs()
 
     # --- public API ---------------------------------------------------------------------------
@@ -219,9 +212,6 @@ class ExportPage(QWidget):
 
     def adapter_path(self) -> str:
         return self.adapter_choice.current_path() or ""
-
-    def model_path(self) -> str | None:
-        return self.info.path if self.info is not None else self.project.model_path
 
     def reset(self) -> None:
         """A new project: no adapter chosen, no result, the default type and name."""
@@ -390,7 +380,7 @@ class ExportPage(QWidget):
         self.result_label.setText(text)
 
     def _project_changed(self, changed: set[str]) -> None:
-        if changed & {"output_dir", "path", "dataset_path", "model_path"}:
+        if changed & RUNS_MOVED:
             self.refresh_runs()
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override

@@ -95,7 +95,7 @@ class ABTabWidget(QWidget):
         page.banner.hide()
         self.prompt_edit.setPlainText(prompt)
         system = self.system_edit.text().strip() or None
-        seed = int(page.settings.seed_spin.value())
+        seed = int(page.reward_settings.seed_spin.value())
         session, model, maker = page.session, None, None
         if session is None:
             model, maker = page._session_maker()
@@ -116,7 +116,7 @@ class ABTabWidget(QWidget):
                 page._task_failed("generating", error)
                 self.blind.clear()
                 return
-            page.settings.next_seed()
+            page.reward_settings.next_seed()
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": prompt}
             ]

@@ -440,7 +440,7 @@ class AutoRoundsWidget(QWidget):
         settings = RoundsConfig(
             rounds=int(self.rounds_spin.value()),
             prompts_per_round=int(self.per_round_spin.value()),
-            seed=int(page.settings.seed_spin.value()),
+            seed=int(page.reward_settings.seed_spin.value()),
         )
         prompts_file = self.prompts_file
 

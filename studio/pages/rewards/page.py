@@ -35,7 +35,6 @@ from __future__ import annotations
 import html
 import math
 import os
-import threading
 from dataclasses import replace
 
 from PySide6.QtCore import QCoreApplication, QSettings, Qt, QTimer, Signal
@@ -72,19 +71,18 @@ from engine import (
 
 from ...paths import writable_problem
 from ...project import ModelInfo, Project
-from ...widgets.banner import MessageBar
+from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import (
     RunChoiceWidget,
     adapter_file,
     adapter_problems,
-    app_settings,
     fit_message,
     load_runs,
     same_file,
 )
 from ...widgets.side_panel import SidePanelWidget
-from ...worker import Engine, Job
+from ...worker import Engine
 from .ab import ABTabWidget
 from .auto import AutoRoundsWidget, prompts_of_samples
 from .cards import CARD_KEYS, AnswerCardWidget, AnswerGridWidget
@@ -131,15 +129,13 @@ def _shortcut_text(seq: str) -> str:
     return QKeySequence(seq).toString(QKeySequence.NativeText)
 
 
-class RewardsPage(QWidget):
+class RewardsPage(JobPage):
     """Rate sampled answers and train on the ratings; see the module docstring."""
 
     sig_round_applied = Signal(object)  # engine RoundResult of each Apply
     sig_adapter_saved = Signal(str)  # path of the adapter GGUF written by Save adapter…
     sig_generated = Signal(object)  # list[Answer] of a new round (its cards are shown)
     sig_compared = Signal(object, object)  # base Answer, adapter Answer
-    sig_busy_changed = Signal(str)  # the running task ("generating", "applying", ...) or "" when idle
-    sig_error = Signal(str)  # a problem shown in the page
     sig_train_choices = Signal(str)  # the preferences file of the A/B tab: train on it (DPO)
 
     def __init__(
@@ -150,11 +146,7 @@ class RewardsPage(QWidget):
         settings: QSettings | None = None,
     ):
         """settings: where the Runs page keeps its added folders (default: the app's settings)."""
-        super().__init__(parent)
-        self.project = project
-        self.engine = engine
-        self.settings_store = settings if settings is not None else app_settings()
-        self.info: ModelInfo | None = None
+        super().__init__(project, engine, parent, settings)
         self.session: RewardSession | None = None
         self.session_model: str | None = None  # model path the session was made with
         self.start_adapter: str | None = None  # adapter file or checkpoint folder to continue
@@ -164,16 +156,12 @@ class RewardsPage(QWidget):
         self.custom_ratings_path: str | None = None  # chosen with Ratings file…; None = default
         self.samples: list | None = None  # from set_dataset_samples; None = read the dataset file
         self.cards: list[AnswerCardWidget] = []
-        self.busy = ""
         self.confirm = self._ask  # (title, text) -> bool; replaced in tests
-        self.job: Job | None = None  # the engine job in flight
-        self._stop = threading.Event()
         self._stream: list[list[int]] = []  # tokens streamed per answer (appended by the worker)
         self._stream_timer = QTimer(self)
         self._stream_timer.setInterval(1000 // STREAM_HZ)
         self._stream_timer.timeout.connect(self._show_stream)
 
-        self.banner = MessageBar()
         settings = self._build_settings()
         rate_tab = self._build_rate_tab()
         self.side_by_side = SideBySideWidget()
@@ -213,8 +201,6 @@ class RewardsPage(QWidget):
         layout.addWidget(self.banner)
         layout.addWidget(split, 1)
 
-        project.subscribe(self._project_changed)
-        self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
         app = QCoreApplication.instance()
         if app is not None:
             app.aboutToQuit.connect(self.shutdown)
@@ -224,8 +210,8 @@ class RewardsPage(QWidget):
 
     # --- building -----------------------------------------------------------------------------
     def _build_settings(self) -> QWidget:
-        self.settings = RewardSettingsWidget(self.project)
-        self.settings.sig_mode_changed.connect(self._mode_changed)
+        self.reward_settings = RewardSettingsWidget(self.project)
+        self.reward_settings.sig_mode_changed.connect(self._mode_changed)
         self.ratings_label = QLabel()
         self.ratings_label.setWordWrap(True)
         self.ratings_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
@@ -281,7 +267,7 @@ class RewardsPage(QWidget):
         il = QVBoxLayout(inner)
         il.setContentsMargins(0, 0, 4, 0)
         il.setSpacing(4)
-        il.addWidget(self.settings)
+        il.addWidget(self.reward_settings)
         il.addWidget(files)
         il.addStretch(1)
         self.settings_box = inner
@@ -403,7 +389,7 @@ class RewardsPage(QWidget):
         finished run of the open model) unless the person chose one or a session is going on."""
         model = self.info.path if self.info is not None else self.project.model_path
         self.adapter_choice.start_folder = self.project.output_folder()
-        self.adapter_choice.set_runs(load_runs(self.project, self.settings_store), model)
+        self.adapter_choice.set_runs(load_runs(self.project, self.settings), model)
 
     def set_dataset_samples(self, samples) -> None:
         """The dataset's samples (engine Sample), for "From dataset…"; None: read the dataset file."""
@@ -521,25 +507,7 @@ class RewardsPage(QWidget):
         self.banner.hide()
         self._show_paths()
 
-    def shutdown(self) -> None:
-        """Stop a generation (the app is quitting; the window then waits for the engine worker)."""
-        self._stop.set()
-        if self.job is not None:
-            self.engine.cancel(self.job)
-
-    def is_busy(self) -> bool:
-        """A job of this page is queued or running."""
-        return bool(self.busy) or (self.job is not None and self.job.active)
-
     # --- banner -------------------------------------------------------------------------------
-    def show_error(self, text: str, level: str = "error") -> None:
-        self.banner.show_message(level, text)
-        if level == "error":
-            self.sig_error.emit(text)
-
-    def banner_text(self) -> str:
-        return self.banner.text() if not self.banner.isHidden() else ""
-
     # --- state --------------------------------------------------------------------------------
     def _set_busy(self, busy: str) -> None:
         self.busy = busy
@@ -623,7 +591,7 @@ class RewardsPage(QWidget):
         self.session_start = None
         self._show_cards([])
         self.history.set_rounds([])
-        self.diagnostics.set_empty(self.settings.mode())
+        self.diagnostics.set_empty(self.reward_settings.mode())
         self.status_label.setText("")
         self._set_busy(self.busy)
         self._show_paths()
@@ -633,9 +601,9 @@ class RewardsPage(QWidget):
 
     # --- paths --------------------------------------------------------------------------------
     def _project_changed(self, changed: set[str]) -> None:
-        if changed & {"output_dir", "path", "dataset_path", "model_path"}:
+        if changed & RUNS_MOVED:
             self.refresh_runs()
-        if changed & {"output_dir", "path", "dataset_path", "model_path", "config"}:
+        if changed & (RUNS_MOVED | {"config"}):
             self._show_paths()
         if "dataset_path" in changed:
             self.auto.show_source()
@@ -800,7 +768,7 @@ class RewardsPage(QWidget):
         if not self._check_ready():
             return None
         try:
-            return self.settings.reward_config()
+            return self.reward_settings.reward_config()
         except EngineError as exc:
             self.show_error(
                 f"A sampling setting is not valid: {exc}. Fix it on the left, then press {button}."
@@ -816,7 +784,7 @@ class RewardsPage(QWidget):
             targets=c.targets,
             rank=c.rank,
             alpha=c.alpha,
-            config=self.settings.reward_config(),
+            config=self.reward_settings.reward_config(),
             ratings_path=self.ratings_path(),
             checkpoint_dir=self.checkpoint_dir(),
             template=self.info.template if self.info is not None and self.project.template_file else None,
@@ -845,7 +813,7 @@ class RewardsPage(QWidget):
             return False
         self.banner.hide()
         system = self.system_edit.text().strip() or None
-        n, seed = config.n_samples, int(self.settings.seed_spin.value())
+        n, seed = config.n_samples, int(self.reward_settings.seed_spin.value())
         session, model = self.session, None
         maker = None
         if session is None:
@@ -924,10 +892,10 @@ class RewardsPage(QWidget):
             self._task_failed("generating", error)
             return
         self.status_label.setText(
-            f"Round {session.round}: {len(answers)} answers (seed {self.settings.seed_spin.value()}). "
+            f"Round {session.round}: {len(answers)} answers (seed {self.reward_settings.seed_spin.value()}). "
             "Rate them, then Apply."
         )
-        self.settings.next_seed()
+        self.reward_settings.next_seed()
         self._show_cards(answers)
         self.history.set_rounds(session.history)
         self._show_paths()
@@ -967,7 +935,7 @@ class RewardsPage(QWidget):
         if cards:
             self.refresh_preview()
         else:
-            self.diagnostics.set_empty(self.settings.mode())
+            self.diagnostics.set_empty(self.reward_settings.mode())
         self._update_apply_enabled()
 
     # --- rating -------------------------------------------------------------------------------
@@ -1012,7 +980,7 @@ class RewardsPage(QWidget):
         """Diagnostics and each card's weight/advantage, from the session's preview()."""
         s = self.session
         if s is None or not self.cards:
-            self.diagnostics.set_empty(self.settings.mode())
+            self.diagnostics.set_empty(self.reward_settings.mode())
             return
         if self.cards[0].locked:  # the round was applied; the panel shows what it did
             return
@@ -1088,7 +1056,7 @@ class RewardsPage(QWidget):
             self.grid.focus_card(0)
             return False
         try:
-            config = self.settings.reward_config()
+            config = self.reward_settings.reward_config()
         except EngineError as exc:
             self.show_error(f"A setting is not valid: {exc}. Fix it on the left, then press Apply.")
             return False
@@ -1129,7 +1097,7 @@ class RewardsPage(QWidget):
         if self.busy or not self._check_ready():
             return False
         try:
-            config = self.settings.reward_config()
+            config = self.reward_settings.reward_config()
         except EngineError as exc:
             self.show_error(f"A sampling setting is not valid: {exc}. Fix it on the left.")
             return False

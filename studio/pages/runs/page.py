@@ -44,11 +44,11 @@ from engine import RunRecord, SampleAnswers
 
 from ...project import ModelInfo, Project
 from ...widgets.elided_label import ElidedLabel
+from ...widgets.engine_page import RUNS_MOVED, EnginePage
 from ...widgets.loss_overlay import LossOverlayWidget
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import (
     add_followed,
-    app_settings,
     extra_folders,
     followed_events,
     has_adapter,
@@ -76,7 +76,7 @@ def _two_lines(path: str, note: str = "") -> str:
     return f"{os.path.basename(path)}{note}\nin {os.path.dirname(path)}"
 
 
-class RunsPage(QWidget):
+class RunsPage(EnginePage):
     """The run history; see the module docstring."""
 
     sig_chat_requested = Signal(str, str)  # adapter path, label
@@ -92,11 +92,7 @@ class RunsPage(QWidget):
         settings: QSettings | None = None,
     ):
         """settings: where the added folders are remembered (default: the app's own settings)."""
-        super().__init__(parent)
-        self.project = project
-        self.engine = engine
-        self.settings = settings if settings is not None else app_settings()
-        self.info: ModelInfo | None = None
+        super().__init__(project, engine, parent, settings)
         self.open_url = QDesktopServices.openUrl  # replaced in tests
         self._signature: tuple = ()
 
@@ -233,8 +229,6 @@ class RunsPage(QWidget):
         self.poll.setInterval(POLL_MS)
         self.poll.timeout.connect(self.refresh)
 
-        project.subscribe(self._project_changed)
-        self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
         self.refresh()
         self._update_buttons()
 
@@ -382,9 +376,6 @@ class RunsPage(QWidget):
         if folder:
             self.add_folder(folder)
 
-    def model_path(self) -> str | None:
-        return self.info.path if self.info is not None else self.project.model_path
-
     # --- actions ------------------------------------------------------------------------------
     def _usable(self, run: RunRecord | None) -> str:
         """Why the run's adapter cannot be used now ('' when it can)."""
@@ -531,7 +522,7 @@ class RunsPage(QWidget):
         self.remove_button.setEnabled(bool(added or followed))
 
     def _project_changed(self, changed: set[str]) -> None:
-        if changed & {"output_dir", "path", "dataset_path", "model_path"}:
+        if changed & RUNS_MOVED:
             if "model_path" in changed and self.info is None:
                 self.model.set_model(self.project.model_path)
             self.refresh()
