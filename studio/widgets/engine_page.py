@@ -74,14 +74,9 @@ class JobPage(EnginePage):
 
     sig_busy_changed = Signal(str)  # the running task ("chat", "generating", ...) or "" when idle
 
-    def __init__(
-        self,
-        project: Project,
-        engine: Engine,
-        parent: QWidget | None = None,
-        settings: QSettings | None = None,
-    ):
-        super().__init__(project, engine, parent, settings)
+    def __init__(self, *args, **kwargs):
+        """EnginePage's arguments."""
+        super().__init__(*args, **kwargs)
         self.job: Job | None = None  # the engine job in flight
         self.busy = ""
         self._stop = threading.Event()
