@@ -776,3 +776,33 @@ def test_screenshots_mid_run_and_finished(qtbot, engine, monkeypatch, tmp_path, 
         assert pixmap.width() >= 1200 and pixmap.height() >= 800
         assert pixmap.save(str(shots / f"{arch}-finished-{tab}.png"))
     assert len(list(shots.glob(f"{arch}-*.png"))) == 4
+
+
+def test_a_stop_pressed_while_the_model_loads_is_not_undone_by_the_run_starting(
+    qtbot, engine, monkeypatch, tmp_path, synth_model, chats
+):
+    page = make_page(
+        qtbot, engine, tmp_path, synth_model("llama"), chats, steps=50, eval_every=0, val_split=0.0
+    )
+    loading, go = threading.Event(), threading.Event()
+    real_init = Trainer.__init__
+
+    def held_init(trainer, *args, **kwargs):  # the engine is still opening the run when Stop is pressed
+        loading.set()
+        go.wait(TIMEOUT_MS / 1000)
+        real_init(trainer, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "__init__", held_init)
+    states: list[str] = []
+    page.sig_state_changed.connect(states.append)
+    with qtbot.waitSignal(page.sig_run_finished, timeout=TIMEOUT_MS) as ended:
+        page.start()
+        qtbot.waitUntil(loading.is_set, timeout=TIMEOUT_MS)
+        assert page.state == "loading"
+        page.stop_button.click()
+        assert page.state == "stopping"
+        go.set()
+    assert isinstance(ended.args[0], Finished) and ended.args[0].stopped
+    assert states[states.index("stopping") :] == ["stopping", "finished"]  # never back to "training"
+    assert page.state == "finished"
+    settle(qtbot, page)
