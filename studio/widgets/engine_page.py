@@ -8,7 +8,8 @@
 - `JobPage`: an EnginePage that runs engine jobs of its own, one at a time (Chat's answers, the
   Rewards page's generations and steps): `job` in flight, `busy` (the task by name, "" when idle,
   announced by `sig_busy_changed(str)`), `_stop` (set to end streaming early), `is_busy` and
-  `shutdown` (the app is quitting: stop, and drop a queued job).
+  `shutdown` (the app is quitting: stop, and drop a queued job), and `_submit_job` (an engine job
+  that leaves the page idle before its result is shown).
 
 Layout and everything else stay in the page.
 """
@@ -91,3 +92,34 @@ class JobPage(EnginePage):
         self._stop.set()
         if self.job is not None:
             self.engine.cancel(self.job)
+
+    def _set_busy(self, busy: str) -> None:
+        """Enable what `busy` allows (the page's own widgets); announce it on sig_busy_changed."""
+        self.busy = busy
+        self.sig_busy_changed.emit(busy)
+
+    def _submit_job(self, kind: str, name: str, fn, on_done, on_error, model: str | None, **options) -> Job:
+        """Run fn(session, job) as the page's engine job `name`, busy with `kind` until it ends:
+        on_done(result) or on_error(message) on the UI thread, each after the page is idle again.
+        model: the file the job needs open (None: none); options go to Engine.submit."""
+
+        def done(result) -> None:
+            self.job = None
+            self._set_busy("")
+            on_done(result)
+
+        def failed(message: str) -> None:
+            self.job = None
+            self._set_busy("")
+            on_error(message)
+
+        self._set_busy(kind)
+        self.job = self.engine.submit(
+            name,
+            fn,
+            on_done=done,
+            on_error=failed,
+            model=(model, self.project.device) if model else None,
+            **options,
+        )
+        return self.job

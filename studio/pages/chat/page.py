@@ -703,20 +703,7 @@ class ChatPage(JobPage):
         Stop drops it before it started (the engine calls neither then)."""
         ahead = [j for j in self.engine.jobs if j.active]  # queued or running (the worker sets "running")
         self._cancelled = cancelled
-
-        def on_done(result) -> None:
-            self.job = None
-            self._set_busy("")
-            done(result)
-
-        def on_error(message: str) -> None:
-            self.job = None
-            self._set_busy("")
-            failed(message)
-
-        self._set_busy(kind)
-        self.job = self.engine.submit(name, fn, on_done=on_done, on_error=on_error,
-                                      model=(model, self.project.device))  # fmt: skip
+        self._submit_job(kind, name, fn, done, failed, model)
         if ahead and self.job.state == "queued":
             running = next((j.name for j in ahead if j.state == "running"), ahead[0].name)
             text = f"Waiting for the engine ({running}): the answer starts when it is done or paused."
@@ -747,7 +734,7 @@ class ChatPage(JobPage):
         self._targets = []
 
     def _set_busy(self, busy: str) -> None:
-        self.busy = busy
+        self.busy = busy  # read by what follows
         idle = not busy
         self.send_button.setEnabled(idle)
         self.compare_button.setEnabled(idle)
@@ -757,7 +744,7 @@ class ChatPage(JobPage):
         self.base_toggle.setEnabled(idle)
         self.adapter_toggle.setEnabled(idle)
         self._show_toggle()
-        self.sig_busy_changed.emit(busy)
+        super()._set_busy(busy)
 
     def _update_placeholder(self) -> None:
         if not self.model_path():

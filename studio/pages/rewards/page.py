@@ -510,7 +510,7 @@ class RewardsPage(JobPage):
     # --- banner -------------------------------------------------------------------------------
     # --- state --------------------------------------------------------------------------------
     def _set_busy(self, busy: str) -> None:
-        self.busy = busy
+        self.busy = busy  # read by what follows
         idle = not busy
         for w in (
             self.generate_button,
@@ -534,7 +534,7 @@ class RewardsPage(JobPage):
         if busy:
             self.status_label.setText(BUSY_TEXT.get(busy, busy))
             self.side_by_side.status.setText(BUSY_TEXT.get(busy, busy))
-        self.sig_busy_changed.emit(busy)
+        super()._set_busy(busy)
 
     def _update_apply_enabled(self) -> None:
         s = self.session
@@ -544,25 +544,13 @@ class RewardsPage(JobPage):
     def _run(self, kind: str, fn, on_done, *, needs_model: bool = True) -> None:
         """Run fn(engine session) as a job of the engine worker (the model it needs is opened first);
         on_done(result) or an error in the page, on the UI thread."""
-        self._set_busy(kind)
-
-        def done(result) -> None:
-            self.job = None
-            self._set_busy("")
-            on_done(result)
-
-        def failed(message: str) -> None:
-            self.job = None
-            self._set_busy("")
-            self._task_failed(kind, message)
-
-        model = self.info.path if self.info is not None else self.project.model_path
-        self.job = self.engine.submit(
+        self._submit_job(
+            kind,
             BUSY_TEXT.get(kind, kind).rstrip("…").lower(),
             lambda session, job: fn(session),
-            on_done=done,
-            on_error=failed,
-            model=(model, self.project.device) if needs_model and model else None,
+            on_done,
+            lambda message: self._task_failed(kind, message),
+            self.model_path() if needs_model else None,
             needs_session=needs_model,
         )
 
