@@ -36,7 +36,6 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QGroupBox,
     QHBoxLayout,
-    QLabel,
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
@@ -53,6 +52,7 @@ from engine import RUN, EngineError, blind_pair
 from ...project import ModelInfo, Project
 from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
 from ...widgets.engine_page import RUNS_MOVED, JobPage
+from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import RunChoiceWidget, adapter_problems, fit_message, load_runs
 from ...widgets.side_panel import SidePanelWidget
@@ -121,8 +121,6 @@ class ChatPage(JobPage):
         layout.setSpacing(4)
         layout.addWidget(self.banner)
         layout.addWidget(split, 1)
-        faint = self.palette().color(self.palette().ColorRole.PlaceholderText).name()
-        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
 
         QShortcut(
             QKeySequence("Ctrl+Shift+C"), self, self.copy_last_answer, context=Qt.WidgetWithChildrenShortcut
@@ -159,9 +157,7 @@ class ChatPage(JobPage):
         )
         self.system_edit.setTabChangesFocus(True)
         self.system_edit.setMaximumHeight(44)
-        self.status_label = QLabel()
-        self.status_label.setObjectName("faint")
-        self.status_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.status_label = FaintLabel(squeeze=True)
         buttons = QVBoxLayout()
         buttons.setSpacing(3)
         buttons.addWidget(self.send_button)
@@ -204,10 +200,7 @@ class ChatPage(JobPage):
         self.compare_stop_button = QPushButton("Stop")
         self.compare_stop_button.setToolTip(f"End the answers where they are ({_keys('Ctrl+.')})")
         self.compare_stop_button.clicked.connect(self.stop)
-        self.compare_status = QLabel()
-        self.compare_status.setObjectName("faint")
-        self.compare_status.setWordWrap(True)
-        self.compare_status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.compare_status = FaintLabel(wrap=True, squeeze=True)
         row = QHBoxLayout()
         row.addWidget(self.compare_button)
         row.addWidget(self.compare_stop_button)
@@ -280,10 +273,7 @@ class ChatPage(JobPage):
         toggle.setSpacing(0)
         toggle.addWidget(self.base_toggle)
         toggle.addWidget(self.adapter_toggle)
-        self.adapter_note = QLabel()
-        self.adapter_note.setObjectName("faint")
-        self.adapter_note.setWordWrap(True)
-        self.adapter_note.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.adapter_note = FaintLabel(wrap=True, squeeze=True)
         self.export_button = QPushButton("Export…")
         self.export_button.setToolTip(
             "Export this adapter for llama.cpp, or merge it into the model (Export page)"

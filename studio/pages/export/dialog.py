@@ -18,7 +18,7 @@ import os
 import threading
 
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtGui import QColor, QGuiApplication, QKeySequence, QPalette
+from PySide6.QtGui import QColor, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QButtonGroup,
@@ -63,6 +63,7 @@ from engine import (
 )
 
 from ...project import ModelInfo, Project
+from ...widgets.faint_label import FaintLabel
 from ...widgets.runs import has_adapter, run_label, same_file, same_model
 from ...widgets.side_panel import SidePanelWidget
 from ...widgets.theme import is_dark
@@ -134,8 +135,6 @@ class ExportDialog(QDialog):
         self.body = QWidget()  # everything but the buttons, which stay in view: it scrolls when short
         layout = QVBoxLayout(self.body)
         layout.setContentsMargins(0, 0, 4, 0)
-        faint = self.palette().color(QPalette.PlaceholderText).name()
-        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
 
         src_box = QGroupBox("Source")
         self.source_combo = QComboBox()
@@ -149,12 +148,10 @@ class ExportDialog(QDialog):
         row = QHBoxLayout()
         row.addWidget(self.source_combo, 1)
         row.addWidget(browse)
-        self.source_label = QLabel()
+        self.source_label = FaintLabel()
         self.source_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.source_label.setObjectName("faint")
-        self.base_label = QLabel()
+        self.base_label = FaintLabel()
         self.base_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.base_label.setObjectName("faint")
         src_form = QFormLayout(src_box)
         src_form.addRow("Adapter:", row)
         src_form.addRow("", self.source_label)
@@ -184,9 +181,7 @@ class ExportDialog(QDialog):
         f2.addRow("Scale:", self.scale_spin)
         self.type_row, self.merged_options = type_row, merged_opts
         merged_opts.hide()
-        self.note_label = QLabel()
-        self.note_label.setWordWrap(True)
-        self.note_label.setObjectName("faint")
+        self.note_label = FaintLabel(wrap=True)
         kind_layout = QVBoxLayout(kind_box)
         kind_layout.addWidget(self.adapter_radio)
         kind_layout.addWidget(self.merged_radio)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 
 from PySide6.QtCore import QSettings, Qt, Signal
-from PySide6.QtGui import QKeySequence, QPalette
+from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
     QFileDialog,
@@ -50,6 +50,7 @@ from engine import (
 
 from ...project import ModelInfo, Project
 from ...widgets.engine_page import RUNS_MOVED, EnginePage
+from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import RunChoiceWidget, adapter_problems, fit_message, load_runs
 from ...widgets.theme import is_dark
@@ -105,11 +106,8 @@ class ExportPage(EnginePage):
             placeholder="No finished run of this model yet: train one, or choose a file"
         )
         self.adapter_choice.sig_changed.connect(self._adapter_changed)
-        self.adapter_path_label = QLabel()
-        self.adapter_path_label.setWordWrap(True)
+        self.adapter_path_label = FaintLabel(wrap=True, squeeze=True)
         self.adapter_path_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.adapter_path_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.adapter_path_label.setObjectName("faint")
         self.merge_check = QCheckBox("Merge into the base model (a full model file)")
         self.merge_check.setToolTip(
             "Write base + adapter as one GGUF model: the adapted tensors in a type that keeps the "
@@ -182,8 +180,6 @@ class ExportPage(EnginePage):
         layout.addWidget(self.result_label)
         layout.addWidget(self.result)
         layout.addStretch(1)
-        faint = self.palette().color(QPalette.PlaceholderText).name()
-        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
         self.merge_check.toggled.connect(self.type_combo.set_merge)
         self.merge_check.toggled.connect(self._suggest_out)
         self.type_combo.currentIndexChanged.connect(self._suggest_out)

@@ -20,7 +20,6 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
-    QSizePolicy,
     QVBoxLayout,
     QWidget,
 )
@@ -28,6 +27,7 @@ from PySide6.QtWidgets import (
 from engine import EngineError, blind_pair
 
 from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
+from ...widgets.faint_label import FaintLabel
 
 
 class ABTabWidget(QWidget):
@@ -54,10 +54,7 @@ class ABTabWidget(QWidget):
         )
         self.pair_button.clicked.connect(self.new_pair)
         QShortcut(QKeySequence("Ctrl+Return"), self, self.new_pair, context=Qt.WidgetWithChildrenShortcut)
-        self.status = QLabel()
-        self.status.setObjectName("faint")
-        self.status.setWordWrap(True)
-        self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.status = FaintLabel(wrap=True, squeeze=True)
         self.blind = BlindChoiceWidget()
         self.blind.sig_chosen.connect(self._chosen)
         self.files = PreferencesFileRow(self.preferences)

@@ -63,6 +63,7 @@ from engine import (
     sample_to_json,
 )
 
+from ...widgets.faint_label import FaintLabel
 from ...widgets.plots import COLORS, _legend, _plot_widget, _style_plot
 
 # (check, option placeholder, default option, what it does)
@@ -219,9 +220,7 @@ class AutoRoundsWidget(QWidget):
             '"reference"} and any fields your check reads).'
         )
         self.source_combo.activated.connect(self._source_chosen)
-        self.source_label = QLabel()
-        self.source_label.setObjectName("faint")
-        self.source_label.setWordWrap(True)
+        self.source_label = FaintLabel(wrap=True)
         self.rounds_spin = QSpinBox()
         self.rounds_spin.setRange(1, 100000)
         self.rounds_spin.setValue(10)

@@ -72,6 +72,7 @@ from engine import (
 from ...paths import writable_problem
 from ...project import ModelInfo, Project
 from ...widgets.engine_page import RUNS_MOVED, JobPage
+from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import (
     RunChoiceWidget,
@@ -298,9 +299,7 @@ class RewardsPage(JobPage):
         self.stop_button.setShortcut(QKeySequence("Ctrl+."))
         self.stop_button.setToolTip(f"End the answers where they are ({_shortcut_text('Ctrl+.')}).")
         self.stop_button.clicked.connect(self.stop)
-        self.status_label = QLabel()
-        self.status_label.setObjectName("faint")
-        self.status_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.status_label = FaintLabel(squeeze=True)
         top = QHBoxLayout()
         top.addWidget(QLabel("<b>Prompt</b>"))
         top.addStretch(1)
@@ -310,9 +309,7 @@ class RewardsPage(JobPage):
         buttons.addWidget(self.generate_button)
         buttons.addWidget(self.stop_button)
         self.grid = AnswerGridWidget(columns=2)
-        self.keys_label = QLabel(CARD_KEYS)
-        self.keys_label.setObjectName("faint")
-        self.keys_label.setWordWrap(True)
+        self.keys_label = FaintLabel(CARD_KEYS, wrap=True)
         self.checks_box = QCheckBox("Score with checks")
         self.checks_box.setToolTip(
             "Score each round's answers with the checks of the Unattended tab too: an answer's reward is "
@@ -369,8 +366,6 @@ class RewardsPage(JobPage):
         right.setSizes([340, 440])
         right.setChildrenCollapsible(False)
         right.setMinimumWidth(260)
-        faint = self.palette().color(self.palette().ColorRole.PlaceholderText).name()
-        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
         return right
 
     # --- public API ---------------------------------------------------------------------------

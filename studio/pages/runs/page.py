@@ -45,6 +45,7 @@ from engine import RunRecord, SampleAnswers
 from ...project import ModelInfo, Project
 from ...widgets.elided_label import ElidedLabel
 from ...widgets.engine_page import RUNS_MOVED, EnginePage
+from ...widgets.faint_label import FaintLabel
 from ...widgets.loss_overlay import LossOverlayWidget
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import (
@@ -151,9 +152,7 @@ class RunsPage(EnginePage):
         )
         self.table.selectionModel().selectionChanged.connect(self._selection_changed)
         self.table.doubleClicked.connect(lambda _: self.chat())
-        self.empty_label = QLabel()
-        self.empty_label.setWordWrap(True)
-        self.empty_label.setObjectName("faint")
+        self.empty_label = FaintLabel(wrap=True)
         self.empty_label.hide()
 
         self.plot = LossOverlayWidget()
@@ -194,10 +193,7 @@ class RunsPage(EnginePage):
             "settings and data, on the Train page (its model is opened when another one is)"
         )
         self.resume_button.clicked.connect(self.resume)
-        self.why_label = QLabel()
-        self.why_label.setObjectName("faint")
-        self.why_label.setWordWrap(True)
-        self.why_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.why_label = FaintLabel(wrap=True, squeeze=True)
         actions = QHBoxLayout()
         actions.addWidget(self.chat_button)
         actions.addWidget(self.rate_button)
@@ -211,8 +207,6 @@ class RunsPage(EnginePage):
         layout.addLayout(top)
         layout.addWidget(split, 1)
         layout.addLayout(actions)
-        faint = self.palette().color(self.palette().ColorRole.PlaceholderText).name()
-        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
 
         QShortcut(QKeySequence("F5"), self, self.refresh, context=Qt.WidgetWithChildrenShortcut)
         for key in ("Return", "Enter"):
