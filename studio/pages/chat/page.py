@@ -37,7 +37,6 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QPlainTextEdit,
-    QPushButton,
     QSizePolicy,
     QSplitter,
     QStackedWidget,
@@ -51,6 +50,7 @@ from engine import RUN, EngineError, blind_pair
 
 from ...project import ModelInfo, Project
 from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
+from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
@@ -141,15 +141,17 @@ class ChatPage(JobPage):
         self.input.setTabChangesFocus(True)
         self.input.setMaximumHeight(90)
         self.input.setMinimumHeight(48)
-        self.send_button = QPushButton("Send")
-        self.send_button.setToolTip(f"Send the message; the answer streams in ({_keys('Ctrl+Return')})")
-        self.send_button.clicked.connect(self.send)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setToolTip(f"End the answer where it is ({_keys('Ctrl+.')} or Escape)")
-        self.stop_button.clicked.connect(self.stop)
-        self.new_button = QPushButton("New chat")
-        self.new_button.setToolTip(f"Clear the conversation and start again ({_keys('Ctrl+N')} on this page)")
-        self.new_button.clicked.connect(self.new_chat)
+        self.send_button = action_button(
+            "Send", self.send, f"Send the message; the answer streams in ({_keys('Ctrl+Return')})"
+        )
+        self.stop_button = action_button(
+            "Stop", self.stop, f"End the answer where it is ({_keys('Ctrl+.')} or Escape)"
+        )
+        self.new_button = action_button(
+            "New chat",
+            self.new_chat,
+            f"Clear the conversation and start again ({_keys('Ctrl+N')} on this page)",
+        )
         self.system_edit = QPlainTextEdit()
         self.system_edit.setPlaceholderText("System prompt (optional)")
         self.system_edit.setToolTip(
@@ -191,15 +193,15 @@ class ChatPage(JobPage):
         )
         self.compare_prompt.setTabChangesFocus(True)
         self.compare_prompt.setMaximumHeight(70)
-        self.compare_button = QPushButton("Compare")
-        self.compare_button.setToolTip(
+        self.compare_button = action_button(
+            "Compare",
+            self.compare,
             "Answer the prompt with the base model, then with the adapter: the same sampling and seed, so "
-            f"the adapter is the only difference ({_keys('Ctrl+Return')})"
+            f"the adapter is the only difference ({_keys('Ctrl+Return')})",
         )
-        self.compare_button.clicked.connect(self.compare)
-        self.compare_stop_button = QPushButton("Stop")
-        self.compare_stop_button.setToolTip(f"End the answers where they are ({_keys('Ctrl+.')})")
-        self.compare_stop_button.clicked.connect(self.stop)
+        self.compare_stop_button = action_button(
+            "Stop", self.stop, f"End the answers where they are ({_keys('Ctrl+.')})"
+        )
         self.compare_status = FaintLabel(wrap=True, squeeze=True)
         row = QHBoxLayout()
         row.addWidget(self.compare_button)
@@ -274,17 +276,17 @@ class ChatPage(JobPage):
         toggle.addWidget(self.base_toggle)
         toggle.addWidget(self.adapter_toggle)
         self.adapter_note = FaintLabel(wrap=True, squeeze=True)
-        self.export_button = QPushButton("Export…")
-        self.export_button.setToolTip(
-            "Export this adapter for llama.cpp, or merge it into the model (Export page)"
+        self.export_button = action_button(
+            "Export…",
+            self.request_export,
+            "Export this adapter for llama.cpp, or merge it into the model (Export page)",
         )
-        self.export_button.clicked.connect(self.request_export)
-        self.rate_button = QPushButton("Rate answers")
-        self.rate_button.setToolTip(
+        self.rate_button = action_button(
+            "Rate answers",
+            self.request_rate,
             "Go on with rating rounds on the Rewards page: this adapter (or a new one for the base model) "
-            "and your last prompt"
+            "and your last prompt",
         )
-        self.rate_button.clicked.connect(self.request_rate)
         hand = QHBoxLayout()
         hand.addWidget(self.export_button)
         hand.addWidget(self.rate_button)

@@ -18,7 +18,7 @@ import os
 import threading
 
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtGui import QColor, QGuiApplication, QKeySequence
+from PySide6.QtGui import QColor, QGuiApplication
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QButtonGroup,
@@ -63,6 +63,7 @@ from engine import (
 )
 
 from ...project import ModelInfo, Project
+from ...widgets.buttons import action_button
 from ...widgets.faint_label import FaintLabel
 from ...widgets.runs import has_adapter, run_label, same_file, same_model
 from ...widgets.side_panel import SidePanelWidget
@@ -142,9 +143,7 @@ class ExportDialog(QDialog):
             "The adapter to export: the last training run's, one of its checkpoints, or any adapter file"
         )
         self.source_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
-        browse = QPushButton("Choose file…")
-        browse.setToolTip("Export any LoRA adapter (.gguf)")
-        browse.clicked.connect(self._choose_source)
+        browse = action_button("Choose file…", self._choose_source, "Export any LoRA adapter (.gguf)")
         row = QHBoxLayout()
         row.addWidget(self.source_combo, 1)
         row.addWidget(browse)
@@ -261,20 +260,18 @@ class ExportDialog(QDialog):
         vl.addWidget(self.verdict_label)
         layout.addWidget(verify_box)
 
-        self.check_button = QPushButton("&Check")
-        self.check_button.setShortcut(QKeySequence("Ctrl+K"))
-        self.check_button.setToolTip("Run the checks before writing (Ctrl+K)")
-        self.check_button.clicked.connect(self.check)
-        self.export_button = QPushButton("&Export")
-        self.export_button.setShortcut(QKeySequence("Ctrl+E"))
-        self.export_button.setToolTip("Write the file, then reload it and compare logits (Ctrl+E)")
-        self.export_button.clicked.connect(self.export)
-        self.verify_button = QPushButton("&Verify")
-        self.verify_button.setToolTip("Reload the written file and compare its logits again")
-        self.verify_button.clicked.connect(self.verify)
-        self.cancel_button = QPushButton("Ca&ncel")
-        self.cancel_button.setToolTip("Stop a merge between tensors; the target is left as it was")
-        self.cancel_button.clicked.connect(self.cancel)
+        self.check_button = action_button(
+            "&Check", self.check, "Run the checks before writing (Ctrl+K)", "Ctrl+K"
+        )
+        self.export_button = action_button(
+            "&Export", self.export, "Write the file, then reload it and compare logits (Ctrl+E)", "Ctrl+E"
+        )
+        self.verify_button = action_button(
+            "&Verify", self.verify, "Reload the written file and compare its logits again"
+        )
+        self.cancel_button = action_button(
+            "Ca&ncel", self.cancel, "Stop a merge between tensors; the target is left as it was"
+        )
         self.close_button = QPushButton("Close")
         self.close_button.clicked.connect(self.reject)
         buttons = QHBoxLayout()

@@ -49,6 +49,7 @@ from engine import (
 )
 
 from ...project import ModelInfo, Project
+from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, EnginePage
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
@@ -121,9 +122,7 @@ class ExportPage(EnginePage):
             "Where the file is written (atomically: a temporary file, then renamed). Default: beside the "
             "adapter, named after it and the type."
         )
-        out_browse = QPushButton("Choose…")
-        out_browse.setToolTip("Choose where to write the file")
-        out_browse.clicked.connect(self._choose_out)
+        out_browse = action_button("Choose…", self._choose_out, "Choose where to write the file")
         out_row = QHBoxLayout()
         out_row.addWidget(self.out_edit, 1)
         out_row.addWidget(out_browse)

@@ -19,7 +19,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPlainTextEdit,
-    QPushButton,
     QVBoxLayout,
     QWidget,
 )
@@ -27,6 +26,7 @@ from PySide6.QtWidgets import (
 from engine import EngineError, blind_pair
 
 from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
+from ...widgets.buttons import action_button
 from ...widgets.faint_label import FaintLabel
 
 
@@ -48,11 +48,11 @@ class ABTabWidget(QWidget):
         self.system_edit = QLineEdit()
         self.system_edit.setPlaceholderText("System prompt (optional)")
         self.system_edit.setClearButtonEnabled(True)
-        self.pair_button = QPushButton("New pair")
-        self.pair_button.setToolTip(
-            "Sample two answers with the adapter as it is now and show them blind (Ctrl+Enter in this tab)"
+        self.pair_button = action_button(
+            "New pair",
+            self.new_pair,
+            "Sample two answers with the adapter as it is now and show them blind (Ctrl+Enter in this tab)",
         )
-        self.pair_button.clicked.connect(self.new_pair)
         QShortcut(QKeySequence("Ctrl+Return"), self, self.new_pair, context=Qt.WidgetWithChildrenShortcut)
         self.status = FaintLabel(wrap=True, squeeze=True)
         self.blind = BlindChoiceWidget()

@@ -63,6 +63,7 @@ from engine import (
     sample_to_json,
 )
 
+from ...widgets.buttons import action_button
 from ...widgets.faint_label import FaintLabel
 from ...widgets.plots import COLORS, _legend, _plot_widget, _style_plot
 
@@ -234,15 +235,15 @@ class AutoRoundsWidget(QWidget):
             "setting on the left is the answers per prompt. Default: 8."
         )
         self.checks = ChecksWidget()
-        self.start_button = QPushButton("Start")
-        self.start_button.setToolTip("Run the rounds (a paused run goes on with its next round)")
-        self.start_button.clicked.connect(self.start)
-        self.pause_button = QPushButton("Pause")
-        self.pause_button.setToolTip("Stop after the current round; Start goes on from the next one")
-        self.pause_button.clicked.connect(self.pause)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setToolTip("End the rounds now (a round being sampled takes no step)")
-        self.stop_button.clicked.connect(self.stop)
+        self.start_button = action_button(
+            "Start", self.start, "Run the rounds (a paused run goes on with its next round)"
+        )
+        self.pause_button = action_button(
+            "Pause", self.pause, "Stop after the current round; Start goes on from the next one"
+        )
+        self.stop_button = action_button(
+            "Stop", self.stop, "End the rounds now (a round being sampled takes no step)"
+        )
         self.status = QLabel()
         self.status.setWordWrap(True)
         self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)

@@ -71,6 +71,7 @@ from engine import (
 
 from ...paths import writable_problem
 from ...project import ModelInfo, Project
+from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
@@ -217,12 +218,12 @@ class RewardsPage(JobPage):
         self.ratings_label.setWordWrap(True)
         self.ratings_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.ratings_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.ratings_button = QPushButton("Ratings file…")
-        self.ratings_button.setToolTip(
+        self.ratings_button = action_button(
+            "Ratings file…",
+            self.choose_ratings_file,
             "Choose the JSON Lines file every rating and better answer is appended to (never rewritten). "
-            f"Default: {RATINGS_FILE} in the project's output folder."
+            f"Default: {RATINGS_FILE} in the project's output folder.",
         )
-        self.ratings_button.clicked.connect(self.choose_ratings_file)
         self.adapter_label = QLabel()
         self.adapter_label.setWordWrap(True)
         self.adapter_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
@@ -243,12 +244,14 @@ class RewardsPage(JobPage):
             "Continue any adapter GGUF (for example one from the Train page) or a reward checkpoint's "
             "adapter instead of a run from the list."
         )
-        self.new_adapter_button = QPushButton("New adapter")
-        self.new_adapter_button.setToolTip("Forget the adapter trained here and start again from the model")
-        self.new_adapter_button.clicked.connect(self.new_adapter)
-        self.save_button = QPushButton("Save adapter…")
-        self.save_button.setToolTip("Write the adapter trained on this page as a llama.cpp LoRA GGUF")
-        self.save_button.clicked.connect(self.choose_save_adapter)
+        self.new_adapter_button = action_button(
+            "New adapter", self.new_adapter, "Forget the adapter trained here and start again from the model"
+        )
+        self.save_button = action_button(
+            "Save adapter…",
+            self.choose_save_adapter,
+            "Write the adapter trained on this page as a llama.cpp LoRA GGUF",
+        )
         files = QGroupBox("Adapter and files")
         fl = QVBoxLayout(files)
         fl.setContentsMargins(6, 4, 6, 4)
@@ -286,19 +289,20 @@ class RewardsPage(JobPage):
         self.system_edit.setPlaceholderText("System prompt (optional)")
         self.system_edit.setToolTip("An optional system message before the prompt. Default: none.")
         self.system_edit.setClearButtonEnabled(True)
-        self.dataset_button = QPushButton("From dataset…")
-        self.dataset_button.setToolTip("Take a prompt (and its system message) from the project's dataset")
-        self.dataset_button.clicked.connect(self.choose_dataset_prompt)
-        self.generate_button = QPushButton("Generate")
-        self.generate_button.setShortcut(QKeySequence("Ctrl+Return"))
-        self.generate_button.setToolTip(
-            f"Sample new answers with the adapter as it is now ({_shortcut_text('Ctrl+Return')})."
+        self.dataset_button = action_button(
+            "From dataset…",
+            self.choose_dataset_prompt,
+            "Take a prompt (and its system message) from the project's dataset",
         )
-        self.generate_button.clicked.connect(self.generate)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setShortcut(QKeySequence("Ctrl+."))
-        self.stop_button.setToolTip(f"End the answers where they are ({_shortcut_text('Ctrl+.')}).")
-        self.stop_button.clicked.connect(self.stop)
+        self.generate_button = action_button(
+            "Generate",
+            self.generate,
+            f"Sample new answers with the adapter as it is now ({_shortcut_text('Ctrl+Return')}).",
+            "Ctrl+Return",
+        )
+        self.stop_button = action_button(
+            "Stop", self.stop, f"End the answers where they are ({_shortcut_text('Ctrl+.')}).", "Ctrl+."
+        )
         self.status_label = FaintLabel(squeeze=True)
         top = QHBoxLayout()
         top.addWidget(QLabel("<b>Prompt</b>"))

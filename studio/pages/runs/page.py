@@ -43,6 +43,7 @@ from PySide6.QtWidgets import (
 from engine import RunRecord, SampleAnswers
 
 from ...project import ModelInfo, Project
+from ...widgets.buttons import action_button
 from ...widgets.elided_label import ElidedLabel
 from ...widgets.engine_page import RUNS_MOVED, EnginePage
 from ...widgets.faint_label import FaintLabel
@@ -102,27 +103,27 @@ class RunsPage(EnginePage):
         self.folders_label.setWordWrap(True)
         self.folders_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.folders_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.add_button = QPushButton("Add folder…")
-        self.add_button.setToolTip(
+        self.add_button = action_button(
+            "Add folder…",
+            self.choose_folder,
             "Also list the runs in another folder (an older project's output folder, say); remembered "
-            "for the next start. Default: only the project's output folder."
+            "for the next start. Default: only the project's output folder.",
         )
-        self.add_button.clicked.connect(self.choose_folder)
-        self.follow_button = QPushButton("Follow a run…")
-        self.follow_button.setToolTip(
+        self.follow_button = action_button(
+            "Follow a run…",
+            self.choose_events,
             "List a run from its events file (tune-engine train --events FILE: a run on other processes "
-            "or machines) and draw its loss as it trains; remembered for the next start."
+            "or machines) and draw its loss as it trains; remembered for the next start.",
         )
-        self.follow_button.clicked.connect(self.choose_events)
         self.remove_button = QToolButton()
         self.remove_button.setText("Remove folder")
         self.remove_button.setPopupMode(QToolButton.InstantPopup)
         self.remove_button.setToolTip("Stop listing a folder you added (nothing is deleted)")
         self.remove_menu = QMenu(self)
         self.remove_button.setMenu(self.remove_menu)
-        self.refresh_button = QPushButton("Refresh")
-        self.refresh_button.setToolTip("Read the run records again (F5); it also happens by itself")
-        self.refresh_button.clicked.connect(self.refresh)
+        self.refresh_button = action_button(
+            "Refresh", self.refresh, "Read the run records again (F5); it also happens by itself"
+        )
         top = QHBoxLayout()
         top.addWidget(title)
         top.addWidget(self.folders_label, 1)
@@ -176,23 +177,23 @@ class RunsPage(EnginePage):
         split.setChildrenCollapsible(False)
         self.splitter = split
 
-        self.chat_button = QPushButton("Chat with it")
-        self.chat_button.setToolTip("Open the Chat page with this run's adapter (Enter)")
-        self.chat_button.clicked.connect(self.chat)
-        self.rate_button = QPushButton("Rate answers")
-        self.rate_button.setToolTip("Continue this adapter with rating rounds on the Rewards page")
-        self.rate_button.clicked.connect(self.rate)
-        self.export_button = QPushButton("Export…")
-        self.export_button.setToolTip(
-            "Export this run's adapter (or merge it into the model) on the Export page"
+        self.chat_button = action_button(
+            "Chat with it", self.chat, "Open the Chat page with this run's adapter (Enter)"
         )
-        self.export_button.clicked.connect(self.export)
-        self.resume_button = QPushButton("Resume")
-        self.resume_button.setToolTip(
+        self.rate_button = action_button(
+            "Rate answers", self.rate, "Continue this adapter with rating rounds on the Rewards page"
+        )
+        self.export_button = action_button(
+            "Export…",
+            self.export,
+            "Export this run's adapter (or merge it into the model) on the Export page",
+        )
+        self.resume_button = action_button(
+            "Resume",
+            self.resume,
             "Continue this stopped (or failed) run from its last checkpoint to its planned end, with its own "
-            "settings and data, on the Train page (its model is opened when another one is)"
+            "settings and data, on the Train page (its model is opened when another one is)",
         )
-        self.resume_button.clicked.connect(self.resume)
         self.why_label = FaintLabel(wrap=True, squeeze=True)
         actions = QHBoxLayout()
         actions.addWidget(self.chat_button)
@@ -240,12 +241,16 @@ class RunsPage(EnginePage):
         self.settings_label = QLabel("–")
         self.settings_label.setWordWrap(True)
         self.settings_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.open_adapter_button = QPushButton("Open folder")
-        self.open_adapter_button.setToolTip("Show the adapter's folder in the file browser")
-        self.open_adapter_button.clicked.connect(lambda: self._open(self._adapter_folder()))
-        self.open_checkpoints_button = QPushButton("Open folder")
-        self.open_checkpoints_button.setToolTip("Show the run's checkpoint folder in the file browser")
-        self.open_checkpoints_button.clicked.connect(lambda: self._open(self._checkpoint_folder()))
+        self.open_adapter_button = action_button(
+            "Open folder",
+            lambda: self._open(self._adapter_folder()),
+            "Show the adapter's folder in the file browser",
+        )
+        self.open_checkpoints_button = action_button(
+            "Open folder",
+            lambda: self._open(self._checkpoint_folder()),
+            "Show the run's checkpoint folder in the file browser",
+        )
         form = QFormLayout()
         form.setContentsMargins(0, 0, 0, 0)
         form.setVerticalSpacing(3)
