@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from PySide6.QtCore import QEvent
 from PySide6.QtGui import QKeySequence, QPalette
 from PySide6.QtWidgets import QApplication, QPushButton, QWidget
+
+from .theme import FollowsPalette
 
 
 def action_button(
@@ -32,7 +33,7 @@ def action_button(
     return b
 
 
-class PrimaryButton(QPushButton):
+class PrimaryButton(FollowsPalette, QPushButton):
     """A QPushButton drawn as the page's main action (highlight colour, bold, default)."""
 
     def __init__(self, text: str = "", parent: QWidget | None = None):
@@ -45,18 +46,14 @@ class PrimaryButton(QPushButton):
         self.setObjectName("primaryButton")
         self._apply_palette()
 
-    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        if event.type() == QEvent.ApplicationPaletteChange:
-            self._apply_palette()
-        super().changeEvent(event)
-
     def _apply_palette(self) -> None:
         app = QApplication.palette()
         pal = QPalette(app)
         for group in (QPalette.Active, QPalette.Inactive):
             pal.setColor(group, QPalette.Button, app.color(QPalette.Highlight))
             pal.setColor(group, QPalette.ButtonText, app.color(QPalette.HighlightedText))
-        self.setPalette(pal)
+        if pal != self.palette():
+            self.setPalette(pal)
 
 
 __all__ = ["PrimaryButton", "action_button"]

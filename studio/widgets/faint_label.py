@@ -6,12 +6,13 @@ for long text (the text is cut at the label's width instead).
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication, QLabel, QSizePolicy, QWidget
 
+from .theme import FollowsPalette
 
-class FaintLabel(QLabel):
+
+class FaintLabel(FollowsPalette, QLabel):
     """A QLabel drawn in the palette's placeholder colour; see the module docstring."""
 
     def __init__(
@@ -24,14 +25,12 @@ class FaintLabel(QLabel):
             self.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self._apply_palette()
 
-    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        if event.type() == QEvent.ApplicationPaletteChange:
-            self._apply_palette()
-        super().changeEvent(event)
-
     def _apply_palette(self) -> None:
-        pal = QPalette(self.palette())
         faint = QApplication.palette().color(QPalette.PlaceholderText)
+        pal = self.palette()
+        if all(pal.color(g, QPalette.WindowText) == faint for g in (QPalette.Active, QPalette.Inactive)):
+            return
+        pal = QPalette(pal)
         for group in (QPalette.Active, QPalette.Inactive):
             pal.setColor(group, QPalette.WindowText, faint)
         self.setPalette(pal)

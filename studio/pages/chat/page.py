@@ -29,7 +29,7 @@ import html
 import os
 
 import numpy as np
-from PySide6.QtCore import QEvent, QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QButtonGroup,
@@ -48,7 +48,7 @@ from PySide6.QtWidgets import (
 
 from engine import RUN, EngineError, blind_pair
 
-from ...project import ModelInfo, Project
+from ...project import ModelInfo
 from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
 from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, JobPage
@@ -56,7 +56,6 @@ from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import RunChoiceWidget, adapter_problems, fit_message, load_runs
 from ...widgets.side_panel import SidePanelWidget
-from ...worker import Engine
 from .conversation import AnswerColumnWidget, ConversationWidget, MessageWidget
 from .settings import SamplingSettingsWidget
 
@@ -78,15 +77,9 @@ class ChatPage(JobPage):
     sig_train_choices = Signal(str)  # the preferences file: train on the A/B choices (DPO)
     sig_chosen = Signal(str)  # a blind A/B choice was taken: "A", "B", "tie" or "skip"
 
-    def __init__(
-        self,
-        project: Project,
-        engine: Engine,
-        parent: QWidget | None = None,
-        settings: QSettings | None = None,
-    ):
-        """settings: where the Runs page keeps its added folders (default: the app's settings)."""
-        super().__init__(project, engine, parent, settings)
+    def __init__(self, *args, **kwargs):
+        """EnginePage's arguments: project, engine, parent, settings."""
+        super().__init__(*args, **kwargs)
         self.history: list[dict[str, str]] = []  # the conversation as the model sees it (no system)
         # busy: "", "chat" or "compare"
         self.use_adapter = False
@@ -98,7 +91,7 @@ class ChatPage(JobPage):
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(1000 // STREAM_HZ)
         self._flush_timer.timeout.connect(self._flush)
-        self.preferences = PreferenceRecorder(project.output_folder)
+        self.preferences = PreferenceRecorder(self.project.output_folder)
         self._blind_context: dict | None = None  # the messages and facts of the pair being judged
 
         self.tabs = QTabWidget()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -30,7 +30,6 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPushButton,
     QSizePolicy,
-    QWidget,
 )
 
 from engine import (
@@ -48,14 +47,13 @@ from engine import (
     write_export,
 )
 
-from ...project import ModelInfo, Project
+from ...project import ModelInfo
 from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, EnginePage
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import RunChoiceWidget, adapter_problems, fit_message, load_runs
 from ...widgets.theme import is_dark
-from ...worker import Engine
 from .dialog import ExportDialog
 from .result import ExportResultWidget
 from .types import ExportTypeCombo, modelfile_check, modelfile_outcome
@@ -91,15 +89,9 @@ class ExportPage(EnginePage):
     sig_exported = Signal(str)  # a file written and verified
     sig_export_failed = Signal(str)  # a file that failed its check (renamed *.failed.gguf)
 
-    def __init__(
-        self,
-        project: Project,
-        engine: Engine,
-        parent: QWidget | None = None,
-        settings: QSettings | None = None,
-    ):
-        """settings: where the Runs page keeps its added folders (default: the app's settings)."""
-        super().__init__(project, engine, parent, settings)
+    def __init__(self, *args, **kwargs):
+        """EnginePage's arguments: project, engine, parent, settings."""
+        super().__init__(*args, **kwargs)
         self.job = None  # the export job in flight
         self.dialog: ExportDialog | None = None
         self._out_auto = True

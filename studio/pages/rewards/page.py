@@ -37,7 +37,7 @@ import math
 import os
 from dataclasses import replace
 
-from PySide6.QtCore import QCoreApplication, QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -70,7 +70,7 @@ from engine import (
 )
 
 from ...paths import writable_problem
-from ...project import ModelInfo, Project
+from ...project import ModelInfo
 from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.faint_label import FaintLabel
@@ -84,7 +84,6 @@ from ...widgets.runs import (
     same_file,
 )
 from ...widgets.side_panel import SidePanelWidget
-from ...worker import Engine
 from .ab import ABTabWidget
 from .auto import AutoRoundsWidget, prompts_of_samples
 from .cards import CARD_KEYS, AnswerCardWidget, AnswerGridWidget
@@ -140,15 +139,9 @@ class RewardsPage(JobPage):
     sig_compared = Signal(object, object)  # base Answer, adapter Answer
     sig_train_choices = Signal(str)  # the preferences file of the A/B tab: train on it (DPO)
 
-    def __init__(
-        self,
-        project: Project,
-        engine: Engine,
-        parent: QWidget | None = None,
-        settings: QSettings | None = None,
-    ):
-        """settings: where the Runs page keeps its added folders (default: the app's settings)."""
-        super().__init__(project, engine, parent, settings)
+    def __init__(self, *args, **kwargs):
+        """EnginePage's arguments: project, engine, parent, settings."""
+        super().__init__(*args, **kwargs)
         self.session: RewardSession | None = None
         self.session_model: str | None = None  # model path the session was made with
         self.start_adapter: str | None = None  # adapter file or checkpoint folder to continue

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from PySide6.QtCore import QFileSystemWatcher, QItemSelectionModel, QSettings, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QFileSystemWatcher, QItemSelectionModel, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -42,7 +42,7 @@ from PySide6.QtWidgets import (
 
 from engine import RunRecord, SampleAnswers
 
-from ...project import ModelInfo, Project
+from ...project import ModelInfo
 from ...widgets.buttons import action_button
 from ...widgets.elided_label import ElidedLabel
 from ...widgets.engine_page import RUNS_MOVED, EnginePage
@@ -64,7 +64,6 @@ from ...widgets.runs import (
     status_text,
 )
 from ...widgets.sample_answers import SampleAnswersTable
-from ...worker import Engine
 from .model import RunsModel
 
 POLL_MS = 3000  # re-read the records this often while the page is visible
@@ -86,15 +85,9 @@ class RunsPage(EnginePage):
     sig_export_requested = Signal(str)  # adapter path
     sig_resume_requested = Signal(str, str)  # checkpoint folder, the run's model
 
-    def __init__(
-        self,
-        project: Project,
-        engine: Engine,
-        parent: QWidget | None = None,
-        settings: QSettings | None = None,
-    ):
-        """settings: where the added folders are remembered (default: the app's own settings)."""
-        super().__init__(project, engine, parent, settings)
+    def __init__(self, *args, **kwargs):
+        """EnginePage's arguments: project, engine, parent, settings."""
+        super().__init__(*args, **kwargs)
         self.open_url = QDesktopServices.openUrl  # replaced in tests
         self._signature: tuple = ()
 
