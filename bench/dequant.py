@@ -27,24 +27,10 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # noqa: E402
 from gguf import quants as gguf_quants  # noqa: E402
 
 from engine.io.quants import _usable_cores, dequantize, fast_types  # noqa: E402
+from engine.testing import F16_FIELDS  # noqa: E402
 
 ROW = 4096  # values per row
 
-# byte offsets of the float16 fields (scales, mins) in one block
-F16_FIELDS = {
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q8_0": (0,),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-    "IQ4_NL": (0,),
-    "IQ4_XS": (0,),
-}
 ORDER = "F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL IQ4_XS MXFP4".split()
 
 

@@ -773,9 +773,9 @@ def _gguf_action(path: Path) -> None:
 
 def _bpe_metadata() -> dict:
     """A tiny byte-level BPE vocabulary: the 256 byte characters and a few merges."""
-    from engine.text.tokenizer import _BYTE_TO_CHAR
+    from engine.text.llama_vocab import BYTE_TO_CHAR
 
-    tokens = [_BYTE_TO_CHAR[b] for b in range(256)]
+    tokens = [BYTE_TO_CHAR[b] for b in range(256)]
     merges = ["Ġ t", "h e", "Ġt he", "Ġ w", "o r", "Ġw or", "l d", "Ġwor ld"]
     for m in merges:
         tokens.append(m.replace(" ", ""))

@@ -121,6 +121,7 @@ from .train.memory import MemoryEstimate, estimate_memory
 from .train.norms import NormsReport, lora_norms
 from .train.pref_data import CHOICES as PREFERENCE_CHOICES
 from .train.pref_data import BlindPair, append_preference, blind_pair, chosen_text, with_answers
+from .train.ratings import RewardError, load_ratings, parse_rating, rating_from_stars
 from .train.resume import (
     SAMPLES_FILE,
     TRAJECTORY_FIELDS,
@@ -131,18 +132,7 @@ from .train.resume import (
 )
 from .train.reward_fns import BUILTINS as BUILTIN_CHECKS
 from .train.reward_fns import CheckError, CheckSpec, Score, Scorer, reference_of
-from .train.reward_session import (
-    Answer,
-    Preview,
-    RewardConfig,
-    RewardError,
-    RewardSession,
-    RoundResult,
-    ScoredGroup,
-    load_ratings,
-    parse_rating,
-    rating_from_stars,
-)
+from .train.reward_session import Answer, Preview, RewardConfig, RewardSession, RoundResult, ScoredGroup
 from .train.rewards import group_advantages, reward_weights
 from .train.rounds import (
     AutoRounds,

@@ -37,6 +37,25 @@ _WORDS = (
     "get come made may part hello world quick brown fox jumps over lazy dog answer question yes"
 ).split()
 
+# Byte offsets of the float16 fields of one block (d, and m / dmin where there is one), from ggml's
+# block layouts: fixtures that fill blocks with random bytes put finite scales there. MXFP4's scale is
+# an e8m0 byte at offset 0, drawn separately.
+F16_FIELDS = {
+    "Q8_0": (0,),
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q2_K": (80, 82),
+    "Q3_K": (108,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+    "MXFP4": (),
+}
+
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
 

@@ -35,8 +35,9 @@ import math
 import sys
 
 from ..model.targets import PRESETS, TargetSpec
+from ..train.ratings import RewardError, parse_rating
 from ..train.reward_fns import Scorer
-from ..train.reward_session import MODES, RewardConfig, RewardError, parse_rating
+from ..train.reward_session import MODES, RewardConfig
 from ..train.rounds import AutoRounds, RoundProgress, RoundReport, RoundsConfig, load_prompts, round_table
 from .common import add_runtime_options, open_session
 

@@ -28,14 +28,13 @@ import logging
 import math
 import sys
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 
 from ..errors import ModelError
 from ..kernels.dequant import GPU_TYPES, dequant_on
-from .weights import AUTO, WeightStore, parse_budget
+from .weights import AUTO, TensorMapping, WeightStore, parse_budget
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ def device_free_bytes(xp: Any) -> int | None:
     return int(free + pool.free_bytes())
 
 
-class DeviceWeights(Mapping):
+class DeviceWeights(TensorMapping):
     """The base tensors of one model on a device, quantized at rest (see the module docstring)."""
 
     def __init__(self, host: WeightStore, runtime: Any, budget: str | int | None = AUTO):
@@ -105,15 +104,6 @@ class DeviceWeights(Mapping):
         if name not in self._raw:
             raise KeyError(name)
         return self._get(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.infos
 
     # --- facts and settings --------------------------------------------------------------------
     @property

@@ -33,6 +33,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf import quants as gguf_quants
 
 from ..errors import ModelError
+from .file_kind import file_kind
 
 log = logging.getLogger(__name__)
 
@@ -51,19 +52,6 @@ def _first_bytes_in_words(magic: bytes) -> str:
     if magic and all(32 <= b < 127 for b in magic):
         return f'it starts with "{magic.decode("ascii")}"'
     return "it starts with the bytes " + " ".join(f"{b:02x}" for b in magic)
-
-
-def _file_kind(mode: int) -> str:
-    """What a path that is not a regular file is, for messages."""
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
 
 
 @dataclass(frozen=True)
@@ -275,7 +263,7 @@ class GGUFFile:
         if stat.S_ISDIR(st.st_mode):
             raise ModelError(f"{self.path}: is a folder, expected a .gguf file")
         if not stat.S_ISREG(st.st_mode):  # a FIFO or a device would block or never end
-            raise ModelError(f"{self.path}: is {_file_kind(st.st_mode)}, not a file; expected a .gguf file")
+            raise ModelError(f"{self.path}: is {file_kind(st.st_mode)}, not a file; expected a .gguf file")
         size = st.st_size
         if size < 24:
             raise ModelError(f"{self.path}: {size} bytes is too short to be a GGUF file")

@@ -181,7 +181,24 @@ class StoreStats:
         self.dequant_values = self.hits = self.misses = self.peak_cache_bytes = 0
 
 
-class WeightStore(Mapping):
+class TensorMapping(Mapping):
+    """A model's tensors by name, in file order: `_names` (the order) and `infos` (name -> TensorInfo)
+    are the subclass's; `__getitem__` gives a tensor its way (WeightStore, DeviceWeights)."""
+
+    _names: tuple[str, ...]
+    infos: Mapping[str, TensorInfo]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.infos
+
+
+class WeightStore(TensorMapping):
     """The base tensors of one model file, quantized at rest, dequantized on demand (see module doc)."""
 
     def __init__(
@@ -229,15 +246,6 @@ class WeightStore(Mapping):
         if name in self.row_wise:
             return RowTensor(self, name)
         return self._get(name, None)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.infos
 
     # --- facts -------------------------------------------------------------------------------
     @property
@@ -509,8 +517,10 @@ class WeightStore(Mapping):
             self._finite.add(key)
 
 
-class ExpertStack:
-    """An expert stack (E, n_out, n_in) in the store: `stack[e]` dequantizes expert e only."""
+class _StoredTensor:
+    """A tensor of the store read in parts, with the array facts (shape, dtype, ndim) of the whole."""
+
+    ndim: int
 
     def __init__(self, store: WeightStore, name: str):
         self.store, self.name = store, name
@@ -518,7 +528,12 @@ class ExpertStack:
         self.shape = info.shape
         self.qtype = info.qtype
         self.dtype = store.dtype
-        self.ndim = 3
+
+
+class ExpertStack(_StoredTensor):
+    """An expert stack (E, n_out, n_in) in the store: `stack[e]` dequantizes expert e only."""
+
+    ndim = 3
 
     def __getitem__(self, e) -> np.ndarray:
         if isinstance(e, (int, np.integer)):
@@ -533,16 +548,10 @@ class ExpertStack:
         return out if dtype is None else out.astype(dtype)
 
 
-class RowTensor:
+class RowTensor(_StoredTensor):
     """A 2-D tensor read by rows (embedding, output head): `take_rows(ids)` and `row_chunks()`."""
 
-    def __init__(self, store: WeightStore, name: str):
-        self.store, self.name = store, name
-        info = store.infos[name]
-        self.shape = info.shape
-        self.qtype = info.qtype
-        self.dtype = store.dtype
-        self.ndim = 2
+    ndim = 2
 
     def take_rows(self, idx: np.ndarray) -> np.ndarray:
         return self.store.take_rows(self.name, idx)

@@ -35,9 +35,7 @@ import hashlib
 import logging
 import operator
 import os
-import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import AddedToken, Regex, normalizers, pre_tokenizers
@@ -46,104 +44,32 @@ from tokenizers.models import BPE
 
 from ..errors import TokenizerError
 from ..io.gguf_file import GGUFFile
+from .llama_vocab import (
+    ATTR_BYTE,
+    ATTR_CONTROL,
+    ATTR_NORMAL,
+    ATTR_OF_TYPE,
+    ATTR_RSTRIP,
+    ATTR_SPECIAL,
+    ATTR_UNKNOWN,
+    ATTR_USER_DEFINED,
+    CHAR_TO_BYTE,
+    EOG_TEXTS,
+    EOM_TEXTS,
+    EOT_TEXTS,
+    FIM_TEXTS,
+    FORCED_USER_DEFINED,
+    ID_KEYS,
+    MAX_MERGED_PIECE,
+    MODELS,
+    PRE_TOKENIZERS,
+    REGEXES,
+    REQUIRED_IN_VOCAB,
+    SPACE_MARK,
+    PreSpec,
+)
 
 log = logging.getLogger(__name__)
-
-# -- llama.cpp constants ------------------------------------------------------
-
-# tokenizer.ggml.token_type values (llama_token_type)
-TOKEN_TYPE_UNDEFINED = 0
-TOKEN_TYPE_NORMAL = 1
-TOKEN_TYPE_UNKNOWN = 2
-TOKEN_TYPE_CONTROL = 3
-TOKEN_TYPE_USER_DEFINED = 4
-TOKEN_TYPE_UNUSED = 5
-TOKEN_TYPE_BYTE = 6
-
-# llama_token_attr bits (a token's attributes after llama.cpp's load-time fix-ups)
-_ATTR_UNKNOWN = 1 << 0
-_ATTR_UNUSED = 1 << 1
-_ATTR_NORMAL = 1 << 2
-_ATTR_CONTROL = 1 << 3
-_ATTR_USER_DEFINED = 1 << 4
-_ATTR_BYTE = 1 << 5
-_ATTR_RSTRIP = 1 << 8
-
-_ATTR_OF_TYPE = types.MappingProxyType(
-    {
-        TOKEN_TYPE_NORMAL: _ATTR_NORMAL,
-        TOKEN_TYPE_UNKNOWN: _ATTR_UNKNOWN,
-        TOKEN_TYPE_CONTROL: _ATTR_CONTROL,
-        TOKEN_TYPE_USER_DEFINED: _ATTR_USER_DEFINED,
-        TOKEN_TYPE_UNUSED: _ATTR_UNUSED,
-        TOKEN_TYPE_BYTE: _ATTR_BYTE,
-    }
-)
-_ATTR_SPECIAL = _ATTR_UNKNOWN | _ATTR_CONTROL  # hidden unless asked for, split only with parse_special
-
-_MODELS = types.MappingProxyType({"llama": "spm", "gpt2": "bpe"})
-
-_SPACE_MARK = "\u2581"  # "▁", SentencePiece's escaped space
-
-# Special ids that must lie inside the vocabulary (a TokenizerError otherwise): encode and
-# generation use them. Others out of range are ignored with a warning, as llama.cpp does.
-_REQUIRED_IN_VOCAB = frozenset({"bos", "eos", "eot", "eom", "unk"})
-_MAX_MERGED_PIECE = 1024  # SentencePiece pieces longer than this get no merges (see _spm_merges)
-
-# Metadata keys of the special token ids, by llama.cpp's name (later keys are deprecated spellings)
-_ID_KEYS = types.MappingProxyType(
-    {
-        "bos": ("tokenizer.ggml.bos_token_id",),
-        "eos": ("tokenizer.ggml.eos_token_id",),
-        "eot": ("tokenizer.ggml.eot_token_id",),
-        "eom": ("tokenizer.ggml.eom_token_id",),
-        "unk": ("tokenizer.ggml.unknown_token_id",),
-        "sep": ("tokenizer.ggml.seperator_token_id",),
-        "pad": ("tokenizer.ggml.padding_token_id",),
-        "mask": ("tokenizer.ggml.mask_token_id",),
-        "fim_pre": ("tokenizer.ggml.fim_pre_token_id", "tokenizer.ggml.prefix_token_id"),
-        "fim_suf": ("tokenizer.ggml.fim_suf_token_id", "tokenizer.ggml.suffix_token_id"),
-        "fim_mid": ("tokenizer.ggml.fim_mid_token_id", "tokenizer.ggml.middle_token_id"),
-        "fim_pad": ("tokenizer.ggml.fim_pad_token_id",),
-        "fim_rep": ("tokenizer.ggml.fim_rep_token_id",),
-        "fim_sep": ("tokenizer.ggml.fim_sep_token_id",),
-    }
-)
-
-# Texts that llama.cpp recognises as special tokens when the metadata does not name them
-# (llama_vocab::impl::load, "auto-detect special tokens by text"). Each detection also
-# marks the token CONTROL.
-_EOT_TEXTS = (
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-    "<EOT>", "_<EOT>", "[EOT]", "<\uff5cend\u2581of\u2581sentence\uff5c>", "<end_of_utterance>",
-)  # fmt: skip
-_EOM_TEXTS = ("<|eom_id|>",)
-_FIM_TEXTS = types.MappingProxyType({
-    "fim_pre": (
-        "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<\uff5cfim\u2581begin\uff5c>", "<PRE>",
-        "\u2581<PRE>", "<|code_prefix|>", "<|prefix|>",
-    ),
-    "fim_suf": (
-        "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<\uff5cfim\u2581hole\uff5c>", "<SUF>",
-        "\u2581<SUF>", "<|code_suffix|>", "<|suffix|>",
-    ),
-    "fim_mid": (
-        "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<\uff5cfim\u2581end\uff5c>", "<MID>",
-        "\u2581<MID>", "<|code_middle|>", "<|middle|>",
-    ),
-    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "fim_sep": ("<|file_sep|>",),
-})  # fmt: skip
-# Token texts that end generation (the special_eog_ids loop).
-_EOG_TEXTS = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[",
-})  # fmt: skip
-# gpt-oss: always rendered, so llama.cpp forces them USER_DEFINED.
-_FORCED_USER_DEFINED = frozenset({"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"})
 
 
 def _token_ranges(
@@ -197,191 +123,6 @@ def _first(holds: Callable[[int], bool], n: int, hint: int | None) -> int:
     return bisect.bisect_left(range(lo, hi), True, key=holds) + lo
 
 
-# -- pre-tokenizer regexes, verbatim from llama.cpp's llm_tokenizer_bpe ---------------
-# Each entry is applied in order to the pieces the previous one produced (llama.cpp's
-# unicode_regex_split; a Sequence of isolated Splits in `tokenizers`).
-
-_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3 = (
-    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-_CJK = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
-_CJK_KANA = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
-_PUNCT_WORDS = r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
-_PORO = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
-# cased letters (\p{LC}) as deepseek-llm's tokenizer.json spells them out
-_DEEPSEEK_LETTERS = (
-    "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
-    "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5"
-    "\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba"
-    "\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45"
-    "\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe"
-    "\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc"
-    "\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
-    "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3"
-    "\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06"
-    "\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
-    "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
-    "\U0001e900-\U0001e943]+"
-)
-_UPPER_LOWER = (
-    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
-    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
-)
-
-_GPT2_BUILTIN = None  # marker: the gpt-2 regex built into the ByteLevel pre-tokenizer (use_regex=True)
-
-_REGEXES: Mapping[str, tuple[str, ...] | None] = types.MappingProxyType({
-    "DEFAULT": (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", "[0-9][0-9][0-9]"),
-    "GPT2": _GPT2_BUILTIN,
-    "LLAMA3": (_LLAMA3,),
-    "JAIS2": (
-        _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
-        r"|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)"
-        r"|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}",
-    ),
-    "DEEPSEEK_LLM": (
-        "[\r\n]",
-        _DEEPSEEK_LETTERS,
-        "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
-        r"\s+$",
-        _CJK,
-        r"\p{N}+",
-    ),
-    "DEEPSEEK3_LLM": (
-        r"\p{N}{1,3}",
-        _CJK_KANA,
-        _PUNCT_WORDS + r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ),
-    "SPARK2_5": (
-        r"\p{N}{1,3}",
-        _CJK_KANA,
-        _PUNCT_WORDS + r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+",
-        r"\p{N}",
-    ),
-    "DEEPSEEK_CODER": ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _CJK, r"\p{N}"),
-    "FALCON": (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, "[0-9][0-9][0-9]"),
-    "STARCODER": (r"\p{N}", _GPT2),
-    "QWEN2": (_QWEN2,),
-    "QWEN35": (
-        _CONTRACTIONS
-        + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ),
-    "PORO": (_PORO,),
-    "VIKING": (_PORO, r"\p{N}"),
-    "TEKKEN": (_UPPER_LOWER + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
-    "CHAMELEON": (
-        "<sentinel:[0-9]+>",
-        "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z",
-        "([\\t\\n]|    |  )",
-        r"\p{N}",
-        r"[\p{P}!-/:-@\[-`{-~]",
-        _GPT2,
-    ),
-    "GPT4O": (
-        r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS + "?"
-        r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS + "?"
-        r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ),
-    "BAILINGMOE": (
-        r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-        r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
-    ),
-    "SEED_CODER": (
-        _CONTRACTIONS
-        + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ),
-    "UFAKZEKA": (r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
-    "LAGUNA": (r"[^\n]+|[\n]+", _QWEN2),
-    "EXAONE_MOE": (
-        _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
-        r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+",
-    ),
-    "MINICPM5": (
-        r"\p{N}{1,3}",
-        _CONTRACTIONS
-        + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-    ),
-})  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _PreSpec:
-    """What a `tokenizer.ggml.pre` name selects in llama.cpp."""
-
-    regexes: str  # key into _REGEXES (llama.cpp's LLAMA_VOCAB_PRE_TYPE_*)
-    ignore_merges: bool = False  # a whole pre-token found in the vocabulary is taken as is
-    add_bos: bool = False  # default of tokenizer.ggml.add_bos_token
-    no_default_bos: bool = False  # llama.cpp clears the default BOS id (chatglm)
-
-
-def _pre_table() -> Mapping[str, _PreSpec]:
-    llama3 = _PreSpec("LLAMA3", ignore_merges=True, add_bos=True)
-    groups: list[tuple[_PreSpec, tuple[str, ...]]] = [
-        (_PreSpec("DEFAULT"), ("default",)),
-        (llama3, ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2")),
-        (_PreSpec("LLAMA3"), ("dbrx", "smaug-bpe")),
-        (_PreSpec("JAIS2"), ("jais-2",)),
-        (_PreSpec("DEEPSEEK_LLM"), ("deepseek-llm",)),
-        (_PreSpec("DEEPSEEK_CODER"), ("deepseek-coder",)),
-        (_PreSpec("DEEPSEEK3_LLM"), ("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4")),
-        (_PreSpec("SPARK2_5"), ("spark2_5",)),
-        (_PreSpec("FALCON"), ("falcon",)),
-        (
-            _PreSpec("GPT2"),
-            ("gpt-2", "phi-2", "gigachat", "a.x-4.0", "mellum", "exaone4", "mpt", "olmo", "jais", "trillion",
-             "granite-docling"),
-        ),
-        (
-            _PreSpec("STARCODER"),
-            ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"),
-        ),
-        (
-            _PreSpec("QWEN2"),
-            ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open",
-             "grok-2"),
-        ),
-        (_PreSpec("QWEN35"), ("qwen35",)),
-        (_PreSpec("PORO"), ("poro-chat", "bloom", "gpt3-finnish")),
-        (_PreSpec("LLAMA3", no_default_bos=True), ("glm4", "chatglm-bpe")),
-        (_PreSpec("VIKING"), ("viking",)),
-        (_PreSpec("TEKKEN", ignore_merges=True, add_bos=True), ("tekken",)),
-        (_PreSpec("CHAMELEON", add_bos=True), ("chameleon",)),
-        (_PreSpec("GPT4O"), ("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2")),
-        (_PreSpec("BAILINGMOE"), ("bailingmoe", "bailingmoe2", "llada-moe")),
-        (_PreSpec("SEED_CODER"), ("seed-coder",)),
-        (_PreSpec("UFAKZEKA"), ("ufakzeka",)),
-        (_PreSpec("LAGUNA"), ("laguna",)),
-        (_PreSpec("EXAONE_MOE"), ("exaone-moe",)),
-        (_PreSpec("MINICPM5", ignore_merges=True), ("minicpm5",)),
-    ]  # fmt: skip
-    return types.MappingProxyType({name: spec for spec, names in groups for name in names})
-
-
-# tokenizer.ggml.pre names that llama.cpp supports and this module builds
-PRE_TOKENIZERS: Mapping[str, _PreSpec] = _pre_table()
-
-
-def _byte_level_tables() -> tuple[Mapping[int, str], Mapping[int, int]]:
-    """GPT-2's byte <-> printable character map, and its inverse as a str.translate table."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    cs = list(bs)
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    byte_to_char = {b: chr(c) for b, c in zip(bs, cs, strict=True)}
-    char_to_byte = {c: b for b, c in zip(bs, cs, strict=True)}
-    return types.MappingProxyType(byte_to_char), types.MappingProxyType(char_to_byte)
-
-
-_BYTE_TO_CHAR, _CHAR_TO_BYTE = _byte_level_tables()
-
-
 # -- metadata helpers ------------------------------------------------------------
 
 
@@ -433,7 +174,7 @@ def _spm_merges(
     As transformers' `SentencePieceExtractor`: every split of a piece into two pieces
     of the vocabulary is a merge; within a piece, splits are ordered by the ids of
     their halves; overall, higher scores first and ties in vocabulary order. Pieces longer
-    than `_MAX_MERGED_PIECE` characters (none in a real vocabulary) get no merges, so that a
+    than `MAX_MERGED_PIECE` characters (none in a real vocabulary) get no merges, so that a
     corrupt vocabulary cannot make this take hours.
     """
     ranked: list[tuple[float, str, str]] = []
@@ -443,7 +184,7 @@ def _spm_merges(
     for piece, score in zip(tokens, scores, strict=True):
         local = []
         n = len(piece)
-        if n > _MAX_MERGED_PIECE:
+        if n > MAX_MERGED_PIECE:
             long += 1
             continue
         for k in lengths:
@@ -459,7 +200,7 @@ def _spm_merges(
             local.sort()
             ranked.extend((score, left, right) for _, _, left, right in local)
     if long:
-        log.warning("%d tokens longer than %d characters get no merges", long, _MAX_MERGED_PIECE)
+        log.warning("%d tokens longer than %d characters get no merges", long, MAX_MERGED_PIECE)
     ranked.sort(key=lambda m: m[0], reverse=True)  # stable: ties keep vocabulary order
     return [(left, right) for _, left, right in ranked]
 
@@ -492,12 +233,12 @@ class Tokenizer:
         model = md.get("tokenizer.ggml.model")
         if model is None:
             raise TokenizerError(f"{source}: tokenizer.ggml.model is missing; the file has no tokenizer")
-        if not isinstance(model, str) or model not in _MODELS:
-            supported = ", ".join(f"{k!r} ({v})" for k, v in _MODELS.items())
+        if not isinstance(model, str) or model not in MODELS:
+            supported = ", ".join(f"{k!r} ({v})" for k, v in MODELS.items())
             raise TokenizerError(
                 f"{source}: tokenizer.ggml.model {repr(model)[:60]} is not supported; supported: {supported}"
             )
-        self.kind = _MODELS[model]
+        self.kind = MODELS[model]
 
         tokens = _opt_list(md, "tokenizer.ggml.tokens", source, None, (str,))
         if not tokens:
@@ -528,7 +269,7 @@ class Tokenizer:
                 "expected finite scores"
             )
         types_ = _opt_list(md, "tokenizer.ggml.token_type", source, n, (int,))
-        attrs = [_ATTR_NORMAL] * n if types_ is None else [_ATTR_OF_TYPE.get(t, 0) for t in types_]
+        attrs = [ATTR_NORMAL] * n if types_ is None else [ATTR_OF_TYPE.get(t, 0) for t in types_]
 
         # flags and default special ids, as llama_vocab::impl::load sets them per model type
         if self.kind == "spm":
@@ -558,19 +299,19 @@ class Tokenizer:
             add_space_prefix = flag
 
         ids: dict[str, int | None] = {}
-        for name in _ID_KEYS:
+        for name in ID_KEYS:
             default = default_ids.get(name)
             if default is not None and default >= n:
                 log.warning(
                     "%s: default %s token id %d is out of the vocabulary, disabling", source, name, default
                 )
                 default = None
-            for key in _ID_KEYS[name]:
+            for key in ID_KEYS[name]:
                 value = _opt_int(md, key, source)
                 if value is None:
                     continue
                 if not 0 <= value < n:
-                    if name in _REQUIRED_IN_VOCAB:
+                    if name in REQUIRED_IN_VOCAB:
                         raise TokenizerError(
                             f"{source}: {key} is {value}, outside the vocabulary; expected a token id "
                             f"in 0..{n - 1}"
@@ -650,22 +391,22 @@ class Tokenizer:
             if found:
                 i = min(found)  # llama.cpp takes whichever its hash map yields first
                 ids[name] = i
-                attrs[i] |= _ATTR_CONTROL
+                attrs[i] |= ATTR_CONTROL
 
-        detect("eot", _EOT_TEXTS)
-        detect("eom", _EOM_TEXTS)
-        for name, texts in _FIM_TEXTS.items():
+        detect("eot", EOT_TEXTS)
+        detect("eom", EOM_TEXTS)
+        for name, texts in FIM_TEXTS.items():
             detect(name, texts)
 
         eog = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] is not None}
-        for text in _EOG_TEXTS:
+        for text in EOG_TEXTS:
             i = vocab.get(text)
             if i is not None:
                 eog.add(i)
-                attrs[i] |= _ATTR_CONTROL
-        for text in _FORCED_USER_DEFINED:
+                attrs[i] |= ATTR_CONTROL
+        for text in FORCED_USER_DEFINED:
             if text in vocab:
-                attrs[vocab[text]] = _ATTR_USER_DEFINED
+                attrs[vocab[text]] = ATTR_USER_DEFINED
         for name in ("eos", "eot", "eom"):
             i = ids[name]
             if i is not None and i not in eog:
@@ -682,12 +423,12 @@ class Tokenizer:
         ):
             i = vocab["<|end|>"]
             eog.discard(i)
-            attrs[i] = _ATTR_USER_DEFINED
+            attrs[i] = ATTR_USER_DEFINED
         # gemma4 / paddleocr: "</s>" is not an end of generation there
         if "<|tool_response>" in texts and "</s>" in texts:
             i = vocab["</s>"]
             eog.discard(i)
-            attrs[i] = _ATTR_NORMAL
+            attrs[i] = ATTR_NORMAL
         return eog
 
     def _phi3_rstrip(self, md: Mapping[str, Any], attrs: list[int], vocab: Mapping[str, int]) -> None:
@@ -696,13 +437,13 @@ class Tokenizer:
         if not isinstance(name, str) or not any(s in name.lower() for s in ("phi-3", "phi3")):
             return
         for i, a in enumerate(attrs):
-            if a & (_ATTR_CONTROL | _ATTR_USER_DEFINED | _ATTR_UNKNOWN):
-                attrs[i] |= _ATTR_RSTRIP
+            if a & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN):
+                attrs[i] |= ATTR_RSTRIP
         if "</s>" in vocab:
-            attrs[vocab["</s>"]] |= _ATTR_RSTRIP
+            attrs[vocab["</s>"]] |= ATTR_RSTRIP
         for text in ("<unk>", "<s>", "<|endoftext|>"):
             if text in vocab:
-                attrs[vocab[text]] &= ~_ATTR_RSTRIP
+                attrs[vocab[text]] &= ~ATTR_RSTRIP
 
     def _spm_model(
         self, tokens: list[str], scores: list | None, vocab: dict[str, int], unk_id: int | None
@@ -711,7 +452,7 @@ class Tokenizer:
         unk = tokens[unk_id] if unk_id is not None else None
         return BPE(vocab, merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
 
-    def _bpe_model(self, md: Mapping[str, Any], vocab: dict[str, int], spec: _PreSpec) -> BPE:
+    def _bpe_model(self, md: Mapping[str, Any], vocab: dict[str, int], spec: PreSpec) -> BPE:
         merges_list = _opt_list(md, "tokenizer.ggml.merges", self._source, None, (str,))
         if merges_list is None:
             raise TokenizerError(
@@ -738,15 +479,15 @@ class Tokenizer:
         )  # fmt: skip
         return BPE(vocab, kept, ignore_merges=spec.ignore_merges)
 
-    def _hf_tokenizer(self, model: BPE, spec: _PreSpec | None, *, encode_special_tokens: bool) -> HFTokenizer:
+    def _hf_tokenizer(self, model: BPE, spec: PreSpec | None, *, encode_special_tokens: bool) -> HFTokenizer:
         tk = HFTokenizer(model)  # the model (vocabulary and merges) is shared, not copied
         if spec is None:  # spm: "▁" prefix and spaces as "▁", as HF's LlamaTokenizerFast (legacy)
-            steps = [normalizers.Replace(" ", _SPACE_MARK)]
+            steps = [normalizers.Replace(" ", SPACE_MARK)]
             if self.add_space_prefix:
-                steps.insert(0, normalizers.Prepend(_SPACE_MARK))
+                steps.insert(0, normalizers.Prepend(SPACE_MARK))
             tk.normalizer = normalizers.Sequence(steps)
         else:
-            regexes = _REGEXES[spec.regexes]
+            regexes = REGEXES[spec.regexes]
             if regexes is None:
                 tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
             else:
@@ -756,11 +497,11 @@ class Tokenizer:
                 )
         added = []
         for i, a in enumerate(self._attrs):
-            if a & (_ATTR_SPECIAL | _ATTR_USER_DEFINED):
+            if a & (ATTR_SPECIAL | ATTR_USER_DEFINED):
                 added.append(
                     AddedToken(
-                        self._tokens[i], special=bool(a & _ATTR_SPECIAL), normalized=False,
-                        rstrip=bool(a & _ATTR_RSTRIP), lstrip=False, single_word=False,
+                        self._tokens[i], special=bool(a & ATTR_SPECIAL), normalized=False,
+                        rstrip=bool(a & ATTR_RSTRIP), lstrip=False, single_word=False,
                     )
                 )  # fmt: skip
         if added:
@@ -910,19 +651,19 @@ class Tokenizer:
     def _piece(self, i: int) -> bytes:
         """llama.cpp's token_to_piece(special=True), before any leading-space removal."""
         text, a = self._tokens[i], self._attrs[i]
-        if a & (_ATTR_SPECIAL | _ATTR_USER_DEFINED):
+        if a & (ATTR_SPECIAL | ATTR_USER_DEFINED):
             return text.encode("utf-8")
-        if a & _ATTR_NORMAL:
+        if a & ATTR_NORMAL:
             if self.kind == "spm":
-                return text.replace(_SPACE_MARK, " ").encode("utf-8")
+                return text.replace(SPACE_MARK, " ").encode("utf-8")
             try:
-                return text.translate(_CHAR_TO_BYTE).encode("latin-1")
+                return text.translate(CHAR_TO_BYTE).encode("latin-1")
             except UnicodeEncodeError:  # a character outside GPT-2's byte map: keep it as UTF-8
                 return b"".join(
-                    bytes([_CHAR_TO_BYTE[ord(c)]]) if ord(c) in _CHAR_TO_BYTE else c.encode("utf-8")
+                    bytes([CHAR_TO_BYTE[ord(c)]]) if ord(c) in CHAR_TO_BYTE else c.encode("utf-8")
                     for c in text
                 )
-        if a & _ATTR_BYTE:
+        if a & ATTR_BYTE:
             if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
                 try:
                     return bytes([int(text[3:5], 16)])
@@ -965,7 +706,7 @@ class Tokenizer:
         out = bytearray()
         for k, token_id in enumerate(ids):
             i = self._check_id(token_id)
-            piece = b"" if skip_special and attrs[i] & _ATTR_SPECIAL else pieces[i]
+            piece = b"" if skip_special and attrs[i] & ATTR_SPECIAL else pieces[i]
             if k == 0 and self.add_space_prefix and piece[:1] == b" ":
                 piece = piece[1:]
             out += piece
@@ -979,7 +720,7 @@ class Tokenizer:
 
     def is_control(self, token_id: int) -> bool:
         """True for control tokens (after llama.cpp's fix-ups), which plain text never produces."""
-        return bool(self._attrs[self._check_id(token_id)] & _ATTR_CONTROL)
+        return bool(self._attrs[self._check_id(token_id)] & ATTR_CONTROL)
 
     @property
     def fingerprint(self) -> str:

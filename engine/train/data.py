@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from ..errors import DatasetError, TemplateError, TokenizerError
+from ..io.file_kind import file_kind
 from ..io.files import atomic_write, durable_append
 
 if TYPE_CHECKING:
@@ -623,18 +624,6 @@ def preference_to_json(sample: Sample) -> dict[str, Any]:
 # -- files --------------------------------------------------------------------------------------
 
 
-def _file_kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def _open_dataset(path: Path) -> BinaryIO:
     """The file opened for reading, after checking that it is a regular file of a sane size.
 
@@ -655,7 +644,7 @@ def _open_dataset(path: Path) -> BinaryIO:
         if stat.S_ISDIR(st.st_mode):
             raise DatasetError(f"{path} is a folder; expected a JSON Lines file (.jsonl)")
         if not stat.S_ISREG(st.st_mode):
-            raise DatasetError(f"{path} is {_file_kind(st.st_mode)}, not a file; expected a JSON Lines file")
+            raise DatasetError(f"{path} is {file_kind(st.st_mode)}, not a file; expected a JSON Lines file")
         if st.st_size > MAX_FILE_BYTES:
             raise DatasetError(
                 f"{path} is {st.st_size / 2**30:.1f} GiB ({st.st_size} bytes); dataset files up to "
@@ -843,7 +832,7 @@ def _writable_target(path: Path, what: str) -> Path:
     if stat.S_ISDIR(mode):
         raise DatasetError(f"{path} is a folder; expected a JSON Lines file (.jsonl)")
     if not stat.S_ISREG(mode):
-        raise DatasetError(f"{path} is {_file_kind(mode)}, not a file; it cannot be {what}")
+        raise DatasetError(f"{path} is {file_kind(mode)}, not a file; it cannot be {what}")
     return target
 
 

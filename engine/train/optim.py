@@ -30,6 +30,7 @@ saves `state_dict()` wherever it saves checkpoints.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Mapping
@@ -215,67 +216,22 @@ class AdamW:
             return math.sqrt(float(to_host(sums.sum())))
         return math.sqrt(sum(_sumsq(p) for p in self.params.values()))
 
-    def _step_on_device(self, grads: Mapping[str, np.ndarray], names: list[str], lr: float) -> StepStats:
-        from ..kernels.adamw import adamw_step_on
-
+    def _adamw(self, grads: Mapping[str, np.ndarray], names: list[str], lr: float):
+        """One AdamW step over `names` through the twin for where the params live (the CUDA twin on
+        the runtime, the CPU twin otherwise: engine.kernels.adamw_cpu, the same bits as the
+        reference); the update counts advance unless the gradient norm is not finite."""
         cfg = self.cfg
-        steps = [self._t[n] + 1 for n in names]
-        xp = self.runtime.xp
-        res = adamw_step_on(
-            self.runtime,
-            [self.params[n] for n in names],
-            [xp.ascontiguousarray(grads[n], dtype=xp.float32) for n in names],
-            [self._m[n] for n in names],
-            [self._v[n] for n in names],
-            steps,
-            [self.decays(n) for n in names],
-            lr=lr,
-            betas=cfg.betas,
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-            gclip=cfg.gclip,
-            max_grad_norm=cfg.max_grad_norm,
-        )
-        if res.skipped:
-            logger.warning(
-                "non-finite gradient norm %s at step %d: update skipped", res.grad_norm, self.step_count
-            )
-            return StepStats(lr, res.grad_norm, False, 0.0, self._param_norm())
-        for n in names:
-            self._t[n] += 1
-        self.step_count += 1
-        untouched = [p for n, p in self.params.items() if n not in grads]
-        sums = [xp.asarray(res.update_sumsq), xp.asarray(res.param_sumsq)]
-        sums += [xp.sum(xp.square(p.astype(xp.float64))) for p in untouched]
-        host = to_host(xp.stack(sums))  # the update and parameter norms: the step's second read
-        param_sumsq = float(host[1:].sum())
-        return StepStats(lr, res.grad_norm, res.clipped, math.sqrt(float(host[0])), math.sqrt(param_sumsq))
-
-    def step(self, grads: Mapping[str, np.ndarray]) -> StepStats:
-        """One update from `grads`; params missing from `grads` are left alone (params and moments).
-
-        A gradient named after no param, or shaped unlike its param, raises
-        ValueError. Non-finite gradients change nothing, not even step_count, and
-        return stats whose grad_norm is nan or inf for the trainer to report.
-        """
-        for name, g in grads.items():
-            if name not in self.params:
-                raise ValueError(f"gradient {name!r} names no parameter of this optimizer")
-            if g.shape != self.params[name].shape:
-                raise ValueError(
-                    f"gradient {name!r} has shape {g.shape}, its parameter {self.params[name].shape}"
-                )
-        cfg = self.cfg
-        lr = lr_at(cfg, self.step_count)
-        names = [name for name in self.params if name in grads]
         if self.runtime is not None:
-            return self._step_on_device(grads, names, lr)
+            from ..kernels.adamw import adamw_step_on
 
-        # the CPU twin of the step (engine.kernels.adamw_cpu: chunks in the cache, on CPU workers,
-        # compiled where numba is), the same bits as the reference
-        res = ops.adamw_step(
+            xp = self.runtime.xp
+            step = functools.partial(adamw_step_on, self.runtime)
+            g = [xp.ascontiguousarray(grads[n], dtype=xp.float32) for n in names]
+        else:
+            step, g = ops.adamw_step, [grads[n] for n in names]
+        res = step(
             [self.params[n] for n in names],
-            [grads[n] for n in names],
+            g,
             [self._m[n] for n in names],
             [self._v[n] for n in names],
             [self._t[n] + 1 for n in names],
@@ -291,16 +247,43 @@ class AdamW:
             logger.warning(
                 "non-finite gradient norm %s at step %d: update skipped", res.grad_norm, self.step_count
             )
+        else:
+            for n in names:
+                self._t[n] += 1
+        return res
+
+    def step(self, grads: Mapping[str, np.ndarray]) -> StepStats:
+        """One update from `grads`; params missing from `grads` are left alone (params and moments).
+
+        A gradient named after no param, or shaped unlike its param, raises
+        ValueError. Non-finite gradients change nothing, not even step_count, and
+        return stats whose grad_norm is nan or inf for the trainer to report.
+        """
+        for name, g in grads.items():
+            if name not in self.params:
+                raise ValueError(f"gradient {name!r} names no parameter of this optimizer")
+            if g.shape != self.params[name].shape:
+                raise ValueError(
+                    f"gradient {name!r} has shape {g.shape}, its parameter {self.params[name].shape}"
+                )
+        lr = lr_at(self.cfg, self.step_count)
+        names = [name for name in self.params if name in grads]
+        res = self._adamw(grads, names, lr)
+        if res.skipped:
             return StepStats(lr, res.grad_norm, False, 0.0, self._param_norm())
-        for n in names:
-            self._t[n] += 1
-        param_sumsq = res.param_sumsq
-        touched = set(names)
-        for name, p in self.params.items():
-            if name not in touched:
-                param_sumsq += sumsq_fast(p)
         self.step_count += 1
-        return StepStats(lr, res.grad_norm, res.clipped, math.sqrt(res.update_sumsq), math.sqrt(param_sumsq))
+        untouched = [p for n, p in self.params.items() if n not in grads]
+        if self.runtime is not None:
+            xp = self.runtime.xp
+            sums = [xp.asarray(res.update_sumsq), xp.asarray(res.param_sumsq)]
+            sums += [xp.sum(xp.square(p.astype(xp.float64))) for p in untouched]
+            host = to_host(xp.stack(sums))  # the update and parameter norms: the step's second read
+            update_sumsq, param_sumsq = float(host[0]), float(host[1:].sum())
+        else:
+            update_sumsq, param_sumsq = res.update_sumsq, res.param_sumsq
+            for p in untouched:
+                param_sumsq += sumsq_fast(p)
+        return StepStats(lr, res.grad_norm, res.clipped, math.sqrt(update_sumsq), math.sqrt(param_sumsq))
 
     def state_dict(self) -> dict[str, np.ndarray | int | float | str]:
         """Everything needed to resume exactly: moments, update counts, step count and config.

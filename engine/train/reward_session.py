@@ -55,7 +55,6 @@ on top of it. It never prints.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -64,14 +63,13 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..backend import to_host
-from ..errors import ConfigError, EngineError
-from ..io.files import check_outputs, durable_append
+from ..errors import ConfigError
+from ..io.files import check_outputs
 from ..model.generate import SamplingConfig
 from ..model.generate import generate as generate_tokens
 from ..model.lora import LoraAdapter
@@ -81,8 +79,9 @@ from ..ranges import check_number
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 from .checkpoint import ADAPTER_FILE, PREFIX, CheckpointError, read_checkpoint, write_checkpoint
-from .data import EncodeOptions, Problem, Sample, batch_encoded, encode_samples, load_jsonl, parse_sample
+from .data import EncodeOptions, batch_encoded, encode_samples, parse_sample
 from .optim import AdamW, OptimConfig
+from .ratings import RewardError, append_ratings
 from .reward_fns import Score, Scorer
 from .rewards import group_advantages, reward_weights
 from .runs import RunRecord
@@ -95,11 +94,6 @@ CORRECTION_REWARD = 1.0  # the reward a correction carries: the top of the scale
 SESSION_FILE = "session.json"  # the facts file of a reward session's checkpoints (engine.train.checkpoint)
 _FLAT = 1e-6  # ratings whose range is at or below this carry no signal (engine.train.rewards' rule)
 _GROUP_EPS = 1e-6  # eps of (r - mean) / (std + eps)
-_STARS = re.compile(r"[1-5]")
-
-
-class RewardError(EngineError):
-    """A reward session cannot do what was asked: nothing rated, a bad rating or setting, a file."""
 
 
 _CONFIG_NUMBERS = ("kl_coef", "lr", "max_grad_norm", "temperature", "top_p", "min_p", "n_samples", "top_k",
@@ -176,76 +170,6 @@ class RoundResult:
     n_rated: int  # rated answers (corrections not counted)
     weights: tuple[float | None, ...]  # as Preview.weights
     applied: bool  # False when the ratings carried no signal and no step was taken
-
-
-def rating_from_stars(stars: int) -> float:
-    """1..5 stars -> -1, -0.5, 0, 0.5, 1."""
-    if isinstance(stars, bool) or not isinstance(stars, (int, np.integer)) or not 1 <= stars <= 5:
-        raise ValueError(f"stars must be an integer from 1 to 5, got {stars!r}")
-    return (int(stars) - 3) / 2.0
-
-
-_ACCEPTED = (
-    "accepted: 1-5 stars (1 = worst, 5 = best), a reward from -1 to 1 such as -0.5, 0.25 or +1, "
-    "or s / skip / an empty line to skip"
-)
-
-
-def parse_rating(text: str) -> float | None:
-    """A rating typed by a person: a reward in [-1, 1], or None for a skip.
-
-    "s", "skip" or an empty line skip. A bare integer 1..5 is a number of stars (`rating_from_stars`):
-    note that a bare "1" therefore means one star, -1.0; write "1.0" or "+1" for the top reward.
-    Anything else is read as a reward and must lie in [-1, 1] ("0", "-1", "0.5", "+1", "-0.25").
-    ValueError, with what is accepted, for anything else.
-    """
-    s = text.strip()
-    if s.lower() in ("", "s", "skip"):
-        return None
-    if _STARS.fullmatch(s):
-        return rating_from_stars(int(s))
-    try:
-        value = float(s)
-    except ValueError:
-        raise ValueError(f"{s!r} is not a rating; {_ACCEPTED}") from None
-    if not math.isfinite(value) or not -1.0 <= value <= 1.0:
-        raise ValueError(f"{s!r} is outside [-1, 1]; {_ACCEPTED}")
-    return value + 0.0  # -0.0 -> 0.0
-
-
-def load_ratings(path: str | os.PathLike[str]) -> tuple[list[Sample], list[Problem]]:
-    """A ratings file as a dataset, with re-ratings resolved: the later line wins.
-
-    Lines written by a reward session carry "session", "round" and "answer"; of several lines with
-    the same three (and the same "corrected"), only the last is kept. Other lines are kept as they
-    are. Problems are `load_jsonl`'s.
-    """
-    samples, problems = load_jsonl(path)
-    lines = Path(path).read_text(encoding="utf-8-sig").split("\n")
-    keys: list[tuple | None] = []
-    for s in samples:
-        obj = json.loads(lines[s.line - 1])
-        if all(k in obj for k in ("session", "round", "answer")):
-            keys.append((obj["session"], obj["round"], obj["answer"], bool(obj.get("corrected"))))
-        else:
-            keys.append(None)
-    last = {k: i for i, k in enumerate(keys) if k is not None}
-    kept = [s for i, (s, k) in enumerate(zip(samples, keys, strict=True)) if k is None or last[k] == i]
-    return kept, problems
-
-
-def _append_record(path: str, record: dict[str, Any] | list[dict[str, Any]]) -> None:
-    """Append one JSON line (or several, with one flush) and flush it to disk (as
-    `engine.data.append_jsonl`, with extra keys)."""
-    try:
-        records = record if isinstance(record, list) else [record]
-        line = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records)
-    except (TypeError, ValueError) as exc:
-        raise RewardError(f"the rating cannot be written as JSON: {exc}") from exc
-    try:
-        durable_append(path, line.encode("utf-8"))
-    except OSError as exc:
-        raise RewardError(f"{path}: the rating cannot be saved ({exc.strerror or exc})") from exc
 
 
 class RewardSession:
@@ -526,7 +450,7 @@ class RewardSession:
                 "map 1-5 stars with rating_from_stars"
             )
         reward = float(reward)
-        _append_record(self.ratings_path, self._record(index, self.answers[index].text, reward))
+        append_ratings(self.ratings_path, self._record(index, self.answers[index].text, reward))
         self.ratings[index] = reward
 
     def correct(self, index: int, text: str) -> None:
@@ -538,7 +462,7 @@ class RewardSession:
         record = self._record(index, text, CORRECTION_REWARD)
         record["corrected"] = True
         record["original"] = self.answers[index].text
-        _append_record(self.ratings_path, record)
+        append_ratings(self.ratings_path, record)
         self.corrections[index] = text
 
     # --- the step -------------------------------------------------------------------------------
@@ -722,7 +646,7 @@ class RewardSession:
                 keys.append(g)
                 items.append(([*base, {"role": "assistant", "content": text}], 0.0))
         if records:
-            _append_record(self.ratings_path, records)  # before the step: no score is ever lost
+            append_ratings(self.ratings_path, records)  # before the step: no score is ever lost
         adv = group_advantages(rewards, keys, eps=_GROUP_EPS) if rewards else np.zeros(0)
         train = [(m, float(a)) for (m, _), a in zip(items, adv, strict=True) if a != 0.0]
         mean = float(np.mean(rewards)) if rewards else float("nan")
@@ -855,7 +779,4 @@ class RewardSession:
         self._checkpoint = (os.fspath(path), self.step)
 
 
-__all__ = [
-    "Answer", "load_ratings", "MODES", "parse_rating", "Preview", "rating_from_stars", "RewardConfig",
-    "RewardError", "RewardSession", "RoundResult", "ScoredGroup",
-]  # fmt: skip
+__all__ = ["Answer", "MODES", "Preview", "RewardConfig", "RewardSession", "RoundResult", "ScoredGroup"]

@@ -30,6 +30,8 @@ from PySide6.QtWidgets import (
 
 from engine import BlindPair, append_preference
 
+from .faint_label import FaintLabel
+
 KEYS = {"A": ("1", "A"), "B": ("2", "B"), "tie": ("T",), "skip": ("S",)}
 
 
@@ -194,9 +196,7 @@ class PreferencesFileRow(QWidget):
     def __init__(self, recorder: PreferenceRecorder, parent: QWidget | None = None):
         super().__init__(parent)
         self.recorder = recorder
-        self.label = QLabel()
-        self.label.setObjectName("faint")
-        self.label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.label = FaintLabel(squeeze=True)
         self.file_button = QPushButton("Preferences file…")
         self.file_button.setToolTip(
             "Choose the JSON Lines file the A/B choices are appended to (never rewritten). Default: "

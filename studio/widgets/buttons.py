@@ -1,17 +1,39 @@
-"""Buttons with a role: `PrimaryButton`, the one main action of a page (Start on the Train page).
+"""Buttons: `action_button`, a push button with its action, tooltip and shortcut in one call, and
+`PrimaryButton`, the one main action of a page (Start on the Train page).
 
-It is drawn in the palette's highlight colour with bold text and is the default button, and it
-follows the palette when the theme changes. It does nothing else than a QPushButton.
+A PrimaryButton is drawn in the palette's highlight colour with bold text and is the default button,
+and it follows the palette when the theme changes. It does nothing else than a QPushButton.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent
-from PySide6.QtGui import QPalette
+from collections.abc import Callable
+
+from PySide6.QtGui import QKeySequence, QPalette
 from PySide6.QtWidgets import QApplication, QPushButton, QWidget
 
+from .theme import FollowsPalette
 
-class PrimaryButton(QPushButton):
+
+def action_button(
+    text: str,
+    slot: Callable[[], object],
+    tip: str,
+    shortcut: str | None = None,
+    *,
+    button: QPushButton | None = None,
+) -> QPushButton:
+    """A push button (`button`, or a new QPushButton(text)) that calls `slot` when clicked, with its
+    tooltip and, when given, its keyboard shortcut (a QKeySequence string such as "Ctrl+E")."""
+    b = button if button is not None else QPushButton(text)
+    if shortcut:
+        b.setShortcut(QKeySequence(shortcut))
+    b.setToolTip(tip)
+    b.clicked.connect(slot)
+    return b
+
+
+class PrimaryButton(FollowsPalette, QPushButton):
     """A QPushButton drawn as the page's main action (highlight colour, bold, default)."""
 
     def __init__(self, text: str = "", parent: QWidget | None = None):
@@ -24,18 +46,14 @@ class PrimaryButton(QPushButton):
         self.setObjectName("primaryButton")
         self._apply_palette()
 
-    def changeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        if event.type() == QEvent.ApplicationPaletteChange:
-            self._apply_palette()
-        super().changeEvent(event)
-
     def _apply_palette(self) -> None:
         app = QApplication.palette()
         pal = QPalette(app)
         for group in (QPalette.Active, QPalette.Inactive):
             pal.setColor(group, QPalette.Button, app.color(QPalette.Highlight))
             pal.setColor(group, QPalette.ButtonText, app.color(QPalette.HighlightedText))
-        self.setPalette(pal)
+        if pal != self.palette():
+            self.setPalette(pal)
 
 
-__all__ = ["PrimaryButton"]
+__all__ = ["PrimaryButton", "action_button"]

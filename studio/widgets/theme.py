@@ -8,6 +8,7 @@ in use, so the colours they draw themselves (token views, heatmaps, banners) fol
 
 from __future__ import annotations
 
+from PySide6.QtCore import QEvent
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication, QStyleFactory
 
@@ -72,3 +73,20 @@ def apply_theme(app: QApplication, theme: str) -> None:
 
 def is_dark(palette: QPalette) -> bool:
     return palette.color(QPalette.Base).lightness() < 128
+
+
+class FollowsPalette:
+    """Mixin for a widget whose colours come from the application palette: `_apply_palette()` runs
+    again when the theme changes the palette (the widget calls it once when it is made); it must set
+    the widget's palette only when a colour differs (setting it sends PaletteChange)."""
+
+    def event(self, event) -> bool:
+        handled = super().event(event)
+        # a window gets ApplicationPaletteChange (changeEvent never sees it), a child the PaletteChange
+        # of its parent's new palette; _apply_palette sets nothing when its colours are in place already
+        if event.type() in (QEvent.ApplicationPaletteChange, QEvent.PaletteChange):
+            self._apply_palette()
+        return handled
+
+    def _apply_palette(self) -> None:
+        raise NotImplementedError

@@ -21,6 +21,7 @@ from engine.errors import ModelError
 from engine.io import quants
 from engine.io.quants import dequantize, fast_types
 from engine.kernels import jit
+from engine.testing import F16_FIELDS
 
 
 @pytest.fixture(autouse=True, params=["compiled", "numpy"])
@@ -40,22 +41,6 @@ REQUIRED_FAST = {
 }  # fmt: skip
 FAST = sorted(REQUIRED_FAST)
 ROW = 512  # values per row: whole blocks of every type
-
-# byte offsets of the float16 fields (scales, mins) in one block, from ggml's block layouts
-F16_FIELDS = {
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q8_0": (0,),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-    "IQ4_NL": (0,),
-    "IQ4_XS": (0,),
-}
 
 
 # float16 scales that garbage must include: qNaN, sNaN, -qNaN with payload, +-Inf, subnormal, -0

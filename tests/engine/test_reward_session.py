@@ -29,14 +29,8 @@ from engine import (
     parse_sample,
 )
 from engine.io.gguf_file import GGUFFile
-from engine.train.reward_session import (
-    RewardConfig,
-    RewardError,
-    RewardSession,
-    load_ratings,
-    parse_rating,
-    rating_from_stars,
-)
+from engine.train.ratings import RewardError, load_ratings, parse_rating, rating_from_stars
+from engine.train.reward_session import RewardConfig, RewardSession
 from engine.train.rewards import group_advantages, reward_weights
 from engine.train.trainer import TrainConfig, Trainer
 

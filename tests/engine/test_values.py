@@ -26,7 +26,8 @@ from engine.ranges import RANGES, check_number
 from engine.session import EngineSession
 from engine.testing import SynthSpec, random_adapter, write_adapter, write_model
 from engine.train.checkpoint import CheckpointError, read_checkpoint, write_checkpoint
-from engine.train.reward_session import RewardConfig, RewardError
+from engine.train.ratings import RewardError
+from engine.train.reward_session import RewardConfig
 from engine.train.trainer import TrainConfig
 
 pytestmark = pytest.mark.timeout(60)

@@ -12,23 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.kernels.dequant import block_geometry
-
-# byte offsets of the f16 fields inside one block (d, and m / dmin where there is one)
-F16_FIELDS = {
-    "Q8_0": (0,),
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-    "IQ4_NL": (0,),
-    "IQ4_XS": (0,),
-    "MXFP4": (),  # its scale is an e8m0 byte at offset 0, drawn separately
-}
+from engine.testing import F16_FIELDS
 
 
 def finite_bits(rng: np.random.Generator, n: int, exp_bits: int, man_bits: int) -> np.ndarray:

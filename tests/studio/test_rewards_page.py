@@ -182,12 +182,12 @@ def test_mouse_controls_thumbs_slider_and_skip(qtbot, page):
 def test_weighted_mode_shows_loss_weights(qtbot, page):
     generate(qtbot, page)
     rate_keys(qtbot, page, "52")
-    page.settings.mode_combo.setCurrentIndex(page.settings.mode_combo.findData("weighted"))
+    page.reward_settings.mode_combo.setCurrentIndex(page.reward_settings.mode_combo.findData("weighted"))
     assert page.session.config.mode == "weighted"
     assert page.cards[0].weight_label.text() == "weight 1.00"
     assert page.cards[1].weight_label.text() == "weight 0.00"
     assert page.diagnostics.bars.kind == "weight"
-    assert not page.settings.kl_spin.isEnabled()
+    assert not page.reward_settings.kl_spin.isEnabled()
 
 
 def test_edited_answer_is_saved_as_an_sft_sample(qtbot, page):
@@ -345,10 +345,12 @@ def test_screenshots(qtbot, page):
     SHOTS.mkdir(parents=True, exist_ok=True)
     qtbot.wait(50)
     assert page.grab().save(str(SHOTS / "rewards_empty.png"))
-    page.settings.temp_spin.setValue(1.5)  # the demo model is sure of its facts: sample widely for variety
-    page.settings.top_k_spin.setValue(0)
-    page.settings.top_p_spin.setValue(1.0)
-    page.settings.min_p_spin.setValue(0.0)
+    page.reward_settings.temp_spin.setValue(
+        1.5
+    )  # the demo model is sure of its facts: sample widely for variety
+    page.reward_settings.top_k_spin.setValue(0)
+    page.reward_settings.top_p_spin.setValue(1.0)
+    page.reward_settings.min_p_spin.setValue(0.0)
     generate(qtbot, page, prompt="Tell me a fact.")
     rate_keys(qtbot, page, "5134")
     with qtbot.waitSignal(page.sig_round_applied, timeout=TIMEOUT_MS):

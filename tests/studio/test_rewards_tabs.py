@@ -18,7 +18,7 @@ SUMS = [(3, 4), (7, 8), (9, 6), (5, 5)]
 
 def _hot(page) -> None:  # noqa: F811
     """Sampling under which the demo model's sums are right about seven times in ten."""
-    s = page.settings
+    s = page.reward_settings
     s.n_spin.setValue(4)
     s.temp_spin.setValue(2.0)
     s.top_k_spin.setValue(4)
@@ -37,7 +37,7 @@ def test_a_blind_pair_of_the_adapters_answers_becomes_a_preference(qtbot, page):
     page.tabs.setCurrentWidget(page.ab)
     ab = page.ab
     ab.prompt_edit.setPlainText("Tell me a fact.")
-    page.settings.seed_spin.setValue(3)
+    page.reward_settings.seed_spin.setValue(3)
     with qtbot.waitSignal(page.sig_busy_changed, timeout=TIMEOUT_MS, check_params_cb=lambda b: b == ""):
         qtbot.keyClick(ab.prompt_edit, Qt.Key_Return, Qt.ControlModifier)
     pair = ab.blind.pair
@@ -51,7 +51,7 @@ def test_a_blind_pair_of_the_adapters_answers_becomes_a_preference(qtbot, page):
     assert (row["chosen"], row["rejected"]) == (pair.a, pair.b) and row["source"] == "rewards A/B"
     assert row["messages"] == [{"role": "user", "content": "Tell me a fact."}] and row["seed"] == 3
     assert "seed 3" in ab.blind.columns["A"].title.text() or "answer 2" in ab.blind.columns["A"].title.text()
-    assert page.settings.seed_spin.value() == 4  # the next pair samples new answers
+    assert page.reward_settings.seed_spin.value() == 4  # the next pair samples new answers
     with qtbot.waitSignal(page.sig_train_choices) as train:
         qtbot.mouseClick(ab.train_button, Qt.LeftButton)
     assert train.args == [ab.preferences.path()]

@@ -496,6 +496,7 @@ def test_the_stats_line_shows_the_run_time_once_and_the_time_left_in_words(
     assert eta_words(7800) == "about 2 h 10 min left" and eta_words(3600) == "about 1 h left"
     assert eta_words(float("nan")).startswith("estimating")
     page = make_page(qtbot, engine, tmp_path, synth_model("llama"), chats)
+    page._set_state("loading")
     page._set_state("training")
     page._on_event(Step(4, 24, 0.5, 2.0, 2.0, 1e-4, 1.0, 100, 900.0, 125.0, 540.0))
     page._refresh_progress()
@@ -505,7 +506,7 @@ def test_the_stats_line_shows_the_run_time_once_and_the_time_left_in_words(
     page._on_event(Step(5, 24, 0.6, 2.0, 2.0, 1e-4, 1.0, 100, 900.0, 200.0, 480.0))
     page._refresh_progress()
     assert "3:20 elapsed" in page.stats_label.text() and "about 8 min left" in page.stats_label.text()
-    page._set_state("idle")
+    page._set_state("finished")
 
 
 def test_a_starting_run_says_what_it_does_and_a_long_run_alerts_when_it_ends(
@@ -575,7 +576,8 @@ def test_a_new_model_resets_resume_and_settings_and_refuses_old_checkpoints(
     )
     # a run of llama, paused in memory
     page.run_model, page.paths, page.last_step = llama, page.default_paths(), 3
-    page._set_state("paused")
+    for state in ("loading", "training", "pausing", "paused"):
+        page._set_state(state)
     assert page.resume_button.isEnabled()
     page.project.update(model_path=qwen)  # the Model page opens another model...
     page.set_model_info(ModelInfo.read(qwen))  # ...and the window tells the pages when it is open
@@ -776,3 +778,33 @@ def test_screenshots_mid_run_and_finished(qtbot, engine, monkeypatch, tmp_path, 
         assert pixmap.width() >= 1200 and pixmap.height() >= 800
         assert pixmap.save(str(shots / f"{arch}-finished-{tab}.png"))
     assert len(list(shots.glob(f"{arch}-*.png"))) == 4
+
+
+def test_a_stop_pressed_while_the_model_loads_is_not_undone_by_the_run_starting(
+    qtbot, engine, monkeypatch, tmp_path, synth_model, chats
+):
+    page = make_page(
+        qtbot, engine, tmp_path, synth_model("llama"), chats, steps=50, eval_every=0, val_split=0.0
+    )
+    loading, go = threading.Event(), threading.Event()
+    real_init = Trainer.__init__
+
+    def held_init(trainer, *args, **kwargs):  # the engine is still opening the run when Stop is pressed
+        loading.set()
+        go.wait(TIMEOUT_MS / 1000)
+        real_init(trainer, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "__init__", held_init)
+    states: list[str] = []
+    page.sig_state_changed.connect(states.append)
+    with qtbot.waitSignal(page.sig_run_finished, timeout=TIMEOUT_MS) as ended:
+        page.start()
+        qtbot.waitUntil(loading.is_set, timeout=TIMEOUT_MS)
+        assert page.state == "loading"
+        page.stop_button.click()
+        assert page.state == "stopping"
+        go.set()
+    assert isinstance(ended.args[0], Finished) and ended.args[0].stopped
+    assert states[states.index("stopping") :] == ["stopping", "finished"]  # never back to "training"
+    assert page.state == "finished"
+    settle(qtbot, page)

@@ -27,19 +27,16 @@ from __future__ import annotations
 
 import html
 import os
-import threading
 
 import numpy as np
-from PySide6.QtCore import QEvent, QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QButtonGroup,
     QCheckBox,
     QGroupBox,
     QHBoxLayout,
-    QLabel,
     QPlainTextEdit,
-    QPushButton,
     QSizePolicy,
     QSplitter,
     QStackedWidget,
@@ -51,13 +48,14 @@ from PySide6.QtWidgets import (
 
 from engine import RUN, EngineError, blind_pair
 
-from ...project import ModelInfo, Project
-from ...widgets.banner import MessageBar
+from ...project import ModelInfo
 from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
+from ...widgets.buttons import action_button
+from ...widgets.engine_page import RUNS_MOVED, JobPage
+from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
-from ...widgets.runs import RunChoiceWidget, adapter_problems, app_settings, fit_message, load_runs
+from ...widgets.runs import RunChoiceWidget, adapter_problems, fit_message, load_runs
 from ...widgets.side_panel import SidePanelWidget
-from ...worker import Engine, Job
 from .conversation import AnswerColumnWidget, ConversationWidget, MessageWidget
 from .settings import SamplingSettingsWidget
 
@@ -69,7 +67,7 @@ def _keys(seq: str) -> str:
     return QKeySequence(seq).toString(QKeySequence.NativeText)
 
 
-class ChatPage(QWidget):
+class ChatPage(JobPage):
     """Chat with the model; see the module docstring."""
 
     sig_export_requested = Signal(str)  # adapter path
@@ -78,28 +76,14 @@ class ChatPage(QWidget):
     sig_compared = Signal(object, object)  # base Reply, adapter Reply
     sig_train_choices = Signal(str)  # the preferences file: train on the A/B choices (DPO)
     sig_chosen = Signal(str)  # a blind A/B choice was taken: "A", "B", "tie" or "skip"
-    sig_busy_changed = Signal(bool)
-    sig_error = Signal(str)
 
-    def __init__(
-        self,
-        project: Project,
-        engine: Engine,
-        parent: QWidget | None = None,
-        settings: QSettings | None = None,
-    ):
-        """settings: where the Runs page keeps its added folders (default: the app's settings)."""
-        super().__init__(parent)
-        self.project = project
-        self.engine = engine
-        self.settings = settings if settings is not None else app_settings()
-        self.info: ModelInfo | None = None
+    def __init__(self, *args, **kwargs):
+        """EnginePage's arguments: project, engine, parent, settings."""
+        super().__init__(*args, **kwargs)
         self.history: list[dict[str, str]] = []  # the conversation as the model sees it (no system)
-        self.job: Job | None = None
-        self.busy = ""  # "", "chat" or "compare"
+        # busy: "", "chat" or "compare"
         self.use_adapter = False
         self._last_adapter: object = None  # the adapter entry to go back to when toggled on
-        self._stop = threading.Event()
         self._pieces: list[tuple[int, str]] = []  # (column, text) streamed by the worker
         self._targets: list[MessageWidget] = []  # where column i's pieces go
         self._fits: dict[tuple[str, float], list[str]] = {}
@@ -107,10 +91,9 @@ class ChatPage(QWidget):
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(1000 // STREAM_HZ)
         self._flush_timer.timeout.connect(self._flush)
-        self.preferences = PreferenceRecorder(project.output_folder)
+        self.preferences = PreferenceRecorder(self.project.output_folder)
         self._blind_context: dict | None = None  # the messages and facts of the pair being judged
 
-        self.banner = MessageBar()
         self.tabs = QTabWidget()
         self.tabs.addTab(self._build_chat_tab(), "Chat")
         self.tabs.addTab(self._build_compare_tab(), "Side by side")
@@ -131,8 +114,6 @@ class ChatPage(QWidget):
         layout.setSpacing(4)
         layout.addWidget(self.banner)
         layout.addWidget(split, 1)
-        faint = self.palette().color(self.palette().ColorRole.PlaceholderText).name()
-        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
 
         QShortcut(
             QKeySequence("Ctrl+Shift+C"), self, self.copy_last_answer, context=Qt.WidgetWithChildrenShortcut
@@ -140,8 +121,6 @@ class ChatPage(QWidget):
         QShortcut(QKeySequence("Ctrl+B"), self, self.toggle_adapter, context=Qt.WidgetWithChildrenShortcut)
         QShortcut(QKeySequence("Ctrl+."), self, self.stop, context=Qt.WidgetWithChildrenShortcut)
 
-        project.subscribe(self._project_changed)
-        self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
         self.refresh_adapters()
         self._set_busy("")
         self._update_placeholder()
@@ -155,15 +134,17 @@ class ChatPage(QWidget):
         self.input.setTabChangesFocus(True)
         self.input.setMaximumHeight(90)
         self.input.setMinimumHeight(48)
-        self.send_button = QPushButton("Send")
-        self.send_button.setToolTip(f"Send the message; the answer streams in ({_keys('Ctrl+Return')})")
-        self.send_button.clicked.connect(self.send)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setToolTip(f"End the answer where it is ({_keys('Ctrl+.')} or Escape)")
-        self.stop_button.clicked.connect(self.stop)
-        self.new_button = QPushButton("New chat")
-        self.new_button.setToolTip(f"Clear the conversation and start again ({_keys('Ctrl+N')} on this page)")
-        self.new_button.clicked.connect(self.new_chat)
+        self.send_button = action_button(
+            "Send", self.send, f"Send the message; the answer streams in ({_keys('Ctrl+Return')})"
+        )
+        self.stop_button = action_button(
+            "Stop", self.stop, f"End the answer where it is ({_keys('Ctrl+.')} or Escape)"
+        )
+        self.new_button = action_button(
+            "New chat",
+            self.new_chat,
+            f"Clear the conversation and start again ({_keys('Ctrl+N')} on this page)",
+        )
         self.system_edit = QPlainTextEdit()
         self.system_edit.setPlaceholderText("System prompt (optional)")
         self.system_edit.setToolTip(
@@ -171,9 +152,7 @@ class ChatPage(QWidget):
         )
         self.system_edit.setTabChangesFocus(True)
         self.system_edit.setMaximumHeight(44)
-        self.status_label = QLabel()
-        self.status_label.setObjectName("faint")
-        self.status_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.status_label = FaintLabel(squeeze=True)
         buttons = QVBoxLayout()
         buttons.setSpacing(3)
         buttons.addWidget(self.send_button)
@@ -207,19 +186,16 @@ class ChatPage(QWidget):
         )
         self.compare_prompt.setTabChangesFocus(True)
         self.compare_prompt.setMaximumHeight(70)
-        self.compare_button = QPushButton("Compare")
-        self.compare_button.setToolTip(
+        self.compare_button = action_button(
+            "Compare",
+            self.compare,
             "Answer the prompt with the base model, then with the adapter: the same sampling and seed, so "
-            f"the adapter is the only difference ({_keys('Ctrl+Return')})"
+            f"the adapter is the only difference ({_keys('Ctrl+Return')})",
         )
-        self.compare_button.clicked.connect(self.compare)
-        self.compare_stop_button = QPushButton("Stop")
-        self.compare_stop_button.setToolTip(f"End the answers where they are ({_keys('Ctrl+.')})")
-        self.compare_stop_button.clicked.connect(self.stop)
-        self.compare_status = QLabel()
-        self.compare_status.setObjectName("faint")
-        self.compare_status.setWordWrap(True)
-        self.compare_status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.compare_stop_button = action_button(
+            "Stop", self.stop, f"End the answers where they are ({_keys('Ctrl+.')})"
+        )
+        self.compare_status = FaintLabel(wrap=True, squeeze=True)
         row = QHBoxLayout()
         row.addWidget(self.compare_button)
         row.addWidget(self.compare_stop_button)
@@ -292,21 +268,18 @@ class ChatPage(QWidget):
         toggle.setSpacing(0)
         toggle.addWidget(self.base_toggle)
         toggle.addWidget(self.adapter_toggle)
-        self.adapter_note = QLabel()
-        self.adapter_note.setObjectName("faint")
-        self.adapter_note.setWordWrap(True)
-        self.adapter_note.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.export_button = QPushButton("Export…")
-        self.export_button.setToolTip(
-            "Export this adapter for llama.cpp, or merge it into the model (Export page)"
+        self.adapter_note = FaintLabel(wrap=True, squeeze=True)
+        self.export_button = action_button(
+            "Export…",
+            self.request_export,
+            "Export this adapter for llama.cpp, or merge it into the model (Export page)",
         )
-        self.export_button.clicked.connect(self.request_export)
-        self.rate_button = QPushButton("Rate answers")
-        self.rate_button.setToolTip(
+        self.rate_button = action_button(
+            "Rate answers",
+            self.request_rate,
             "Go on with rating rounds on the Rewards page: this adapter (or a new one for the base model) "
-            "and your last prompt"
+            "and your last prompt",
         )
-        self.rate_button.clicked.connect(self.request_rate)
         hand = QHBoxLayout()
         hand.addWidget(self.export_button)
         hand.addWidget(self.rate_button)
@@ -350,9 +323,6 @@ class ChatPage(QWidget):
         self.adapter_choice.start_folder = self.project.output_folder()
         self.adapter_choice.set_runs(load_runs(self.project, self.settings), self.model_path())
 
-    def model_path(self) -> str | None:
-        return self.info.path if self.info is not None else self.project.model_path
-
     def adapter(self) -> str | None:
         """What answers now: None (base model), engine.RUN, or an adapter file."""
         data = self.adapter_choice.current_data()
@@ -375,23 +345,6 @@ class ChatPage(QWidget):
             return f"{run.name} (reward-tuned)" if run.kind == "rewards" else run.name
         label = self.adapter_choice.current_label()
         return label.removeprefix("Latest finished: ").removeprefix("File · ")
-
-    def is_busy(self) -> bool:
-        return bool(self.busy) or (self.job is not None and self.job.active)
-
-    def shutdown(self) -> None:
-        """Stop an answer (the app is quitting; the window then waits for the engine worker)."""
-        self._stop.set()
-        if self.job is not None:
-            self.engine.cancel(self.job)
-
-    def show_error(self, text: str, level: str = "error") -> None:
-        self.banner.show_message(level, text)
-        if level == "error":
-            self.sig_error.emit(text)
-
-    def banner_text(self) -> str:
-        return self.banner.text() if not self.banner.isHidden() else ""
 
     # --- the adapter ----------------------------------------------------------------------------
     def _adapter_changed(self, data: object, _label: str) -> None:
@@ -735,20 +688,7 @@ class ChatPage(QWidget):
         Stop drops it before it started (the engine calls neither then)."""
         ahead = [j for j in self.engine.jobs if j.active]  # queued or running (the worker sets "running")
         self._cancelled = cancelled
-
-        def on_done(result) -> None:
-            self.job = None
-            self._set_busy("")
-            done(result)
-
-        def on_error(message: str) -> None:
-            self.job = None
-            self._set_busy("")
-            failed(message)
-
-        self._set_busy(kind)
-        self.job = self.engine.submit(name, fn, on_done=on_done, on_error=on_error,
-                                      model=(model, self.project.device))  # fmt: skip
+        self._submit_job(kind, name, fn, done, failed, model)
         if ahead and self.job.state == "queued":
             running = next((j.name for j in ahead if j.state == "running"), ahead[0].name)
             text = f"Waiting for the engine ({running}): the answer starts when it is done or paused."
@@ -779,7 +719,7 @@ class ChatPage(QWidget):
         self._targets = []
 
     def _set_busy(self, busy: str) -> None:
-        self.busy = busy
+        self.busy = busy  # read by what follows
         idle = not busy
         self.send_button.setEnabled(idle)
         self.compare_button.setEnabled(idle)
@@ -789,7 +729,7 @@ class ChatPage(QWidget):
         self.base_toggle.setEnabled(idle)
         self.adapter_toggle.setEnabled(idle)
         self._show_toggle()
-        self.sig_busy_changed.emit(bool(busy))
+        super()._set_busy(busy)
 
     def _update_placeholder(self) -> None:
         if not self.model_path():
@@ -808,7 +748,7 @@ class ChatPage(QWidget):
         (self.compare_prompt if index == 1 else self.input).setFocus()
 
     def _project_changed(self, changed: set[str]) -> None:
-        if changed & {"output_dir", "path", "dataset_path", "model_path"}:
+        if changed & RUNS_MOVED:
             self.refresh_adapters()
             self._update_placeholder()
             self._show_preferences()

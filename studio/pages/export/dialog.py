@@ -18,7 +18,7 @@ import os
 import threading
 
 from PySide6.QtCore import Qt, Signal, Slot
-from PySide6.QtGui import QColor, QGuiApplication, QKeySequence, QPalette
+from PySide6.QtGui import QColor, QGuiApplication
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QButtonGroup,
@@ -63,6 +63,8 @@ from engine import (
 )
 
 from ...project import ModelInfo, Project
+from ...widgets.buttons import action_button
+from ...widgets.faint_label import FaintLabel
 from ...widgets.runs import has_adapter, run_label, same_file, same_model
 from ...widgets.side_panel import SidePanelWidget
 from ...widgets.theme import is_dark
@@ -134,8 +136,6 @@ class ExportDialog(QDialog):
         self.body = QWidget()  # everything but the buttons, which stay in view: it scrolls when short
         layout = QVBoxLayout(self.body)
         layout.setContentsMargins(0, 0, 4, 0)
-        faint = self.palette().color(QPalette.PlaceholderText).name()
-        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
 
         src_box = QGroupBox("Source")
         self.source_combo = QComboBox()
@@ -143,18 +143,14 @@ class ExportDialog(QDialog):
             "The adapter to export: the last training run's, one of its checkpoints, or any adapter file"
         )
         self.source_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
-        browse = QPushButton("Choose file…")
-        browse.setToolTip("Export any LoRA adapter (.gguf)")
-        browse.clicked.connect(self._choose_source)
+        browse = action_button("Choose file…", self._choose_source, "Export any LoRA adapter (.gguf)")
         row = QHBoxLayout()
         row.addWidget(self.source_combo, 1)
         row.addWidget(browse)
-        self.source_label = QLabel()
+        self.source_label = FaintLabel()
         self.source_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.source_label.setObjectName("faint")
-        self.base_label = QLabel()
+        self.base_label = FaintLabel()
         self.base_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.base_label.setObjectName("faint")
         src_form = QFormLayout(src_box)
         src_form.addRow("Adapter:", row)
         src_form.addRow("", self.source_label)
@@ -184,9 +180,7 @@ class ExportDialog(QDialog):
         f2.addRow("Scale:", self.scale_spin)
         self.type_row, self.merged_options = type_row, merged_opts
         merged_opts.hide()
-        self.note_label = QLabel()
-        self.note_label.setWordWrap(True)
-        self.note_label.setObjectName("faint")
+        self.note_label = FaintLabel(wrap=True)
         kind_layout = QVBoxLayout(kind_box)
         kind_layout.addWidget(self.adapter_radio)
         kind_layout.addWidget(self.merged_radio)
@@ -266,20 +260,18 @@ class ExportDialog(QDialog):
         vl.addWidget(self.verdict_label)
         layout.addWidget(verify_box)
 
-        self.check_button = QPushButton("&Check")
-        self.check_button.setShortcut(QKeySequence("Ctrl+K"))
-        self.check_button.setToolTip("Run the checks before writing (Ctrl+K)")
-        self.check_button.clicked.connect(self.check)
-        self.export_button = QPushButton("&Export")
-        self.export_button.setShortcut(QKeySequence("Ctrl+E"))
-        self.export_button.setToolTip("Write the file, then reload it and compare logits (Ctrl+E)")
-        self.export_button.clicked.connect(self.export)
-        self.verify_button = QPushButton("&Verify")
-        self.verify_button.setToolTip("Reload the written file and compare its logits again")
-        self.verify_button.clicked.connect(self.verify)
-        self.cancel_button = QPushButton("Ca&ncel")
-        self.cancel_button.setToolTip("Stop a merge between tensors; the target is left as it was")
-        self.cancel_button.clicked.connect(self.cancel)
+        self.check_button = action_button(
+            "&Check", self.check, "Run the checks before writing (Ctrl+K)", "Ctrl+K"
+        )
+        self.export_button = action_button(
+            "&Export", self.export, "Write the file, then reload it and compare logits (Ctrl+E)", "Ctrl+E"
+        )
+        self.verify_button = action_button(
+            "&Verify", self.verify, "Reload the written file and compare its logits again"
+        )
+        self.cancel_button = action_button(
+            "Ca&ncel", self.cancel, "Stop a merge between tensors; the target is left as it was"
+        )
         self.close_button = QPushButton("Close")
         self.close_button.clicked.connect(self.reject)
         buttons = QHBoxLayout()

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import os
 
-from PySide6.QtCore import QSettings, Qt, Signal
-from PySide6.QtGui import QKeySequence, QPalette
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
     QFileDialog,
@@ -30,7 +30,6 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPushButton,
     QSizePolicy,
-    QWidget,
 )
 
 from engine import (
@@ -48,12 +47,13 @@ from engine import (
     write_export,
 )
 
-from ...project import ModelInfo, Project
-from ...widgets.banner import MessageBar
+from ...project import ModelInfo
+from ...widgets.buttons import action_button
+from ...widgets.engine_page import RUNS_MOVED, EnginePage
+from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
-from ...widgets.runs import RunChoiceWidget, adapter_problems, app_settings, fit_message, load_runs
+from ...widgets.runs import RunChoiceWidget, adapter_problems, fit_message, load_runs
 from ...widgets.theme import is_dark
-from ...worker import Engine
 from .dialog import ExportDialog
 from .result import ExportResultWidget
 from .types import ExportTypeCombo, modelfile_check, modelfile_outcome
@@ -83,38 +83,24 @@ def _keys(seq: str) -> str:
     return QKeySequence(seq).toString(QKeySequence.NativeText)
 
 
-class ExportPage(QWidget):
+class ExportPage(EnginePage):
     """Export the chosen adapter; see the module docstring."""
 
     sig_exported = Signal(str)  # a file written and verified
     sig_export_failed = Signal(str)  # a file that failed its check (renamed *.failed.gguf)
 
-    def __init__(
-        self,
-        project: Project,
-        engine: Engine,
-        parent: QWidget | None = None,
-        settings: QSettings | None = None,
-    ):
-        """settings: where the Runs page keeps its added folders (default: the app's settings)."""
-        super().__init__(parent)
-        self.project = project
-        self.engine = engine
-        self.settings = settings if settings is not None else app_settings()
-        self.info: ModelInfo | None = None
+    def __init__(self, *args, **kwargs):
+        """EnginePage's arguments: project, engine, parent, settings."""
+        super().__init__(*args, **kwargs)
         self.job = None  # the export job in flight
         self.dialog: ExportDialog | None = None
         self._out_auto = True
-        self.banner = MessageBar()
         self.adapter_choice = RunChoiceWidget(
             placeholder="No finished run of this model yet: train one, or choose a file"
         )
         self.adapter_choice.sig_changed.connect(self._adapter_changed)
-        self.adapter_path_label = QLabel()
-        self.adapter_path_label.setWordWrap(True)
+        self.adapter_path_label = FaintLabel(wrap=True, squeeze=True)
         self.adapter_path_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.adapter_path_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.adapter_path_label.setObjectName("faint")
         self.merge_check = QCheckBox("Merge into the base model (a full model file)")
         self.merge_check.setToolTip(
             "Write base + adapter as one GGUF model: the adapted tensors in a type that keeps the "
@@ -128,9 +114,7 @@ class ExportPage(QWidget):
             "Where the file is written (atomically: a temporary file, then renamed). Default: beside the "
             "adapter, named after it and the type."
         )
-        out_browse = QPushButton("Choose…")
-        out_browse.setToolTip("Choose where to write the file")
-        out_browse.clicked.connect(self._choose_out)
+        out_browse = action_button("Choose…", self._choose_out, "Choose where to write the file")
         out_row = QHBoxLayout()
         out_row.addWidget(self.out_edit, 1)
         out_row.addWidget(out_browse)
@@ -187,14 +171,10 @@ class ExportPage(QWidget):
         layout.addWidget(self.result_label)
         layout.addWidget(self.result)
         layout.addStretch(1)
-        faint = self.palette().color(QPalette.PlaceholderText).name()
-        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
         self.merge_check.toggled.connect(self.type_combo.set_merge)
         self.merge_check.toggled.connect(self._suggest_out)
         self.type_combo.currentIndexChanged.connect(self._suggest_out)
         self.out_edit.textEdited.connect(self._out_edited)
-        project.subscribe(self._project_changed)
-        self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
         self.refresh_runs()
 
     # --- public API ---------------------------------------------------------------------------
@@ -219,9 +199,6 @@ class ExportPage(QWidget):
 
     def adapter_path(self) -> str:
         return self.adapter_choice.current_path() or ""
-
-    def model_path(self) -> str | None:
-        return self.info.path if self.info is not None else self.project.model_path
 
     def reset(self) -> None:
         """A new project: no adapter chosen, no result, the default type and name."""
@@ -390,7 +367,7 @@ class ExportPage(QWidget):
         self.result_label.setText(text)
 
     def _project_changed(self, changed: set[str]) -> None:
-        if changed & {"output_dir", "path", "dataset_path", "model_path"}:
+        if changed & RUNS_MOVED:
             self.refresh_runs()
 
     def showEvent(self, event) -> None:  # noqa: N802 - Qt override

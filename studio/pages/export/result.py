@@ -18,11 +18,12 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QPushButton,
     QSizePolicy,
     QVBoxLayout,
     QWidget,
 )
+
+from ...widgets.buttons import action_button
 
 
 def llama_cli_command(path: str, base: str | None, merged: bool) -> str:
@@ -45,12 +46,12 @@ class ExportResultWidget(QGroupBox):
         self.file_label.setWordWrap(True)
         self.file_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.file_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.open_button = QPushButton("Open folder")
-        self.open_button.setToolTip("Show the file's folder in the file browser")
-        self.open_button.clicked.connect(self.open_folder)
-        self.copy_path_button = QPushButton("Copy path")
-        self.copy_path_button.setToolTip("Put the file's full path on the clipboard")
-        self.copy_path_button.clicked.connect(self.copy_path)
+        self.open_button = action_button(
+            "Open folder", self.open_folder, "Show the file's folder in the file browser"
+        )
+        self.copy_path_button = action_button(
+            "Copy path", self.copy_path, "Put the file's full path on the clipboard"
+        )
         self.command_edit = QLineEdit()
         self.command_edit.setReadOnly(True)
         self.command_edit.setToolTip(
@@ -60,9 +61,9 @@ class ExportResultWidget(QGroupBox):
         font = self.command_edit.font()
         font.setFamily("monospace")
         self.command_edit.setFont(font)
-        self.copy_command_button = QPushButton("Copy command")
-        self.copy_command_button.setToolTip("Put the llama-cli command on the clipboard")
-        self.copy_command_button.clicked.connect(self.copy_command)
+        self.copy_command_button = action_button(
+            "Copy command", self.copy_command, "Put the llama-cli command on the clipboard"
+        )
         self.hint = hint = QLabel("Run it with llama.cpp:")
         hint.setStyleSheet(f"QLabel {{ color: {self.palette().color(QPalette.PlaceholderText).name()}; }}")
         files = QHBoxLayout()

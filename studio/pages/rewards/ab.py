@@ -19,8 +19,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QLineEdit,
     QPlainTextEdit,
-    QPushButton,
-    QSizePolicy,
     QVBoxLayout,
     QWidget,
 )
@@ -28,6 +26,8 @@ from PySide6.QtWidgets import (
 from engine import EngineError, blind_pair
 
 from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
+from ...widgets.buttons import action_button
+from ...widgets.faint_label import FaintLabel
 
 
 class ABTabWidget(QWidget):
@@ -48,16 +48,13 @@ class ABTabWidget(QWidget):
         self.system_edit = QLineEdit()
         self.system_edit.setPlaceholderText("System prompt (optional)")
         self.system_edit.setClearButtonEnabled(True)
-        self.pair_button = QPushButton("New pair")
-        self.pair_button.setToolTip(
-            "Sample two answers with the adapter as it is now and show them blind (Ctrl+Enter in this tab)"
+        self.pair_button = action_button(
+            "New pair",
+            self.new_pair,
+            "Sample two answers with the adapter as it is now and show them blind (Ctrl+Enter in this tab)",
         )
-        self.pair_button.clicked.connect(self.new_pair)
         QShortcut(QKeySequence("Ctrl+Return"), self, self.new_pair, context=Qt.WidgetWithChildrenShortcut)
-        self.status = QLabel()
-        self.status.setObjectName("faint")
-        self.status.setWordWrap(True)
-        self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.status = FaintLabel(wrap=True, squeeze=True)
         self.blind = BlindChoiceWidget()
         self.blind.sig_chosen.connect(self._chosen)
         self.files = PreferencesFileRow(self.preferences)
@@ -95,7 +92,7 @@ class ABTabWidget(QWidget):
         page.banner.hide()
         self.prompt_edit.setPlainText(prompt)
         system = self.system_edit.text().strip() or None
-        seed = int(page.settings.seed_spin.value())
+        seed = int(page.reward_settings.seed_spin.value())
         session, model, maker = page.session, None, None
         if session is None:
             model, maker = page._session_maker()
@@ -116,7 +113,7 @@ class ABTabWidget(QWidget):
                 page._task_failed("generating", error)
                 self.blind.clear()
                 return
-            page.settings.next_seed()
+            page.reward_settings.next_seed()
             messages = ([{"role": "system", "content": system}] if system else []) + [
                 {"role": "user", "content": prompt}
             ]

@@ -63,6 +63,8 @@ from engine import (
     sample_to_json,
 )
 
+from ...widgets.buttons import action_button
+from ...widgets.faint_label import FaintLabel
 from ...widgets.plots import COLORS, _legend, _plot_widget, _style_plot
 
 # (check, option placeholder, default option, what it does)
@@ -219,9 +221,7 @@ class AutoRoundsWidget(QWidget):
             '"reference"} and any fields your check reads).'
         )
         self.source_combo.activated.connect(self._source_chosen)
-        self.source_label = QLabel()
-        self.source_label.setObjectName("faint")
-        self.source_label.setWordWrap(True)
+        self.source_label = FaintLabel(wrap=True)
         self.rounds_spin = QSpinBox()
         self.rounds_spin.setRange(1, 100000)
         self.rounds_spin.setValue(10)
@@ -235,15 +235,15 @@ class AutoRoundsWidget(QWidget):
             "setting on the left is the answers per prompt. Default: 8."
         )
         self.checks = ChecksWidget()
-        self.start_button = QPushButton("Start")
-        self.start_button.setToolTip("Run the rounds (a paused run goes on with its next round)")
-        self.start_button.clicked.connect(self.start)
-        self.pause_button = QPushButton("Pause")
-        self.pause_button.setToolTip("Stop after the current round; Start goes on from the next one")
-        self.pause_button.clicked.connect(self.pause)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setToolTip("End the rounds now (a round being sampled takes no step)")
-        self.stop_button.clicked.connect(self.stop)
+        self.start_button = action_button(
+            "Start", self.start, "Run the rounds (a paused run goes on with its next round)"
+        )
+        self.pause_button = action_button(
+            "Pause", self.pause, "Stop after the current round; Start goes on from the next one"
+        )
+        self.stop_button = action_button(
+            "Stop", self.stop, "End the rounds now (a round being sampled takes no step)"
+        )
         self.status = QLabel()
         self.status.setWordWrap(True)
         self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
@@ -440,7 +440,7 @@ class AutoRoundsWidget(QWidget):
         settings = RoundsConfig(
             rounds=int(self.rounds_spin.value()),
             prompts_per_round=int(self.per_round_spin.value()),
-            seed=int(page.settings.seed_spin.value()),
+            seed=int(page.reward_settings.seed_spin.value()),
         )
         prompts_file = self.prompts_file
 

@@ -29,7 +29,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
-    QPushButton,
     QScrollArea,
     QSizePolicy,
     QSlider,
@@ -40,6 +39,7 @@ from PySide6.QtWidgets import (
 
 from engine import rating_from_stars
 
+from ...widgets.buttons import action_button
 from ...widgets.theme import is_dark
 
 CARD_MIN_WIDTH = 260  # a card narrower than this would squeeze its controls: one column then
@@ -298,12 +298,12 @@ class AnswerCardWidget(QFrame):
         self.editor.setMinimumHeight(70)
         self.editor.sig_save.connect(self.save_editor)
         self.editor.sig_cancel.connect(self.close_editor)
-        self.save_edit_button = QPushButton("Save better answer")
-        self.save_edit_button.setToolTip("Save it as a training sample for the next Apply (Ctrl+Enter)")
-        self.save_edit_button.clicked.connect(self.save_editor)
-        cancel = QPushButton("Cancel")
-        cancel.setToolTip("Close the editor without saving (Escape)")
-        cancel.clicked.connect(self.close_editor)
+        self.save_edit_button = action_button(
+            "Save better answer",
+            self.save_editor,
+            "Save it as a training sample for the next Apply (Ctrl+Enter)",
+        )
+        cancel = action_button("Cancel", self.close_editor, "Close the editor without saving (Escape)")
         self.editor_box = QWidget()
         el = QVBoxLayout(self.editor_box)
         el.setContentsMargins(0, 4, 0, 0)

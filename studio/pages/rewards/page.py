@@ -35,10 +35,9 @@ from __future__ import annotations
 import html
 import math
 import os
-import threading
 from dataclasses import replace
 
-from PySide6.QtCore import QCoreApplication, QSettings, Qt, QTimer, Signal
+from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
@@ -71,20 +70,20 @@ from engine import (
 )
 
 from ...paths import writable_problem
-from ...project import ModelInfo, Project
-from ...widgets.banner import MessageBar
+from ...project import ModelInfo
+from ...widgets.buttons import action_button
+from ...widgets.engine_page import RUNS_MOVED, JobPage
+from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import (
     RunChoiceWidget,
     adapter_file,
     adapter_problems,
-    app_settings,
     fit_message,
     load_runs,
     same_file,
 )
 from ...widgets.side_panel import SidePanelWidget
-from ...worker import Engine, Job
 from .ab import ABTabWidget
 from .auto import AutoRoundsWidget, prompts_of_samples
 from .cards import CARD_KEYS, AnswerCardWidget, AnswerGridWidget
@@ -131,30 +130,18 @@ def _shortcut_text(seq: str) -> str:
     return QKeySequence(seq).toString(QKeySequence.NativeText)
 
 
-class RewardsPage(QWidget):
+class RewardsPage(JobPage):
     """Rate sampled answers and train on the ratings; see the module docstring."""
 
     sig_round_applied = Signal(object)  # engine RoundResult of each Apply
     sig_adapter_saved = Signal(str)  # path of the adapter GGUF written by Save adapter…
     sig_generated = Signal(object)  # list[Answer] of a new round (its cards are shown)
     sig_compared = Signal(object, object)  # base Answer, adapter Answer
-    sig_busy_changed = Signal(str)  # the running task ("generating", "applying", ...) or "" when idle
-    sig_error = Signal(str)  # a problem shown in the page
     sig_train_choices = Signal(str)  # the preferences file of the A/B tab: train on it (DPO)
 
-    def __init__(
-        self,
-        project: Project,
-        engine: Engine,
-        parent: QWidget | None = None,
-        settings: QSettings | None = None,
-    ):
-        """settings: where the Runs page keeps its added folders (default: the app's settings)."""
-        super().__init__(parent)
-        self.project = project
-        self.engine = engine
-        self.settings_store = settings if settings is not None else app_settings()
-        self.info: ModelInfo | None = None
+    def __init__(self, *args, **kwargs):
+        """EnginePage's arguments: project, engine, parent, settings."""
+        super().__init__(*args, **kwargs)
         self.session: RewardSession | None = None
         self.session_model: str | None = None  # model path the session was made with
         self.start_adapter: str | None = None  # adapter file or checkpoint folder to continue
@@ -164,16 +151,12 @@ class RewardsPage(QWidget):
         self.custom_ratings_path: str | None = None  # chosen with Ratings file…; None = default
         self.samples: list | None = None  # from set_dataset_samples; None = read the dataset file
         self.cards: list[AnswerCardWidget] = []
-        self.busy = ""
         self.confirm = self._ask  # (title, text) -> bool; replaced in tests
-        self.job: Job | None = None  # the engine job in flight
-        self._stop = threading.Event()
         self._stream: list[list[int]] = []  # tokens streamed per answer (appended by the worker)
         self._stream_timer = QTimer(self)
         self._stream_timer.setInterval(1000 // STREAM_HZ)
         self._stream_timer.timeout.connect(self._show_stream)
 
-        self.banner = MessageBar()
         settings = self._build_settings()
         rate_tab = self._build_rate_tab()
         self.side_by_side = SideBySideWidget()
@@ -213,8 +196,6 @@ class RewardsPage(QWidget):
         layout.addWidget(self.banner)
         layout.addWidget(split, 1)
 
-        project.subscribe(self._project_changed)
-        self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
         app = QCoreApplication.instance()
         if app is not None:
             app.aboutToQuit.connect(self.shutdown)
@@ -224,18 +205,18 @@ class RewardsPage(QWidget):
 
     # --- building -----------------------------------------------------------------------------
     def _build_settings(self) -> QWidget:
-        self.settings = RewardSettingsWidget(self.project)
-        self.settings.sig_mode_changed.connect(self._mode_changed)
+        self.reward_settings = RewardSettingsWidget(self.project)
+        self.reward_settings.sig_mode_changed.connect(self._mode_changed)
         self.ratings_label = QLabel()
         self.ratings_label.setWordWrap(True)
         self.ratings_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.ratings_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.ratings_button = QPushButton("Ratings file…")
-        self.ratings_button.setToolTip(
+        self.ratings_button = action_button(
+            "Ratings file…",
+            self.choose_ratings_file,
             "Choose the JSON Lines file every rating and better answer is appended to (never rewritten). "
-            f"Default: {RATINGS_FILE} in the project's output folder."
+            f"Default: {RATINGS_FILE} in the project's output folder.",
         )
-        self.ratings_button.clicked.connect(self.choose_ratings_file)
         self.adapter_label = QLabel()
         self.adapter_label.setWordWrap(True)
         self.adapter_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
@@ -256,12 +237,14 @@ class RewardsPage(QWidget):
             "Continue any adapter GGUF (for example one from the Train page) or a reward checkpoint's "
             "adapter instead of a run from the list."
         )
-        self.new_adapter_button = QPushButton("New adapter")
-        self.new_adapter_button.setToolTip("Forget the adapter trained here and start again from the model")
-        self.new_adapter_button.clicked.connect(self.new_adapter)
-        self.save_button = QPushButton("Save adapter…")
-        self.save_button.setToolTip("Write the adapter trained on this page as a llama.cpp LoRA GGUF")
-        self.save_button.clicked.connect(self.choose_save_adapter)
+        self.new_adapter_button = action_button(
+            "New adapter", self.new_adapter, "Forget the adapter trained here and start again from the model"
+        )
+        self.save_button = action_button(
+            "Save adapter…",
+            self.choose_save_adapter,
+            "Write the adapter trained on this page as a llama.cpp LoRA GGUF",
+        )
         files = QGroupBox("Adapter and files")
         fl = QVBoxLayout(files)
         fl.setContentsMargins(6, 4, 6, 4)
@@ -281,7 +264,7 @@ class RewardsPage(QWidget):
         il = QVBoxLayout(inner)
         il.setContentsMargins(0, 0, 4, 0)
         il.setSpacing(4)
-        il.addWidget(self.settings)
+        il.addWidget(self.reward_settings)
         il.addWidget(files)
         il.addStretch(1)
         self.settings_box = inner
@@ -299,22 +282,21 @@ class RewardsPage(QWidget):
         self.system_edit.setPlaceholderText("System prompt (optional)")
         self.system_edit.setToolTip("An optional system message before the prompt. Default: none.")
         self.system_edit.setClearButtonEnabled(True)
-        self.dataset_button = QPushButton("From dataset…")
-        self.dataset_button.setToolTip("Take a prompt (and its system message) from the project's dataset")
-        self.dataset_button.clicked.connect(self.choose_dataset_prompt)
-        self.generate_button = QPushButton("Generate")
-        self.generate_button.setShortcut(QKeySequence("Ctrl+Return"))
-        self.generate_button.setToolTip(
-            f"Sample new answers with the adapter as it is now ({_shortcut_text('Ctrl+Return')})."
+        self.dataset_button = action_button(
+            "From dataset…",
+            self.choose_dataset_prompt,
+            "Take a prompt (and its system message) from the project's dataset",
         )
-        self.generate_button.clicked.connect(self.generate)
-        self.stop_button = QPushButton("Stop")
-        self.stop_button.setShortcut(QKeySequence("Ctrl+."))
-        self.stop_button.setToolTip(f"End the answers where they are ({_shortcut_text('Ctrl+.')}).")
-        self.stop_button.clicked.connect(self.stop)
-        self.status_label = QLabel()
-        self.status_label.setObjectName("faint")
-        self.status_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.generate_button = action_button(
+            "Generate",
+            self.generate,
+            f"Sample new answers with the adapter as it is now ({_shortcut_text('Ctrl+Return')}).",
+            "Ctrl+Return",
+        )
+        self.stop_button = action_button(
+            "Stop", self.stop, f"End the answers where they are ({_shortcut_text('Ctrl+.')}).", "Ctrl+."
+        )
+        self.status_label = FaintLabel(squeeze=True)
         top = QHBoxLayout()
         top.addWidget(QLabel("<b>Prompt</b>"))
         top.addStretch(1)
@@ -324,9 +306,7 @@ class RewardsPage(QWidget):
         buttons.addWidget(self.generate_button)
         buttons.addWidget(self.stop_button)
         self.grid = AnswerGridWidget(columns=2)
-        self.keys_label = QLabel(CARD_KEYS)
-        self.keys_label.setObjectName("faint")
-        self.keys_label.setWordWrap(True)
+        self.keys_label = FaintLabel(CARD_KEYS, wrap=True)
         self.checks_box = QCheckBox("Score with checks")
         self.checks_box.setToolTip(
             "Score each round's answers with the checks of the Unattended tab too: an answer's reward is "
@@ -383,8 +363,6 @@ class RewardsPage(QWidget):
         right.setSizes([340, 440])
         right.setChildrenCollapsible(False)
         right.setMinimumWidth(260)
-        faint = self.palette().color(self.palette().ColorRole.PlaceholderText).name()
-        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
         return right
 
     # --- public API ---------------------------------------------------------------------------
@@ -403,7 +381,7 @@ class RewardsPage(QWidget):
         finished run of the open model) unless the person chose one or a session is going on."""
         model = self.info.path if self.info is not None else self.project.model_path
         self.adapter_choice.start_folder = self.project.output_folder()
-        self.adapter_choice.set_runs(load_runs(self.project, self.settings_store), model)
+        self.adapter_choice.set_runs(load_runs(self.project, self.settings), model)
 
     def set_dataset_samples(self, samples) -> None:
         """The dataset's samples (engine Sample), for "From dataset…"; None: read the dataset file."""
@@ -521,28 +499,10 @@ class RewardsPage(QWidget):
         self.banner.hide()
         self._show_paths()
 
-    def shutdown(self) -> None:
-        """Stop a generation (the app is quitting; the window then waits for the engine worker)."""
-        self._stop.set()
-        if self.job is not None:
-            self.engine.cancel(self.job)
-
-    def is_busy(self) -> bool:
-        """A job of this page is queued or running."""
-        return bool(self.busy) or (self.job is not None and self.job.active)
-
     # --- banner -------------------------------------------------------------------------------
-    def show_error(self, text: str, level: str = "error") -> None:
-        self.banner.show_message(level, text)
-        if level == "error":
-            self.sig_error.emit(text)
-
-    def banner_text(self) -> str:
-        return self.banner.text() if not self.banner.isHidden() else ""
-
     # --- state --------------------------------------------------------------------------------
     def _set_busy(self, busy: str) -> None:
-        self.busy = busy
+        self.busy = busy  # read by what follows
         idle = not busy
         for w in (
             self.generate_button,
@@ -566,7 +526,7 @@ class RewardsPage(QWidget):
         if busy:
             self.status_label.setText(BUSY_TEXT.get(busy, busy))
             self.side_by_side.status.setText(BUSY_TEXT.get(busy, busy))
-        self.sig_busy_changed.emit(busy)
+        super()._set_busy(busy)
 
     def _update_apply_enabled(self) -> None:
         s = self.session
@@ -576,25 +536,13 @@ class RewardsPage(QWidget):
     def _run(self, kind: str, fn, on_done, *, needs_model: bool = True) -> None:
         """Run fn(engine session) as a job of the engine worker (the model it needs is opened first);
         on_done(result) or an error in the page, on the UI thread."""
-        self._set_busy(kind)
-
-        def done(result) -> None:
-            self.job = None
-            self._set_busy("")
-            on_done(result)
-
-        def failed(message: str) -> None:
-            self.job = None
-            self._set_busy("")
-            self._task_failed(kind, message)
-
-        model = self.info.path if self.info is not None else self.project.model_path
-        self.job = self.engine.submit(
+        self._submit_job(
+            kind,
             BUSY_TEXT.get(kind, kind).rstrip("…").lower(),
             lambda session, job: fn(session),
-            on_done=done,
-            on_error=failed,
-            model=(model, self.project.device) if needs_model and model else None,
+            on_done,
+            lambda message: self._task_failed(kind, message),
+            self.model_path() if needs_model else None,
             needs_session=needs_model,
         )
 
@@ -623,7 +571,7 @@ class RewardsPage(QWidget):
         self.session_start = None
         self._show_cards([])
         self.history.set_rounds([])
-        self.diagnostics.set_empty(self.settings.mode())
+        self.diagnostics.set_empty(self.reward_settings.mode())
         self.status_label.setText("")
         self._set_busy(self.busy)
         self._show_paths()
@@ -633,9 +581,9 @@ class RewardsPage(QWidget):
 
     # --- paths --------------------------------------------------------------------------------
     def _project_changed(self, changed: set[str]) -> None:
-        if changed & {"output_dir", "path", "dataset_path", "model_path"}:
+        if changed & RUNS_MOVED:
             self.refresh_runs()
-        if changed & {"output_dir", "path", "dataset_path", "model_path", "config"}:
+        if changed & (RUNS_MOVED | {"config"}):
             self._show_paths()
         if "dataset_path" in changed:
             self.auto.show_source()
@@ -800,7 +748,7 @@ class RewardsPage(QWidget):
         if not self._check_ready():
             return None
         try:
-            return self.settings.reward_config()
+            return self.reward_settings.reward_config()
         except EngineError as exc:
             self.show_error(
                 f"A sampling setting is not valid: {exc}. Fix it on the left, then press {button}."
@@ -816,7 +764,7 @@ class RewardsPage(QWidget):
             targets=c.targets,
             rank=c.rank,
             alpha=c.alpha,
-            config=self.settings.reward_config(),
+            config=self.reward_settings.reward_config(),
             ratings_path=self.ratings_path(),
             checkpoint_dir=self.checkpoint_dir(),
             template=self.info.template if self.info is not None and self.project.template_file else None,
@@ -845,7 +793,7 @@ class RewardsPage(QWidget):
             return False
         self.banner.hide()
         system = self.system_edit.text().strip() or None
-        n, seed = config.n_samples, int(self.settings.seed_spin.value())
+        n, seed = config.n_samples, int(self.reward_settings.seed_spin.value())
         session, model = self.session, None
         maker = None
         if session is None:
@@ -924,10 +872,10 @@ class RewardsPage(QWidget):
             self._task_failed("generating", error)
             return
         self.status_label.setText(
-            f"Round {session.round}: {len(answers)} answers (seed {self.settings.seed_spin.value()}). "
+            f"Round {session.round}: {len(answers)} answers (seed {self.reward_settings.seed_spin.value()}). "
             "Rate them, then Apply."
         )
-        self.settings.next_seed()
+        self.reward_settings.next_seed()
         self._show_cards(answers)
         self.history.set_rounds(session.history)
         self._show_paths()
@@ -967,7 +915,7 @@ class RewardsPage(QWidget):
         if cards:
             self.refresh_preview()
         else:
-            self.diagnostics.set_empty(self.settings.mode())
+            self.diagnostics.set_empty(self.reward_settings.mode())
         self._update_apply_enabled()
 
     # --- rating -------------------------------------------------------------------------------
@@ -1012,7 +960,7 @@ class RewardsPage(QWidget):
         """Diagnostics and each card's weight/advantage, from the session's preview()."""
         s = self.session
         if s is None or not self.cards:
-            self.diagnostics.set_empty(self.settings.mode())
+            self.diagnostics.set_empty(self.reward_settings.mode())
             return
         if self.cards[0].locked:  # the round was applied; the panel shows what it did
             return
@@ -1088,7 +1036,7 @@ class RewardsPage(QWidget):
             self.grid.focus_card(0)
             return False
         try:
-            config = self.settings.reward_config()
+            config = self.reward_settings.reward_config()
         except EngineError as exc:
             self.show_error(f"A setting is not valid: {exc}. Fix it on the left, then press Apply.")
             return False
@@ -1129,7 +1077,7 @@ class RewardsPage(QWidget):
         if self.busy or not self._check_ready():
             return False
         try:
-            config = self.settings.reward_config()
+            config = self.reward_settings.reward_config()
         except EngineError as exc:
             self.show_error(f"A sampling setting is not valid: {exc}. Fix it on the left.")
             return False

@@ -48,6 +48,7 @@ from PySide6.QtWidgets import (
 )
 
 from ...widgets.banner import MessageBar
+from ...widgets.faint_label import FaintLabel
 from ...widgets.theme import is_dark
 from .cards import STOP_REASONS, format_reward, rating_colour
 
@@ -132,9 +133,7 @@ class DiagnosticsWidget(QGroupBox):
         self.stats = QLabel()
         self.stats.setTextFormat(Qt.RichText)
         self.stats.setWordWrap(True)
-        self.mode_help = QLabel()
-        self.mode_help.setWordWrap(True)
-        self.mode_help.setObjectName("faint")
+        self.mode_help = FaintLabel(wrap=True)
         self.warning = MessageBar()
         self.bars = WeightBarsWidget()
         self.bars_title = QLabel()
@@ -144,12 +143,7 @@ class DiagnosticsWidget(QGroupBox):
             label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.warning.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.same: list[list[int]] = []
-        self.message = QLabel()
-        self.message.setWordWrap(True)
-        self.message.setObjectName("faint")
-        self.message.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        faint = self.palette().color(QPalette.PlaceholderText).name()
-        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
+        self.message = FaintLabel(wrap=True, squeeze=True)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 6, 8, 6)
         layout.setSpacing(4)
@@ -454,8 +448,7 @@ class AnswerPaneWidget(QFrame):
         font = self.text.font()
         font.setPointSizeF(font.pointSizeF() * 1.1)
         self.text.setFont(font)
-        self.meta = QLabel()
-        self.meta.setObjectName("faint")
+        self.meta = FaintLabel()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 6, 8, 6)
         layout.addWidget(self.title)
@@ -508,8 +501,7 @@ class SideBySideWidget(QWidget):
             "seed (Ctrl+Enter)."
         )
         self.compare_button.clicked.connect(self._compare)
-        self.status = QLabel()
-        self.status.setObjectName("faint")
+        self.status = FaintLabel()
         row = QHBoxLayout()
         row.addWidget(QLabel("Seed:"))
         row.addWidget(self.seed)
@@ -524,8 +516,6 @@ class SideBySideWidget(QWidget):
         panes.addWidget(self.base)
         panes.addWidget(self.adapted)
         panes.setChildrenCollapsible(False)
-        faint = self.palette().color(QPalette.PlaceholderText).name()
-        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(QLabel("<b>Prompt</b>"))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from PySide6.QtCore import QFileSystemWatcher, QItemSelectionModel, QSettings, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import QFileSystemWatcher, QItemSelectionModel, Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QKeySequence, QShortcut
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -42,13 +42,15 @@ from PySide6.QtWidgets import (
 
 from engine import RunRecord, SampleAnswers
 
-from ...project import ModelInfo, Project
+from ...project import ModelInfo
+from ...widgets.buttons import action_button
 from ...widgets.elided_label import ElidedLabel
+from ...widgets.engine_page import RUNS_MOVED, EnginePage
+from ...widgets.faint_label import FaintLabel
 from ...widgets.loss_overlay import LossOverlayWidget
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import (
     add_followed,
-    app_settings,
     extra_folders,
     followed_events,
     has_adapter,
@@ -62,7 +64,6 @@ from ...widgets.runs import (
     status_text,
 )
 from ...widgets.sample_answers import SampleAnswersTable
-from ...worker import Engine
 from .model import RunsModel
 
 POLL_MS = 3000  # re-read the records this often while the page is visible
@@ -76,7 +77,7 @@ def _two_lines(path: str, note: str = "") -> str:
     return f"{os.path.basename(path)}{note}\nin {os.path.dirname(path)}"
 
 
-class RunsPage(QWidget):
+class RunsPage(EnginePage):
     """The run history; see the module docstring."""
 
     sig_chat_requested = Signal(str, str)  # adapter path, label
@@ -84,19 +85,9 @@ class RunsPage(QWidget):
     sig_export_requested = Signal(str)  # adapter path
     sig_resume_requested = Signal(str, str)  # checkpoint folder, the run's model
 
-    def __init__(
-        self,
-        project: Project,
-        engine: Engine,
-        parent: QWidget | None = None,
-        settings: QSettings | None = None,
-    ):
-        """settings: where the added folders are remembered (default: the app's own settings)."""
-        super().__init__(parent)
-        self.project = project
-        self.engine = engine
-        self.settings = settings if settings is not None else app_settings()
-        self.info: ModelInfo | None = None
+    def __init__(self, *args, **kwargs):
+        """EnginePage's arguments: project, engine, parent, settings."""
+        super().__init__(*args, **kwargs)
         self.open_url = QDesktopServices.openUrl  # replaced in tests
         self._signature: tuple = ()
 
@@ -105,27 +96,27 @@ class RunsPage(QWidget):
         self.folders_label.setWordWrap(True)
         self.folders_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.folders_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.add_button = QPushButton("Add folder…")
-        self.add_button.setToolTip(
+        self.add_button = action_button(
+            "Add folder…",
+            self.choose_folder,
             "Also list the runs in another folder (an older project's output folder, say); remembered "
-            "for the next start. Default: only the project's output folder."
+            "for the next start. Default: only the project's output folder.",
         )
-        self.add_button.clicked.connect(self.choose_folder)
-        self.follow_button = QPushButton("Follow a run…")
-        self.follow_button.setToolTip(
+        self.follow_button = action_button(
+            "Follow a run…",
+            self.choose_events,
             "List a run from its events file (tune-engine train --events FILE: a run on other processes "
-            "or machines) and draw its loss as it trains; remembered for the next start."
+            "or machines) and draw its loss as it trains; remembered for the next start.",
         )
-        self.follow_button.clicked.connect(self.choose_events)
         self.remove_button = QToolButton()
         self.remove_button.setText("Remove folder")
         self.remove_button.setPopupMode(QToolButton.InstantPopup)
         self.remove_button.setToolTip("Stop listing a folder you added (nothing is deleted)")
         self.remove_menu = QMenu(self)
         self.remove_button.setMenu(self.remove_menu)
-        self.refresh_button = QPushButton("Refresh")
-        self.refresh_button.setToolTip("Read the run records again (F5); it also happens by itself")
-        self.refresh_button.clicked.connect(self.refresh)
+        self.refresh_button = action_button(
+            "Refresh", self.refresh, "Read the run records again (F5); it also happens by itself"
+        )
         top = QHBoxLayout()
         top.addWidget(title)
         top.addWidget(self.folders_label, 1)
@@ -155,9 +146,7 @@ class RunsPage(QWidget):
         )
         self.table.selectionModel().selectionChanged.connect(self._selection_changed)
         self.table.doubleClicked.connect(lambda _: self.chat())
-        self.empty_label = QLabel()
-        self.empty_label.setWordWrap(True)
-        self.empty_label.setObjectName("faint")
+        self.empty_label = FaintLabel(wrap=True)
         self.empty_label.hide()
 
         self.plot = LossOverlayWidget()
@@ -181,27 +170,24 @@ class RunsPage(QWidget):
         split.setChildrenCollapsible(False)
         self.splitter = split
 
-        self.chat_button = QPushButton("Chat with it")
-        self.chat_button.setToolTip("Open the Chat page with this run's adapter (Enter)")
-        self.chat_button.clicked.connect(self.chat)
-        self.rate_button = QPushButton("Rate answers")
-        self.rate_button.setToolTip("Continue this adapter with rating rounds on the Rewards page")
-        self.rate_button.clicked.connect(self.rate)
-        self.export_button = QPushButton("Export…")
-        self.export_button.setToolTip(
-            "Export this run's adapter (or merge it into the model) on the Export page"
+        self.chat_button = action_button(
+            "Chat with it", self.chat, "Open the Chat page with this run's adapter (Enter)"
         )
-        self.export_button.clicked.connect(self.export)
-        self.resume_button = QPushButton("Resume")
-        self.resume_button.setToolTip(
+        self.rate_button = action_button(
+            "Rate answers", self.rate, "Continue this adapter with rating rounds on the Rewards page"
+        )
+        self.export_button = action_button(
+            "Export…",
+            self.export,
+            "Export this run's adapter (or merge it into the model) on the Export page",
+        )
+        self.resume_button = action_button(
+            "Resume",
+            self.resume,
             "Continue this stopped (or failed) run from its last checkpoint to its planned end, with its own "
-            "settings and data, on the Train page (its model is opened when another one is)"
+            "settings and data, on the Train page (its model is opened when another one is)",
         )
-        self.resume_button.clicked.connect(self.resume)
-        self.why_label = QLabel()
-        self.why_label.setObjectName("faint")
-        self.why_label.setWordWrap(True)
-        self.why_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.why_label = FaintLabel(wrap=True, squeeze=True)
         actions = QHBoxLayout()
         actions.addWidget(self.chat_button)
         actions.addWidget(self.rate_button)
@@ -215,8 +201,6 @@ class RunsPage(QWidget):
         layout.addLayout(top)
         layout.addWidget(split, 1)
         layout.addLayout(actions)
-        faint = self.palette().color(self.palette().ColorRole.PlaceholderText).name()
-        self.setStyleSheet(f"QLabel#faint {{ color: {faint}; }}")
 
         QShortcut(QKeySequence("F5"), self, self.refresh, context=Qt.WidgetWithChildrenShortcut)
         for key in ("Return", "Enter"):
@@ -233,8 +217,6 @@ class RunsPage(QWidget):
         self.poll.setInterval(POLL_MS)
         self.poll.timeout.connect(self.refresh)
 
-        project.subscribe(self._project_changed)
-        self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
         self.refresh()
         self._update_buttons()
 
@@ -252,12 +234,16 @@ class RunsPage(QWidget):
         self.settings_label = QLabel("–")
         self.settings_label.setWordWrap(True)
         self.settings_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.open_adapter_button = QPushButton("Open folder")
-        self.open_adapter_button.setToolTip("Show the adapter's folder in the file browser")
-        self.open_adapter_button.clicked.connect(lambda: self._open(self._adapter_folder()))
-        self.open_checkpoints_button = QPushButton("Open folder")
-        self.open_checkpoints_button.setToolTip("Show the run's checkpoint folder in the file browser")
-        self.open_checkpoints_button.clicked.connect(lambda: self._open(self._checkpoint_folder()))
+        self.open_adapter_button = action_button(
+            "Open folder",
+            lambda: self._open(self._adapter_folder()),
+            "Show the adapter's folder in the file browser",
+        )
+        self.open_checkpoints_button = action_button(
+            "Open folder",
+            lambda: self._open(self._checkpoint_folder()),
+            "Show the run's checkpoint folder in the file browser",
+        )
         form = QFormLayout()
         form.setContentsMargins(0, 0, 0, 0)
         form.setVerticalSpacing(3)
@@ -381,9 +367,6 @@ class RunsPage(QWidget):
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of runs", self.project.output_folder())
         if folder:
             self.add_folder(folder)
-
-    def model_path(self) -> str | None:
-        return self.info.path if self.info is not None else self.project.model_path
 
     # --- actions ------------------------------------------------------------------------------
     def _usable(self, run: RunRecord | None) -> str:
@@ -531,7 +514,7 @@ class RunsPage(QWidget):
         self.remove_button.setEnabled(bool(added or followed))
 
     def _project_changed(self, changed: set[str]) -> None:
-        if changed & {"output_dir", "path", "dataset_path", "model_path"}:
+        if changed & RUNS_MOVED:
             if "model_path" in changed and self.info is None:
                 self.model.set_model(self.project.model_path)
             self.refresh()

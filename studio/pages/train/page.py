@@ -112,10 +112,9 @@ from ...worker import Engine, Job
 from .folders import checkpoint_model, clean_failed_run, folder_problem, missing_folders, same_file
 from .plan import Blocker, EncodingCache, RunCheck, check_run, check_selection
 from .processes import MachinesDialog, ProcessRun, RunFiles
+from .run_state import RunState, RunStates, controls
 from .settings import TrainSettingsWidget
 
-STATES = ("idle", "loading", "training", "pausing", "paused", "stopping", "finished", "failed")
-ACTIVE = ("loading", "training", "pausing", "stopping")
 LOG_MAX_LINES = 5000
 CHECK_DELAY_MS = 400  # settings and dataset changes are checked this long after the last one
 NOTIFY_AFTER_S = 60.0  # a run segment longer than this alerts the window when it ends
@@ -202,7 +201,7 @@ class TrainPage(QWidget):
         self.ask_resume = self._ask_resume
         self.dataset = dataset  # the samples the editor shows: trained as they are, unsaved edits included
         self.info: ModelInfo | None = None
-        self._state = "idle"
+        self.run_states = RunStates()
         self.job: Job | None = None  # the training job in flight
         self.proc_run: ProcessRun | None = None  # a run on several processes beside the app
         self.machines_dialog: MachinesDialog | None = None
@@ -435,27 +434,30 @@ class TrainPage(QWidget):
 
     # --- state ------------------------------------------------------------------------------
     @property
-    def state(self) -> str:
-        return self._state
+    def state(self) -> RunState:
+        return self.run_states.state
 
-    def _set_state(self, state: str, force: bool = False) -> None:
-        assert state in STATES, state
-        changed = state != self._state
-        self._state = state
-        active = state in ACTIVE
-        resumable = state in ("idle", "paused", "failed", "finished") and self._can_resume()
-        self.pause_button.setEnabled(state == "training" and self.proc_run is None)
-        self.resume_button.setEnabled(resumable)
-        self.stop_button.setEnabled(state in ("loading", "training", "paused"))  # paused: end it
-        self.resume_from_button.setEnabled(not active)
-        self.processes.setEnabled(not active)
-        self.output_button.setEnabled(not active)
-        self.settings.setEnabled(not active)
+    def _set_state(self, state: RunState | str, force: bool = False) -> None:
+        """Move the run to `state` (run_state.MOVES) and show what it offers; force: announce it on
+        sig_state_changed even when it did not change."""
+        changed = self.run_states.move(state)
+        self._show_state(changed, force)
+
+    def _show_state(self, changed: bool = False, announce: bool = False) -> None:
+        """Show the run's state and what it offers; sig_state_changed when it changed or `announce`."""
+        state = self.run_states.state
+        active = state.active
+        offered = controls(state, can_resume=self._can_resume(), in_process=self.proc_run is None)
+        self.pause_button.setEnabled(offered.pause)
+        self.resume_button.setEnabled(offered.resume)
+        self.stop_button.setEnabled(offered.stop)  # paused: end it
+        for w in (self.resume_from_button, self.processes, self.output_button, self.settings):
+            w.setEnabled(not offered.locked)
         ranks = f" on {self._ranks} processes" if self._ranks > 1 and active else ""
         self.state_label.setText(f"<b>{state}</b>{ranks}")
         self._update_start()
-        if changed or force:
-            self.sig_state_changed.emit(state)
+        if changed or announce:
+            self.sig_state_changed.emit(state.value)
             if not active and changed:
                 self.schedule_check()  # memory and data may have changed with the run
 
@@ -468,7 +470,7 @@ class TrainPage(QWidget):
             and not same_file(self.run_model, self.project.model_path)
         ):
             return False
-        if self._state == "paused":
+        if self.state == "paused":
             return True
         if self.paths is None or latest_checkpoint(self.paths.checkpoint_dir) is None:
             return self.resumable is not None  # a stopped run of this model in the history
@@ -481,7 +483,7 @@ class TrainPage(QWidget):
         its planned end and left a checkpoint: Resume offers it (after a relaunch, say)."""
         found = None
         model = self.project.model_path
-        if model and self._state not in ACTIVE:
+        if model and not self.state.active:
             for run in load_runs(self.project, self.app_settings):
                 ckpt = resume_checkpoint(run) if run.model and same_model(run, model) else None
                 if ckpt:
@@ -493,7 +495,7 @@ class TrainPage(QWidget):
                 f"Continue the run {found[1]} from its checkpoint {os.path.basename(found[0])}, with its own "
                 "settings (Ctrl+Shift+Enter)."
             )
-        self._set_state(self._state)
+        self._show_state()
 
     # --- model ------------------------------------------------------------------------------
     def set_model_info(self, info: ModelInfo | None) -> None:
@@ -525,9 +527,9 @@ class TrainPage(QWidget):
                 if matching_preset(self.project.config, n_params) == "defaults":
                     self.project.reset_hyperparameters(n_params, self.settings.data)
             self._config_model = info.path
-            if self.run_model and not same_file(self.run_model, info.path) and self._state not in ACTIVE:
+            if self.run_model and not same_file(self.run_model, info.path) and not self.state.active:
                 self._forget_run()
-            elif not self.run_model and self._state not in ACTIVE:
+            elif not self.run_model and not self.state.active:
                 self.plots.clear()  # nothing of another model stays on show
         if self.banner_level == "error" and info is not None and "model" in self._banner_plain.lower():
             self.hide_banner()
@@ -537,7 +539,7 @@ class TrainPage(QWidget):
     def _forget_run(self) -> None:
         """The open model changed: the last run (paused in memory, or with checkpoints) is not
         offered any more."""
-        if self._state == "paused":
+        if self.state == "paused":
             self._log(f"The run paused at step {self.last_step} ended with its model "
                       "(its checkpoints, if any, are kept on disk).")  # fmt: skip
         self.run = None
@@ -562,7 +564,7 @@ class TrainPage(QWidget):
         )
         if relevant:
             self._show_next = True
-            self._set_state(self._state)  # Resume may not be offered any more
+            self._show_state()  # Resume may not be offered any more
             self.schedule_check()
 
     def _dataset_changed(self, change) -> None:
@@ -581,7 +583,7 @@ class TrainPage(QWidget):
         updates the progress bar and the Start button. None when there is nothing to check yet."""
         self.check_timer.stop()
         info, p = self.info, self.project
-        if self._state in ACTIVE:
+        if self.state.active:
             return None  # checked again when the run ends
         if info is None or self._input_blocker() is not None or not same_file(info.path, p.model_path):
             self.check = None  # (a model still opening: checked when the window says it is open)
@@ -700,7 +702,7 @@ class TrainPage(QWidget):
                        "to 1.")  # fmt: skip
 
     def _update_start(self) -> None:
-        active = self._state in ACTIVE
+        active = self.state.active
         blocker = None if active else self.blocker()
         self.start_button.setEnabled(not active and blocker is None)
         weak = None if active or blocker is not None else self.plan_warning()
@@ -790,7 +792,7 @@ class TrainPage(QWidget):
         return RunPaths(out, ckpt)
 
     def _show_paths(self) -> None:
-        if self.paths is not None and self._state != "idle":
+        if self.paths is not None and self.state != "idle":
             p = self.paths
             self.paths_label.setText(f"Adapter: {p.out}\nCheckpoints: {p.checkpoint_dir}")
         else:
@@ -838,7 +840,7 @@ class TrainPage(QWidget):
 
     def start(self) -> bool:
         """Start a new run with the project's settings; False (and a banner) if it cannot start."""
-        if self._state in ACTIVE:
+        if self.state.active:
             return False
         if not self._check_inputs():
             return False
@@ -885,9 +887,9 @@ class TrainPage(QWidget):
     def resume(self) -> bool:
         """Continue the current run: in memory after Pause, else from its latest checkpoint; after a
         relaunch, the newest stopped run of the open model (`refresh_resumable`)."""
-        if self._state in ACTIVE or not self._can_resume():
+        if self.state.active or not self._can_resume():
             return False
-        if self._state == "paused":
+        if self.state == "paused":
             self.hide_banner()
             self._log(f"Resuming at step {self.last_step}")
             self._launch(resume=None, continue_run=True)
@@ -914,7 +916,7 @@ class TrainPage(QWidget):
         open model, with the run's own settings and data (the checkpoint carries them): the steps,
         the training time and the tokens go on from the checkpoint's, to the run's planned end. When
         the page's settings or dataset differ from the run's, `ask_resume` asks first."""
-        if self._state in ACTIVE:
+        if self.state.active:
             return False
         blocker = self._model_blocker()
         if blocker is not None:
@@ -1043,22 +1045,22 @@ class TrainPage(QWidget):
 
     def pause(self) -> None:
         """Pause after the current step; the run stays in memory and Resume goes on from there."""
-        if self._state == "training" and self.job is not None:
+        if self.state == "training" and self.job is not None:
             self.job.request_pause()
             self._set_state("pausing")
             self._log("Pausing after the current step…")
 
     def stop(self) -> None:
         """End the run after the current step (the adapter and a checkpoint are written). No question."""
-        if self._state in ("loading", "training") and self.proc_run is not None:
+        if self.state in ("loading", "training") and self.proc_run is not None:
             self.proc_run.stop()
             self._set_state("stopping")
             self._log("Stopping every process after the current step…")
-        elif self._state in ("loading", "training") and self.job is not None:
+        elif self.state in ("loading", "training") and self.job is not None:
             self.job.request_stop()
             self._set_state("stopping")
             self._log("Stopping after the current step…")
-        elif self._state == "paused":
+        elif self.state == "paused":
             self._log(f"Ending the run paused at step {self.last_step}…")
             self._set_state("stopping")
             run = self.run
@@ -1318,7 +1320,7 @@ class TrainPage(QWidget):
             hosts = ", ".join(f"rank {r} on {h}" for r, h in enumerate(plan.hosts))
             self._log(f"{plan.ranks} processes, each with a share of every step's windows: {hosts}")
             self.state_label.setToolTip(f"Training on {plan.ranks} processes: {hosts}")
-        self._set_state("training")
+        self._show_state(self.run_states.started())  # a Stop that came first keeps the run stopping
         self._refresh_progress(force=True)
 
     def _on_failed(self, message: str) -> None:
@@ -1434,7 +1436,7 @@ class TrainPage(QWidget):
         if not (self._progress_dirty or force):
             return
         self._progress_dirty = False
-        active = self._state in ACTIVE
+        active = self.state.active
         plan = self.check.plan if self.check is not None else None
         if not active and self._show_next:  # the next run, as the check planned it
             if plan is not None and plan.total_steps:
@@ -1462,16 +1464,16 @@ class TrainPage(QWidget):
 
     def _stats_text(self) -> str:
         s = self._latest_step
-        if self._state in ACTIVE and s is None:
+        if self.state.active and s is None:
             return self.phase or "Starting…"
         elapsed = human_duration(self.elapsed_s)
-        if self._state in ACTIVE and s is not None:
+        if self.state.active and s is not None:
             return (
                 f"Step {s.step:,} of {s.total_steps:,} · {elapsed} elapsed · {eta_words(s.eta_s)} · "
                 f"{s.tokens_per_s:,.0f} tokens/s · epoch {s.epoch:.2f} · "
                 f"{self.tokens_done:,} tokens processed"
             )
-        if self._state == "paused":
+        if self.state == "paused":
             return (
                 f"Paused at step {self.last_step:,} of {self.total_steps:,} · {elapsed} of training so far."
             )
@@ -1511,7 +1513,7 @@ class TrainPage(QWidget):
         """End the run (running, or paused in memory) after its current step, with its checkpoint and
         adapter written, and wait for that while the window keeps painting (input waits). True when
         no run is left; False when it did not end within `timeout_s`."""
-        if self._state in ("loading", "training", "pausing", "paused"):
+        if self.state in ("loading", "training", "pausing", "paused"):
             self.stop()
         if not self.is_running():
             return True
@@ -1533,8 +1535,9 @@ class TrainPage(QWidget):
 
     def reset(self) -> None:
         """A new project: no run, no curves, no log, no checkpoint offered (the run's files stay)."""
-        if self._state in ACTIVE or self._state == "paused":
+        if self.state.active or self.state == "paused":
             self.stop_and_wait()
+        self.run_states.reset()
         self._forget_run()
         self.resumable = None
         self.log.clear()
@@ -1571,4 +1574,4 @@ def _sentence(message: str) -> str:
     return message if message.endswith((".", "!", "?")) else message + "."
 
 
-__all__ = ["STATES", "Phase", "RunPaths", "TrainPage", "eta_words", "human_duration", "plain_words"]
+__all__ = ["RunState", "Phase", "RunPaths", "TrainPage", "eta_words", "human_duration", "plain_words"]
