@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 from engine import SampleAnswers
 
 from ..project import Project, SampleAnswerSettings
+from .faint_label import FaintLabel
 
 
 class SampleAnswersTable(QTableWidget):
@@ -108,8 +109,7 @@ class SampleAnswersWidget(QWidget):
         layout.addWidget(self.validation_note)
         self.table = SampleAnswersTable()
         layout.addWidget(self.table, 1)
-        self.empty = QLabel("No sample answers yet: choose the prompts above, then start a run.")
-        self.empty.setObjectName("faint")
+        self.empty = FaintLabel("No sample answers yet: choose the prompts above, then start a run.")
         layout.addWidget(self.empty)
         self._show_project()
         for signal in (
