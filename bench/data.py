@@ -87,7 +87,7 @@ def child(args: argparse.Namespace) -> int:
     from engine import Tokenizer
     from engine.model.model import Model
     from engine.text.chat_template import template_for
-    from engine.train.data import EncodeOptions
+    from engine.train.encode import EncodeOptions
 
     model = Model.load(args.model, cache_budget=0) if args.load_model else None
     md = model.metadata if model is not None else __import__("engine").GGUFFile(args.model).metadata
@@ -98,7 +98,8 @@ def child(args: argparse.Namespace) -> int:
     base = _rss()
     cpu, main_cpu, t = time.process_time(), time.thread_time(), time.perf_counter()
     if args.reference:
-        from engine.train.data import encode_samples_ref, load_jsonl
+        from engine.train.data import load_jsonl
+        from engine.train.encode import encode_samples_ref
 
         samples, problems = load_jsonl(args.data)
         encoded, more = encode_samples_ref(samples, tokenizer, template, options)

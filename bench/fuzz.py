@@ -83,12 +83,8 @@ from engine.model.summary import summarize  # noqa: E402
 from engine.testing import SynthSpec, model_metadata, random_weights, write_model  # noqa: E402
 from engine.text.chat_template import CHATML_TEMPLATE, ChatTemplate  # noqa: E402
 from engine.text.tokenizer import Tokenizer  # noqa: E402
-from engine.train.data import (  # noqa: E402
-    EncodeOptions,
-    encode_samples,
-    load_jsonl,
-    save_jsonl,
-)
+from engine.train.data import load_jsonl, save_jsonl
+from engine.train.encode import EncodeOptions, encode_samples
 
 CATEGORIES = ("gguf", "vocab", "jsonl", "template", "sampling", *CLI_CATEGORIES)
 SHARE = {"gguf": 0.26, "vocab": 0.08, "jsonl": 0.18, "template": 0.16, "sampling": 0.08, "outputs": 0.08,

@@ -80,17 +80,13 @@ from .testing import SynthSpec, write_adapter, write_model
 from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from .text.tokenizer import Tokenizer
 from .train.advice import plan_warning
+from .train.batches import Batch
 from .train.commands import local_ranks_available, shell_line, train_command
 from .train.convert import ColumnMap, Conversion, Source, convert_file, convert_source, guess_map, read_source
 from .train.data import (
-    Batch,
-    Encoded,
-    EncodeOptions,
     Problem,
     Sample,
     append_jsonl,
-    encode_iter,
-    encode_samples,
     iter_jsonl,
     load_jsonl,
     parse_sample,
@@ -98,6 +94,7 @@ from .train.data import (
     save_jsonl,
     validation_indices,
 )
+from .train.encode import Encoded, EncodeOptions, encode_iter, encode_samples
 from .train.events import (
     Checkpoint,
     Eval,

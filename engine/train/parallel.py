@@ -6,7 +6,7 @@ order) are cut into `size` contiguous shares; a rank computes the loss and gradi
 one forward/backward per micro-batch it has rows of (never more rows at once than a micro-batch),
 and one `allreduce` per step sums the gradients (LoRA factors and full-weight tensors, bucketed)
 with the loss, the token counts and the MoE expert counts. Because a micro-batch's per-token loss
-weights already carry its normalisation (engine.train.data.make_batches), the sum over ranks is the
+weights already carry its normalisation (engine.train.batches.make_batches), the sum over ranks is the
 step one process computes, up to the order of the sums; the optimizer then takes the same step on
 every rank.
 
@@ -34,8 +34,8 @@ import numpy as np
 from ..backend import to_host
 from ..errors import EngineError
 from ..io.hashes import cached_sha256
+from .batches import Batch
 from .collective import SETUP_TIMEOUT_S, Collective
-from .data import Batch
 from .optim import GradAccumulator
 from .train_model import loss_and_grads
 

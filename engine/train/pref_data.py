@@ -36,21 +36,9 @@ import numpy as np
 
 from ..errors import DatasetError
 from ..io.files import durable_append
-from .data import (
-    PREFERENCE,
-    WARNING,
-    Batch,
-    BatchesOnDemand,
-    Encoded,
-    EncodeOptions,
-    Problem,
-    Sample,
-    encode_samples,
-    make_batches,
-    pack,
-    pack_order,
-    parse_sample,
-)
+from .batches import Batch, BatchesOnDemand, make_batches, pack, pack_order
+from .data import PREFERENCE, WARNING, Problem, Sample, parse_sample
+from .encode import Encoded, EncodeOptions, encode_samples
 
 if TYPE_CHECKING:
     from ..text.chat_template import ChatTemplate

@@ -63,20 +63,9 @@ import numpy as np
 
 from ..errors import DatasetError
 from ..io.files import atomic_write, user_data_folder
-from .data import (
-    Batch,
-    BatchesOnDemand,
-    Encoded,
-    EncodedChunk,
-    EncodeOptions,
-    Problem,
-    Sample,
-    digest,
-    encode_chunks,
-    iter_jsonl,
-    make_batches,
-    pack_order,
-)
+from .batches import Batch, BatchesOnDemand, make_batches, pack_order
+from .data import Problem, Sample, digest, iter_jsonl
+from .encode import Encoded, EncodedChunk, EncodeOptions, encode_chunks
 from .pref_data import pair_rows
 
 if TYPE_CHECKING:

@@ -78,8 +78,10 @@ from ..model.targets import TargetSpec, select_targets
 from ..ranges import check_number
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
+from .batches import batch_encoded
 from .checkpoint import ADAPTER_FILE, PREFIX, CheckpointError, read_checkpoint, write_checkpoint
-from .data import EncodeOptions, batch_encoded, encode_samples, parse_sample
+from .data import parse_sample
+from .encode import EncodeOptions, encode_samples
 from .optim import AdamW, OptimConfig
 from .ratings import RewardError, append_ratings
 from .reward_fns import Score, Scorer

@@ -52,7 +52,8 @@ from .checkpoint import (
     write_checkpoint,
 )
 from .collective import Collective, RankTimeout
-from .data import Encoded, EncodeOptions, Problem, Sample, save_jsonl, split_groups
+from .data import Problem, Sample, save_jsonl, split_groups
+from .encode import Encoded, EncodeOptions
 from .heap import keep_step_buffers
 from .memory import MemoryEstimate, estimate_memory
 from .optim import AdamW, GradAccumulator, OptimConfig

@@ -3,8 +3,9 @@
 - `EnginePage`: a page made from (project, engine, parent, settings). It keeps the project, the
   engine (studio.worker), the window's QSettings (the run folders `load_runs` reads; the app's own
   when none is given) and the open model (`info`, set by `set_model_info`), follows the project's
-  changes (`_project_changed(changed)`, subscribed for the page's life) and shows problems in its
-  `banner` (`show_error`, `banner_text`, and `sig_error` for errors).
+  changes (`_project_changed(changed)`, subscribed for the page's life), shows problems in its
+  `banner` (`show_error`, `banner_text`, and `sig_error` for errors) and checks that an adapter
+  fits the open model (`fit_problems`, `warn_fit`).
 - `JobPage`: an EnginePage that runs engine jobs of its own, one at a time (Chat's answers, the
   Rewards page's generations and steps): `job` in flight, `busy` (the task by name, "" when idle,
   announced by `sig_busy_changed(str)`), `_stop` (set to end streaming early), `is_busy` and
@@ -16,6 +17,7 @@ Layout and everything else stay in the page.
 
 from __future__ import annotations
 
+import os
 import threading
 
 from PySide6.QtCore import QSettings, Signal
@@ -24,7 +26,7 @@ from PySide6.QtWidgets import QWidget
 from ..project import ModelInfo, Project
 from ..worker import Engine, Job
 from .banner import MessageBar
-from .runs import app_settings
+from .runs import adapter_file, adapter_problems, app_settings, fit_message
 
 # The project changes that move the run history (where runs are kept, which model they are for).
 RUNS_MOVED = frozenset({"output_dir", "path", "dataset_path", "model_path"})
@@ -49,12 +51,38 @@ class EnginePage(QWidget):
         self.settings = settings if settings is not None else app_settings()
         self.info: ModelInfo | None = None
         self.banner = MessageBar()
+        self._fits: dict[tuple[str, float, str], list[str]] = {}
         project.subscribe(self._project_changed)
         self.destroyed.connect(lambda *_, cb=self._project_changed: project.unsubscribe(cb))
 
     def model_path(self) -> str | None:
         """The open model's file, else the project's."""
         return self.info.path if self.info is not None else self.project.model_path
+
+    def fit_problems(self, path: str | None) -> list[str]:
+        """Why the adapter at `path` (a GGUF file, or a checkpoint folder) does not fit the open model,
+        from headers only, cached while the file is unchanged; [] when it fits or no model is open."""
+        if self.info is None or not path:
+            return []
+        file = adapter_file(path)
+        try:
+            key = (file, os.path.getmtime(file), self.info.path)
+        except OSError:
+            return [f"{file} does not exist"]
+        if key not in self._fits:
+            self._fits[key] = adapter_problems(path, self.info)
+        return self._fits[key]
+
+    def warn_fit(self, path: str | None, level: str = "warning") -> bool:
+        """Say in the banner when the adapter at `path` was made for another model (and take back an
+        earlier such warning when it fits); True when it fits."""
+        problems = self.fit_problems(path)
+        if problems:
+            self.show_error(fit_message(path, self.info, problems), level)
+            return False
+        if "made for another model" in self.banner_text():
+            self.banner.hide()
+        return True
 
     def _project_changed(self, changed: set[str]) -> None:
         """The project's fields named in `changed` were set; the page follows what it shows."""

@@ -15,23 +15,18 @@ from engine.io.gguf_file import GGUFFile
 from engine.text.chat_template import ChatTemplate
 from engine.text.tokenizer import Tokenizer
 from engine.train import data
+from engine.train.batches import batch_encoded, build_batches, make_batches, pack
 from engine.train.data import (
-    Encoded,
-    EncodeOptions,
     Problem,
     Sample,
     append_jsonl,
-    batch_encoded,
-    build_batches,
-    encode_samples,
     load_jsonl,
-    make_batches,
-    pack,
     parse_sample,
     save_jsonl,
     split_validation,
     validation_indices,
 )
+from engine.train.encode import Encoded, EncodeOptions, encode_samples
 from tests.conftest import DATA
 
 DATASETS = DATA / "datasets"

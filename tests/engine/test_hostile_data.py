@@ -19,8 +19,9 @@ from engine.errors import DatasetError
 from engine.testing import SynthSpec, write_model
 from engine.text.chat_template import ChatTemplate
 from engine.text.tokenizer import Tokenizer
-from engine.train import data
-from engine.train.data import EncodeOptions, encode_samples, load_jsonl, parse_sample, save_jsonl
+from engine.train import data, encode
+from engine.train.data import load_jsonl, parse_sample, save_jsonl
+from engine.train.encode import EncodeOptions, encode_samples
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -333,6 +334,6 @@ def test_mask_spans_equals_the_span_by_span_reference():
         offsets = list(zip([0, *cuts.tolist()], [*cuts.tolist(), 60], strict=True))
         edges = np.sort(rng.integers(0, 61, size=2 * rng.integers(0, 6))).tolist()
         spans = list(zip(edges[0::2], edges[1::2], strict=True))
-        assert data._mask_spans(offsets, spans) == reference(offsets, spans), (offsets, spans)
+        assert encode._mask_spans(offsets, spans) == reference(offsets, spans), (offsets, spans)
         unordered = spans[::-1] + [(5, 50)]
-        assert data._mask_spans(offsets, unordered) == reference(offsets, unordered)
+        assert encode._mask_spans(offsets, unordered) == reference(offsets, unordered)

@@ -270,7 +270,7 @@ def test_pairs_are_prepared_cached_and_batched_as_in_memory(tiny64, tmp_path):
     """prepare_data(pairs=True): each pair as two rows of the memory-mapped files, with the tokens and
     masks `encode_pairs` makes in memory; a cache entry of its own (not the SFT one), reused; other
     samples left out with a warning; batches made on demand equal to the in-memory pairs' batches."""
-    from engine.train.data import EncodeOptions
+    from engine.train.encode import EncodeOptions
     from engine.train.pref_data import PreparedPairs
     from engine.train.prepared import prepare_data
 

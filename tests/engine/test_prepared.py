@@ -23,23 +23,19 @@ from engine.io.gguf_file import GGUFFile
 from engine.text.chat_template import CHATML_TEMPLATE, GEMMA_TEMPLATE, ChatTemplate
 from engine.text.content_flow import passes_contents_through
 from engine.text.tokenizer import Tokenizer
-from engine.train import data as data_module
+from engine.train import batches as batches_module
+from engine.train import encode as encode_module
 from engine.train import prepared as prepared_module
+from engine.train.batches import batch_encoded, pack, pack_ref
 from engine.train.data import (
-    Encoded,
-    EncodeOptions,
     Sample,
-    batch_encoded,
-    encode_samples,
-    encode_samples_ref,
     load_jsonl,
-    pack,
-    pack_ref,
     parse_sample,
     split_validation,
     validation_indices,
     validation_indices_ref,
 )
+from engine.train.encode import Encoded, EncodeOptions, encode_samples, encode_samples_ref
 from engine.train.prepared import KEPT, PackedBatches, prepare_data
 from engine.train.rewards import group_advantages, reward_weights
 from engine.train.trainer import TrainConfig, Trainer
@@ -350,7 +346,7 @@ def test_span_token_ranges_equal_the_offsets_masks(vocab, tokenizers):
         texts, spans, tok.encode_batch_ranges(texts, spans), strict=True
     ):
         want_ids, offsets = tok.encode_with_offsets(text, parse_special=True)
-        want = np.asarray(data_module._mask_spans(offsets, text_spans), dtype=bool)
+        want = np.asarray(encode_module._mask_spans(offsets, text_spans), dtype=bool)
         got = np.zeros(len(ids), dtype=bool)
         for k0, k1 in ranges:
             got[k0:k1] = True
@@ -391,7 +387,7 @@ def test_packing_equals_the_reference(rng):
             want = [[e.index for e in w] for w in pack_ref(encoded, n_ctx, shuffle_seed=seed)]
             assert got == want
         items = rng.integers(0, n_ctx + 1, size=len(lengths))
-        assert data_module._first_fit(items, n_ctx).tolist() == data_module._first_fit_ref(
+        assert batches_module._first_fit(items, n_ctx).tolist() == batches_module._first_fit_ref(
             items.tolist(), n_ctx
         )
 

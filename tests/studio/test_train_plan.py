@@ -81,7 +81,7 @@ def test_the_check_counts_the_steps_windows_and_tokens_the_engine_plans(synth_mo
 
 
 def test_packing_follows_the_engine():
-    from engine.train.data import pack  # the engine's own, to compare
+    from engine.train.batches import pack  # the engine's own, to compare
 
     lengths = [5, 9, 3, 3, 7, 1, 8, 2, 6, 6]
 

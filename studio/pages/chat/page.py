@@ -54,7 +54,7 @@ from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
-from ...widgets.runs import RunChoiceWidget, adapter_problems, fit_message, load_runs
+from ...widgets.runs import RunChoiceWidget, load_runs
 from ...widgets.side_panel import SidePanelWidget
 from .conversation import AnswerColumnWidget, ConversationWidget, MessageWidget
 from .settings import SamplingSettingsWidget
@@ -86,7 +86,6 @@ class ChatPage(JobPage):
         self._last_adapter: object = None  # the adapter entry to go back to when toggled on
         self._pieces: list[tuple[int, str]] = []  # (column, text) streamed by the worker
         self._targets: list[MessageWidget] = []  # where column i's pieces go
-        self._fits: dict[tuple[str, float], list[str]] = {}
         self._cancelled = lambda: None  # the job in flight's "dropped before it started"
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(1000 // STREAM_HZ)
@@ -394,26 +393,10 @@ class ChatPage(JobPage):
         self.adapter_note.setToolTip(file or "")
         self._update_placeholder()
 
-    def _fit_problems(self, path: str) -> list[str]:
-        """The adapter file's header against the open model (cached while the file is unchanged)."""
-        if self.info is None:
-            return []
-        try:
-            key = (path, os.path.getmtime(path), self.info.path)
-        except OSError:
-            return [f"{path} does not exist"]
-        if key not in self._fits:
-            self._fits[key] = adapter_problems(path, self.info)
-        return self._fits[key]
-
     def _check_adapter(self, adapter: str | None) -> bool:
         if adapter is None or adapter == RUN:
             return True
-        problems = self._fit_problems(adapter)
-        if problems:
-            self.show_error(fit_message(adapter, self.info, problems))
-            return False
-        return True
+        return self.warn_fit(adapter, "error")
 
     def request_export(self) -> None:
         path = self.adapter_choice.current_path()

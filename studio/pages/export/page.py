@@ -52,7 +52,7 @@ from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, EnginePage
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
-from ...widgets.runs import RunChoiceWidget, adapter_problems, fit_message, load_runs
+from ...widgets.runs import RunChoiceWidget, fit_message, load_runs
 from ...widgets.theme import is_dark
 from .dialog import ExportDialog
 from .result import ExportResultWidget
@@ -229,14 +229,7 @@ class ExportPage(EnginePage):
 
     def _check_fit(self) -> bool:
         """Name at once an adapter made for another model (headers only); True when it fits."""
-        path = self.adapter_path()
-        problems = adapter_problems(path, self.info) if path and self.info is not None else []
-        if problems:
-            self.banner.show_message("warning", fit_message(path, self.info, problems))
-            return False
-        if "made for another model" in self.banner.text():
-            self.banner.hide()
-        return True
+        return self.warn_fit(self.adapter_path())
 
     def _choose_out(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self, "Export to", self.out_edit.text(), "GGUF (*.gguf)")
@@ -306,7 +299,7 @@ class ExportPage(EnginePage):
             self._show("Open the base model on the Model page first: the export is checked against it.", True)
             return
         if not self._check_fit():
-            problems = adapter_problems(req.source, self.info)
+            problems = self.fit_problems(req.source)
             self._show(f"Export failed: {fit_message(req.source, self.info, problems)}", error=True)
             return
         template = self.info.template if self.info is not None and self.info.path == req.base else None

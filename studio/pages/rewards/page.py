@@ -77,8 +77,6 @@ from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import (
     RunChoiceWidget,
-    adapter_file,
-    adapter_problems,
     fit_message,
     load_runs,
     same_file,
@@ -147,7 +145,6 @@ class RewardsPage(JobPage):
         self.start_adapter: str | None = None  # adapter file or checkpoint folder to continue
         self.session_start: str | None = None  # the one the current session continued
         self._syncing = False  # the adapter list is being set to match start_adapter
-        self._fits: dict[tuple, list[str]] = {}
         self.custom_ratings_path: str | None = None  # chosen with Ratings file…; None = default
         self.samples: list | None = None  # from set_dataset_samples; None = read the dataset file
         self.cards: list[AnswerCardWidget] = []
@@ -397,7 +394,7 @@ class RewardsPage(JobPage):
             self.adapter_choice.set_path(path or NEW_ADAPTER)
         finally:
             self._syncing = False
-        self._warn_fit()
+        self.warn_fit(self.start_adapter)
         self._show_paths()
 
     def _start_path(self, data: object) -> str | None:
@@ -439,7 +436,7 @@ class RewardsPage(JobPage):
             self._drop_session()
         else:
             self.start_adapter = path
-        self._warn_fit()
+        self.warn_fit(self.start_adapter)
         self._show_paths()
 
     def _sync_choice(self) -> None:
@@ -459,29 +456,6 @@ class RewardsPage(JobPage):
             if r.last_checkpoint and same_file(r.last_checkpoint, path):
                 return r.adapter
         return path
-
-    def fit_problems(self, path: str) -> list[str]:
-        """Why the adapter (file or checkpoint folder) does not fit the open model: headers only."""
-        if self.info is None or not path:
-            return []
-        file = adapter_file(path)
-        try:
-            key = (file, os.path.getmtime(file), self.info.path)
-        except OSError:
-            return [f"{file} does not exist"]
-        if key not in self._fits:
-            self._fits[key] = adapter_problems(path, self.info)
-        return self._fits[key]
-
-    def _warn_fit(self) -> bool:
-        """Say at once when the adapter to continue was made for another model; True when it fits."""
-        problems = self.fit_problems(self.start_adapter) if self.start_adapter else []
-        if problems:
-            self.show_error(fit_message(self.start_adapter, self.info, problems), "warning")
-            return False
-        if "made for another model" in self.banner_text():
-            self.banner.hide()
-        return True
 
     def ratings_path(self) -> str:
         return self.custom_ratings_path or os.path.join(self.project.output_folder(), RATINGS_FILE)

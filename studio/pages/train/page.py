@@ -50,7 +50,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from PySide6.QtCore import QEventLoop, Qt, QTimer, Signal, Slot
-from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
@@ -102,7 +101,7 @@ from ...paths import latest_checkpoint
 from ...project import DEFAULT_PRESET, DataStats, ModelInfo, Project, matching_preset
 from ...ui_gate import UiGate
 from ...widgets.banner import MessageBar
-from ...widgets.buttons import PrimaryButton
+from ...widgets.buttons import PrimaryButton, action_button
 from ...widgets.elided_label import ElidedLabel
 from ...widgets.plots import TrainPlotsWidget
 from ...widgets.preference_plots import PreferencePlotsWidget
@@ -262,30 +261,30 @@ class TrainPage(QWidget):
         self._banner_plain = ""
 
         # --- controls ---
-        self.start_button = PrimaryButton("Start")
-        self._bind(self.start_button, "Ctrl+Return", self.start,
-                   "Start a new training run with these settings (Ctrl+Enter).")  # fmt: skip
-        self.pause_button = self._button(
-            "Pause",
-            "Ctrl+P",
-            self.pause,
+        self.start_button = action_button(
+            "Start", self.start, "Start a new training run with these settings (Ctrl+Enter).", "Ctrl+Return",
+            button=PrimaryButton("Start"),
+        )  # fmt: skip
+        self.pause_button = action_button(
+            "Pause", self.pause,
             "Stop after the current step and keep the run in memory; Resume continues from it (Ctrl+P).",
-        )
-        self.resume_button = self._button(
-            "Resume",
-            "Ctrl+Shift+Return",
-            self.resume,
+            "Ctrl+P",
+        )  # fmt: skip
+        self.resume_button = action_button(
+            "Resume", self.resume,
             "Continue this run: in memory after Pause, else from its latest checkpoint (Ctrl+Shift+Enter).",
-        )
-        self.stop_button = self._button(
-            "Stop",
-            "Ctrl+.",
-            self.stop,
+            "Ctrl+Shift+Return",
+        )  # fmt: skip
+        self.stop_button = action_button(
+            "Stop", self.stop,
             "End the run after the current step; the adapter and a checkpoint are written (Ctrl+.).",
-        )
-        self.resume_from_button = self._button("From checkpoint…", None, self.choose_checkpoint,
-                                               "Continue training from a checkpoint folder of the open model "
-                                               "(ckpt-NNNNNN, or a folder of them: the newest).")  # fmt: skip
+            "Ctrl+.",
+        )  # fmt: skip
+        self.resume_from_button = action_button(
+            "From checkpoint…", self.choose_checkpoint,
+            "Continue training from a checkpoint folder of the open model (ckpt-NNNNNN, or a folder of them: "
+            "the newest).",
+        )  # fmt: skip
         self.processes = QSpinBox()
         self.processes.setRange(1, 64)
         self.processes.setPrefix("Processes: ")
@@ -295,8 +294,8 @@ class TrainPage(QWidget):
             "Needs the mpi extra (pip install 'tune-studio[mpi]'). DPO and ORPO train in one process."
         )
         self.processes.valueChanged.connect(lambda _n: self._update_start())
-        self.machines_button = self._button(
-            "Across machines…", None, self.show_machines,
+        self.machines_button = action_button(
+            "Across machines…", self.show_machines,
             "The command that runs this training on several machines (mpiexec); the Runs page follows it.",
         )  # fmt: skip
         self.state_label = QLabel()
@@ -408,17 +407,6 @@ class TrainPage(QWidget):
         self._set_state("idle", force=True)
         self._show_paths()
         self._refresh_progress(force=True)
-
-    def _button(self, text: str, shortcut: str | None, slot, tip: str) -> QPushButton:
-        return self._bind(QPushButton(text), shortcut, slot, tip)
-
-    @staticmethod
-    def _bind(b: QPushButton, shortcut: str | None, slot, tip: str) -> QPushButton:
-        if shortcut:
-            b.setShortcut(QKeySequence(shortcut))
-        b.setToolTip(tip)
-        b.clicked.connect(slot)
-        return b
 
     def _link(self, href: str) -> None:
         if href.startswith("page:"):

@@ -115,7 +115,7 @@ class RunCheck:
 
 
 def count_windows(lengths: Sequence[int], n_ctx: int) -> int:
-    """Windows that first-fit decreasing packing (engine.train.data.pack) fills with samples of these
+    """Windows that first-fit decreasing packing (engine.train.batches.pack) fills with samples of these
     lengths; the count does not depend on the order of equal lengths, so not on the shuffle."""
     items = sorted((int(n) for n in lengths), reverse=True)
     if not items:
