@@ -330,7 +330,8 @@ def model_metadata(spec: SynthSpec) -> dict:
 
 
 def _arch_metadata(spec: SynthSpec) -> dict:
-    """The keys of the architectures added with issue 17, as convert_hf_to_gguf.py writes them."""
+    """The metadata keys of the MoE and attention variants (dense lead layers, shared experts, expert
+    scales, MLA, sinks, ...), as convert_hf_to_gguf.py writes them."""
     a = spec.arch
     md: dict = {}
     if spec.n_dense_lead:

@@ -84,6 +84,20 @@ class EnginePage(QWidget):
             self.banner.hide()
         return True
 
+    def open_model(self, again: str) -> str | None:
+        """The model file a task uses; None, and why in the banner, when none is open or the file is
+        gone (`again`: what to do once it is, "press Generate again")."""
+        model = self.model_path()
+        if not model:
+            self.show_error(f"No model is open. Open a .gguf model on the Model page, then {again}.")
+            return None
+        if not os.path.isfile(model):
+            self.show_error(
+                f"The model file {model} does not exist any more. Open it again on the Model page."
+            )
+            return None
+        return model
+
     def _project_changed(self, changed: set[str]) -> None:
         """The project's fields named in `changed` were set; the page follows what it shows."""
 

@@ -12,6 +12,8 @@ later palette change and theme test)."""
 from __future__ import annotations
 
 import gc
+import os
+from pathlib import Path
 
 import pytest
 
@@ -41,3 +43,13 @@ def engine(qtbot):
     e = Engine()
     yield e
     e.shutdown(60_000)
+
+
+@pytest.fixture
+def shots(tmp_path) -> Path:
+    """Where a test's screenshots go: $TUNE_STUDIO_SHOTS when set (to look at them), else under tmp_path."""
+    folder = (
+        Path(os.environ["TUNE_STUDIO_SHOTS"]) if os.environ.get("TUNE_STUDIO_SHOTS") else tmp_path / "shots"
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

@@ -25,7 +25,6 @@ from studio.resources import DEMO_DATASET, DEMO_MODEL
 TIMEOUT_MS = 20_000
 PROMPT = "Tell me a fact."  # the demo model answers it variously (the sky: always "The sky is blue.")
 SAME_PROMPT = "What color is the sky?"
-SHOTS = Path(os.environ.get("TUNE_STUDIO_SHOTS") or "/tmp/shots_rewards")
 SMALL = (
     1024 - 170,
     640 - 110,
@@ -340,11 +339,10 @@ def test_save_adapter_and_prompts_from_the_dataset(qtbot, page, tmp_path):
     assert "from your ratings: <b>1</b>" in page.adapter_label.text()
 
 
-def test_screenshots(qtbot, page):
+def test_screenshots(qtbot, page, shots):
     """Rated cards with the diagnostics and a round in the history; the side-by-side view."""
-    SHOTS.mkdir(parents=True, exist_ok=True)
     qtbot.wait(50)
-    assert page.grab().save(str(SHOTS / "rewards_empty.png"))
+    assert page.grab().save(str(shots / "rewards_empty.png"))
     page.reward_settings.temp_spin.setValue(
         1.5
     )  # the demo model is sure of its facts: sample widely for variety
@@ -366,7 +364,7 @@ def test_screenshots(qtbot, page):
     qtbot.keyClick(card, Qt.Key_S)
     page.grid.focus_card(1)
     qtbot.wait(100)  # let the layouts settle
-    assert page.grab().save(str(SHOTS / "rewards_rate.png"))
+    assert page.grab().save(str(shots / "rewards_rate.png"))
 
     page.tabs.setCurrentIndex(1)
     page.side_by_side.seed.setValue(3)
@@ -374,7 +372,7 @@ def test_screenshots(qtbot, page):
         page.side_by_side.compare_button.click()
     qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
     qtbot.wait(100)
-    assert page.grab().save(str(SHOTS / "rewards_side_by_side.png"))
+    assert page.grab().save(str(shots / "rewards_side_by_side.png"))
 
 
 # --- the keyboard loop --------------------------------------------------------------------------

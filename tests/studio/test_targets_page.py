@@ -27,7 +27,6 @@ from engine.train.train_model import Trainable  # not exported: the test checks 
 from studio.pages.targets.page import TargetsPage
 from studio.project import ModelInfo, Project
 
-SHOTS = Path("/tmp/shots_targets")
 L = 4
 
 
@@ -508,7 +507,7 @@ def test_adapter_size_share_and_memory_update_live(qtbot, infos, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2moe"])
-def test_screenshot(qtbot, infos, arch):
+def test_screenshot(qtbot, infos, arch, shots):
     page = make_page(qtbot, infos[arch])
     page.show()
     page.apply_preset("all" if arch == "llama" else "attention")
@@ -516,10 +515,9 @@ def test_screenshot(qtbot, infos, arch):
         page.grid_view.horizontalHeader().sectionClicked.emit(column_of(page, "ffn_up_exps"))
         page.set_layer_range("0-2")
     qtbot.wait(10)
-    SHOTS.mkdir(parents=True, exist_ok=True)
     pixmap = page.grab()
     assert pixmap.width() == 1200 and pixmap.height() == 800
-    assert pixmap.save(str(SHOTS / f"targets_{arch}.png"))
+    assert pixmap.save(str(shots / f"targets_{arch}.png"))
 
 
 # --- another model --------------------------------------------------------------------------------

@@ -750,9 +750,9 @@ def test_stall_probe_sees_every_phase_of_a_run(qtbot, engine, tmp_path, synth_mo
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
-def test_screenshots_mid_run_and_finished(qtbot, engine, monkeypatch, tmp_path, synth_model, chats, arch):
-    shots = SHOTS or tmp_path / "shots"
-    shots.mkdir(parents=True, exist_ok=True)
+def test_screenshots_mid_run_and_finished(
+    qtbot, engine, monkeypatch, tmp_path, synth_model, chats, arch, shots
+):
     page = make_page(qtbot, engine, tmp_path, synth_model(arch), chats, steps=24, eval_every=4)
     page.show()
     qtbot.waitExposed(page)

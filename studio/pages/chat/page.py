@@ -419,16 +419,7 @@ class ChatPage(JobPage):
 
     # --- chatting -------------------------------------------------------------------------------
     def _check_model(self) -> str | None:
-        model = self.model_path()
-        if not model:
-            self.show_error("No model is open. Open a .gguf model on the Model page, then send again.")
-            return None
-        if not os.path.isfile(model):
-            self.show_error(
-                f"The model file {model} does not exist any more. Open it again on the Model page."
-            )
-            return None
-        return model
+        return self.open_model("send again")
 
     def _sampling(self, seed: int | None = None):
         try:

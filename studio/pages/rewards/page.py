@@ -77,7 +77,6 @@ from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import (
     RunChoiceWidget,
-    fit_message,
     load_runs,
     same_file,
 )
@@ -376,7 +375,7 @@ class RewardsPage(JobPage):
     def refresh_runs(self) -> None:
         """Read the run history again: the list of adapters to continue, and its default (the latest
         finished run of the open model) unless the person chose one or a session is going on."""
-        model = self.info.path if self.info is not None else self.project.model_path
+        model = self.model_path()
         self.adapter_choice.start_folder = self.project.output_folder()
         self.adapter_choice.set_runs(load_runs(self.project, self.settings), model)
 
@@ -692,20 +691,10 @@ class RewardsPage(JobPage):
 
     # --- the session --------------------------------------------------------------------------
     def _check_ready(self) -> bool:
-        model = self.info.path if self.info is not None else self.project.model_path
-        if not model:
-            self.show_error("No model is open. Open a .gguf model on the Model page, then press Generate.")
+        if self.open_model("press Generate again") is None:
             return False
-        if not os.path.isfile(model):
-            self.show_error(
-                f"The model file {model} does not exist any more. Open it again on the Model page."
-            )
+        if self.session is None and not self.warn_fit(self.start_adapter, "error"):
             return False
-        if self.session is None and self.start_adapter:
-            problems = self.fit_problems(self.start_adapter)
-            if problems:
-                self.show_error(fit_message(self.start_adapter, self.info, problems))
-                return False
         if self.session is None:
             path = self.ratings_path()
             why = writable_problem(os.path.dirname(os.path.abspath(path)))
@@ -731,7 +720,7 @@ class RewardsPage(JobPage):
 
     def _session_maker(self):
         """A function (run in the worker) that makes the session, with everything read here."""
-        model = self.info.path if self.info is not None else self.project.model_path
+        model = self.model_path()
         c = self.project.config
         kwargs = dict(
             adapter=self.start_adapter,
