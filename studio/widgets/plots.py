@@ -47,6 +47,8 @@ from PySide6.QtWidgets import (
 
 from engine import Eval, ExpertUsage, LoraNorms, Started, Step, split_name
 
+from .redraws import PanelRedraws
+
 REDRAW_HZ = 20
 # new LoRA-norm curves (and legend entries) made per timer tick: one costs 4-8 ms of CPU, 10-12 ms
 # with the engine running, and a run adapting 7-14 tensor kinds made them all in one tick (35-75 ms);
@@ -442,10 +444,8 @@ class TrainPlotsWidget(QWidget):
     behind a placeholder until the first run starts.
 
     Drawing is split into panels (loss, lr, grad_norm, tokens_per_s, norms, norm_map, experts);
-    `add_event` marks panels dirty, and each timer tick (20 Hz) repaints at most `panels_per_tick`
-    (1) of the dirty visible panels, round robin, so that no tick repaints everything at once: with
-    a training thread competing for the GIL, a repaint of all plots in one go stalled the UI for
-    100-250 ms, one panel per tick keeps it near 35 ms (bench/ui_stall.py). `flush()` draws all.
+    `add_event` marks panels dirty, and each timer tick (20 Hz) draws what `redraws`
+    (studio.widgets.redraws) gives it: one dirty visible panel a tick, round robin. `flush()` draws all.
     For the same reason the panels appear one per tick when the plots first replace the placeholder,
     when a new run empties them and when they are shown again during a run, and a tick makes at most
     NEW_CURVES_PER_TICK new LoRA-norm curves.
@@ -460,7 +460,6 @@ class TrainPlotsWidget(QWidget):
         self.n_layers: int | None = None  # from the model info, when known
         self.n_experts = 0
         self.total_steps = 0
-        self.panels_per_tick = 1
         self._draining = False
         self.step_series = {k: Series() for k in ("loss", "lr", "grad_norm", "tokens_per_s")}
         self.val_series = Series()
@@ -474,8 +473,7 @@ class TrainPlotsWidget(QWidget):
         self.smoothing = DEFAULT_SMOOTHING
         self._smooth = Series()  # the EMA of the training loss, as far as it was computed
         self._smooth_state: tuple[float, int] = (0.0, 0)
-        self._dirty: set[str] = set()
-        self._turn = 0  # round-robin start among the panels
+        self.redraws = PanelRedraws(self.PANELS)
         self._unrevealed: list[QWidget] = []  # curve panels to show again, one per tick
         self.curves_tab: QWidget | None = None
 
@@ -770,7 +768,7 @@ class TrainPlotsWidget(QWidget):
             self.smoothing_combo.setCurrentIndex(i)
         self._smooth.clear()
         self._smooth_state = (0.0, 0)
-        self._dirty.add("loss")
+        self.redraws.mark(("loss",))
         self.redraw(everything=True)
 
     def set_loss_title(self, title: str) -> None:
@@ -785,7 +783,7 @@ class TrainPlotsWidget(QWidget):
             self.log_box.setChecked(on)
         self.loss_plot.setLogMode(y=on)
         self.ranges["loss"].set_log(on)
-        self._dirty.add("loss")
+        self.redraws.mark(("loss",))
         self.redraw(everything=True)
 
     def smoothed_loss(self) -> tuple[np.ndarray, np.ndarray]:
@@ -819,7 +817,7 @@ class TrainPlotsWidget(QWidget):
         self.set_validation(False)
         self.norm_map.show_placeholder("no data yet")
         self.set_moe(self.n_experts)
-        self._dirty = {"loss", "lr", "grad_norm", "tokens_per_s", "norms"}
+        self.redraws.dirty = {"loss", "lr", "grad_norm", "tokens_per_s", "norms"}
         self.redraw(everything=True)  # the previous run's curves go at once ...
         # ... but the emptied panels come back one per tick: all five repainted in one event-loop
         # pass stalled the UI for 50-60 ms as the next run started
@@ -833,7 +831,7 @@ class TrainPlotsWidget(QWidget):
             s.truncate_after(step)
         self._smooth.clear()
         self._smooth_state = (0.0, 0)
-        self._dirty |= {"loss", "lr", "grad_norm", "tokens_per_s", "norms"}
+        self.redraws.mark({"loss", "lr", "grad_norm", "tokens_per_s", "norms"})
 
     def add_history(self, losses, val_losses=()) -> None:
         """The loss curve a run drew before this window saw it ([step, loss] pairs of its record): a
@@ -844,7 +842,7 @@ class TrainPlotsWidget(QWidget):
             self.val_series.append(step, loss)
         if val_losses:
             self.set_validation(True)
-        self._dirty.add("loss")
+        self.redraws.mark(("loss",))
 
     def add_event(self, event: object) -> None:
         """Buffer one engine event (cheap); the timer draws it."""
@@ -854,7 +852,7 @@ class TrainPlotsWidget(QWidget):
             s["lr"].append(event.step, event.lr)
             s["grad_norm"].append(event.step, event.grad_norm)
             s["tokens_per_s"].append(event.step, event.tokens_per_s)
-            self._dirty |= {"loss", "lr", "grad_norm", "tokens_per_s"}
+            self.redraws.mark({"loss", "lr", "grad_norm", "tokens_per_s"})
         elif isinstance(event, LoraNorms):
             for kind, value in event.by_kind.items():
                 series = self.kind_series.get(kind)
@@ -862,7 +860,7 @@ class TrainPlotsWidget(QWidget):
                     series = self.kind_series[kind] = Series()
                 series.append(event.step, value)
             self.latest_norms = event
-            self._dirty |= {"norms", "norm_map"}
+            self.redraws.mark({"norms", "norm_map"})
         elif isinstance(event, ExpertUsage):
             counts = np.asarray(event.counts, dtype=np.float64)
             self.expert_latest = counts
@@ -874,11 +872,11 @@ class TrainPlotsWidget(QWidget):
                 self.expert_steps = (self.expert_steps[0], event.step)
             if not self.n_experts:
                 self.set_moe(counts.shape[1])
-            self._dirty.add("experts")
+            self.redraws.mark(("experts",))
         elif isinstance(event, Eval):
             self.val_series.append(event.step, event.mean_ce)
             self.set_validation(True)
-            self._dirty.add("loss")
+            self.redraws.mark(("loss",))
         elif isinstance(event, Started):
             self.truncate_after(event.plan.start_step)
             self.set_total_steps(event.plan.total_steps)
@@ -917,7 +915,7 @@ class TrainPlotsWidget(QWidget):
 
     def pending(self) -> set[str]:
         """Panels with data not drawn yet."""
-        return set(self._dirty)
+        return set(self.redraws.dirty)
 
     def flush(self) -> None:
         """Draw every dirty panel now and show every panel (screenshots, tests)."""
@@ -925,29 +923,18 @@ class TrainPlotsWidget(QWidget):
         self.redraw(everything=True)
 
     def redraw(self, everything: bool = False, visible_only: bool = False) -> None:
-        """Draw dirty panels. A timer tick draws the dirty hidden panels (no painting: cheap) and at
-        most `panels_per_tick` visible ones, round robin, so that one tick's repaint stays short.
-        everything=True draws all dirty panels (visible_only: all the visible ones).
+        """Draw dirty panels: what `redraws.take` gives (a tick: the dirty hidden panels and one dirty
+        visible one, round robin; everything=True: all dirty panels, visible_only: the visible ones).
         While panels wait to be revealed (start), a tick shows one of them instead."""
         if self._unrevealed and not everything:
             self._unrevealed.pop(0).show()
             return
-        if not self._dirty:
+        if not self.redraws.dirty:
             if getattr(self, "_draining", False):
                 self.timer.stop()
             return
-        order = self.PANELS[self._turn :] + self.PANELS[: self._turn]
-        todo = [p for p in order if p in self._dirty]
-        if everything:
-            if visible_only:
-                todo = [p for p in todo if self.panel_widgets[p].isVisible()]
-        else:
-            visible = [p for p in todo if self.panel_widgets[p].isVisible()][: self.panels_per_tick]
-            if visible:
-                self._turn = (self.PANELS.index(visible[-1]) + 1) % len(self.PANELS)
-            todo = [p for p in todo if p in visible or not self.panel_widgets[p].isVisible()]
-        for panel in todo:
-            self._dirty.discard(panel)
+        visible = lambda panel: self.panel_widgets[panel].isVisible()  # noqa: E731
+        for panel in self.redraws.take(visible, everything=everything, visible_only=visible_only):
             self._draw(panel, new_curves=None if everything else NEW_CURVES_PER_TICK)
             self.panel_draws += 1
 
@@ -992,7 +979,7 @@ class TrainPlotsWidget(QWidget):
                 curve = self.kind_curves.get(kind)
                 if curve is None:
                     if new_curves is not None and added >= new_curves:
-                        self._dirty.add("norms")  # the next tick makes the next ones
+                        self.redraws.mark(("norms",))  # the next tick makes the next ones
                         continue
                     color = self.kind_colors[kind] = COLORS[len(self.kind_curves) % len(COLORS)]
                     x, y = self.kind_series[kind].view()

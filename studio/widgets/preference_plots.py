@@ -25,6 +25,7 @@ from .plots import (
     _plot_widget,
     _style_plot,
 )
+from .redraws import PanelRedraws
 
 PANELS = ("logp", "margin", "accuracy")
 # series -> (panel, legend name, colour, held out)
@@ -46,7 +47,7 @@ class PreferencePlotsWidget(QWidget):
         self.series = {k: Series() for k in SERIES}
         self.total_steps = 0
         self.objective = "dpo"
-        self._dirty: set[str] = set()
+        self.redraws = PanelRedraws(PANELS)
         self.pws = {p: _plot_widget() for p in PANELS}
         titles = {
             "logp": ("Log-probability per answer token", "mean log p"),
@@ -115,7 +116,7 @@ class PreferencePlotsWidget(QWidget):
             keeper.reset()
         self.latest = self.latest_eval = None
         self.caption.setText("")
-        self._dirty = set(PANELS)
+        self.redraws.mark_all()
         self.redraw(everything=True)
 
     def add_event(self, event: object) -> None:
@@ -124,20 +125,18 @@ class PreferencePlotsWidget(QWidget):
             self.series["val_margin"].append(event.step, event.margin)
             self.series["val_accuracy"].append(event.step, event.accuracy)
             self.latest_eval = event
-            self._dirty |= {"margin", "accuracy"}
+            self.redraws.mark(("margin", "accuracy"))
         elif isinstance(event, PreferenceStep):
             for key in ("chosen_logp", "rejected_logp", "margin", "accuracy"):
                 self.series[key].append(event.step, getattr(event, key))
             self.latest = event
-            self._dirty |= set(PANELS)
+            self.redraws.mark_all()
 
     def redraw(self, everything: bool = False) -> None:
         """Draw one dirty panel (all with `everything`), while shown."""
-        if not self._dirty or not (everything or self.isVisible()):
+        if not self.redraws.dirty or not (everything or self.isVisible()):
             return
-        todo = [p for p in PANELS if p in self._dirty]
-        for panel in todo if everything else todo[:1]:
-            self._dirty.discard(panel)
+        for panel in self.redraws.take(lambda _panel: True, everything=everything):
             ys = []
             for key, (p, _, color, _) in SERIES.items():
                 if p != panel:

@@ -3,6 +3,9 @@ real main window (made again for a relaunch, with the same settings file and dat
 steps a person takes (open a model, open a dataset, press Start, chat, wait).
 
 Each journey asserts what the person would check; none looks at a widget only to see it exists.
+Journeys keep the app's garbage-collection discipline, as the studio tests do (tests/studio/conftest.py):
+a collection started by the engine's worker thread would destroy Qt objects there, and the worker and
+the UI thread then deadlock on the interpreter lock and a Qt lock (seen: a journey hung until killed).
 """
 
 from __future__ import annotations
@@ -17,6 +20,10 @@ from PySide6.QtWidgets import QApplication
 
 from engine import GREEDY, ChatTemplate, LoraAdapter, Model, SynthSpec, Tokenizer, generate, write_model
 from studio.main_window import MainWindow
+from tests.studio.conftest import (  # noqa: F401 - autouse fixtures: the GC discipline
+    collect_everything_after_each_module,
+    collect_garbage_on_the_main_thread,
+)
 
 TIMEOUT_MS = 60_000
 QUESTIONS = (

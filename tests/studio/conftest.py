@@ -53,3 +53,16 @@ def shots(tmp_path) -> Path:
     )
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+# the room a page has in a 1024x640 window (navigation, menu, first-steps strip and status bar taken)
+SMALL = (1024 - 170, 640 - 110)
+
+
+@pytest.fixture(scope="session")
+def demo_info():
+    """The bundled demo model's ModelInfo, read once."""
+    from studio.project import ModelInfo
+    from studio.resources import DEMO_MODEL
+
+    return ModelInfo.read(str(DEMO_MODEL))

@@ -15,7 +15,7 @@ from engine import Finished, PreferenceStep, TargetSpec, blind_pair, load_jsonl
 from studio.main_window import MainWindow
 from studio.pages.chat import page as chat_page
 from studio.resources import DEMO_DATASET, DEMO_MODEL
-from tests.studio.test_chat_page import TIMEOUT_MS, demo_adapter, demo_info, page  # noqa: F401 - fixtures
+from tests.studio.test_chat_page import TIMEOUT_MS, demo_adapter, page  # noqa: F401 - fixtures
 
 WINDOW_TIMEOUT_MS = 60_000
 

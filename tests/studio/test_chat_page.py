@@ -17,19 +17,11 @@ from PySide6.QtWidgets import QMainWindow
 
 from engine import RUN, RunRecord, lora_shapes, write_adapter
 from studio.pages.chat.page import BASE, ChatPage
-from studio.project import ModelInfo, Project
+from studio.project import Project
 from studio.resources import DEMO_MODEL
+from tests.studio.conftest import SMALL
 
 TIMEOUT_MS = 20_000
-SMALL = (
-    1024 - 170,
-    640 - 110,
-)  # the page's room in a 1024x640 window (navigation, menu, first-steps strip, status bar)
-
-
-@pytest.fixture(scope="module")
-def demo_info() -> ModelInfo:
-    return ModelInfo.read(str(DEMO_MODEL))
 
 
 def demo_adapter(path, info, arch="llama", scale=0.3) -> str:

@@ -19,21 +19,13 @@ from engine import Preview, RoundResult, RunRecord, TargetSpec, load_jsonl, lora
 from studio.pages.rewards.cards import AnswerCardWidget
 from studio.pages.rewards.page import NEW_ADAPTER, RewardsPage
 from studio.pages.rewards.panels import DiagnosticsWidget, PromptPickerDialog, dataset_prompts, word_diff_html
-from studio.project import ModelInfo, Project
+from studio.project import Project
 from studio.resources import DEMO_DATASET, DEMO_MODEL
+from tests.studio.conftest import SMALL
 
 TIMEOUT_MS = 20_000
 PROMPT = "Tell me a fact."  # the demo model answers it variously (the sky: always "The sky is blue.")
 SAME_PROMPT = "What color is the sky?"
-SMALL = (
-    1024 - 170,
-    640 - 110,
-)  # the page's room in a 1024x640 window (navigation, menu, first-steps strip, status bar)
-
-
-@pytest.fixture(scope="module")
-def demo_info() -> ModelInfo:
-    return ModelInfo.read(str(DEMO_MODEL))
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import json
 from PySide6.QtCore import Qt
 
 from engine import RoundReport, load_jsonl, parse_sample
-from tests.studio.test_rewards_page import TIMEOUT_MS, demo_info, page  # noqa: F401 - fixtures
+from tests.studio.test_rewards_page import TIMEOUT_MS, page  # noqa: F401 - fixtures
 
 SUMS = [(3, 4), (7, 8), (9, 6), (5, 5)]
 

@@ -14,19 +14,10 @@ from PySide6.QtCore import QSettings, Qt
 from engine import RunRecord, find_runs, lora_shapes, write_adapter
 from studio.pages.runs.model import COLUMNS, RunsModel
 from studio.pages.runs.page import RunsPage
-from studio.project import ModelInfo, Project
+from studio.project import Project
 from studio.resources import DEMO_MODEL
 from studio.widgets.runs import RunChoiceWidget, adapter_problems, run_label, status_text
-
-SMALL = (
-    1024 - 170,
-    640 - 110,
-)  # the page's room in a 1024x640 window (navigation, menu, first-steps strip, status bar)
-
-
-@pytest.fixture(scope="module")
-def demo_info() -> ModelInfo:
-    return ModelInfo.read(str(DEMO_MODEL))
+from tests.studio.conftest import SMALL
 
 
 def demo_adapter(path, info, arch="llama", c=None) -> str:
