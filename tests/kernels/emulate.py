@@ -175,6 +175,7 @@ FIBER_SHIM = r"""
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <memory>
 #include <vector>
 #include <csetjmp>
 #include <ucontext.h>
@@ -287,9 +288,10 @@ static void emu_yield(int state) {
     if (!_setjmp(emu_fibers[emu_cur].jb)) _longjmp(emu_sched, 1);
 }
 static void emu_fiber_main() {
-    emu_call(emu_args);
-    emu_fibers[emu_cur].state = EMU_DONE;
-    _longjmp(emu_sched, 1);
+    for (;;) {  // one call of the kernel per block: the scheduler resumes the fiber for the next block
+        emu_call(emu_args);
+        emu_yield(EMU_DONE);
+    }
 }
 
 static inline void __syncthreads() { emu_yield(EMU_AT_BLOCK); }
@@ -387,7 +389,14 @@ extern "C" int emu_launch(void (*call)(void**), void** args, int gx, int gy, int
                           int bz, long long shmem, int reverse, char* err, int errlen) {
     const int n = bx * by * bz;
     if (n <= 0 || n > 1024) { snprintf(err, errlen, "block of %d threads", n); return 1; }
-    std::vector<char> stacks((size_t)n * EMU_STACK);
+    // the fibers' stacks, kept from launch to launch (a fresh zeroed allocation each launch cost more
+    // than most launches of the tiny test models); a stack's bytes are never read before written
+    static std::unique_ptr<char[]> stacks;
+    static size_t stacks_size = 0;
+    if (stacks_size < (size_t)n * EMU_STACK) {
+        stacks.reset(new char[(size_t)n * EMU_STACK]);
+        stacks_size = (size_t)n * EMU_STACK;
+    }
     std::vector<unsigned char> smem((size_t)shmem + 16, 0xff);
     emu_dyn_smem = smem.data();
     emu_call = call;
@@ -395,6 +404,17 @@ extern "C" int emu_launch(void (*call)(void**), void** args, int gx, int gy, int
     blockDim = {(unsigned)bx, (unsigned)by, (unsigned)bz};
     gridDim = {(unsigned)gx, (unsigned)gy, (unsigned)gz};
     emu_fibers.assign(n, emu_fiber{});
+    for (int t = 0; t < n; ++t) {  // each fiber made once a launch, and run block after block
+        emu_fiber& f = emu_fibers[t];
+        f.lin = t;
+        f.started = 0;
+        f.tid = {(unsigned)(t % bx), (unsigned)((t / bx) % by), (unsigned)(t / (bx * by))};
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = stacks.get() + (size_t)t * EMU_STACK;
+        f.ctx.uc_stack.ss_size = EMU_STACK;
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, emu_fiber_main, 0);
+    }
     for (int bzi = 0; bzi < gz; ++bzi)
     for (int byi = 0; byi < gy; ++byi)
     for (int bxi = 0; bxi < gx; ++bxi) {
@@ -403,15 +423,8 @@ extern "C" int emu_launch(void (*call)(void**), void** args, int gx, int gy, int
         for (int t = 0; t < n; ++t) {
             emu_fiber& f = emu_fibers[t];
             f.state = EMU_RUN;
-            f.lin = t;
             f.phase = 0;
-            f.started = 0;
-            f.tid = {(unsigned)(t % bx), (unsigned)((t / bx) % by), (unsigned)(t / (bx * by))};
-            getcontext(&f.ctx);
-            f.ctx.uc_stack.ss_sp = stacks.data() + (size_t)t * EMU_STACK;
-            f.ctx.uc_stack.ss_size = EMU_STACK;
-            f.ctx.uc_link = nullptr;
-            makecontext(&f.ctx, emu_fiber_main, 0);
+            f.pred = 0;
         }
         for (;;) {
             for (int k = 0; k < n; ++k) {

@@ -142,7 +142,13 @@ static unsigned char* emu_dyn_smem;
 static int emu_run(void (*body)(void*), void* argv, int gx, int gy, int threads, long long shmem) {
     const size_t stack = 128 * 1024;
     std::unique_ptr<emu_fiber[]> fibers(new emu_fiber[threads]);
-    std::unique_ptr<char[]> stacks(new char[stack * threads]);
+    // the stacks are kept from launch to launch: a fresh allocation each launch page-faults anew
+    static std::unique_ptr<char[]> stacks;
+    static size_t stacks_size = 0;
+    if (stacks_size < stack * threads) {
+        stacks.reset(new char[stack * threads]);
+        stacks_size = stack * threads;
+    }
     std::vector<unsigned char> dyn((size_t)shmem + 16);
     emu_dyn_smem = (unsigned char*)(((uintptr_t)dyn.data() + 15) & ~(uintptr_t)15);
     emu_fibers = fibers.get();
