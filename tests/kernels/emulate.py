@@ -175,6 +175,7 @@ FIBER_SHIM = r"""
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <memory>
 #include <vector>
 #include <csetjmp>
 #include <ucontext.h>
@@ -264,16 +265,20 @@ static inline void __threadfence_block() {}
 
 // ---- fibers -------------------------------------------------------------------------------------
 enum { EMU_RUN = 0, EMU_AT_BLOCK = 1, EMU_AT_WARP = 2, EMU_DONE = 3 };
-// a fiber starts once through makecontext/setcontext; after that, switches are _setjmp/_longjmp
-// (no signal-mask system call per switch, unlike swapcontext: ~50x cheaper)
+// a fiber starts once through makecontext/setcontext; after that, switches are GCC's
+// __builtin_setjmp/__builtin_longjmp (no signal-mask system call per switch, unlike swapcontext: ~50x
+// cheaper; and none of glibc _longjmp's unwinding of pthread cleanup handlers, a sixth of the
+// emulator's time). __builtin_longjmp must not be called from the function of its __builtin_setjmp.
+typedef void* emu_jb[5];
+__attribute__((noinline)) static void emu_jump(emu_jb& b) { __builtin_longjmp(b, 1); }
 struct emu_fiber {
     ucontext_t ctx;
-    jmp_buf jb;
+    emu_jb jb;
     int started, state, lin, pred, phase;
     emu_dim3 tid;
 };
 static std::vector<emu_fiber> emu_fibers;
-static jmp_buf emu_sched;
+static emu_jb emu_sched;
 static int emu_cur;
 static int emu_bar_result, emu_bar_total;  // predicate count and threads of the last block barrier
 static unsigned char* emu_dyn_smem;
@@ -284,12 +289,13 @@ static unsigned emu_warp_live[32];  // lanes released together from a warp's las
 
 static void emu_yield(int state) {
     emu_fibers[emu_cur].state = state;
-    if (!_setjmp(emu_fibers[emu_cur].jb)) _longjmp(emu_sched, 1);
+    if (!__builtin_setjmp(emu_fibers[emu_cur].jb)) emu_jump(emu_sched);
 }
 static void emu_fiber_main() {
-    emu_call(emu_args);
-    emu_fibers[emu_cur].state = EMU_DONE;
-    _longjmp(emu_sched, 1);
+    for (;;) {  // one call of the kernel per block: the scheduler resumes the fiber for the next block
+        emu_call(emu_args);
+        emu_yield(EMU_DONE);
+    }
 }
 
 static inline void __syncthreads() { emu_yield(EMU_AT_BLOCK); }
@@ -387,7 +393,14 @@ extern "C" int emu_launch(void (*call)(void**), void** args, int gx, int gy, int
                           int bz, long long shmem, int reverse, char* err, int errlen) {
     const int n = bx * by * bz;
     if (n <= 0 || n > 1024) { snprintf(err, errlen, "block of %d threads", n); return 1; }
-    std::vector<char> stacks((size_t)n * EMU_STACK);
+    // the fibers' stacks, kept from launch to launch (a fresh zeroed allocation each launch cost more
+    // than most launches of the tiny test models); a stack's bytes are never read before written
+    static std::unique_ptr<char[]> stacks;
+    static size_t stacks_size = 0;
+    if (stacks_size < (size_t)n * EMU_STACK) {
+        stacks.reset(new char[(size_t)n * EMU_STACK]);
+        stacks_size = (size_t)n * EMU_STACK;
+    }
     std::vector<unsigned char> smem((size_t)shmem + 16, 0xff);
     emu_dyn_smem = smem.data();
     emu_call = call;
@@ -395,6 +408,17 @@ extern "C" int emu_launch(void (*call)(void**), void** args, int gx, int gy, int
     blockDim = {(unsigned)bx, (unsigned)by, (unsigned)bz};
     gridDim = {(unsigned)gx, (unsigned)gy, (unsigned)gz};
     emu_fibers.assign(n, emu_fiber{});
+    for (int t = 0; t < n; ++t) {  // each fiber made once a launch, and run block after block
+        emu_fiber& f = emu_fibers[t];
+        f.lin = t;
+        f.started = 0;
+        f.tid = {(unsigned)(t % bx), (unsigned)((t / bx) % by), (unsigned)(t / (bx * by))};
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = stacks.get() + (size_t)t * EMU_STACK;
+        f.ctx.uc_stack.ss_size = EMU_STACK;
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, emu_fiber_main, 0);
+    }
     for (int bzi = 0; bzi < gz; ++bzi)
     for (int byi = 0; byi < gy; ++byi)
     for (int bxi = 0; bxi < gx; ++bxi) {
@@ -403,15 +427,8 @@ extern "C" int emu_launch(void (*call)(void**), void** args, int gx, int gy, int
         for (int t = 0; t < n; ++t) {
             emu_fiber& f = emu_fibers[t];
             f.state = EMU_RUN;
-            f.lin = t;
             f.phase = 0;
-            f.started = 0;
-            f.tid = {(unsigned)(t % bx), (unsigned)((t / bx) % by), (unsigned)(t / (bx * by))};
-            getcontext(&f.ctx);
-            f.ctx.uc_stack.ss_sp = stacks.data() + (size_t)t * EMU_STACK;
-            f.ctx.uc_stack.ss_size = EMU_STACK;
-            f.ctx.uc_link = nullptr;
-            makecontext(&f.ctx, emu_fiber_main, 0);
+            f.pred = 0;
         }
         for (;;) {
             for (int k = 0; k < n; ++k) {
@@ -419,8 +436,8 @@ extern "C" int emu_launch(void (*call)(void**), void** args, int gx, int gy, int
                 if (emu_fibers[t].state != EMU_RUN) continue;
                 emu_cur = t;
                 threadIdx = emu_fibers[t].tid;
-                if (!_setjmp(emu_sched)) {
-                    if (emu_fibers[t].started) _longjmp(emu_fibers[t].jb, 1);
+                if (!__builtin_setjmp(emu_sched)) {
+                    if (emu_fibers[t].started) emu_jump(emu_fibers[t].jb);
                     emu_fibers[t].started = 1;
                     setcontext(&emu_fibers[t].ctx);
                 }

@@ -4,7 +4,7 @@ A sibling of `emulate.py` (which runs each CUDA thread as an OS thread meeting a
 MoE kernels need more than that: 2-D grids, float parameters, many kernels with different signatures
 and, above all, the warp-collective tensor-core instruction `mma.sync.m16n8k16`, whose result in one
 lane depends on the fragments of all 32. Here each CUDA thread of a block is a fiber (its own stack,
-switched with _setjmp/_longjmp on one OS thread), so that:
+switched with __builtin_setjmp/__builtin_longjmp on one OS thread), so that:
 
 - `__syncthreads()` is a real barrier, and one that can never be met (a thread that returned while
   others wait, a barrier inside divergent code) is reported as an error instead of hanging;
@@ -102,9 +102,14 @@ static inline emu_bf16 __float2bfloat16_rn(float f) {
 static inline unsigned short __bfloat16_as_ushort(emu_bf16 b) { return b.bits; }
 
 // ---- fibers: one per CUDA thread of a block, on one OS thread ----------------------------------------
-struct emu_fiber { jmp_buf jb; ucontext_t uc; int started, done; };
+// switches are GCC's __builtin_setjmp/__builtin_longjmp: none of glibc _longjmp's unwinding of pthread
+// cleanup handlers (a sixth of the emulators' time); __builtin_longjmp must not be called from the
+// function of its __builtin_setjmp, hence emu_jump
+typedef void* emu_jb[5];
+__attribute__((noinline)) static void emu_jump(emu_jb& b) { __builtin_longjmp(b, 1); }
+struct emu_fiber { emu_jb jb; ucontext_t uc; int started, done; };
 static emu_fiber* emu_fibers;
-static jmp_buf emu_sched;
+static emu_jb emu_sched;
 static int emu_cur, emu_nthreads;
 static long emu_progress;
 static void (*emu_body)(void*);
@@ -114,7 +119,7 @@ static emu_bar emu_block_bar;
 static emu_bar emu_warp_bar[32];
 
 static void emu_yield() {
-    if (!_setjmp(emu_fibers[emu_cur].jb)) _longjmp(emu_sched, 1);
+    if (!__builtin_setjmp(emu_fibers[emu_cur].jb)) emu_jump(emu_sched);
 }
 static void emu_bar_wait(emu_bar& b, int count) {
     const unsigned gen = b.gen;
@@ -142,7 +147,13 @@ static unsigned char* emu_dyn_smem;
 static int emu_run(void (*body)(void*), void* argv, int gx, int gy, int threads, long long shmem) {
     const size_t stack = 128 * 1024;
     std::unique_ptr<emu_fiber[]> fibers(new emu_fiber[threads]);
-    std::unique_ptr<char[]> stacks(new char[stack * threads]);
+    // the stacks are kept from launch to launch: a fresh allocation each launch page-faults anew
+    static std::unique_ptr<char[]> stacks;
+    static size_t stacks_size = 0;
+    if (stacks_size < stack * threads) {
+        stacks.reset(new char[stack * threads]);
+        stacks_size = stack * threads;
+    }
     std::vector<unsigned char> dyn((size_t)shmem + 16);
     emu_dyn_smem = (unsigned char*)(((uintptr_t)dyn.data() + 15) & ~(uintptr_t)15);
     emu_fibers = fibers.get();
@@ -178,12 +189,12 @@ static int emu_run(void (*body)(void*), void* argv, int gx, int gy, int threads,
                 for (emu_cur = 0; emu_cur < emu_nthreads; ++emu_cur) {
                     if (emu_fibers[emu_cur].done) continue;
                     threadIdx = {(unsigned)emu_cur, 0, 0};
-                    if (!_setjmp(emu_sched)) {
+                    if (!__builtin_setjmp(emu_sched)) {
                         if (!emu_fibers[emu_cur].started) {
                             emu_fibers[emu_cur].started = 1;
                             setcontext(&emu_fibers[emu_cur].uc);
                         }
-                        _longjmp(emu_fibers[emu_cur].jb, 1);
+                        emu_jump(emu_fibers[emu_cur].jb);
                     }
                     left += !emu_fibers[emu_cur].done;
                 }

@@ -30,10 +30,13 @@ def v1_route(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def host(tmp_path_factory) -> FiberKernels:
-    return FiberKernels(
-        moe.SOURCE.code, moe.KERNELS, tmp_path_factory.mktemp("emulate_moe"), moe.SOURCE.options
-    )
+def host() -> FiberKernels:
+    """moe.cu built by g++ once per session: the same build the engine's MoE step tests run on."""
+    from tests.kernels.emu_runtime import built
+
+    kernels = built(moe.SOURCE).kernels
+    assert isinstance(kernels, FiberKernels) and kernels.kernels == tuple(moe.KERNELS)
+    return kernels
 
 
 class HostRuntime(Runtime):
