@@ -40,6 +40,7 @@ from PySide6.QtCore import QLockFile, QObject, QStandardPaths, QTimer, Signal
 from engine import Problem, Sample
 
 from .dataset_document import DatasetChange, DatasetDocument
+from .paths import same_file
 from .project import Project
 
 log = logging.getLogger(__name__)
@@ -121,10 +122,6 @@ def _sample_from_fields(obj: Any) -> Sample:
     return Sample(**obj)
 
 
-def _same_file(a: str, b: str | None) -> bool:
-    return b is not None and os.path.realpath(a) == os.path.realpath(b)
-
-
 def write_snapshot(folder: str, snapshot: Snapshot, serial: int) -> None:
     """Write a snapshot into a slot folder (created if missing); the previous copy stays whole
     until `recovery.json` names the new one. RecoveryError or OSError when it cannot be written."""
@@ -141,7 +138,7 @@ def write_snapshot(folder: str, snapshot: Snapshot, serial: int) -> None:
     if snapshot.samples is not None:
         name = f"dataset-{serial}.jsonl"
         target = os.path.join(folder, name)
-        if _same_file(target, snapshot.dataset_path) or _same_file(target, snapshot.project_path):
+        if same_file(target, snapshot.dataset_path) or same_file(target, snapshot.project_path):
             raise RecoveryError(f"{target}: the recovery copy would replace the person's own file")
         try:
             # ASCII with escapes: any text a box holds (a lone surrogate too) round-trips exactly
@@ -159,7 +156,7 @@ def write_snapshot(folder: str, snapshot: Snapshot, serial: int) -> None:
     if snapshot.project is not None:
         meta["project"] = {"path": snapshot.project_path, "state": snapshot.project}
     target = os.path.join(folder, META)
-    if _same_file(target, snapshot.dataset_path) or _same_file(target, snapshot.project_path):
+    if same_file(target, snapshot.dataset_path) or same_file(target, snapshot.project_path):
         raise RecoveryError(f"{target}: the recovery copy would replace the person's own file")
     _write_atomic(target, json.dumps(meta, ensure_ascii=False, indent=1))
     for entry in os.listdir(folder):  # earlier copies, and temporary files a crash left behind

@@ -63,6 +63,7 @@ from .pages.rewards.page import RewardsPage
 from .pages.runs.page import RunsPage
 from .pages.targets.page import TargetsPage
 from .pages.train.page import TrainPage
+from .paths import same_file
 from .project import ModelInfo, Project, ProjectError
 from .widgets.first_steps import FirstStepsWidget
 from .widgets.help_dialogs import QuickStartDialog, ShortcutsDialog
@@ -82,6 +83,7 @@ PAGE_TABLE: tuple[tuple[str, str, Callable[[Any], QWidget]], ...] = (
     ("Export", "export_page", lambda w: ExportPage(w.project, w.engine, settings=w.settings)),
     ("Runs", "runs_page", lambda w: RunsPage(w.project, w.engine, settings=w.settings)),
 )
+
 PAGES = tuple(name for name, _, _ in PAGE_TABLE)
 MAX_RECENT = 10
 SETTINGS_ORG, SETTINGS_APP = "TuneStudio", "TuneStudio"
@@ -89,13 +91,6 @@ THEME_KEY = "view/theme"
 FIRST_STEPS_KEY = "view/first_steps"  # false once the person has trained, or closed the strip
 THEME_LABELS = {"system": "&System", "light": "&Light", "dark": "&Dark"}
 NAV_ROOM = 8  # pages the navigation is wide enough for ("8  Rewards")
-
-
-def _same_path(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
 
 
 def process_memory_bytes(pid: int | str = "self") -> int | None:
@@ -448,7 +443,7 @@ class MainWindow(QMainWindow):
         if self.train_page.state in ("loading", "training", "pausing", "stopping"):
             self.statusBar().showMessage("A run is training: stop it before resuming another one", 8000)
             return False
-        if model and not (self.project.model_path and _same_path(model, self.project.model_path)):
+        if model and not (self.project.model_path and same_file(model, self.project.model_path)):
             if not os.path.isfile(model):
                 self.statusBar().showMessage(f"The run's model {model} does not exist any more", 10000)
                 return False
@@ -497,7 +492,7 @@ class MainWindow(QMainWindow):
         paths = self.train_page.paths
         if state == "loading" and paths is not None:
             folder = os.path.dirname(os.path.abspath(paths.out))
-            if not _same_path(folder, self.project.default_output_folder()) and remember_folder(
+            if not same_file(folder, self.project.default_output_folder()) and remember_folder(
                 self.settings, folder
             ):
                 self.runs_page.refresh()  # a run outside the model's runs home is listed after a relaunch

@@ -1,9 +1,24 @@
-"""Folders and files as the pages check them: can a folder be written, which checkpoint is newest."""
+"""Folders and files as the pages check them: are two paths one file, can a folder be written, which
+checkpoint is newest."""
 
 from __future__ import annotations
 
 import os
 import tempfile
+
+
+def same_file(a: str | None, b: str | None) -> bool:
+    """Both paths name the same file: by identity when both exist (links and hard links too), else by
+    their resolved, case-normalised paths (links in the folders above followed); False when either is
+    empty."""
+    if not a or not b:
+        return False
+    try:
+        if os.path.exists(a) and os.path.exists(b):
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
 
 
 def writable_problem(folder: str) -> str | None:

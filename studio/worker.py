@@ -39,12 +39,15 @@ from PySide6.QtCore import QCoreApplication, QObject, QThread, Signal, Slot
 
 from engine import EngineError, EngineSession
 
+from .paths import same_file
+
 log = logging.getLogger(__name__)
 
 OUT_OF_MEMORY = (
     "out of memory: lower the context length or batch size, turn layer checkpointing on, lower the "
     "weight cache (Train page, Advanced), or train fewer tensors"
 )
+
 # seconds: how soon the UI thread gets the interpreter while the engine works. Each call from the UI's
 # Python into Qt gives the lock up, and getting it back can wait one interval while the engine runs
 # Python (parsing a header, building a vocabulary, computing norms): a plot axis repaint makes ~100
@@ -202,7 +205,7 @@ class EngineWorker(QObject):
     def _ensure(self, path: str, device: str) -> None:
         """Make `path` on `device` the open model (the session is kept when it already is)."""
         s = self.session
-        if s is not None and s.device == device and _same_file(s.path, path):
+        if s is not None and s.device == device and same_file(s.path, path):
             return
         if s is not None:
             self.session = self.handle = None  # release the old model before the new one loads
@@ -398,13 +401,6 @@ def _stop_engines_at_exit() -> None:
             engine.shutdown()
         except RuntimeError:  # its Qt object is gone already: so is its thread
             pass
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.abspath(a) == os.path.abspath(b)
 
 
 __all__ = ["OUT_OF_MEMORY", "Engine", "EngineWorker", "Job", "ModelHandle"]

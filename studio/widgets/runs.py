@@ -32,6 +32,7 @@ from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QPushButton, 
 
 from engine import EngineError, GGUFFile, RunRecord, find_runs, latest_finished, lora_shapes, run_from_events
 
+from ..paths import same_file
 from ..project import model_runs_folder
 
 FOLDERS_KEY = "runs/folders"
@@ -142,17 +143,6 @@ def load_runs(project, settings: QSettings | None = None) -> list[RunRecord]:
         )
 
     return sorted([*followed, *(r for r in runs if not shadowed(r))], key=lambda r: r.started, reverse=True)
-
-
-def same_file(a: str | None, b: str | None) -> bool:
-    if not a or not b:
-        return False
-    try:
-        if os.path.exists(a) and os.path.exists(b):
-            return os.path.samefile(a, b)
-    except OSError:
-        pass
-    return os.path.normcase(os.path.abspath(a)) == os.path.normcase(os.path.abspath(b))
 
 
 def same_model(run: RunRecord, model_path: str | None) -> bool:

@@ -95,21 +95,10 @@ def checkpoint_model(checkpoint: str) -> str | None:
     return model if isinstance(model, str) else None
 
 
-def same_file(a: str | None, b: str | None) -> bool:
-    """Both paths name the same file (by identity when both exist, else by absolute path)."""
-    if not a or not b:
-        return False
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.abspath(a) == os.path.abspath(b)
-
-
 __all__ = [
     "checkpoint_model",
     "clean_failed_run",
     "folder_problem",
     "has_checkpoint",
     "missing_folders",
-    "same_file",
 ]

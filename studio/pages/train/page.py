@@ -97,7 +97,7 @@ from engine import (
 )
 
 from ...dataset_document import DatasetDocument
-from ...paths import latest_checkpoint
+from ...paths import latest_checkpoint, same_file
 from ...project import DEFAULT_PRESET, DataStats, ModelInfo, Project, matching_preset
 from ...ui_gate import UiGate
 from ...widgets.banner import MessageBar
@@ -108,7 +108,7 @@ from ...widgets.preference_plots import PreferencePlotsWidget
 from ...widgets.runs import load_runs, resume_checkpoint, same_model
 from ...widgets.sample_answers import SampleAnswersWidget
 from ...worker import Engine, Job
-from .folders import checkpoint_model, clean_failed_run, folder_problem, missing_folders, same_file
+from .folders import checkpoint_model, clean_failed_run, folder_problem, missing_folders
 from .plan import Blocker, EncodingCache, RunCheck, check_run, check_selection
 from .processes import MachinesDialog, ProcessRun, RunFiles
 from .run_state import RunState, RunStates, controls
