@@ -728,6 +728,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .convert import add_command as add_convert_command
 
     add_convert_command(sub)
+    from .census import add_command as add_census_command
+
+    add_census_command(sub)
     return p
 
 

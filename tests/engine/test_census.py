@@ -1,0 +1,151 @@
+"""The routing census (engine.train.census): its counts equal the routing the model's own forward pass
+does, sample by sample; it is cached, reused without running the model, and counted again when the
+dataset changes; the CLI prints it."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engine.cli.main import main
+from engine.errors import ModelError
+from engine.model import layers
+from engine.model.model import Model
+from engine.testing import SynthSpec, write_model
+from engine.train import census as census_mod
+from engine.train.census import CensusCancelled, routing_census
+from engine.train.encode import EncodeOptions
+
+OPTIONS = EncodeOptions(64, prompt_format="raw")
+
+
+def _moe_model(tmp_path, arch="qwen2moe", **kw) -> str:
+    spec = SynthSpec.for_arch(arch, L=2, seed=3, **kw)
+    return write_model(tmp_path / f"{arch}.gguf", spec)
+
+
+def _data(path, n: int, salt: str = "") -> str:
+    rows = [
+        {"prompt": f"question {i}{salt} about {i * 7 % 13}", "response": f"answer {i * 3} ok{salt}"}
+        for i in range(n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Every routing the MoE blocks do, as (layer, topk) pairs."""
+    seen: list[tuple[int, np.ndarray]] = []
+    real = layers._moe_forward
+
+    def spy(cfg, W, lora, i, h):
+        y, cache = real(cfg, W, lora, i, h)
+        seen.append((i, np.asarray(cache.routing.topk).copy()))
+        return y, cache
+
+    monkeypatch.setattr(layers, "_moe_forward", spy)
+    return seen
+
+
+def _direct_count(model: Model, data: str, seen: list) -> tuple[np.ndarray, int]:
+    """Each prepared sample alone through Model.forward (no packing), counting the top-k choices its
+    MoE blocks made: (n_moe_layers, E) and the tokens."""
+    from engine.text.chat_template import template_for
+    from engine.text.tokenizer import Tokenizer
+    from engine.train.prepared import prepare_data
+
+    prepared = prepare_data(data, Tokenizer.from_metadata(model.metadata, model.path),
+                            template_for(model.metadata, None), OPTIONS)  # fmt: skip
+    moe = [i for i, m in enumerate(model.moe_layers) if m]
+    counts = np.zeros((len(moe), model.config.E), np.int64)
+    n = 0
+    for k in range(len(prepared)):
+        tokens = prepared.encoded(k).tokens
+        seen.clear()
+        model.forward(tokens)
+        assert [i for i, _ in seen] == moe
+        for row, (_, topk) in enumerate(seen):
+            assert topk.shape == (len(tokens), model.config.K)
+            counts[row] += np.bincount(topk.ravel(), minlength=model.config.E)
+        n += len(tokens)
+    prepared.close()
+    seen.clear()
+    return counts, n
+
+
+@pytest.mark.parametrize("arch", ["qwen2moe", "deepseek2"])
+def test_census_equals_the_routing_the_forward_pass_did(tmp_path, captured, arch):
+    kw = {"n_group": 2, "group_used": 1, "probs_bias": True, "gating": 2} if arch == "deepseek2" else {}
+    model = Model.load(_moe_model(tmp_path, arch, **kw))
+    data = _data(tmp_path / "d.jsonl", 23)
+    expected, n_tokens = _direct_count(model, data, captured)
+    progress = []
+    c = routing_census(model, data, None, OPTIONS, cache=tmp_path / "census", data_cache=tmp_path / "prep",
+                       window=40, on_progress=progress.append)  # fmt: skip
+    assert c.layers == tuple(i for i, m in enumerate(model.moe_layers) if m)
+    assert c.counts.dtype == np.int64 and c.counts.shape == (len(c.layers), model.config.E)
+    np.testing.assert_array_equal(c.counts, expected)
+    assert c.n_tokens == n_tokens and c.n_samples == 23 and not c.reused
+    assert (c.counts.sum(axis=1) == model.config.K * n_tokens).all()
+    assert progress[-1].phase == "routing" and progress[-1].done == progress[-1].total == n_tokens
+    assert len([p for p in progress if p.phase == "routing"]) > 3  # windows of 40 tokens: several steps
+
+
+def test_census_is_cached_reused_and_counted_again_when_the_data_changes(tmp_path, captured):
+    path = _moe_model(tmp_path)
+    data = _data(tmp_path / "d.jsonl", 12)
+    kw = dict(cache=tmp_path / "census", data_cache=tmp_path / "prep")
+    first = routing_census(path, data, None, OPTIONS, **kw)
+    assert captured and not first.reused
+    captured.clear()
+    again = routing_census(path, data, None, OPTIONS, **kw)
+    assert again.reused and not captured  # the model did not run
+    np.testing.assert_array_equal(again.counts, first.counts)
+    assert (again.layers, again.n_tokens, again.n_samples) == (first.layers, first.n_tokens, first.n_samples)
+    _data(tmp_path / "d.jsonl", 12, salt="x")  # the same file, other content
+    changed = routing_census(path, data, None, OPTIONS, **kw)
+    assert not changed.reused and captured
+    assert changed.n_tokens != first.n_tokens or not np.array_equal(changed.counts, first.counts)
+    # a damaged cache entry is never trusted: counted again, the same result
+    for entry in (tmp_path / "census").glob("*.npz"):
+        entry.write_bytes(entry.read_bytes()[:100])
+    captured.clear()
+    redone = routing_census(path, data, None, OPTIONS, **kw)
+    assert not redone.reused and captured
+    np.testing.assert_array_equal(redone.counts, changed.counts)
+
+
+def test_census_cancel_and_dense_model(tmp_path):
+    path = _moe_model(tmp_path)
+    data = _data(tmp_path / "d.jsonl", 12)
+    with pytest.raises(CensusCancelled):
+        routing_census(path, data, None, OPTIONS, cache=tmp_path / "census", data_cache=None,
+                       window=16, cancelled=lambda: True)  # fmt: skip
+    assert not list((tmp_path / "census").glob("*.npz"))  # nothing cached
+    dense = write_model(tmp_path / "dense.gguf", SynthSpec.for_arch("llama", L=1))
+    with pytest.raises(ModelError, match="no MoE layer"):
+        routing_census(dense, data, None, OPTIONS, cache=None, data_cache=None)
+
+
+def test_unreached_experts():
+    c = census_mod.Census(np.array([[3, 0, 5, 2], [0, 10, 0, 0]], np.int64), (1, 3), 5, 2, 2)
+    assert c.unreached() == [(1, 1), (3, 0), (3, 2), (3, 3)]
+    assert c.unreached_mask().sum() == 4
+    np.testing.assert_allclose(c.shares()[0], [0.3, 0, 0.5, 0.2])
+
+
+def test_cli_census(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TUNE_STUDIO_DATA", str(tmp_path / "app"))
+    path = _moe_model(tmp_path)
+    data = _data(tmp_path / "d.jsonl", 8)
+    out = tmp_path / "census.json"
+    assert main(["census", path, data, "--prompt-format", "raw", "--n-ctx", "64", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    got = json.loads(out.read_text())
+    c = routing_census(path, data, None, OPTIONS)
+    assert c.reused  # the CLI's census, from the app's cache folder
+    assert got["counts"] == c.counts.tolist() and got["n_tokens"] == c.n_tokens
+    assert f"layer {c.layers[0]}:" in text and "unreached" in text
