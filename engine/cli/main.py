@@ -306,7 +306,7 @@ TRAIN_OPTIONS: dict[str, tuple[str, object]] = {
     "max_grad_norm": ("max_grad_norm", 1.0), "epochs": ("epochs", 1.0), "steps": ("steps", 0),
     "ctx": ("n_ctx", 512), "batch": ("batch_size", 1), "grad_accum": ("grad_accum", 1),
     "val_split": ("val_split", 0.0), "eval_every": ("eval_every", 0),
-    "train_on_prompt": ("train_on_prompt", False),
+    "train_on_prompt": ("train_on_prompt", False), "skip_unreached": ("skip_unreached_experts", False),
     "reward_mode": ("reward_mode", "none"), "kl": ("kl_coef", 0.0), "seed": ("seed", 0),
     "objective": ("objective", "sft"), "beta": ("dpo_beta", 0.1), "orpo_lambda": ("orpo_lambda", 0.1),
     "checkpoint_layers": ("checkpoint_layers", "auto"), "checkpoint_every": ("checkpoint_every", 0),
@@ -665,6 +665,13 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     s.add_argument("--sample-every", type=int, default=None, help="steps between sample answers (default 10)")
     s.add_argument("--train-on-prompt", action="store_true", default=None, help="loss on prompt tokens too")
+    s.add_argument(
+        "--skip-unreached",
+        action="store_true",
+        default=None,
+        help="MoE: leave out (freeze) the LoRA factors of the experts no token of the data reaches (the "
+        "routing census of `tune-engine census`)",
+    )
     s.add_argument(
         "--reward-mode",
         default=None,

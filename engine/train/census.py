@@ -288,20 +288,67 @@ def routing_census(
         on_progress=lambda p: report(CensusProgress("preparing", p.done, p.total)),
     )  # fmt: skip
     try:
-        if not (prepared.samples["flags"] & KEPT).any():
-            raise DatasetError("the dataset has no usable sample: no routing to count")
-        folder = census_folder() if cache == "auto" else (os.fspath(cache) if cache is not None else None)
-        key = census_key(model.path, prepared.meta["shaped_by"]) if folder is not None else ""
-        if folder is not None:
-            found = _read_cached(os.path.join(folder, key + ".npz"), key)
-            if found is not None:
-                return found
-        result = count_routing(model, prepared, window=window, on_progress=on_progress, cancelled=cancelled)
-        if folder is not None:
-            try:
-                _write_cached(folder, key, result)
-            except OSError as exc:  # the census stands; it is counted again next time
-                log.warning("the routing census could not be cached in %s: %s", folder, exc)
-        return result
+        return census_of(
+            model, prepared, cache=cache, window=window, on_progress=on_progress, cancelled=cancelled
+        )
     finally:
         prepared.close()
+
+
+def census_of(
+    model: Model,
+    prepared: PreparedData,
+    *,
+    cache: str | os.PathLike[str] | None = "auto",
+    window: int = WINDOW,
+    on_progress: Callable[[CensusProgress], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
+) -> Census:
+    """The census of already prepared data: from the cache folder (None: no cache; "auto": the app's)
+    when an entry of the same model file, prepared data and routing code is intact, counted (and
+    cached) otherwise. Data prepared in memory (no dataset file) is never cached."""
+    moe_layer_indices(model)
+    if not (prepared.samples["flags"] & KEPT).any():
+        raise DatasetError("the dataset has no usable sample: no routing to count")
+    folder = census_folder() if cache == "auto" else (os.fspath(cache) if cache is not None else None)
+    if prepared.dataset_sha256 is None:
+        folder = None
+    key = census_key(model.path, prepared.meta["shaped_by"]) if folder is not None else ""
+    if folder is not None:
+        found = _read_cached(os.path.join(folder, key + ".npz"), key)
+        if found is not None:
+            return found
+    result = count_routing(model, prepared, window=window, on_progress=on_progress, cancelled=cancelled)
+    if folder is not None:
+        try:
+            _write_cached(folder, key, result)
+        except OSError as exc:  # the census stands; it is counted again next time
+            log.warning("the routing census could not be cached in %s: %s", folder, exc)
+    return result
+
+
+def unreached_factors(census: Census, pairs: dict) -> dict[str, np.ndarray]:
+    """For each routed-expert LoRA target (a 3-D `*_exps` tensor, factors A (E, r, n_in) and B (E, n_out,
+    r)) of a layer the census counted: the experts no token reaches (int64 indices; targets with none
+    are left out). `pairs`: base name -> (A, B), as Trainable.pairs."""
+    from ..model.targets import split_name
+
+    rows = {layer: row for row, layer in enumerate(census.layers)}
+    out = {}
+    for name, (A, _B) in pairs.items():
+        layer, _kind = split_name(name)
+        if A.ndim != 3 or layer not in rows or A.shape[0] != census.n_experts:
+            continue
+        experts = np.flatnonzero(census.counts[rows[layer]] == 0)
+        if len(experts):
+            out[name] = experts
+    return out
+
+
+def frozen_parameters(frozen: dict[str, np.ndarray], pairs: dict) -> int:
+    """LoRA parameters in the factor slices of `frozen` experts (unreached_factors): never trained."""
+    n = 0
+    for name, experts in frozen.items():
+        A, B = pairs[name]
+        n += len(experts) * (int(np.prod(A.shape[1:])) + int(np.prod(B.shape[1:])))
+    return n

@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -145,6 +146,8 @@ class TrainConfig:
     # order, distinct prompts; engine.train.samples.validation_prompts); 0 = none
     out: str | None = None  # adapter GGUF written at the end
     out_type: str = "F32"  # F32 | F16 | Q8_0
+    skip_unreached_experts: bool = False  # MoE: freeze the LoRA factors of the experts the routing census
+    # (engine.train.census: the base model over the whole prepared dataset) says no token reaches
     gpu_step: str = "graph"  # on a GPU, the step of a model the fused step covers (dense_step: llama, qwen2,
     # qwen3, Mixtral, qwen2moe, qwen3moe, olmoe): "graph" (captured as one CUDA graph, replayed), "eager" (the
     # fused step launched from Python), "generic" (the op-by-op path)
@@ -395,6 +398,8 @@ class Trainer:
         self.config = config
         self.comm = collective if collective is not None else Collective()
         self._joined = False  # the ranks exchanged their facts (engine.train.parallel.join)
+        self._frozen: dict[str, tuple[Any, Any]] = {}  # left-out expert slices (_freeze_unreached)
+        self.frozen_params = 0  # LoRA parameters in them
         self.hosts: list[str] = [self.comm.host]  # the machine of each rank (set by parallel.join)
         self.rank_lost = False  # the run failed because another rank stopped answering
         self.resyncs = 0  # times ranks that drifted from rank 0 were given its parameters (expect none)
@@ -599,6 +604,45 @@ class Trainer:
         if not tr.pairs and not tr.full:
             raise ModelError("nothing to train: choose LoRA targets or full-weight tensors")
         return tr.to(self.backend)
+
+    def _freeze_unreached(self) -> None:
+        """With skip_unreached_experts: the routed-expert factor slices of the experts the routing census
+        says no token reaches (engine.train.census), kept at their values (no gradient, no update)."""
+        self._frozen = {}  # optimizer param name -> (expert indices, their values)
+        self.frozen_params = 0
+        if not self.config.skip_unreached_experts or not any(self.model.moe_layers):
+            return
+        if not any(A.ndim == 3 for A, _ in self.trainable.pairs.values()):
+            return
+        from .census import census_of, frozen_parameters, unreached_factors
+
+        cache = "auto" if self.config.data_cache != "off" else None
+        census = census_of(self.model, self.prepared, cache=cache)
+        frozen = unreached_factors(census, self.trainable.pairs)
+        self.frozen_params = frozen_parameters(frozen, self.trainable.pairs)
+        xp = self.backend.xp
+        for name, experts in frozen.items():
+            idx = xp.asarray(experts)
+            for suffix, p in zip((".lora_a", ".lora_b"), self.trainable.pairs[name], strict=True):
+                self._frozen[name + suffix] = (idx, p[idx].copy())
+        n_sets = sum(len(e) for e in frozen.values())
+        log.info(
+            "leaving out %d expert factor sets the data never reaches (%d parameters)",
+            n_sets,
+            self.frozen_params,
+        )
+
+    def _step_frozen(self, grads):
+        """The optimizer step with the left-out expert slices given no gradient (so they count in no
+        norm or clipping) and put back to their values after it (weight decay moves nothing)."""
+        for name, (idx, _) in self._frozen.items():
+            if name in grads:
+                grads[name][idx] = 0
+        stats = self.optimizer.step(grads)
+        params = self.optimizer.params
+        for name, (idx, values) in self._frozen.items():
+            params[name][idx] = values
+        return stats
 
     def _plan_memory(self) -> MemoryEstimate:
         """The run's memory plan: refuse what cannot fit (before any weight is dequantized), then
@@ -807,6 +851,7 @@ class Trainer:
                 self._load_checkpoint(self.resume)
             if self.comm.parallel:  # every rank's facts checked, then rank 0's state on every rank
                 parallel.join(self, None)
+            self._freeze_unreached()
             if self.resume and self.step >= total:  # every rank has rank 0's step now: all fail alike
                 raise ConfigError(
                     f"the checkpoint is at step {self.step} and these settings plan {total} steps: "
@@ -821,7 +866,7 @@ class Trainer:
                 label_tokens_per_epoch=batches.n_label_tokens,
                 batches_per_epoch=n_batches,
                 total_steps=total,
-                trainable_params=self.trainable.n_params,
+                trainable_params=self.trainable.n_params - self.frozen_params,
                 lora_targets=tuple(self.trainable.pairs),
                 full_tensors=tuple(self.trainable.full),
                 memory_bytes=self.memory.to_dict(),
@@ -888,7 +933,7 @@ class Trainer:
                 f"the loss became {loss} at step {self.step + 1}: training stopped. "
                 "Lower the learning rate or check the data; the last good checkpoint is kept.",
             )
-        stats = self.optimizer.step(grads)
+        stats = self._step_frozen(grads)
         if not math.isfinite(stats.grad_norm):
             return self._fail(
                 on_event,
@@ -994,6 +1039,8 @@ class Trainer:
         cfg = self.config
         if self.preference is not None:  # the fused step computes the weighted cross-entropy alone
             why = "a preference objective"
+        elif self._frozen:  # the fused step updates every factor slice
+            why = "experts the data never reaches are left out"
         elif cfg.gpu_step == "generic":
             why = "gpu_step is generic"
         else:

@@ -149,3 +149,56 @@ def test_cli_census(tmp_path, capsys, monkeypatch):
     assert c.reused  # the CLI's census, from the app's cache folder
     assert got["counts"] == c.counts.tolist() and got["n_tokens"] == c.n_tokens
     assert f"layer {c.layers[0]}:" in text and "unreached" in text
+
+
+def _model_with_unreached(tmp_path) -> tuple[str, list[tuple[int, int]]]:
+    """A DeepSeek-V3-style model (one dense lead layer, two MoE layers, top-2 of 4, sigmoid gating) whose
+    selection bias keeps experts 2 of layer 1 and 0, 3 of layer 2 from ever being chosen."""
+    from engine.testing import random_weights
+
+    spec = SynthSpec.for_arch("deepseek2", L=3, seed=5, gating=2, probs_bias=True)
+    W = random_weights(spec)
+    W["blk.1.exp_probs_b.bias"] = np.array([0, 0, -1e3, 0], np.float32)
+    W["blk.2.exp_probs_b.bias"] = np.array([-1e3, 0, 0, -1e3], np.float32)
+    return write_model(tmp_path / "v3.gguf", spec, W), [(1, 2), (2, 0), (2, 3)]
+
+
+def test_training_leaves_out_unreached_experts(tmp_path):
+    from engine.model.targets import TargetSpec
+    from engine.train.trainer import TrainConfig, Trainer
+
+    path, unreached = _model_with_unreached(tmp_path)
+    data = _data(tmp_path / "d.jsonl", 10)
+    c = routing_census(path, data, None, OPTIONS, cache=None, data_cache=None)
+    assert c.unreached() == unreached
+    experts = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+    cfg = TrainConfig(
+        targets=TargetSpec(preset="none", patterns=experts + ("attn_output",)), rank=2, lr=2e-2, steps=3,
+        n_ctx=64, prompt_format="raw", weight_decay=0.1, skip_unreached_experts=True, data_cache="off",
+    )  # fmt: skip
+    trainer = Trainer(path, data, cfg)
+    started = trainer.start()
+    pairs = trainer.trainable.pairs
+    init = {n: (A.copy(), B.copy()) for n, (A, B) in pairs.items()}
+    r, C, F = 2, 64, 32  # rank, width, expert width: gate/up A (E, r, C) B (E, F, r); down A (E, r, F) B (E, C, r)
+    per_expert = 2 * (r * C + F * r) + (r * F + C * r)
+    assert trainer.frozen_params == 3 * per_expert
+    full = sum(A.size + B.size for A, B in pairs.values())
+    assert started.plan.trainable_params == full - 3 * per_expert
+    for _ in range(3):
+        trainer.train_step()
+    for name, (A, B) in pairs.items():
+        layer = int(name.split(".")[1])
+        if name.endswith("_exps.weight"):
+            for e in range(4):
+                same = np.array_equal(A[e], init[name][0][e]) and np.array_equal(B[e], init[name][1][e])
+                assert same == ((layer, e) in unreached), (name, e)
+        else:
+            assert not np.array_equal(B, init[name][1])
+    # off: every expert's factors move (weight decay alone moves the unreached ones' A)
+    cfg_off = TrainConfig(**{**cfg.__dict__, "skip_unreached_experts": False})
+    off = Trainer(path, data, cfg_off)
+    assert off.start().plan.trainable_params == full and off.frozen_params == 0
+    off.train_step()
+    A = off.trainable.pairs["blk.1.ffn_up_exps.weight"][0]
+    assert not np.array_equal(A[2], init["blk.1.ffn_up_exps.weight"][0][2])
