@@ -41,8 +41,8 @@ def captured(monkeypatch):
     seen: list[tuple[int, np.ndarray]] = []
     real = layers._moe_forward
 
-    def spy(cfg, W, lora, i, h):
-        y, cache = real(cfg, W, lora, i, h)
+    def spy(cfg, W, lora, i, h, *rest):
+        y, cache = real(cfg, W, lora, i, h, *rest)
         seen.append((i, np.asarray(cache.routing.topk).copy()))
         return y, cache
 
@@ -180,7 +180,11 @@ def test_training_leaves_out_unreached_experts(tmp_path):
     started = trainer.start()
     pairs = trainer.trainable.pairs
     init = {n: (A.copy(), B.copy()) for n, (A, B) in pairs.items()}
-    r, C, F = 2, 64, 32  # rank, width, expert width: gate/up A (E, r, C) B (E, F, r); down A (E, r, F) B (E, C, r)
+    r, C, F = (
+        2,
+        64,
+        32,
+    )  # rank, width, expert width: gate/up A (E, r, C) B (E, F, r); down A (E, r, F) B (E, C, r)
     per_expert = 2 * (r * C + F * r) + (r * F + C * r)
     assert trainer.frozen_params == 3 * per_expert
     full = sum(A.size + B.size for A, B in pairs.values())
