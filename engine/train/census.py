@@ -34,7 +34,7 @@ import json
 import logging
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -327,17 +327,17 @@ def census_of(
     return result
 
 
-def unreached_factors(census: Census, pairs: dict) -> dict[str, np.ndarray]:
-    """For each routed-expert LoRA target (a 3-D `*_exps` tensor, factors A (E, r, n_in) and B (E, n_out,
-    r)) of a layer the census counted: the experts no token reaches (int64 indices; targets with none
-    are left out). `pairs`: base name -> (A, B), as Trainable.pairs."""
+def unreached_factors(census: Census, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+    """For each routed-expert LoRA target (a 3-D `*_exps` tensor of shape (E, n_out, n_in)) of a layer
+    the census counted: the experts no token reaches (int64 indices; targets with none are left out).
+    `shapes`: the targets' base tensor shapes, by name (2-D targets are skipped)."""
     from ..model.targets import split_name
 
     rows = {layer: row for row, layer in enumerate(census.layers)}
     out = {}
-    for name, (A, _B) in pairs.items():
+    for name, shape in shapes.items():
         layer, _kind = split_name(name)
-        if A.ndim != 3 or layer not in rows or A.shape[0] != census.n_experts:
+        if len(shape) != 3 or layer not in rows or shape[0] != census.n_experts:
             continue
         experts = np.flatnonzero(census.counts[rows[layer]] == 0)
         if len(experts):
@@ -345,10 +345,37 @@ def unreached_factors(census: Census, pairs: dict) -> dict[str, np.ndarray]:
     return out
 
 
-def frozen_parameters(frozen: dict[str, np.ndarray], pairs: dict) -> int:
-    """LoRA parameters in the factor slices of `frozen` experts (unreached_factors): never trained."""
-    n = 0
-    for name, experts in frozen.items():
-        A, B = pairs[name]
-        n += len(experts) * (int(np.prod(A.shape[1:])) + int(np.prod(B.shape[1:])))
-    return n
+@dataclass(frozen=True)
+class LeftOut:
+    """What leaving out the unreached experts' factors saves on a selection of LoRA targets."""
+
+    frozen: dict[str, np.ndarray]  # expert target -> the experts no token reaches
+    n_sets: int  # (expert target, expert) factor pairs never reached
+    n_total_sets: int  # (expert target, expert) factor pairs of the layers the census counted
+    params: int  # LoRA parameters in the unreached pairs: A (r, n_in) and B (n_out, r) each
+
+    def describe(self) -> str:
+        """'N of M expert factor sets are never reached by this data: X parameters that would never learn'."""
+        if not self.n_total_sets:
+            return "no routed-expert factors are selected"
+        if not self.n_sets:
+            return f"every one of the {self.n_total_sets} expert factor sets receives tokens of this data"
+        return (
+            f"{self.n_sets} of {self.n_total_sets} expert factor sets are never reached by this data: "
+            f"{self.params:,} parameters that would never learn"
+        )
+
+
+def left_out(census: Census, shapes: Mapping[str, tuple[int, ...]], rank: int) -> LeftOut:
+    """The unreached experts' LoRA factor pairs among targets of these base shapes, at this rank."""
+    frozen = unreached_factors(census, shapes)
+    rows = set(census.layers)
+    from ..model.targets import split_name
+
+    total = sum(
+        shape[0]
+        for name, shape in shapes.items()
+        if len(shape) == 3 and split_name(name)[0] in rows and shape[0] == census.n_experts
+    )
+    params = sum(len(e) * rank * (shapes[n][1] + shapes[n][2]) for n, e in frozen.items())
+    return LeftOut(frozen, sum(len(e) for e in frozen.values()), total, params)

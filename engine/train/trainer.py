@@ -619,23 +619,21 @@ class Trainer:
             return
         if not any(A.ndim == 3 for A, _ in self.trainable.pairs.values()):
             return
-        from .census import census_of, frozen_parameters, unreached_factors
+        from .census import census_of, left_out
 
         cache = "auto" if self.config.data_cache != "off" else None
         census = census_of(self.model, self.prepared, cache=cache)
-        frozen = unreached_factors(census, self.trainable.pairs)
-        self.frozen_params = frozen_parameters(frozen, self.trainable.pairs)
+        shapes = {
+            n: tuple(self.model.tensors[n].shape) for n in self.trainable.pairs if n in self.model.tensors
+        }
+        out = left_out(census, shapes, self.trainable.rank)
+        self.frozen_params = out.params
         xp = self.backend.xp
-        for name, experts in frozen.items():
+        for name, experts in out.frozen.items():
             idx = xp.asarray(experts)
             for suffix, p in zip((".lora_a", ".lora_b"), self.trainable.pairs[name], strict=True):
                 self._frozen[name + suffix] = (idx, p[idx].copy())
-        n_sets = sum(len(e) for e in frozen.values())
-        log.info(
-            "leaving out %d expert factor sets the data never reaches (%d parameters)",
-            n_sets,
-            self.frozen_params,
-        )
+        log.info("leaving out unreached experts: %s", out.describe())
 
     def _router_aux_coef(self) -> float:
         """The load-balancing loss's weight: router_aux_coef when the run trains a MoE model's router

@@ -135,6 +135,18 @@ def test_unreached_experts():
     assert c.unreached() == [(1, 1), (3, 0), (3, 2), (3, 3)]
     assert c.unreached_mask().sum() == 4
     np.testing.assert_allclose(c.shares()[0], [0.3, 0, 0.5, 0.2])
+    shapes = {"blk.1.ffn_up_exps.weight": (4, 32, 64), "blk.3.ffn_down_exps.weight": (4, 64, 32),
+              "blk.3.attn_q.weight": (64, 64), "blk.2.ffn_up_exps.weight": (4, 32, 64)}  # fmt: skip
+    out = census_mod.left_out(c, shapes, rank=2)
+    assert {n: e.tolist() for n, e in out.frozen.items()} == {
+        "blk.1.ffn_up_exps.weight": [1],
+        "blk.3.ffn_down_exps.weight": [0, 2, 3],
+    }
+    assert (out.n_sets, out.n_total_sets, out.params) == (4, 8, 4 * 2 * (32 + 64))
+    assert (
+        out.describe()
+        == "4 of 8 expert factor sets are never reached by this data: 768 parameters that would never learn"
+    )
 
 
 def test_cli_census(tmp_path, capsys, monkeypatch):
