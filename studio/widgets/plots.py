@@ -291,6 +291,14 @@ class HeatmapWidget(QWidget):
         self.bar.axis.setLabel(self.unit, color=text.name())
         self.placeholder.setColor(text)
 
+    def set_title(self, title: str, unit: str) -> None:
+        """A new title and colour-bar unit (the same cells showing another quantity)."""
+        if (self.plot.texts[0], self.unit) == (title, unit):
+            return
+        self.plot.texts = (title, *self.plot.texts[1:])
+        self.unit = unit
+        self.apply_palette()
+
     def show_placeholder(self, text: str) -> None:
         self.values = None
         self.x_labels, self.y_labels = [], []
@@ -999,7 +1007,7 @@ class TrainPlotsWidget(QWidget):
                 ax, ay = self.aux_series.view()
                 self.aux_curve.setData(ax, ay)
                 if len(ay):
-                    if self.aux_curve not in [item for item, _ in self.loss_legend.items]:
+                    if "load-balancing loss" not in legend_names(self.loss_legend):
                         self.loss_legend.addItem(self.aux_curve, "load-balancing loss")
                     y = np.concatenate([y, ay])
             else:
@@ -1099,6 +1107,7 @@ class TrainPlotsWidget(QWidget):
         span = f"step {last}" if self.expert_latest_box.isChecked() else f"steps {first}–{last}"
         diff = self.census_difference() if self.expert_census_box.isChecked() else None
         if diff is not None:
+            self.expert_map.set_title("Share of tokens: run minus the base model's census", "pp")
             E = diff.shape[1]
             self.expert_map.set(diff, [str(i) for i in self.census.layers], [str(e) for e in range(E)])
             self.expert_map.set_caption(
@@ -1106,6 +1115,7 @@ class TrainPlotsWidget(QWidget):
                 "(hover a cell for its value)"
             )
             return
+        self.expert_map.set_title("Tokens routed to each expert", "tokens")
         L, E = values.shape
         self.expert_map.set(values, [str(i) for i in range(L)], [str(e) for e in range(E)])
         if self.expert_latest_box.isChecked():

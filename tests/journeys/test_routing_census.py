@@ -10,6 +10,7 @@ import numpy as np
 from PySide6.QtCore import Qt
 
 from engine import Finished, LoraAdapter, Model, left_out
+from studio.widgets.plots import legend_names
 from tests.engine.test_census import _model_with_unreached
 
 from .conftest import TIMEOUT_MS, checked, open_model, train
@@ -60,6 +61,7 @@ def test_count_routing_leave_out_unreached_and_balance(qtbot, app, facts, tmp_pa
     plots.flush()  # what the timer draws next
     x, y = plots.curve_data()["router_aux"]
     assert x.tolist() == [1, 2, 3] and (y > 0).all()  # the load-balancing loss, a series of its own
+    assert legend_names(plots.loss_legend).count("load-balancing loss") == 1
     # the adapter written: the unreached experts' B factors never left zero, the others did
     adapter = LoraAdapter.load(result.adapter_path, Model.load(path))
     for layer, e in [(1, 0), (1, 2), (2, 0), (2, 1)]:
@@ -74,3 +76,6 @@ def test_count_routing_leave_out_unreached_and_balance(qtbot, app, facts, tmp_pa
         assert diff[census.layers.index(layer), e] == 0
     np.testing.assert_allclose(plots.expert_map.values, diff)
     assert "minus the base model's census" in plots.expert_map._caption
+    assert plots.expert_map.plot.texts[0].startswith("Share of tokens") and plots.expert_map.unit == "pp"
+    plots.expert_census_box.setChecked(False)  # back to the run's own counts
+    assert plots.expert_map.unit == "tokens" and plots.expert_map.values.shape == (3, 4)

@@ -350,6 +350,7 @@ class TargetsPage(QWidget):
         right.setStretchFactor(0, 4)
         right.setStretchFactor(1, 1)
         right.setStretchFactor(2, 4)
+        self.right_splitter = right
         right.setChildrenCollapsible(False)
 
         self.splitter = QSplitter(Qt.Horizontal)
@@ -414,6 +415,9 @@ class TargetsPage(QWidget):
             missing = f"This model has no {', '.join(PRESETS[key])}."
             button.setToolTip(button.property("tip") if ok else missing)
         self.census_panel.setVisible(info.summary.config.is_moe)
+        if info.summary.config.is_moe:  # the census's heatmap gets as much height as the tensor tree
+            h = max(self.right_splitter.height(), 600)
+            self.right_splitter.setSizes([int(h * 0.42), int(h * 0.16), int(h * 0.42)])
         self.census_panel.check_current()
         self._summary_rows["Expert parameters"].setVisible(info.summary.config.is_moe)
         self.summary_labels["Expert parameters"].setVisible(info.summary.config.is_moe)
@@ -738,6 +742,7 @@ class TargetsPage(QWidget):
         experts = f", {st.n_expert_tensors} of them expert stacks" if st.n_expert_tensors else ""
         lab["Adapted tensors"].setText(f"{st.n_tensors}{experts}")
         lab["Trainable parameters"].setText(self._trainable_text(st.trainable))
+        lab["Trainable parameters"].setWordWrap(True)  # with the census's note it takes two lines
         if st.lora_params:
             pct = 100.0 * st.expert_params / st.lora_params
             lab["Expert parameters"].setText(
