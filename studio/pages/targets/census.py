@@ -36,6 +36,7 @@ from engine import Census, CensusCancelled, CensusProgress, EncodeOptions, left_
 from ...project import Project
 from ...widgets.plots import HeatmapWidget
 
+_SUBMITTING = object()  # CensusPanel.job while engine.submit runs
 UNREACHED_COLOR = "#e0464e"  # the cross over an expert no token reaches (readable on viridis' dark end)
 
 
@@ -189,7 +190,8 @@ class CensusPanel(QGroupBox):
         self.progress.show()
         self.cancel_button.show()
         self.status.setText("Counting: one pass of the base model over the dataset…")
-        self.job = self.engine.submit(
+        self.job = _SUBMITTING  # busy from now on: a job that ends at once (the engine closing) clears it
+        job = self.engine.submit(
             "counting routing",
             fn,
             on_event=self._progress,
@@ -197,10 +199,12 @@ class CensusPanel(QGroupBox):
             on_error=self._failed,
             model=(p.model_path, p.device),
         )
+        if self.job is not None:
+            self.job = job
         self._update_button()
 
     def cancel(self) -> None:
-        if self.job is not None:
+        if self.job is not None and self.job is not _SUBMITTING:
             self.engine.cancel(self.job)
             self.status.setText("Cancelling…")
 
