@@ -81,6 +81,7 @@ from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from .text.tokenizer import Tokenizer
 from .train.advice import plan_warning
 from .train.batches import Batch
+from .train.census import Census, CensusCancelled, CensusProgress, LeftOut, left_out, routing_census
 from .train.commands import local_ranks_available, shell_line, train_command
 from .train.convert import ColumnMap, Conversion, Source, convert_file, convert_source, guess_map, read_source
 from .train.data import (
@@ -153,6 +154,7 @@ __all__ = [
     "checkpoint_roots", "CheckpointEntry", "CheckpointInfo", "CheckReport", "CheckSpec", "chosen_text",
     "ColumnMap", "ConfigError", "Conversion", "convert_file", "convert_source", "DatasetError",
     "dequantizable_types", "describe_settings", "Device", "encode_iter", "encode_samples", "Encoded",
+    "Census", "CensusCancelled", "CensusProgress", "LeftOut", "left_out", "routing_census",
     "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
     "event_from_json", "event_to_json", "Example", "ExpertUsage", "export_adapter", "export_merged",
     "export_modelfile", "export_size", "ExportError", "ExportRequest", "Failed", "failed_name",

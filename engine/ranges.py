@@ -78,6 +78,8 @@ RANGES: dict[str, Range] = {
     "max_grad_norm": Range(0.0, 1e9, note="0: off"),
     # rewards
     "kl_coef": Range(0.0, 1e3),
+    # MoE: the load-balancing loss's weight
+    "router_aux_coef": Range(0.0, 1e3, note="0: off"),
     # preference objectives
     "dpo_beta": Range(0.0, 1e3, lo_open=True),
     "orpo_lambda": Range(0.0, 1e3),

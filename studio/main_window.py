@@ -76,7 +76,7 @@ from .worker import Engine
 PAGE_TABLE: tuple[tuple[str, str, Callable[[Any], QWidget]], ...] = (
     ("Model", "model_page", lambda w: ModelPage(w.project, w.engine)),
     ("Dataset", "dataset_page", lambda w: DatasetPage(w.project, w.dataset)),
-    ("Targets", "targets_page", lambda w: TargetsPage(w.project)),
+    ("Targets", "targets_page", lambda w: TargetsPage(w.project, w.engine)),
     ("Train", "train_page", lambda w: TrainPage(w.project, w.engine, w.dataset, settings=w.settings)),
     ("Chat", "chat_page", lambda w: ChatPage(w.project, w.engine, settings=w.settings)),
     ("Rewards", "rewards_page", lambda w: RewardsPage(w.project, w.engine, settings=w.settings)),
@@ -245,6 +245,8 @@ class MainWindow(QMainWindow):
         self.dataset_page.sig_dataset_opened.connect(self._dataset_opened)
         self.dataset_page.sig_dataset_opening.connect(self._dataset_opening)
         self.targets_page.sig_selection_changed.connect(lambda _: self._steps_timer.start())
+        # the Targets page's routing census: the Train page's expert heatmap compares the run with it
+        self.targets_page.census_panel.sig_census.connect(self.train_page.plots.set_census)
         self.train_page.sig_state_changed.connect(self._training_state)
         self.train_page.sig_run_finished.connect(self._run_finished)
         self.train_page.sig_go_to_page.connect(self.show_page_named)

@@ -53,7 +53,7 @@ OPTION_RANGES = {
     "ctx": "n_ctx", "batch": "batch_size", "grad_accum": "grad_accum", "val_split": "val_split",
     "eval_every": "eval_every", "kl": "kl_coef", "checkpoint_every": "checkpoint_every",
     "rank_timeout": "rank_timeout_s", "sample_every": "sample_every",
-    "sample_from_validation": "sample_from_validation",
+    "sample_from_validation": "sample_from_validation", "router_aux_coef": "router_aux_coef",
 }  # fmt: skip
 COMMAND_RANGES = {("generate", "seed"): "sampling_seed"}  # where a command's option means another thing
 
@@ -306,7 +306,8 @@ TRAIN_OPTIONS: dict[str, tuple[str, object]] = {
     "max_grad_norm": ("max_grad_norm", 1.0), "epochs": ("epochs", 1.0), "steps": ("steps", 0),
     "ctx": ("n_ctx", 512), "batch": ("batch_size", 1), "grad_accum": ("grad_accum", 1),
     "val_split": ("val_split", 0.0), "eval_every": ("eval_every", 0),
-    "train_on_prompt": ("train_on_prompt", False),
+    "train_on_prompt": ("train_on_prompt", False), "skip_unreached": ("skip_unreached_experts", False),
+    "router_aux_coef": ("router_aux_coef", 0.0),
     "reward_mode": ("reward_mode", "none"), "kl": ("kl_coef", 0.0), "seed": ("seed", 0),
     "objective": ("objective", "sft"), "beta": ("dpo_beta", 0.1), "orpo_lambda": ("orpo_lambda", 0.1),
     "checkpoint_layers": ("checkpoint_layers", "auto"), "checkpoint_every": ("checkpoint_every", 0),
@@ -666,6 +667,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sample-every", type=int, default=None, help="steps between sample answers (default 10)")
     s.add_argument("--train-on-prompt", action="store_true", default=None, help="loss on prompt tokens too")
     s.add_argument(
+        "--router-aux-coef",
+        type=float,
+        default=None,
+        help="MoE, router trained (ffn_gate_inp in the targets or --full): weight of the Switch Transformer "
+        "load-balancing loss of each MoE layer, summed over the layers (default 0: off)",
+    )
+    s.add_argument(
+        "--skip-unreached",
+        action="store_true",
+        default=None,
+        help="MoE: leave out (freeze) the LoRA factors of the experts no token of the data reaches (the "
+        "routing census of `tune-engine census`)",
+    )
+    s.add_argument(
         "--reward-mode",
         default=None,
         choices=("none", "weighted", "group"),
@@ -728,6 +743,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .convert import add_command as add_convert_command
 
     add_convert_command(sub)
+    from .census import add_command as add_census_command
+
+    add_census_command(sub)
     return p
 
 

@@ -123,6 +123,7 @@ class ForwardCache(NamedTuple):
     blocks: list  # per block: its BlockCache, or its input x (B, T, C) when checkpointing
     final_norm: ops.NormCache
     checkpoint: bool  # blocks hold inputs to recompute from
+    aux_coef: float = 0.0  # the MoE load-balancing loss's weight (recomputed blocks keep its gradient)
 
 
 def forward_hidden(
@@ -136,13 +137,17 @@ def forward_hidden(
     keep: str = "none",
     last_only: bool = False,
     expert_usage: list | None = None,
+    aux_coef: float = 0.0,
+    aux_values: list | None = None,
 ) -> tuple[np.ndarray, ForwardCache | None]:
     """Final normalised hidden states (B, T, C) (or (B, 1, C) with `last_only`).
 
     keep: "none" (inference), "caches" (every block's activations for the backward pass) or
     "inputs" (only each block's input: the backward recomputes the block, layer checkpointing).
     With `kv` (a KVCache) each block appends its keys and values. `expert_usage`, when given,
-    receives the tokens routed to each expert of every MoE block, (E,) per block.
+    receives the tokens routed to each expert of every MoE block, (E,) per block. `aux_coef`: the
+    weight of each MoE block's load-balancing loss (engine.model.layers.load_balance), whose value per
+    block goes to `aux_values` and whose gradient `backward_hidden` adds to the router's.
     """
     x, c_emb = ops.embedding_forward(W[TOKEN_EMBD], inp.tokens, lora.get(TOKEN_EMBD))
     if cfg.embd_scale != 1.0:
@@ -153,7 +158,9 @@ def forward_hidden(
         if i + 1 < cfg.L:
             prefetch_layer(W, i + 1)
         cos, sin, mask = inp.layer(cfg, i)
-        x, cache = block_forward(cfg, W, lora, i, moe_layers[i], x, cos, sin, mask, kv=kv)
+        x, cache = block_forward(cfg, W, lora, i, moe_layers[i], x, cos, sin, mask, kv=kv, aux_coef=aux_coef)
+        if aux_values is not None and cache.moe is not None and cache.moe.aux is not None:
+            aux_values.append(cache.moe.aux[0])
         if expert_usage is not None:
             n = expert_counts(cache)
             if n is None and cfg.E:  # a dense layer of a MoE model (DeepSeek's first): a row of zeros
@@ -170,7 +177,7 @@ def forward_hidden(
     h, c_fn = ops.rmsnorm_forward(x, W[OUTPUT_NORM], cfg.rms_eps)
     if keep == "none":
         return h, None
-    return h, ForwardCache(c_emb, kept, c_fn, keep == "inputs")
+    return h, ForwardCache(c_emb, kept, c_fn, keep == "inputs", aux_coef)
 
 
 def logits(
@@ -217,7 +224,9 @@ def backward_hidden(
         cache = fc.blocks[i]
         if fc.checkpoint:
             cos, sin, mask = inp.layer(cfg, i)
-            _, cache = block_forward(cfg, W, lora, i, moe_layers[i], cache, cos, sin, mask)
+            _, cache = block_forward(
+                cfg, W, lora, i, moe_layers[i], cache, cos, sin, mask, aux_coef=fc.aux_coef
+            )
         assert isinstance(cache, BlockCache)
         dx = block_backward(cfg, W, lora, i, moe_layers[i], dx, cache, need, grads)
         fc.blocks[i] = None

@@ -132,6 +132,7 @@ class MoECache(NamedTuple):
     experts: ops.ExpertsCache
     shared: SharedExpertCache | None
     routing: ops.Routing
+    aux: tuple | None = None  # (value, dlogits (N, E)) of the load-balancing loss, when it is on
 
 
 class MlaCache(NamedTuple):
@@ -175,10 +176,13 @@ def block_forward(
     sin: np.ndarray,
     mask: np.ndarray,
     kv=None,
+    aux_coef: float = 0.0,
 ) -> tuple[np.ndarray, BlockCache]:
     """x (B, T, C) -> (x', cache). With `kv` (an engine.model.KVCache), keys/values are appended to it.
 
     cos, sin and mask are this layer's (a sliding-window layer gets its own, see engine.model.forward).
+    aux_coef: the weight of a MoE block's load-balancing loss (`load_balance`; its value and gradient
+    kept in the cache, `cache.moe.aux`); 0: none.
     """
     B, T, C = x.shape
     eps = cfg.rms_eps
@@ -217,7 +221,7 @@ def block_forward(
     h, c_fn = ops.rmsnorm_forward(x, W[layer_name(i, spec.ffn_norm)], eps)
     c_ffn = c_moe = None
     if moe:
-        y, c_moe = _moe_forward(cfg, W, lora, i, h.reshape(B * T, C))
+        y, c_moe = _moe_forward(cfg, W, lora, i, h.reshape(B * T, C), aux_coef)
         y = y.reshape(B, T, C)
     else:
         y, c_ffn = _ffn_forward(W, lora, i, h, DENSE_FFN_KINDS, spec.ffn_act)
@@ -312,8 +316,30 @@ def _ffn_backward(W, lora, i, dy, cache: FFNCache, kinds, need, grads):
     return _LinearGroup(W, lora, i, kinds[:2]).backward((dg, du), cache.gate_up, need, grads)
 
 
-def _moe_forward(cfg, W, lora, i, h) -> tuple[np.ndarray, MoECache]:
-    """h (N, C): router, routed experts, and the shared expert(s) when the architecture has them."""
+def load_balance(logits, routing: ops.Routing, coef: float):
+    """The Switch Transformer load-balancing loss of one MoE block and its gradient in the router logits.
+
+    aux = coef * E * sum_e f_e * P_e, with f_e the fraction of the N*K token-choices the routing
+    sent to expert e (counted, no gradient) and P_e the mean over the N tokens of softmax(logits)_e,
+    a softmax over all E experts whatever the model's gating (for sigmoid or softmax-over-the-chosen
+    gating too: the router's preference as one distribution). It is 1*coef when the load is even.
+    Returns (value, dlogits (N, E)): d aux / d logits = coef * E / N * p * (f - p.f).
+    """
+    xp = array_module(logits)
+    N, E = logits.shape
+    z = logits - logits.max(axis=-1, keepdims=True)
+    p = xp.exp(z)
+    p /= p.sum(axis=-1, keepdims=True)
+    f = xp.diff(routing.offsets).astype(p.dtype) / max(1, routing.topk.size)
+    P = p.mean(axis=0)
+    value = coef * E * (f * P).sum()
+    dlogits = (coef * E / max(1, N)) * p * (f[None, :] - (p @ f)[:, None])
+    return value, dlogits.astype(logits.dtype, copy=False)
+
+
+def _moe_forward(cfg, W, lora, i, h, aux_coef: float = 0.0) -> tuple[np.ndarray, MoECache]:
+    """h (N, C): router, routed experts, and the shared expert(s) when the architecture has them;
+    with `aux_coef`, the block's load-balancing loss (`load_balance`) in the cache."""
     spec = cfg.spec
     logits, c_router = _Linear(W, lora, i, "ffn_gate_inp").forward(h)  # (N, E) (+ router bias)
     bias_name = layer_name(i, "exp_probs_b", "bias")
@@ -338,7 +364,8 @@ def _moe_forward(cfg, W, lora, i, h) -> tuple[np.ndarray, MoECache]:
             gate = ops.sigmoid(z)
             y = y + shared * gate[:, None]
             c_shared = SharedExpertCache(c_ffn, shared, gate, h)
-    return y, MoECache(c_router, c_route, c_experts, c_shared, routing)
+    aux = load_balance(logits, routing, aux_coef) if aux_coef else None
+    return y, MoECache(c_router, c_route, c_experts, c_shared, routing, aux)
 
 
 def _moe_backward(cfg, W, lora, i, dy, cache: MoECache, need, grads):
@@ -357,6 +384,8 @@ def _moe_backward(cfg, W, lora, i, dy, cache: MoECache, need, grads):
         if key in dlora:
             add_lora_grads(grads, n, *dlora[key])
     dlogits = ops.route_backward(dweights, cache.route)
+    if cache.aux is not None:  # the load-balancing loss's gradient joins the routing's
+        dlogits = dlogits + cache.aux[1]
     dh = dh + _Linear(W, lora, i, "ffn_gate_inp").backward(dlogits, cache.router, need, grads)
     if cache.shared is not None and cache.shared.gate is None:
         # forward was: y += shared(h)

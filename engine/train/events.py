@@ -65,6 +65,7 @@ class Step:
     tokens_per_s: float
     elapsed_s: float  # seconds spent training in this run's steps (pauses excluded; kept by checkpoints)
     eta_s: float  # estimated seconds to the end (mean of the last steps, a start's first step excluded)
+    router_aux: float | None = None  # the MoE load-balancing loss in `loss` (router_aux_coef), else None
 
 
 @dataclass(frozen=True)

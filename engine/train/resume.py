@@ -38,6 +38,8 @@ TRAJECTORY_FIELDS: dict[str, str] = {
     "val_split": "validation split",
     "train_on_prompt": "train on prompt",
     "prompt_format": "prompt format",
+    "skip_unreached_experts": "leaving out unreached experts",
+    "router_aux_coef": "load-balancing coefficient",
     "seed": "seed",
     "lr": "learning rate",
     "schedule": "schedule",

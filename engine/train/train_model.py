@@ -156,6 +156,7 @@ class LossResult:
     grads: dict[str, np.ndarray] | None  # name -> gradient, for every trainable parameter (on its device)
     expert_counts: np.ndarray | None  # (L, E) tokens routed to each expert, MoE models only (on the device)
     extra: Any = None  # what a sequence-level objective reports (engine.train.preferences), else None
+    router_aux: float | None = None  # the MoE load-balancing loss, summed over the layers (in `loss`)
 
     @property
     def mean_ce(self) -> float:
@@ -207,6 +208,7 @@ def loss_and_grads(
     checkpoint: bool = False,
     kl_coef: float = 0.0,
     sequence_loss: SequenceLoss | None = None,
+    router_aux_coef: float = 0.0,
 ) -> LossResult:
     """Forward (and backward) over one packed batch; gradients of the trainable parameters only.
 
@@ -217,13 +219,18 @@ def loss_and_grads(
     ordinary one with those weights.
 
     On a GPU model every array stays on the device; the loss and cross-entropy come back to the
-    host in one read, gradients and expert counts stay where they were computed."""
+    host in one read, gradients and expert counts stay where they were computed.
+
+    router_aux_coef: the weight of the Switch Transformer load-balancing loss of every MoE layer
+    (engine.model.layers.load_balance), summed over the layers and added to the loss (its value
+    alone in `router_aux`); its gradient reaches the router through its logits."""
     with model.backend.active():
-        return _loss_and_grads(model, trainable, batch, backward, checkpoint, kl_coef, sequence_loss)
+        return _loss_and_grads(model, trainable, batch, backward, checkpoint, kl_coef, sequence_loss,
+                               router_aux_coef)  # fmt: skip
 
 
 def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoint: bool, kl_coef: float,
-                    sequence_loss: SequenceLoss | None = None):  # fmt: skip
+                    sequence_loss: SequenceLoss | None = None, router_aux_coef: float = 0.0):  # fmt: skip
     cfg = model.config
     W = ChainMap(trainable.full, model.weights)
     lora = applied_lora(cfg, trainable.terms())
@@ -231,7 +238,9 @@ def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoi
     inp = _inputs(model, batch)
     counts: list[np.ndarray] = []
     keep = "none" if not backward else ("inputs" if checkpoint else "caches")
-    h, fc = forward_hidden(cfg, W, lora, model.moe_layers, inp, keep=keep, expert_usage=counts)
+    aux_values: list = []
+    h, fc = forward_hidden(cfg, W, lora, model.moe_layers, inp, keep=keep, expert_usage=counts,
+                           aux_coef=router_aux_coef, aux_values=aux_values)  # fmt: skip
     out_name = output_name(W)
     tied_lora = lora.get(TOKEN_EMBD) if out_name == TOKEN_EMBD else None
     h_ref = w_ref = None
@@ -269,8 +278,11 @@ def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoi
     extra = None
     if objective is not None:
         loss, extra = objective.loss, objective.extra
+    aux = float(sum(float(to_host(v)) for v in aux_values)) if aux_values else None
+    if aux is not None:
+        loss += aux
     if not backward:
-        return LossResult(loss, ce_sum, n_tok, None, expert, extra)
+        return LossResult(loss, ce_sum, n_tok, None, expert, extra, aux)
 
     grads: dict[str, np.ndarray] = {}
     add_grad(grads, out_name, g_head["W"])
@@ -294,7 +306,7 @@ def _loss_and_grads(model, trainable: Trainable, batch, backward: bool, checkpoi
     missing = set(params) - set(grads)
     for name in missing:  # a parameter the batch did not reach (e.g. an expert no token was routed to)
         grads[name] = array_module(params[name]).zeros_like(params[name])
-    return LossResult(loss, ce_sum, n_tok, grads, expert, extra)
+    return LossResult(loss, ce_sum, n_tok, grads, expert, extra, aux)
 
 
 def _sequence_ce(cfg, h, w, lora, out_name: str, tied_lora) -> Callable[[np.ndarray], float]:

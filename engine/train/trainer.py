@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -77,7 +78,7 @@ _NUMBERS = (
     "rank", "n_ctx", "batch_size", "grad_accum", "steps", "seed", "warmup_steps", "checkpoint_every",
     "keep_checkpoints", "eval_every", "norms_every", "alpha", "epochs", "val_split", "lr", "min_lr_ratio",
     "weight_decay", "gclip", "max_grad_norm", "kl_coef", "dpo_beta", "orpo_lambda", "sample_every",
-    "sample_tokens", "sample_from_validation",
+    "sample_tokens", "sample_from_validation", "router_aux_coef",
 )  # fmt: skip
 _CHOICES = {
     "lora_init": ("kaiming", "gaussian"),
@@ -145,6 +146,11 @@ class TrainConfig:
     # order, distinct prompts; engine.train.samples.validation_prompts); 0 = none
     out: str | None = None  # adapter GGUF written at the end
     out_type: str = "F32"  # F32 | F16 | Q8_0
+    router_aux_coef: float = 0.0  # MoE with the router (ffn_gate_inp) trained: the weight of the Switch
+    # Transformer load-balancing loss of each MoE layer, summed over the layers (engine.model.layers.
+    # load_balance); 0 = off
+    skip_unreached_experts: bool = False  # MoE: freeze the LoRA factors of the experts the routing census
+    # (engine.train.census: the base model over the whole prepared dataset) says no token reaches
     gpu_step: str = "graph"  # on a GPU, the step of a model the fused step covers (dense_step: llama, qwen2,
     # qwen3, Mixtral, qwen2moe, qwen3moe, olmoe): "graph" (captured as one CUDA graph, replayed), "eager" (the
     # fused step launched from Python), "generic" (the op-by-op path)
@@ -395,6 +401,10 @@ class Trainer:
         self.config = config
         self.comm = collective if collective is not None else Collective()
         self._joined = False  # the ranks exchanged their facts (engine.train.parallel.join)
+        self._frozen: dict[str, tuple[Any, Any]] = {}  # left-out expert slices (_freeze_unreached)
+        self._aux_coef = 0.0  # the load-balancing loss's weight where it applies (_router_aux_coef)
+        self._step_aux: float | None = None  # its value in the last step (mean over the micro-batches)
+        self.frozen_params = 0  # LoRA parameters in them
         self.hosts: list[str] = [self.comm.host]  # the machine of each rank (set by parallel.join)
         self.rank_lost = False  # the run failed because another rank stopped answering
         self.resyncs = 0  # times ranks that drifted from rank 0 were given its parameters (expect none)
@@ -599,6 +609,63 @@ class Trainer:
         if not tr.pairs and not tr.full:
             raise ModelError("nothing to train: choose LoRA targets or full-weight tensors")
         return tr.to(self.backend)
+
+    def _freeze_unreached(self) -> None:
+        """With skip_unreached_experts: the routed-expert factor slices of the experts the routing census
+        says no token reaches (engine.train.census), kept at their values (no gradient, no update)."""
+        self._frozen = {}  # optimizer param name -> (expert indices, their values)
+        self.frozen_params = 0
+        if not self.config.skip_unreached_experts or not any(self.model.moe_layers):
+            return
+        if not any(A.ndim == 3 for A, _ in self.trainable.pairs.values()):
+            return
+        from .census import census_of, left_out
+
+        cache = "auto" if self.config.data_cache != "off" else None
+        census = census_of(self.model, self.prepared, cache=cache)
+        shapes = {
+            n: tuple(self.model.tensors[n].shape) for n in self.trainable.pairs if n in self.model.tensors
+        }
+        out = left_out(census, shapes, self.trainable.rank)
+        self.frozen_params = out.params
+        xp = self.backend.xp
+        for name, experts in out.frozen.items():
+            idx = xp.asarray(experts)
+            for suffix, p in zip((".lora_a", ".lora_b"), self.trainable.pairs[name], strict=True):
+                self._frozen[name + suffix] = (idx, p[idx].copy())
+        log.info("leaving out unreached experts: %s", out.describe())
+
+    def _router_aux_coef(self) -> float:
+        """The load-balancing loss's weight: router_aux_coef when the run trains a MoE model's router
+        (LoRA or full), else 0 (logged). A preference objective or several ranks refuse it."""
+        coef = self.config.router_aux_coef
+        if not coef:
+            return 0.0
+        from ..model.targets import split_name
+
+        names = list(self.trainable.pairs) + list(self.trainable.full)
+        if not any(self.model.moe_layers) or not any(split_name(n)[1] == "ffn_gate_inp" for n in names):
+            log.warning("router_aux_coef %g is not used: the run trains no MoE router (ffn_gate_inp)", coef)
+            return 0.0
+        if self.config.objective != "sft":
+            raise ConfigError("the load-balancing loss (router_aux_coef) trains with the SFT objective only")
+        if self.comm.parallel:
+            raise ConfigError(
+                "the load-balancing loss (router_aux_coef) trains in one process: run without --ranks"
+            )
+        return float(coef)
+
+    def _step_frozen(self, grads):
+        """The optimizer step with the left-out expert slices given no gradient (so they count in no
+        norm or clipping) and put back to their values after it (weight decay moves nothing)."""
+        for name, (idx, _) in self._frozen.items():
+            if name in grads:
+                grads[name][idx] = 0
+        stats = self.optimizer.step(grads)
+        params = self.optimizer.params
+        for name, (idx, values) in self._frozen.items():
+            params[name][idx] = values
+        return stats
 
     def _plan_memory(self) -> MemoryEstimate:
         """The run's memory plan: refuse what cannot fit (before any weight is dequantized), then
@@ -807,6 +874,8 @@ class Trainer:
                 self._load_checkpoint(self.resume)
             if self.comm.parallel:  # every rank's facts checked, then rank 0's state on every rank
                 parallel.join(self, None)
+            self._freeze_unreached()
+            self._aux_coef = self._router_aux_coef()
             if self.resume and self.step >= total:  # every rank has rank 0's step now: all fail alike
                 raise ConfigError(
                     f"the checkpoint is at step {self.step} and these settings plan {total} steps: "
@@ -821,7 +890,7 @@ class Trainer:
                 label_tokens_per_epoch=batches.n_label_tokens,
                 batches_per_epoch=n_batches,
                 total_steps=total,
-                trainable_params=self.trainable.n_params,
+                trainable_params=self.trainable.n_params - self.frozen_params,
                 lora_targets=tuple(self.trainable.pairs),
                 full_tensors=tuple(self.trainable.full),
                 memory_bytes=self.memory.to_dict(),
@@ -888,7 +957,7 @@ class Trainer:
                 f"the loss became {loss} at step {self.step + 1}: training stopped. "
                 "Lower the learning rate or check the data; the last good checkpoint is kept.",
             )
-        stats = self.optimizer.step(grads)
+        stats = self._step_frozen(grads)
         if not math.isfinite(stats.grad_norm):
             return self._fail(
                 on_event,
@@ -930,6 +999,7 @@ class Trainer:
             n_tok / max(seconds, 1e-9),
             self.train_seconds,
             self._eta(total - self.step),
+            self._step_aux,
         )
         if self.record is not None:
             self.record.add_loss(self.step, self.last_ce)
@@ -994,6 +1064,10 @@ class Trainer:
         cfg = self.config
         if self.preference is not None:  # the fused step computes the weighted cross-entropy alone
             why = "a preference objective"
+        elif self._aux_coef:  # the fused step computes the cross-entropy alone
+            why = "the router's load-balancing loss"
+        elif self._frozen:  # the fused step updates every factor slice
+            why = "experts the data never reaches are left out"
         elif cfg.gpu_step == "generic":
             why = "gpu_step is generic"
         else:
@@ -1074,6 +1148,7 @@ class Trainer:
         n_tok = n_label = 0
         counts = grads = None
         figures = []
+        aux = 0.0
         for j in range(cfg.grad_accum):
             m = self.step * cfg.grad_accum + j  # global micro-batch index
             batch = self.batches_for_epoch(m // n_batches)[m % n_batches]
@@ -1087,7 +1162,10 @@ class Trainer:
                     batch,
                     checkpoint=self.memory.checkpoint,
                     kl_coef=cfg.kl_coef if cfg.reward_mode == "group" else 0.0,
+                    router_aux_coef=self._aux_coef,
                 )
+            if res.router_aux is not None:
+                aux += res.router_aux / cfg.grad_accum
             if cfg.grad_accum > 1:
                 acc.add(res.grads)
             else:
@@ -1098,6 +1176,7 @@ class Trainer:
             n_tok += batch.n_tokens
             if res.expert_counts is not None:
                 counts = res.expert_counts if counts is None else counts + res.expert_counts
+        self._step_aux = aux if self._aux_coef else None
         return loss, ce_sum, n_label, n_tok, counts, acc.mean() if cfg.grad_accum > 1 else grads, m, figures
 
     def _exploded(self) -> str | None:

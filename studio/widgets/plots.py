@@ -293,6 +293,14 @@ class HeatmapWidget(QWidget):
         self.bar.axis.setLabel(self.unit, color=text.name())
         self.placeholder.setColor(text)
 
+    def set_title(self, title: str, unit: str) -> None:
+        """A new title and colour-bar unit (the same cells showing another quantity)."""
+        if (self.plot.texts[0], self.unit) == (title, unit):
+            return
+        self.plot.texts = (title, *self.plot.texts[1:])
+        self.unit = unit
+        self.apply_palette()
+
     def show_placeholder(self, text: str) -> None:
         self.values = None
         self.x_labels, self.y_labels = [], []
@@ -463,6 +471,8 @@ class TrainPlotsWidget(QWidget):
         self._draining = False
         self.step_series = {k: Series() for k in ("loss", "lr", "grad_norm", "tokens_per_s")}
         self.val_series = Series()
+        self.aux_series = Series()  # the MoE load-balancing loss per step (router_aux_coef), on the loss plot
+        self.census = None  # the base model's routing census (engine.Census), to compare the run's with
         self.kind_series: dict[str, Series] = {}
         self.kind_curves: dict[str, pg.PlotDataItem] = {}
         self.latest_norms: LoraNorms | None = None
@@ -495,6 +505,8 @@ class TrainPlotsWidget(QWidget):
             symbolPen=None,
         )
         self.loss_legend.removeItem(self.val_curve)  # shown once the run has a validation split
+        self.aux_curve = self.loss_plot.plot(pen=pg.mkPen(COLORS[6], width=1.5, style=Qt.DashLine))
+        self.loss_legend.removeItem(self.aux_curve)  # shown once a step reports it
         self.lr_pw = _plot_widget()
         self.lr_plot = _style_plot(self.lr_pw, "Learning rate", "lr")
         self.lr_curve = self.lr_plot.plot(pen=pg.mkPen(COLORS[2], width=1.5))
@@ -568,11 +580,19 @@ class TrainPlotsWidget(QWidget):
             "the run started. Default: off (sum)."
         )
         self.expert_latest_box.toggled.connect(self._expert_mode_changed)
+        self.expert_census_box = QCheckBox("Compare with the base model's census")
+        self.expert_census_box.setToolTip(
+            "Show each expert's share of its layer's tokens in this run minus its share in the base model's\n"
+            "routing census of the dataset (Targets page), in percentage points: where the routing moved."
+        )
+        self.expert_census_box.setEnabled(False)
+        self.expert_census_box.toggled.connect(self._expert_mode_changed)
         expert_panel = QWidget()
         ev = QVBoxLayout(expert_panel)
         ev.setContentsMargins(0, 0, 0, 0)
         ev.addWidget(self.expert_map, 1)
         ev.addWidget(self.expert_latest_box)
+        ev.addWidget(self.expert_census_box)
         self.expert_panel = expert_panel
         layers = QWidget()
         lg = QGridLayout(layers)
@@ -804,6 +824,8 @@ class TrainPlotsWidget(QWidget):
         for s in self.step_series.values():
             s.clear()
         self.val_series.clear()
+        self.aux_series.clear()
+        self.loss_legend.removeItem(self.aux_curve)
         for s in self.kind_series.values():
             s.clear()
         for keeper in self.ranges.values():
@@ -827,7 +849,7 @@ class TrainPlotsWidget(QWidget):
 
     def truncate_after(self, step: int) -> None:
         """A run resuming at `step`: forget later points of an earlier attempt."""
-        for s in (*self.step_series.values(), self.val_series, *self.kind_series.values()):
+        for s in (*self.step_series.values(), self.val_series, self.aux_series, *self.kind_series.values()):
             s.truncate_after(step)
         self._smooth.clear()
         self._smooth_state = (0.0, 0)
@@ -848,6 +870,8 @@ class TrainPlotsWidget(QWidget):
         """Buffer one engine event (cheap); the timer draws it."""
         if isinstance(event, Step):
             s = self.step_series
+            if event.router_aux is not None:
+                self.aux_series.append(event.step, event.router_aux)
             s["loss"].append(event.step, event.mean_ce)
             s["lr"].append(event.step, event.lr)
             s["grad_norm"].append(event.step, event.grad_norm)
@@ -967,6 +991,12 @@ class TrainPlotsWidget(QWidget):
                 self.val_curve.setData(vx, vy)
                 if len(vy):
                     y = np.concatenate([y, vy])
+                ax, ay = self.aux_series.view()
+                self.aux_curve.setData(ax, ay)
+                if len(ay):
+                    if "load-balancing loss" not in legend_names(self.loss_legend):
+                        self.loss_legend.addItem(self.aux_curve, "load-balancing loss")
+                    y = np.concatenate([y, ay])
             else:
                 self.step_curves[panel].setData(x, y)
                 curve, color = self.marked_curves[panel]
@@ -1036,13 +1066,45 @@ class TrainPlotsWidget(QWidget):
         """The (L, E) array the expert heatmap shows: the sum since the start, or the latest step."""
         return self.expert_latest if self.expert_latest_box.isChecked() else self.expert_total
 
+    def set_census(self, census) -> None:
+        """The base model's routing census of the dataset (an engine.Census; None: none) to compare the
+        run's routing with."""
+        self.census = census
+        self.expert_census_box.setEnabled(census is not None)
+        if census is None:
+            self.expert_census_box.setChecked(False)
+        self._draw_experts()
+
+    def census_difference(self) -> np.ndarray | None:
+        """(MoE layers, E): each expert's share of its layer's token-choices in the run (as the heatmap's
+        mode shows: summed or the latest step) minus its share in the census, in percentage points; None
+        without a census, run counts, or when their shapes disagree."""
+        values, c = self.expert_values(), self.census
+        if values is None or c is None or values.shape[1] != c.n_experts or max(c.layers) >= values.shape[0]:
+            return None
+        run = values[list(c.layers)]
+        share = run / np.maximum(run.sum(axis=1, keepdims=True), 1)
+        return 100.0 * (share - c.shares())
+
     def _draw_experts(self) -> None:
         values = self.expert_values()
         if values is None:
             return
+        first, last = self.expert_steps
+        span = f"step {last}" if self.expert_latest_box.isChecked() else f"steps {first}–{last}"
+        diff = self.census_difference() if self.expert_census_box.isChecked() else None
+        if diff is not None:
+            self.expert_map.set_title("Share of tokens: run minus the base model's census", "pp")
+            E = diff.shape[1]
+            self.expert_map.set(diff, [str(i) for i in self.census.layers], [str(e) for e in range(E)])
+            self.expert_map.set_caption(
+                f"Share of each layer's tokens, {span} minus the base model's census, in percentage points "
+                "(hover a cell for its value)"
+            )
+            return
+        self.expert_map.set_title("Tokens routed to each expert", "tokens")
         L, E = values.shape
         self.expert_map.set(values, [str(i) for i in range(L)], [str(e) for e in range(E)])
-        first, last = self.expert_steps
         if self.expert_latest_box.isChecked():
             what = f"Tokens routed to each expert during step {last}"
         else:
@@ -1060,8 +1122,10 @@ class TrainPlotsWidget(QWidget):
     # --- reading back (tests, screenshots) --------------------------------------------------
     def curve_data(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """The full data each curve was given (before clipping and downsampling), by name:
-        loss (raw), loss_smoothed, lr, grad_norm, tokens_per_s, val, and norm:<kind> per tensor kind."""
-        curves = {**self.step_curves, "loss_smoothed": self.train_curve, "val": self.val_curve}
+        loss (raw), loss_smoothed, lr, grad_norm, tokens_per_s, val, router_aux (the load-balancing
+        loss), and norm:<kind> per tensor kind."""
+        curves = {**self.step_curves, "loss_smoothed": self.train_curve, "val": self.val_curve,
+                  "router_aux": self.aux_curve}  # fmt: skip
         curves.update({f"norm:{short_kind(k)}": c for k, c in self.kind_curves.items()})
         out = {}
         for name, c in curves.items():

@@ -49,6 +49,7 @@ from engine import (
     TargetSpec,
     human_bytes,
     human_count,
+    left_out,
     parse_layers,
     select_full,
     select_targets,
@@ -57,6 +58,7 @@ from engine import (
 from ...project import ModelInfo, Project
 from ...widgets.banner import MessageBar
 from ...widgets.theme import is_dark
+from .census import CensusPanel
 from .selection import SelectionStats, TargetSelection, kind_help
 from .views import (
     GROUP_COLORS,
@@ -137,9 +139,12 @@ class TargetsPage(QWidget):
 
     sig_selection_changed = Signal(list)
 
-    def __init__(self, project: Project, parent: QWidget | None = None):
+    def __init__(self, project: Project, engine=None, parent: QWidget | None = None):
+        """engine: the app's engine worker (studio.worker.Engine), which counts the routing census of a
+        MoE model; None: no census."""
         super().__init__(parent)
         self.project = project
+        self.engine = engine
         self.info: ModelInfo | None = None
         self.selection: TargetSelection | None = None
         self.grid_model: TargetGridModel | None = None
@@ -335,11 +340,17 @@ class TargetsPage(QWidget):
         gl.addWidget(summary_box)
         gl.addStretch(0)
 
+        self.census_panel = CensusPanel(self.project, self.engine)  # MoE models only
+        self.census_panel.hide()
+        self.census_panel.sig_census.connect(lambda _c: self._update_summary())
         right = QSplitter(Qt.Vertical)
         right.addWidget(self.tree_view)
         right.addWidget(full_box)
+        right.addWidget(self.census_panel)
         right.setStretchFactor(0, 4)
         right.setStretchFactor(1, 1)
+        right.setStretchFactor(2, 4)
+        self.right_splitter = right
         right.setChildrenCollapsible(False)
 
         self.splitter = QSplitter(Qt.Horizontal)
@@ -403,6 +414,11 @@ class TargetsPage(QWidget):
             button.setEnabled(ok)
             missing = f"This model has no {', '.join(PRESETS[key])}."
             button.setToolTip(button.property("tip") if ok else missing)
+        self.census_panel.setVisible(info.summary.config.is_moe)
+        if info.summary.config.is_moe:  # the census's heatmap gets as much height as the tensor tree
+            h = max(self.right_splitter.height(), 600)
+            self.right_splitter.setSizes([int(h * 0.42), int(h * 0.16), int(h * 0.42)])
+        self.census_panel.check_current()
         self._summary_rows["Expert parameters"].setVisible(info.summary.config.is_moe)
         self.summary_labels["Expert parameters"].setVisible(info.summary.config.is_moe)
         notes = self._carry_over(previous, info) if carry else []
@@ -576,6 +592,7 @@ class TargetsPage(QWidget):
     def _on_project(self, changed: set[str]) -> None:
         if {"path", "model_path"} <= changed:  # a project opened (or new): its targets are its own
             self._project_opened = True
+        self.census_panel.check_current()
         if "config" not in changed:
             return
         self._sync_hyperparameters()
@@ -724,7 +741,8 @@ class TargetsPage(QWidget):
         lab = self.summary_labels
         experts = f", {st.n_expert_tensors} of them expert stacks" if st.n_expert_tensors else ""
         lab["Adapted tensors"].setText(f"{st.n_tensors}{experts}")
-        lab["Trainable parameters"].setText(human_count(st.trainable, exact=True))
+        lab["Trainable parameters"].setText(self._trainable_text(st.trainable))
+        lab["Trainable parameters"].setWordWrap(True)  # with the census's note it takes two lines
         if st.lora_params:
             pct = 100.0 * st.expert_params / st.lora_params
             lab["Expert parameters"].setText(
@@ -757,6 +775,26 @@ class TargetsPage(QWidget):
             lab["Adapted tensors"].setStyleSheet(warn_style(self._dark))
         else:
             lab["Adapted tensors"].setStyleSheet("")
+
+    def _trainable_text(self, trainable: int) -> str:
+        """The trainable-parameter figure, with what the routing census says of the selected expert
+        factors (the unreached ones subtracted when they are left out)."""
+        panel = self.census_panel
+        cfg = self.project.config
+        shapes = {
+            n: tuple(self.info.tensors[n].shape) for n in self.selected_names() if n in self.info.tensors
+        }
+        panel.set_targets(shapes, cfg.rank)
+        out = left_out(panel.census, shapes, cfg.rank) if panel.census is not None else None
+        if out is None or not out.n_sets:
+            return human_count(trainable, exact=True)
+        if cfg.skip_unreached_experts:
+            kept = human_count(trainable - out.params, exact=True)
+            return (
+                f"{kept} ({out.params:,} left out: {out.n_sets} of {out.n_total_sets} expert factor sets "
+                "are never reached by this data)"
+            )
+        return f"{human_count(trainable, exact=True)} — {out.describe()}"
 
     # --- light and dark -----------------------------------------------------------------------
     def _style_indicators(self) -> None:

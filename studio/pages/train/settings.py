@@ -107,6 +107,10 @@ GROUPS: tuple[tuple[str, tuple[Field, ...]], ...] = (
               "concatenation.", choices=(("chat", "chat template"), ("raw", "raw text"))),
         Field("seed", "Seed", "int",
               "Seed of the shuffling, the validation split and the LoRA initialisation.", hi=2**31 - 1),
+        Field("router_aux_coef", "Load balancing", "sci",
+              "MoE models whose router (ffn_gate_inp) is trained: weight of the Switch Transformer "
+              "load-balancing loss, summed over the MoE layers and plotted as a series of its own; "
+              "0 = off.", lo=0.0, hi=1000.0),
     )),
     ("Rewards", (
         Field("reward_mode", "Reward mode", "choice",
