@@ -143,7 +143,7 @@ from .train.rounds import (
     prompt_from_json,
     round_table,
 )
-from .train.runs import RunRecord, find_runs, latest_finished, run_from_events
+from .train.runs import RunRecord, find_runs, latest_finished, read_run, run_from_events
 from .train.trainer import TrainConfig, Trainer
 
 __all__ = [
@@ -158,7 +158,8 @@ __all__ = [
     "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
     "event_from_json", "event_to_json", "Example", "ExpertUsage", "export_adapter", "export_merged",
     "export_modelfile", "export_size", "ExportError", "ExportRequest", "Failed", "failed_name",
-    "find_checkpoints", "find_runs", "Finished", "fit_problems", "follow_events", "generate", "Generation",
+    "find_checkpoints", "find_runs", "read_run", "Finished", "fit_problems", "follow_events", "generate",
+    "Generation",
     "GGUFFile", "GREEDY", "group_advantages", "guess_map", "human_bytes", "human_count", "iter_jsonl",
     "KNOWN_TYPES", "KVCache", "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl",
     "load_prompts", "load_ratings", "local_ranks_available", "lora_candidates", "lora_norms",

@@ -19,7 +19,7 @@ import logging
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
 
@@ -156,8 +156,11 @@ def read_run(path: str) -> RunRecord | None:
         return None
 
 
-def find_runs(folders: Iterable[str | None]) -> list[RunRecord]:
-    """Every run record in `folders` (and one level of sub-folders: checkpoint folders), newest first."""
+def find_runs(
+    folders: Iterable[str | None], read: Callable[[str], RunRecord | None] = read_run
+) -> list[RunRecord]:
+    """Every run record in `folders` (and one level of sub-folders: checkpoint folders), newest first.
+    read: how a record file is read (`read_run`; the app passes one that keeps unchanged records)."""
     seen: dict[str, RunRecord] = {}
     for folder in folders:
         if not folder or not os.path.isdir(folder):
@@ -168,7 +171,7 @@ def find_runs(folders: Iterable[str | None]) -> list[RunRecord]:
             real = os.path.realpath(path)
             if real in seen:
                 continue
-            rec = read_run(path)
+            rec = read(path)
             if rec is not None:
                 seen[real] = rec
     return sorted(seen.values(), key=lambda r: (r.updated, r.started), reverse=True)

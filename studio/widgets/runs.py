@@ -30,7 +30,16 @@ from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QStandardItem, QStandardItemModel
 from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QPushButton, QSizePolicy, QWidget
 
-from engine import EngineError, GGUFFile, RunRecord, find_runs, latest_finished, lora_shapes, run_from_events
+from engine import (
+    EngineError,
+    GGUFFile,
+    RunRecord,
+    find_runs,
+    latest_finished,
+    lora_shapes,
+    read_run,
+    run_from_events,
+)
 
 from ..paths import same_file
 from ..project import model_runs_folder
@@ -123,11 +132,41 @@ def remove_followed(settings: QSettings, path: str) -> None:
     settings.setValue(FOLLOWED_KEY, [p for p in followed_events(settings) if p != path])
 
 
+class RecordCache:
+    """Run records read once while their file is unchanged (same size and modification time), shared
+    by every page that lists runs: a record holds its run's loss history, and the pages (Chat,
+    Rewards, Export, Runs) each kept a copy of every record, read again on every refresh."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._records: dict[str, tuple[tuple[int, int], RunRecord | None]] = {}
+
+    def read(self, path: str) -> RunRecord | None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            self._records.pop(path, None)
+            return read_run(path)  # (it says why it is skipped)
+        stamp = (st.st_mtime_ns, st.st_size)
+        hit = self._records.get(path)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        record = read_run(path)
+        if len(self._records) >= self.limit:
+            self._records.clear()
+        self._records[path] = (stamp, record)
+        return record
+
+
+RECORDS = RecordCache()  # the app's one cache of run records
+
+
 def load_runs(project, settings: QSettings | None = None) -> list[RunRecord]:
     """Every run record in the run folders and every followed events file's run, newest first
-    (never raises: broken records are skipped)."""
+    (never raises: broken records are skipped). Unchanged records are the same objects every time
+    (`RECORDS`): treat them as read-only."""
     try:
-        runs = find_runs(run_folders(project, settings))
+        runs = find_runs(run_folders(project, settings), RECORDS.read)
     except OSError:
         runs = []
     followed = [r for r in (run_from_events(p) for p in followed_events(settings)) if r is not None]
