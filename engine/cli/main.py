@@ -31,7 +31,7 @@ from ..ranges import check_number
 from ..text.chat_template import ChatTemplate
 from ..text.tokenizer import Tokenizer
 from ..train.checkpoint import PREFIX as CHECKPOINT_PREFIX
-from ..train.trainer import RESUMED, RUN_FOLDERS, resolve_checkpoint, run_kinds, run_outputs
+from ..train.config import RESUMED, RUN_FOLDERS, resolve_checkpoint, run_kinds, run_outputs
 from . import ranks
 from .common import add_runtime_options, open_session
 

@@ -18,7 +18,7 @@
   resolved (symbolic links followed, hard links caught by device and inode), and refused with a
   `ConfigError` naming both before any work is done.
 
-Temporary names start with `TMP_PREFIX`, which `engine.train.trainer.clean_stale_temporaries`
+Temporary names start with `TMP_PREFIX`, which `engine.train.config.clean_stale_temporaries`
 removes when a killed run left them behind. Errors are the OSError of the failing call; callers
 turn them into their own messages.
 """

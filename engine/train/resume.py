@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from ..errors import ModelError
 from ..io.hashes import file_sha256
 from .checkpoint import SAMPLES_FILE, STATE_FILE, latest_checkpoint
-from .trainer import CONFIG_FILE, TrainConfig
+from .config import CONFIG_FILE
+from .trainer import TrainConfig
 
 # TrainConfig fields that change what a resumed run computes, with the words people know them by
 TRAJECTORY_FIELDS: dict[str, str] = {

@@ -22,7 +22,8 @@ from engine.testing import SynthSpec, write_model
 from engine.train import events as ev
 from engine.train.checkpoint import read_checkpoint
 from engine.train.collective import find_mpiexec
-from engine.train.trainer import CONFIG_FILE, TrainConfig, Trainer, resolve_checkpoint
+from engine.train.config import CONFIG_FILE, resolve_checkpoint
+from engine.train.trainer import TrainConfig, Trainer
 
 pytest.importorskip("mpi4py", reason="the data-parallel tests need the test extra's mpi4py and MPICH")
 MPIEXEC = find_mpiexec()

@@ -19,13 +19,8 @@ from engine.model.model import Model
 from engine.model.targets import TargetSpec
 from engine.train import events as ev
 from engine.train import trainer as trainer_module
-from engine.train.trainer import (
-    RUN_FOLDERS,
-    TrainConfig,
-    Trainer,
-    clean_stale_temporaries,
-    resolve_checkpoint,
-)
+from engine.train.config import RUN_FOLDERS, clean_stale_temporaries, resolve_checkpoint
+from engine.train.trainer import TrainConfig, Trainer
 
 
 def _digest(path) -> str:
