@@ -19,26 +19,25 @@ with the raw points kept as a faint line, and can be shown on a log scale. Befor
 placeholder says what to do (`show_placeholder`). Colours follow the palette, also when the theme
 changes while the app runs.
 
+Made of: studio.widgets.plot_parts (series buffers, styled plots and legends, axes and ranges),
+studio.widgets.heatmap (the two heatmaps) and studio.widgets.redraws (which panels a tick draws).
 It draws; it does not run training or keep anything the engine needs.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QBrush, QColor, QFontMetrics, QPalette, QPen
+from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
-    QGraphicsItem,
     QGridLayout,
     QHBoxLayout,
     QLabel,
-    QSizePolicy,
     QStackedWidget,
     QTabWidget,
     QVBoxLayout,
@@ -47,6 +46,20 @@ from PySide6.QtWidgets import (
 
 from engine import Eval, ExpertUsage, LoraNorms, Started, Step, split_name
 
+from .heatmap import HeatmapWidget
+from .plot_parts import (
+    COLORS,
+    RangeKeeper,
+    Series,
+    legend_names,
+    make_legend,
+    mark_sparse,
+    marker,
+    paint_legend,
+    paint_plot,
+    plot_widget,
+    style_plot,
+)
 from .redraws import PanelRedraws
 
 REDRAW_HZ = 20
@@ -57,7 +70,6 @@ NEW_CURVES_PER_TICK = 1
 # EMA weights of the training-loss smoothing (the weight of the previous smoothed value)
 SMOOTHING = {"off": 0.0, "light": 0.6, "medium": 0.85, "strong": 0.95}
 DEFAULT_SMOOTHING = "light"
-FLAT_SPAN = 0.1  # a series whose values span less than this fraction of their size is padded to it
 NORMS_LEGEND_UNDER_MIN_HEIGHT = 300  # a shorter LoRA-norm plot has its legend over the plot, not under it
 # tensor kinds in the order people read a block: attention, then the feed-forward parts
 KIND_ORDER = (
@@ -65,10 +77,6 @@ KIND_ORDER = (
     "ffn_gate_inp", "ffn_gate", "ffn_up", "ffn_down",
     "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
     "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
-)  # fmt: skip
-COLORS = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-    "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#7b4173",
 )  # fmt: skip
 
 
@@ -80,142 +88,6 @@ def short_kind(kind: str) -> str:
 def kind_sort_key(kind: str) -> tuple[int, str]:
     k = short_kind(kind)
     return (KIND_ORDER.index(k) if k in KIND_ORDER else len(KIND_ORDER), k)
-
-
-class Series:
-    """x/y values in NumPy buffers that double when full; `view()` gives the filled part."""
-
-    def __init__(self, capacity: int = 256):
-        self.x = np.empty(capacity)
-        self.y = np.empty(capacity)
-        self.n = 0
-
-    def append(self, x: float, y: float) -> None:
-        if self.n == len(self.x):
-            self.x = np.concatenate([self.x, np.empty_like(self.x)])
-            self.y = np.concatenate([self.y, np.empty_like(self.y)])
-        self.x[self.n] = x
-        self.y[self.n] = y
-        self.n += 1
-
-    def truncate_after(self, x: float) -> None:
-        """Drop the points beyond x (a run resumed from an earlier checkpoint redoes those steps)."""
-        self.n = int(np.searchsorted(self.x[: self.n], x, side="right"))
-
-    def clear(self) -> None:
-        self.n = 0
-
-    def view(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.x[: self.n], self.y[: self.n]
-
-    def __len__(self) -> int:
-        return self.n
-
-
-class ReadableAxisItem(pg.AxisItem):
-    """Tick labels with as many digits as the tick spacing needs, in scientific notation when
-    they would need more than five decimals ("2.5e-6", not "0.00000250")."""
-
-    def tickStrings(self, values, scale, spacing):  # noqa: N802 - pyqtgraph override
-        if self.logMode or not spacing:
-            return super().tickStrings(values, scale, spacing)
-        step = spacing * scale
-        places = max(0, math.ceil(-math.log10(step) - 1e-9))
-        biggest = max((abs(v * scale) for v in values), default=0.0)
-        if places <= 5 and biggest < 1e6:
-            return [f"{v * scale:.{places}f}" for v in values]
-        # scientific: the digits that tell neighbouring ticks apart
-        digits = max(1, math.floor(math.log10(biggest or step)) - math.floor(math.log10(step)) + 1)
-        return [_sci(v * scale, digits) if abs(v * scale) > step * 1e-6 else "0" for v in values]
-
-
-def _sci(v: float, digits: int) -> str:
-    mantissa, exponent = f"{v:.{digits - 1}e}".split("e")
-    if "." in mantissa:
-        mantissa = mantissa.rstrip("0").rstrip(".")
-    return f"{mantissa}e{int(exponent)}"
-
-
-def _plot_widget() -> pg.PlotWidget:
-    return pg.PlotWidget(axisItems={"left": ReadableAxisItem("left"), "bottom": ReadableAxisItem("bottom")})
-
-
-def _style_plot(pw: pg.PlotWidget, title: str, left: str, bottom: str = "step") -> pg.PlotItem:
-    plot = pw.getPlotItem()
-    plot.texts = (title, left, bottom)  # kept to recolour them when the palette changes
-    for name in ("left", "bottom"):
-        axis = plot.getAxis(name)
-        axis.enableAutoSIPrefix(False)  # "0.0002", not "200" with "(x1e-06)" in the label
-        # An axis draws its grid lines over the whole plot, so every new point repainted it (Python,
-        # 2-3 ms a paint, 500 paints in the demo's run); cached as a pixmap, only a new range redraws it.
-        axis.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
-    _paint_plot(pw)
-    plot.showGrid(x=True, y=True, alpha=0.2)
-    plot.setDownsampling(auto=True, mode="peak")
-    plot.setClipToView(True)
-    pw.setMinimumSize(120, 90)
-    return plot
-
-
-def _paint_plot(pw: pg.PlotWidget, pal: QPalette | None = None) -> None:
-    """Background, axes, title and axis labels in the palette's colours (`pal`: the plot's own by
-    default; a parent's new palette while a change is still propagating to its children)."""
-    pal = pal or pw.palette()
-    text = pal.color(QPalette.WindowText)
-    pw.setBackground(pal.color(QPalette.Base))
-    plot = pw.getPlotItem()
-    title, left, bottom = plot.texts
-    plot.setTitle(title, color=text.name(), size="9pt")
-    for name in ("left", "bottom"):
-        axis = plot.getAxis(name)
-        axis.setPen(pg.mkPen(text))
-        axis.setTextPen(pg.mkPen(text))
-    plot.setLabel("left", left, color=text.name())
-    plot.setLabel("bottom", bottom, color=text.name())
-
-
-@functools.cache
-def _marker_brush(color: str) -> QBrush:
-    """One brush per colour: pyqtgraph's symbol atlas keys its pictures by the brush and pen
-    objects, so a new brush for every run's first point grew the atlas without end (bench/soak.py app)."""
-    return pg.mkBrush(color)
-
-
-@functools.cache
-def _marker_pen() -> QPen:
-    """The markers' one (empty) pen: `symbolPen=None` made a new pen, so a new atlas key, every run."""
-    return pg.mkPen(None)
-
-
-def _marker(color: str) -> dict:
-    """The options of the round markers a curve shows while it has fewer than two points."""
-    return {"symbol": "o", "symbolSize": 7, "symbolBrush": _marker_brush(color), "symbolPen": _marker_pen()}
-
-
-def _legend(pw: pg.PlotWidget, offset: tuple[int, int], columns: int = 1) -> pg.LegendItem:
-    """A legend with the palette's text colour on a translucent background (readable over curves)."""
-    legend = pw.getPlotItem().addLegend(offset=offset, labelTextSize="8pt", colCount=columns)
-    _paint_legend(legend, pw.palette(), background=True)
-    return legend
-
-
-def _paint_legend(legend: pg.LegendItem, pal: QPalette, background: bool) -> None:
-    text = pal.color(QPalette.WindowText)
-    legend.setLabelTextColor(text)
-    for _, label in legend.items:
-        label.setText(label.text)  # setLabelTextColor only takes effect on the next setText
-    if background:
-        base = QColor(pal.color(QPalette.Base))
-        base.setAlpha(215)
-        legend.setBrush(pg.mkBrush(base))
-        border = QColor(text)
-        border.setAlpha(60)
-        legend.setPen(pg.mkPen(border))
-
-
-def legend_names(legend: pg.LegendItem) -> list[str]:
-    """The labels a legend shows, in order (tests, screenshots)."""
-    return [label.text for _, label in legend.items]
 
 
 def ema(
@@ -235,216 +107,6 @@ def ema(
         last = weight * last + (1.0 - weight) * v
         out[i] = last / (1.0 - weight**n)
     return out, (last, n)
-
-
-class HeatmapWidget(QWidget):
-    """An ImageItem in a plot with labelled axes and a colour bar; `set(values, x_labels, y_labels)`.
-
-    The caption under the plot says what is shown (`set_caption`) and, under the mouse, the value of
-    the hovered cell. Colour levels only grow to "nice" values, so the bar is not redrawn every time.
-    """
-
-    def __init__(self, title: str, x_title: str, y_title: str, unit: str, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.unit = unit
-        self.pw = _plot_widget()
-        self.plot = _style_plot(self.pw, title, y_title, x_title)
-        self.plot.showGrid(x=False, y=False)
-        self.plot.invertY(True)
-        self.plot.setMouseEnabled(x=False, y=False)
-        self.plot.hideButtons()
-        self.plot.setMenuEnabled(False)
-        self.image = pg.ImageItem(axisOrder="col-major")
-        self.plot.addItem(self.image)
-        self.bar = pg.ColorBarItem(
-            values=(0, 1), colorMap=pg.colormap.get("viridis"), width=12, interactive=False
-        )
-        self.bar.setImageItem(self.image, insert_in=self.plot)
-        text = self.pw.palette().color(QPalette.WindowText)
-        self.bar.axis.setTextPen(pg.mkPen(text))
-        self.bar.axis.setPen(pg.mkPen(text))
-        self.bar.axis.setLabel(unit, color=text.name())
-        self.bar.axis.enableAutoSIPrefix(False)
-        self.caption = QLabel(" ")
-        self.caption.setWordWrap(True)
-        self.caption.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self._caption = " "
-        self.placeholder = pg.TextItem("", color=text, anchor=(0.5, 0.5))
-        self.plot.addItem(self.placeholder)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.setSpacing(0)
-        layout.addWidget(self.pw, 1)
-        layout.addWidget(self.caption)
-        self.values: np.ndarray | None = None
-        self.levels = (0.0, 1.0)
-        self.x_labels: list[str] = []
-        self.y_labels: list[str] = []
-        self.pw.scene().sigMouseMoved.connect(self._mouse_moved)
-        self.show_placeholder("no data yet")
-
-    def apply_palette(self, pal: QPalette | None = None) -> None:
-        """Recolour for the current palette (the theme changed)."""
-        pal = pal or self.palette()
-        _paint_plot(self.pw, pal)
-        text = pal.color(QPalette.WindowText)
-        self.bar.axis.setTextPen(pg.mkPen(text))
-        self.bar.axis.setPen(pg.mkPen(text))
-        self.bar.axis.setLabel(self.unit, color=text.name())
-        self.placeholder.setColor(text)
-
-    def set_title(self, title: str, unit: str) -> None:
-        """A new title and colour-bar unit (the same cells showing another quantity)."""
-        if (self.plot.texts[0], self.unit) == (title, unit):
-            return
-        self.plot.texts = (title, *self.plot.texts[1:])
-        self.unit = unit
-        self.apply_palette()
-
-    def show_placeholder(self, text: str) -> None:
-        self.values = None
-        self.x_labels, self.y_labels = [], []
-        self.levels = (0.0, 1.0)
-        self.image.clear()
-        self.placeholder.setText(text)
-        self.placeholder.setPos(0.5, 0.5)
-        self.placeholder.show()
-        self.plot.getAxis("bottom").setTicks(None)
-        self.plot.getAxis("left").setTicks(None)
-        self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
-        self.set_caption(" ")
-
-    def set_caption(self, text: str) -> None:
-        self._caption = text
-        self.caption.setText(text)
-
-    def set(self, values: np.ndarray, x_labels: list[str], y_labels: list[str]) -> None:
-        """values[x, y]: x along the bottom axis (layers), y down the left axis."""
-        values = np.asarray(values, dtype=np.float64)
-        shape_changed = self.values is None or self.values.shape != values.shape
-        self.values = values
-        self.placeholder.hide()
-        finite = values[np.isfinite(values)]
-        hi = float(finite.max()) if finite.size else 1.0
-        lo = min(float(finite.min()) if finite.size else 0.0, 0.0)
-        old_lo, old_hi = self.levels
-        if shape_changed or lo < old_lo or hi > old_hi or hi < 0.3 * old_hi:
-            self.levels = (lo, nice_ceil(hi) if hi > lo else lo + 1.0)
-            self.bar.setLevels(self.levels)
-            # room for the longest tick label plus the axis title (ColorBarItem fixes it to 45 px)
-            fm = QFontMetrics(self.bar.axis.style["tickFont"] or self.font())
-            longest = max(fm.horizontalAdvance(f"{v:g}") for v in (*self.levels, self.levels[1] * 0.75))
-            self.bar.axis.setWidth(longest + fm.height() + 14)
-        self.image.setImage(values, autoLevels=False, levels=self.levels)
-        if shape_changed or x_labels != self.x_labels or y_labels != self.y_labels:
-            self.x_labels, self.y_labels = list(x_labels), list(y_labels)
-            nx, ny = values.shape
-            self.image.setRect(0, 0, nx, ny)
-            self.plot.getAxis("bottom").setTicks([_ticks(x_labels, 12)])
-            left = self.plot.getAxis("left")
-            left.setTicks([_ticks(y_labels, 24)])
-            # size the axis for its longest label now: pyqtgraph would only widen it after a first
-            # paint, and meanwhile drops the labels that do not fit
-            widest = max((QFontMetrics(left.style["tickFont"] or self.font()).horizontalAdvance(t)
-                          for t in y_labels), default=0)  # fmt: skip
-            left.setWidth(widest + 30)
-            self.plot.setRange(xRange=(0, nx), yRange=(0, ny), padding=0)
-
-    def _mouse_moved(self, pos) -> None:
-        if self.values is None:
-            return
-        p = self.plot.vb.mapSceneToView(pos)
-        i, j = int(np.floor(p.x())), int(np.floor(p.y()))
-        nx, ny = self.values.shape
-        if self.plot.vb.sceneBoundingRect().contains(pos) and 0 <= i < nx and 0 <= j < ny:
-            self.caption.setText(
-                f"{self.x_labels[i]} · {self.y_labels[j]}: {_fmt(self.values[i, j])} {self.unit}"
-            )
-        else:
-            self.caption.setText(self._caption)
-
-
-def nice_ceil(v: float) -> float:
-    """The smallest of 1, 2, 2.5, 5 x 10^k that is >= v (v > 0): stable colour-bar and axis limits."""
-    if not np.isfinite(v) or v <= 0:
-        return 1.0
-    e = 10.0 ** np.floor(np.log10(v))
-    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
-        if m * e >= v * (1 - 1e-12):
-            return float(m * e)
-    return float(10 * e)
-
-
-class RangeKeeper:
-    """Axis limits for a growing curve that change rarely (each change redraws the axis's text):
-    x is fixed to [0, total steps] once known; y grows with headroom and shrinks only when the data
-    fill less than a third of it. A flat series is padded around its value (FLAT_SPAN), so the ticks
-    do not show noise in the tenth digit; with `log_y` the limits are worked out in log10 units."""
-
-    def __init__(self, plot: pg.PlotItem):
-        self.plot = plot
-        plot.disableAutoRange()
-        self.x_hi = 0.0
-        self.y: tuple[float, float] | None = None
-        self.log_y = False
-
-    def reset(self) -> None:
-        self.x_hi = 0.0
-        self.y = None
-
-    def set_log(self, log_y: bool) -> None:
-        self.log_y = log_y
-        self.y = None
-
-    def set_total(self, total: int) -> None:
-        if total > 0 and total != self.x_hi:
-            self.x_hi = float(total)
-            self.plot.setXRange(0, self.x_hi, padding=0.02)
-
-    def fit(self, x: np.ndarray, y: np.ndarray) -> None:
-        if not len(x):
-            return
-        if x[-1] > self.x_hi:  # total unknown (or exceeded): double
-            self.x_hi = float(max(10.0, 2 * x[-1]))
-            self.plot.setXRange(0, self.x_hi, padding=0.02)
-        finite = y[np.isfinite(y)]
-        if self.log_y:
-            finite = np.log10(finite[finite > 0])
-        if not finite.size:
-            return
-        data_lo, data_hi = float(finite.min()), float(finite.max())
-        lo, hi = data_lo, data_hi
-        size = max(abs(lo), abs(hi))
-        least = FLAT_SPAN * size if size > 0 else 1.0
-        if self.log_y:
-            least = 0.2  # decades
-        if hi - lo < least:  # flat: centre it in a range of at least `least`
-            mid = (lo + hi) / 2
-            lo, hi = mid - least / 2, mid + least / 2
-        span = hi - lo
-        if self.y is not None:
-            ylo, yhi = self.y
-            if ylo <= lo and hi <= yhi and span > (yhi - ylo) / 3:
-                return
-        head = 0.25 * span
-        new_lo = lo - 0.05 * span
-        if not self.log_y and data_lo >= 0 and new_lo < 0:  # non-negative data: start at 0 (a sliver below)
-            new_lo = -0.03 * (hi + head)
-        self.y = (new_lo, hi + head)
-        self.plot.setYRange(*self.y, padding=0)
-
-
-def _ticks(labels: list[str], max_labels: int) -> list[tuple[float, str]]:
-    every = max(1, int(np.ceil(len(labels) / max_labels)))
-    return [(i + 0.5, s) for i, s in enumerate(labels) if i % every == 0]
-
-
-def _fmt(v: float) -> str:
-    if not np.isfinite(v):
-        return str(v)
-    if v == int(v) and abs(v) < 1e9:
-        return f"{int(v):,}"
-    return f"{v:.4g}"
 
 
 class TrainPlotsWidget(QWidget):
@@ -487,9 +149,9 @@ class TrainPlotsWidget(QWidget):
         self._unrevealed: list[QWidget] = []  # curve panels to show again, one per tick
         self.curves_tab: QWidget | None = None
 
-        self.loss_pw = _plot_widget()
-        self.loss_plot = _style_plot(self.loss_pw, "Loss (mean cross-entropy)", "loss")
-        self.loss_legend = _legend(self.loss_pw, offset=(-10, 10))
+        self.loss_pw = plot_widget()
+        self.loss_plot = style_plot(self.loss_pw, "Loss (mean cross-entropy)", "loss")
+        self.loss_legend = make_legend(self.loss_pw, offset=(-10, 10))
         # the raw training loss, faint under its smoothed curve (not in the legend)
         faint = QColor(COLORS[0])
         faint.setAlpha(70)
@@ -507,20 +169,20 @@ class TrainPlotsWidget(QWidget):
         self.loss_legend.removeItem(self.val_curve)  # shown once the run has a validation split
         self.aux_curve = self.loss_plot.plot(pen=pg.mkPen(COLORS[6], width=1.5, style=Qt.DashLine))
         self.loss_legend.removeItem(self.aux_curve)  # shown once a step reports it
-        self.lr_pw = _plot_widget()
-        self.lr_plot = _style_plot(self.lr_pw, "Learning rate", "lr")
+        self.lr_pw = plot_widget()
+        self.lr_plot = style_plot(self.lr_pw, "Learning rate", "lr")
         self.lr_curve = self.lr_plot.plot(pen=pg.mkPen(COLORS[2], width=1.5))
-        self.gn_pw = _plot_widget()
-        self.gn_plot = _style_plot(self.gn_pw, "Gradient norm", "‖g‖")
+        self.gn_pw = plot_widget()
+        self.gn_plot = style_plot(self.gn_pw, "Gradient norm", "‖g‖")
         self.gn_curve = self.gn_plot.plot(pen=pg.mkPen(COLORS[3], width=1.5))
-        self.tps_pw = _plot_widget()
-        self.tps_plot = _style_plot(self.tps_pw, "Throughput", "tokens/s")
+        self.tps_pw = plot_widget()
+        self.tps_plot = style_plot(self.tps_pw, "Throughput", "tokens/s")
         self.tps_curve = self.tps_plot.plot(pen=pg.mkPen(COLORS[4], width=1.5))
-        self.norms_pw = _plot_widget()
-        self.norms_plot = _style_plot(self.norms_pw, "LoRA ‖ΔW‖ per tensor kind", "‖ΔW‖_F")
+        self.norms_pw = plot_widget()
+        self.norms_plot = style_plot(self.norms_pw, "LoRA ‖ΔW‖ per tensor kind", "‖ΔW‖_F")
         # one curve per tensor kind: up to 14 entries, so the legend goes under the plot, not over it
         self.norms_legend = pg.LegendItem(labelTextSize="8pt", colCount=3, horSpacing=10)
-        _paint_legend(self.norms_legend, self.norms_pw.palette(), background=False)
+        paint_legend(self.norms_legend, self.norms_pw.palette(), background=False)
         self.norms_plot.layout.addItem(self.norms_legend, 5, 1)
         self.norms_pw.installEventFilter(self)  # its legend's columns follow its width
         self.norms_plot.legend = self.norms_legend  # plot(name=...) adds its curve here
@@ -714,7 +376,7 @@ class TrainPlotsWidget(QWidget):
             else:
                 legend.setParentItem(self.norms_plot)
                 self.norms_plot.layout.addItem(legend, 5, 1)
-            _paint_legend(legend, pw.palette(), background=short)
+            paint_legend(legend, pw.palette(), background=short)
             if not short:
                 legend.setBrush(pg.mkBrush(None))
                 legend.setPen(pg.mkPen(None))
@@ -741,9 +403,9 @@ class TrainPlotsWidget(QWidget):
         painted with this widget's."""
         pal = self.palette()
         for pw in (self.loss_pw, self.lr_pw, self.gn_pw, self.tps_pw, self.norms_pw):
-            _paint_plot(pw, pal)
-        _paint_legend(self.loss_legend, pal, background=True)
-        _paint_legend(self.norms_legend, pal, background=self.norms_legend_over)
+            paint_plot(pw, pal)
+        paint_legend(self.loss_legend, pal, background=True)
+        paint_legend(self.norms_legend, pal, background=self.norms_legend_over)
         self.norm_map.apply_palette(pal)
         self.expert_map.apply_palette(pal)
 
@@ -773,7 +435,7 @@ class TrainPlotsWidget(QWidget):
         self.has_validation = on
         if on:
             self.loss_legend.addItem(self.val_curve, "validation")
-            _paint_legend(self.loss_legend, self.loss_pw.palette(), background=True)
+            paint_legend(self.loss_legend, self.loss_pw.palette(), background=True)
         else:
             self.loss_legend.removeItem(self.val_curve)
 
@@ -795,7 +457,7 @@ class TrainPlotsWidget(QWidget):
         """The loss plot's title ("Loss (mean cross-entropy)"; a preference run's objective)."""
         plot = self.loss_plot
         plot.texts = (title, *plot.texts[1:])
-        _paint_plot(self.loss_pw)
+        paint_plot(self.loss_pw)
 
     def set_log_loss(self, on: bool) -> None:
         """The loss on a log10 axis."""
@@ -962,19 +624,6 @@ class TrainPlotsWidget(QWidget):
             self._draw(panel, new_curves=None if everything else NEW_CURVES_PER_TICK)
             self.panel_draws += 1
 
-    @staticmethod
-    def _mark(curve: pg.PlotDataItem, n: int, color: str) -> None:
-        """Markers while a curve has fewer than two points (a line of one point is invisible).
-        The symbol's options are set together and the curve restyled once (each of pyqtgraph's
-        setSymbol* setters rebuilds the scatter: four rebuilds per curve cost ~1.5 ms)."""
-        want = "o" if n < 2 else None
-        if curve.opts.get("symbol") != want:
-            if want:
-                curve.opts.update(_marker(color))
-            else:
-                curve.opts["symbol"] = None
-            curve.updateItems(styleUpdate=True)
-
     def _draw(self, panel: str, new_curves: int | None = None) -> None:
         """Give `panel` its data. new_curves: at most this many new LoRA-norm curves now (the panel
         stays dirty for the rest); None: all."""
@@ -986,7 +635,7 @@ class TrainPlotsWidget(QWidget):
                 self.train_curve.setData(sx, sy)
                 self.train_raw_curve.setData(x, y)
                 self.train_raw_curve.setVisible(smoothing)
-                self._mark(self.train_curve, len(x), COLORS[0])
+                mark_sparse(self.train_curve, len(x), COLORS[0])
                 vx, vy = self.val_series.view()
                 self.val_curve.setData(vx, vy)
                 if len(vy):
@@ -1000,7 +649,7 @@ class TrainPlotsWidget(QWidget):
             else:
                 self.step_curves[panel].setData(x, y)
                 curve, color = self.marked_curves[panel]
-                self._mark(curve, len(x), color)
+                mark_sparse(curve, len(x), color)
             self.ranges[panel].fit(x, y)
         elif panel == "norms":
             ys = []
@@ -1019,7 +668,7 @@ class TrainPlotsWidget(QWidget):
                         y,
                         name=short_kind(kind),
                         pen=pg.mkPen(color, width=1.5),
-                        **(_marker(color) if len(x) < 2 else {}),
+                        **(marker(color) if len(x) < 2 else {}),
                     )
                     self.kind_curves[kind] = curve
                     added += 1
@@ -1027,10 +676,10 @@ class TrainPlotsWidget(QWidget):
                     continue
                 x, y = self.kind_series[kind].view()
                 curve.setData(x, y)
-                self._mark(curve, len(x), self.kind_colors[kind])
+                mark_sparse(curve, len(x), self.kind_colors[kind])
                 ys.append(y)
             if added:
-                _paint_legend(self.norms_legend, self.norms_pw.palette(), background=self.norms_legend_over)
+                paint_legend(self.norms_legend, self.norms_pw.palette(), background=self.norms_legend_over)
                 self._fit_norms_legend()
             if ys:
                 self.ranges["norms"].fit(x, np.concatenate(ys))
@@ -1134,14 +783,4 @@ class TrainPlotsWidget(QWidget):
         return out
 
 
-__all__ = [
-    "SMOOTHING",
-    "HeatmapWidget",
-    "ReadableAxisItem",
-    "Series",
-    "TrainPlotsWidget",
-    "ema",
-    "kind_sort_key",
-    "legend_names",
-    "short_kind",
-]
+__all__ = ["SMOOTHING", "TrainPlotsWidget", "ema", "kind_sort_key", "short_kind"]

@@ -15,15 +15,15 @@ from PySide6.QtWidgets import QGridLayout, QLabel, QWidget
 
 from engine import PreferenceEval, PreferenceStep
 
-from .plots import (
+from .plot_parts import (
     COLORS,
     RangeKeeper,
     Series,
-    TrainPlotsWidget,
-    _legend,
-    _paint_plot,
-    _plot_widget,
-    _style_plot,
+    make_legend,
+    mark_sparse,
+    paint_plot,
+    plot_widget,
+    style_plot,
 )
 from .redraws import PanelRedraws
 
@@ -48,17 +48,17 @@ class PreferencePlotsWidget(QWidget):
         self.total_steps = 0
         self.objective = "dpo"
         self.redraws = PanelRedraws(PANELS)
-        self.pws = {p: _plot_widget() for p in PANELS}
+        self.pws = {p: plot_widget() for p in PANELS}
         titles = {
             "logp": ("Log-probability per answer token", "mean log p"),
             "margin": ("Reward margin (chosen − rejected)", "margin"),
             "accuracy": ("Preference accuracy", "share of pairs"),
         }
-        self.plots = {p: _style_plot(self.pws[p], *titles[p]) for p in PANELS}
+        self.plots = {p: style_plot(self.pws[p], *titles[p]) for p in PANELS}
         # where a run that learns leaves room: log p of the chosen answers climbs to the top right and
         # the rejected ones' falls to the bottom right; margin and accuracy climb from the bottom left
         corners = {"logp": (10, 10), "margin": (-10, -10), "accuracy": (-10, -10)}
-        self.legends = {p: _legend(self.pws[p], offset=corners[p]) for p in PANELS}
+        self.legends = {p: make_legend(self.pws[p], offset=corners[p]) for p in PANELS}
         self.curves: dict[str, pg.PlotDataItem] = {}
         for key, (panel, name, color, held) in SERIES.items():
             opts = dict(symbol="o", symbolSize=6, symbolBrush=color, symbolPen=None) if held else {}
@@ -93,7 +93,7 @@ class PreferencePlotsWidget(QWidget):
 
     def apply_palette(self) -> None:
         for pw in self.pws.values():
-            _paint_plot(pw)
+            paint_plot(pw)
 
     def set_run(self, objective: str, total_steps: int, held_out: bool = True) -> None:
         """A preference run starts: its objective names the margin's reward; the step axis is known;
@@ -144,7 +144,7 @@ class PreferencePlotsWidget(QWidget):
                 x, y = self.series[key].view()
                 self.curves[key].setData(x, y)
                 if not SERIES[key][3]:
-                    TrainPlotsWidget._mark(self.curves[key], len(x), color)
+                    mark_sparse(self.curves[key], len(x), color)
                 ys.append((x, y))
             if panel != "accuracy":
                 x = np.concatenate([x for x, _ in ys]) if ys else np.zeros(0)

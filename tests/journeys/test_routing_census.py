@@ -10,7 +10,7 @@ import numpy as np
 from PySide6.QtCore import Qt
 
 from engine import Finished, LoraAdapter, Model, left_out
-from studio.widgets.plots import legend_names
+from studio.widgets.plot_parts import legend_names
 from tests.engine.test_census import _model_with_unreached
 
 from .conftest import TIMEOUT_MS, checked, open_model, train

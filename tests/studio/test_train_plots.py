@@ -11,7 +11,8 @@ from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication
 
 from engine import Eval, Plan, Started, Step
-from studio.widgets.plots import SMOOTHING, TrainPlotsWidget, ema, legend_names
+from studio.widgets.plot_parts import legend_names
+from studio.widgets.plots import SMOOTHING, TrainPlotsWidget, ema
 from studio.widgets.theme import apply_theme
 
 
@@ -213,7 +214,7 @@ def test_a_new_point_repaints_the_curve_but_not_the_axes(plots, qtbot, monkeypat
     repainted them (Python, 2-3 ms each); they repaint only when their range or colours change."""
     import pyqtgraph as pg
 
-    from studio.widgets.plots import ReadableAxisItem
+    from studio.widgets.plot_parts import ReadableAxisItem
 
     painted = {"axis": 0, "curve": 0}
 

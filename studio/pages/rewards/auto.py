@@ -65,7 +65,7 @@ from engine import (
 
 from ...widgets.buttons import action_button
 from ...widgets.faint_label import FaintLabel
-from ...widgets.plots import COLORS, _legend, _plot_widget, _style_plot
+from ...widgets.plot_parts import COLORS, make_legend, plot_widget, style_plot
 
 # (check, option placeholder, default option, what it does)
 BUILTIN_ROWS = (
@@ -273,13 +273,13 @@ class AutoRoundsWidget(QWidget):
         self.table.setSelectionBehavior(QTableWidget.SelectRows)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.table.itemSelectionChanged.connect(self._show_selected)
-        self.plot_widget = _plot_widget()
-        plot = _style_plot(self.plot_widget, "Reward per round", "reward", "round")
+        self.plot_widget = plot_widget()
+        plot = style_plot(self.plot_widget, "Reward per round", "reward", "round")
         self.plot_widget.setToolTip(
             "Mean reward of each round's answers (the band: ± their spread) and the share of prompts whose "
             "answers all scored alike (no signal: nothing to learn from them)."
         )
-        _legend(self.plot_widget, offset=(-10, 10))
+        make_legend(self.plot_widget, offset=(-10, 10))
         self.mean_curve = plot.plot(
             name="mean",
             pen=pg.mkPen(COLORS[0], width=2),

@@ -34,7 +34,7 @@ from PySide6.QtWidgets import (
 from engine import Census, CensusCancelled, CensusProgress, EncodeOptions, left_out, routing_census
 
 from ...project import Project
-from ...widgets.plots import HeatmapWidget
+from ...widgets.heatmap import HeatmapWidget
 
 _SUBMITTING = object()  # CensusPanel.job while engine.submit runs
 UNREACHED_COLOR = "#e0464e"  # the cross over an expert no token reaches (readable on viridis' dark end)
