@@ -123,6 +123,7 @@ class DatasetPage(QWidget):
         self.loader.sig_failed.connect(self._load_failed)
         self.loader.sig_counts.connect(self.model.take_counts)
         self.loader.sig_counted.connect(self.model.counting_done)
+        self.loader.sig_count_failed.connect(self._count_failed)
         self.model.set_counter(self._count_in_background)
         self.problems_model = ProblemsModel(self)
         self._refresh_timer = QTimer(self)
@@ -531,6 +532,15 @@ class DatasetPage(QWidget):
         self._end_loading()
         self._open_failed(message)
 
+    def _count_failed(self, generation: int, message: str) -> None:
+        if generation != self.model.generation:
+            return
+        self.show_message(
+            "warning",
+            f"Counting tokens in the background failed: {message}\n"
+            "The rows left are counted here instead, a slice at a time (the window stays usable).",
+        )
+
     def _open_failed(self, exc: object) -> None:
         self.show_error(
             f"The dataset could not be opened: {exc}",
@@ -572,7 +582,8 @@ class DatasetPage(QWidget):
                 self.table.setColumnWidth(col, width)
 
     def _count_in_background(self, generation: int, samples: list[Sample]) -> bool:
-        """The table's counter: count tokens on the loader's thread (many rows; few are counted here)."""
+        """The table's counter: count tokens in the loader's child process (many rows; few are
+        counted here)."""
         model = self.model
         if len(samples) < 2000 or model.tokenizer is None or model.options is None:
             return False
