@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import threading
 import traceback
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 CHUNK = 512  # samples sent to the child, and counts sent back, at once
 BATCH = 64  # samples the child tokenizes at once
+NICE = 10  # the child's lower scheduling priority: on 2 cores it competes with the UI thread for a core
 
 
 def _strip(problem: Problem, index: int) -> Problem:
@@ -69,6 +71,10 @@ def count_chunks(conn: Any) -> None:
     """The child's work: read (tokenizer, template, options), then lists of samples until None;
     send back ("counts", first, tokens, trained, truncated, problems) per chunk, then ("done",),
     or ("error", what and where) when counting fails."""
+    try:
+        os.nice(NICE)  # the window's UI thread goes first when the cores are busy
+    except OSError:
+        pass
     try:
         tokenizer, recipe, options = conn.recv()
         template = None if recipe is None else ChatTemplate(**recipe)
