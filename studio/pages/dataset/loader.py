@@ -5,8 +5,11 @@ its own, reporting progress (`sig_progress`), and makes there what the UI thread
 spend seconds on for a large file: the document's lookups (`index_of`), the table's rows with their
 search text and first words (`make_rows`). `sig_loaded(job, LoadResult)` hands them over; the page
 then only swaps them in. `count(generation, samples, ...)` counts tokens with the engine's
-`encode_iter` on another thread and hands the counts over a few thousand rows at a time
-(`sig_counts`), then `sig_counted`. A newer load or count makes an older one stop.
+`encode_iter` in a child process (`studio.count_process`: a thread of this process held the
+interpreter lock and stalled the UI thread up to 376 ms on 100,000 samples) and hands the counts
+over a few hundred rows at a time (`sig_counts`), then `sig_counted`; a child that fails or dies
+is reported (`sig_count_failed`, what and where) and the rows left are counted on the UI thread.
+A newer load or count makes an older one stop; stopping kills and reaps the child.
 
 The threads are plain Python threads, one per job, not QThreads: a job may outlive the page that
 asked for it (a window closed while a file is read) without a running QThread being destroyed;
@@ -26,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QCoreApplication, QObject, Signal
 
 from engine import (
     ChatTemplate,
@@ -35,19 +38,17 @@ from engine import (
     Problem,
     Sample,
     Tokenizer,
-    encode_iter,
     iter_jsonl,
 )
 
+from ...count_process import CountJob
 from ...dataset_document import DocumentIndex, index_of
 from ...ui_gate import UiGate
-from .table import PreparedRows, RowCounts, count_row, make_rows
+from .table import PreparedRows, RowCounts, make_rows
 
 log = logging.getLogger(__name__)
 
 PROGRESS_S = 0.1  # seconds between progress reports
-COUNT_BATCH = 64  # samples tokenized at once while counting (small: the interpreter is given up often)
-HAND_OVER = 1024  # counts handed to the UI thread at once
 
 
 @dataclass(frozen=True)
@@ -102,12 +103,17 @@ class DatasetLoader(QObject):
     sig_failed = Signal(int, str)  # job, what went wrong
     sig_counts = Signal(int, object)  # generation, list[RowCounts]
     sig_counted = Signal(int)  # generation: counting stopped (done, or overtaken)
+    sig_count_failed = Signal(int, str)  # generation, what failed and where (the rows left are counted here)
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
         self.gate = UiGate.for_app()
         self._load_job = 0  # the load that may go on; older ones stop
         self._count_gen = -1  # the counting that may go on
+        self._count_job: CountJob | None = None
+        app = QCoreApplication.instance()
+        if app is not None:  # the app closing while counting: the child is killed and reaped
+            app.aboutToQuit.connect(self.stop_counting)
 
     # --- reading ------------------------------------------------------------------------------
     def load(self, path: str) -> int:
@@ -161,56 +167,60 @@ class DatasetLoader(QObject):
     ) -> None:
         """Count the tokens of `samples` for the model generation `generation` (an older counting
         stops)."""
+        self.stop_counting()
         self._count_gen = generation
-        args = (generation, list(samples), tokenizer, template, options)
-        threading.Thread(
-            target=self._count, args=args, name=f"dataset-count-{generation}", daemon=True
-        ).start()
+        job = CountJob()
+        self._count_job = job
+        job.start(
+            samples,
+            tokenizer,
+            template,
+            options,
+            on_counts=_quiet(job, lambda rows: self._counts(generation, rows)),
+            on_done=_quiet(job, lambda error: self._count_done(generation, error)),
+        )
 
     def stop_counting(self) -> None:
+        """Stop the counting under way (its process is killed and reaped)."""
         self._count_gen = -1
+        job, self._count_job = self._count_job, None
+        if job is not None:
+            job.cancel()
 
-    def _count(
-        self,
-        generation: int,
-        samples: list[Sample],
-        tokenizer: Tokenizer,
-        template: ChatTemplate | None,
-        options: EncodeOptions,
-    ) -> None:
-        def given() -> object:  # the samples, pausing for the UI thread between them
-            for k, sample in enumerate(samples):
-                if k & 15 == 0:
-                    if generation != self._count_gen:
-                        return
-                    self.gate.pause()
-                yield sample
+    @property
+    def count_pid(self) -> int | None:
+        """The counting child process's id (None when none runs or it has not started yet)."""
+        return None if self._count_job is None else self._count_job.pid
 
+    def _count_done(self, generation: int, error: str | None) -> None:
+        if error is not None:
+            log.error("counting tokens in a child process failed: %s", error)
+            self._emit(self.sig_count_failed, generation, error)
+        self._emit(self.sig_counted, generation)
+
+    def _counts(self, generation: int, rows: list) -> None:
+        self._emit(self.sig_counts, generation, [RowCounts(*row) for row in rows])
+
+    def shutdown(self) -> None:
+        """Stop a counting (its child process is killed and reaped); the page is closing."""
+        self.stop_counting()
+
+
+def _quiet(job: CountJob, call: Callable[..., None]) -> Callable[..., None]:
+    """A callback from the counting's reader thread; when the loader is gone (its page deleted)
+    the counting stops (the child is killed)."""
+
+    def run(*args: object) -> None:
         try:
-            out: list[RowCounts] = []
-            last = time.monotonic()
-            for k, (sample, encoded, problems) in enumerate(
-                encode_iter(given(), tokenizer, template, options, batch=COUNT_BATCH)
-            ):
-                out.append(count_row(sample, encoded, problems, k))
-                if len(out) >= HAND_OVER or time.monotonic() - last > 0.25:
-                    self._emit(self.sig_counts, generation, out)
-                    out, last = [], time.monotonic()
-            if out:
-                self._emit(self.sig_counts, generation, out)
-            self._emit(self.sig_counted, generation)
+            call(*args)
         except _Gone:
-            return
-        except Exception:  # noqa: BLE001 - the rows left are counted on the UI thread
-            log.exception("counting tokens in the background failed")
-            try:
-                self._emit(self.sig_counted, generation)
-            except _Gone:
-                pass
+            threading.Thread(target=job.cancel, daemon=True).start()
+
+    return run
 
 
 class _Gone(Exception):
     """The loader a job reports to was deleted."""
 
 
-__all__ = ["COUNT_BATCH", "DatasetLoader", "LoadResult", "read_dataset"]
+__all__ = ["DatasetLoader", "LoadResult", "read_dataset"]
