@@ -25,7 +25,6 @@ or pack; the dataset is kept in memory (files of a few hundred thousand samples 
 from __future__ import annotations
 
 import gc
-
 import os
 import weakref
 from collections.abc import Callable
