@@ -229,8 +229,11 @@ class CountJob:
             self._stop_child()
 
     def _stop_child(self) -> None:
+        """Kill and reap the child; the pipe is closed once, by whichever thread gets here first (cancel
+        on the UI thread and the reader's own end both come here: a second close raised EBADF)."""
         with self._lock:
             proc, conn = self._proc, self._conn
+            self._conn = None
         if proc is not None:
             if proc.is_alive():
                 proc.kill()
