@@ -80,7 +80,7 @@ from .testing import SynthSpec, write_adapter, write_model
 from .text.chat_template import CHATML_TEMPLATE, ChatTemplate
 from .text.tokenizer import Tokenizer
 from .train.advice import plan_warning
-from .train.batches import Batch
+from .train.batches import Batch, count_windows
 from .train.census import Census, CensusCancelled, CensusProgress, LeftOut, left_out, routing_census
 from .train.commands import local_ranks_available, shell_line, train_command
 from .train.convert import ColumnMap, Conversion, Source, convert_file, convert_source, guess_map, read_source
@@ -158,8 +158,8 @@ __all__ = [
     "EncodeOptions", "EngineError", "EngineSession", "estimate_memory", "estimate_size", "Eval",
     "event_from_json", "event_to_json", "Example", "ExpertUsage", "export_adapter", "export_merged",
     "export_modelfile", "export_size", "ExportError", "ExportRequest", "Failed", "failed_name",
-    "find_checkpoints", "find_runs", "read_run", "Finished", "fit_problems", "follow_events", "generate",
-    "Generation",
+    "count_windows", "find_checkpoints", "find_runs", "read_run", "Finished", "fit_problems", "follow_events",
+    "generate", "Generation",
     "GGUFFile", "GREEDY", "group_advantages", "guess_map", "human_bytes", "human_count", "iter_jsonl",
     "KNOWN_TYPES", "KVCache", "latest_finished", "LayerLayout", "llamacpp_unadapted_kinds", "load_jsonl",
     "load_prompts", "load_ratings", "local_ranks_available", "lora_candidates", "lora_norms",

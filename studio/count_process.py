@@ -51,22 +51,6 @@ def _strip(problem: Problem, index: int) -> Problem:
     )
 
 
-def template_recipe(template: ChatTemplate | None) -> dict[str, Any] | None:
-    """What rebuilds `template` in the child (a compiled Jinja environment does not pickle); its
-    clock is the child's own (`strftime_now` reads the time there)."""
-    if template is None:
-        return None
-    return {
-        "source": template.source,
-        "bos_token": template.bos_token,
-        "eos_token": template.eos_token,
-        "name": template.name,
-        "is_default": template.is_default,
-        "time_limit": template.time_limit,
-        "fast_spans": template.fast_spans,
-    }
-
-
 def count_chunks(conn: Any) -> None:
     """The child's work: read (tokenizer, template, options), then lists of samples until None;
     send back ("counts", first, tokens, trained, truncated, problems) per chunk, then ("done",),
@@ -76,8 +60,7 @@ def count_chunks(conn: Any) -> None:
     except OSError:
         pass
     try:
-        tokenizer, recipe, options = conn.recv()
-        template = None if recipe is None else ChatTemplate(**recipe)
+        tokenizer, template, options = conn.recv()  # the template is compiled again here (its pickle)
 
         def given() -> Any:
             while True:
@@ -169,7 +152,7 @@ class CountJob:
         samples = list(samples)
         threading.Thread(
             target=self._run,
-            args=(samples, (tokenizer, template_recipe(template), options), on_counts, on_done),
+            args=(samples, (tokenizer, template, options), on_counts, on_done),
             name="count-process",
             daemon=True,
         ).start()
@@ -246,8 +229,11 @@ class CountJob:
             self._stop_child()
 
     def _stop_child(self) -> None:
+        """Kill and reap the child; the pipe is closed once, by whichever thread gets here first (cancel
+        on the UI thread and the reader's own end both come here: a second close raised EBADF)."""
         with self._lock:
             proc, conn = self._proc, self._conn
+            self._conn = None
         if proc is not None:
             if proc.is_alive():
                 proc.kill()

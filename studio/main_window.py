@@ -1022,6 +1022,7 @@ class MainWindow(QMainWindow):
             return
         self.autosave.close()  # a clean close: saved or discarded, so no copy is kept
         self.train_page.shutdown()
+        self.dataset_page.shutdown()
         self.chat_page.shutdown()
         self.rewards_page.shutdown()
         self.export_page.shutdown()

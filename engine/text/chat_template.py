@@ -233,6 +233,24 @@ class ChatTemplate:
         self._placeholders = re.compile("\ue000" + nonce + "([0-9]+)\ue001")
         self._skeletons: dict[tuple, Any] = {}
 
+    def recipe(self) -> dict[str, Any]:
+        """The arguments that compile this template again (`ChatTemplate(**recipe)`); the clock is not
+        one of them: a template made again reads the time where it is made."""
+        return {
+            "source": self.source,
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "name": self.name,
+            "is_default": self.is_default,
+            "time_limit": self.time_limit,
+            "fast_spans": self.fast_spans,
+        }
+
+    def __reduce__(self) -> tuple:
+        """Pickled as its recipe (a compiled Jinja environment does not pickle): another process gets
+        the same template, compiled there."""
+        return (_from_recipe, (self.recipe(),))
+
     @classmethod
     def from_metadata(cls, metadata: Mapping[str, Any]) -> ChatTemplate:
         """The template of a model, from its GGUF metadata.
@@ -777,6 +795,10 @@ def _with_message_end(text: str, span: tuple[int, int]) -> tuple[int, int]:
         if text.startswith(marker, end):
             return start, end + len(marker)
     return span
+
+
+def _from_recipe(recipe: dict[str, Any]) -> ChatTemplate:
+    return ChatTemplate(**recipe)
 
 
 def template_for(metadata: Mapping, template_file: str | os.PathLike[str] | None) -> ChatTemplate:

@@ -84,6 +84,13 @@ def _first_fit(lengths: np.ndarray, capacity: int) -> np.ndarray:
     return bins
 
 
+def count_windows(lengths: Sequence[int], n_ctx: int) -> int:
+    """How many windows `pack` fills with items of these lengths (first-fit decreasing; the count does
+    not depend on the order of equal lengths, so not on the shuffle)."""
+    lengths = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
+    return int(_first_fit(lengths, n_ctx).max()) + 1 if len(lengths) else 0
+
+
 def pack_order(
     lengths: np.ndarray, n_ctx: int, *, shuffle_seed: int | None = None
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -213,15 +213,7 @@ def encode_samples_ref(
 def _reference_template(template: ChatTemplate) -> ChatTemplate:
     from ..text.chat_template import ChatTemplate
 
-    return ChatTemplate(
-        template.source,
-        bos_token=template.bos_token,
-        eos_token=template.eos_token,
-        name=template.name,
-        is_default=template.is_default,
-        time_limit=template.time_limit,
-        fast_spans=False,
-    )
+    return ChatTemplate(**{**template.recipe(), "fast_spans": False})
 
 
 _BATCH = 512  # samples tokenized in one call of the tokenizers library (spread over its threads)

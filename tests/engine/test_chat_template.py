@@ -513,3 +513,14 @@ def test_from_metadata_of_a_gguf_file(tmp_path: Path) -> None:
     template = ChatTemplate.from_metadata(GGUFFile(path).metadata)
     assert not template.is_default
     assert template.render([{"role": "user", "content": "héllo"}]) == "<s>héllo<|im_end|>"
+
+
+def test_a_template_pickles_as_its_recipe_and_renders_the_same_in_another_process():
+    import pickle
+
+    t = ChatTemplate(CHATML_TEMPLATE, bos_token="<s>", eos_token="</s>", name="chatml", time_limit=2.0)
+    again = pickle.loads(pickle.dumps(t))
+    assert again is not t and again.recipe() == t.recipe()
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    assert again.render(messages) == t.render(messages)
+    assert again.render_with_spans(messages) == t.render_with_spans(messages)

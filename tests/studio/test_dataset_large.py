@@ -206,3 +206,26 @@ def test_a_page_without_a_window_reads_in_the_background_too(qtbot, tmp_path):
     with qtbot.waitSignal(page.sig_dataset_opened, timeout=60_000) as opened:
         pass
     assert opened.args == [str(path)] and len(page.samples) == 1200 and not page.is_modified
+
+
+def test_closing_the_window_while_tokens_are_counted_leaves_no_counting_process(
+    qtbot, window, info, tmp_path
+):
+    """A person opens a big file and closes the window before its tokens are all counted: the
+    counting child process ends with the window (killed and reaped), no zombie left behind."""
+    import multiprocessing
+    import os
+
+    page = window.dataset_page
+    window.model_page.sig_model_opened.emit(info)
+    assert window.open_dataset(str(write_big(tmp_path / "big.jsonl", 3000)))
+    qtbot.waitUntil(lambda: not page.loading, timeout=60_000)
+    qtbot.waitUntil(lambda: page.loader.count_pid is not None, timeout=30_000)
+    pid = page.loader.count_pid
+    assert not page.model.fully_counted()
+    window.project.dirty = False
+    assert window.close()
+    assert page.loader.count_pid is None
+    assert multiprocessing.active_children() == []
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped already: not a zombie

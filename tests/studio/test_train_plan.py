@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from engine import MemoryEstimate, Sample, TargetSpec, TrainConfig, Trainer
+from engine import MemoryEstimate, Sample, TargetSpec, TrainConfig, Trainer, count_windows
 from studio.pages.train.folders import clean_failed_run, folder_problem, missing_folders
-from studio.pages.train.plan import EncodingCache, check_run, count_windows
+from studio.pages.train.plan import EncodingCache, check_run
 from studio.project import (
     DEFAULT_PRESET,
     HYPER_PRESETS,

@@ -1060,6 +1060,12 @@ class DatasetPage(QWidget):
         self._template = template
         self.model.set_encoder(tokenizer, template, options)
 
+    def shutdown(self) -> None:
+        """The window is closing: a counting under way stops (its child process is killed and reaped)
+        and a file being read is dropped."""
+        self.loader.cancel_load()
+        self.loader.shutdown()
+
     def _project_changed(self, changed: set[str]) -> None:
         if "config" in changed:
             self._update_encoder()

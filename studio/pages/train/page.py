@@ -1033,13 +1033,15 @@ class TrainPage(QWidget):
 
     def pause(self) -> None:
         """Pause after the current step; the run stays in memory and Resume goes on from there."""
-        if self.state == "training" and self.job is not None:
+        if self.run_states.can_pause(in_process=self.proc_run is None) and self.job is not None:
             self.job.request_pause()
             self._set_state("pausing")
             self._log("Pausing after the current step…")
 
     def stop(self) -> None:
         """End the run after the current step (the adapter and a checkpoint are written). No question."""
+        if not self.run_states.can_stop():
+            return
         if self.state in ("loading", "training") and self.proc_run is not None:
             self.proc_run.stop()
             self._set_state("stopping")

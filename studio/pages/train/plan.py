@@ -12,7 +12,7 @@ split does not encode anything again.
 
 The counting follows engine.train.trainer (`Trainer._prepare` and `start`): the validation split
 (`validation_indices`, the engine's), `encode_samples`, first-fit
-decreasing packing into windows of n_ctx tokens (`count_windows`: the number of windows depends
+decreasing packing into windows of n_ctx tokens (engine `count_windows`: the number of windows depends
 only on the sample lengths), batches of batch_size windows, and steps = `steps` or
 ceil(epochs * batches / grad_accum). The Train page's tests compare it with the engine's own `Plan`.
 
@@ -39,6 +39,7 @@ from engine import (
     TensorInfo,
     Tokenizer,
     TrainConfig,
+    count_windows,
     encode_iter,
     estimate_memory,
     load_jsonl,
@@ -112,30 +113,6 @@ class RunCheck:
 
 
 # -- the engine's counting, from exported names ----------------------------------------------------
-
-
-def count_windows(lengths: Sequence[int], n_ctx: int) -> int:
-    """Windows that first-fit decreasing packing (engine.train.batches.pack) fills with samples of these
-    lengths; the count does not depend on the order of equal lengths, so not on the shuffle."""
-    items = sorted((int(n) for n in lengths), reverse=True)
-    if not items:
-        return 0
-    size = 1
-    while size < len(items):
-        size *= 2
-    free = [n_ctx] * (2 * size)  # a max segment tree over the free room of the bins
-    used = 0
-    for length in items:
-        node = 1
-        while node < size:
-            node = 2 * node if free[2 * node] >= length else 2 * node + 1
-        used = max(used, node - size + 1)
-        free[node] -= length
-        node //= 2
-        while node:
-            free[node] = max(free[2 * node], free[2 * node + 1])
-            node //= 2
-    return used
 
 
 # -- encoding, cached ------------------------------------------------------------------------------
@@ -386,6 +363,5 @@ __all__ = [
     "SampleTokens",
     "check_run",
     "check_selection",
-    "count_windows",
     "plan_data",
 ]
