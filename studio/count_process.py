@@ -133,6 +133,7 @@ class CountJob:
         self._conn: Any = None
         self._cancelled = threading.Event()
         self._lock = threading.Lock()
+        self._stop_lock = threading.Lock()  # one thread at a time kills, reaps and closes
         self._feed_error: str | None = None
 
     @property
@@ -200,7 +201,8 @@ class CountJob:
                     break
         except (EOFError, OSError):
             if not self._cancelled.is_set():
-                code = self._proc.exitcode if self._proc is not None else None
+                with self._stop_lock:  # reading the exit code reaps too: not beside a cancel's join
+                    code = self._proc.exitcode if self._proc is not None else None
                 error = (
                     self._feed_error or f"the token counting process ended unexpectedly (exit code {code})"
                 )
@@ -230,16 +232,22 @@ class CountJob:
 
     def _stop_child(self) -> None:
         """Kill and reap the child; the pipe is closed once, by whichever thread gets here first (cancel
-        on the UI thread and the reader's own end both come here: a second close raised EBADF)."""
-        with self._lock:
-            proc, conn = self._proc, self._conn
-            self._conn = None
-        if proc is not None:
-            if proc.is_alive():
-                proc.kill()
-            proc.join(5)
-        if conn is not None:
-            conn.close()
+        on the UI thread and the reader's own end both come here: a second close raised EBADF).
+
+        The two callers are serialised: when both reaped at once, one thread's `waitpid` took the child
+        while the other's got ECHILD, which multiprocessing reads as "still running", so `cancel` could
+        return with the child still listed in `active_children` (seen once in CI). Serialised, the
+        second caller's `join` finds the exit code the first one stored and returns at once."""
+        with self._stop_lock:
+            with self._lock:
+                proc, conn = self._proc, self._conn
+                self._conn = None
+            if proc is not None:
+                if proc.is_alive():
+                    proc.kill()
+                proc.join(5)
+            if conn is not None:
+                conn.close()
 
     def cancel(self) -> None:
         """Stop counting: the child is killed and reaped; no callback is called after this."""

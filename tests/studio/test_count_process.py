@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import threading
+import time
 
 import pytest
 
@@ -72,6 +73,35 @@ def test_cancel_kills_and_reaps_the_child(info):
     assert not mp.active_children()
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # reaped already: no zombie left behind
+
+
+def wait_forever(conn) -> None:
+    """A child that only waits to be killed (a module-level function: the spawned child imports it)."""
+    time.sleep(600)
+
+
+def test_cancels_at_once_from_two_threads_reap_the_child_every_time():
+    """The UI's cancel and the reader's own end stop the child at the same moment. Both used to reap it
+    at once: one `waitpid` took the child, the other got ECHILD, which multiprocessing reads as "still
+    running", so `cancel` returned with the child listed (8 of 40 tries before the fix, once in CI)."""
+    listed = 0
+    for _ in range(12):
+        job = CountJob(target=wait_forever)
+        job.start([], None, None, None, lambda rows: None, lambda error: None)
+        for _ in range(600):
+            if job.pid is not None:
+                break
+            time.sleep(0.01)
+        assert job.pid is not None
+        both = threading.Barrier(2)
+        other = threading.Thread(target=lambda b=both, j=job: (b.wait(), j.cancel()))
+        other.start()
+        both.wait()
+        job.cancel()
+        listed += bool(mp.active_children())
+        other.join()
+    assert listed == 0
+    assert not mp.active_children()
 
 
 def test_a_failure_in_the_child_is_reported_with_where(info):
