@@ -13,7 +13,9 @@ project and repeats what a person does, until --minutes have passed: train the d
 Train page), chat with the new adapter (Chat page), generate four answers, rate them and apply the
 step (Rewards page), export the adapter as F16 and verify it (Export page), open the Runs page and
 refresh it. It samples RSS, threads and handles after every round, then closes the window and checks
-that the engine's thread has ended.
+that the engine's thread has ended. `--trace` also follows Python's own allocations (tracemalloc,
+slower): the traced total after every round, and at the end the lines whose allocations grew most
+since the warm-up, so a growth can be told apart from memory outside Python (Qt, BLAS, the heap).
 
 Both print a table of samples and a verdict: growth of RSS after the warm-up (the first 10% of the
 steps, or the first two rounds) beyond 10%, or more threads or file handles at the end than after
@@ -151,7 +153,7 @@ def soak_train(steps: int, every: int) -> int:
 # --- app -----------------------------------------------------------------------------------------------
 
 
-def soak_app(minutes: float, steps: tuple[str, ...] = STEP_NAMES) -> int:
+def soak_app(minutes: float, steps: tuple[str, ...] = STEP_NAMES, trace: bool = False) -> int:
     if not os.environ.get("DISPLAY"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from pyqtgraph.util.garbage_collector import GarbageCollector
@@ -275,6 +277,11 @@ def soak_app(minutes: float, steps: tuple[str, ...] = STEP_NAMES) -> int:
     problems: list[str] = []
     deadline = t0 + minutes * 60
     rounds = 0
+    if trace:
+        import tracemalloc
+
+        tracemalloc.start(6)
+        warm_snapshot = None
     while time.monotonic() < deadline:
         rounds += 1
         try:
@@ -288,9 +295,14 @@ def soak_app(minutes: float, steps: tuple[str, ...] = STEP_NAMES) -> int:
         s = samples[-1]
         print(
             f"  round {rounds} at {s.seconds:.0f} s: RSS {s.rss / 2**20:.1f} MiB, {s.threads} threads, "
-            f"{s.handles} handles, {len(window.runs_page.runs())} runs listed",
+            f"{s.handles} handles, {len(window.runs_page.runs())} runs listed"
+            + (f", Python {tracemalloc.get_traced_memory()[0] / 2**20:.1f} MiB traced" if trace else ""),
             flush=True,
         )
+        if trace and rounds == 2:
+            warm_snapshot = tracemalloc.take_snapshot()
+    if trace and warm_snapshot is not None:
+        print_growth(warm_snapshot, tracemalloc.take_snapshot())
     window.project.dirty = False
     closed = window.close()
     settle(1.0)
@@ -308,6 +320,20 @@ def soak_app(minutes: float, steps: tuple[str, ...] = STEP_NAMES) -> int:
     return code
 
 
+def print_growth(before, after, top: int = 25) -> None:
+    """The source lines whose live allocations grew most between two tracemalloc snapshots, each with
+    the innermost frames of the repository's code that led there."""
+    import tracemalloc
+
+    keep = [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen*")]
+    diff = after.filter_traces(keep).compare_to(before.filter_traces(keep), "traceback")
+    total = sum(d.size_diff for d in diff)
+    print(f"\nPython allocations since the warm-up: {total / 2**20:+.2f} MiB; the largest growths:")
+    for d in sorted(diff, key=lambda d: d.size_diff, reverse=True)[:top]:
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in reversed(d.traceback))
+        print(f"  {d.size_diff / 2**10:+9.1f} KiB {d.count_diff:+7d} blocks  {where}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -321,10 +347,12 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated steps of each round (default train,chat,rate,export,runs): to find "
         "which step a growth comes from",
     )
+    a.add_argument("--trace", action="store_true", help="follow Python's allocations (tracemalloc)")
     args = ap.parse_args(argv)
     if args.what == "train":
         return soak_train(args.steps, args.every)
-    return soak_app(args.minutes, tuple(args.only.split(",")) if args.only else STEP_NAMES)
+    steps = tuple(args.only.split(",")) if args.only else STEP_NAMES
+    return soak_app(args.minutes, steps, args.trace)
 
 
 if __name__ == "__main__":
