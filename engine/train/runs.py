@@ -19,8 +19,9 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, fields
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timezone
 
 from ..io.files import atomic_write
@@ -33,6 +34,58 @@ STATUSES = ("running", "paused", "finished", "stopped", "failed")
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+class Curve(Sequence):
+    """A curve of a run, its (step, value) points, held as two arrays: 16 bytes a point where a list of
+    `[step, value]` lists took about 100, so the app can keep the records of hundreds of runs (the Runs
+    page, the adapter choices) without their loss histories growing the process by tens of MiB
+    (`bench/soak.py app`: about 14 KB of Python objects per 150-step run listed). Reads as a sequence
+    of `(step, value)` tuples; equal to any sequence of the same pairs; written as `[[step, value]]`."""
+
+    __slots__ = ("_steps", "_values")
+
+    def __init__(self, points: Iterable[Sequence[float]] = ()):
+        self._steps = array("q")
+        self._values = array("d")
+        for point in points:
+            self.append(point)
+
+    def append(self, point: Sequence[float]) -> None:
+        step, value = point
+        self._steps.append(int(step))
+        self._values.append(float(value))
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return Curve(zip(self._steps[i], self._values[i], strict=True))
+        return (self._steps[i], self._values[i])
+
+    def __iter__(self) -> Iterator[tuple[int, float]]:
+        return zip(self._steps, self._values, strict=True)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Curve):
+            return self._steps == other._steps and self._values == other._values
+        if isinstance(other, (list, tuple)):
+            return len(other) == len(self) and all(
+                tuple(a) == tuple(b) for a, b in zip(self, other, strict=True)
+            )
+        return NotImplemented
+
+    def __reduce__(self):  # pickles and copies as its points
+        return (Curve, (list(self),))
+
+    __hash__ = None  # type: ignore[assignment]  (mutable, like the lists it replaces)
+
+    def __repr__(self) -> str:
+        return f"Curve({[list(p) for p in self]!r})"
+
+    def to_json(self) -> list[list[float]]:
+        return [[s, v] for s, v in self]
 
 
 @dataclass
@@ -60,8 +113,8 @@ class RunRecord:
     last_checkpoint: str | None = None
     started: str = field(default_factory=now_iso)
     updated: str = field(default_factory=now_iso)
-    losses: list[list[float]] = field(default_factory=list)  # [step, mean cross-entropy]
-    val_losses: list[list[float]] = field(default_factory=list)  # [step, validation loss]
+    losses: Curve = field(default_factory=Curve)  # (step, mean cross-entropy)
+    val_losses: Curve = field(default_factory=Curve)  # (step, validation loss)
     config: dict = field(default_factory=dict)  # the TrainConfig (or reward settings) as JSON
     sample_answers: list[list] = field(default_factory=list)  # [step, prompt, answer] (SampleAnswers)
     path: str = field(default="", compare=False)  # where this record was read from / written to
@@ -81,7 +134,7 @@ class RunRecord:
     def add_loss(self, step: int, loss: float) -> None:
         if not math.isfinite(loss):
             return
-        self.losses.append([int(step), float(loss)])
+        self.losses.append((step, loss))
         self.final_loss = float(loss)
         self.best_loss = float(loss) if self.best_loss is None else min(self.best_loss, float(loss))
         self.steps_done = max(self.steps_done, int(step))
@@ -89,7 +142,7 @@ class RunRecord:
     def add_val_loss(self, step: int, loss: float) -> None:
         if not math.isfinite(loss):
             return
-        self.val_losses.append([int(step), float(loss)])
+        self.val_losses.append((step, loss))
         self.best_val_loss = (
             float(loss) if self.best_val_loss is None else min(self.best_val_loss, float(loss))
         )
@@ -100,13 +153,19 @@ class RunRecord:
     def cut_at(self, step: int) -> None:
         """Forget what came after `step` (a run resumed from the checkpoint of that step goes on
         from there: its curves and sample answers after it are taken again)."""
-        self.losses = [x for x in self.losses if x[0] <= step]
-        self.val_losses = [x for x in self.val_losses if x[0] <= step]
+        self.losses = Curve(x for x in self.losses if x[0] <= step)
+        self.val_losses = Curve(x for x in self.val_losses if x[0] <= step)
         self.sample_answers = [x for x in self.sample_answers if x[0] <= step]
 
+    def __post_init__(self) -> None:
+        for name in ("losses", "val_losses"):  # records made from JSON (lists) or by hand
+            if not isinstance(getattr(self, name), Curve):
+                setattr(self, name, Curve(getattr(self, name)))
+
     def to_json(self) -> dict:
-        d = asdict(self)
+        d = asdict(replace(self, losses=Curve(), val_losses=Curve()))
         d.pop("path")
+        d["losses"], d["val_losses"] = self.losses.to_json(), self.val_losses.to_json()
         return d
 
     @classmethod
@@ -186,7 +245,7 @@ def latest_finished(runs: Iterable[RunRecord], kind: str | None = None) -> RunRe
 
 
 __all__ = [
-    "RUN_FILE", "STATUSES", "RunRecord", "find_runs", "latest_finished", "read_run", "record_path",
+    "RUN_FILE", "STATUSES", "Curve", "RunRecord", "find_runs", "latest_finished", "read_run", "record_path",
     "tensor_kinds",
 ]  # fmt: skip
 
