@@ -60,11 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtCore import QSettings, Qt
     from PySide6.QtWidgets import QApplication
 
+    from studio.app import collect_on_ui_thread
     from studio.main_window import MainWindow
     from studio.resources import DEMO_MODEL
     from studio.train_probe import StallProbe
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    collect_on_ui_thread(app)  # as the app does (automatic collections in the reader stalled 100-240 ms)
     work = Path(tempfile.mkdtemp(prefix="dataset-stall-"))
     os.environ.setdefault("TUNE_STUDIO_DATA", str(work / "data"))
     data = Path(args.data) if args.data else work / "chats.jsonl"

@@ -156,17 +156,16 @@ def soak_train(steps: int, every: int) -> int:
 def soak_app(minutes: float, steps: tuple[str, ...] = STEP_NAMES, trace: bool = False) -> int:
     if not os.environ.get("DISPLAY"):
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from pyqtgraph.util.garbage_collector import GarbageCollector
     from PySide6.QtCore import QEventLoop, QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
     from engine import TargetSpec
-    from studio.app import DEMO_SETTINGS
+    from studio.app import DEMO_SETTINGS, collect_on_ui_thread
     from studio.main_window import PAGES, MainWindow
     from studio.resources import DEMO_DATASET, DEMO_MODEL
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    app.gui_gc = GarbageCollector(interval=0.5)  # as the app does: Python's GC on the UI thread
+    collect_on_ui_thread(app)  # as the app does: Python's GC on the UI thread
     t0 = time.monotonic()
     tmp = tempfile.mkdtemp(prefix="tune-soak-app-")
     window = MainWindow(

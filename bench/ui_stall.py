@@ -279,7 +279,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from PySide6.QtWidgets import QApplication
 
-    app = QApplication.instance() or QApplication(sys.argv[:1])  # noqa: F841 - keeps Qt alive
+    from studio.app import collect_on_ui_thread
+
+    app = QApplication.instance() or QApplication(sys.argv[:1])
+    collect_on_ui_thread(app)  # as the app does: Python's GC on the UI thread
     if args.switch_ms:
         sys.setswitchinterval(args.switch_ms / 1000.0)
     shapes = args.shape or ["tiny-llama", "tiny-qwen3moe", "small-qwen2"]

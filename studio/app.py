@@ -135,6 +135,15 @@ def display_problem(
     )
 
 
+def collect_on_ui_thread(app) -> None:
+    """The app's rule for Python's cyclic collector (`studio.ui_gc.UiCollector`): never automatic,
+    on the UI thread from a timer, no full collection while a dataset is read. Benchmarks of the
+    window call this too, or they measure stalls the app does not have."""
+    from .ui_gc import UiCollector
+
+    UiCollector.install(app)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tune-studio", description="Fine-tune GGUF models on your own machine.")
     ap.add_argument("path", nargs="?", help="a .gguf model, .jsonl dataset or .json project to open")
@@ -156,7 +165,6 @@ def main(argv: list[str] | None = None) -> int:
         print(problem, file=sys.stderr)
         return 1
 
-    from pyqtgraph.util.garbage_collector import GarbageCollector
     from PySide6.QtCore import QEventLoop, QSettings, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -166,9 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     from .resources import DEMO_DATASET, DEMO_MODEL
 
     app = QApplication.instance() or QApplication(sys.argv[:1])
-    # Python's cyclic GC may otherwise run in a worker thread and destroy Qt objects there, which
-    # crashes Qt; collect on the UI thread from a timer instead (pyqtgraph's recipe)
-    app.gui_gc = GarbageCollector(interval=0.5)
+    collect_on_ui_thread(app)
     app.setApplicationName("Tune Studio")
     app.setOrganizationName("TuneStudio")
     settings = (
