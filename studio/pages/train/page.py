@@ -114,7 +114,10 @@ from .processes import MachinesDialog, ProcessRun, RunFiles
 from .run_state import RunState, RunStates, controls
 from .settings import TrainSettingsWidget
 
-LOG_MAX_LINES = 5000
+# The log keeps its last lines only: a QPlainTextEdit lays out every line it holds, about 7 KB each
+# (5,000 lines were 35 MiB, the app's largest growth in `bench/soak.py app`); every run's events stay
+# in its events file and its record (Runs page).
+LOG_MAX_LINES = 1000
 CHECK_DELAY_MS = 400  # settings and dataset changes are checked this long after the last one
 NOTIFY_AFTER_S = 60.0  # a run segment longer than this alerts the window when it ends
 # settings that change the step total, the data check or the memory estimate
