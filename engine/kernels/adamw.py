@@ -329,25 +329,12 @@ def adamw_step(
     Returns grad_norm and clipped as host values, update_sumsq and param_sumsq as 0-d float64
     device arrays. A non-finite gradient norm changes nothing.
     """
-    if not params:
-        hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, gclip=gclip)
-        return adamw_step_ref([], [], [], [], [], [], max_grad_norm=max_grad_norm, **hyper)
-    rt = runtime_for(params[0], "adamw_step")
-    return adamw_step_on(
-        rt,
-        params,
-        grads,
-        m,
-        v,
-        steps,
-        decay,
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        gclip=gclip,
-        max_grad_norm=max_grad_norm,
+    hyper = dict(
+        lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, gclip=gclip, max_grad_norm=max_grad_norm
     )
+    if not params:
+        return adamw_step_ref([], [], [], [], [], [], **hyper)
+    return adamw_step_on(runtime_for(params[0], "adamw_step"), params, grads, m, v, steps, decay, **hyper)
 
 
 # ----------------------------------------------------------------------------------------------
