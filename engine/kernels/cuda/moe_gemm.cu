@@ -40,25 +40,21 @@ __device__ __forceinline__ void cp_async_wait() {  // all but the N most recent 
     emu_cp_async_wait(N);
 #endif
 }
-// four 8 x 8 bf16 matrices; lane l gives the address of row l % 8 of matrix l / 8
+// four 8 x 8 bf16 matrices (TRANS: each transposed); lane l gives the address of row l % 8 of matrix l / 8
+template <bool TRANS>
 __device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const void* p) {
 #ifdef __CUDA_ARCH__
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s));
 #else
-    emu_ldmatrix_x4(r, p, false);
-#endif
-}
-__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], const void* p) {  // transposed
-#ifdef __CUDA_ARCH__
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-#else
-    emu_ldmatrix_x4(r, p, true);
+    emu_ldmatrix_x4(r, p, TRANS);
 #endif
 }
 
@@ -207,14 +203,14 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& g, const TileRows& tr,
             u32 af[S::MF][4];
 #pragma unroll
             for (int i = 0; i < S::MF; ++i)
-                ldsm_x4(af[i], As + (wm + i * 16 + (lj & 1) * 8 + lr) * MG_LDA + kk + (lj >> 1) * 8);
+                ldsm_x4<false>(af[i], As + (wm + i * 16 + (lj & 1) * 8 + lr) * MG_LDA + kk + (lj >> 1) * 8);
 #pragma unroll
             for (int j = 0; j < S::NF; j += 2) {
                 u32 b[4];  // b[0], b[1]: n-fragment j; b[2], b[3]: j + 1
                 if (NT)
-                    ldsm_x4(b, Bs + (wn + j * 8 + (lj >> 1) * 8 + lr) * MG_LDA + kk + (lj & 1) * 8);
+                    ldsm_x4<false>(b, Bs + (wn + j * 8 + (lj >> 1) * 8 + lr) * MG_LDA + kk + (lj & 1) * 8);
                 else
-                    ldsm_x4_t(b, Bs + (kk + (lj & 1) * 8 + lr) * S::LDB + wn + j * 8 + (lj >> 1) * 8);
+                    ldsm_x4<true>(b, Bs + (kk + (lj & 1) * 8 + lr) * S::LDB + wn + j * 8 + (lj >> 1) * 8);
                 const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
                 for (int i = 0; i < S::MF; ++i) {
@@ -481,11 +477,11 @@ __device__ __forceinline__ void outer_body(OuterSrc L, OuterSrc R, const float* 
             u32 af[MF][4];
 #pragma unroll
             for (int a = 0; a < MF; ++a)  // A = L^T: (i, p) from Ls[p][i], transposed
-                ldsm_x4_t(af[a], Ls + (kk + (lj >> 1) * 8 + lr) * LDL + wi + a * 16 + (lj & 1) * 8);
+                ldsm_x4<true>(af[a], Ls + (kk + (lj >> 1) * 8 + lr) * LDL + wi + a * 16 + (lj & 1) * 8);
 #pragma unroll
             for (int b = 0; b < NF; b += 2) {
                 u32 bb[4];  // B = R: (p, j) from Rs[p][j], transposed fragments
-                ldsm_x4_t(bb, Rs + (kk + (lj & 1) * 8 + lr) * LDR + wj + b * 8 + (lj >> 1) * 8);
+                ldsm_x4<true>(bb, Rs + (kk + (lj & 1) * 8 + lr) * LDR + wj + b * 8 + (lj >> 1) * 8);
                 const u32 b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
 #pragma unroll
                 for (int a = 0; a < MF; ++a) {
