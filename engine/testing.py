@@ -329,26 +329,32 @@ def model_metadata(spec: SynthSpec) -> dict:
     return md
 
 
+# the SynthSpec fields written as "<arch>.<key>" when set (not 0), with the type the file holds
+_OPTIONAL_KEYS = (
+    ("n_dense_lead", "leading_dense_block_count", int),
+    ("n_shexp", "expert_shared_count", int),
+    ("moe_scale", "expert_weights_scale", float),
+    ("gating", "expert_gating_func", int),
+    ("n_rot", "rope.dimension_count", int),
+    ("swa_window", "attention.sliding_window", int),
+    ("swa_pattern", "attention.sliding_window_pattern", int),
+    ("rope_base_swa", "rope.freq_base_swa", float),
+    ("softcap", "final_logit_softcapping", float),
+)
+
+
 def _arch_metadata(spec: SynthSpec) -> dict:
     """The metadata keys of the MoE and attention variants (dense lead layers, shared experts, expert
     scales, MLA, sinks, ...), as convert_hf_to_gguf.py writes them."""
     a = spec.arch
-    md: dict = {}
-    if spec.n_dense_lead:
-        md[f"{a}.leading_dense_block_count"] = spec.n_dense_lead
-    if spec.n_shexp:
-        md[f"{a}.expert_shared_count"] = spec.n_shexp
-    if spec.moe_scale:
-        md[f"{a}.expert_weights_scale"] = float(spec.moe_scale)
+    md = {
+        f"{a}.{key}": kind(getattr(spec, name)) for name, key, kind in _OPTIONAL_KEYS if getattr(spec, name)
+    }
     if spec.moe_renorm is not None:
         md[f"{a}.expert_weights_norm"] = bool(spec.moe_renorm)
-    if spec.gating:
-        md[f"{a}.expert_gating_func"] = spec.gating
     if spec.n_group:
         md[f"{a}.expert_group_count"] = spec.n_group
         md[f"{a}.expert_group_used_count"] = spec.group_used
-    if spec.n_rot:
-        md[f"{a}.rope.dimension_count"] = spec.n_rot
     if spec.kv_lora_rank:  # MLA: the MQA view of llama.cpp's absorbed graph, and the expanded heads
         R = spec.kv_lora_rank
         md.update(
@@ -362,14 +368,6 @@ def _arch_metadata(spec: SynthSpec) -> dict:
                 f"{a}.attention.value_length_mla": spec.HS_v,
             }
         )
-    if spec.swa_window:
-        md[f"{a}.attention.sliding_window"] = spec.swa_window
-    if spec.swa_pattern:
-        md[f"{a}.attention.sliding_window_pattern"] = spec.swa_pattern
-    if spec.rope_base_swa:
-        md[f"{a}.rope.freq_base_swa"] = float(spec.rope_base_swa)
-    if spec.softcap:
-        md[f"{a}.final_logit_softcapping"] = float(spec.softcap)
     return md
 
 

@@ -84,6 +84,21 @@ def clip_scale(norm: float, max_grad_norm: float) -> float:
     return 1.0
 
 
+def clip_decision(grads: Sequence[np.ndarray], grad_norm: float, gclip: float, max_grad_norm: float):
+    """(scale, clipped) of a step with a finite `grad_norm`: the global-norm clip's factor, over the
+    gradients clamped to [-gclip, gclip] when gclip > 0, and whether either clip changes them."""
+    clipped = False
+    norm = grad_norm
+    if gclip > 0.0:
+        total = 0.0
+        for g in grads:
+            clipped = clipped or (g.size > 0 and (float(g.max()) > gclip or float(g.min()) < -gclip))
+            total += _sumsq(np.clip(g, -gclip, gclip))
+        norm = math.sqrt(total)
+    scale = clip_scale(norm, max_grad_norm)
+    return scale, clipped or scale != 1.0
+
+
 def adamw_step_ref(
     params: Sequence[np.ndarray],
     grads: Sequence[np.ndarray],
@@ -113,16 +128,7 @@ def adamw_step_ref(
     grad_norm = math.sqrt(sum(_sumsq(g) for g in grads))
     if not math.isfinite(grad_norm):
         return AdamWResult(grad_norm, False, True, 0.0, sum(_sumsq(p) for p in params))
-    clipped = False
-    norm = grad_norm
-    if gclip > 0.0:
-        sumsq = 0.0
-        for g in grads:
-            clipped = clipped or (g.size > 0 and (float(g.max()) > gclip or float(g.min()) < -gclip))
-            sumsq += _sumsq(np.clip(g, -gclip, gclip))
-        norm = math.sqrt(sumsq)
-    scale = clip_scale(norm, max_grad_norm)
-    clipped = clipped or scale != 1.0
+    scale, clipped = clip_decision(grads, grad_norm, gclip, max_grad_norm)
     b1, b2 = betas
     update_sumsq = 0.0
     for p, g_in, mi, vi, t, dec in zip(params, grads, m, v, steps, decay, strict=True):
@@ -323,25 +329,12 @@ def adamw_step(
     Returns grad_norm and clipped as host values, update_sumsq and param_sumsq as 0-d float64
     device arrays. A non-finite gradient norm changes nothing.
     """
-    if not params:
-        hyper = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, gclip=gclip)
-        return adamw_step_ref([], [], [], [], [], [], max_grad_norm=max_grad_norm, **hyper)
-    rt = runtime_for(params[0], "adamw_step")
-    return adamw_step_on(
-        rt,
-        params,
-        grads,
-        m,
-        v,
-        steps,
-        decay,
-        lr=lr,
-        betas=betas,
-        eps=eps,
-        weight_decay=weight_decay,
-        gclip=gclip,
-        max_grad_norm=max_grad_norm,
+    hyper = dict(
+        lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, gclip=gclip, max_grad_norm=max_grad_norm
     )
+    if not params:
+        return adamw_step_ref([], [], [], [], [], [], **hyper)
+    return adamw_step_on(runtime_for(params[0], "adamw_step"), params, grads, m, v, steps, decay, **hyper)
 
 
 # ----------------------------------------------------------------------------------------------

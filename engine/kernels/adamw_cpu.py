@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from . import jit
-from .adamw import SUMSQ_CHUNK, AdamWResult, _check_lists, clip_scale, sumsq, sumsq_fast
+from .adamw import SUMSQ_CHUNK, AdamWResult, _check_lists, clip_decision, sumsq, sumsq_fast
 from .cpu_workers import run_each
 
 # Fewer values than this are updated in line, not on CPU workers: the tiny models' optimizer steps
@@ -131,16 +131,7 @@ def adamw_step_cpu(
     grad_norm = math.sqrt(sum(run_each(sumsq, list(grads), in_line=small)))  # per param, in order
     if not math.isfinite(grad_norm):
         return AdamWResult(grad_norm, False, True, 0.0, sum(sumsq(p) for p in params))
-    clipped = False
-    norm = grad_norm
-    if gclip > 0.0:
-        total = 0.0
-        for g in grads:
-            clipped = clipped or (g.size > 0 and (float(g.max()) > gclip or float(g.min()) < -gclip))
-            total += sumsq(np.clip(g, -gclip, gclip))
-        norm = math.sqrt(total)
-    scale = clip_scale(norm, max_grad_norm)
-    clipped = clipped or scale != 1.0
+    scale, clipped = clip_decision(grads, grad_norm, gclip, max_grad_norm)
     # pass 2: per param, clipped grad -> moments -> update, chunk by chunk (see the module docstring)
     b1, b2 = betas
     compiled = jit.enabled()

@@ -66,20 +66,9 @@ def _softmax_backward_rows(dp, p, scale, D):
     y = p.reshape(-1)
     d_flat = D.reshape(-1)
     acc = np.empty(16, np.float64)
-    body = np.uint64(S - S % 16)
     for row in range(B * NKV * G * T):
         off = np.uint64(row * S)
-        for k in range(16):
-            acc[k] = 0.0
-        for v0 in range(np.uint64(0), body, np.uint64(16)):
-            for k in range(np.uint64(16)):
-                acc[k] += np.float64(x[off + v0 + k]) * np.float64(y[off + v0 + k])
-        total = 0.0
-        for k in range(16):
-            total += acc[k]
-        for v in range(body, np.uint64(S)):
-            total += np.float64(x[off + v]) * np.float64(y[off + v])
-        d = np.float32(total)
+        d = np.float32(jit.row_dot(x, off, y, off, S, acc))
         d_flat[row] = d
         for s in range(np.uint64(S)):
             x[off + s] = y[off + s] * (x[off + s] - d) * scale

@@ -70,9 +70,12 @@ def _k_scale_min(src, sc, g):
 
 
 @jit.kernel
-def _q4_k(src, table, dst):  # 144 bytes: d, dmin, 12 scale bytes, 4 runs of 32 bytes of nibbles
-    for b in range(src.size // 144):
-        o = b * 144
+def _k45(src, table, dst, q5):
+    """Q4_K (144 bytes: d, dmin, 12 scale bytes, 4 runs of 32 bytes of nibbles) or, with q5, Q5_K
+    (176 bytes: the same with 32 bytes of fifth bits before the nibbles)."""
+    ts = 176 if q5 else 144
+    for b in range(src.size // ts):
+        o = b * ts
         d = table[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
         dmin = table[np.int64(src[o + 2]) | (np.int64(src[o + 3]) << 8)]
         for j in range(4):
@@ -80,34 +83,27 @@ def _q4_k(src, table, dst):  # 144 bytes: d, dmin, 12 scale bytes, 4 runs of 32 
             s1, m1 = _k_scale_min(src, o + 4, 2 * j + 1)
             dl0, ml0 = d * np.float32(s0), dmin * np.float32(m0)
             dl1, ml1 = d * np.float32(s1), dmin * np.float32(m1)
-            q = o + 16 + 32 * j
+            q = o + (48 if q5 else 16) + 32 * j
             out = b * 256 + 64 * j
             for i in range(32):
                 byte = np.int32(src[q + i])
-                dst[out + i] = dl0 * np.float32(byte & 15) - ml0
-                dst[out + 32 + i] = dl1 * np.float32(byte >> 4) - ml1
+                lo, hi = byte & 15, byte >> 4
+                if q5:
+                    h = np.int32(src[o + 16 + i])
+                    lo |= ((h >> (2 * j)) & 1) << 4
+                    hi |= ((h >> (2 * j + 1)) & 1) << 4
+                dst[out + i] = dl0 * np.float32(lo) - ml0
+                dst[out + 32 + i] = dl1 * np.float32(hi) - ml1
 
 
 @jit.kernel
-def _q5_k(src, table, dst):  # 176 bytes: d, dmin, 12 scale bytes, 32 bytes of high bits, 128 of nibbles
-    for b in range(src.size // 176):
-        o = b * 176
-        d = table[np.int64(src[o]) | (np.int64(src[o + 1]) << 8)]
-        dmin = table[np.int64(src[o + 2]) | (np.int64(src[o + 3]) << 8)]
-        for j in range(4):
-            s0, m0 = _k_scale_min(src, o + 4, 2 * j)
-            s1, m1 = _k_scale_min(src, o + 4, 2 * j + 1)
-            dl0, ml0 = d * np.float32(s0), dmin * np.float32(m0)
-            dl1, ml1 = d * np.float32(s1), dmin * np.float32(m1)
-            q = o + 48 + 32 * j
-            out = b * 256 + 64 * j
-            for i in range(32):
-                byte = np.int32(src[q + i])
-                h = np.int32(src[o + 16 + i])
-                lo = (byte & 15) | (((h >> (2 * j)) & 1) << 4)
-                hi = (byte >> 4) | (((h >> (2 * j + 1)) & 1) << 4)
-                dst[out + i] = dl0 * np.float32(lo) - ml0
-                dst[out + 32 + i] = dl1 * np.float32(hi) - ml1
+def _q4_k(src, table, dst):
+    _k45(src, table, dst, False)
+
+
+@jit.kernel
+def _q5_k(src, table, dst):
+    _k45(src, table, dst, True)
 
 
 @jit.kernel

@@ -27,12 +27,12 @@ class ArchSpec:
 
     name: str  # general.architecture
     rope: str  # "norm": rotate adjacent pairs (x[2i], x[2i+1]); "neox": rotate (x[i], x[i+d/2])
-    qk_norm: str | None  # None; "head": RMSNorm over each head (HS); "full": over the whole projection
-    moe_renorm: bool  # MoE: renormalise the chosen top-k softmax weights to sum to 1
-    shared_expert: bool  # MoE: a dense shared expert scaled by sigmoid(h . ffn_gate_inp_shexp)
-    moe_only: bool  # every layer is MoE (else dense, or MoE when expert tensors exist: llama/Mixtral)
-    dense_only: bool  # never MoE
     description: str  # for people
+    qk_norm: str | None = None  # None; "head": RMSNorm over each head (HS); "full": over the whole projection
+    moe_renorm: bool = False  # MoE: renormalise the chosen top-k softmax weights to sum to 1
+    shared_expert: bool = False  # MoE: a dense shared expert scaled by sigmoid(h . ffn_gate_inp_shexp)
+    moe_only: bool = False  # every layer is MoE (else dense, or MoE when expert tensors exist: llama/Mixtral)
+    dense_only: bool = False  # never MoE
     attention: str = "gqa"  # "gqa": attn_q/k/v; "mla": DeepSeek-V2 multi-head latent attention
     ffn_act: str = "silu"  # dense FFN and shared experts: "silu" (SwiGLU) or "gelu" (GEGLU, ggml's fp16 GELU)
     expert_act: str = "silu"  # routed experts: "silu" or "swiglu_oai" (gpt-oss's clamped SwiGLU)
@@ -52,50 +52,31 @@ class ArchSpec:
 
 ARCHS: dict[str, ArchSpec] = {
     "llama": ArchSpec(
-        "llama",
-        "norm",
-        None,
-        True,
-        False,
-        False,
-        False,
-        "Llama / Mistral; Mixtral when ffn_*_exps tensors are present",
+        "llama", "norm", "Llama / Mistral; Mixtral when ffn_*_exps tensors are present", moe_renorm=True
     ),
-    "qwen2": ArchSpec("qwen2", "neox", None, False, False, False, True, "Qwen2 / Qwen2.5 (attention biases)"),
-    "qwen3": ArchSpec(
-        "qwen3", "neox", "head", False, False, False, True, "Qwen3 dense (per-head q/k RMSNorm)"
-    ),
+    "qwen2": ArchSpec("qwen2", "neox", "Qwen2 / Qwen2.5 (attention biases)", dense_only=True),
+    "qwen3": ArchSpec("qwen3", "neox", "Qwen3 dense (per-head q/k RMSNorm)", qk_norm="head", dense_only=True),
     "qwen2moe": ArchSpec(
         "qwen2moe",
         "neox",
-        None,
-        False,
-        True,
-        True,
-        False,
         "Qwen1.5-MoE / Qwen2-MoE (shared expert with sigmoid gate)",
+        shared_expert=True,
+        moe_only=True,
     ),
     "qwen3moe": ArchSpec(
         "qwen3moe",
         "neox",
-        "head",
-        True,
-        False,
-        True,
-        False,
         "Qwen3-MoE (per-head q/k RMSNorm, renormalised top-k)",
+        qk_norm="head",
+        moe_renorm=True,
+        moe_only=True,
     ),
     "olmoe": ArchSpec(
-        "olmoe", "neox", "full", False, False, True, False, "OLMoE (q/k RMSNorm over the whole projection)"
+        "olmoe", "neox", "OLMoE (q/k RMSNorm over the whole projection)", qk_norm="full", moe_only=True
     ),
     "deepseek": ArchSpec(
         "deepseek",
         "norm",
-        None,
-        False,
-        False,
-        False,
-        False,
         "DeepSeek-MoE (dense first layers, ungated shared experts, softmax top-k without renormalisation)",
         shared_ungated=True,
         dense_lead=True,
@@ -103,11 +84,6 @@ ARCHS: dict[str, ArchSpec] = {
     "deepseek2": ArchSpec(
         "deepseek2",
         "norm",
-        None,
-        False,
-        False,
-        False,
-        False,
         "DeepSeek-V2/V3 (multi-head latent attention; V3: sigmoid gating, expert bias, groups)",
         attention="mla",
         shared_ungated=True,
@@ -119,12 +95,8 @@ ARCHS: dict[str, ArchSpec] = {
     "gpt-oss": ArchSpec(
         "gpt-oss",
         "neox",
-        None,
-        False,
-        False,
-        True,
-        False,
         "gpt-oss (alternating sliding-window attention with sinks, biases, clamped SwiGLU experts)",
+        moe_only=True,
         expert_act="swiglu_oai",
         gating="softmax_selected",
         swa_period=2,
@@ -134,12 +106,9 @@ ARCHS: dict[str, ArchSpec] = {
     "gemma3": ArchSpec(
         "gemma3",
         "neox",
-        "head",
-        False,
-        False,
-        False,
-        True,
         "Gemma 3 (sliding-window layers, pre/post norms, GEGLU, embedding scale, logit soft-capping)",
+        qk_norm="head",
+        dense_only=True,
         ffn_act="gelu",
         swa_period=6,
         swa_rope_scaled=False,

@@ -31,7 +31,17 @@ from typing import Any
 
 from ..errors import ConfigError, DatasetError
 from ..io.files import check_outputs
-from .data import ERROR, MAX_FILE_BYTES, WARNING, Problem, Sample, _open_dataset, parse_sample, save_jsonl
+from .data import (
+    ERROR,
+    MAX_FILE_BYTES,
+    WARNING,
+    Problem,
+    Sample,
+    _open_dataset,
+    json_values,
+    parse_sample,
+    save_jsonl,
+)
 
 FORMATS = ("csv", "tsv", "json", "jsonl")
 ROLES = ("prompt", "response", "system", "reward", "chosen", "rejected", "text")
@@ -288,14 +298,7 @@ def read_source(path: str | os.PathLike[str], fmt: str | None = None) -> Source:
 def _jsonl_rows(text: str, problems: list[Problem]) -> tuple[list[str], list[Row]]:
     rows: list[Row] = []
     columns: dict[str, None] = {}
-    for number, raw in enumerate(text.split("\n"), 1):
-        if not raw.strip():
-            continue
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            problems.append(Problem(number, f"invalid JSON at column {exc.colno}: {exc.msg}", ERROR))
-            continue
+    for number, value in json_values(text.split("\n"), problems):
         if not isinstance(value, dict):
             problems.append(Problem(number, "expected a JSON object", ERROR))
             continue

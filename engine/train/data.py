@@ -46,7 +46,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -97,6 +97,20 @@ class Problem:
     def __str__(self) -> str:
         where = f"line {self.line}" if self.line else "sample"
         return f"{where}: {self.severity}: {self.message}"
+
+
+def json_values(lines: Iterable[str], problems: list[Problem]) -> Iterator[tuple[int, Any]]:
+    """(line number from 1, value) of each non-blank line that parses as JSON; a line that does not
+    adds an error to `problems` (with the column where parsing stopped) and is skipped."""
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            problems.append(Problem(number, f"invalid JSON at column {exc.colno}: {exc.msg}", ERROR))
+            continue
+        yield number, value
 
 
 @dataclass(frozen=True)

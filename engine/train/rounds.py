@@ -23,7 +23,6 @@ What this module is not: it neither judges answers (reward_fns) nor trains (rewa
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -34,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DatasetError
-from .data import ERROR, WARNING, Problem
+from .data import ERROR, WARNING, Problem, json_values
 from .reward_fns import Scorer, reference_of
 from .reward_session import RewardSession, ScoredGroup
 
@@ -95,22 +94,14 @@ def load_prompts(path: str) -> tuple[list[PromptItem], list[Problem]]:
     items: list[PromptItem] = []
     problems: list[Problem] = []
     json_lines = first.startswith("{") or str(path).endswith((".jsonl", ".json"))
-    for number, raw in enumerate(lines, start=1):
-        s = raw.strip()
-        if not s:
-            continue
-        if not json_lines:
-            items.append(PromptItem(s, None, {}, number))
-            continue
-        try:
-            obj = json.loads(s)
-        except json.JSONDecodeError as exc:
-            problems.append(Problem(number, f"invalid JSON at column {exc.colno}: {exc.msg}", ERROR))
-            continue
-        item, found = prompt_from_json(obj, number)
-        problems.extend(found)
-        if item is not None:
-            items.append(item)
+    if not json_lines:
+        items = [PromptItem(s.strip(), None, {}, number) for number, s in enumerate(lines, 1) if s.strip()]
+    else:
+        for number, obj in json_values(lines, problems):
+            item, found = prompt_from_json(obj, number)
+            problems.extend(found)
+            if item is not None:
+                items.append(item)
     if not items:
         why = f"; the first problem: {problems[0]}" if problems else ""
         raise DatasetError(f"{path}: no prompt in the file{why}")

@@ -16,6 +16,32 @@ __device__ __forceinline__ void chunk_of(const int* chunk_tensor, const i64* chu
     *end = min(*start + (i64)CHUNK, sizes[*t]);
 }
 
+// a block's float64 sums for the norms of a gradient chunk: of g^2, of clamp(g, -gclip, gclip)^2 and the
+// count of |g| > gclip (both only when clip_on); write() adds them over the block and stores the
+// block's 3 partials
+struct NormSums {
+    double all = 0.0, clip = 0.0, out = 0.0;
+    __device__ __forceinline__ void add(float x, float gclip_f, double gclip_d, int clip_on) {
+        const double xd = (double)x;
+        all += xd * xd;
+        if (clip_on) {
+            const double c = (double)fminf(fmaxf(x, -gclip_f), gclip_f);
+            clip += c * c;
+            out += (xd > gclip_d || xd < -gclip_d) ? 1.0 : 0.0;
+        }
+    }
+    __device__ __forceinline__ void write(double* scratch, double* __restrict__ partials) {
+        all = block_sum_d(all, scratch);
+        clip = block_sum_d(clip, scratch);
+        out = block_sum_d(out, scratch);
+        if (threadIdx.x == 0) {
+            partials[3 * (i64)blockIdx.x + 0] = all;
+            partials[3 * (i64)blockIdx.x + 1] = clip;
+            partials[3 * (i64)blockIdx.x + 2] = out;
+        }
+    }
+};
+
 extern "C" __global__ void __launch_bounds__(256)
 adamw_norms(const u64* __restrict__ ptrs, const i64* __restrict__ sizes, const int* __restrict__ chunk_tensor,
             const i64* __restrict__ chunk_start, float gclip_f, double gclip_d, int clip_on,
@@ -25,25 +51,9 @@ adamw_norms(const u64* __restrict__ ptrs, const i64* __restrict__ sizes, const i
     i64 start, end;
     chunk_of(chunk_tensor, chunk_start, sizes, &t, &start, &end);
     const float* g = (const float*)ptrs[4 * t + 1];
-    double s_all = 0.0, s_clip = 0.0, n_out = 0.0;
-    for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
-        const float x = g[i];
-        const double xd = (double)x;
-        s_all += xd * xd;
-        if (clip_on) {
-            const double c = (double)fminf(fmaxf(x, -gclip_f), gclip_f);
-            s_clip += c * c;
-            n_out += (xd > gclip_d || xd < -gclip_d) ? 1.0 : 0.0;
-        }
-    }
-    s_all = block_sum_d(s_all, scratch);
-    s_clip = block_sum_d(s_clip, scratch);
-    n_out = block_sum_d(n_out, scratch);
-    if (threadIdx.x == 0) {
-        partials[3 * (i64)blockIdx.x + 0] = s_all;
-        partials[3 * (i64)blockIdx.x + 1] = s_clip;
-        partials[3 * (i64)blockIdx.x + 2] = n_out;
-    }
+    NormSums sums;
+    for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) sums.add(g[i], gclip_f, gclip_d, clip_on);
+    sums.write(scratch, partials);
 }
 
 // out[c] = sum over rows r of partials[r * k + c], c < k; one block
@@ -138,25 +148,9 @@ adamw_norms_dev(const u64* __restrict__ ptrs, const i64* __restrict__ dims, cons
     const i64 start = chunk_start[blockIdx.x], end = min(start + (i64)CHUNK, dims[4 * t]);
     const i64 cols = dims[4 * t + 1], ld = dims[4 * t + 2];
     const float* g = (const float*)ptrs[5 * t + 1];
-    double s_all = 0.0, s_clip = 0.0, n_out = 0.0;
-    for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) {
-        const float x = g[at(i, cols, ld)];
-        const double xd = (double)x;
-        s_all += xd * xd;
-        if (clip_on) {
-            const double c = (double)fminf(fmaxf(x, -gclip_f), gclip_f);
-            s_clip += c * c;
-            n_out += (xd > gclip_d || xd < -gclip_d) ? 1.0 : 0.0;
-        }
-    }
-    s_all = block_sum_d(s_all, scratch);
-    s_clip = block_sum_d(s_clip, scratch);
-    n_out = block_sum_d(n_out, scratch);
-    if (threadIdx.x == 0) {
-        partials[3 * (i64)blockIdx.x + 0] = s_all;
-        partials[3 * (i64)blockIdx.x + 1] = s_clip;
-        partials[3 * (i64)blockIdx.x + 2] = n_out;
-    }
+    NormSums sums;
+    for (i64 i = start + threadIdx.x; i < end; i += blockDim.x) sums.add(g[at(i, cols, ld)], gclip_f, gclip_d, clip_on);
+    sums.write(scratch, partials);
 }
 
 // one block: the norms (as adamw_reduce adds them), the global-norm clip's scale, whether the step

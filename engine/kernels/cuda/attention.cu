@@ -88,6 +88,31 @@ __device__ __forceinline__ void load_tile(float4 (*dst)[Cfg<D>::D4], const float
     }
 }
 
+// the query row of this thread in the forward and dq kernels: block (query tile qt, head h, batch b),
+// LANES threads per row; hk: the key/value head of h; t: the row (valid: t < T); nQt, nKt: tile counts
+struct QueryRow {
+    int qt, h, b, hk, lane, t;
+    bool valid;
+    int nQt, nKt;
+};
+__device__ __forceinline__ QueryRow query_row(int T, int S, int NH, int NKV) {
+    const int qt = blockIdx.x, row = threadIdx.x / LANES, t = qt * TILE + row;
+    return {qt, (int)blockIdx.y, (int)blockIdx.z, (int)blockIdx.y / (NH / NKV), (int)threadIdx.x % LANES, t,
+            t < T, (T + TILE - 1) / TILE, (S + TILE - 1) / TILE};
+}
+
+// key rows [s0, s0 + n_valid) of key/value head hk of batch b into Ks, Vs, between barriers (the
+// previous rows may still be read before, every row is there after)
+template <int D>
+__device__ __forceinline__ void load_kv(float4 (*Ks)[Cfg<D>::D4], float4 (*Vs)[Cfg<D>::D4], const float* __restrict__ k,
+                                       const float* __restrict__ v, int b, i64 kbs, i64 vbs, int s0, int n_valid,
+                                       int NKV, int hk, int HS, int HSV) {
+    __syncthreads();
+    load_tile<D>(Ks, k + b * kbs + ((i64)s0 * NKV + hk) * HS, (i64)NKV * HS, n_valid, HS);
+    load_tile<D>(Vs, v + b * vbs + ((i64)s0 * NKV + hk) * HSV, (i64)NKV * HSV, n_valid, HSV);
+    __syncthreads();
+}
+
 extern "C" __global__ void __launch_bounds__(256)
 attn_tile_class(const unsigned char* __restrict__ mask, int T, int S, int nQt, int nKt,
                 unsigned char* __restrict__ tiles) {
@@ -116,12 +141,7 @@ __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, const floa
     constexpr int NC = Cfg<D>::NC, D4 = Cfg<D>::D4, SUB = Cfg<D>::SUB;
     __shared__ float4 Ks[SUB][D4];
     __shared__ float4 Vs[SUB][D4];
-    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int hk = h / (NH / NKV);
-    const int row = threadIdx.x / LANES, lane = threadIdx.x % LANES;
-    const int t = qt * TILE + row;
-    const bool valid = t < T;
-    const int nQt = (T + TILE - 1) / TILE, nKt = (S + TILE - 1) / TILE;
+    const auto [qt, h, b, hk, lane, t, valid, nQt, nKt] = query_row(T, S, NH, NKV);
     float4 qr[NC], acc[NC];
     load_row<NC>(q + b * qbs + ((i64)(valid ? t : 0) * NH + h) * HS, HS, lane, valid, qr);
 #pragma unroll
@@ -134,10 +154,7 @@ __device__ __forceinline__ void attn_fwd(const float* __restrict__ q, const floa
         const int s_end = min(kt * TILE + TILE, S);
         for (int s0 = kt * TILE; s0 < s_end; s0 += SUB) {
             const int n_valid = min(SUB, s_end - s0);
-            __syncthreads();
-            load_tile<D>(Ks, k + b * kbs + ((i64)s0 * NKV + hk) * HS, (i64)NKV * HS, n_valid, HS);
-            load_tile<D>(Vs, v + b * vbs + ((i64)s0 * NKV + hk) * HSV, (i64)NKV * HSV, n_valid, HSV);
-            __syncthreads();
+            load_kv<D>(Ks, Vs, k, v, b, kbs, vbs, s0, n_valid, NKV, hk, HS, HSV);
             for (int j0 = 0; j0 < n_valid; j0 += 16) {
                 float sc[16];
                 float mx = NEG_INF;
@@ -193,13 +210,8 @@ __device__ __forceinline__ void attn_bwd_dq(const float* __restrict__ q, const f
     constexpr int NC = Cfg<D>::NC, D4 = Cfg<D>::D4, SUB = Cfg<D>::SUB;
     __shared__ float4 Ks[SUB][D4];
     __shared__ float4 Vs[SUB][D4];
-    const int qt = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int hk = h / (NH / NKV);
-    const int row = threadIdx.x / LANES, lane = threadIdx.x % LANES;
-    const int t = qt * TILE + row;
-    const bool valid = t < T;
+    const auto [qt, h, b, hk, lane, t, valid, nQt, nKt] = query_row(T, S, NH, NKV);
     const int tt = valid ? t : 0;
-    const int nQt = (T + TILE - 1) / TILE, nKt = (S + TILE - 1) / TILE;
     const i64 row_v = (((i64)b * T + tt) * NH + h) * HSV;  // o, dout: contiguous (B, T, NH, HSV)
     const i64 row_q = (((i64)b * T + tt) * NH + h) * HS;  // dq: contiguous (B, T, NH, HS)
     float4 qr[NC], dor[NC], acc[NC];
@@ -218,10 +230,7 @@ __device__ __forceinline__ void attn_bwd_dq(const float* __restrict__ q, const f
         const int s_end = min(kt * TILE + TILE, S);
         for (int s0 = kt * TILE; s0 < s_end; s0 += SUB) {
             const int n_valid = min(SUB, s_end - s0);
-            __syncthreads();
-            load_tile<D>(Ks, k + b * kbs + ((i64)s0 * NKV + hk) * HS, (i64)NKV * HS, n_valid, HS);
-            load_tile<D>(Vs, v + b * vbs + ((i64)s0 * NKV + hk) * HSV, (i64)NKV * HSV, n_valid, HSV);
-            __syncthreads();
+            load_kv<D>(Ks, Vs, k, v, b, kbs, vbs, s0, n_valid, NKV, hk, HS, HSV);
             for (int j = 0; j < n_valid; ++j) {
                 const float sv = dot8<NC>(qr, Ks[j], lane) * scale;
                 const float dp = dot8<NC>(dor, Vs[j], lane);

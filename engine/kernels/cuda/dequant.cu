@@ -62,31 +62,25 @@ __device__ __forceinline__ void words8(const u8* p, u32 (&w)[4]) {  // 16 bytes 
     }
 }
 
-struct TF16 {
-    static constexpr int QK = 1, TS = 2;
-    static __device__ __forceinline__ void decode8(const u8* p, int, float (&v)[8]) {
-        u32 w[4];
-        words8(p, w);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            v[2 * k] = __half2float(__ushort_as_half((unsigned short)(w[k] & 0xffffu)));
-            v[2 * k + 1] = __half2float(__ushort_as_half((unsigned short)(w[k] >> 16)));
-        }
-    }
-};
+__device__ __forceinline__ float f16_bits(u32 h) { return __half2float(__ushort_as_half((unsigned short)h)); }
+// bf16 reference: (int16 -> int32) << 16, viewed as float32
+__device__ __forceinline__ float bf16_bits(u32 h) { return __uint_as_float(h << 16); }
 
-struct TBF16 {  // reference: (int16 -> int32) << 16, viewed as float32
+template <float (*WIDEN)(u32)>  // one 16-bit value (the low half of its argument) to float32
+struct T16 {
     static constexpr int QK = 1, TS = 2;
     static __device__ __forceinline__ void decode8(const u8* p, int, float (&v)[8]) {
         u32 w[4];
         words8(p, w);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            v[2 * k] = __uint_as_float(w[k] << 16);
-            v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+            v[2 * k] = WIDEN(w[k] & 0xffffu);
+            v[2 * k + 1] = WIDEN(w[k] >> 16);
         }
     }
 };
+typedef T16<f16_bits> TF16;
+typedef T16<bf16_bits> TBF16;
 
 struct TQ8_0 {  // d: f16, qs: 32 x int8; x * d
     static constexpr int QK = 32, TS = 34;
@@ -213,35 +207,37 @@ __device__ __forceinline__ void scale_min_k4(const u8* s, int sub, int& sc, int&
     }
 }
 
-struct TQ4_K {  // d, dmin, scales[12], qs[128]; (d * sc) * q - (dmin * m)
+// Q4_K, and Q5_K (QH: 32 bytes of fifth bits before the nibbles): d, dmin, scales[12], [qh[32]], qs[128];
+// (d * sc) * q - (dmin * m)
+template <bool QH>
+__device__ __forceinline__ void decode8_k45(const u8* p, int j, float (&v)[8]) {
+    const float d = f16_at(p), dmin = f16_at(p + 2);
+    const int sub = j >> 5;
+    int sc, m;
+    scale_min_k4(p + 4, sub, sc, m);
+    const float ds = mul(d, (float)sc), dm = mul(dmin, (float)m);
+    const u8* q = p + (QH ? 48 : 16) + (sub >> 1) * 32 + (j & 31);
+    const u8* qh = p + 16 + (j & 31);
+    const int sh = (sub & 1) * 4;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        int x = (q[i] >> sh) & 15;
+        if (QH) x |= ((qh[i] >> sub) & 1) << 4;
+        v[i] = mul_sub(ds, (float)x, dm);
+    }
+}
+
+struct TQ4_K {
     static constexpr int QK = 256, TS = 144;
     static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
-        const float d = f16_at(p), dmin = f16_at(p + 2);
-        const int sub = j >> 5;
-        int sc, m;
-        scale_min_k4(p + 4, sub, sc, m);
-        const float ds = mul(d, (float)sc), dm = mul(dmin, (float)m);
-        const u8* q = p + 16 + (sub >> 1) * 32 + (j & 31);
-        const int sh = (sub & 1) * 4;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = mul_sub(ds, (float)((q[i] >> sh) & 15), dm);
+        decode8_k45<false>(p, j, v);
     }
 };
 
-struct TQ5_K {  // d, dmin, scales[12], qh[32], qs[128]; (d * sc) * q - (dmin * m)
+struct TQ5_K {
     static constexpr int QK = 256, TS = 176;
     static __device__ __forceinline__ void decode8(const u8* p, int j, float (&v)[8]) {
-        const float d = f16_at(p), dmin = f16_at(p + 2);
-        const int sub = j >> 5;
-        int sc, m;
-        scale_min_k4(p + 4, sub, sc, m);
-        const float ds = mul(d, (float)sc), dm = mul(dmin, (float)m);
-        const u8* q = p + 48 + (sub >> 1) * 32 + (j & 31);
-        const u8* qh = p + 16 + (j & 31);
-        const int sh = (sub & 1) * 4;
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-            v[i] = mul_sub(ds, (float)(((q[i] >> sh) & 15) | (((qh[i] >> sub) & 1) << 4)), dm);
+        decode8_k45<true>(p, j, v);
     }
 };
 

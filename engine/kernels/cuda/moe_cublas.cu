@@ -28,6 +28,18 @@ mc_plan(const int* __restrict__ offsets, int E, int* __restrict__ tile_e, int* _
     }
 }
 
+// the sorted row of the padded layout's row blockIdx.x (tile t = blockIdx.x / MC_TILE, row i of it):
+// p0(t) + i, or -1 for a padding row, whose n values at pad_row this block zeroes
+__device__ __forceinline__ i64 mc_sorted_row(const int* __restrict__ tile_p0, const int* __restrict__ tile_rows,
+                                             u16* __restrict__ pad_row, int n) {
+    const int t = blockIdx.x / MC_TILE, i = blockIdx.x % MC_TILE;
+    if (i >= tile_rows[t]) {
+        for (int c = threadIdx.x; c < n; c += MC_THREADS) pad_row[c] = 0;
+        return -1;
+    }
+    return tile_p0[t] + i;
+}
+
 // mc_gather: dst[t * MC_TILE + i, :D] = bf16(src row of sorted pair p0(t) + i) (zeros past the tile's
 // rows): the row src[p] (mode 0) or src[order[p] / K] (mode 1), float32 (src_f32) or bf16, row stride ld.
 // Launch: grid (T * MC_TILE), MC_THREADS. Floor: T MC_TILE D 2 written + the rows read.
@@ -35,13 +47,9 @@ extern "C" __global__ void __launch_bounds__(MC_THREADS)
 mc_gather(const void* __restrict__ src, long long ld, int mode, int src_f32, const int* __restrict__ order,
           int K, const int* __restrict__ tile_p0, const int* __restrict__ tile_rows, int D,
           u16* __restrict__ dst) {
-    const int q = blockIdx.x, t = q / MC_TILE, i = q % MC_TILE;
-    u16* out = dst + (i64)q * D;
-    if (i >= tile_rows[t]) {
-        for (int c = threadIdx.x; c < D; c += MC_THREADS) out[c] = 0;
-        return;
-    }
-    const int p = tile_p0[t] + i;
+    u16* out = dst + (i64)blockIdx.x * D;
+    const i64 p = mc_sorted_row(tile_p0, tile_rows, out, D);
+    if (p < 0) return;
     const i64 row = mode ? (i64)(order[p] / K) : (i64)p;
     if (src_f32) {
         const float* s = (const float*)src + row * ld;
@@ -60,13 +68,10 @@ mc_glu(const float* __restrict__ cg, const float* __restrict__ cu, const int* __
        const int* __restrict__ tile_p0, const int* __restrict__ tile_rows, int F, const float* __restrict__ b_gate,
        const float* __restrict__ b_up, int act, float* __restrict__ g, float* __restrict__ u, float* __restrict__ h,
        u16* __restrict__ hb_pad) {
-    const int q = blockIdx.x, t = q / MC_TILE, i = q % MC_TILE;
+    const int q = blockIdx.x, t = q / MC_TILE;
     u16* hq = hb_pad + (i64)q * F;
-    if (i >= tile_rows[t]) {
-        for (int f = threadIdx.x; f < F; f += MC_THREADS) hq[f] = 0;
-        return;
-    }
-    const i64 p = tile_p0[t] + i;
+    const i64 p = mc_sorted_row(tile_p0, tile_rows, hq, F);
+    if (p < 0) return;
     const float* gq = cg + (i64)q * F;
     const float* uq = cu + (i64)q * F;
     float* gp = g + p * F;

@@ -40,25 +40,21 @@ __device__ __forceinline__ void cp_async_wait() {  // all but the N most recent 
     emu_cp_async_wait(N);
 #endif
 }
-// four 8 x 8 bf16 matrices; lane l gives the address of row l % 8 of matrix l / 8
+// four 8 x 8 bf16 matrices (TRANS: each transposed); lane l gives the address of row l % 8 of matrix l / 8
+template <bool TRANS>
 __device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const void* p) {
 #ifdef __CUDA_ARCH__
     const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
+    if (TRANS)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(s));
 #else
-    emu_ldmatrix_x4(r, p, false);
-#endif
-}
-__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], const void* p) {  // transposed
-#ifdef __CUDA_ARCH__
-    const unsigned s = (unsigned)__cvta_generic_to_shared(p);
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(s));
-#else
-    emu_ldmatrix_x4(r, p, true);
+    emu_ldmatrix_x4(r, p, TRANS);
 #endif
 }
 
@@ -207,14 +203,14 @@ __device__ __forceinline__ void gemm_tile(const GemmArgs& g, const TileRows& tr,
             u32 af[S::MF][4];
 #pragma unroll
             for (int i = 0; i < S::MF; ++i)
-                ldsm_x4(af[i], As + (wm + i * 16 + (lj & 1) * 8 + lr) * MG_LDA + kk + (lj >> 1) * 8);
+                ldsm_x4<false>(af[i], As + (wm + i * 16 + (lj & 1) * 8 + lr) * MG_LDA + kk + (lj >> 1) * 8);
 #pragma unroll
             for (int j = 0; j < S::NF; j += 2) {
                 u32 b[4];  // b[0], b[1]: n-fragment j; b[2], b[3]: j + 1
                 if (NT)
-                    ldsm_x4(b, Bs + (wn + j * 8 + (lj >> 1) * 8 + lr) * MG_LDA + kk + (lj & 1) * 8);
+                    ldsm_x4<false>(b, Bs + (wn + j * 8 + (lj >> 1) * 8 + lr) * MG_LDA + kk + (lj & 1) * 8);
                 else
-                    ldsm_x4_t(b, Bs + (kk + (lj & 1) * 8 + lr) * S::LDB + wn + j * 8 + (lj >> 1) * 8);
+                    ldsm_x4<true>(b, Bs + (kk + (lj & 1) * 8 + lr) * S::LDB + wn + j * 8 + (lj >> 1) * 8);
                 const u32 b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
 #pragma unroll
                 for (int i = 0; i < S::MF; ++i) {
@@ -413,6 +409,34 @@ __device__ __forceinline__ uint4 outer_chunk(const OuterSrc& s, i64 row, int c, 
     return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
+// one side's (L or R) share of the MG_OBK rows from p0 on, W columns from x0 (of n), as chunks of 8 bf16
+// in registers, PT per thread; zeros past the expert's rows (hi) or past n
+template <int W, int PT>
+__device__ __forceinline__ void outer_fetch(uint4 (&regs)[PT], const OuterSrc& s, int x0, int n, int p0, int hi,
+                                            const int* __restrict__ order, int K, const float* __restrict__ rw) {
+    constexpr int CH = MG_OBK * W / 8;  // chunks of the side's tile
+#pragma unroll
+    for (int q = 0; q < PT; ++q) {
+        const int c = threadIdx.x + q * MG_THREADS, pr = c / (W / 8), col = (c % (W / 8)) * 8, p = p0 + pr;
+        regs[q] = make_uint4(0u, 0u, 0u, 0u);
+        if (c < CH && p < hi) {
+            const int pair = order[p];
+            regs[q] = outer_chunk(s, s.mode ? (i64)(pair / K) : (i64)p, x0 + col, n, s.scaled ? rw[pair] : 1.0f);
+        }
+    }
+}
+
+// those registers into the side's shared tile (MG_OBK rows of W, row stride LD)
+template <int W, int LD, int PT>
+__device__ __forceinline__ void outer_stage(u16* tile, const uint4 (&regs)[PT]) {
+    constexpr int CH = MG_OBK * W / 8;
+#pragma unroll
+    for (int q = 0; q < PT; ++q) {
+        const int c = threadIdx.x + q * MG_THREADS;
+        if (c < CH) *(uint4*)(tile + (c / (W / 8)) * LD + (c % (W / 8)) * 8) = regs[q];
+    }
+}
+
 template <int BI>
 __device__ __forceinline__ void outer_body(OuterSrc L, OuterSrc R, const float* __restrict__ rw,
                                            const int* __restrict__ order, const int* __restrict__ offsets,
@@ -438,38 +462,14 @@ __device__ __forceinline__ void outer_body(OuterSrc L, OuterSrc R, const float* 
             for (int q = 0; q < 4; ++q) acc[a][b][q] = 0.0f;
     uint4 rl[LPT], rr[RPT];
     auto fetch = [&](int p0) {
-#pragma unroll
-        for (int q = 0; q < LPT; ++q) {
-            const int c = tid + q * MG_THREADS, pr = c / (BI / 8), col = (c % (BI / 8)) * 8, p = p0 + pr;
-            rl[q] = make_uint4(0u, 0u, 0u, 0u);
-            if (c < LCH && p < hi) {
-                const int pair = order[p];
-                rl[q] = outer_chunk(L, L.mode ? (i64)(pair / K) : (i64)p, i0 + col, I, L.scaled ? rw[pair] : 1.0f);
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < RPT; ++q) {
-            const int c = tid + q * MG_THREADS, pr = c / (BJ / 8), col = (c % (BJ / 8)) * 8, p = p0 + pr;
-            rr[q] = make_uint4(0u, 0u, 0u, 0u);
-            if (c < RCH && p < hi) {
-                const int pair = order[p];
-                rr[q] = outer_chunk(R, R.mode ? (i64)(pair / K) : (i64)p, j0 + col, J, R.scaled ? rw[pair] : 1.0f);
-            }
-        }
+        outer_fetch<BI>(rl, L, i0, I, p0, hi, order, K, rw);
+        outer_fetch<BJ>(rr, R, j0, J, p0, hi, order, K, rw);
     };
     const int lj = lane >> 3, lr = lane & 7;
     if (lo < hi) fetch(lo);
     for (int p0 = lo; p0 < hi; p0 += MG_OBK) {
-#pragma unroll
-        for (int q = 0; q < LPT; ++q) {
-            const int c = tid + q * MG_THREADS;
-            if (c < LCH) *(uint4*)(Ls + (c / (BI / 8)) * LDL + (c % (BI / 8)) * 8) = rl[q];
-        }
-#pragma unroll
-        for (int q = 0; q < RPT; ++q) {
-            const int c = tid + q * MG_THREADS;
-            if (c < RCH) *(uint4*)(Rs + (c / (BJ / 8)) * LDR + (c % (BJ / 8)) * 8) = rr[q];
-        }
+        outer_stage<BI, LDL>(Ls, rl);
+        outer_stage<BJ, LDR>(Rs, rr);
         __syncthreads();
         if (p0 + MG_OBK < hi) fetch(p0 + MG_OBK);  // the next rows' loads fly while this step computes
 #pragma unroll
@@ -477,11 +477,11 @@ __device__ __forceinline__ void outer_body(OuterSrc L, OuterSrc R, const float* 
             u32 af[MF][4];
 #pragma unroll
             for (int a = 0; a < MF; ++a)  // A = L^T: (i, p) from Ls[p][i], transposed
-                ldsm_x4_t(af[a], Ls + (kk + (lj >> 1) * 8 + lr) * LDL + wi + a * 16 + (lj & 1) * 8);
+                ldsm_x4<true>(af[a], Ls + (kk + (lj >> 1) * 8 + lr) * LDL + wi + a * 16 + (lj & 1) * 8);
 #pragma unroll
             for (int b = 0; b < NF; b += 2) {
                 u32 bb[4];  // B = R: (p, j) from Rs[p][j], transposed fragments
-                ldsm_x4_t(bb, Rs + (kk + (lj & 1) * 8 + lr) * LDR + wj + b * 8 + (lj >> 1) * 8);
+                ldsm_x4<true>(bb, Rs + (kk + (lj & 1) * 8 + lr) * LDR + wj + b * 8 + (lj >> 1) * 8);
                 const u32 b0[2] = {bb[0], bb[1]}, b1[2] = {bb[2], bb[3]};
 #pragma unroll
                 for (int a = 0; a < MF; ++a) {
