@@ -1,15 +1,18 @@
-"""Python's cyclic garbage collector, run on the UI thread from a timer, with full collections held off
-while a large dataset is read.
+"""Python's cyclic garbage collector, run on the UI thread from a timer, and held off while a large
+dataset is read.
 
 Automatic collections run in whatever thread allocates. In a worker thread they may destroy Qt
-objects there, which crashes Qt; and a full collection walks every object alive: with 100,000
-samples being read (about five tracked objects each) one took 100-240 ms holding the interpreter, so
-the window froze that long. `UiCollector` turns automatic collection off and collects from a timer
-on the UI thread (pyqtgraph's recipe: the young generations when enough was allocated, the old one
-when they were collected often enough), and skips the full collection while some thread holds
-`young_only()`: the dataset reader holds it from the first line to the last, and the page moves the
-samples out of the collector's reach when they arrive (`gc.freeze`), so the next full collection no
-longer walks them.
+objects there, which crashes Qt; and a collection walks every object of its generations: with
+100,000 samples being read (about five tracked objects each) a full one took 100-240 ms holding the
+interpreter, so the window froze that long. `UiCollector` turns automatic collection off and
+collects from a timer on the UI thread (pyqtgraph's recipe: the young generations when enough was
+allocated, the old one when they were collected often enough), and collects nothing while some
+thread holds `held()`. The dataset reader holds it from the first line until it has moved the
+samples out of the collector's reach (`gc.freeze`: they hold no cycles, refcounting frees them):
+collecting only the young generations was not enough, since everything allocated between two
+looks of the timer is young, and a young collection in the middle of a read walked 40 ms of it.
+The price: a reference cycle that became garbage during the read is frozen with the samples and
+stays until the process ends (the UI makes few; the reader none).
 
 One collector per application (`collect_on_ui_thread(app)` in `studio.app`); `UiCollector.for_app()`
 finds it from any thread, or None (the tests collect after each test instead).
@@ -36,7 +39,7 @@ class UiCollector(QObject):
         self.threshold = gc.get_threshold()
         self._holds = 0
         self._lock = threading.Lock()
-        self.full_held = 0  # full collections skipped because someone held young_only()
+        self.skipped = 0  # looks at the counts that collected nothing because someone held held()
         self._was_enabled = gc.isenabled()
         gc.disable()
         self.timer = QTimer(self)
@@ -58,8 +61,8 @@ class UiCollector(QObject):
         return getattr(app, _ATTRIBUTE, None) if app is not None else None
 
     @contextmanager
-    def young_only(self) -> Iterator[None]:
-        """While held (from any thread, nested), only the young generations are collected."""
+    def held(self) -> Iterator[None]:
+        """While held (from any thread, nested), nothing is collected."""
         with self._lock:
             self._holds += 1
         try:
@@ -73,14 +76,13 @@ class UiCollector(QObject):
         t0, t1, t2 = self.threshold
         if l0 <= t0:
             return
-        gc.collect(0)
-        if l1 <= t1:
+        if self._holds:
+            self.skipped += 1
             return
-        gc.collect(1)
-        if l2 > t2:
-            if self._holds:
-                self.full_held += 1
-            else:
+        gc.collect(0)
+        if l1 > t1:
+            gc.collect(1)
+            if l2 > t2:
                 gc.collect(2)
 
     def stop(self) -> None:
@@ -95,14 +97,14 @@ class UiCollector(QObject):
 
 
 @contextmanager
-def young_only() -> Iterator[None]:
-    """The application collector's `young_only()`; nothing where the app has none."""
+def collections_held() -> Iterator[None]:
+    """The application collector's `held()`; nothing where the app has none."""
     collector = UiCollector.for_app()
     if collector is None:
         yield
         return
-    with collector.young_only():
+    with collector.held():
         yield
 
 
-__all__ = ["INTERVAL_S", "UiCollector", "young_only"]
+__all__ = ["INTERVAL_S", "UiCollector", "collections_held"]
