@@ -8,9 +8,9 @@ interpreter, so the window froze that long. `UiCollector` turns automatic collec
 collects from a timer on the UI thread (pyqtgraph's recipe: the young generations when enough was
 allocated, the old one when they were collected often enough), and collects nothing while some
 thread holds `held()`. The dataset reader holds it from the first line until it has moved the
-samples out of the collector's reach (`gc.freeze`: they hold no cycles, refcounting frees them):
-collecting only the young generations was not enough, since everything allocated between two
-looks of the timer is young, and a young collection in the middle of a read walked 40 ms of it.
+samples out of the collector's reach (`gc.freeze`: they hold no cycles, refcounting frees them).
+Holding off only the full collection would not do: everything allocated between two looks of the
+timer is young, so a young collection in the middle of a read walks what was read since (40 ms).
 The price: a reference cycle that became garbage during the read is frozen with the samples and
 stays until the process ends (the UI makes few; the reader none).
 
