@@ -52,7 +52,6 @@ from PySide6.QtWidgets import (
     QPushButton,
     QScrollArea,
     QSizePolicy,
-    QSplitter,
     QTabWidget,
     QVBoxLayout,
     QWidget,
@@ -74,7 +73,7 @@ from ...project import ModelInfo
 from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.faint_label import FaintLabel
-from ...widgets.page_layout import PageLayout
+from ...widgets.page_layout import PageLayout, splitter
 from ...widgets.runs import (
     RunChoiceWidget,
     load_runs,
@@ -176,15 +175,9 @@ class RewardsPage(JobPage):
         self.tabs.currentChanged.connect(self._tab_changed)
         right = self._build_right()
 
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(settings)
-        split.addWidget(self.tabs)
-        split.addWidget(right)
-        split.setStretchFactor(0, 0)
-        split.setStretchFactor(1, 1)
-        split.setStretchFactor(2, 0)
-        split.setSizes([215, 700, 290])
-        split.setChildrenCollapsible(False)
+        split = splitter(
+            Qt.Horizontal, (settings, self.tabs, right), stretch=(0, 1, 0), sizes=(215, 700, 290)
+        )
         self.splitter = split
         layout = PageLayout(self)  # fills the height it is given: the buttons stay in view
         layout.setContentsMargins(6, 6, 6, 6)
@@ -351,13 +344,7 @@ class RewardsPage(JobPage):
         tl.setSpacing(4)
         tl.addWidget(scroll, 1)
         tl.addWidget(self.apply_button)
-        right = QSplitter(Qt.Vertical)
-        right.addWidget(top)
-        right.addWidget(self.history)
-        right.setStretchFactor(0, 0)
-        right.setStretchFactor(1, 1)
-        right.setSizes([340, 440])
-        right.setChildrenCollapsible(False)
+        right = splitter(Qt.Vertical, (top, self.history), stretch=(0, 1), sizes=(340, 440))
         right.setMinimumWidth(260)
         return right
 

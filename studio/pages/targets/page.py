@@ -36,7 +36,6 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QPushButton,
     QSpinBox,
-    QSplitter,
     QStackedWidget,
     QTreeView,
     QVBoxLayout,
@@ -57,6 +56,7 @@ from engine import (
 
 from ...project import ModelInfo, Project
 from ...widgets.banner import MessageBar
+from ...widgets.page_layout import splitter
 from ...widgets.spinbox import spin_box
 from ...widgets.theme import is_dark
 from .census import CensusPanel
@@ -339,22 +339,10 @@ class TargetsPage(QWidget):
         self.census_panel = CensusPanel(self.project, self.engine)  # MoE models only
         self.census_panel.hide()
         self.census_panel.sig_census.connect(lambda _c: self._update_summary())
-        right = QSplitter(Qt.Vertical)
-        right.addWidget(self.tree_view)
-        right.addWidget(full_box)
-        right.addWidget(self.census_panel)
-        right.setStretchFactor(0, 4)
-        right.setStretchFactor(1, 1)
-        right.setStretchFactor(2, 4)
+        right = splitter(Qt.Vertical, (self.tree_view, full_box, self.census_panel), stretch=(4, 1, 4))
         self.right_splitter = right
-        right.setChildrenCollapsible(False)
 
-        self.splitter = QSplitter(Qt.Horizontal)
-        self.splitter.addWidget(grid_panel)
-        self.splitter.addWidget(right)
-        self.splitter.setStretchFactor(0, 0)
-        self.splitter.setStretchFactor(1, 1)
-        self.splitter.setChildrenCollapsible(False)
+        self.splitter = splitter(Qt.Horizontal, (grid_panel, right), stretch=(0, 1))
         outer.addWidget(self.splitter, 1)
         return content
 

@@ -64,7 +64,6 @@ from PySide6.QtWidgets import (
     QScrollArea,
     QSizePolicy,
     QSpinBox,
-    QSplitter,
     QStyle,
     QSystemTrayIcon,
     QVBoxLayout,
@@ -103,6 +102,7 @@ from ...ui_gate import UiGate
 from ...widgets.banner import MessageBar
 from ...widgets.buttons import PrimaryButton, action_button
 from ...widgets.elided_label import ElidedLabel
+from ...widgets.page_layout import splitter
 from ...widgets.plots import TrainPlotsWidget
 from ...widgets.preference_plots import PreferencePlotsWidget
 from ...widgets.runs import load_runs, resume_checkpoint, same_model
@@ -369,13 +369,7 @@ class TrainPage(QWidget):
         font.setStyleHint(font.StyleHint.Monospace)
         font.setFamily("monospace")
         self.log.setFont(font)
-        vsplit = QSplitter(Qt.Vertical)
-        vsplit.addWidget(self.plots)
-        vsplit.addWidget(self.log)
-        vsplit.setStretchFactor(0, 4)
-        vsplit.setStretchFactor(1, 1)
-        vsplit.setSizes([480, 120])
-        vsplit.setChildrenCollapsible(False)
+        vsplit = splitter(Qt.Vertical, (self.plots, self.log), stretch=(4, 1), sizes=(480, 120))
 
         right = QWidget()
         rl = QVBoxLayout(right)
@@ -389,11 +383,7 @@ class TrainPage(QWidget):
         rl.addLayout(paths_row)
         rl.addWidget(vsplit, 1)
 
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(scroll)
-        split.addWidget(right)
-        split.setStretchFactor(1, 1)
-        split.setChildrenCollapsible(False)
+        split = splitter(Qt.Horizontal, (scroll, right), stretch=(0, 1))
         self.splitter = split
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
