@@ -8,7 +8,8 @@ QVBoxLayout that says it has no height-for-width, so the scroll area gives the p
 height (never less than the page's minimum size: then it scrolls). The page's own parts still
 wrap their labels; lists and text areas inside it scroll.
 
-`splitter` builds the splitters the pages divide themselves with.
+`banner_over` lays out a page that is a message banner over one body; `scroll_area` and `splitter`
+build the scroll areas and splitters the pages divide themselves with.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QScrollArea, QSplitter, QVBoxLayout, QWidget
 
 
 class PageLayout(QVBoxLayout):
@@ -24,6 +25,28 @@ class PageLayout(QVBoxLayout):
 
     def hasHeightForWidth(self) -> bool:  # noqa: N802 - Qt override
         return False
+
+
+def banner_over(page: QWidget, banner: QWidget, body: QWidget) -> PageLayout:
+    """Lay `page` out as its message banner over `body`, which takes the rest of the height."""
+    layout = PageLayout(page)  # fills the height it is given: the buttons stay in view
+    layout.setContentsMargins(6, 6, 6, 6)
+    layout.setSpacing(4)
+    layout.addWidget(banner)
+    layout.addWidget(body, 1)
+    return layout
+
+
+def scroll_area(widget: QWidget, sideways: bool = False) -> QScrollArea:
+    """A frameless scroll area that fits `widget` to its width and scrolls it up and down (sideways
+    too when `sideways` and the widget is wider than the area)."""
+    scroll = QScrollArea()
+    scroll.setWidget(widget)
+    scroll.setWidgetResizable(True)
+    scroll.setFrameShape(QFrame.NoFrame)
+    if not sideways:
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+    return scroll
 
 
 def splitter(
@@ -47,4 +70,4 @@ def splitter(
     return split
 
 
-__all__ = ["PageLayout", "splitter"]
+__all__ = ["PageLayout", "banner_over", "scroll_area", "splitter"]

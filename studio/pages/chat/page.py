@@ -52,7 +52,7 @@ from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, Prefe
 from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.faint_label import FaintLabel
-from ...widgets.page_layout import PageLayout, splitter
+from ...widgets.page_layout import banner_over, splitter
 from ...widgets.runs import RunChoiceWidget, load_runs
 from ...widgets.side_panel import SidePanelWidget
 from .conversation import AnswerColumnWidget, ConversationWidget, MessageWidget
@@ -101,11 +101,7 @@ class ChatPage(JobPage):
         side = self._build_side()
         split = splitter(Qt.Horizontal, (self.tabs, side), stretch=(1, 0), sizes=(900, 320))
         self.splitter = split
-        layout = PageLayout(self)  # fills the height it is given: the buttons stay in view
-        layout.setContentsMargins(6, 6, 6, 6)
-        layout.setSpacing(4)
-        layout.addWidget(self.banner)
-        layout.addWidget(split, 1)
+        banner_over(self, self.banner, split)
 
         QShortcut(
             QKeySequence("Ctrl+Shift+C"), self, self.copy_last_answer, context=Qt.WidgetWithChildrenShortcut

@@ -29,7 +29,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QPlainTextEdit,
     QPushButton,
-    QScrollArea,
     QSizePolicy,
     QStackedWidget,
     QToolButton,
@@ -40,6 +39,7 @@ from PySide6.QtWidgets import (
 from engine import Sample, chosen_text
 
 from ...dataset_document import DatasetDocument
+from ...widgets.page_layout import scroll_area
 from .table import ROLES, rebuild_sample
 
 ROLE_TIPS = {
@@ -286,10 +286,7 @@ class SampleEditorWidget(QWidget):
         add_row.addStretch(1)
         turns_page_layout.addLayout(add_row)
         turns_page_layout.addStretch(1)
-        self.turns_scroll = QScrollArea()
-        self.turns_scroll.setWidgetResizable(True)
-        self.turns_scroll.setFrameShape(QFrame.NoFrame)
-        self.turns_scroll.setWidget(turns_page)
+        self.turns_scroll = scroll_area(turns_page, sideways=True)
 
         def field(changed, name: str, tip: str) -> FieldEdit:
             edit = FieldEdit(history, self.end_session)

@@ -42,7 +42,6 @@ from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
     QFileDialog,
-    QFrame,
     QGroupBox,
     QHBoxLayout,
     QLabel,
@@ -50,7 +49,6 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QPlainTextEdit,
     QPushButton,
-    QScrollArea,
     QSizePolicy,
     QTabWidget,
     QVBoxLayout,
@@ -73,7 +71,7 @@ from ...project import ModelInfo
 from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.faint_label import FaintLabel
-from ...widgets.page_layout import PageLayout, splitter
+from ...widgets.page_layout import banner_over, scroll_area, splitter
 from ...widgets.runs import (
     RunChoiceWidget,
     load_runs,
@@ -179,11 +177,7 @@ class RewardsPage(JobPage):
             Qt.Horizontal, (settings, self.tabs, right), stretch=(0, 1, 0), sizes=(215, 700, 290)
         )
         self.splitter = split
-        layout = PageLayout(self)  # fills the height it is given: the buttons stay in view
-        layout.setContentsMargins(6, 6, 6, 6)
-        layout.setSpacing(4)
-        layout.addWidget(self.banner)
-        layout.addWidget(split, 1)
+        banner_over(self, self.banner, split)
 
         app = QCoreApplication.instance()
         if app is not None:
@@ -333,11 +327,7 @@ class RewardsPage(JobPage):
         self.apply_button.clicked.connect(self.apply)
         self.history = RewardHistoryWidget()
         # the diagnostics scroll when a long message meets a short window; a splitter shares the height
-        scroll = QScrollArea()
-        scroll.setWidget(self.diagnostics)
-        scroll.setWidgetResizable(True)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        scroll.setFrameShape(QFrame.NoFrame)
+        scroll = scroll_area(self.diagnostics)
         top = QWidget()
         tl = QVBoxLayout(top)
         tl.setContentsMargins(0, 0, 0, 0)

@@ -53,7 +53,6 @@ from PySide6.QtCore import QEventLoop, Qt, QTimer, Signal, Slot
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
-    QFrame,
     QHBoxLayout,
     QLabel,
     QMainWindow,
@@ -61,7 +60,6 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
-    QScrollArea,
     QSizePolicy,
     QSpinBox,
     QStyle,
@@ -102,7 +100,7 @@ from ...ui_gate import UiGate
 from ...widgets.banner import MessageBar
 from ...widgets.buttons import PrimaryButton, action_button
 from ...widgets.elided_label import ElidedLabel
-from ...widgets.page_layout import splitter
+from ...widgets.page_layout import scroll_area, splitter
 from ...widgets.plots import TrainPlotsWidget
 from ...widgets.preference_plots import PreferencePlotsWidget
 from ...widgets.runs import load_runs, resume_checkpoint, same_model
@@ -241,12 +239,7 @@ class TrainPage(QWidget):
 
         # --- settings (left) ---
         self.settings = TrainSettingsWidget(project)
-        scroll = QScrollArea()
-        scroll.setWidget(self.settings)
-        scroll.setWidgetResizable(True)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        scroll.setVerticalScrollBarPolicy(Qt.ScrollBarAsNeeded)
-        scroll.setFrameShape(QFrame.NoFrame)
+        scroll = scroll_area(self.settings)
         scroll.setMinimumWidth(
             self.settings.minimumSizeHint().width() + scroll.verticalScrollBar().sizeHint().width() + 4
         )
