@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gc
 import os
-import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -69,6 +68,7 @@ from engine import (
 
 from ...dataset_document import DatasetChange, DatasetDocument
 from ...project import ModelInfo, Project
+from ...weak_listener import listen_while_alive
 from ...widgets.banner import MessageBar
 from ...widgets.page_layout import splitter
 from .editor import SampleEditorWidget
@@ -135,25 +135,8 @@ class DatasetPage(QWidget):
         self._build_actions()
         self._build_widgets()
         self.model.sig_changed.connect(self._model_changed)
-        # a listener that does not keep the page alive, and leaves with it
-        ref = weakref.ref(self)
-
-        def listener(changed: set[str]) -> None:
-            page = ref()
-            if page is not None:
-                page._project_changed(changed)
-
-        project.subscribe(listener)
-        self.destroyed.connect(lambda *_: project.unsubscribe(listener))
-
-        def document_listener(change: DatasetChange) -> None:
-            page = ref()
-            if page is not None:
-                page._document_changed(change)
-
-        document = self.document
-        document.subscribe(document_listener)
-        self.destroyed.connect(lambda *_: document.unsubscribe(document_listener))
+        listen_while_alive(self, project, DatasetPage._project_changed)
+        listen_while_alive(self, self.document, DatasetPage._document_changed)
         self._update_history_actions()
         self._update_encoder()
         self.refresh()
