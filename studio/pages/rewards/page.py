@@ -45,9 +45,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
     QMessageBox,
-    QPlainTextEdit,
     QPushButton,
     QSizePolicy,
     QTabWidget,
@@ -78,7 +76,7 @@ from ...widgets.runs import (
     same_file,
 )
 from ...widgets.side_panel import SidePanelWidget
-from .ab import ABTabWidget
+from .ab import ABTabWidget, prompt_inputs
 from .auto import AutoRoundsWidget, prompts_of_samples
 from .cards import CARD_KEYS, AnswerCardWidget, AnswerGridWidget
 from .panels import (
@@ -254,17 +252,13 @@ class RewardsPage(JobPage):
         return SidePanelWidget(inner, minimum=190)  # never narrower than its controls: none is cut
 
     def _build_rate_tab(self) -> QWidget:
-        self.prompt_edit = QPlainTextEdit()
-        self.prompt_edit.setPlaceholderText("Ask the model something, e.g. What color is the sky?")
-        self.prompt_edit.setTabChangesFocus(True)
-        self.prompt_edit.setMaximumHeight(64)
+        self.prompt_edit, self.system_edit = prompt_inputs(
+            "Ask the model something, e.g. What color is the sky?"
+        )
         self.prompt_edit.setToolTip(
             f"The prompt of the round (user message). {_shortcut_text('Ctrl+Return')} generates the answers."
         )
-        self.system_edit = QLineEdit()
-        self.system_edit.setPlaceholderText("System prompt (optional)")
         self.system_edit.setToolTip("An optional system message before the prompt. Default: none.")
-        self.system_edit.setClearButtonEnabled(True)
         self.dataset_button = action_button(
             "From dataset…",
             self.choose_dataset_prompt,
@@ -695,6 +689,18 @@ class RewardsPage(JobPage):
             )
             return None
 
+    def ready_to_sample(self, prompt: str, edit: QWidget, missing: str, button: str) -> RewardConfig | None:
+        """`ready_config` for sampling answers to `prompt`, the banner cleared; with no prompt, None,
+        `missing` in the banner and the focus in `edit`."""
+        if not prompt:
+            self.show_error(missing, "info")
+            edit.setFocus()
+            return None
+        config = self.ready_config(button)
+        if config is not None:
+            self.banner.hide()
+        return config
+
     def _session_maker(self):
         """A function (run in the worker) that makes the session, with everything read here."""
         model = self.model_path()
@@ -722,16 +728,10 @@ class RewardsPage(JobPage):
         if self.busy:
             return False
         prompt = self.prompt_edit.toPlainText().strip()
-        if not prompt:
-            self.show_error(
-                "Type a prompt first (or take one from the dataset), then press Generate.", "info"
-            )
-            self.prompt_edit.setFocus()
-            return False
-        config = self.ready_config("Generate")
+        missing = "Type a prompt first (or take one from the dataset), then press Generate."
+        config = self.ready_to_sample(prompt, self.prompt_edit, missing, "Generate")
         if config is None:
             return False
-        self.banner.hide()
         system = self.system_edit.text().strip() or None
         n, seed = config.n_samples, int(self.reward_settings.seed_spin.value())
         session, model = self.session, None
