@@ -63,7 +63,7 @@ from engine import (
 from ...widgets.buttons import action_button
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import scroll_area, splitter
-from ...widgets.plot_parts import COLORS, make_legend, plot_widget, style_plot
+from ...widgets.plot_parts import COLORS, make_legend, marker, plot_widget, style_plot
 
 # (check, option placeholder, default option, what it does)
 BUILTIN_ROWS = (
@@ -279,12 +279,7 @@ class AutoRoundsWidget(QWidget):
         )
         make_legend(self.plot_widget, offset=(-10, 10))
         self.mean_curve = plot.plot(
-            name="mean",
-            pen=pg.mkPen(COLORS[0], width=2),
-            symbol="o",
-            symbolSize=5,
-            symbolBrush=COLORS[0],
-            symbolPen=None,
+            name="mean", pen=pg.mkPen(COLORS[0], width=2), **marker(COLORS[0], size=5)
         )
         self.upper = plot.plot(pen=pg.mkPen(None))
         self.lower = plot.plot(pen=pg.mkPen(None))

@@ -49,6 +49,7 @@ from PySide6.QtWidgets import (
 from ...widgets.banner import MessageBar
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import splitter
+from ...widgets.plot_parts import marker
 from ...widgets.theme import is_dark
 from .cards import STOP_REASONS, format_reward, rating_colour
 
@@ -364,13 +365,11 @@ class RewardHistoryWidget(QGroupBox):
         reward_colour = "#2ecc71" if dark else "#1e8449"
         loss_colour = "#5dade2" if dark else "#1f77b4"
         self.reward_curve = self.reward_plot.plot(
-            [], [], pen=pg.mkPen(reward_colour, width=2), symbol="o", symbolSize=7,
-            symbolBrush=reward_colour, symbolPen=None,
-        )  # fmt: skip
+            [], [], pen=pg.mkPen(reward_colour, width=2), **marker(reward_colour)
+        )
         self.loss_curve = self.loss_plot.plot(
-            [], [], pen=pg.mkPen(loss_colour, width=2), symbol="o", symbolSize=7,
-            symbolBrush=loss_colour, symbolPen=None,
-        )  # fmt: skip
+            [], [], pen=pg.mkPen(loss_colour, width=2), **marker(loss_colour)
+        )
         self.model = RoundsModel(self)
         self.table = QTableView()
         self.table.setModel(self.model)
