@@ -31,7 +31,6 @@ import shutil
 import tempfile
 import time
 import uuid
-import weakref
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -42,6 +41,7 @@ from engine import Problem, Sample
 from .dataset_document import DatasetChange, DatasetDocument
 from .paths import same_file
 from .project import Project
+from .weak_listener import listen_while_alive
 
 log = logging.getLogger(__name__)
 
@@ -280,24 +280,8 @@ class Autosave(QObject):
         self._poll = QTimer(self)
         self._poll.setInterval(50)
         self._poll.timeout.connect(self._check_writes)
-        # listeners that do not keep the autosave alive, and leave with it
-        ref = weakref.ref(self)
-
-        def on_document(change: DatasetChange) -> None:
-            autosave = ref()
-            if autosave is not None and change.kind != "history":
-                autosave._changed()
-
-        def on_project(changed: set[str]) -> None:
-            autosave = ref()
-            if autosave is not None:
-                autosave._changed()
-
-        document.subscribe(on_document)
-        project.subscribe(on_project)
-        self.destroyed.connect(
-            lambda *_: (document.unsubscribe(on_document), project.unsubscribe(on_project))
-        )
+        listen_while_alive(self, document, Autosave._document_changed)
+        listen_while_alive(self, project, lambda autosave, _changed: autosave._changed())
 
     # --- settings and state -------------------------------------------------------------------
     @property
@@ -318,6 +302,10 @@ class Autosave(QObject):
         return self.document.dirty or self.project.dirty
 
     # --- writing ------------------------------------------------------------------------------
+    def _document_changed(self, change: DatasetChange) -> None:
+        if change.kind != "history":
+            self._changed()
+
     def _changed(self) -> None:
         if self._closed:
             return

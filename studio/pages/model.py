@@ -23,7 +23,6 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QPushButton,
-    QSplitter,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -44,6 +43,7 @@ from engine import (
 
 from ..project import ModelInfo, Project, ProjectError
 from ..widgets.banner import MessageBar
+from ..widgets.page_layout import splitter
 from ..worker import Engine
 
 
@@ -150,11 +150,7 @@ class ModelPage(QWidget):
         right_layout.setContentsMargins(0, 0, 0, 0)
         right_layout.addWidget(self.kinds, 3)
         right_layout.addWidget(recent_box, 1)
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(left)
-        split.addWidget(right)
-        split.setStretchFactor(1, 1)
-        split.setSizes([420, 580])
+        split = splitter(Qt.Horizontal, (left, right), stretch=(0, 1), sizes=(420, 580), collapsible=True)
         layout = QVBoxLayout(self)
         layout.addLayout(top)
         layout.addWidget(self.error_label)

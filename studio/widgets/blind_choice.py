@@ -23,7 +23,6 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QPushButton,
     QSizePolicy,
-    QSplitter,
     QVBoxLayout,
     QWidget,
 )
@@ -31,6 +30,7 @@ from PySide6.QtWidgets import (
 from engine import BlindPair, append_preference
 
 from .faint_label import FaintLabel
+from .page_layout import splitter
 
 KEYS = {"A": ("1", "A"), "B": ("2", "B"), "tie": ("T",), "skip": ("S",)}
 
@@ -59,10 +59,7 @@ class BlindChoiceWidget(QWidget):
         self.pair: BlindPair | None = None
         self.choice: str | None = None
         self.columns = {"A": _Column("A"), "B": _Column("B")}
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(self.columns["A"])
-        split.addWidget(self.columns["B"])
-        split.setChildrenCollapsible(False)
+        split = splitter(Qt.Horizontal, (self.columns["A"], self.columns["B"]))
         self.buttons = {
             "A": QPushButton("A is better"),
             "B": QPushButton("B is better"),

@@ -132,9 +132,10 @@ def marker_pen() -> QPen:
     return pg.mkPen(None)
 
 
-def marker(color: str) -> dict:
-    """The options of the round markers a curve shows while it has fewer than two points."""
-    return {"symbol": "o", "symbolSize": 7, "symbolBrush": marker_brush(color), "symbolPen": marker_pen()}
+def marker(color: str, size: int = 7) -> dict:
+    """The options of a curve's round markers (`size` pixels across, no outline), as the curves
+    with a point per round or evaluation show, and any curve while it has fewer than two points."""
+    return {"symbol": "o", "symbolSize": size, "symbolBrush": marker_brush(color), "symbolPen": marker_pen()}
 
 
 def mark_sparse(curve: pg.PlotDataItem, n: int, color: str) -> None:

@@ -159,12 +159,7 @@ class TrainPlotsWidget(QWidget):
         self.loss_plot.legend.removeItem(self.train_raw_curve)
         self.train_curve = self.loss_plot.plot(name="training", pen=pg.mkPen(COLORS[0], width=2))
         self.val_curve = self.loss_plot.plot(
-            name="validation",
-            pen=pg.mkPen(COLORS[1], width=1.5),
-            symbol="o",
-            symbolSize=6,
-            symbolBrush=COLORS[1],
-            symbolPen=None,
+            name="validation", pen=pg.mkPen(COLORS[1], width=1.5), **marker(COLORS[1], size=6)
         )
         self.loss_legend.removeItem(self.val_curve)  # shown once the run has a validation split
         self.aux_curve = self.loss_plot.plot(pen=pg.mkPen(COLORS[6], width=1.5, style=Qt.DashLine))

@@ -21,6 +21,7 @@ from .plot_parts import (
     Series,
     make_legend,
     mark_sparse,
+    marker,
     paint_plot,
     plot_widget,
     style_plot,
@@ -61,7 +62,7 @@ class PreferencePlotsWidget(QWidget):
         self.legends = {p: make_legend(self.pws[p], offset=corners[p]) for p in PANELS}
         self.curves: dict[str, pg.PlotDataItem] = {}
         for key, (panel, name, color, held) in SERIES.items():
-            opts = dict(symbol="o", symbolSize=6, symbolBrush=color, symbolPen=None) if held else {}
+            opts = marker(color, size=6) if held else {}
             self.curves[key] = self.plots[panel].plot(name=name, pen=pg.mkPen(color, width=1.5), **opts)
         self.ranges = {p: RangeKeeper(self.plots[p]) for p in PANELS}
         self.plots["accuracy"].setYRange(-0.02, 1.02, padding=0)

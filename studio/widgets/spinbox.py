@@ -1,11 +1,35 @@
-"""Spin boxes the settings forms share."""
+"""Spin boxes the settings forms share, and the tooltip that states a setting's default."""
 
 from __future__ import annotations
 
 import re
 
 from PySide6.QtGui import QValidator
-from PySide6.QtWidgets import QDoubleSpinBox, QWidget
+from PySide6.QtWidgets import QAbstractSpinBox, QDoubleSpinBox, QWidget
+
+
+def set_tip(widget: QWidget, meaning: str, default=None) -> QWidget:
+    """Give `widget` the tooltip `meaning`, followed by its default when one is given."""
+    widget.setToolTip(meaning if default is None else f"{meaning}\nDefault: {default}.")
+    return widget
+
+
+def spin_box(
+    cls: type[QAbstractSpinBox], lo: float, hi: float, value: float, *, step=None, special="", decimals=None
+) -> QAbstractSpinBox:
+    """A `cls` (QSpinBox, QDoubleSpinBox, SciSpinBox) over [lo, hi] showing `value`; `special`
+    is the text shown at the minimum (Qt's special value text), e.g. "off"."""
+    box = cls()
+    if decimals is not None:
+        box.setDecimals(decimals)
+    box.setRange(lo, hi)
+    if step is not None:
+        box.setSingleStep(step)
+    if special:
+        box.setSpecialValueText(special)
+    box.setValue(value)
+    return box
+
 
 _NUMBER = re.compile(r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d*)?\s*$")
 

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from ...widgets.elided_label import ElidedLabel
+from ...widgets.page_layout import scroll_area
 from ...widgets.theme import is_dark
 
 STOP_REASONS = {
@@ -208,16 +209,12 @@ class AnswerColumnWidget(QFrame):
         self.title.setWordWrap(True)
         self.message = MessageWidget("assistant", "", "Answer")
         self.message.who.hide()
-        scroll = QScrollArea()
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.NoFrame)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         inner = QWidget()
         il = QVBoxLayout(inner)
         il.setContentsMargins(0, 0, 0, 0)
         il.addWidget(self.message)
         il.addStretch(1)
-        scroll.setWidget(inner)
+        scroll = scroll_area(inner)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.title)

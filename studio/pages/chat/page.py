@@ -38,7 +38,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QPlainTextEdit,
     QSizePolicy,
-    QSplitter,
     QStackedWidget,
     QTabWidget,
     QToolButton,
@@ -53,7 +52,7 @@ from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, Prefe
 from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.faint_label import FaintLabel
-from ...widgets.page_layout import PageLayout
+from ...widgets.page_layout import banner_over, splitter
 from ...widgets.runs import RunChoiceWidget, load_runs
 from ...widgets.side_panel import SidePanelWidget
 from .conversation import AnswerColumnWidget, ConversationWidget, MessageWidget
@@ -100,19 +99,9 @@ class ChatPage(JobPage):
         self.tabs.setTabToolTip(1, "One prompt and seed through the base model and through the adapter")
         self.tabs.currentChanged.connect(self._tab_changed)
         side = self._build_side()
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(self.tabs)
-        split.addWidget(side)
-        split.setStretchFactor(0, 1)
-        split.setStretchFactor(1, 0)
-        split.setSizes([900, 320])
-        split.setChildrenCollapsible(False)
+        split = splitter(Qt.Horizontal, (self.tabs, side), stretch=(1, 0), sizes=(900, 320))
         self.splitter = split
-        layout = PageLayout(self)  # fills the height it is given: the buttons stay in view
-        layout.setContentsMargins(6, 6, 6, 6)
-        layout.setSpacing(4)
-        layout.addWidget(self.banner)
-        layout.addWidget(split, 1)
+        banner_over(self, self.banner, split)
 
         QShortcut(
             QKeySequence("Ctrl+Shift+C"), self, self.copy_last_answer, context=Qt.WidgetWithChildrenShortcut
@@ -208,10 +197,7 @@ class ChatPage(JobPage):
         row.insertWidget(2, self.blind_check)
         self.base_column = AnswerColumnWidget("Base model", "The model file as it is, without an adapter")
         self.adapter_column = AnswerColumnWidget("With the adapter", "The model with the chosen adapter")
-        columns = QSplitter(Qt.Horizontal)
-        columns.addWidget(self.base_column)
-        columns.addWidget(self.adapter_column)
-        columns.setChildrenCollapsible(False)
+        columns = splitter(Qt.Horizontal, (self.base_column, self.adapter_column))
         self.blind = BlindChoiceWidget()
         self.blind.sig_chosen.connect(self._blind_chosen)
         self.compare_stack = QStackedWidget()

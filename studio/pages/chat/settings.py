@@ -20,13 +20,11 @@ from PySide6.QtWidgets import (
 
 from engine import SamplingConfig
 
+from ...widgets.spinbox import set_tip, spin_box
+
 DEFAULTS = SamplingConfig()
 CHAT_MAX_TOKENS = 256  # an answer's default budget in a chat (the engine's default is 128)
 RANDOM_SEED = -1  # the seed box's "random" value: a new seed for each answer
-
-
-def _tip(widget: QWidget, meaning: str, default) -> None:
-    widget.setToolTip(f"{meaning}\nDefault: {default}.")
 
 
 class SamplingSettingsWidget(QGroupBox):
@@ -35,40 +33,22 @@ class SamplingSettingsWidget(QGroupBox):
     def __init__(self, parent: QWidget | None = None):
         super().__init__("Sampling", parent)
         d = DEFAULTS
-        self.temp_spin = QDoubleSpinBox()
-        self.temp_spin.setRange(0.0, 2.0)
-        self.temp_spin.setSingleStep(0.05)
-        self.temp_spin.setValue(d.temperature)
-        _tip(self.temp_spin, "Randomness: higher gives more varied answers, 0 always the most likely "
-             "token (the same answer every time).", d.temperature)  # fmt: skip
-        self.top_k_spin = QSpinBox()
-        self.top_k_spin.setRange(0, 100000)
-        self.top_k_spin.setSpecialValueText("off")
-        self.top_k_spin.setValue(d.top_k)
-        _tip(self.top_k_spin, "Sample only among the k most likely next tokens; 0 = off.", d.top_k)
-        self.top_p_spin = QDoubleSpinBox()
-        self.top_p_spin.setRange(0.01, 1.0)
-        self.top_p_spin.setSingleStep(0.05)
-        self.top_p_spin.setValue(d.top_p)
-        _tip(self.top_p_spin, "Nucleus sampling: keep the most likely tokens that together have this "
-             "probability; 1 = off.", d.top_p)  # fmt: skip
-        self.min_p_spin = QDoubleSpinBox()
-        self.min_p_spin.setRange(0.0, 1.0)
-        self.min_p_spin.setSingleStep(0.01)
-        self.min_p_spin.setValue(d.min_p)
-        _tip(self.min_p_spin, "Drop tokens less likely than min-p × the most likely one; 0 = off.", d.min_p)
-        self.max_tokens_spin = QSpinBox()
-        self.max_tokens_spin.setRange(1, 8192)
-        self.max_tokens_spin.setValue(CHAT_MAX_TOKENS)
-        _tip(self.max_tokens_spin, "The most tokens one answer may have; an answer that reaches it is "
-             "cut off.", CHAT_MAX_TOKENS)  # fmt: skip
-        self.seed_spin = QSpinBox()
-        self.seed_spin.setRange(RANDOM_SEED, 2**31 - 1)
-        self.seed_spin.setSpecialValueText("random")
-        self.seed_spin.setValue(RANDOM_SEED)
-        _tip(self.seed_spin, "Random seed: the same conversation, settings and seed give the same "
-             "answer; random = a new seed each time. Side by side uses one seed for both answers.",
-             "random")  # fmt: skip
+        self.temp_spin = set_tip(spin_box(QDoubleSpinBox, 0.0, 2.0, d.temperature, step=0.05),
+            "Randomness: higher gives more varied answers, 0 always the most likely token (the same "
+            "answer every time).", d.temperature)  # fmt: skip
+        self.top_k_spin = set_tip(spin_box(QSpinBox, 0, 100000, d.top_k, special="off"),
+            "Sample only among the k most likely next tokens; 0 = off.", d.top_k)  # fmt: skip
+        self.top_p_spin = set_tip(spin_box(QDoubleSpinBox, 0.01, 1.0, d.top_p, step=0.05),
+            "Nucleus sampling: keep the most likely tokens that together have this probability; 1 = off.",
+            d.top_p)  # fmt: skip
+        self.min_p_spin = set_tip(spin_box(QDoubleSpinBox, 0.0, 1.0, d.min_p, step=0.01),
+            "Drop tokens less likely than min-p × the most likely one; 0 = off.", d.min_p)  # fmt: skip
+        self.max_tokens_spin = set_tip(spin_box(QSpinBox, 1, 8192, CHAT_MAX_TOKENS),
+            "The most tokens one answer may have; an answer that reaches it is cut off.",
+            CHAT_MAX_TOKENS)  # fmt: skip
+        self.seed_spin = set_tip(spin_box(QSpinBox, RANDOM_SEED, 2**31 - 1, RANDOM_SEED, special="random"),
+            "Random seed: the same conversation, settings and seed give the same answer; random = a new "
+            "seed each time. Side by side uses one seed for both answers.", "random")  # fmt: skip
         dice = QToolButton()
         dice.setText("⚄")
         dice.setToolTip("Pick a seed at random (then answers can be repeated)")

@@ -29,7 +29,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QPlainTextEdit,
     QPushButton,
-    QScrollArea,
     QSizePolicy,
     QStackedWidget,
     QToolButton,
@@ -40,6 +39,7 @@ from PySide6.QtWidgets import (
 from engine import Sample, chosen_text
 
 from ...dataset_document import DatasetDocument
+from ...widgets.page_layout import scroll_area
 from .table import ROLES, rebuild_sample
 
 ROLE_TIPS = {
@@ -216,6 +216,17 @@ class TurnWidget(QFrame):
         return b
 
 
+def _fields_page(*fields: tuple[str, QWidget, int]) -> QWidget:
+    """A page of (label text, field, stretch) rows, each label above its field, with no margins."""
+    page = QWidget()
+    layout = QVBoxLayout(page)
+    layout.setContentsMargins(0, 0, 0, 0)
+    for label, widget, stretch in fields:
+        layout.addWidget(QLabel(label))
+        layout.addWidget(widget, stretch)
+    return page
+
+
 class SampleEditorWidget(QWidget):
     """Edits one sample; emits sig_edit(new_sample, problems, key, description) for each change."""
 
@@ -275,35 +286,23 @@ class SampleEditorWidget(QWidget):
         add_row.addStretch(1)
         turns_page_layout.addLayout(add_row)
         turns_page_layout.addStretch(1)
-        self.turns_scroll = QScrollArea()
-        self.turns_scroll.setWidgetResizable(True)
-        self.turns_scroll.setFrameShape(QFrame.NoFrame)
-        self.turns_scroll.setWidget(turns_page)
+        self.turns_scroll = scroll_area(turns_page, sideways=True)
+
+        def field(changed, name: str, tip: str) -> FieldEdit:
+            edit = FieldEdit(history, self.end_session)
+            edit.setToolTip(tip)
+            edit.textChanged.connect(lambda: changed(name))
+            return edit
 
         # prompt / response
-        self.prompt = FieldEdit(history, self.end_session)
-        self.prompt.setToolTip("The prompt (not trained unless 'train on prompt' is set)")
-        self.prompt.textChanged.connect(lambda: self._field_changed("prompt"))
-        self.response = FieldEdit(history, self.end_session)
-        self.response.setToolTip("The response the model learns to write (trained)")
-        self.response.textChanged.connect(lambda: self._field_changed("response"))
-        prompt_page = QWidget()
-        pl = QVBoxLayout(prompt_page)
-        pl.setContentsMargins(0, 0, 0, 0)
-        pl.addWidget(QLabel("Prompt:"))
-        pl.addWidget(self.prompt, 1)
-        pl.addWidget(QLabel("Response:"))
-        pl.addWidget(self.response, 2)
+        fc, pc = self._field_changed, self._pref_changed
+        self.prompt = field(fc, "prompt", "The prompt (not trained unless 'train on prompt' is set)")
+        self.response = field(fc, "response", "The response the model learns to write (trained)")
+        prompt_page = _fields_page(("Prompt:", self.prompt, 1), ("Response:", self.response, 2))
 
         # text
-        self.text = FieldEdit(history, self.end_session)
-        self.text.setToolTip("Plain text: every token is trained (a BOS before it, an EOS after)")
-        self.text.textChanged.connect(lambda: self._field_changed("text"))
-        text_page = QWidget()
-        tl = QVBoxLayout(text_page)
-        tl.setContentsMargins(0, 0, 0, 0)
-        tl.addWidget(QLabel("Text:"))
-        tl.addWidget(self.text, 1)
+        self.text = field(fc, "text", "Plain text: every token is trained (a BOS before it, an EOS after)")
+        text_page = _fields_page(("Text:", self.text, 1))
 
         # preference pair
         self.pref_context = QLabel()
@@ -311,32 +310,26 @@ class SampleEditorWidget(QWidget):
         self.pref_context.setToolTip(
             "The turns before the prompt (a system message, earlier turns): kept as they are"
         )
-        self.pref_prompt = FieldEdit(history, self.end_session)
-        self.pref_prompt.setToolTip("The prompt: the last user turn before the two answers (not trained)")
-        self.pref_prompt.textChanged.connect(lambda: self._pref_changed("prompt"))
-        self.pref_chosen = FieldEdit(history, self.end_session)
-        self.pref_chosen.setToolTip(
-            "The better answer: DPO and ORPO raise its probability over the rejected one's; SFT trains on it"
+        self.pref_prompt = field(
+            pc, "prompt", "The prompt: the last user turn before the two answers (not trained)"
         )
-        self.pref_chosen.textChanged.connect(lambda: self._pref_changed("chosen"))
-        self.pref_rejected = FieldEdit(history, self.end_session)
-        self.pref_rejected.setToolTip(
-            "The worse answer: DPO and ORPO lower its probability against the chosen one"
+        self.pref_chosen = field(
+            pc, "chosen",
+            "The better answer: DPO and ORPO raise its probability over the rejected one's; SFT trains on it",
+        )  # fmt: skip
+        self.pref_rejected = field(
+            pc, "rejected", "The worse answer: DPO and ORPO lower its probability against the chosen one"
         )
-        self.pref_rejected.textChanged.connect(lambda: self._pref_changed("rejected"))
         self.swap_button = QPushButton("Swap chosen and rejected")
         self.swap_button.setToolTip("Make the rejected answer the chosen one and the other way round")
         self.swap_button.clicked.connect(self.swap_answers)
-        pref_page = QWidget()
-        pfl = QVBoxLayout(pref_page)
-        pfl.setContentsMargins(0, 0, 0, 0)
-        pfl.addWidget(self.pref_context)
-        pfl.addWidget(QLabel("Prompt:"))
-        pfl.addWidget(self.pref_prompt, 1)
-        pfl.addWidget(QLabel("Chosen (better) answer:"))
-        pfl.addWidget(self.pref_chosen, 2)
-        pfl.addWidget(QLabel("Rejected (worse) answer:"))
-        pfl.addWidget(self.pref_rejected, 2)
+        pref_page = _fields_page(
+            ("Prompt:", self.pref_prompt, 1),
+            ("Chosen (better) answer:", self.pref_chosen, 2),
+            ("Rejected (worse) answer:", self.pref_rejected, 2),
+        )
+        pfl = pref_page.layout()
+        pfl.insertWidget(0, self.pref_context)
         swap_row = QHBoxLayout()
         swap_row.addWidget(self.swap_button)
         swap_row.addStretch(1)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gc
 import os
-import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -47,7 +46,6 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QPushButton,
     QSizePolicy,
-    QSplitter,
     QTableView,
     QToolBar,
     QToolButton,
@@ -70,7 +68,9 @@ from engine import (
 
 from ...dataset_document import DatasetChange, DatasetDocument
 from ...project import ModelInfo, Project
+from ...weak_listener import listen_while_alive
 from ...widgets.banner import MessageBar
+from ...widgets.page_layout import splitter
 from .editor import SampleEditorWidget
 from .import_dialog import ColumnMapDialog
 from .loader import DatasetLoader, LoadResult, read_dataset
@@ -135,25 +135,8 @@ class DatasetPage(QWidget):
         self._build_actions()
         self._build_widgets()
         self.model.sig_changed.connect(self._model_changed)
-        # a listener that does not keep the page alive, and leaves with it
-        ref = weakref.ref(self)
-
-        def listener(changed: set[str]) -> None:
-            page = ref()
-            if page is not None:
-                page._project_changed(changed)
-
-        project.subscribe(listener)
-        self.destroyed.connect(lambda *_: project.unsubscribe(listener))
-
-        def document_listener(change: DatasetChange) -> None:
-            page = ref()
-            if page is not None:
-                page._document_changed(change)
-
-        document = self.document
-        document.subscribe(document_listener)
-        self.destroyed.connect(lambda *_: document.unsubscribe(document_listener))
+        listen_while_alive(self, project, DatasetPage._project_changed)
+        listen_while_alive(self, self.document, DatasetPage._document_changed)
         self._update_history_actions()
         self._update_encoder()
         self.refresh()
@@ -358,32 +341,20 @@ class DatasetPage(QWidget):
         pl.addWidget(self.problems_title)
         pl.addWidget(self.problems, 1)
 
-        left = QSplitter(Qt.Vertical)
-        left.addWidget(self.table)
-        left.addWidget(problems_box)
-        left.setStretchFactor(0, 3)
-        left.setStretchFactor(1, 1)
-        left.setSizes([380, 130])
+        left = splitter(
+            Qt.Vertical, (self.table, problems_box), stretch=(3, 1), sizes=(380, 130), collapsible=True
+        )
 
         # editor
         self.editor = SampleEditorWidget(self.document)
         self.editor.sig_edit.connect(self._edited)
 
-        upper = QSplitter(Qt.Horizontal)
-        upper.addWidget(left)
-        upper.addWidget(self.editor)
-        upper.setStretchFactor(0, 3)
-        upper.setStretchFactor(1, 2)
-        upper.setSizes([740, 420])
+        upper = splitter(
+            Qt.Horizontal, (left, self.editor), stretch=(3, 2), sizes=(740, 420), collapsible=True
+        )
 
         self.token_view = TokenViewWidget()
-        self.splitter = QSplitter(Qt.Vertical)
-        self.splitter.addWidget(upper)
-        self.splitter.addWidget(self.token_view)
-        self.splitter.setStretchFactor(0, 3)
-        self.splitter.setStretchFactor(1, 1)
-        self.splitter.setSizes([520, 200])
-        self.splitter.setChildrenCollapsible(False)
+        self.splitter = splitter(Qt.Vertical, (upper, self.token_view), stretch=(3, 1), sizes=(520, 200))
 
         self.load_label = QLabel()
         self.load_bar = QProgressBar()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import heapq
 import operator
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -52,6 +51,7 @@ from engine import (
 )
 
 from ...dataset_document import DatasetChange, DatasetDocument
+from ...weak_listener import listen_while_alive
 from ...widgets.theme import is_dark
 
 SortRole = Qt.UserRole + 1  # a value that sorts (numbers as numbers, None first)
@@ -336,17 +336,7 @@ class SamplesModel(QAbstractTableModel):
         self._fill_timer.setInterval(0)
         self._fill_timer.timeout.connect(self._fill_some)
         self._set_rows([SampleRow(s, self.document.problems_for(s)) for s in self.document])
-        # a listener that does not keep the model alive, and leaves with it
-        ref = weakref.ref(self)
-
-        def listener(change: DatasetChange) -> None:
-            model = ref()
-            if model is not None:
-                model._document_changed(change)
-
-        document_ = self.document
-        document_.subscribe(listener)
-        self.destroyed.connect(lambda *_: document_.unsubscribe(listener))
+        listen_while_alive(self, self.document, SamplesModel._document_changed)
 
     # --- reading ------------------------------------------------------------------------------
     @property

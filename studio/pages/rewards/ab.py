@@ -30,6 +30,18 @@ from ...widgets.buttons import action_button
 from ...widgets.faint_label import FaintLabel
 
 
+def prompt_inputs(placeholder: str) -> tuple[QPlainTextEdit, QLineEdit]:
+    """A tab's prompt box (a few lines high; Tab moves on) and its optional system prompt line."""
+    prompt = QPlainTextEdit()
+    prompt.setPlaceholderText(placeholder)
+    prompt.setTabChangesFocus(True)
+    prompt.setMaximumHeight(64)
+    system = QLineEdit()
+    system.setPlaceholderText("System prompt (optional)")
+    system.setClearButtonEnabled(True)
+    return prompt, system
+
+
 class ABTabWidget(QWidget):
     """Blind A/B pairs of the adapter's answers (see the module docstring)."""
 
@@ -41,13 +53,9 @@ class ABTabWidget(QWidget):
         self.page = page  # the RewardsPage: its session, settings and engine jobs
         self.preferences = PreferenceRecorder(page.project.output_folder)
         self._context: dict | None = None
-        self.prompt_edit = QPlainTextEdit()
-        self.prompt_edit.setPlaceholderText("A prompt for two answers, e.g. Tell me something.")
-        self.prompt_edit.setTabChangesFocus(True)
-        self.prompt_edit.setMaximumHeight(64)
-        self.system_edit = QLineEdit()
-        self.system_edit.setPlaceholderText("System prompt (optional)")
-        self.system_edit.setClearButtonEnabled(True)
+        self.prompt_edit, self.system_edit = prompt_inputs(
+            "A prompt for two answers, e.g. Tell me something."
+        )
         self.pair_button = action_button(
             "New pair",
             self.new_pair,
@@ -82,14 +90,11 @@ class ABTabWidget(QWidget):
         if page.busy:
             return False
         prompt = self.prompt_edit.toPlainText().strip() or page.prompt_edit.toPlainText().strip()
-        if not prompt:
-            page.show_error("Type a prompt first, then press New pair.", "info")
-            self.prompt_edit.setFocus()
-            return False
-        config = page.ready_config("New pair")
+        config = page.ready_to_sample(
+            prompt, self.prompt_edit, "Type a prompt first, then press New pair.", "New pair"
+        )
         if config is None:
             return False
-        page.banner.hide()
         self.prompt_edit.setPlainText(prompt)
         system = self.system_edit.text().strip() or None
         seed = int(page.reward_settings.seed_spin.value())

@@ -30,7 +30,6 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
-    QFrame,
     QGridLayout,
     QGroupBox,
     QHBoxLayout,
@@ -39,10 +38,8 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
-    QScrollArea,
     QSizePolicy,
     QSpinBox,
-    QSplitter,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -65,7 +62,8 @@ from engine import (
 
 from ...widgets.buttons import action_button
 from ...widgets.faint_label import FaintLabel
-from ...widgets.plot_parts import COLORS, make_legend, plot_widget, style_plot
+from ...widgets.page_layout import scroll_area, splitter
+from ...widgets.plot_parts import COLORS, make_legend, marker, plot_widget, style_plot
 
 # (check, option placeholder, default option, what it does)
 BUILTIN_ROWS = (
@@ -281,12 +279,7 @@ class AutoRoundsWidget(QWidget):
         )
         make_legend(self.plot_widget, offset=(-10, 10))
         self.mean_curve = plot.plot(
-            name="mean",
-            pen=pg.mkPen(COLORS[0], width=2),
-            symbol="o",
-            symbolSize=5,
-            symbolBrush=COLORS[0],
-            symbolPen=None,
+            name="mean", pen=pg.mkPen(COLORS[0], width=2), **marker(COLORS[0], size=5)
         )
         self.upper = plot.plot(pen=pg.mkPen(None))
         self.lower = plot.plot(pen=pg.mkPen(None))
@@ -303,26 +296,18 @@ class AutoRoundsWidget(QWidget):
         self.examples.setPlaceholderText(
             "Example answers of the selected round (the best and the worst) appear here."
         )
-        right = QSplitter(Qt.Vertical)
-        right.addWidget(self.table)
-        right.addWidget(self.plot_widget)
-        right.addWidget(self.examples)
-        right.setSizes([160, 180, 160])
-        right.setChildrenCollapsible(False)
-        scroll = QScrollArea()  # a narrow window scrolls the controls rather than cutting them
-        scroll.setWidget(left)
-        scroll.setWidgetResizable(True)
-        scroll.setFrameShape(QFrame.NoFrame)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAsNeeded)
+        right = splitter(Qt.Vertical, (self.table, self.plot_widget, self.examples), sizes=(160, 180, 160))
+        # a narrow window scrolls the controls rather than cutting them
+        scroll = scroll_area(left, sideways=True)
         scroll.setMinimumWidth(160)
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(scroll)
-        split.addWidget(right)
-        split.setStretchFactor(1, 1)
         # the controls' whole width where the window has it (the checks' weights and Stop were cut at
         # 260 on a 1280-wide page); only a narrower window scrolls them
-        split.setSizes([left.sizeHint().width() + scroll.verticalScrollBar().sizeHint().width() + 2, 420])
-        split.setChildrenCollapsible(False)
+        split = splitter(
+            Qt.Horizontal,
+            (scroll, right),
+            stretch=(0, 1),
+            sizes=(left.sizeHint().width() + scroll.verticalScrollBar().sizeHint().width() + 2, 420),
+        )
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(split)

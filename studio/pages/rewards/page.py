@@ -42,17 +42,12 @@ from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
     QFileDialog,
-    QFrame,
     QGroupBox,
     QHBoxLayout,
     QLabel,
-    QLineEdit,
     QMessageBox,
-    QPlainTextEdit,
     QPushButton,
-    QScrollArea,
     QSizePolicy,
-    QSplitter,
     QTabWidget,
     QVBoxLayout,
     QWidget,
@@ -74,14 +69,14 @@ from ...project import ModelInfo
 from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.faint_label import FaintLabel
-from ...widgets.page_layout import PageLayout
+from ...widgets.page_layout import banner_over, scroll_area, splitter
 from ...widgets.runs import (
     RunChoiceWidget,
     load_runs,
     same_file,
 )
 from ...widgets.side_panel import SidePanelWidget
-from .ab import ABTabWidget
+from .ab import ABTabWidget, prompt_inputs
 from .auto import AutoRoundsWidget, prompts_of_samples
 from .cards import CARD_KEYS, AnswerCardWidget, AnswerGridWidget
 from .panels import (
@@ -176,21 +171,11 @@ class RewardsPage(JobPage):
         self.tabs.currentChanged.connect(self._tab_changed)
         right = self._build_right()
 
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(settings)
-        split.addWidget(self.tabs)
-        split.addWidget(right)
-        split.setStretchFactor(0, 0)
-        split.setStretchFactor(1, 1)
-        split.setStretchFactor(2, 0)
-        split.setSizes([215, 700, 290])
-        split.setChildrenCollapsible(False)
+        split = splitter(
+            Qt.Horizontal, (settings, self.tabs, right), stretch=(0, 1, 0), sizes=(215, 700, 290)
+        )
         self.splitter = split
-        layout = PageLayout(self)  # fills the height it is given: the buttons stay in view
-        layout.setContentsMargins(6, 6, 6, 6)
-        layout.setSpacing(4)
-        layout.addWidget(self.banner)
-        layout.addWidget(split, 1)
+        banner_over(self, self.banner, split)
 
         app = QCoreApplication.instance()
         if app is not None:
@@ -267,17 +252,13 @@ class RewardsPage(JobPage):
         return SidePanelWidget(inner, minimum=190)  # never narrower than its controls: none is cut
 
     def _build_rate_tab(self) -> QWidget:
-        self.prompt_edit = QPlainTextEdit()
-        self.prompt_edit.setPlaceholderText("Ask the model something, e.g. What color is the sky?")
-        self.prompt_edit.setTabChangesFocus(True)
-        self.prompt_edit.setMaximumHeight(64)
+        self.prompt_edit, self.system_edit = prompt_inputs(
+            "Ask the model something, e.g. What color is the sky?"
+        )
         self.prompt_edit.setToolTip(
             f"The prompt of the round (user message). {_shortcut_text('Ctrl+Return')} generates the answers."
         )
-        self.system_edit = QLineEdit()
-        self.system_edit.setPlaceholderText("System prompt (optional)")
         self.system_edit.setToolTip("An optional system message before the prompt. Default: none.")
-        self.system_edit.setClearButtonEnabled(True)
         self.dataset_button = action_button(
             "From dataset…",
             self.choose_dataset_prompt,
@@ -340,24 +321,14 @@ class RewardsPage(JobPage):
         self.apply_button.clicked.connect(self.apply)
         self.history = RewardHistoryWidget()
         # the diagnostics scroll when a long message meets a short window; a splitter shares the height
-        scroll = QScrollArea()
-        scroll.setWidget(self.diagnostics)
-        scroll.setWidgetResizable(True)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        scroll.setFrameShape(QFrame.NoFrame)
+        scroll = scroll_area(self.diagnostics)
         top = QWidget()
         tl = QVBoxLayout(top)
         tl.setContentsMargins(0, 0, 0, 0)
         tl.setSpacing(4)
         tl.addWidget(scroll, 1)
         tl.addWidget(self.apply_button)
-        right = QSplitter(Qt.Vertical)
-        right.addWidget(top)
-        right.addWidget(self.history)
-        right.setStretchFactor(0, 0)
-        right.setStretchFactor(1, 1)
-        right.setSizes([340, 440])
-        right.setChildrenCollapsible(False)
+        right = splitter(Qt.Vertical, (top, self.history), stretch=(0, 1), sizes=(340, 440))
         right.setMinimumWidth(260)
         return right
 
@@ -718,6 +689,18 @@ class RewardsPage(JobPage):
             )
             return None
 
+    def ready_to_sample(self, prompt: str, edit: QWidget, missing: str, button: str) -> RewardConfig | None:
+        """`ready_config` for sampling answers to `prompt`, the banner cleared; with no prompt, None,
+        `missing` in the banner and the focus in `edit`."""
+        if not prompt:
+            self.show_error(missing, "info")
+            edit.setFocus()
+            return None
+        config = self.ready_config(button)
+        if config is not None:
+            self.banner.hide()
+        return config
+
     def _session_maker(self):
         """A function (run in the worker) that makes the session, with everything read here."""
         model = self.model_path()
@@ -745,16 +728,10 @@ class RewardsPage(JobPage):
         if self.busy:
             return False
         prompt = self.prompt_edit.toPlainText().strip()
-        if not prompt:
-            self.show_error(
-                "Type a prompt first (or take one from the dataset), then press Generate.", "info"
-            )
-            self.prompt_edit.setFocus()
-            return False
-        config = self.ready_config("Generate")
+        missing = "Type a prompt first (or take one from the dataset), then press Generate."
+        config = self.ready_to_sample(prompt, self.prompt_edit, missing, "Generate")
         if config is None:
             return False
-        self.banner.hide()
         system = self.system_edit.text().strip() or None
         n, seed = config.n_samples, int(self.reward_settings.seed_spin.value())
         session, model = self.session, None

@@ -39,7 +39,6 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSizePolicy,
     QSpinBox,
-    QSplitter,
     QTableView,
     QTextBrowser,
     QToolButton,
@@ -49,6 +48,8 @@ from PySide6.QtWidgets import (
 
 from ...widgets.banner import MessageBar
 from ...widgets.faint_label import FaintLabel
+from ...widgets.page_layout import splitter
+from ...widgets.plot_parts import marker
 from ...widgets.theme import is_dark
 from .cards import STOP_REASONS, format_reward, rating_colour
 
@@ -364,13 +365,11 @@ class RewardHistoryWidget(QGroupBox):
         reward_colour = "#2ecc71" if dark else "#1e8449"
         loss_colour = "#5dade2" if dark else "#1f77b4"
         self.reward_curve = self.reward_plot.plot(
-            [], [], pen=pg.mkPen(reward_colour, width=2), symbol="o", symbolSize=7,
-            symbolBrush=reward_colour, symbolPen=None,
-        )  # fmt: skip
+            [], [], pen=pg.mkPen(reward_colour, width=2), **marker(reward_colour)
+        )
         self.loss_curve = self.loss_plot.plot(
-            [], [], pen=pg.mkPen(loss_colour, width=2), symbol="o", symbolSize=7,
-            symbolBrush=loss_colour, symbolPen=None,
-        )  # fmt: skip
+            [], [], pen=pg.mkPen(loss_colour, width=2), **marker(loss_colour)
+        )
         self.model = RoundsModel(self)
         self.table = QTableView()
         self.table.setModel(self.model)
@@ -387,18 +386,13 @@ class RewardHistoryWidget(QGroupBox):
         self.table.setTextElideMode(Qt.ElideRight)
         self.table.verticalHeader().setDefaultSectionSize(QFontMetrics(self.font()).height() + 6)
         self.table.setToolTip("One row per round; Apply adds one.")
-        split = QSplitter(Qt.Vertical)
         plots = QWidget()
         pl = QVBoxLayout(plots)
         pl.setContentsMargins(0, 0, 0, 0)
         pl.setSpacing(0)
         pl.addWidget(self.reward_plot)
         pl.addWidget(self.loss_plot)
-        split.addWidget(plots)
-        split.addWidget(self.table)
-        split.setStretchFactor(0, 3)
-        split.setStretchFactor(1, 2)
-        split.setChildrenCollapsible(False)
+        split = splitter(Qt.Vertical, (plots, self.table), stretch=(3, 2))
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
         layout.addWidget(split)
@@ -512,10 +506,7 @@ class SideBySideWidget(QWidget):
         self.status.setWordWrap(True)
         self.base = AnswerPaneWidget("Base model", "The model file as it is, without the adapter")
         self.adapted = AnswerPaneWidget("With the adapter", "The model with the adapter trained on this page")
-        panes = QSplitter(Qt.Horizontal)
-        panes.addWidget(self.base)
-        panes.addWidget(self.adapted)
-        panes.setChildrenCollapsible(False)
+        panes = splitter(Qt.Horizontal, (self.base, self.adapted))
         layout = QVBoxLayout(self)
         layout.setContentsMargins(4, 4, 4, 4)
         layout.addWidget(QLabel("<b>Prompt</b>"))

@@ -30,14 +30,20 @@ from PySide6.QtWidgets import (
 from engine import RewardConfig
 
 from ...project import Project
-from ...widgets.spinbox import SciSpinBox
+from ...widgets.spinbox import SciSpinBox, set_tip, spin_box
 
 DEFAULTS = {f.name: getattr(RewardConfig(), f.name) for f in fields(RewardConfig)}
 
 
-def _tip(widget: QWidget, meaning: str, default=None) -> QWidget:
-    widget.setToolTip(meaning if default is None else f"{meaning}\nDefault: {default}.")
-    return widget
+def _form_box(title: str, rows) -> QGroupBox:
+    """A compact form titled `title`; each row is (label, field) or a lone widget, as QFormLayout.addRow."""
+    box = QGroupBox(title)
+    form = QFormLayout(box)
+    form.setContentsMargins(6, 4, 6, 4)
+    form.setVerticalSpacing(3)
+    for row in rows:
+        form.addRow(*row)
+    return box
 
 
 class RewardSettingsWidget(QWidget):
@@ -48,44 +54,25 @@ class RewardSettingsWidget(QWidget):
     def __init__(self, project: Project, parent: QWidget | None = None):
         super().__init__(parent)
         d = DEFAULTS
-        self.n_spin = QSpinBox()
-        self.n_spin.setRange(1, 32)
-        self.n_spin.setValue(d["n_samples"])
-        _tip(self.n_spin, "How many answers to sample for the prompt. Group mode compares them with "
-                  "each other: rate at least two differently.", d["n_samples"])  # fmt: skip
-        self.temp_spin = QDoubleSpinBox()
-        self.temp_spin.setRange(0.0, 2.0)
-        self.temp_spin.setSingleStep(0.05)
-        self.temp_spin.setValue(d["temperature"])
-        _tip(self.temp_spin, "Sampling temperature: higher gives more varied answers, 0 always the "
-                  "most likely one (all answers alike: nothing to compare).", d["temperature"])  # fmt: skip
-        self.top_k_spin = QSpinBox()
-        self.top_k_spin.setRange(0, 100000)
-        self.top_k_spin.setSpecialValueText("off")
-        self.top_k_spin.setValue(d["top_k"])
-        _tip(self.top_k_spin, "Sample only among the k most likely next tokens; 0 = off.", d["top_k"])
-        self.top_p_spin = QDoubleSpinBox()
-        self.top_p_spin.setRange(0.01, 1.0)
-        self.top_p_spin.setSingleStep(0.05)
-        self.top_p_spin.setValue(d["top_p"])
-        _tip(self.top_p_spin, "Nucleus sampling: keep the most likely tokens that together have this "
-                  "probability; 1 = off.", d["top_p"])  # fmt: skip
-        self.min_p_spin = QDoubleSpinBox()
-        self.min_p_spin.setRange(0.0, 1.0)
-        self.min_p_spin.setSingleStep(0.01)
-        self.min_p_spin.setValue(d["min_p"])
-        _tip(self.min_p_spin, "Drop tokens less likely than min-p × the most likely one; 0 = off.",
-                  d["min_p"])  # fmt: skip
-        self.max_tokens_spin = QSpinBox()
-        self.max_tokens_spin.setRange(1, 4096)
-        self.max_tokens_spin.setValue(d["max_new_tokens"])
-        _tip(self.max_tokens_spin, "Token budget of each answer; an answer that reaches it is cut off.",
-                  d["max_new_tokens"])  # fmt: skip
-        self.seed_spin = QSpinBox()
-        self.seed_spin.setRange(0, 2**31 - 1)
-        self.seed_spin.setValue(0)
-        _tip(self.seed_spin, "Random seed of the sampling: the same prompt, seed and adapter give the "
-                  "same answers.", 0)  # fmt: skip
+        self.n_spin = set_tip(spin_box(QSpinBox, 1, 32, d["n_samples"]),
+            "How many answers to sample for the prompt. Group mode compares them with each other: rate at "
+            "least two differently.", d["n_samples"])  # fmt: skip
+        self.temp_spin = set_tip(spin_box(QDoubleSpinBox, 0.0, 2.0, d["temperature"], step=0.05),
+            "Sampling temperature: higher gives more varied answers, 0 always the most likely one (all "
+            "answers alike: nothing to compare).", d["temperature"])  # fmt: skip
+        self.top_k_spin = set_tip(spin_box(QSpinBox, 0, 100000, d["top_k"], special="off"),
+            "Sample only among the k most likely next tokens; 0 = off.", d["top_k"])  # fmt: skip
+        self.top_p_spin = set_tip(spin_box(QDoubleSpinBox, 0.01, 1.0, d["top_p"], step=0.05),
+            "Nucleus sampling: keep the most likely tokens that together have this probability; 1 = off.",
+            d["top_p"])  # fmt: skip
+        self.min_p_spin = set_tip(spin_box(QDoubleSpinBox, 0.0, 1.0, d["min_p"], step=0.01),
+            "Drop tokens less likely than min-p × the most likely one; 0 = off.", d["min_p"])  # fmt: skip
+        self.max_tokens_spin = set_tip(spin_box(QSpinBox, 1, 4096, d["max_new_tokens"]),
+            "Token budget of each answer; an answer that reaches it is cut off.",
+            d["max_new_tokens"])  # fmt: skip
+        self.seed_spin = set_tip(spin_box(QSpinBox, 0, 2**31 - 1, 0),
+            "Random seed of the sampling: the same prompt, seed and adapter give the same answers.",
+            0)  # fmt: skip
         dice = QToolButton()
         dice.setText("⚄")
         dice.setToolTip("Pick a random seed")
@@ -97,21 +84,14 @@ class RewardSettingsWidget(QWidget):
         seed_row.addWidget(dice)
         self.next_seed_check = QCheckBox("Next seed after each round")
         self.next_seed_check.setChecked(True)
-        _tip(self.next_seed_check, "Add 1 to the seed after each Generate, so that a new round gives "
+        set_tip(self.next_seed_check, "Add 1 to the seed after each Generate, so that a new round gives "
                   "new answers; off: the same seed again.", "on")  # fmt: skip
 
-        sampling = QGroupBox("Sampling")
-        form = QFormLayout(sampling)
-        form.setContentsMargins(6, 4, 6, 4)
-        form.setVerticalSpacing(3)
-        form.addRow("Answers:", self.n_spin)
-        form.addRow("Temperature:", self.temp_spin)
-        form.addRow("Top-k:", self.top_k_spin)
-        form.addRow("Top-p:", self.top_p_spin)
-        form.addRow("Min-p:", self.min_p_spin)
-        form.addRow("Max tokens:", self.max_tokens_spin)
-        form.addRow("Seed:", seed_row)
-        form.addRow(self.next_seed_check)
+        sampling = _form_box("Sampling", (
+            ("Answers:", self.n_spin), ("Temperature:", self.temp_spin), ("Top-k:", self.top_k_spin),
+            ("Top-p:", self.top_p_spin), ("Min-p:", self.min_p_spin), ("Max tokens:", self.max_tokens_spin),
+            ("Seed:", seed_row), (self.next_seed_check,),
+        ))  # fmt: skip
 
         cfg = project.config
         self.mode_combo = QComboBox()
@@ -125,30 +105,21 @@ class RewardSettingsWidget(QWidget):
         )
         mode = cfg.reward_mode if cfg.reward_mode in ("group", "weighted") else d["mode"]
         self.mode_combo.setCurrentIndex(self.mode_combo.findData(mode))
-        _tip(self.mode_combo, "How ratings become a step. group: each answer gets its advantage "
+        set_tip(self.mode_combo, "How ratings become a step. group: each answer gets its advantage "
                   "(rating − mean) / spread, so worse-than-average answers are pushed down. weighted: "
                   "ratings scaled to loss weights in [0, 1]; the worst answer is ignored, none is pushed "
                   "down.", d["mode"])  # fmt: skip
         self.mode_combo.currentIndexChanged.connect(self._mode_changed)
-        self.kl_spin = QDoubleSpinBox()
-        self.kl_spin.setRange(0.0, 100.0)
-        self.kl_spin.setDecimals(3)
-        self.kl_spin.setSingleStep(0.01)
-        self.kl_spin.setValue(cfg.kl_coef if cfg.kl_coef else d["kl_coef"])
-        _tip(self.kl_spin, "Group mode: weight of a penalty for drifting away from the base model "
-                  "(KL divergence per answer token); 0 = off.", d["kl_coef"])  # fmt: skip
-        self.lr_spin = SciSpinBox()
-        self.lr_spin.setRange(1e-8, 1.0)
-        self.lr_spin.setValue(d["lr"])
-        _tip(self.lr_spin, "Learning rate of each Apply step (AdamW, constant). Too high and the "
-                  "model forgets what it knew.", f"{d['lr']:g}")  # fmt: skip
-        step = QGroupBox("Training step")
-        form = QFormLayout(step)
-        form.setContentsMargins(6, 4, 6, 4)
-        form.setVerticalSpacing(3)
-        form.addRow("Mode:", self.mode_combo)
-        form.addRow("KL coefficient:", self.kl_spin)
-        form.addRow("Learning rate:", self.lr_spin)
+        self.kl_spin = set_tip(
+            spin_box(QDoubleSpinBox, 0.0, 100.0, cfg.kl_coef or d["kl_coef"], step=0.01, decimals=3),
+            "Group mode: weight of a penalty for drifting away from the base model (KL divergence per "
+            "answer token); 0 = off.", d["kl_coef"])  # fmt: skip
+        self.lr_spin = set_tip(spin_box(SciSpinBox, 1e-8, 1.0, d["lr"]),
+            "Learning rate of each Apply step (AdamW, constant). Too high and the model forgets what it "
+            "knew.", f"{d['lr']:g}")  # fmt: skip
+        step = _form_box("Training step", (
+            ("Mode:", self.mode_combo), ("KL coefficient:", self.kl_spin), ("Learning rate:", self.lr_spin),
+        ))  # fmt: skip
         spins = (self.n_spin, self.temp_spin, self.top_k_spin, self.top_p_spin, self.min_p_spin)
         for w in (*spins, self.max_tokens_spin, self.seed_spin, self.mode_combo, self.kl_spin, self.lr_spin):
             w.setMinimumWidth(64)  # the column stays narrow; the seed's range would make it wide

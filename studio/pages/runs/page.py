@@ -33,7 +33,6 @@ from PySide6.QtWidgets import (
     QMenu,
     QPushButton,
     QSizePolicy,
-    QSplitter,
     QTableView,
     QToolButton,
     QVBoxLayout,
@@ -48,7 +47,7 @@ from ...widgets.elided_label import ElidedLabel
 from ...widgets.engine_page import RUNS_MOVED, EnginePage
 from ...widgets.faint_label import FaintLabel
 from ...widgets.loss_overlay import LossOverlayWidget
-from ...widgets.page_layout import PageLayout
+from ...widgets.page_layout import PageLayout, splitter
 from ...widgets.runs import (
     add_followed,
     extra_folders,
@@ -151,23 +150,13 @@ class RunsPage(EnginePage):
 
         self.plot = LossOverlayWidget()
         self.details = self._build_details()
-        bottom = QSplitter(Qt.Horizontal)
-        bottom.addWidget(self.plot)
-        bottom.addWidget(self.details)
-        bottom.setStretchFactor(0, 3)
-        bottom.setStretchFactor(1, 2)
-        bottom.setChildrenCollapsible(False)
+        bottom = splitter(Qt.Horizontal, (self.plot, self.details), stretch=(3, 2))
         upper = QWidget()
         ul = QVBoxLayout(upper)
         ul.setContentsMargins(0, 0, 0, 0)
         ul.addWidget(self.table, 1)
         ul.addWidget(self.empty_label)
-        split = QSplitter(Qt.Vertical)
-        split.addWidget(upper)
-        split.addWidget(bottom)
-        split.setStretchFactor(0, 1)
-        split.setStretchFactor(1, 1)
-        split.setChildrenCollapsible(False)
+        split = splitter(Qt.Vertical, (upper, bottom), stretch=(1, 1))
         self.splitter = split
 
         self.chat_button = action_button(

@@ -36,7 +36,6 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QPushButton,
     QSpinBox,
-    QSplitter,
     QStackedWidget,
     QTreeView,
     QVBoxLayout,
@@ -57,6 +56,8 @@ from engine import (
 
 from ...project import ModelInfo, Project
 from ...widgets.banner import MessageBar
+from ...widgets.page_layout import splitter
+from ...widgets.spinbox import spin_box
 from ...widgets.theme import is_dark
 from .census import CensusPanel
 from .selection import SelectionStats, TargetSelection, kind_help
@@ -231,9 +232,7 @@ class TargetsPage(QWidget):
         bar.addSpacing(12)
 
         rank_label = QLabel("Ran&k:")
-        self.rank_spin = QSpinBox()
-        self.rank_spin.setRange(1, 256)
-        self.rank_spin.setValue(16)
+        self.rank_spin = spin_box(QSpinBox, 1, 256, 16)
         self.rank_spin.setToolTip(
             "LoRA rank r: the inner width of each adapter (A is r × n_in, B is n_out × r). Higher ranks\n"
             "learn more and cost more parameters; the adapter's output is scaled by alpha / r. Default 16."
@@ -241,10 +240,7 @@ class TargetsPage(QWidget):
         rank_label.setBuddy(self.rank_spin)
         self.rank_spin.valueChanged.connect(lambda v: self.project.update_config(rank=int(v)))
         alpha_label = QLabel("Al&pha:")
-        self.alpha_spin = QDoubleSpinBox()
-        self.alpha_spin.setRange(0.0, 4096.0)
-        self.alpha_spin.setDecimals(1)
-        self.alpha_spin.setValue(32.0)
+        self.alpha_spin = spin_box(QDoubleSpinBox, 0.0, 4096.0, 32.0, decimals=1)
         self.alpha_spin.setToolTip(
             "LoRA alpha: the adapter's output is multiplied by alpha / r, so with alpha fixed, changing\n"
             "the rank keeps the update's size comparable. 0 means a scale of 1 (as llama.cpp). Default 32."
@@ -343,22 +339,10 @@ class TargetsPage(QWidget):
         self.census_panel = CensusPanel(self.project, self.engine)  # MoE models only
         self.census_panel.hide()
         self.census_panel.sig_census.connect(lambda _c: self._update_summary())
-        right = QSplitter(Qt.Vertical)
-        right.addWidget(self.tree_view)
-        right.addWidget(full_box)
-        right.addWidget(self.census_panel)
-        right.setStretchFactor(0, 4)
-        right.setStretchFactor(1, 1)
-        right.setStretchFactor(2, 4)
+        right = splitter(Qt.Vertical, (self.tree_view, full_box, self.census_panel), stretch=(4, 1, 4))
         self.right_splitter = right
-        right.setChildrenCollapsible(False)
 
-        self.splitter = QSplitter(Qt.Horizontal)
-        self.splitter.addWidget(grid_panel)
-        self.splitter.addWidget(right)
-        self.splitter.setStretchFactor(0, 0)
-        self.splitter.setStretchFactor(1, 1)
-        self.splitter.setChildrenCollapsible(False)
+        self.splitter = splitter(Qt.Horizontal, (grid_panel, right), stretch=(0, 1))
         outer.addWidget(self.splitter, 1)
         return content
 

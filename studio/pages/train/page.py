@@ -53,7 +53,6 @@ from PySide6.QtCore import QEventLoop, Qt, QTimer, Signal, Slot
 from PySide6.QtWidgets import (
     QApplication,
     QFileDialog,
-    QFrame,
     QHBoxLayout,
     QLabel,
     QMainWindow,
@@ -61,10 +60,8 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
-    QScrollArea,
     QSizePolicy,
     QSpinBox,
-    QSplitter,
     QStyle,
     QSystemTrayIcon,
     QVBoxLayout,
@@ -103,6 +100,7 @@ from ...ui_gate import UiGate
 from ...widgets.banner import MessageBar
 from ...widgets.buttons import PrimaryButton, action_button
 from ...widgets.elided_label import ElidedLabel
+from ...widgets.page_layout import scroll_area, splitter
 from ...widgets.plots import TrainPlotsWidget
 from ...widgets.preference_plots import PreferencePlotsWidget
 from ...widgets.runs import load_runs, resume_checkpoint, same_model
@@ -244,12 +242,7 @@ class TrainPage(QWidget):
 
         # --- settings (left) ---
         self.settings = TrainSettingsWidget(project)
-        scroll = QScrollArea()
-        scroll.setWidget(self.settings)
-        scroll.setWidgetResizable(True)
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
-        scroll.setVerticalScrollBarPolicy(Qt.ScrollBarAsNeeded)
-        scroll.setFrameShape(QFrame.NoFrame)
+        scroll = scroll_area(self.settings)
         scroll.setMinimumWidth(
             self.settings.minimumSizeHint().width() + scroll.verticalScrollBar().sizeHint().width() + 4
         )
@@ -372,13 +365,7 @@ class TrainPage(QWidget):
         font.setStyleHint(font.StyleHint.Monospace)
         font.setFamily("monospace")
         self.log.setFont(font)
-        vsplit = QSplitter(Qt.Vertical)
-        vsplit.addWidget(self.plots)
-        vsplit.addWidget(self.log)
-        vsplit.setStretchFactor(0, 4)
-        vsplit.setStretchFactor(1, 1)
-        vsplit.setSizes([480, 120])
-        vsplit.setChildrenCollapsible(False)
+        vsplit = splitter(Qt.Vertical, (self.plots, self.log), stretch=(4, 1), sizes=(480, 120))
 
         right = QWidget()
         rl = QVBoxLayout(right)
@@ -392,11 +379,7 @@ class TrainPage(QWidget):
         rl.addLayout(paths_row)
         rl.addWidget(vsplit, 1)
 
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(scroll)
-        split.addWidget(right)
-        split.setStretchFactor(1, 1)
-        split.setChildrenCollapsible(False)
+        split = splitter(Qt.Horizontal, (scroll, right), stretch=(0, 1))
         self.splitter = split
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
