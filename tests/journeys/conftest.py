@@ -150,8 +150,9 @@ def chat(qtbot, window: MainWindow, text: str, adapter: bool) -> str:
     return answered.args[0].text
 
 
-def greedy(model_path: str, question: str, adapter: str | None = None) -> str:
-    """The engine's own greedy answer (no window): base model, or with an adapter file."""
+def _question_ids(model_path: str, question: str):
+    """The model, its tokenizer and the ids of one user question rendered by the model's own chat template
+    with the generation prompt."""
     model = Model.load(model_path)
     tok = Tokenizer.from_metadata(model.metadata)
     tpl = ChatTemplate.from_metadata(model.metadata)
@@ -160,31 +161,32 @@ def greedy(model_path: str, question: str, adapter: str | None = None) -> str:
         add_special=False,
         parse_special=True,
     )
-    lora = LoraAdapter.load(adapter, model).terms() if adapter else None
-    [g] = generate(model, ids, sampling=GREEDY, stop_ids=tok.eot_ids, lora=lora)
+    return model, tok, ids
+
+
+def _lora(model, adapter: str | None):
+    """The adapter file's LoRA terms for the model, or None for the base model."""
+    return LoraAdapter.load(adapter, model).terms() if adapter else None
+
+
+def greedy(model_path: str, question: str, adapter: str | None = None) -> str:
+    """The engine's own greedy answer (no window): base model, or with an adapter file."""
+    model, tok, ids = _question_ids(model_path, question)
+    [g] = generate(model, ids, sampling=GREEDY, stop_ids=tok.eot_ids, lora=_lora(model, adapter))
     return tok.decode(list(g.tokens))
 
 
 def logits(model_path: str, tokens, adapter: str | None = None) -> np.ndarray:
     model = Model.load(model_path)
-    lora = LoraAdapter.load(adapter, model).terms() if adapter else None
-    return model.forward(np.asarray(tokens, dtype=np.int64), lora=lora)
+    return model.forward(np.asarray(tokens, dtype=np.int64), lora=_lora(model, adapter))
 
 
 def answer_accuracy(model_path: str, question: str, answer: str, adapter: str | None = None) -> float:
     """The share of the answer's tokens the model predicts greedily, given the question and the answer
     so far (teacher forcing): 1.0 when it says the answer word for word."""
-    model = Model.load(model_path)
-    tok = Tokenizer.from_metadata(model.metadata)
-    tpl = ChatTemplate.from_metadata(model.metadata)
-    prompt = tok.encode(
-        tpl.render([{"role": "user", "content": question}], add_generation_prompt=True),
-        add_special=False,
-        parse_special=True,
-    )
+    model, tok, prompt = _question_ids(model_path, question)
     target = tok.encode(answer, add_special=False, parse_special=False)
     ids = np.asarray(prompt + target, dtype=np.int64)
-    lora = LoraAdapter.load(adapter, model).terms() if adapter else None
-    z = model.forward(ids, lora=lora)  # (T, V)
+    z = model.forward(ids, lora=_lora(model, adapter))  # (T, V)
     predicted = np.argmax(z[len(prompt) - 1 : -1], axis=-1)
     return float(np.mean(predicted == np.asarray(target)))
