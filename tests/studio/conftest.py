@@ -35,6 +35,17 @@ def collect_garbage_on_the_main_thread():
     gc.enable()
 
 
+def show_active(qtbot, widget, size: tuple[int, int] | None = None) -> None:
+    """Show a top-level widget (resized to `size` first if given) and wait until it is exposed and is the
+    active window, where its shortcuts work."""
+    if size is not None:
+        widget.resize(*size)
+    widget.show()
+    qtbot.waitExposed(widget)
+    widget.activateWindow()
+    qtbot.waitUntil(widget.isActiveWindow, timeout=2000)
+
+
 @pytest.fixture
 def engine(qtbot):
     """The app's engine worker (one thread, the open model), shut down after the test."""
