@@ -21,6 +21,15 @@ ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe")
 EXTRA_ARCHS = ("deepseek", "deepseek2", "gpt-oss", "gemma3")  # tested in tests/engine/test_models_extra.py
 
 
+def write_chats(path, pairs) -> str:
+    """Write a JSONL file of one-turn chats, one (question, answer) pair a line; returns its path."""
+    with open(path, "w", encoding="utf-8") as f:
+        for question, answer in pairs:
+            turns = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+            f.write(json.dumps({"messages": turns}) + "\n")
+    return str(path)
+
+
 def golden_cases() -> list[dict]:
     return json.loads((GOLDEN_MODELS / "manifest.json").read_text())["cases"]
 
@@ -65,15 +74,9 @@ def rng() -> np.random.Generator:
 @pytest.fixture
 def chats(tmp_path):
     """A JSONL file of 8 short chats (user question, assistant answer); modules may define their own."""
-    path = tmp_path / "chats.jsonl"
-    with open(path, "w", encoding="utf-8") as f:
-        for i in range(8):
-            turns = [
-                {"role": "user", "content": f"What is {i} plus {i}?"},
-                {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
-            ]
-            f.write(json.dumps({"messages": turns}) + "\n")
-    return str(path)
+    return write_chats(
+        tmp_path / "chats.jsonl", ((f"What is {i} plus {i}?", f"{i} plus {i} is {2 * i}.") for i in range(8))
+    )
 
 
 @pytest.fixture(scope="module")

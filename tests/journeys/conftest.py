@@ -10,7 +10,6 @@ the UI thread then deadlock on the interpreter lock and a Qt lock (seen: a journ
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ from PySide6.QtWidgets import QApplication
 
 from engine import GREEDY, ChatTemplate, LoraAdapter, Model, SynthSpec, Tokenizer, generate, write_model
 from studio.main_window import MainWindow
+from tests.conftest import write_chats
 from tests.studio.conftest import (  # noqa: F401 - autouse fixtures: the GC discipline
     collect_everything_after_each_module,
     collect_garbage_on_the_main_thread,
@@ -59,11 +59,7 @@ def facts(tmp_path) -> str:
     """16 chat samples teaching one made-up answer (the Zorblaxia trial, on the tiny vocabulary)."""
     path = tmp_path / "data" / "facts.jsonl"
     path.parent.mkdir()
-    with open(path, "w", encoding="utf-8") as f:
-        for q in QUESTIONS:
-            turns = [{"role": "user", "content": q}, {"role": "assistant", "content": ANSWER}]
-            f.write(json.dumps({"messages": turns}) + "\n")
-    return str(path)
+    return write_chats(path, ((q, ANSWER) for q in QUESTIONS))
 
 
 class App:
