@@ -19,7 +19,7 @@ from engine import RUN, RunRecord, lora_shapes, write_adapter
 from studio.pages.chat.page import BASE, ChatPage
 from studio.project import Project
 from studio.resources import DEMO_MODEL
-from tests.studio.conftest import SMALL, show_active
+from tests.studio.conftest import SMALL, show_active, submit_text
 
 TIMEOUT_MS = 20_000
 
@@ -56,15 +56,7 @@ def page(qtbot, engine, tmp_path, demo_info) -> ChatPage:
 
 
 def send(qtbot, page: ChatPage, text: str, keyboard: bool = False):
-    page.input.setPlainText(text)
-    with qtbot.waitSignal(page.sig_answered, timeout=TIMEOUT_MS) as answered:
-        if keyboard:
-            page.input.setFocus()
-            qtbot.keyClick(page.input, Qt.Key_Return, Qt.ControlModifier)
-        else:
-            assert page.send()
-    qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
-    return answered.args[0]
+    return submit_text(qtbot, page, page.input, text, page.sig_answered, page.send, keyboard, TIMEOUT_MS)[0]
 
 
 def test_a_multi_turn_conversation_streams_and_is_kept(qtbot, page, monkeypatch):

@@ -21,7 +21,7 @@ from studio.pages.rewards.page import NEW_ADAPTER, RewardsPage
 from studio.pages.rewards.panels import DiagnosticsWidget, PromptPickerDialog, dataset_prompts, word_diff_html
 from studio.project import Project
 from studio.resources import DEMO_DATASET, DEMO_MODEL
-from tests.studio.conftest import SMALL, show_active
+from tests.studio.conftest import SMALL, show_active, submit_text
 
 TIMEOUT_MS = 20_000
 PROMPT = "Tell me a fact."  # the demo model answers it variously (the sky: always "The sky is blue.")
@@ -45,18 +45,13 @@ def page(qtbot, engine, tmp_path, demo_info) -> RewardsPage:
 
 def generate(qtbot, page: RewardsPage, prompt: str = PROMPT, keyboard: bool = False) -> list:
     """Type the prompt and Generate (Ctrl+Enter with keyboard=True); the round's answers."""
-    page.prompt_edit.setPlainText(prompt)
-    with qtbot.waitSignal(page.sig_generated, timeout=TIMEOUT_MS) as done:
-        if keyboard:
-            page.prompt_edit.setFocus()
-            qtbot.keyClick(page.prompt_edit, Qt.Key_Return, Qt.ControlModifier)
-        else:
-            assert page.generate()
-    qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
+    [answers] = submit_text(
+        qtbot, page, page.prompt_edit, prompt, page.sig_generated, page.generate, keyboard, TIMEOUT_MS
+    )
     # the new cards are shown from Qt's event queue, then the first one takes the focus
     qtbot.waitUntil(lambda: not page.cards or page.cards[0].isVisible(), timeout=TIMEOUT_MS)
     qtbot.wait(1)
-    return done.args[0]
+    return answers
 
 
 def focused_card(page: RewardsPage) -> AnswerCardWidget:
