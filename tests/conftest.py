@@ -21,12 +21,16 @@ ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe")
 EXTRA_ARCHS = ("deepseek", "deepseek2", "gpt-oss", "gemma3")  # tested in tests/engine/test_models_extra.py
 
 
-def write_chats(path, pairs) -> str:
-    """Write a JSONL file of one-turn chats, one (question, answer) pair a line; returns its path."""
+def write_chats(path, pairs, rewards=None) -> str:
+    """Write a JSONL file of one-turn chats, one (question, answer) pair a line, each with its reward when
+    `rewards` is given; returns its path."""
     with open(path, "w", encoding="utf-8") as f:
-        for question, answer in pairs:
+        for i, (question, answer) in enumerate(pairs):
             turns = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
-            f.write(json.dumps({"messages": turns}) + "\n")
+            row = {"messages": turns}
+            if rewards is not None:
+                row["reward"] = rewards[i]
+            f.write(json.dumps(row) + "\n")
     return str(path)
 
 

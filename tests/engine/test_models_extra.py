@@ -31,10 +31,10 @@ from engine.testing import (
 from engine.train import events as ev
 from engine.train.train_model import Trainable, loss_and_grads
 from engine.train.trainer import TrainConfig, Trainer
-from tests.conftest import EXTRA_ARCHS, GOLDEN_EXTRA
+from tests.conftest import EXTRA_ARCHS, GOLDEN_EXTRA, write_chats
 from tests.engine.test_forward import check_golden_logits
 from tests.engine.test_grad_model import packed_batch
-from tests.engine.test_trainer import CHATS, answer, write_chats
+from tests.engine.test_trainer import CHATS, answer
 from tests.gradcheck import assert_grads_close, check_grads
 
 
@@ -170,7 +170,7 @@ def test_every_lora_kind_and_full_weights_match_finite_differences(variant, tmp_
 
 @pytest.mark.parametrize("arch", EXTRA_ARCHS)
 def test_overfits_and_generation_reproduces_the_answers(arch, tmp_path):
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     small = dict(C=32, L=2, NH=2, V=300, NKV=1, HS=16, F=32, F_exp=16)
     if arch == "deepseek":
         small.update(NKV=2)
