@@ -34,6 +34,22 @@ def write_chats(path, pairs, rewards=None) -> str:
     return str(path)
 
 
+def question_ids(model, question: str, add_special: bool = False):
+    """The model's tokenizer and the ids of one user question rendered by the model's own chat template
+    with the generation prompt (add_special: the tokenizer's BOS too)."""
+    from engine.text.chat_template import ChatTemplate
+    from engine.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_metadata(model.metadata)
+    tpl = ChatTemplate.from_metadata(model.metadata)
+    ids = tok.encode(
+        tpl.render([{"role": "user", "content": question}], add_generation_prompt=True),
+        add_special=add_special,
+        parse_special=True,
+    )
+    return tok, ids
+
+
 def golden_cases() -> list[dict]:
     return json.loads((GOLDEN_MODELS / "manifest.json").read_text())["cases"]
 

@@ -19,7 +19,7 @@ from engine.text.tokenizer import Tokenizer
 from engine.train import events as ev
 from engine.train.data import load_jsonl
 from engine.train.trainer import TrainConfig, Trainer
-from tests.conftest import write_chats
+from tests.conftest import question_ids, write_chats
 
 CHATS = [
     ("hello", "the quick brown fox"),
@@ -38,13 +38,7 @@ def models(tmp_path_factory):
 
 
 def answer(model: Model, adapter_terms, question: str) -> str:
-    tok = Tokenizer.from_metadata(model.metadata)
-    tpl = ChatTemplate.from_metadata(model.metadata)
-    prompt = tok.encode(
-        tpl.render([{"role": "user", "content": question}], add_generation_prompt=True),
-        add_special=True,
-        parse_special=True,
-    )
+    tok, prompt = question_ids(model, question, add_special=True)
     [g] = generate(model, prompt, sampling=GREEDY, stop_ids=tok.eot_ids, lora=adapter_terms)
     return tok.decode(list(g.tokens))
 

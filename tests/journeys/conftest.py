@@ -17,9 +17,9 @@ import pytest
 from PySide6.QtCore import QEvent, QSettings
 from PySide6.QtWidgets import QApplication
 
-from engine import GREEDY, ChatTemplate, LoraAdapter, Model, SynthSpec, Tokenizer, generate, write_model
+from engine import GREEDY, LoraAdapter, Model, SynthSpec, generate, write_model
 from studio.main_window import MainWindow
-from tests.conftest import write_chats
+from tests.conftest import question_ids, write_chats
 from tests.studio.conftest import (  # noqa: F401 - autouse fixtures: the GC discipline
     collect_everything_after_each_module,
     collect_garbage_on_the_main_thread,
@@ -146,20 +146,6 @@ def chat(qtbot, window: MainWindow, text: str, adapter: bool) -> str:
     return answered.args[0].text
 
 
-def _question_ids(model_path: str, question: str):
-    """The model, its tokenizer and the ids of one user question rendered by the model's own chat template
-    with the generation prompt."""
-    model = Model.load(model_path)
-    tok = Tokenizer.from_metadata(model.metadata)
-    tpl = ChatTemplate.from_metadata(model.metadata)
-    ids = tok.encode(
-        tpl.render([{"role": "user", "content": question}], add_generation_prompt=True),
-        add_special=False,
-        parse_special=True,
-    )
-    return model, tok, ids
-
-
 def _lora(model, adapter: str | None):
     """The adapter file's LoRA terms for the model, or None for the base model."""
     return LoraAdapter.load(adapter, model).terms() if adapter else None
@@ -167,7 +153,8 @@ def _lora(model, adapter: str | None):
 
 def greedy(model_path: str, question: str, adapter: str | None = None) -> str:
     """The engine's own greedy answer (no window): base model, or with an adapter file."""
-    model, tok, ids = _question_ids(model_path, question)
+    model = Model.load(model_path)
+    tok, ids = question_ids(model, question)
     [g] = generate(model, ids, sampling=GREEDY, stop_ids=tok.eot_ids, lora=_lora(model, adapter))
     return tok.decode(list(g.tokens))
 
@@ -180,7 +167,8 @@ def logits(model_path: str, tokens, adapter: str | None = None) -> np.ndarray:
 def answer_accuracy(model_path: str, question: str, answer: str, adapter: str | None = None) -> float:
     """The share of the answer's tokens the model predicts greedily, given the question and the answer
     so far (teacher forcing): 1.0 when it says the answer word for word."""
-    model, tok, prompt = _question_ids(model_path, question)
+    model = Model.load(model_path)
+    tok, prompt = question_ids(model, question)
     target = tok.encode(answer, add_special=False, parse_special=False)
     ids = np.asarray(prompt + target, dtype=np.int64)
     z = model.forward(ids, lora=_lora(model, adapter))  # (T, V)
