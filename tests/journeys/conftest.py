@@ -105,6 +105,13 @@ def open_model(qtbot, window: MainWindow, path: str) -> None:
         assert window.open_model(path)
 
 
+def open_model_and_dataset(qtbot, window: MainWindow, model: str, dataset: str) -> None:
+    """What a user does first: open a model, then a dataset; the Train page has checked the run."""
+    open_model(qtbot, window, model)
+    assert window.open_dataset(dataset)
+    checked(qtbot, window)
+
+
 def checked(qtbot, window: MainWindow) -> None:
     """The Train page has checked the next run with the settings now shown (and a preset that
     followed the dataset has been checked again)."""
