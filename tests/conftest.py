@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 # Tests run tiny models, where a second BLAS thread costs more than it gives, and far more when the
@@ -48,6 +50,19 @@ def question_ids(model, question: str, add_special: bool = False):
         parse_special=True,
     )
     return tok, ids
+
+
+def modules_loaded_by(module: str, packages: tuple[str, ...]) -> list[str]:
+    """The modules of `packages` that importing `module` loads, in a fresh interpreter run from the
+    repository root."""
+    code = (
+        f"import json, sys, {module}; "
+        f"print(json.dumps([m for m in sys.modules if m.split('.')[0] in {packages!r}]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=DATA.parents[1], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout)
 
 
 def golden_cases() -> list[dict]:
