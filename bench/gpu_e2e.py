@@ -72,6 +72,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from bench.common import QWEN3_30B_A3B  # noqa: E402
 from engine.testing import SynthSpec  # noqa: E402
 
 GIB = 2**30
@@ -91,11 +92,7 @@ SHAPES = {
         "qwen3", V=151936, C=2048, L=28, NH=16, NKV=8, HS=128, F=6144, tied=True, qtype="Q4_K",
         n_ctx=32768, name="qwen3-1.7b-shaped",
     ),
-    # Qwen3-30B-A3B: 48 layers, 2048 wide, 32 query / 4 KV heads of 128, 128 experts (8 used) of 768
-    "moe": SynthSpec.for_arch(
-        "qwen3moe", V=151936, C=2048, L=48, NH=32, NKV=4, HS=128, E=128, K=8, F_exp=768, qtype="Q4_K",
-        n_ctx=32768, name="qwen3-30b-a3b-shaped",
-    ),
+    "moe": QWEN3_30B_A3B,
     # gpt-oss-20b: 24 layers, 2880 wide, 64 query / 8 KV heads of 64 with sinks, a 128-token window on
     # every other layer, 32 experts (4 used) of 2880 in MXFP4, biases, vocab 201088; the rest Q8_0 (the
     # router and vectors F32), as ggml-org's MXFP4 file stores it
