@@ -113,15 +113,16 @@ def _config_of(spec: SynthSpec):
 # --- the runs (each in its own process) ---------------------------------------------------------------
 
 
-def run_ours(path: str, w: dict) -> dict:
-    from engine.model.model import Model
+def our_step(model, w: dict):
+    """The engine's training step on workload `w` (LoRA on its targets, or every weight trained): the
+    Trainable, and a function that takes one step on the benchmark batch as engine.Trainer does on the
+    CPU and returns its result and its seconds."""
     from engine.model.targets import TargetSpec, select_full, select_targets
     from engine.train.heap import keep_step_buffers
     from engine.train.optim import AdamW, OptimConfig
     from engine.train.threads import adjust_blas_threads
     from engine.train.train_model import Trainable, loss_and_grads
 
-    model = Model.load(path)
     cfg = model.config
     if w["mode"] == "lora":
         names = select_targets(model.tensors, TargetSpec(preset="none", patterns=w["targets"]), cfg.L)
@@ -130,15 +131,27 @@ def run_ours(path: str, w: dict) -> dict:
         tr = Trainable.init(model, [], rank=1, full=select_full(model.tensors, ("all",), cfg.L))
     opt = AdamW(tr.params(), OptimConfig(lr=LR, max_grad_norm=0.0))
     batch = make_batch(cfg.V)
-    times = []
-    for i in range(WARMUP + MEASURED):
+
+    def step():
         adjust_blas_threads()  # what engine.Trainer does before each CPU step
         keep_step_buffers()
         t = time.perf_counter()
         res = loss_and_grads(model, tr, batch)
         opt.step(res.grads)
+        return res, time.perf_counter() - t
+
+    return tr, step
+
+
+def run_ours(path: str, w: dict) -> dict:
+    from engine.model.model import Model
+
+    tr, step = our_step(Model.load(path), w)
+    times = []
+    for i in range(WARMUP + MEASURED):
+        res, seconds = step()
         if i >= WARMUP:
-            times.append(time.perf_counter() - t)
+            times.append(seconds)
     return dict(times=times, rss=peak_rss(), trainable=tr.n_params, loss=res.mean_ce)
 
 
