@@ -63,6 +63,19 @@ SHAPES = {
 }
 
 
+def proc_status_bytes(field: str) -> int:
+    """A memory figure of this process from /proc/self/status, in bytes: "VmRSS" (resident now) or
+    "VmHWM" (the peak, which starts afresh in a spawned process); 0 where there is none (not Linux)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def matmul_rate(n: int = 2048, repeats: int = 5, dtype=np.float32) -> float:
     """Best observed FLOP/s of an n x n x n matmul: the ceiling the model code is compared with."""
     rng = np.random.default_rng(0)

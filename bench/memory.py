@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import QWEN3_30B_A3B  # noqa: E402
+from bench.common import QWEN3_30B_A3B, proc_status_bytes  # noqa: E402
 from engine.io.gguf_write import LazyTensor, write_gguf  # noqa: E402
 from engine.io.quantize import quantize  # noqa: E402
 from engine.testing import SynthSpec, model_metadata, tensor_shapes  # noqa: E402
@@ -121,14 +121,6 @@ def write_dataset(path: str, n: int = 400, seed: int = 0) -> str:
 # --- one measured run (a child process) ---------------------------------------------------------
 
 
-def peak_rss_bytes() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def child(args) -> None:
     """Train `--steps` steps through engine.Trainer; print one JSON line of figures."""
     from engine import Step, TargetSpec, TrainConfig, Trainer
@@ -160,7 +152,7 @@ def child(args) -> None:
     deq = np.diff([0.0] + [s["dequant_s"] for s in steps])
     print(json.dumps(dict(
         steps=[s["s"] for s in steps], tokens=[s["tokens"] for s in steps], dequant=deq.tolist(),
-        peak_rss=peak_rss_bytes(), estimate=plan, wall=wall,
+        peak_rss=proc_status_bytes("VmHWM"), estimate=plan, wall=wall,
         budget=trainer.model.weights.budget, checkpoint=trainer.memory.checkpoint,
         cache_peak=trainer.model.weights.stats.peak_cache_bytes,
     )))  # fmt: skip

@@ -41,7 +41,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.common import SHAPES, forward_flops, matmul_rate  # noqa: E402
+from bench.common import SHAPES, forward_flops, matmul_rate, proc_status_bytes  # noqa: E402
 from engine._blas_env import SPIN_LOG2  # noqa: E402
 from engine.testing import SynthSpec, write_model  # noqa: E402
 
@@ -69,14 +69,6 @@ WORKLOADS = {
     ),
 }  # fmt: skip
 T, WARMUP, MEASURED, RANK, ALPHA, LR = 256, 2, 5, 16, 32.0, 1e-4
-
-
-def peak_rss() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def batch_tokens(V: int, seed: int = 0) -> np.ndarray:
@@ -152,7 +144,7 @@ def run_ours(path: str, w: dict) -> dict:
         res, seconds = step()
         if i >= WARMUP:
             times.append(seconds)
-    return dict(times=times, rss=peak_rss(), trainable=tr.n_params, loss=res.mean_ce)
+    return dict(times=times, rss=proc_status_bytes("VmHWM"), trainable=tr.n_params, loss=res.mean_ce)
 
 
 def run_peft(path: str, w: dict) -> dict:
@@ -194,9 +186,8 @@ def run_peft(path: str, w: dict) -> dict:
         opt.zero_grad(set_to_none=True)
         if i >= WARMUP:
             times.append(time.perf_counter() - t)
-    return dict(
-        times=times, rss=peak_rss(), trainable=sum(p.numel() for p in trainable), loss=float(out.loss)
-    )
+    trained = sum(p.numel() for p in trainable)
+    return dict(times=times, rss=proc_status_bytes("VmHWM"), trainable=trained, loss=float(out.loss))
 
 
 def run_llama_finetune(path: str, w: dict, binary: str) -> dict:
