@@ -366,6 +366,13 @@ def _error(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()[-1500:]
 
 
+def _record_failure(res: dict, where: dict, exc: BaseException) -> None:
+    """Record a failure being handled: its message as where["error"] (the run's or a phase's), its
+    traceback's end among the run's notes."""
+    where["error"] = _error(exc)
+    res["notes"].append(traceback.format_exc()[-3000:])
+
+
 # --- one step under the profiler ----------------------------------------------------------------------
 
 PROFILE_TOP = 18  # kernels listed per profiled step
@@ -504,13 +511,11 @@ def engine_child(a: argparse.Namespace) -> None:
             try:
                 _engine_phase(a, spec, model, backend, cp, samples, budget, phase, free0, stop_at, save)
             except Exception as exc:  # noqa: BLE001 - a failed phase is reported, the next one runs
-                phase["error"] = _error(exc)
-                res["notes"].append(traceback.format_exc()[-3000:])
+                _record_failure(res, phase, exc)
             gc.collect()
             save()
     except Exception as exc:  # noqa: BLE001
-        res["error"] = _error(exc)
-        res["notes"].append(traceback.format_exc()[-3000:])
+        _record_failure(res, res, exc)
     res["wall_s"] = time.perf_counter() - t_start
     save()
 
@@ -735,8 +740,7 @@ def peer_child(a: argparse.Namespace) -> None:
             phase["profile"] = profile_step(lambda: train_step(batches[-1]), torch.cuda.synchronize)
             save()
     except Exception as exc:  # noqa: BLE001
-        res["error"] = _error(exc)
-        res["notes"].append(traceback.format_exc()[-3000:])
+        _record_failure(res, res, exc)
     res["wall_s"] = time.perf_counter() - t_start
     save()
 
