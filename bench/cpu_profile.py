@@ -168,12 +168,7 @@ def profile(
 
     from bench import vs_peers
     from engine.model.model import Model
-    from engine.model.targets import TargetSpec, select_full, select_targets
     from engine.testing import write_model
-    from engine.train.heap import keep_step_buffers
-    from engine.train.optim import AdamW, OptimConfig
-    from engine.train.threads import adjust_blas_threads
-    from engine.train.train_model import Trainable, loss_and_grads
 
     if model_file:  # a GGUF file: LoRA on attention and the routed experts (or every linear of a dense one)
         w = dict(
@@ -185,15 +180,7 @@ def profile(
         path = vs_peers.model_path(w["spec"])
         if not os.path.exists(path):
             write_model(path, w["spec"])
-    model = Model.load(path, cache_budget=budget)
-    cfg = model.config
-    if w["mode"] == "lora":
-        names = select_targets(model.tensors, TargetSpec(preset="none", patterns=w["targets"]), cfg.L)
-        tr = Trainable.init(model, names, rank=vs_peers.RANK, alpha=vs_peers.ALPHA)
-    else:
-        tr = Trainable.init(model, [], rank=1, full=select_full(model.tensors, ("all",), cfg.L))
-    opt = AdamW(tr.params(), OptimConfig(lr=vs_peers.LR, max_grad_norm=0.0))
-    batch = vs_peers.make_batch(cfg.V)
+    _, step_once = vs_peers.our_step(Model.load(path, cache_budget=budget), w)
     t = Timers()
     install(t)
     times = []
@@ -202,13 +189,9 @@ def profile(
         if i == warmup:
             t.reset()
             read0, cpu0 = io_counters()
-        adjust_blas_threads()
-        keep_step_buffers()
-        t0 = time.perf_counter()
-        res = loss_and_grads(model, tr, batch)
-        opt.step(res.grads)
+        _, seconds = step_once()
         if i >= warmup:
-            times.append(time.perf_counter() - t0)
+            times.append(seconds)
     read1, cpu1 = io_counters()
     step = float(np.median(times))
     mean = float(np.mean(times))

@@ -35,6 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.common import proc_status_bytes  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_LLAMA = ROOT / "tests" / "data" / "models" / "llama.gguf"
 WORDS = (
@@ -61,18 +63,6 @@ def write_chats(path: Path, n: int, seed: int = 0) -> None:
             f.write(json.dumps({"messages": messages}) + "\n")
 
 
-def _rss() -> int:
-    """Resident bytes of this process now (Linux), else 0."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
 def _peak() -> int:
     import resource
 
@@ -95,7 +85,7 @@ def child(args: argparse.Namespace) -> int:
     template = template_for(md, None)
     options = EncodeOptions(args.n_ctx)
     tokenizer.fingerprint  # noqa: B018 - computed once per tokenizer, not part of the data's time
-    base = _rss()
+    base = proc_status_bytes("VmRSS")
     cpu, main_cpu, t = time.process_time(), time.thread_time(), time.perf_counter()
     if args.reference:
         from engine.train.data import load_jsonl

@@ -72,6 +72,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from bench.common import QWEN3_30B_A3B  # noqa: E402
 from engine.testing import SynthSpec  # noqa: E402
 
 GIB = 2**30
@@ -91,11 +92,7 @@ SHAPES = {
         "qwen3", V=151936, C=2048, L=28, NH=16, NKV=8, HS=128, F=6144, tied=True, qtype="Q4_K",
         n_ctx=32768, name="qwen3-1.7b-shaped",
     ),
-    # Qwen3-30B-A3B: 48 layers, 2048 wide, 32 query / 4 KV heads of 128, 128 experts (8 used) of 768
-    "moe": SynthSpec.for_arch(
-        "qwen3moe", V=151936, C=2048, L=48, NH=32, NKV=4, HS=128, E=128, K=8, F_exp=768, qtype="Q4_K",
-        n_ctx=32768, name="qwen3-30b-a3b-shaped",
-    ),
+    "moe": QWEN3_30B_A3B,
     # gpt-oss-20b: 24 layers, 2880 wide, 64 query / 8 KV heads of 64 with sinks, a 128-token window on
     # every other layer, 32 experts (4 used) of 2880 in MXFP4, biases, vocab 201088; the rest Q8_0 (the
     # router and vectors F32), as ggml-org's MXFP4 file stores it
@@ -369,6 +366,13 @@ def _error(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()[-1500:]
 
 
+def _record_failure(res: dict, where: dict, exc: BaseException) -> None:
+    """Record a failure being handled: its message as where["error"] (the run's or a phase's), its
+    traceback's end among the run's notes."""
+    where["error"] = _error(exc)
+    res["notes"].append(traceback.format_exc()[-3000:])
+
+
 # --- one step under the profiler ----------------------------------------------------------------------
 
 PROFILE_TOP = 18  # kernels listed per profiled step
@@ -507,13 +511,11 @@ def engine_child(a: argparse.Namespace) -> None:
             try:
                 _engine_phase(a, spec, model, backend, cp, samples, budget, phase, free0, stop_at, save)
             except Exception as exc:  # noqa: BLE001 - a failed phase is reported, the next one runs
-                phase["error"] = _error(exc)
-                res["notes"].append(traceback.format_exc()[-3000:])
+                _record_failure(res, phase, exc)
             gc.collect()
             save()
     except Exception as exc:  # noqa: BLE001
-        res["error"] = _error(exc)
-        res["notes"].append(traceback.format_exc()[-3000:])
+        _record_failure(res, res, exc)
     res["wall_s"] = time.perf_counter() - t_start
     save()
 
@@ -738,8 +740,7 @@ def peer_child(a: argparse.Namespace) -> None:
             phase["profile"] = profile_step(lambda: train_step(batches[-1]), torch.cuda.synchronize)
             save()
     except Exception as exc:  # noqa: BLE001
-        res["error"] = _error(exc)
-        res["notes"].append(traceback.format_exc()[-3000:])
+        _record_failure(res, res, exc)
     res["wall_s"] = time.perf_counter() - t_start
     save()
 

@@ -31,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.common import QWEN3_30B_A3B, proc_status_bytes  # noqa: E402
 from engine.io.gguf_write import LazyTensor, write_gguf  # noqa: E402
 from engine.io.quantize import quantize  # noqa: E402
 from engine.testing import SynthSpec, model_metadata, tensor_shapes  # noqa: E402
@@ -43,11 +44,7 @@ SHAPES = {
         "qwen2", V=152064, C=3584, L=28, NH=28, NKV=4, HS=128, F=18944, tied=False, qtype="Q4_K",
         n_ctx=32768, name="qwen2.5-7b-shaped",
     ),
-    # Qwen3-30B-A3B: 48 layers, 2048 wide, 32 query / 4 KV heads of 128, 128 experts (8 used) of 768
-    "qwen3-30b-a3b": SynthSpec.for_arch(
-        "qwen3moe", V=151936, C=2048, L=48, NH=32, NKV=4, HS=128, E=128, K=8, F_exp=768, qtype="Q4_K",
-        n_ctx=32768, name="qwen3-30b-a3b-shaped",
-    ),
+    "qwen3-30b-a3b": QWEN3_30B_A3B,
     # small shapes to try the bench itself
     "tiny-dense": SynthSpec.for_arch(
         "qwen2", V=4096, C=256, L=4, NH=4, NKV=2, HS=64, F=768, tied=False, qtype="Q4_K", n_ctx=1024
@@ -124,14 +121,6 @@ def write_dataset(path: str, n: int = 400, seed: int = 0) -> str:
 # --- one measured run (a child process) ---------------------------------------------------------
 
 
-def peak_rss_bytes() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def child(args) -> None:
     """Train `--steps` steps through engine.Trainer; print one JSON line of figures."""
     from engine import Step, TargetSpec, TrainConfig, Trainer
@@ -163,7 +152,7 @@ def child(args) -> None:
     deq = np.diff([0.0] + [s["dequant_s"] for s in steps])
     print(json.dumps(dict(
         steps=[s["s"] for s in steps], tokens=[s["tokens"] for s in steps], dequant=deq.tolist(),
-        peak_rss=peak_rss_bytes(), estimate=plan, wall=wall,
+        peak_rss=proc_status_bytes("VmHWM"), estimate=plan, wall=wall,
         budget=trainer.model.weights.budget, checkpoint=trainer.memory.checkpoint,
         cache_peak=trainer.model.weights.stats.peak_cache_bytes,
     )))  # fmt: skip

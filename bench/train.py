@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench.common import SHAPES, fmt_rate, forward_flops, matmul_rate  # noqa: E402
+from bench.common import SHAPES, fmt_rate, forward_flops, matmul_rate, proc_status_bytes  # noqa: E402
 from engine.model.model import Model  # noqa: E402
 from engine.model.targets import TargetSpec, select_full, select_targets  # noqa: E402
 from engine.testing import SynthSpec, write_model  # noqa: E402
@@ -60,14 +60,7 @@ def random_batch(V: int, B: int, T: int, seed: int = 0) -> SimpleNamespace:
 def peak_rss_bytes() -> int:
     """This process's peak resident memory. VmHWM belongs to the address space, so it starts afresh in a
     spawned process, where getrusage's ru_maxrss would carry over the parent's peak across fork + exec."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return proc_status_bytes("VmHWM") or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def run_shape(name: str, path: str, mode: str, T: int, B: int, steps: int, checkpoint: bool, q) -> None:

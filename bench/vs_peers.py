@@ -41,7 +41,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bench.common import SHAPES, forward_flops, matmul_rate  # noqa: E402
+from bench.common import SHAPES, forward_flops, matmul_rate, proc_status_bytes  # noqa: E402
 from engine._blas_env import SPIN_LOG2  # noqa: E402
 from engine.testing import SynthSpec, write_model  # noqa: E402
 
@@ -69,14 +69,6 @@ WORKLOADS = {
     ),
 }  # fmt: skip
 T, WARMUP, MEASURED, RANK, ALPHA, LR = 256, 2, 5, 16, 32.0, 1e-4
-
-
-def peak_rss() -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def batch_tokens(V: int, seed: int = 0) -> np.ndarray:
@@ -113,15 +105,16 @@ def _config_of(spec: SynthSpec):
 # --- the runs (each in its own process) ---------------------------------------------------------------
 
 
-def run_ours(path: str, w: dict) -> dict:
-    from engine.model.model import Model
+def our_step(model, w: dict):
+    """The engine's training step on workload `w` (LoRA on its targets, or every weight trained): the
+    Trainable, and a function that takes one step on the benchmark batch as engine.Trainer does on the
+    CPU and returns its result and its seconds."""
     from engine.model.targets import TargetSpec, select_full, select_targets
     from engine.train.heap import keep_step_buffers
     from engine.train.optim import AdamW, OptimConfig
     from engine.train.threads import adjust_blas_threads
     from engine.train.train_model import Trainable, loss_and_grads
 
-    model = Model.load(path)
     cfg = model.config
     if w["mode"] == "lora":
         names = select_targets(model.tensors, TargetSpec(preset="none", patterns=w["targets"]), cfg.L)
@@ -130,16 +123,28 @@ def run_ours(path: str, w: dict) -> dict:
         tr = Trainable.init(model, [], rank=1, full=select_full(model.tensors, ("all",), cfg.L))
     opt = AdamW(tr.params(), OptimConfig(lr=LR, max_grad_norm=0.0))
     batch = make_batch(cfg.V)
-    times = []
-    for i in range(WARMUP + MEASURED):
+
+    def step():
         adjust_blas_threads()  # what engine.Trainer does before each CPU step
         keep_step_buffers()
         t = time.perf_counter()
         res = loss_and_grads(model, tr, batch)
         opt.step(res.grads)
+        return res, time.perf_counter() - t
+
+    return tr, step
+
+
+def run_ours(path: str, w: dict) -> dict:
+    from engine.model.model import Model
+
+    tr, step = our_step(Model.load(path), w)
+    times = []
+    for i in range(WARMUP + MEASURED):
+        res, seconds = step()
         if i >= WARMUP:
-            times.append(time.perf_counter() - t)
-    return dict(times=times, rss=peak_rss(), trainable=tr.n_params, loss=res.mean_ce)
+            times.append(seconds)
+    return dict(times=times, rss=proc_status_bytes("VmHWM"), trainable=tr.n_params, loss=res.mean_ce)
 
 
 def run_peft(path: str, w: dict) -> dict:
@@ -181,9 +186,8 @@ def run_peft(path: str, w: dict) -> dict:
         opt.zero_grad(set_to_none=True)
         if i >= WARMUP:
             times.append(time.perf_counter() - t)
-    return dict(
-        times=times, rss=peak_rss(), trainable=sum(p.numel() for p in trainable), loss=float(out.loss)
-    )
+    trained = sum(p.numel() for p in trainable)
+    return dict(times=times, rss=proc_status_bytes("VmHWM"), trainable=trained, loss=float(out.loss))
 
 
 def run_llama_finetune(path: str, w: dict, binary: str) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 # Tests run tiny models, where a second BLAS thread costs more than it gives, and far more when the
@@ -19,6 +21,48 @@ GOLDEN_MODELS = DATA / "models"
 GOLDEN_EXTRA = DATA / "models-extra"  # gemma3, deepseek, deepseek2, gpt-oss (issue 17)
 ARCHS = ("llama", "qwen2", "qwen3", "qwen2moe", "qwen3moe", "olmoe")
 EXTRA_ARCHS = ("deepseek", "deepseek2", "gpt-oss", "gemma3")  # tested in tests/engine/test_models_extra.py
+
+
+def write_chats(path, pairs, rewards=None) -> str:
+    """Write a JSONL file of one-turn chats, one (question, answer) pair a line, each with its reward when
+    `rewards` is given; returns its path."""
+    with open(path, "w", encoding="utf-8") as f:
+        for i, (question, answer) in enumerate(pairs):
+            turns = [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+            row = {"messages": turns}
+            if rewards is not None:
+                row["reward"] = rewards[i]
+            f.write(json.dumps(row) + "\n")
+    return str(path)
+
+
+def question_ids(model, question: str, add_special: bool = False):
+    """The model's tokenizer and the ids of one user question rendered by the model's own chat template
+    with the generation prompt (add_special: the tokenizer's BOS too)."""
+    from engine.text.chat_template import ChatTemplate
+    from engine.text.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_metadata(model.metadata)
+    tpl = ChatTemplate.from_metadata(model.metadata)
+    ids = tok.encode(
+        tpl.render([{"role": "user", "content": question}], add_generation_prompt=True),
+        add_special=add_special,
+        parse_special=True,
+    )
+    return tok, ids
+
+
+def modules_loaded_by(module: str, packages: tuple[str, ...]) -> list[str]:
+    """The modules of `packages` that importing `module` loads, in a fresh interpreter run from the
+    repository root."""
+    code = (
+        f"import json, sys, {module}; "
+        f"print(json.dumps([m for m in sys.modules if m.split('.')[0] in {packages!r}]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=DATA.parents[1], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout)
 
 
 def golden_cases() -> list[dict]:
@@ -65,15 +109,9 @@ def rng() -> np.random.Generator:
 @pytest.fixture
 def chats(tmp_path):
     """A JSONL file of 8 short chats (user question, assistant answer); modules may define their own."""
-    path = tmp_path / "chats.jsonl"
-    with open(path, "w", encoding="utf-8") as f:
-        for i in range(8):
-            turns = [
-                {"role": "user", "content": f"What is {i} plus {i}?"},
-                {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
-            ]
-            f.write(json.dumps({"messages": turns}) + "\n")
-    return str(path)
+    return write_chats(
+        tmp_path / "chats.jsonl", ((f"What is {i} plus {i}?", f"{i} plus {i} is {2 * i}.") for i in range(8))
+    )
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.conftest import modules_loaded_by
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -38,12 +40,7 @@ def test_no_module_imports_a_package_that_imports_it():
 
 
 def test_engine_imports_without_qt():
-    code = (
-        "import sys, engine; "
-        "print([m for m in sys.modules if m.split('.')[0] in ('PySide6', 'pyqtgraph', 'studio')])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert modules_loaded_by("engine", ("PySide6", "pyqtgraph", "studio")) == []
 
 
 def test_every_name_the_engine_exports_exists():

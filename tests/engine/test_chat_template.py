@@ -259,28 +259,23 @@ def test_unlocatable_reply_names_the_message() -> None:
         template.render_with_spans([{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}])
 
 
-def test_generation_blocks_give_the_spans() -> None:
-    source = (
+@pytest.mark.parametrize(
+    "source",
+    [
+        # Every reply in a block; the blocks end with "\n", which the spans leave out.
         "{% for m in messages %}<{{ m.role }}>"
         "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<end>\n{% endgeneration %}"
-        "{% else %}{{ m.content }}<end>\n{% endif %}{% endfor %}"
-    )
-    messages = conversation("two_turns_no_system")
-    text, spans = ChatTemplate(source).render_with_spans(messages)
-    # The blocks end with "\n", which the spans leave out.
-    assert [text[s:e] for s, e in spans] == ["Hello! How can I help?<end>", "7 is prime.<end>"]
-
-
-def test_generation_blocks_not_matching_replies_fall_back() -> None:
-    # Only the last reply is marked: the blocks do not describe every reply, so spans are located as usual.
-    source = (
+        "{% else %}{{ m.content }}<end>\n{% endif %}{% endfor %}",
+        # Only the last reply is marked: the blocks do not describe every reply, so spans are found as usual.
         "{% for m in messages %}<{{ m.role }}>"
         "{% if loop.last %}{% generation %}{{ m.content }}{% endgeneration %}"
         "{% else %}{{ m.content }}{% endif %}"
-        "<end>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
-    )
-    messages = conversation("two_turns_no_system")
-    text, spans = ChatTemplate(source).render_with_spans(messages)
+        "<end>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}",
+    ],
+    ids=["generation_blocks_give_the_spans", "generation_blocks_not_matching_replies_fall_back"],
+)
+def test_generation_block_spans(source: str) -> None:
+    text, spans = ChatTemplate(source).render_with_spans(conversation("two_turns_no_system"))
     assert [text[s:e] for s, e in spans] == ["Hello! How can I help?<end>", "7 is prime.<end>"]
 
 

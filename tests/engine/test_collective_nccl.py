@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from engine.train.collective import Collective, NcclCollective, nccl_available
+from tests.conftest import write_chats
 
 pytestmark = pytest.mark.gpu
 
@@ -63,13 +64,10 @@ def test_cuda_with_one_nccl_rank_trains_what_the_single_path_trains(cuda, tmp_pa
     from engine.testing import SynthSpec, write_model
 
     model = write_model(tmp_path / "llama.gguf", SynthSpec.for_arch("llama", seed=11))
-    data = tmp_path / "chats.jsonl"
-    with open(data, "w", encoding="utf-8") as f:
-        for i in range(16):
-            turns = [{"role": "user", "content": f"what is {i} plus {i}"},
-                     {"role": "assistant", "content": f"{i} plus {i} is {2 * i}"}]  # fmt: skip
-            f.write(json.dumps({"messages": turns}) + "\n")
-    common = [model, str(data), "--preset", "all", "--rank", "4", "--lr", "1e-2", "--steps", "10",
+    data = write_chats(
+        tmp_path / "chats.jsonl", ((f"what is {i} plus {i}", f"{i} plus {i} is {2 * i}") for i in range(16))
+    )
+    common = [model, data, "--preset", "all", "--rank", "4", "--lr", "1e-2", "--steps", "10",
               "--ctx", "48", "--batch", "4", "--grad-accum", "2", "--device", "cuda"]  # fmt: skip
     losses = {}
     for name, extra in (("single", ["--collective", "single"]), ("nccl", ["--collective", "nccl"])):

@@ -24,6 +24,7 @@ from engine.train.checkpoint import read_checkpoint
 from engine.train.collective import find_mpiexec
 from engine.train.config import CONFIG_FILE, resolve_checkpoint
 from engine.train.trainer import TrainConfig, Trainer
+from tests.conftest import write_chats
 
 pytest.importorskip("mpi4py", reason="the data-parallel tests need the test extra's mpi4py and MPICH")
 MPIEXEC = find_mpiexec()
@@ -34,19 +35,14 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("dist")
-    data = d / "chats.jsonl"
-    with open(data, "w", encoding="utf-8") as f:
-        for i in range(16):
-            turns = [
-                {"role": "user", "content": f"what is {i} plus {i}"},
-                {"role": "assistant", "content": f"{i} plus {i} is {2 * i}"},
-            ]
-            f.write(json.dumps({"messages": turns}) + "\n")
+    data = write_chats(
+        d / "chats.jsonl", ((f"what is {i} plus {i}", f"{i} plus {i} is {2 * i}") for i in range(16))
+    )
     return {
         "llama": write_model(d / "llama.gguf", SynthSpec.for_arch("llama", seed=11)),
         "qwen3moe": write_model(d / "moe.gguf", SynthSpec.for_arch("qwen3moe", seed=12)),
         "other": write_model(d / "other.gguf", SynthSpec.for_arch("llama", seed=12)),  # same size, other bits
-        "data": str(data),
+        "data": data,
     }
 
 

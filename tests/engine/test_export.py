@@ -129,14 +129,15 @@ def test_q8_0_writes_f16_for_rows_that_are_not_whole_blocks(synth_model, tmp_pat
     assert adapter_tensor_types(adapter, "F16") == dict.fromkeys(plan, "F16")
 
 
-@pytest.mark.parametrize(
-    "model_file, adapter_file, cases, scale",
-    [
-        ("llama.gguf", "llama.lora.gguf", "llama.lora.cases.npz", 1.0),
-        ("llama.gguf", "llama.lora.gguf", "llama.lora.scale0.5.cases.npz", 0.5),
-        ("qwen3moe.gguf", "qwen3moe.lora.gguf", "qwen3moe.lora.cases.npz", 1.0),
-    ],
-)
+# The golden adapters with llama.cpp's logits for them: (model, adapter, cases file, scale).
+GOLDEN_ADAPTERS = [
+    ("llama.gguf", "llama.lora.gguf", "llama.lora.cases.npz", 1.0),
+    ("llama.gguf", "llama.lora.gguf", "llama.lora.scale0.5.cases.npz", 0.5),
+    ("qwen3moe.gguf", "qwen3moe.lora.gguf", "qwen3moe.lora.cases.npz", 1.0),
+]
+
+
+@pytest.mark.parametrize("model_file, adapter_file, cases, scale", GOLDEN_ADAPTERS)
 def test_golden_adapter_exported_and_reloaded_reproduces_llama_cpp(
     model_file, adapter_file, cases, scale, tmp_path
 ):
@@ -502,14 +503,7 @@ def test_merged_with_requested_type(qtype, written, q8_base, tmp_path):
     assert report.file_type_dropped == bool(expect)
 
 
-@pytest.mark.parametrize(
-    "model_file, adapter_file, cases, scale",
-    [
-        ("llama.gguf", "llama.lora.gguf", "llama.lora.cases.npz", 1.0),
-        ("llama.gguf", "llama.lora.gguf", "llama.lora.scale0.5.cases.npz", 0.5),
-        ("qwen3moe.gguf", "qwen3moe.lora.gguf", "qwen3moe.lora.cases.npz", 1.0),
-    ],
-)
+@pytest.mark.parametrize("model_file, adapter_file, cases, scale", GOLDEN_ADAPTERS)
 def test_golden_merged_model_reproduces_llama_cpp_adapter_logits(
     model_file, adapter_file, cases, scale, tmp_path
 ):

@@ -16,18 +16,24 @@ from tests.conftest import ARCHS, GOLDEN_MODELS, golden_cases
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("case", golden_cases(), ids=lambda c: c["case"])
 def test_golden_logits_match_llama_cpp(case, dtype):
-    model = Model.load(GOLDEN_MODELS / case["model_file"], dtype=dtype)
+    check_golden_logits(GOLDEN_MODELS, case, dtype)
+
+
+def check_golden_logits(folder, case: dict, dtype) -> None:
+    """The model of a golden case (a manifest entry under `folder`), with its adapter if it has one, gives
+    llama.cpp's logits on the case's three token sequences, within the case's tolerances."""
+    model = Model.load(folder / case["model_file"], dtype=dtype)
     lora = None
     if case.get("adapter_file"):
-        lora = LoraAdapter.load(GOLDEN_MODELS / case["adapter_file"], model).terms(case["adapter"]["scale"])
-    z = np.load(GOLDEN_MODELS / case["cases_file"])
+        lora = LoraAdapter.load(folder / case["adapter_file"], model).terms(case["adapter"]["scale"])
+    z = np.load(folder / case["cases_file"])
     tol = case["tolerance"]
     for i in range(3):
         logits = model.forward(z[f"tokens_{i}"], lora=lora)
         assert logits.dtype == dtype
         err = np.abs(logits - z[f"logits_{i}"]).max()
         assert err <= tol["logits_max_abs"], f"{case['case']} seq {i}: max |diff| {err:.3g}"
-        if f"logits_f32deq_{i}" in z:
+        if f"logits_f32deq_{i}" in z:  # MXFP4: llama.cpp rounds activations to Q8_0 for logits_*
             err = np.abs(logits - z[f"logits_f32deq_{i}"]).max()
             assert err <= tol["logits_f32deq_max_abs"], f"{case['case']} seq {i} (dequantized): {err:.3g}"
 

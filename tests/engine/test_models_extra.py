@@ -31,9 +31,10 @@ from engine.testing import (
 from engine.train import events as ev
 from engine.train.train_model import Trainable, loss_and_grads
 from engine.train.trainer import TrainConfig, Trainer
-from tests.conftest import EXTRA_ARCHS, GOLDEN_EXTRA
+from tests.conftest import EXTRA_ARCHS, GOLDEN_EXTRA, write_chats
+from tests.engine.test_forward import check_golden_logits
 from tests.engine.test_grad_model import packed_batch
-from tests.engine.test_trainer import CHATS, answer, write_chats
+from tests.engine.test_trainer import CHATS, answer
 from tests.gradcheck import assert_grads_close, check_grads
 
 
@@ -44,21 +45,7 @@ def _cases() -> list[dict]:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c["case"])
 def test_golden_logits_match_llama_cpp(case, dtype):
-    model = Model.load(GOLDEN_EXTRA / case["model_file"], dtype=dtype)
-    lora = None
-    if case.get("adapter_file"):
-        adapter = LoraAdapter.load(GOLDEN_EXTRA / case["adapter_file"], model)
-        lora = adapter.terms(case["adapter"]["scale"])
-    z = np.load(GOLDEN_EXTRA / case["cases_file"])
-    tol = case["tolerance"]
-    for i in range(3):
-        logits = model.forward(z[f"tokens_{i}"], lora=lora)
-        assert logits.dtype == dtype
-        err = np.abs(logits - z[f"logits_{i}"]).max()
-        assert err <= tol["logits_max_abs"], f"{case['case']} seq {i}: max |diff| {err:.3g}"
-        if f"logits_f32deq_{i}" in z:  # MXFP4: llama.cpp rounds activations to Q8_0 for logits_*
-            err = np.abs(logits - z[f"logits_f32deq_{i}"]).max()
-            assert err <= tol["logits_f32deq_max_abs"], f"{case['case']} seq {i} (dequantized): {err:.3g}"
+    check_golden_logits(GOLDEN_EXTRA, case, dtype)
 
 
 def test_golden_gemma3_matches_llama_cpp_far_closer_than_its_tolerance_with_the_gelu_table():
@@ -183,7 +170,7 @@ def test_every_lora_kind_and_full_weights_match_finite_differences(variant, tmp_
 
 @pytest.mark.parametrize("arch", EXTRA_ARCHS)
 def test_overfits_and_generation_reproduces_the_answers(arch, tmp_path):
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     small = dict(C=32, L=2, NH=2, V=300, NKV=1, HS=16, F=32, F_exp=16)
     if arch == "deepseek":
         small.update(NKV=2)

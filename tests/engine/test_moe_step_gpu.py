@@ -19,7 +19,7 @@ from engine.testing import SynthSpec, write_model
 from engine.train import events as ev
 from engine.train.trainer import TrainConfig, Trainer
 from tests.engine.test_dense_step import _samples
-from tests.engine.test_moe_step import _targets
+from tests.engine.test_moe_step import _run, _targets
 
 pytestmark = pytest.mark.gpu
 
@@ -40,13 +40,7 @@ def _train(path, backend, arch: str, mode: str, steps: int):
     )  # fmt: skip
     trainer = Trainer(model, _samples(), cfg)
     assert isinstance(trainer.start(), ev.Started)
-    out, counts = [], []
-    for _ in range(steps):
-        seen = []
-        s = trainer.train_step(seen.append)
-        assert isinstance(s, ev.Step), s
-        out.append(s)
-        counts.append(next(np.asarray(e.counts) for e in seen if isinstance(e, ev.ExpertUsage)))
+    out, counts = _run(trainer, steps)
     assert (trainer._fused is None) == (mode == "generic")
     assert (trainer._graph is not None) == (mode == "graph"), "the capture was refused (see the log)"
     host = {k: np.asarray(backend.to_host(v)).copy() for k, v in trainer.trainable.params().items()}

@@ -244,8 +244,11 @@ def _samples(messages_list: list[list[dict[str, Any]]], line: int = 0) -> list[S
     return out
 
 
-def _assert_same_encodings(a: tuple[list[Encoded], list], b: tuple[list[Encoded], list]) -> None:
-    (ea, pa), (eb, pb) = a, b
+def _assert_encodes_as_reference(samples, tok, template, options: EncodeOptions) -> None:
+    """encode_samples gives what encode_samples_ref gives: the same problems, and per sample the same
+    index, weight, truncation, tokens and trained mask (int32 and bool arrays)."""
+    ea, pa = encode_samples(samples, tok, template, options)
+    eb, pb = encode_samples_ref(samples, tok, template, options)
     assert pa == pb
     assert len(ea) == len(eb)
     for x, y in zip(ea, eb, strict=True):
@@ -263,10 +266,7 @@ def test_tokens_and_masks_equal_the_reference_in_every_template_family(family, t
         runs += [("spm", EncodeOptions(40)), ("qwen2", EncodeOptions(64, train_on_prompt=True))]
     for name, options in runs:
         tok = tokenizers[name]
-        _assert_same_encodings(
-            encode_samples(samples, tok, template, options),
-            encode_samples_ref(samples, tok, template, options),
-        )
+        _assert_encodes_as_reference(samples, tok, template, options)
 
 
 @pytest.mark.parametrize("name", ["sample_data.jsonl", "sample_rwsft_data.jsonl"])
@@ -284,10 +284,7 @@ def test_golden_datasets_encode_as_the_reference(name, vocab, tokenizers):
         EncodeOptions(64, prompt_format="raw"),
         EncodeOptions(64, train_on_prompt=True, prompt_format="raw"),
     ):
-        _assert_same_encodings(
-            encode_samples(samples, tok, template, options),
-            encode_samples_ref(samples, tok, template, options),
-        )
+        _assert_encodes_as_reference(samples, tok, template, options)
 
 
 def test_many_samples_go_through_the_tokenizing_thread_as_the_reference(tokenizers):
@@ -300,10 +297,7 @@ def test_many_samples_go_through_the_tokenizing_thread_as_the_reference(tokenize
     samples = _samples(short, line=1)
     template = _template(CHATML_TEMPLATE)
     options = EncodeOptions(96)
-    _assert_same_encodings(
-        encode_samples(samples, tokenizers["spm"], template, options),
-        encode_samples_ref(samples, tokenizers["spm"], template, options),
-    )
+    _assert_encodes_as_reference(samples, tokenizers["spm"], template, options)
 
 
 def test_samples_that_cannot_be_rendered_or_tokenized_are_the_same_problems(tokenizers):
@@ -315,10 +309,7 @@ def test_samples_that_cannot_be_rendered_or_tokenized_are_the_same_problems(toke
     for tok in (tokenizers["spm"], tokenizers["qwen2"]):
         for template in (raising, None):
             mixed = [*samples[:10], bad, *samples[10:]]
-            _assert_same_encodings(
-                encode_samples(mixed, tok, template, EncodeOptions(64)),
-                encode_samples_ref(mixed, tok, template, EncodeOptions(64)),
-            )
+            _assert_encodes_as_reference(mixed, tok, template, EncodeOptions(64))
 
 
 TEXTS = ("a", "b", " ", "  ", "\n", "é", "日本", "🙂", "<|im_start|>", "<|im_end|>", "<s>", "</s>", "\t",
@@ -732,10 +723,7 @@ def test_edge_samples_encode_as_the_reference(vocab, tokenizers):
         EncodeOptions(4096, prompt_format="raw"),
         EncodeOptions(4, train_on_prompt=True, prompt_format="raw"),
     ):
-        _assert_same_encodings(
-            encode_samples(samples, tok, template, options),
-            encode_samples_ref(samples, tok, template, options),
-        )
+        _assert_encodes_as_reference(samples, tok, template, options)
 
 
 def test_without_a_cache_the_files_are_temporary(tokenizers, tmp_path, monkeypatch):

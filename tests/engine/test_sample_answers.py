@@ -8,13 +8,14 @@ from engine.model.model import Model
 from engine.model.targets import TargetSpec
 from engine.train import events as ev
 from engine.train.trainer import TrainConfig, Trainer
-from tests.engine.test_trainer import answer, models, run, write_chats  # noqa: F401 - models: fixture
+from tests.conftest import write_chats
+from tests.engine.test_trainer import CHATS, answer, models, run  # noqa: F401 - models: fixture
 
 PROMPTS = ("hello", "who are you")
 
 
 def test_sample_answers_at_the_planned_steps_with_the_adapter_of_that_step(models, tmp_path):  # noqa: F811
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     out = tmp_path / "adapter.gguf"
     cfg = TrainConfig(
         targets=TargetSpec(preset="all"), rank=8, alpha=16, lr=1e-2, steps=30, schedule="constant",
@@ -42,7 +43,7 @@ def test_sample_answers_at_the_planned_steps_with_the_adapter_of_that_step(model
 
 
 def test_no_sample_answers_unless_asked(models, tmp_path):  # noqa: F811
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     cfg = TrainConfig(targets=TargetSpec(preset="all"), steps=2, n_ctx=64, batch_size=3, sample_every=1)
     got, _ = run(Trainer(models["llama"], data, cfg))
     assert not [e for e in got if isinstance(e, ev.SampleAnswers)]
@@ -51,7 +52,7 @@ def test_no_sample_answers_unless_asked(models, tmp_path):  # noqa: F811
 def test_cli_prints_and_keeps_sample_answers(models, tmp_path, capsys):  # noqa: F811
     from engine.cli.main import main
 
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("hello\n\nwho are you\n", encoding="utf-8")
     events = tmp_path / "ev.jsonl"
@@ -113,7 +114,7 @@ def test_prompts_from_the_validation_split_first_in_file_order(models, tmp_path)
 
 
 def test_validation_prompts_asked_for_and_none_there_is_said(models, tmp_path):  # noqa: F811
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     cfg = TrainConfig(targets=TargetSpec(preset="all"), steps=2, n_ctx=64, batch_size=3, sample_every=1,
                       sample_tokens=2, sample_from_validation=2)  # fmt: skip
     got, result = run(Trainer(models["llama"], data, cfg))

@@ -19,22 +19,13 @@ from engine.text.tokenizer import Tokenizer
 from engine.train import events as ev
 from engine.train.data import load_jsonl
 from engine.train.trainer import TrainConfig, Trainer
+from tests.conftest import question_ids, write_chats
 
 CHATS = [
     ("hello", "the quick brown fox"),
     ("what is water", "water is one of the people"),
     ("who are you", "my name is lazy dog"),
 ]
-
-
-def write_chats(path, chats=CHATS, rewards=None):
-    with open(path, "w", encoding="utf-8") as f:
-        for i, (q, a) in enumerate(chats):
-            row = {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}
-            if rewards is not None:
-                row["reward"] = rewards[i]
-            f.write(json.dumps(row) + "\n")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -47,13 +38,7 @@ def models(tmp_path_factory):
 
 
 def answer(model: Model, adapter_terms, question: str) -> str:
-    tok = Tokenizer.from_metadata(model.metadata)
-    tpl = ChatTemplate.from_metadata(model.metadata)
-    prompt = tok.encode(
-        tpl.render([{"role": "user", "content": question}], add_generation_prompt=True),
-        add_special=True,
-        parse_special=True,
-    )
+    tok, prompt = question_ids(model, question, add_special=True)
     [g] = generate(model, prompt, sampling=GREEDY, stop_ids=tok.eot_ids, lora=adapter_terms)
     return tok.decode(list(g.tokens))
 
@@ -70,7 +55,7 @@ def run(trainer: Trainer, stop_after: int | None = None):
 
 @pytest.mark.parametrize("arch,preset,steps", [("llama", "all", 60), ("qwen3moe", "experts", 150)])
 def test_overfits_and_generation_reproduces_the_answers(models, tmp_path, arch, preset, steps):
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     out = tmp_path / "adapter.gguf"
     cfg = TrainConfig(
         targets=TargetSpec(preset=preset),
@@ -104,7 +89,7 @@ def test_overfits_and_generation_reproduces_the_answers(models, tmp_path, arch, 
 
 
 def test_resume_continues_the_same_trajectory(models, tmp_path):
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     base = dict(
         targets=TargetSpec(preset="attention"),
         rank=4,
@@ -143,7 +128,7 @@ def test_a_checkpoint_carries_its_runs_plan_settings_data_and_counters(models, t
     its own settings continues the counters and the trajectory; too few planned steps fail clearly."""
     from engine.train.resume import read_checkpoint_info, trajectory_changes
 
-    samples, _ = load_jsonl(write_chats(tmp_path / "d.jsonl"))
+    samples, _ = load_jsonl(write_chats(tmp_path / "d.jsonl", CHATS))
     cfg = TrainConfig(targets=TargetSpec(preset="attention"), rank=4, lr=5e-3, steps=6, n_ctx=32, seed=3)
     full_run, _ = run(Trainer(models["llama"], samples, cfg))
     ckpt = tmp_path / "run-checkpoints"
@@ -173,7 +158,7 @@ def test_a_checkpoint_carries_its_runs_plan_settings_data_and_counters(models, t
 
 
 def test_stop_is_graceful_and_leaves_a_consistent_checkpoint(models, tmp_path):
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     cfg = TrainConfig(
         rank=4, steps=50, n_ctx=32, checkpoint_dir=str(tmp_path / "c"), out=str(tmp_path / "a.gguf")
     )
@@ -189,7 +174,7 @@ def test_stop_is_graceful_and_leaves_a_consistent_checkpoint(models, tmp_path):
 
 
 def test_non_finite_loss_fails_with_the_step_and_keeps_the_last_checkpoint(models, tmp_path):
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     ckpt = tmp_path / "c"
     cfg = TrainConfig(
         rank=4, steps=10, n_ctx=32, checkpoint_dir=str(ckpt), checkpoint_every=1, keep_checkpoints=5
@@ -221,7 +206,7 @@ def test_bad_dataset_is_a_failed_event_with_the_reason(models, tmp_path):
 
 def test_problems_are_reported_in_the_plan(models, tmp_path):
     p = tmp_path / "mixed.jsonl"
-    write_chats(p)
+    write_chats(p, CHATS)
     with open(p, "a", encoding="utf-8") as f:
         f.write("{broken\n")
     got, result = run(Trainer(models["llama"], str(p), TrainConfig(steps=1, n_ctx=32)))
@@ -273,7 +258,7 @@ def test_reward_modes_train(models, tmp_path, mode, kl):
 
 
 def test_full_weight_training_of_norms_and_router(models, tmp_path):
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     cfg = TrainConfig(
         targets=TargetSpec(preset="none"),
         full=("attn_norm", "ffn_norm", "ffn_gate_inp"),
@@ -297,7 +282,7 @@ def test_full_weight_training_of_norms_and_router(models, tmp_path):
 
 
 def test_training_continues_from_an_adapter_file(models, tmp_path):
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     first = tmp_path / "a.gguf"
     _, r1 = run(
         Trainer(
@@ -333,7 +318,7 @@ def test_validation_split_and_eval_events(models, tmp_path):
 
 def test_events_serialise_as_json_lines(models, tmp_path):
     got, _ = run(
-        Trainer(models["qwen3moe"], write_chats(tmp_path / "d.jsonl"), TrainConfig(steps=1, n_ctx=32))
+        Trainer(models["qwen3moe"], write_chats(tmp_path / "d.jsonl", CHATS), TrainConfig(steps=1, n_ctx=32))
     )
     for e in got:
         row = json.loads(ev.event_to_json(e))
@@ -342,7 +327,7 @@ def test_events_serialise_as_json_lines(models, tmp_path):
 
 @pytest.mark.parametrize("out_type,atol", [("F32", 0.0), ("F16", 2e-3), ("Q8_0", 2e-2)])
 def test_exported_adapter_reloads_with_the_trainers_logits(models, tmp_path, out_type, atol):
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     out = tmp_path / "a.gguf"
     cfg = TrainConfig(targets=TargetSpec(preset="all", patterns=("output", "token_embd")), rank=8, lr=1e-2,
                       steps=5, n_ctx=64, batch_size=3, out=str(out), out_type=out_type)  # fmt: skip
@@ -363,7 +348,7 @@ def test_exported_adapter_reloads_with_the_trainers_logits(models, tmp_path, out
 def test_every_run_keeps_a_record_the_history_reads(models, tmp_path):
     from engine.train.runs import find_runs, latest_finished
 
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     out = tmp_path / "out"
     base = dict(
         targets=TargetSpec(preset="attention"), rank=4, lr=5e-3, n_ctx=64, val_split=0.34, eval_every=2

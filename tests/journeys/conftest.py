@@ -10,7 +10,6 @@ the UI thread then deadlock on the interpreter lock and a Qt lock (seen: a journ
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +17,9 @@ import pytest
 from PySide6.QtCore import QEvent, QSettings
 from PySide6.QtWidgets import QApplication
 
-from engine import GREEDY, ChatTemplate, LoraAdapter, Model, SynthSpec, Tokenizer, generate, write_model
+from engine import GREEDY, LoraAdapter, Model, SynthSpec, generate, write_model
 from studio.main_window import MainWindow
+from tests.conftest import question_ids, write_chats
 from tests.studio.conftest import (  # noqa: F401 - autouse fixtures: the GC discipline
     collect_everything_after_each_module,
     collect_garbage_on_the_main_thread,
@@ -59,11 +59,7 @@ def facts(tmp_path) -> str:
     """16 chat samples teaching one made-up answer (the Zorblaxia trial, on the tiny vocabulary)."""
     path = tmp_path / "data" / "facts.jsonl"
     path.parent.mkdir()
-    with open(path, "w", encoding="utf-8") as f:
-        for q in QUESTIONS:
-            turns = [{"role": "user", "content": q}, {"role": "assistant", "content": ANSWER}]
-            f.write(json.dumps({"messages": turns}) + "\n")
-    return str(path)
+    return write_chats(path, ((q, ANSWER) for q in QUESTIONS))
 
 
 class App:
@@ -109,6 +105,13 @@ def open_model(qtbot, window: MainWindow, path: str) -> None:
         assert window.open_model(path)
 
 
+def open_model_and_dataset(qtbot, window: MainWindow, model: str, dataset: str) -> None:
+    """What a user does first: open a model, then a dataset; the Train page has checked the run."""
+    open_model(qtbot, window, model)
+    assert window.open_dataset(dataset)
+    checked(qtbot, window)
+
+
 def checked(qtbot, window: MainWindow) -> None:
     """The Train page has checked the next run with the settings now shown (and a preset that
     followed the dataset has been checked again)."""
@@ -150,41 +153,31 @@ def chat(qtbot, window: MainWindow, text: str, adapter: bool) -> str:
     return answered.args[0].text
 
 
+def _lora(model, adapter: str | None):
+    """The adapter file's LoRA terms for the model, or None for the base model."""
+    return LoraAdapter.load(adapter, model).terms() if adapter else None
+
+
 def greedy(model_path: str, question: str, adapter: str | None = None) -> str:
     """The engine's own greedy answer (no window): base model, or with an adapter file."""
     model = Model.load(model_path)
-    tok = Tokenizer.from_metadata(model.metadata)
-    tpl = ChatTemplate.from_metadata(model.metadata)
-    ids = tok.encode(
-        tpl.render([{"role": "user", "content": question}], add_generation_prompt=True),
-        add_special=False,
-        parse_special=True,
-    )
-    lora = LoraAdapter.load(adapter, model).terms() if adapter else None
-    [g] = generate(model, ids, sampling=GREEDY, stop_ids=tok.eot_ids, lora=lora)
+    tok, ids = question_ids(model, question)
+    [g] = generate(model, ids, sampling=GREEDY, stop_ids=tok.eot_ids, lora=_lora(model, adapter))
     return tok.decode(list(g.tokens))
 
 
 def logits(model_path: str, tokens, adapter: str | None = None) -> np.ndarray:
     model = Model.load(model_path)
-    lora = LoraAdapter.load(adapter, model).terms() if adapter else None
-    return model.forward(np.asarray(tokens, dtype=np.int64), lora=lora)
+    return model.forward(np.asarray(tokens, dtype=np.int64), lora=_lora(model, adapter))
 
 
 def answer_accuracy(model_path: str, question: str, answer: str, adapter: str | None = None) -> float:
     """The share of the answer's tokens the model predicts greedily, given the question and the answer
     so far (teacher forcing): 1.0 when it says the answer word for word."""
     model = Model.load(model_path)
-    tok = Tokenizer.from_metadata(model.metadata)
-    tpl = ChatTemplate.from_metadata(model.metadata)
-    prompt = tok.encode(
-        tpl.render([{"role": "user", "content": question}], add_generation_prompt=True),
-        add_special=False,
-        parse_special=True,
-    )
+    tok, prompt = question_ids(model, question)
     target = tok.encode(answer, add_special=False, parse_special=False)
     ids = np.asarray(prompt + target, dtype=np.int64)
-    lora = LoraAdapter.load(adapter, model).terms() if adapter else None
-    z = model.forward(ids, lora=lora)  # (T, V)
+    z = model.forward(ids, lora=_lora(model, adapter))  # (T, V)
     predicted = np.argmax(z[len(prompt) - 1 : -1], axis=-1)
     return float(np.mean(predicted == np.asarray(target)))

@@ -8,14 +8,12 @@ from PySide6.QtGui import QKeySequence
 
 from engine import Finished
 
-from .conftest import chat, checked, open_model, train
+from .conftest import chat, checked, open_model, open_model_and_dataset, train
 
 
 def test_new_project_resets_every_page(qtbot, app, tiny_q4, facts):
     window = app.launch()
-    open_model(qtbot, window, tiny_q4)
-    assert window.open_dataset(facts)
-    checked(qtbot, window)
+    open_model_and_dataset(qtbot, window, tiny_q4, facts)
     window.project.update_config(steps=4)
     checked(qtbot, window)
     result = train(qtbot, window)

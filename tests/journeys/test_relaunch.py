@@ -19,7 +19,7 @@ import pytest
 from engine import Finished, LoraAdapter, Model, Step, Trainer
 from engine.train import trainer as trainer_module
 
-from .conftest import TIMEOUT_MS, checked, open_model, train
+from .conftest import TIMEOUT_MS, checked, open_model, open_model_and_dataset, train
 
 
 @pytest.fixture
@@ -38,9 +38,7 @@ def test_close_mid_run_relaunch_and_resume_from_runs_finishes_the_same_run(
     qtbot, app, tiny_q4, facts, slow_steps
 ):
     window = app.launch()
-    open_model(qtbot, window, tiny_q4)
-    assert window.open_dataset(facts)
-    checked(qtbot, window)
+    open_model_and_dataset(qtbot, window, tiny_q4, facts)
     window.project.update_config(steps=24, warmup_steps=2)  # a short run: what matters is its middle
     checked(qtbot, window)
     page = window.train_page
@@ -128,9 +126,7 @@ def test_close_mid_run_relaunch_and_resume_from_runs_finishes_the_same_run(
 
 def test_a_finished_run_is_offered_everywhere_after_a_relaunch(qtbot, app, tiny_q4, facts):
     window = app.launch()
-    open_model(qtbot, window, tiny_q4)
-    assert window.open_dataset(facts)
-    checked(qtbot, window)
+    open_model_and_dataset(qtbot, window, tiny_q4, facts)
     window.project.update_config(steps=8)
     checked(qtbot, window)
     result = train(qtbot, window)

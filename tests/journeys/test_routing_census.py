@@ -13,15 +13,13 @@ from engine import Finished, LoraAdapter, Model, left_out
 from studio.widgets.plot_parts import legend_names
 from tests.engine.test_census import _model_with_unreached
 
-from .conftest import TIMEOUT_MS, checked, open_model, train
+from .conftest import TIMEOUT_MS, checked, open_model_and_dataset, train
 
 
 def test_count_routing_leave_out_unreached_and_balance(qtbot, app, facts, tmp_path):
     path, unreached = _model_with_unreached(tmp_path)  # layer 1 expert 2, layer 2 experts 0 and 3
     window = app.launch()
-    open_model(qtbot, window, path)
-    assert window.open_dataset(facts)
-    checked(qtbot, window)
+    open_model_and_dataset(qtbot, window, path, facts)
     window.show_page_named("Targets")
     page = window.targets_page
     assert page.apply_preset("all")  # attention, router, experts

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 from engine import Finished
 
-from .conftest import checked, open_model, train
+from .conftest import checked, open_model_and_dataset, train
 
 
 def test_typed_prompts_come_back_with_the_project_and_are_answered(qtbot, app, tiny_q4, facts, tmp_path):
     window = app.launch()
-    open_model(qtbot, window, tiny_q4)
-    assert window.open_dataset(facts)
-    checked(qtbot, window)
+    open_model_and_dataset(qtbot, window, tiny_q4, facts)
     window.project.update_config(steps=6)
     window.show_page_named("Train")
     plots, tab = window.train_page.plots, window.train_page.sample_answers

@@ -16,14 +16,22 @@ import numpy as np
 from engine import TOLERANCE, ChatTemplate, Finished, GGUFFile, TargetSpec
 from tests.engine import gotemplate
 
-from .conftest import ANSWER, QUESTIONS, answer_accuracy, chat, checked, greedy, logits, open_model, train
+from .conftest import (
+    ANSWER,
+    QUESTIONS,
+    answer_accuracy,
+    chat,
+    checked,
+    greedy,
+    logits,
+    open_model_and_dataset,
+    train,
+)
 
 
 def test_train_chat_and_merge_with_defaults_keeps_the_fine_tune(qtbot, app, tiny_q4, facts):
     window = app.launch()
-    open_model(qtbot, window, tiny_q4)
-    assert window.open_dataset(facts)
-    checked(qtbot, window)
+    open_model_and_dataset(qtbot, window, tiny_q4, facts)
     # settings of one's own, that teach the tiny model the answer word for word
     window.project.update_config(
         steps=60, lr=1e-2, schedule="constant", n_ctx=64, batch_size=8, targets=TargetSpec(preset="all")
@@ -93,9 +101,7 @@ def LoraAdapterNames(path: str) -> list[str]:  # noqa: N802 - reads like the set
 
 def test_the_default_preset_on_a_small_dataset_changes_the_answer(qtbot, app, tiny_q4, facts):
     window = app.launch()
-    open_model(qtbot, window, tiny_q4)
-    assert window.open_dataset(facts)
-    checked(qtbot, window)
+    open_model_and_dataset(qtbot, window, tiny_q4, facts)
     page = window.train_page
     # nothing was touched: the settings are the default preset, fitted to 16 short samples
     assert page.settings.preset_combo.currentText() == "balanced"

@@ -37,7 +37,49 @@ from pathlib import Path
 
 import numpy as np
 
-SHIM = r"""
+# The bit casts, round-to-nearest arithmetic, byte permute and half/bfloat16 conversions of CUDA, on the host:
+# every emulator's shim ends its common part with these.
+BIT_SHIM = r"""
+static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+static inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+
+static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const uint64_t v = ((uint64_t)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+}
+
+struct emu_half { unsigned short bits; };
+static inline emu_half __ushort_as_half(unsigned short b) { return {b}; }
+static inline float __half2float(emu_half h) {
+    const unsigned s = (h.bits >> 15) & 1, e = (h.bits >> 10) & 31, m = h.bits & 1023;
+    if (e == 0) {
+        const float f = std::ldexp((float)m, -24);  // zero or subnormal, exact
+        return s ? -f : f;
+    }
+    if (e == 31) return __uint_as_float((s << 31) | 0x7f800000u | (m << 13));
+    return __uint_as_float((s << 31) | ((e + 112) << 23) | (m << 13));
+}
+
+struct emu_bf16 { unsigned short bits; };
+static inline emu_bf16 __float2bfloat16_rn(float f) {
+    const unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return {(unsigned short)0x7fff};  // NaN, as CUDA gives it
+    return {(unsigned short)((u + 0x7fffu + ((u >> 16) & 1)) >> 16)};
+}
+static inline unsigned short __bfloat16_as_ushort(emu_bf16 b) { return b.bits; }
+"""
+
+SHIM = (
+    r"""
 #include <algorithm>
 #include <barrier>
 #include <cmath>
@@ -68,40 +110,9 @@ template <class T> static inline T __ldg(const T* p) { return *p; }
 template <class T> static inline void __stwb(T* p, T v) { *p = v; }
 static inline long long min(long long a, long long b) { return a < b ? a : b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
-
-static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-
-static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
-    const uint64_t v = ((uint64_t)y << 32) | x;
-    unsigned r = 0;
-    for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
-    return r;
-}
-
-struct emu_half { unsigned short bits; };
-static inline emu_half __ushort_as_half(unsigned short b) { return {b}; }
-static inline float __half2float(emu_half h) {
-    const unsigned s = (h.bits >> 15) & 1, e = (h.bits >> 10) & 31, m = h.bits & 1023;
-    if (e == 0) {
-        const float f = std::ldexp((float)m, -24);  // zero or subnormal, exact
-        return s ? -f : f;
-    }
-    if (e == 31) return __uint_as_float((s << 31) | 0x7f800000u | (m << 13));
-    return __uint_as_float((s << 31) | ((e + 112) << 23) | (m << 13));
-}
-
-struct emu_bf16 { unsigned short bits; };
-static inline emu_bf16 __float2bfloat16_rn(float f) {
-    const unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return {(unsigned short)0x7fff};  // NaN, as CUDA gives it
-    return {(unsigned short)((u + 0x7fffu + ((u >> 16) & 1)) >> 16)};
-}
-static inline unsigned short __bfloat16_as_ushort(emu_bf16 b) { return b.bits; }
 """
+    + BIT_SHIM
+)
 
 _CPP_TYPES = {"ptr": "const void*", "i64": "long long", "i32": "int"}
 _CTYPES = {"ptr": ctypes.c_void_p, "i64": ctypes.c_longlong, "i32": ctypes.c_int}
@@ -165,7 +176,8 @@ extern "C" int emu_launch(const void* fn, int grid, int threads, {decl}) {{
 # ----------------------------------------------------------------------------------------------
 # FiberKernels: every CUDA thread a fiber
 
-FIBER_SHIM = r"""
+FIBER_SHIM = (
+    r"""
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -214,44 +226,9 @@ static inline int max(int a, int b) { return a > b ? a : b; }
 static inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
 static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
-
-static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
-static inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
-static inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
-static inline float __fmul_rn(float a, float b) { return a * b; }
-static inline float __fadd_rn(float a, float b) { return a + b; }
-static inline float __fsub_rn(float a, float b) { return a - b; }
-static inline float __fdiv_rn(float a, float b) { return a / b; }
-static inline float __fsqrt_rn(float a) { return std::sqrt(a); }
-
-static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
-    const uint64_t v = ((uint64_t)y << 32) | x;
-    unsigned r = 0;
-    for (int i = 0; i < 4; ++i) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
-    return r;
-}
-
-struct emu_half { unsigned short bits; };
-static inline emu_half __ushort_as_half(unsigned short b) { return {b}; }
-static inline float __half2float(emu_half h) {
-    const unsigned s = (h.bits >> 15) & 1, e = (h.bits >> 10) & 31, m = h.bits & 1023;
-    if (e == 0) {
-        const float f = std::ldexp((float)m, -24);
-        return s ? -f : f;
-    }
-    if (e == 31) return __uint_as_float((s << 31) | 0x7f800000u | (m << 13));
-    return __uint_as_float((s << 31) | ((e + 112) << 23) | (m << 13));
-}
-
-struct emu_bf16 { unsigned short bits; };
-typedef emu_bf16 __nv_bfloat16;
-static inline emu_bf16 __float2bfloat16_rn(float f) {
-    const unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return {(unsigned short)0x7fff};
-    return {(unsigned short)((u + 0x7fffu + ((u >> 16) & 1)) >> 16)};
-}
-static inline unsigned short __bfloat16_as_ushort(emu_bf16 b) { return b.bits; }
+"""
+    + BIT_SHIM
+    + r"""typedef emu_bf16 __nv_bfloat16;
 static inline emu_bf16 __ushort_as_bfloat16(unsigned short b) { return {b}; }
 static inline float __bfloat162float(emu_bf16 b) { return __uint_as_float((unsigned)b.bits << 16); }
 
@@ -363,6 +340,7 @@ static inline int __all_sync(unsigned m, int p) {
     return r == emu_warp_live[emu_fibers[emu_cur].lin >> 5];
 }
 """
+)
 
 FIBER_LAUNCHER = r"""
 template <class... A, size_t... I>

@@ -38,10 +38,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.kernels.emulate import _host_source, compiler, gxx_defines
+from tests.kernels.emulate import BIT_SHIM, _host_source, compiler, gxx_defines
 
-SHIM = r"""
+SHIM = (
+    r"""
 #include <math.h>
+#include <cmath>
 #include <setjmp.h>
 #include <ucontext.h>
 #include <cstddef>
@@ -89,18 +91,9 @@ static inline long long min(long long a, long long b) { return a < b ? a : b; }
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline long long max(long long a, long long b) { return a > b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
-static inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
-static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-static inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
-
-struct emu_bf16 { unsigned short bits; };
-static inline emu_bf16 __float2bfloat16_rn(float f) {
-    const unsigned u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return {(unsigned short)0x7fff};  // NaN, as CUDA gives it
-    return {(unsigned short)((u + 0x7fffu + ((u >> 16) & 1)) >> 16)};
-}
-static inline unsigned short __bfloat16_as_ushort(emu_bf16 b) { return b.bits; }
-
+"""
+    + BIT_SHIM
+    + r"""
 // ---- fibers: one per CUDA thread of a block, on one OS thread ----------------------------------------
 // switches are GCC's __builtin_setjmp/__builtin_longjmp: none of glibc _longjmp's unwinding of pthread
 // cleanup handlers (a sixth of the emulators' time); __builtin_longjmp must not be called from the
@@ -320,6 +313,7 @@ template <class... A> static void emu_invoke(void (*fn)(A...), void** argv) {
     emu_call(fn, argv, std::index_sequence_for<A...>{});
 }
 """
+)
 
 
 class EmulationError(RuntimeError):

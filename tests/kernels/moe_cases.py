@@ -223,6 +223,13 @@ def run_case(case: MoeCase, inp: dict, rt: Runtime, poison: bool = True) -> dict
         "dx": dx,
         "dweights_experts": dweights,
     }
+    _put_weight_grads(out, dW, dlora, db)
+    return {k: to_host(v) for k, v in out.items()}
+
+
+def _put_weight_grads(out: dict, dW, dlora: dict, db) -> None:
+    """The weight gradients under their result names: dW_<name> (when the base weights were trained),
+    dA_<name> and dB_<name> of each LoRA pair, db_<name> of each bias."""
     if dW is not None:
         for n in NAMES:
             out[f"dW_{n}"] = dW[n]
@@ -230,7 +237,6 @@ def run_case(case: MoeCase, inp: dict, rt: Runtime, poison: bool = True) -> dict
         out[f"dA_{n}"], out[f"dB_{n}"] = dA, dB
     for n, d in (db or {}).items():
         out[f"db_{n}"] = d
-    return {k: to_host(v) for k, v in out.items()}
 
 
 def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
@@ -331,13 +337,7 @@ def reference(case: MoeCase, inp: dict, got: dict) -> dict:
             lo = int(routing.offsets[acts.e])
             rows[lo : lo + len(acts.pairs)] = getattr(acts, name)
         ref[name] = rows
-    if dW is not None:
-        for n in NAMES:
-            ref[f"dW_{n}"] = dW[n]
-    for n, (dA, dB) in dlora.items():
-        ref[f"dA_{n}"], ref[f"dB_{n}"] = dA, dB
-    for n, d in (db or {}).items():
-        ref[f"db_{n}"] = d
+    _put_weight_grads(ref, dW, dlora, db)
     return ref
 
 

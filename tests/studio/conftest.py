@@ -35,6 +35,33 @@ def collect_garbage_on_the_main_thread():
     gc.enable()
 
 
+def show_active(qtbot, widget, size: tuple[int, int] | None = None) -> None:
+    """Show a top-level widget (resized to `size` first if given) and wait until it is exposed and is the
+    active window, where its shortcuts work."""
+    if size is not None:
+        widget.resize(*size)
+    widget.show()
+    qtbot.waitExposed(widget)
+    widget.activateWindow()
+    qtbot.waitUntil(widget.isActiveWindow, timeout=2000)
+
+
+def submit_text(qtbot, page, edit, text: str, signal, submit, keyboard: bool, timeout: int):
+    """Type `text` in the page's `edit` and submit it, by Ctrl+Enter in the box (keyboard=True) or by
+    calling `submit`; wait for `signal` and for the page to be idle; the signal's arguments."""
+    from PySide6.QtCore import Qt
+
+    edit.setPlainText(text)
+    with qtbot.waitSignal(signal, timeout=timeout) as fired:
+        if keyboard:
+            edit.setFocus()
+            qtbot.keyClick(edit, Qt.Key_Return, Qt.ControlModifier)
+        else:
+            assert submit()
+    qtbot.waitUntil(lambda: not page.is_busy(), timeout=timeout)
+    return fired.args
+
+
 @pytest.fixture
 def engine(qtbot):
     """The app's engine worker (one thread, the open model), shut down after the test."""

@@ -19,7 +19,7 @@ from engine import RUN, RunRecord, lora_shapes, write_adapter
 from studio.pages.chat.page import BASE, ChatPage
 from studio.project import Project
 from studio.resources import DEMO_MODEL
-from tests.studio.conftest import SMALL
+from tests.studio.conftest import SMALL, show_active, submit_text
 
 TIMEOUT_MS = 20_000
 
@@ -50,25 +50,13 @@ def page(qtbot, engine, tmp_path, demo_info) -> ChatPage:
     page = ChatPage(project, engine, settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat))
     qtbot.addWidget(page)
     page.set_model_info(demo_info)
-    page.resize(1100, 700)
-    page.show()
-    qtbot.waitExposed(page)
-    page.activateWindow()  # the page's shortcuts work in the active window
-    qtbot.waitUntil(page.isActiveWindow, timeout=2000)
+    show_active(qtbot, page, (1100, 700))
     yield page
     qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
 
 
 def send(qtbot, page: ChatPage, text: str, keyboard: bool = False):
-    page.input.setPlainText(text)
-    with qtbot.waitSignal(page.sig_answered, timeout=TIMEOUT_MS) as answered:
-        if keyboard:
-            page.input.setFocus()
-            qtbot.keyClick(page.input, Qt.Key_Return, Qt.ControlModifier)
-        else:
-            assert page.send()
-    qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
-    return answered.args[0]
+    return submit_text(qtbot, page, page.input, text, page.sig_answered, page.send, keyboard, TIMEOUT_MS)[0]
 
 
 def test_a_multi_turn_conversation_streams_and_is_kept(qtbot, page, monkeypatch):
@@ -122,10 +110,7 @@ def test_ctrl_n_inside_the_page_is_new_chat_not_the_windows_new_project(qtbot, e
     new_project.triggered.connect(lambda: fired.append(True))
     window.addAction(new_project)
     window.setCentralWidget(page)
-    window.show()
-    qtbot.waitExposed(window)
-    window.activateWindow()
-    qtbot.waitUntil(window.isActiveWindow, timeout=2000)
+    show_active(qtbot, window)
     send(qtbot, page, "Hello")
     assert page.history
     page.input.setFocus()
@@ -140,10 +125,7 @@ def test_coming_to_the_page_puts_the_cursor_in_the_message_box(qtbot, page):
     qtbot.addWidget(window)
     window.setCentralWidget(page)
     page.hide()
-    window.show()
-    qtbot.waitExposed(window)
-    window.activateWindow()
-    qtbot.waitUntil(window.isActiveWindow, timeout=2000)
+    show_active(qtbot, window)
     page.show()  # what the window's page stack does on Ctrl+5
     qtbot.waitUntil(page.input.hasFocus, timeout=2000)
     qtbot.keyClicks(window.focusWidget(), "Hi")

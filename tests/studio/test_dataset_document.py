@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 from engine import DatasetError, load_jsonl, sample_to_json
 from studio.dataset_document import DatasetChange, DatasetDocument
 from studio.pages.dataset.table import new_sample, rebuild_sample
+from tests.conftest import modules_loaded_by
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE_DATA = ROOT / "tests" / "data" / "datasets" / "sample_data.jsonl"
@@ -48,12 +47,7 @@ def with_reply(doc: DatasetDocument, row: int, text: str):
 
 
 def test_the_document_module_does_not_import_qt():
-    code = (
-        "import sys, studio.dataset_document; "
-        "print([m for m in sys.modules if m.split('.')[0] in ('PySide6', 'pyqtgraph')])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert modules_loaded_by("studio.dataset_document", ("PySide6", "pyqtgraph")) == []
 
 
 def test_undo_and_redo_walk_every_step_back_and_forth(doc):

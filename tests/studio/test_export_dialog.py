@@ -5,7 +5,6 @@ training run, the Export page's inline flow, and screenshots (set TUNE_STUDIO_SH
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
@@ -35,6 +34,7 @@ from engine import (
 from studio.pages.export.dialog import ExportDialog
 from studio.pages.export.page import ExportPage
 from studio.project import ModelInfo, Project
+from tests.conftest import write_chats
 
 TIMEOUT_MS = 15_000
 SHOTS = Path(os.environ["TUNE_STUDIO_SHOTS"]) if os.environ.get("TUNE_STUDIO_SHOTS") else None
@@ -329,19 +329,12 @@ def trained_run(files, tmp_path_factory):
     """Two real training steps with a checkpoint after each: <runs>/chats-run.gguf and
     <runs>/chats-run-checkpoints/ckpt-00000{1,2}/adapter.gguf, as the Train page lays them out."""
     runs = tmp_path_factory.mktemp("runs")
-    chats = runs / "chats.jsonl"
-    with open(chats, "w", encoding="utf-8") as f:
-        for i in range(4):
-            turns = [
-                {"role": "user", "content": f"hello {i}"},
-                {"role": "assistant", "content": "yes the fox"},
-            ]
-            f.write(json.dumps({"messages": turns}) + "\n")
+    chats = write_chats(runs / "chats.jsonl", ((f"hello {i}", "yes the fox") for i in range(4)))
     config = TrainConfig(
         targets=TargetSpec(preset="attention"), rank=4, steps=2, n_ctx=64, lr=1e-2, checkpoint_every=1,
         checkpoint_dir=str(runs / "chats-run-checkpoints"), out=str(runs / "chats-run.gguf"),
     )  # fmt: skip
-    done = Trainer(files.base, str(chats), config).run()
+    done = Trainer(files.base, chats, config).run()
     assert type(done).__name__ == "Finished", done
     return runs
 

@@ -11,6 +11,15 @@ from studio.resources import DEMO_MODEL
 from tests.conftest import GOLDEN_EXTRA
 
 
+def opened_page(qtbot, engine, path, project: Project | None = None) -> ModelPage:
+    """A Model page that has opened the model file at `path`."""
+    page = ModelPage(project or Project(), engine)
+    qtbot.addWidget(page)
+    with qtbot.waitSignal(page.sig_model_opened, timeout=20_000):
+        page.open_path(path)
+    return page
+
+
 def test_demo_model_opens_and_shows_its_facts(qtbot, engine):
     project = Project()
     page = ModelPage(project, engine)
@@ -30,10 +39,7 @@ def test_demo_model_opens_and_shows_its_facts(qtbot, engine):
 
 def test_memory_estimate_follows_targets_and_settings(qtbot, engine):
     project = Project()
-    page = ModelPage(project, engine)
-    qtbot.addWidget(page)
-    with qtbot.waitSignal(page.sig_model_opened, timeout=20_000):
-        page.open_path(DEMO_MODEL)
+    page = opened_page(qtbot, engine, DEMO_MODEL, project)
     attention = page.memory_label.text()
     assert attention.startswith("≈") and "16 adapted tensors" in attention
     assert "model file" in attention and "stays quantized" in attention
@@ -70,10 +76,7 @@ def test_device_choice_offers_cpu_and_explains_missing_gpu(qtbot, engine):
 
 def test_another_model_replaces_every_fact_of_the_old_one(qtbot, engine, synth_model):
     project = Project()
-    page = ModelPage(project, engine)
-    qtbot.addWidget(page)
-    with qtbot.waitSignal(page.sig_model_opened, timeout=20_000):
-        page.open_path(DEMO_MODEL)
+    page = opened_page(qtbot, engine, DEMO_MODEL, project)
     dense_memory = page.memory_label.text()
     moe = synth_model("qwen3moe", L=2)
     with qtbot.waitSignal(page.sig_model_opened, timeout=20_000) as opened:
@@ -98,10 +101,7 @@ def test_another_model_replaces_every_fact_of_the_old_one(qtbot, engine, synth_m
     ],
 )
 def test_the_facts_name_each_architectures_layout(qtbot, engine, name, attention, ffn, also):
-    page = ModelPage(Project(), engine)
-    qtbot.addWidget(page)
-    with qtbot.waitSignal(page.sig_model_opened, timeout=20_000):
-        page.open_path(str(GOLDEN_EXTRA / f"{name}.gguf"))
+    page = opened_page(qtbot, engine, str(GOLDEN_EXTRA / f"{name}.gguf"))
     f = page.fact_labels
     assert attention in f["Attention"].text() and ffn in f["Feed-forward"].text()
     assert also in f["Also"].text() and page.facts.isRowVisible(f["Also"])

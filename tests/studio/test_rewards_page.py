@@ -21,7 +21,7 @@ from studio.pages.rewards.page import NEW_ADAPTER, RewardsPage
 from studio.pages.rewards.panels import DiagnosticsWidget, PromptPickerDialog, dataset_prompts, word_diff_html
 from studio.project import Project
 from studio.resources import DEMO_DATASET, DEMO_MODEL
-from tests.studio.conftest import SMALL
+from tests.studio.conftest import SMALL, show_active, submit_text
 
 TIMEOUT_MS = 20_000
 PROMPT = "Tell me a fact."  # the demo model answers it variously (the sky: always "The sky is blue.")
@@ -38,29 +38,20 @@ def page(qtbot, engine, tmp_path, demo_info) -> RewardsPage:
     page = RewardsPage(project, engine, settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat))
     qtbot.addWidget(page)
     page.set_model_info(demo_info)
-    page.resize(1280, 800)
-    page.show()
-    qtbot.waitExposed(page)
-    page.activateWindow()
-    qtbot.waitUntil(page.isActiveWindow, timeout=2000)
+    show_active(qtbot, page, (1280, 800))
     yield page
     qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
 
 
 def generate(qtbot, page: RewardsPage, prompt: str = PROMPT, keyboard: bool = False) -> list:
     """Type the prompt and Generate (Ctrl+Enter with keyboard=True); the round's answers."""
-    page.prompt_edit.setPlainText(prompt)
-    with qtbot.waitSignal(page.sig_generated, timeout=TIMEOUT_MS) as done:
-        if keyboard:
-            page.prompt_edit.setFocus()
-            qtbot.keyClick(page.prompt_edit, Qt.Key_Return, Qt.ControlModifier)
-        else:
-            assert page.generate()
-    qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
+    [answers] = submit_text(
+        qtbot, page, page.prompt_edit, prompt, page.sig_generated, page.generate, keyboard, TIMEOUT_MS
+    )
     # the new cards are shown from Qt's event queue, then the first one takes the focus
     qtbot.waitUntil(lambda: not page.cards or page.cards[0].isVisible(), timeout=TIMEOUT_MS)
     qtbot.wait(1)
-    return done.args[0]
+    return answers
 
 
 def focused_card(page: RewardsPage) -> AnswerCardWidget:
@@ -404,11 +395,7 @@ def test_rating_keys_never_reach_the_window(qtbot, page):
     row.addWidget(nav)
     row.addWidget(page, 1)
     window.setCentralWidget(central)
-    window.resize(1280, 800)
-    window.show()
-    qtbot.waitExposed(window)
-    window.activateWindow()
-    qtbot.waitUntil(window.isActiveWindow, timeout=2000)
+    show_active(qtbot, window, (1280, 800))
     generate(qtbot, page)
     rate_keys(qtbot, page, "4444")  # the last card rated: the focus stays on it
     assert nav.currentRow() == 4 and not fired and page.session.ratings == [0.5] * 4

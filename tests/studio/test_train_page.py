@@ -22,6 +22,7 @@ from studio.pages.train.settings import FIELDS
 from studio.paths import latest_checkpoint
 from studio.project import ModelInfo, Project, model_runs_folder, preset_settings
 from studio.train_probe import StallProbe
+from tests.conftest import write_chats
 
 TIMEOUT_MS = 20_000
 SHOTS = Path(os.environ.get("TUNE_STUDIO_SHOTS", "")) if os.environ.get("TUNE_STUDIO_SHOTS") else None
@@ -29,15 +30,16 @@ SHOTS = Path(os.environ.get("TUNE_STUDIO_SHOTS", "")) if os.environ.get("TUNE_ST
 
 @pytest.fixture
 def chats(tmp_path):
-    path = tmp_path / "chats.jsonl"
-    with open(path, "w", encoding="utf-8") as f:
-        for i in range(12):
-            turns = [
-                {"role": "user", "content": f"What is {i} plus {i}? Answer in one sentence."},
-                {"role": "assistant", "content": f"{i} plus {i} is {2 * i}, because doubling {i} gives it."},
-            ]
-            f.write(json.dumps({"messages": turns}) + "\n")
-    return str(path)
+    return write_chats(
+        tmp_path / "chats.jsonl",
+        (
+            (
+                f"What is {i} plus {i}? Answer in one sentence.",
+                f"{i} plus {i} is {2 * i}, because doubling {i} gives it.",
+            )
+            for i in range(12)
+        ),
+    )
 
 
 def make_page(qtbot, engine, tmp_path, model: str, chats: str, dataset=None, **config) -> TrainPage:

@@ -64,12 +64,13 @@ def test_a_run_known_by_its_events_file_shows_its_sample_answers(qtbot, engine, 
     from engine.cli.main import main
     from studio.pages.runs.page import RunsPage
     from studio.project import Project
-    from tests.engine.test_trainer import write_chats
+    from tests.conftest import write_chats
+    from tests.engine.test_trainer import CHATS
 
     model = synth_model("llama")
     prompts, events, out = tmp_path / "prompts.txt", tmp_path / "run-events.jsonl", tmp_path / "a.gguf"
     prompts.write_text("hello\nwho are you\n", encoding="utf-8")
-    data = write_chats(tmp_path / "d.jsonl")
+    data = write_chats(tmp_path / "d.jsonl", CHATS)
     args = ["train", model, data, "--out", str(out), "--steps", "4", "--ctx", "64",
             "--sample-prompts", str(prompts), "--sample-every", "2", "--events", str(events)]  # fmt: skip
     assert main(args) == 0

@@ -28,6 +28,20 @@ def wait(qtbot, engine: Engine) -> None:
     qtbot.waitUntil(lambda: not engine.jobs, timeout=TIMEOUT_MS)
 
 
+def submit_until_stopped(engine: Engine, **kwargs):
+    """Submit a job that runs until it is asked to stop (then returns "stopped"); returns the job and an
+    event set once it runs."""
+    started = threading.Event()
+
+    def long(session, job):
+        started.set()
+        while not job.should_stop():
+            time.sleep(0.005)
+        return "stopped"
+
+    return engine.submit("long", long, needs_session=False, **kwargs), started
+
+
 def test_jobs_run_in_order_with_events_and_results_on_the_ui_thread(qtbot, engine):
     seen: list = []
     main = QThread.currentThread()
@@ -91,16 +105,8 @@ def test_errors_reach_the_ui_as_messages(qtbot, engine):
 
 
 def test_cancel_drops_a_queued_job_and_stops_a_running_one(qtbot, engine):
-    started = threading.Event()
     results: list = []
-
-    def long(session, job):
-        started.set()
-        while not job.should_stop():
-            time.sleep(0.005)
-        return "stopped"
-
-    running = engine.submit("long", long, on_done=results.append, needs_session=False)
+    running, started = submit_until_stopped(engine, on_done=results.append)
     queued = engine.submit("never", lambda s, j: results.append("ran"), needs_session=False)
     assert started.wait(10)
     engine.cancel(queued)
@@ -113,14 +119,7 @@ def test_cancel_drops_a_queued_job_and_stops_a_running_one(qtbot, engine):
 
 def test_shutdown_stops_the_running_job_and_ends_the_thread(qtbot):
     engine = Engine()
-    started = threading.Event()
-
-    def long(session, job):
-        started.set()
-        while not job.should_stop():
-            time.sleep(0.005)
-
-    engine.submit("long", long, needs_session=False)
+    _, started = submit_until_stopped(engine)
     later = engine.submit("later", lambda s, j: None, needs_session=False)
     assert started.wait(10)
     assert engine.shutdown(10_000)
@@ -235,14 +234,7 @@ def test_the_application_quitting_stops_the_engine(qtbot):
     from PySide6.QtWidgets import QApplication
 
     engine = Engine()
-    started = threading.Event()
-
-    def long(session, job):
-        started.set()
-        while not job.should_stop():
-            time.sleep(0.005)
-
-    engine.submit("long", long, needs_session=False)
+    _, started = submit_until_stopped(engine)
     assert started.wait(10)
     QApplication.instance().aboutToQuit.emit()  # what QApplication.quit() sends before the loop ends
     assert not engine._thread.isRunning() and engine.jobs == []
