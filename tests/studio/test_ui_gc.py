@@ -15,7 +15,11 @@ from studio.ui_gc import UiCollector, collections_held
 
 @pytest.fixture
 def collector(qapp):
+    earlier = UiCollector.for_app(qapp)  # e.g. one the app's main() installed in an earlier test
+    if earlier is not None:
+        earlier.stop()
     c = UiCollector.install(qapp, interval_s=0.005)
+    assert c is not earlier
     c.threshold = (0, 0, 0)  # every look collects every generation it may
     generations: list[tuple[int, int]] = []  # (generation, holds) of each collection started
 
