@@ -24,7 +24,6 @@ or pack; the dataset is kept in memory (files of a few hundred thousand samples 
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Callable
 from dataclasses import replace
@@ -542,11 +541,6 @@ class DatasetPage(QWidget):
         else:
             self.message.hide()
         self.sig_dataset_opened.emit(path)
-        # The samples just read live as long as the document: move them out of the cyclic collector's
-        # reach (they hold no cycles; refcounting frees them when the dataset is replaced). Otherwise
-        # every full collection on the UI thread walks them all: with 100,000 samples that was the
-        # page's longest stall while tokens were counted (bench/dataset_stall.py: 340 -> 120-140 ms).
-        gc.freeze()
 
     def _fit_number_columns(self) -> None:
         """Widen # and Line to hold the largest position and line (100,000 needs six digits)."""
