@@ -127,14 +127,18 @@ def checks(be: Backend, rng: np.random.Generator, methods=tuple(METHODS)) -> lis
 
 
 def _dsinks_check(case: str, dsinks, dsr, cr, dy, tol: float) -> Check:
-    """dsinks[h] sums -p_sink D over the rows of head h, terms of both signs that can cancel to far
-    below their size (a few rows in the small cases): its error is measured against the norm of
-    sum |p_sink D|, the scale its rounding works at, not against the sum itself."""
+    """dsinks[h] sums -p_sink D over the rows of head h, with D = sum_j dO_j O_j: terms of both signs
+    at two levels that can cancel to far below their size (a few rows in the small cases, a few
+    value columns in each D). Its error is measured against the norm of sum p_sink sum_j |dO_j O_j|,
+    the scale its rounding works at (bf16 operands round O and the log-sum-exp under p_sink), not
+    against the sum itself: measured against sum |p_sink D| instead, 1 draw in about 300 of the
+    decoding case (3 rows, 8 columns) missed the bf16 tolerance with the kernel exact to its
+    rounding (the float64 reference on bf16-rounded q, k and v moved as far)."""
     qg, _, vt, p, _, p_sink = cr
     B, NKV, G, T, _ = qg.shape
     do = dy.reshape(B, T, NKV, G, vt.shape[-1]).transpose(0, 2, 3, 1, 4)
-    D = ((do @ vt.swapaxes(-1, -2)) * p).sum(axis=-1, keepdims=True)
-    size = np.linalg.norm((p_sink * np.abs(D)).sum(axis=(0, 3, 4)))
+    d_abs = (np.abs(do) * np.abs(p @ vt)).sum(axis=-1, keepdims=True)
+    size = np.linalg.norm((p_sink * d_abs).sum(axis=(0, 3, 4)))
     c = compare("attention_backward.dsinks", case, dsinks, dsr, tol)
     rel = float(np.linalg.norm(np.asarray(dsinks, np.float64) - dsr)) / max(float(size), 1e-30)
     return dataclasses.replace(c, rel=rel, ok=c.nan == 0 and rel <= tol)
