@@ -1,23 +1,22 @@
 """Reading dataset files and counting their tokens off the UI thread, for the Dataset page.
 
-`DatasetLoader.load(path)` reads a JSON Lines file with the engine's `iter_jsonl` on a thread of
-its own, reporting progress (`sig_progress`), and makes there what the UI thread would otherwise
-spend seconds on for a large file: the document's lookups (`index_of`), the table's rows with their
-search text and first words (`make_rows`). `sig_loaded(job, LoadResult)` hands them over; the page
-then only swaps them in. `count(generation, samples, ...)` counts tokens with the engine's
-`encode_iter` in a child process (`studio.count_process`: a thread of this process held the
-interpreter lock and stalled the UI thread up to 376 ms on 100,000 samples) and hands the counts
-over a few hundred rows at a time (`sig_counts`), then `sig_counted`; a child that fails or dies
-is reported (`sig_count_failed`, what and where) and the rows left are counted on the UI thread.
-A newer load or count makes an older one stop; stopping kills and reaps the child.
+`DatasetLoader.load(path)` reads a JSON Lines file in a child process (`reading.ReadJob`: the
+samples, the document's lookups and the table's rows with their search text and first words),
+reporting progress (`sig_progress`); `sig_loaded(job, LoadResult)` hands them over and the page
+only swaps them in. Where the child fails for another reason than the file, the file is read on
+the job's thread instead (`reading.read_dataset`), giving way to the UI thread between small
+pieces of work (`studio.ui_gate.UiGate`). `count(generation, samples, ...)` counts tokens with the
+engine's `encode_iter` in a child process too (`studio.count_process`) and hands the counts over
+a few hundred rows at a time (`sig_counts`), then `sig_counted`; a child that fails or dies is
+reported (`sig_count_failed`, what and where) and the rows left are counted on the UI thread.
+A newer load or count makes an older one stop; stopping kills and reaps the child. (A thread of
+this process running that Python held the interpreter lock and stalled the UI thread: 250-430 ms
+reading 100,000 samples, 376 ms counting them.)
 
-The threads are plain Python threads, one per job, not QThreads: a job may outlive the page that
-asked for it (a window closed while a file is read) without a running QThread being destroyed;
-the loader is a QObject on the UI thread, so its signals reach the page queued, and a job whose
-loader is gone stops. Only host data crosses.
-
-The jobs give way to the UI thread between small pieces of work (`studio.ui_gate.UiGate`), so
-that a table repainting while a file is read does not wait for the interpreter; and the app's
+The threads that wait for the children are plain Python threads, one per job, not QThreads: a
+job may outlive the page that asked for it (a window closed while a file is read) without a
+running QThread being destroyed; the loader is a QObject on the UI thread, so its signals reach
+the page queued, and a job whose loader is gone stops. Only host data crosses. The app's
 collector collects nothing while a file is read, until its samples are frozen
 (`studio.ui_gc.collections_held`): a collection walking the samples read so far held the
 interpreter 40-240 ms at 100,000.
@@ -27,77 +26,20 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from PySide6.QtCore import QCoreApplication, QObject, Signal
 
-from engine import (
-    ChatTemplate,
-    DatasetError,
-    EncodeOptions,
-    Problem,
-    Sample,
-    Tokenizer,
-    iter_jsonl,
-)
+from engine import ChatTemplate, DatasetError, EncodeOptions, Sample, Tokenizer
 
 from ...count_process import CountJob
-from ...dataset_document import DocumentIndex, index_of
 from ...ui_gate import UiGate
 from ...ui_gc import collections_held
-from .table import PreparedRows, RowCounts, make_rows
+from .reading import LoadResult, ReadFailed, ReadJob, read_dataset
+from .table import RowCounts
 
 log = logging.getLogger(__name__)
-
-PROGRESS_S = 0.1  # seconds between progress reports
-
-
-@dataclass(frozen=True)
-class LoadResult:
-    """A file read off the UI thread, and what the document and the table need, made there too."""
-
-    path: str
-    samples: list[Sample]
-    problems: list[Problem]
-    index: DocumentIndex  # the document's lookups
-    rows: PreparedRows  # the table's rows
-    seconds: float
-
-
-def read_dataset(
-    path: str,
-    *,
-    progress: Callable[[int, int], None] | None = None,
-    go_on: Callable[[], bool] | None = None,
-) -> LoadResult | None:
-    """Read a dataset file (engine `iter_jsonl`) and make the document's lookups and the table's
-    rows, on any thread. `progress(bytes read, bytes in the file)` now and then; `go_on()` every
-    few dozen samples: False stops (None is returned). DatasetError when the file cannot be read."""
-    t0 = time.perf_counter()
-    total = os.path.getsize(path) if os.path.isfile(path) else 0
-    problems: list[Problem] = []
-    read = [0]
-    samples: list[Sample] = []
-    next_report = time.monotonic() + PROGRESS_S
-    for k, sample in enumerate(iter_jsonl(path, problems, read)):
-        samples.append(sample)
-        if k & 63 == 63:
-            if go_on is not None and not go_on():
-                return None
-            if progress is not None and time.monotonic() >= next_report:
-                progress(read[0], total)
-                next_report = time.monotonic() + PROGRESS_S
-    if progress is not None:
-        progress(total, total)
-    index = index_of(samples, problems)
-    rows = make_rows(samples, index.problems_for, go_on)
-    if rows is None:
-        return None
-    return LoadResult(path, samples, problems, index, rows, time.perf_counter() - t0)
 
 
 class DatasetLoader(QObject):
@@ -116,6 +58,8 @@ class DatasetLoader(QObject):
         self._load_job = 0  # the load that may go on; older ones stop
         self._count_gen = -1  # the counting that may go on
         self._count_job: CountJob | None = None
+        self._read_job: ReadJob | None = None  # the reading in a child process under way
+        self._read_lock = threading.Lock()
         app = QCoreApplication.instance()
         if app is not None:  # the app closing while counting: the child is killed and reaped
             app.aboutToQuit.connect(self.stop_counting)
@@ -123,13 +67,18 @@ class DatasetLoader(QObject):
     # --- reading ------------------------------------------------------------------------------
     def load(self, path: str) -> int:
         """Start reading `path`; the job number that its signals carry."""
-        self._load_job += 1
+        self.cancel_load()
         job = self._load_job
         threading.Thread(target=self._load, args=(job, path), name=f"dataset-load-{job}", daemon=True).start()
         return job
 
     def cancel_load(self) -> None:
-        self._load_job += 1
+        """Stop the reading under way (its child process is killed and reaped)."""
+        with self._read_lock:
+            self._load_job += 1
+            read, self._read_job = self._read_job, None
+        if read is not None:
+            read.cancel()
 
     def loading(self, job: int) -> bool:
         return job == self._load_job
@@ -138,13 +87,9 @@ class DatasetLoader(QObject):
         def progress(done: int, total: int) -> None:
             self._emit(self.sig_progress, job, done, total)
 
-        def go_on() -> bool:
-            self.gate.pause()
-            return job == self._load_job
-
         try:
             with collections_held():  # no collection walking the samples as they pile up...
-                result = read_dataset(path, progress=progress, go_on=go_on)
+                result = self._read(job, path, progress)
                 if result is not None:
                     gc.freeze()  # ...nor after: they hold no cycles, refcounting frees them
             if result is not None and job == self._load_job:
@@ -156,6 +101,25 @@ class DatasetLoader(QObject):
         except Exception as exc:  # noqa: BLE001 - every failure must reach the page
             log.exception("reading %s failed", path)
             self._emit(self.sig_failed, job, f"{type(exc).__name__}: {exc}")
+
+    def _read(self, job: int, path: str, progress: Callable[[int, int], None]) -> LoadResult | None:
+        """Read in a child process (`reading.ReadJob`); where the child fails for another reason than
+        the file (it died, or could not start), read on this thread instead, giving way to the UI."""
+        read = ReadJob()
+        with self._read_lock:
+            if job != self._load_job:
+                return None
+            self._read_job = read
+        try:
+            return read.read(path, progress)
+        except ReadFailed as exc:
+            log.warning("reading %s in a child process failed (%s); reading it here instead", path, exc)
+
+        def go_on() -> bool:
+            self.gate.pause()
+            return job == self._load_job
+
+        return read_dataset(path, progress=progress, go_on=go_on)
 
     def _emit(self, signal: Signal, *args: object) -> None:
         """Emit from a job's thread; `_Gone` when the loader was deleted (its page closed)."""
@@ -231,4 +195,4 @@ class _Gone(Exception):
     """The loader a job reports to was deleted."""
 
 
-__all__ = ["DatasetLoader", "LoadResult", "read_dataset"]
+__all__ = ["DatasetLoader"]

@@ -72,9 +72,10 @@ from ...widgets.banner import MessageBar
 from ...widgets.page_layout import splitter
 from .editor import SampleEditorWidget
 from .import_dialog import ColumnMapDialog
-from .loader import DatasetLoader, LoadResult, read_dataset
+from .loader import DatasetLoader
 from .problems import ProblemsBuilder, ProblemsModel
 from .proxy import SamplesFilterModel
+from .reading import LoadResult, read_dataset
 from .table import SamplesModel, new_sample
 from .tokens import TokenViewWidget
 
