@@ -57,7 +57,7 @@ def moe_parity_report(seed: int | None = None, cases: list | None = None) -> lis
                 errors = mc.check_case(case, inp, first, _route(case, route()))
             except AssertionError as exc:
                 msg = str(exc)
-                errors = _errors_anyway(case, inp, first)
+                errors = _errors_anyway(case, inp, first, _route(case, route()))
             if not same:
                 msg += (
                     (" " if msg else "")
@@ -87,8 +87,8 @@ def _route(case, bf16_route: str) -> str:
     return bf16_route if case.dtype == "bfloat16" else "v1"
 
 
-def _errors_anyway(case, inp, got) -> dict:
-    ref = mc.reference(case, inp, got)
+def _errors_anyway(case, inp, got, route: str) -> dict:
+    ref = mc.reference(case, inp, got, route)
     out = {}
     for k in ref:
         if k in mc.EXACT:
