@@ -100,8 +100,15 @@ class ChildJob:
             if self._cancelled.is_set():
                 return None
             parent, child = self._ctx.Pipe(duplex=True)
-            self._proc = self._ctx.Process(target=self._target, args=(child,), name=self._name, daemon=True)
-            self._proc.start()
+            proc = self._ctx.Process(target=self._target, args=(child,), name=self._name, daemon=True)
+            try:
+                proc.start()
+            except Exception as exc:  # noqa: BLE001 - e.g. no processes left, or a __main__ spawn cannot import
+                parent.close()
+                child.close()
+                what = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+                return f"the {self._what} process could not start: {what}"
+            self._proc = proc
             child.close()
             self._conn = parent
         threading.Thread(

@@ -117,3 +117,13 @@ def test_a_child_that_dies_is_reported(info):
     )
     assert error is not None and "ended unexpectedly" in error
     assert not mp.active_children()
+
+
+def test_a_child_that_cannot_start_is_reported(info):
+    """Spawn cannot pickle a lambda: starting the child fails, and that is said (the rows are then
+    counted on the UI thread), not a thread that dies leaving the counting waiting forever."""
+    rows, error = run(
+        CountJob(target=lambda conn: None), chats(5), info.tokenizer, info.template, EncodeOptions(n_ctx=512)
+    )
+    assert rows == [] and error is not None and "could not start" in error
+    assert not mp.active_children()

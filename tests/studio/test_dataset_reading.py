@@ -89,13 +89,20 @@ def test_a_file_that_cannot_be_read_is_a_dataset_error(tmp_path):
     assert not mp.active_children()
 
 
-def test_a_child_that_dies_is_reported_and_the_loader_reads_here_instead(qtbot, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("target", "said"),
+    [(os.abort, "ended unexpectedly"), (lambda conn: None, "could not start")],
+    ids=["dies", "cannot start"],
+)
+def test_a_child_that_fails_is_reported_and_the_loader_reads_here_instead(
+    qtbot, tmp_path, monkeypatch, target, said
+):
     path = mixed(tmp_path / "data.jsonl")
-    with pytest.raises(ReadFailed, match="ended unexpectedly"):
-        ReadJob(target=os.abort).read(path)
+    with pytest.raises(ReadFailed, match=said):
+        ReadJob(target=target).read(path)
     assert not mp.active_children()
 
-    monkeypatch.setattr(loader_module, "ReadJob", lambda: ReadJob(target=os.abort))
+    monkeypatch.setattr(loader_module, "ReadJob", lambda: ReadJob(target=target))
     loader = DatasetLoader()
     loaded: list = []
     loader.sig_loaded.connect(lambda job, result: loaded.append(result))
