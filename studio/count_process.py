@@ -7,10 +7,11 @@ on a thread of the app's own process it stalled the window 376 ms on 100,000 sam
   sends it the settings and then the samples a chunk at a time;
 - the child (`count_chunks`) encodes them with the engine's `encode_iter` and sends back, per
   chunk, NumPy arrays (tokens, trained tokens, truncated) and the problems found, by index;
-- `on_counts(rows)` gets (sample, tokens (-1: dropped), trained tokens, truncated, problems) per
-  sample, the problems' "sample N: " prefix removed; then `on_done(error)`: None when every sample
-  was counted, else what failed and where (the child's traceback's last frame), also when the
-  child died;
+- `on_counts(rows)` gets (sample, tokens (-1: dropped), trained tokens, truncated, problems,
+  targets (trained tokens after the first: `Encoded.n_targets`)) per sample, the problems'
+  "sample N: " prefix removed; then `on_done(error)`: None when every sample was counted, else
+  what failed and where (the child's traceback's last frame), also when the child died;
+  `count(...)` does the same on the calling thread, returning what `on_done` would be given;
 - `cancel()` kills the child and waits for it (no zombie).
 
 The callbacks run on the job's reader thread (see `studio.child_job`).
@@ -43,7 +44,7 @@ def _strip(problem: Problem, index: int) -> Problem:
 
 def count_chunks(conn: Any) -> None:
     """The child's work: read (tokenizer, template, options), then lists of samples until None;
-    send back ("counts", first, tokens, trained, truncated, problems) per chunk, then ("done",),
+    send back ("counts", first, tokens, trained, truncated, problems, targets) per chunk, then ("done",),
     or ("error", what and where) when counting fails."""
     serve(conn, _count)
 
@@ -61,6 +62,7 @@ def _count(conn: Any) -> None:
     first = 0
     tokens: list[int] = []
     trained: list[int] = []
+    targets: list[int] = []
     truncated: list[bool] = []
     problems: list[tuple[int, Problem]] = []
 
@@ -73,6 +75,7 @@ def _count(conn: Any) -> None:
                 np.asarray(trained, dtype=np.int64),
                 np.asarray(truncated, dtype=bool),
                 list(problems),
+                np.asarray(targets, dtype=np.int64),
             )
         )
 
@@ -85,15 +88,17 @@ def _count(conn: Any) -> None:
         if encoded is None:
             tokens.append(-1)
             trained.append(0)
+            targets.append(0)
             truncated.append(False)
         else:
             tokens.append(len(encoded.tokens))
             trained.append(int(np.count_nonzero(encoded.trained)))
+            targets.append(encoded.n_targets)
             truncated.append(bool(encoded.truncated))
         if len(tokens) >= CHUNK:
             flush()
             first = k + 1
-            tokens, trained, truncated, problems = [], [], [], []
+            tokens, trained, targets, truncated, problems = [], [], [], [], []
     if tokens:
         flush()
     conn.send(("done",))
@@ -118,6 +123,29 @@ class CountJob(ChildJob):
         on_done: OnDone,
     ) -> None:
         """Start counting; returns at once (the child starts on a thread of its own)."""
+        super().start(*self._plumbing(samples, tokenizer, template, options, on_counts), on_done)
+
+    def count(
+        self,
+        samples: Sequence[Sample],
+        tokenizer: Tokenizer,
+        template: ChatTemplate | None,
+        options: EncodeOptions,
+        on_counts: OnCounts,
+    ) -> str | None:
+        """Count on the calling thread (it waits on the pipe, holding no lock): what `on_done` would be
+        given (None when every sample was counted, or when cancelled)."""
+        return self.run(*self._plumbing(samples, tokenizer, template, options, on_counts))
+
+    @staticmethod
+    def _plumbing(
+        samples: Sequence[Sample],
+        tokenizer: Tokenizer,
+        template: ChatTemplate | None,
+        options: EncodeOptions,
+        on_counts: OnCounts,
+    ) -> tuple[Iterator[Any], Callable[[tuple], None]]:
+        """What the child is sent, and what turns its messages into `on_counts` rows."""
         samples = list(samples)
 
         def feed() -> Iterator[Any]:
@@ -129,7 +157,7 @@ class CountJob(ChildJob):
         def message(msg: tuple) -> None:
             if msg[0] != "counts":
                 return
-            _, first, tokens, trained, truncated, problems = msg
+            _, first, tokens, trained, truncated, problems, targets = msg
             by_row: dict[int, list[Problem]] = {}
             for i, p in problems:
                 by_row.setdefault(i, []).append(p)
@@ -141,12 +169,13 @@ class CountJob(ChildJob):
                         int(trained[i]),
                         bool(truncated[i]),
                         tuple(by_row.get(i, ())),
+                        int(targets[i]),
                     )
                     for i in range(len(tokens))
                 ]
             )
 
-        super().start(feed(), message, on_done)
+        return feed(), message
 
 
 __all__ = ["CHUNK", "CountJob", "count_chunks"]

@@ -46,13 +46,14 @@ def test_counts_in_the_child_equal_the_in_process_reference(info):
     rows, error = run(CountJob(), samples, info.tokenizer, info.template, options)
     assert error is None
     assert [r[0] for r in rows] == samples
-    for k, (sample, n_tokens, n_trained, truncated, problems) in enumerate(rows):
+    for k, (sample, n_tokens, n_trained, truncated, problems, n_targets) in enumerate(rows):
         encoded, found = encode_samples([sample], info.tokenizer, info.template, options)
         if encoded:
             e = encoded[0]
-            assert (n_tokens, n_trained, truncated) == (len(e.tokens), int(e.trained.sum()), e.truncated), k
+            got = (n_tokens, n_trained, truncated, n_targets)
+            assert got == (len(e.tokens), int(e.trained.sum()), e.truncated, e.n_targets), k
         else:
-            assert n_tokens == -1, k
+            assert (n_tokens, n_targets) == (-1, 0), k
         assert [p.message for p in problems] == [p.message.removeprefix("sample 0: ") for p in found], k
     assert any(r[3] for r in rows) and any(r[4] for r in rows)  # truncation and problems were exercised
 

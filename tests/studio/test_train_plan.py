@@ -122,6 +122,35 @@ def test_the_encoding_cache_encodes_each_sample_once(synth_model, monkeypatch):
     assert len(calls) == 13  # a new context length: everything again
 
 
+@pytest.mark.parametrize("child", ["counts", "dies"])
+def test_a_large_check_encodes_in_a_child_process_the_same(synth_model, mixed, monkeypatch, child):
+    """Many samples are encoded in a child process (on the worker's thread they held the interpreter
+    from the window for seconds): the same plan, problems included, and nothing encoded here; a
+    child that dies leaves the samples to be encoded here, with the same plan."""
+    import studio.pages.train.plan as plan_module
+    from studio.count_process import CountJob
+
+    info = ModelInfo.read(synth_model("llama"))
+    args = (info.tokenizer, info.template, info.tensors, info.summary.config)
+    config = TrainConfig(n_ctx=32, batch_size=3, val_split=0.1, seed=11, train_on_prompt=True)
+    here = check_run(mixed, *args, config)  # fewer samples than CHILD_MIN: encoded here
+    calls = []
+    real = plan_module.encode_iter
+
+    def counting(samples, *a, **k):
+        for sample, encoded, problems in real(samples, *a, **k):
+            calls.append(sample)
+            yield sample, encoded, problems
+
+    monkeypatch.setattr(plan_module, "encode_iter", counting)
+    monkeypatch.setattr(plan_module, "CHILD_MIN", 4)
+    if child == "dies":
+        monkeypatch.setattr(plan_module, "CountJob", lambda: CountJob(target=os.abort))
+    there = check_run(mixed, *args, config)
+    assert there.plan == here.plan and here.plan.problems
+    assert calls == [] if child == "counts" else len(calls) == here.plan.n_samples
+
+
 def test_blockers_name_the_cause_in_plain_words_and_the_page(synth_model, tmp_path, monkeypatch):
     info = ModelInfo.read(synth_model("llama"))
     args = (info.tokenizer, info.template, info.tensors, info.summary.config)

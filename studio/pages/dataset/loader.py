@@ -171,7 +171,7 @@ class DatasetLoader(QObject):
         self._emit(self.sig_counted, generation)
 
     def _counts(self, generation: int, rows: list) -> None:
-        self._emit(self.sig_counts, generation, [RowCounts(*row) for row in rows])
+        self._emit(self.sig_counts, generation, [RowCounts(*row[:5]) for row in rows])
 
     def shutdown(self) -> None:
         """Stop a counting (its child process is killed and reaped); the page is closing."""

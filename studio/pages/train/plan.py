@@ -21,6 +21,7 @@ What this module is not: it trains nothing, opens no model weights and has no Qt
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -48,6 +49,12 @@ from engine import (
     select_targets,
     validation_indices,
 )
+
+from ...count_process import CountJob
+
+log = logging.getLogger(__name__)
+
+CHILD_MIN = 2000  # samples encoded at once in a child process (starting one takes about a second)
 
 
 @dataclass(frozen=True)
@@ -183,19 +190,38 @@ class EncodingCache:
     def _encode(
         self, samples: list[Sample], tokenizer: Tokenizer, template: ChatTemplate, options: EncodeOptions
     ) -> Iterator[tuple[int, SampleTokens]]:
-        """(id(sample), its tokens) for samples encoded a batch at a time (`encode_iter`), pausing
-        for the UI thread every few samples."""
+        """(id(sample), its tokens) for samples: many in a child process (`studio.count_process`), a
+        few here, a batch at a time (`encode_iter`), pausing for the UI thread every few samples.
+
+        Encoding 100,000 samples is seconds of Python; on the engine worker's thread it held the
+        interpreter lock from the UI thread all along (the window stalled while a large dataset's
+        run was checked). Where the child fails, the samples it did not count are encoded here."""
+        done: dict[int, SampleTokens] = {}
+        if len(samples) >= CHILD_MIN:
+
+            def take(rows: list) -> None:
+                for sample, n_tokens, _trained, _truncated, problems, n_targets in rows:
+                    notes = tuple((p.line, p.severity, p.message) for p in problems)
+                    dropped = n_tokens < 0
+                    done[id(sample)] = SampleTokens(0 if dropped else n_tokens, n_targets, dropped, notes)
+
+            error = CountJob().count(samples, tokenizer, template, options, take)
+            if error is not None:
+                log.warning("checking the run's data in a child process failed (%s); encoding it here", error)
+            yield from done.items()
 
         def given() -> Iterator[Sample]:
             for k, sample in enumerate(samples):
+                if id(sample) in done:
+                    continue
                 if self.pause is not None and k % 16 == 0:
                     self.pause()
                 yield sample
 
-        for k, (sample, encoded, problems) in enumerate(
+        for j, (sample, encoded, problems) in enumerate(
             encode_iter(given(), tokenizer, template, options, batch=64)
         ):
-            yield id(sample), _sample_tokens(encoded, problems, f"sample {k}: ")
+            yield id(sample), _sample_tokens(encoded, problems, f"sample {j}: ")
 
 
 def _sample_tokens(encoded: Encoded | None, problems: Sequence[Problem], prefix: str) -> SampleTokens:
