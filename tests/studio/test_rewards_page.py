@@ -18,7 +18,8 @@ from PySide6.QtWidgets import QApplication, QHBoxLayout, QListWidget, QMainWindo
 from engine import Preview, RoundResult, RunRecord, TargetSpec, load_jsonl, lora_shapes, write_adapter
 from studio.pages.rewards.cards import AnswerCardWidget
 from studio.pages.rewards.page import NEW_ADAPTER, RewardsPage
-from studio.pages.rewards.panels import DiagnosticsWidget, PromptPickerDialog, dataset_prompts, word_diff_html
+from studio.pages.rewards.panels import DiagnosticsWidget, PromptPickerDialog, dataset_prompts
+from studio.pages.rewards.side_by_side import word_diff_html
 from studio.project import Project
 from studio.resources import DEMO_DATASET, DEMO_MODEL
 from tests.studio.conftest import SMALL, show_active, submit_text

@@ -288,11 +288,23 @@ class RewardsState:
                 why = getattr(exc, "strerror", None) or str(exc)
         return why
 
+    def opener(self, maker, configure: Callable) -> Callable:
+        """A function for the engine worker: engine session -> the page's rating session, or one
+        `maker(engine_session)` makes (its failure fails the job), given the form's settings by
+        `configure(session)` (which may fail too)."""
+        session = self.session
+
+        def open_session(engine_session):
+            s = session if session is not None else maker(engine_session)
+            configure(s)
+            return s
+
+        return open_session
+
     def session_job(self, maker, configure: Callable, work: Callable) -> Callable:
-        """A job for the engine worker: the session (the page's, else made by `maker(engine_session)`:
-        a failure there fails the job), given the form's settings by `configure(session)`, then
-        `work(session)`. The job returns (session, result, None), or (session, None, why) when the
-        work failed, so that a session it made is kept."""
+        """A job for the engine worker: the session (see `opener`), then `work(session)`. The job
+        returns (session, result, None), or (session, None, why) when configuring or the work failed,
+        so that a session it made is kept."""
         session = self.session
 
         def job(engine_session):

@@ -53,7 +53,8 @@ from .auto import AutoRoundsWidget, prompts_of_samples
 from .cards import AnswerCardWidget
 from .controller import CHECKPOINT_FOLDER, NEW_ADAPTER, RATINGS_FILE, RewardsState, StartChange
 from .layout import ApplyColumnWidget, RateTabWidget, RewardsSideWidget
-from .panels import PromptPickerDialog, SideBySideWidget, dataset_prompts
+from .panels import PromptPickerDialog, dataset_prompts
+from .side_by_side import SideBySideWidget
 
 STREAM_HZ = 10
 # the blocks' widgets, named on the page as on their blocks
@@ -127,8 +128,7 @@ class RewardsPage(JobPage):
         self.reward_settings.sig_mode_changed.connect(self._mode_changed)
         self.adapter_choice.sig_changed.connect(self._start_changed)
         self.checks_box.toggled.connect(lambda on: self._score_round() if on else None)
-        self.side_by_side = SideBySideWidget()
-        self.side_by_side.sig_compare.connect(self.compare)
+        self.side_by_side = SideBySideWidget(self)
         self.tabs = QTabWidget()
         self.tabs.addTab(rate_tab, "Rate answers")
         self.tabs.addTab(self.side_by_side, "Side by side")
@@ -483,6 +483,12 @@ class RewardsPage(JobPage):
         model, maker = self._session_maker() if self.session is None else (None, None)
         return self.state.session_job(maker, lambda s: self._configure(s, config), work), model
 
+    def session_opener(self, config: RewardConfig) -> tuple:
+        """(open, model): open(engine session) is the page's session, or one it makes first (`model`:
+        the file it is made with, None when the page has a session), given the form's `config`."""
+        model, maker = self._session_maker() if self.session is None else (None, None)
+        return self.state.opener(maker, lambda s: self._configure(s, config)), model
+
     # --- generate -----------------------------------------------------------------------------
     def generate(self) -> bool:
         """Start a new round: sample N answers in the worker; False (and why, in the page) if it cannot."""
@@ -734,36 +740,7 @@ class RewardsPage(JobPage):
     # --- side by side -------------------------------------------------------------------------
     def compare(self, prompt: str, seed: int) -> bool:
         """One answer from the base model and one with the adapter, same prompt and seed, in the worker."""
-        if self.busy or not self._check_ready():
-            return False
-        try:
-            config = self.reward_settings.reward_config()
-        except EngineError as exc:
-            self.show_error(invalid_setting(exc, "left"))
-            return False
-        self.banner.hide()
-        system = self.system_edit.text().strip() or None
-
-        def work(s: RewardSession) -> tuple:
-            base = s.base_answer(prompt, seed=seed, system=system)
-            return base, s.adapter_answer(prompt, seed=seed, system=system)
-
-        job, model = self.session_job(config, work)
-
-        def done(result) -> None:
-            s, answers, error = result
-            self._adopt(s, model)
-            if error is not None:
-                self._task_failed("comparing", error)
-                return
-            base, adapted = answers
-            self.side_by_side.set_answers(base, adapted, steps=s.step)
-            status = self.side_by_side.status
-            status.setText(f"Seed {seed}, the same sampling for both. {status.text()}")
-            self.sig_compared.emit(base, adapted)
-
-        self._run("loading" if model else "comparing", job, done)
-        return True
+        return self.side_by_side.compare(prompt, seed)
 
     # --- saving -------------------------------------------------------------------------------
     def choose_save_adapter(self) -> None:
