@@ -1,11 +1,10 @@
 """The Rewards page's blocks: the settings column, the Rate answers tab and the Apply column.
 
 `RewardsSideWidget` is the column on the left: the sampling and step settings
-(`RewardSettingsWidget`) and the "Adapter and files" box (the adapter to continue, what it says,
-Save adapter…, New adapter, the ratings file). `RateTabWidget` is the Rate answers tab: the prompt,
-its system line, From dataset…, Generate / Stop, the status line, the answer cards, the keys and
-"Score with checks". `ApplyColumnWidget` is the column on the right: the diagnostics, Apply step
-and the history of the rounds.
+(`RewardSettingsWidget`) and the "Adapter and files" box (rewards/files.py). `RateTabWidget` is the
+Rate answers tab: the prompt, its system line, From dataset…, Generate / Stop, the status line, the
+answer cards, the keys and "Score with checks". `ApplyColumnWidget` is the column on the right: the
+diagnostics, Apply step and the history of the rounds.
 
 They lay out and name their widgets; the page (studio.pages.rewards.page) wires them and decides
 with its controller what they show.
@@ -17,25 +16,21 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
-    QGroupBox,
     QHBoxLayout,
     QLabel,
     QPushButton,
-    QSizePolicy,
     QSplitter,
     QVBoxLayout,
     QWidget,
 )
 
-from ...project import Project
 from ...widgets.buttons import action_button
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import scroll_area
-from ...widgets.runs import RunChoiceWidget
 from ...widgets.side_panel import SidePanelWidget
 from .ab import prompt_inputs
 from .cards import CARD_KEYS, AnswerGridWidget
-from .controller import NEW_ADAPTER, NEW_ADAPTER_TEXT, RATINGS_FILE
+from .files import AdapterFilesWidget
 from .panels import DiagnosticsWidget, RewardHistoryWidget
 from .settings import RewardSettingsWidget
 
@@ -46,66 +41,17 @@ def shortcut_text(seq: str) -> str:
 
 
 class RewardsSideWidget(SidePanelWidget):
-    """The settings column; see the module docstring. The callables are the page's actions."""
+    """The settings column; see the module docstring. page: the RewardsPage."""
 
-    def __init__(self, project: Project, choose_ratings_file, save_adapter, new_adapter):
-        self.reward_settings = RewardSettingsWidget(project)
-        self.ratings_label = QLabel()
-        self.ratings_label.setWordWrap(True)
-        self.ratings_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.ratings_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.ratings_button = action_button(
-            "Ratings file…",
-            choose_ratings_file,
-            "Choose the JSON Lines file every rating and better answer is appended to (never rewritten). "
-            f"Default: {RATINGS_FILE} in the project's output folder.",
-        )
-        self.adapter_label = QLabel()
-        self.adapter_label.setWordWrap(True)
-        self.adapter_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.adapter_choice = RunChoiceWidget(
-            fixed=[(NEW_ADAPTER_TEXT, NEW_ADAPTER,
-                    "Start from the model alone: a new adapter with the Targets page's targets, rank and "
-                    "alpha")],
-        )  # fmt: skip
-        self.adapter_choice.setToolTip(
-            "The adapter the rating rounds continue: a run's adapter (default: the latest finished run of "
-            "the open model; after rating rounds, the reward-tuned one), a file (File…), or a new adapter. A "
-            "stopped or failed run is listed but never chosen by itself."
-        )
-        self.adapter_choice.combo.setToolTip(self.adapter_choice.toolTip())
-        self.start_from_button = self.adapter_choice.file_button
-        self.start_from_button.setToolTip(
-            "Continue any adapter GGUF (for example one from the Train page) or a reward checkpoint's "
-            "adapter instead of a run from the list."
-        )
-        self.new_adapter_button = action_button(
-            "New adapter", new_adapter, "Forget the adapter trained here and start again from the model"
-        )
-        self.save_button = action_button(
-            "Save adapter…", save_adapter, "Write the adapter trained on this page as a llama.cpp LoRA GGUF"
-        )
-        files = QGroupBox("Adapter and files")
-        fl = QVBoxLayout(files)
-        fl.setContentsMargins(6, 4, 6, 4)
-        fl.setSpacing(3)
-        start = QLabel("Continue:")
-        start.setToolTip(self.adapter_choice.toolTip())
-        fl.addWidget(start)
-        fl.addWidget(self.adapter_choice)
-        fl.addWidget(self.adapter_label)
-        fl.addWidget(self.save_button)
-        fl.addWidget(self.new_adapter_button)
-        fl.addSpacing(4)
-        fl.addWidget(self.ratings_label)
-        fl.addWidget(self.ratings_button)
-
+    def __init__(self, page):
+        self.reward_settings = RewardSettingsWidget(page.project)
+        self.files = AdapterFilesWidget(page)
         self.settings_box = QWidget()
         il = QVBoxLayout(self.settings_box)
         il.setContentsMargins(0, 0, 4, 0)
         il.setSpacing(4)
         il.addWidget(self.reward_settings)
-        il.addWidget(files)
+        il.addWidget(self.files)
         il.addStretch(1)
         super().__init__(self.settings_box, minimum=190)  # never narrower than its controls: none is cut
 

@@ -12,12 +12,9 @@ The A/B tab shows two answers of the adapter blind and saves the person's choice
 (rewards/ab.py); the Unattended tab runs rounds of sample, score with checks, step, with nobody
 rating (rewards/auto.py).
 
-The adapter the rounds continue ("Continue:") comes from the run history (`engine.find_runs`): by
-default the latest finished run of the open model (`engine.latest_finished`; a stopped run is listed,
-never chosen by itself), or any run, file or a new adapter. It follows the model: another model
-resets it to that model's latest finished run. An adapter made for another model is named from its
-header before anything loads. "Optimizer steps taken on this page from your ratings" counts the
-steps of the session going on.
+The adapter the rounds continue, the ratings file and saving the adapter are the "Adapter and
+files" box (rewards/files.py). The decisions (what a control offers while a job runs, what a click
+asks, what a failure says) are the Qt-free controller's (rewards/controller.py).
 
 The engine's `RewardSession` does the work, on the model the app's engine session holds (no second
 copy). It is made on the first Generate with the project's targets, rank and alpha, the ratings
@@ -32,12 +29,11 @@ ratings file do), and it takes one step per round.
 
 from __future__ import annotations
 
-import html
 import os
 from dataclasses import replace
 
 from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal
-from PySide6.QtWidgets import QFileDialog, QMessageBox, QTabWidget, QWidget
+from PySide6.QtWidgets import QMessageBox, QTabWidget, QWidget
 
 from engine import Answer, EngineError, RewardConfig, RewardSession, RoundResult, Scorer, load_jsonl
 
@@ -45,42 +41,26 @@ from ...paths import writable_problem
 from ...project import ModelInfo
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.page_layout import banner_over, splitter
-from ...widgets.runs import load_runs
 from ..generation import StreamBuffer, invalid_setting
 from . import controller as rewards
 from .ab import ABTabWidget
 from .auto import AutoRoundsWidget, prompts_of_samples
 from .cards import AnswerCardWidget
-from .controller import CHECKPOINT_FOLDER, NEW_ADAPTER, RATINGS_FILE, RewardsState, StartChange
+from .controller import CHECKPOINT_FOLDER, NEW_ADAPTER, RATINGS_FILE, RewardsState
 from .layout import ApplyColumnWidget, RateTabWidget, RewardsSideWidget
 from .panels import PromptPickerDialog, dataset_prompts
 from .side_by_side import SideBySideWidget
 
 STREAM_HZ = 10
 # the blocks' widgets, named on the page as on their blocks
-SIDE_WIDGETS = (
-    "reward_settings",
-    "ratings_label",
-    "ratings_button",
-    "adapter_label",
-    "adapter_choice",
-    "start_from_button",
-    "new_adapter_button",
-    "save_button",
-    "settings_box",
-)
-RATE_WIDGETS = (
-    "prompt_edit",
-    "system_edit",
-    "dataset_button",
-    "generate_button",
-    "stop_button",
-    "status_label",
-    "grid",
-    "keys_label",
-    "checks_box",
-)
-APPLY_WIDGETS = ("diagnostics", "apply_button", "history")  # fmt: skip
+# fmt: off
+SIDE_WIDGETS = ("reward_settings", "files", "settings_box")
+FILES_WIDGETS = ("ratings_label", "ratings_button", "adapter_label", "adapter_choice", "start_from_button",
+                 "new_adapter_button", "save_button")
+RATE_WIDGETS = ("prompt_edit", "system_edit", "dataset_button", "generate_button", "stop_button",
+                "status_label", "grid", "keys_label", "checks_box")
+APPLY_WIDGETS = ("diagnostics", "apply_button", "history")
+# fmt: on
 
 
 def _state_field(name: str) -> property:
@@ -108,7 +88,6 @@ class RewardsPage(JobPage):
         """EnginePage's arguments: project, engine, parent, settings."""
         super().__init__(*args, **kwargs)
         self.state = RewardsState()
-        self._syncing = False  # the adapter list is being set to match start_adapter
         self.samples: list | None = None  # from set_dataset_samples; None = read the dataset file
         self.cards: list[AnswerCardWidget] = []
         self.confirm = self._ask  # (title, text) -> bool; replaced in tests
@@ -117,16 +96,15 @@ class RewardsPage(JobPage):
         self._stream_timer.setInterval(1000 // STREAM_HZ)
         self._stream_timer.timeout.connect(self._show_stream)
 
-        side = RewardsSideWidget(
-            self.project, self.choose_ratings_file, self.choose_save_adapter, self.new_adapter
-        )
+        side = RewardsSideWidget(self)
         rate_tab = RateTabWidget(self.choose_dataset_prompt, self.generate, self.stop)
         right = ApplyColumnWidget(self.apply)
-        for block, names in ((side, SIDE_WIDGETS), (rate_tab, RATE_WIDGETS), (right, APPLY_WIDGETS)):
+        blocks = ((side, SIDE_WIDGETS), (side.files, FILES_WIDGETS), (rate_tab, RATE_WIDGETS),
+                  (right, APPLY_WIDGETS))  # fmt: skip
+        for block, names in blocks:
             for name in names:
                 setattr(self, name, getattr(block, name))
         self.reward_settings.sig_mode_changed.connect(self._mode_changed)
-        self.adapter_choice.sig_changed.connect(self._start_changed)
         self.checks_box.toggled.connect(lambda on: self._score_round() if on else None)
         self.side_by_side = SideBySideWidget(self)
         self.tabs = QTabWidget()
@@ -170,59 +148,35 @@ class RewardsPage(JobPage):
         self._show_paths()
 
     def refresh_runs(self) -> None:
-        """Read the run history again: the list of adapters to continue, and its default (the latest
-        finished run of the open model) unless the person chose one or a session is going on."""
-        model = self.model_path()
-        self.adapter_choice.start_folder = self.project.output_folder()
-        self.adapter_choice.set_runs(load_runs(self.project, self.settings), model)
+        """Read the run history again (the adapters to continue); see AdapterFilesWidget.refresh_runs."""
+        self.files.refresh_runs()
+
+    def set_adapter(self, path: str | None) -> None:
+        """Continue this adapter from the next new session on (None: a new one); see the files box."""
+        self.files.set_adapter(path)
+
+    def start_from(self, path: str) -> None:
+        """Continue `path` now (asked first when the session took steps); see the files box."""
+        self.files.start_from(path)
+
+    def new_adapter(self) -> None:
+        self.files.new_adapter()
+
+    def set_ratings_path(self, path: str) -> bool:
+        """Append ratings to `path` from now on; False (and why, in the page) if it cannot be written."""
+        return self.files.set_ratings_path(path)
+
+    def save_adapter(self, path: str) -> bool:
+        """Write the adapter (F32 LoRA GGUF) in the worker; sig_adapter_saved(path) when it is written."""
+        return self.files.save_adapter(path)
+
+    def _show_paths(self) -> None:
+        self.files.show_paths()
 
     def set_dataset_samples(self, samples) -> None:
         """The dataset's samples (engine Sample), for "From dataset…"; None: read the dataset file."""
         self.samples = list(samples) if samples is not None else None
         self.auto.show_source()  # the Unattended tab counts the prompts it would take
-
-    def set_adapter(self, path: str | None) -> None:
-        """Continue this adapter (GGUF or reward checkpoint folder) from the next new session on; it is
-        selected in the list (None: a new adapter). A session going on is kept."""
-        self.start_adapter = path or None
-        self._syncing = True
-        try:
-            self.adapter_choice.set_path(path or NEW_ADAPTER)
-        finally:
-            self._syncing = False
-        self.warn_fit(self.start_adapter)
-        self._show_paths()
-
-    def _start_changed(self, data: object, _label: str) -> None:
-        if self._syncing:
-            return
-        path = rewards.start_path(data, self.adapter_choice.current_run())
-        change = self.state.start_change(path, self.adapter_choice.chosen, bool(self.busy))
-        if change is StartChange.SAME:
-            self._show_paths()
-            return
-        if change is StartChange.ASK:
-            question = self.state.forget_question(rewards.short(path) if path else "a new adapter")
-            change = (
-                StartChange.DROP if self.confirm("Continue another adapter", question) else StartChange.KEEP
-            )
-        if change is StartChange.KEEP:
-            self._sync_choice()
-            return
-        self.start_adapter = path
-        if change is StartChange.DROP:
-            self._drop_session()
-        self.warn_fit(self.start_adapter)
-        self._show_paths()
-
-    def _sync_choice(self) -> None:
-        """Show the adapter being continued in the list again (after a refused change)."""
-        self._syncing = True
-        try:
-            path = self.session_start if self.session is not None else self.start_adapter
-            self.adapter_choice.set_path(rewards.start_entry(path, self.adapter_choice.runs))
-        finally:
-            self._syncing = False
 
     def ratings_path(self) -> str:
         return self.state.ratings_path(self.project.output_folder())
@@ -308,7 +262,7 @@ class RewardsPage(JobPage):
     def _ask(self, title: str, text: str) -> bool:
         return QMessageBox.question(self, title, text) == QMessageBox.Yes
 
-    # --- paths --------------------------------------------------------------------------------
+    # --- the project --------------------------------------------------------------------------
     def _project_changed(self, changed: set[str]) -> None:
         if changed & RUNS_MOVED:
             self.refresh_runs()
@@ -321,67 +275,6 @@ class RewardsPage(JobPage):
         super().showEvent(event)
         if not self.busy:
             self.refresh_runs()
-
-    def _show_paths(self) -> None:
-        path = self.session.ratings_path if self.session is not None else self.ratings_path()
-        self.ratings_label.setText(f"Ratings file:<br><code>{html.escape(path)}</code>")
-        self.ratings_label.setToolTip(path)
-        c = self.project.config
-        self.adapter_label.setText(self.state.adapter_text(c.rank, c.alpha, c.targets.preset or "custom"))
-
-    def choose_ratings_file(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Ratings file", self.ratings_path(), "JSON Lines (*.jsonl);;All files (*)",
-            options=QFileDialog.DontConfirmOverwrite,
-        )  # fmt: skip
-        if path:
-            self.set_ratings_path(path)
-
-    def set_ratings_path(self, path: str) -> bool:
-        """Append ratings to `path` from now on; False (and why, in the page) if it cannot be written."""
-        path = os.path.abspath(path)
-        p = self.project  # never one of the files the page reads (the model, the adapter it continues, ...)
-        why = self.state.ratings_problem(path, {"model": p.model_path, "dataset": p.dataset_path,
-                                                "chat template": p.template_file})  # fmt: skip
-        if why:
-            self.show_error(f"The ratings file {path} cannot be written ({why}). Choose another file with "
-                            "Ratings file….")  # fmt: skip
-            return False
-        self.custom_ratings_path = path
-        if self.session is not None:
-            self.session.ratings_path = path
-        self.banner.hide()
-        self._show_paths()
-        return True
-
-    def choose_start_adapter(self) -> None:
-        self.adapter_choice.choose_file()
-
-    def start_from(self, path: str) -> None:
-        """Continue `path` now: the session going on is dropped (asked first when it took steps)."""
-        if (
-            self.session is not None
-            and self.session.step
-            and not self.confirm(
-                "Start from another adapter",
-                f"Forget the {self.session.step} step(s) trained on this page and continue {path} instead?",
-            )
-        ):
-            return
-        self.set_adapter(path)
-        if self.session is not None:
-            self._drop_session()
-
-    def new_adapter(self) -> None:
-        if self.busy or self.session is None:
-            return
-        if self.session.step and not self.confirm(
-            "New adapter", f"Forget the {self.session.step} step(s) trained on this page (save it first with "
-            "Save adapter… to keep it)?"
-        ):  # fmt: skip
-            return
-        self._drop_session()
-        self.set_adapter(None)
 
     # --- prompts ------------------------------------------------------------------------------
     def dataset_prompt_list(self) -> list[tuple[str, str | None]]:
@@ -742,36 +635,5 @@ class RewardsPage(JobPage):
         """One answer from the base model and one with the adapter, same prompt and seed, in the worker."""
         return self.side_by_side.compare(prompt, seed)
 
-    # --- saving -------------------------------------------------------------------------------
-    def choose_save_adapter(self) -> None:
-        if self.session is None:
-            return
-        default = os.path.join(self.project.output_folder(), f"rewards-step{self.session.step}.gguf")
-        path, _ = QFileDialog.getSaveFileName(self, "Save adapter", default, "LoRA adapters (*.gguf)")
-        if path:
-            self.save_adapter(path)
 
-    def save_adapter(self, path: str) -> bool:
-        """Write the adapter (F32 LoRA GGUF) in the worker; sig_adapter_saved(path) when it is written."""
-        if self.busy or self.session is None:
-            return False
-        if not path.endswith(".gguf"):
-            path += ".gguf"
-        why = writable_problem(os.path.dirname(os.path.abspath(path)))
-        if why:
-            self.show_error(f"The adapter cannot be written to {path} ({why}). Choose another folder with "
-                            "Save adapter….")  # fmt: skip
-            return False
-        s = self.session
-
-        def done(written: str) -> None:
-            steps = f"{s.step} step{'s' if s.step != 1 else ''}"
-            self.show_error(f"Adapter saved: {written} ({steps}). Open it on the Export page to merge it, or "
-                            "use it with llama.cpp (--lora).", "info")  # fmt: skip
-            self.sig_adapter_saved.emit(written)
-
-        self._run("saving", lambda engine_session: s.save_adapter(path), done, needs_model=False)
-        return True
-
-
-__all__ = ["CHECKPOINT_FOLDER", "RATINGS_FILE", "RewardsPage"]
+__all__ = ["CHECKPOINT_FOLDER", "NEW_ADAPTER", "RATINGS_FILE", "RewardsPage"]
