@@ -288,6 +288,25 @@ class RewardsState:
                 why = getattr(exc, "strerror", None) or str(exc)
         return why
 
+    def session_maker(self, project_config, config, output_folder: str, template) -> Callable:
+        """A function for the engine worker that makes the rating session, with everything read now:
+        the adapter to continue, the project's targets, rank, alpha and seed (`project_config`), the
+        form's RewardConfig, the ratings file and checkpoint folder, the chat template (None: the
+        model's)."""
+        c = project_config
+        kwargs = dict(
+            adapter=self.start_adapter,
+            targets=c.targets,
+            rank=c.rank,
+            alpha=c.alpha,
+            config=config,
+            ratings_path=self.ratings_path(output_folder),
+            checkpoint_dir=self.checkpoint_dir(output_folder),
+            template=template,
+            seed=c.seed,
+        )
+        return lambda engine_session: engine_session.open_rewards(**kwargs)
+
     def opener(self, maker, configure: Callable) -> Callable:
         """A function for the engine worker: engine session -> the page's rating session, or one
         `maker(engine_session)` makes (its failure fails the job), given the form's settings by

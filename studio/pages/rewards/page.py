@@ -349,21 +349,11 @@ class RewardsPage(JobPage):
         return config
 
     def _session_maker(self):
-        """A function (run in the worker) that makes the session, with everything read here."""
-        model = self.model_path()
-        c = self.project.config
-        kwargs = dict(
-            adapter=self.start_adapter,
-            targets=c.targets,
-            rank=c.rank,
-            alpha=c.alpha,
-            config=self.reward_settings.reward_config(),
-            ratings_path=self.ratings_path(),
-            checkpoint_dir=self.checkpoint_dir(),
-            template=self.info.template if self.info is not None and self.project.template_file else None,
-            seed=c.seed,
-        )
-        return model, lambda engine_session: engine_session.open_rewards(**kwargs)
+        """(model, maker): maker (run in the worker) makes the session, with everything read here."""
+        template = self.info.template if self.info is not None and self.project.template_file else None
+        config = self.reward_settings.reward_config()
+        p = self.project
+        return self.model_path(), self.state.session_maker(p.config, config, p.output_folder(), template)
 
     def _configure(self, session: RewardSession, config: RewardConfig) -> None:
         """Give the session the form's settings (in the worker, before it samples or steps)."""
