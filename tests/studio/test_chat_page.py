@@ -224,6 +224,15 @@ def test_the_adapter_list_defaults_to_the_latest_finished_run_and_toggles(qtbot,
     assert page.adapter() is None and page.adapter_choice.current_data() == BASE
 
 
+def test_adapter_with_no_adapter_to_turn_on_says_to_choose_one(qtbot, page):
+    # no run yet: the list holds only the base model and the live adapter
+    qtbot.mouseClick(page.adapter_toggle, Qt.LeftButton)
+    assert page.adapter() is None and page.base_toggle.isChecked() and not page.adapter_toggle.isChecked()
+    assert page.adapter_note.text() == "Choose an adapter in the list first."
+    qtbot.keyClick(page.input, Qt.Key_B, Qt.ControlModifier)  # Ctrl+B says the same
+    assert page.adapter_note.text() == "Choose an adapter in the list first."
+
+
 def test_an_adapter_of_another_model_is_refused_before_anything_loads(qtbot, page, tmp_path, demo_info):
     foreign = demo_adapter(tmp_path / "qwen.gguf", demo_info, arch="qwen3")
     page.set_adapter(foreign, "qwen adapter")
