@@ -36,7 +36,7 @@ from engine import EngineError, blind_pair
 
 from ...project import ModelInfo
 from ...widgets.blind_choice import PreferenceRecorder
-from ...widgets.buttons import action_button
+from ...widgets.buttons import action_button, shortcut_text
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import banner_over, splitter
@@ -45,7 +45,7 @@ from ..generation import StreamBuffer, chat_messages, invalid_setting
 from . import controller as chat
 from .controller import BASE, ChatController
 from .conversation import ConversationWidget, MessageWidget
-from .panels import AdapterSideWidget, CompareTabWidget, keys, send_keys
+from .panels import AdapterSideWidget, CompareTabWidget, send_keys
 
 STREAM_HZ = 20
 # the Side by side tab's and the adapter column's widgets, named on the page as on their blocks
@@ -120,20 +120,22 @@ class ChatPage(JobPage):
     def _build_chat_tab(self) -> QWidget:
         self.conversation = ConversationWidget()
         self.input = QPlainTextEdit()
-        self.input.setPlaceholderText(f"Write a message… ({keys('Ctrl+Return')} sends, Enter is a new line)")
+        self.input.setPlaceholderText(
+            f"Write a message… ({shortcut_text('Ctrl+Return')} sends, Enter is a new line)"
+        )
         self.input.setTabChangesFocus(True)
         self.input.setMaximumHeight(90)
         self.input.setMinimumHeight(48)
         self.send_button = action_button(
-            "Send", self.send, f"Send the message; the answer streams in ({keys('Ctrl+Return')})"
+            "Send", self.send, f"Send the message; the answer streams in ({shortcut_text('Ctrl+Return')})"
         )
         self.stop_button = action_button(
-            "Stop", self.stop, f"End the answer where it is ({keys('Ctrl+.')} or Escape)"
+            "Stop", self.stop, f"End the answer where it is ({shortcut_text('Ctrl+.')} or Escape)"
         )
         self.new_button = action_button(
             "New chat",
             self.new_chat,
-            f"Clear the conversation and start again ({keys('Ctrl+N')} on this page)",
+            f"Clear the conversation and start again ({shortcut_text('Ctrl+N')} on this page)",
         )
         self.system_edit = QPlainTextEdit()
         self.system_edit.setPlaceholderText("System prompt (optional)")
@@ -496,7 +498,7 @@ class ChatPage(JobPage):
     def _update_placeholder(self) -> None:
         who = self.adapter_label().lower() if self.adapter() is not None else "the base model"
         self.conversation.set_placeholder(
-            chat.placeholder(self.model_path(), who, keys("Ctrl+Return"), keys("Ctrl+N"))
+            chat.placeholder(self.model_path(), who, shortcut_text("Ctrl+Return"), shortcut_text("Ctrl+N"))
         )
 
     def _tab_changed(self, index: int) -> None:

@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 from engine import RUN
 
 from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
-from ...widgets.buttons import action_button
+from ...widgets.buttons import action_button, shortcut_text
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import splitter
 from ...widgets.runs import RunChoiceWidget
@@ -37,11 +37,6 @@ from ...widgets.side_panel import SidePanelWidget
 from .controller import BASE, RUN_LABEL
 from .conversation import AnswerColumnWidget
 from .settings import SamplingSettingsWidget
-
-
-def keys(seq: str) -> str:
-    """A shortcut as this platform writes it."""
-    return QKeySequence(seq).toString(QKeySequence.NativeText)
 
 
 def send_keys(tab: QWidget, slot) -> None:
@@ -57,7 +52,8 @@ class CompareTabWidget(QWidget):
         super().__init__(parent)
         self.compare_prompt = QPlainTextEdit()
         self.compare_prompt.setPlaceholderText(
-            f"A prompt for both ({keys('Ctrl+Return')} compares; empty: your last message in the chat)"
+            f"A prompt for both ({shortcut_text('Ctrl+Return')} compares; empty: your last message in the "
+            "chat)"
         )
         self.compare_prompt.setTabChangesFocus(True)
         self.compare_prompt.setMaximumHeight(70)
@@ -65,10 +61,10 @@ class CompareTabWidget(QWidget):
             "Compare",
             compare,
             "Answer the prompt with the base model, then with the adapter: the same sampling and seed, so "
-            f"the adapter is the only difference ({keys('Ctrl+Return')})",
+            f"the adapter is the only difference ({shortcut_text('Ctrl+Return')})",
         )
         self.compare_stop_button = action_button(
-            "Stop", stop, f"End the answers where they are ({keys('Ctrl+.')})"
+            "Stop", stop, f"End the answers where they are ({shortcut_text('Ctrl+.')})"
         )
         self.compare_status = FaintLabel(wrap=True, squeeze=True)
         row = QHBoxLayout()
@@ -130,7 +126,7 @@ class AdapterSideWidget(SidePanelWidget):
             (self.adapter_toggle, "Answer with the chosen adapter"),
         ):
             b.setCheckable(True)
-            b.setToolTip(f"{tip} ({keys('Ctrl+B')} switches)")
+            b.setToolTip(f"{tip} ({shortcut_text('Ctrl+B')} switches)")
             b.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
             self.toggle_group.addButton(b)
         self.base_toggle.clicked.connect(lambda: use_adapter(False))
@@ -157,10 +153,8 @@ class AdapterSideWidget(SidePanelWidget):
         bl = QVBoxLayout(box)
         bl.setContentsMargins(6, 4, 6, 6)
         bl.setSpacing(4)
-        bl.addWidget(self.adapter_choice)
-        bl.addLayout(toggle)
-        bl.addWidget(self.adapter_note)
-        bl.addLayout(hand)
+        for row in (self.adapter_choice, toggle, self.adapter_note, hand):
+            (bl.addLayout if isinstance(row, QHBoxLayout) else bl.addWidget)(row)
         self.sampling = SamplingSettingsWidget()
         inner = QWidget()
         il = QVBoxLayout(inner)
@@ -172,4 +166,4 @@ class AdapterSideWidget(SidePanelWidget):
         super().__init__(inner, parent, minimum=220)  # never narrower than its controls: none is cut
 
 
-__all__ = ["AdapterSideWidget", "CompareTabWidget", "keys", "send_keys"]
+__all__ = ["AdapterSideWidget", "CompareTabWidget", "send_keys"]

@@ -29,6 +29,14 @@ from . import controller as rewards
 from .controller import NEW_ADAPTER, NEW_ADAPTER_TEXT, RATINGS_FILE, StartChange
 
 
+def _wrapping_label() -> QLabel:
+    """A label that wraps its text to the column's width (a long path never widens the column)."""
+    label = QLabel()
+    label.setWordWrap(True)
+    label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+    return label
+
+
 class AdapterFilesWidget(QGroupBox):
     """The "Adapter and files" box; see the module docstring. page: the RewardsPage."""
 
@@ -36,19 +44,15 @@ class AdapterFilesWidget(QGroupBox):
         super().__init__("Adapter and files", parent)
         self.page = page
         self._syncing = False  # the adapter list is being set to match the adapter to continue
-        self.ratings_label = QLabel()
-        self.ratings_label.setWordWrap(True)
+        self.ratings_label = _wrapping_label()
         self.ratings_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.ratings_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         self.ratings_button = action_button(
             "Ratings file…",
             self.choose_ratings_file,
             "Choose the JSON Lines file every rating and better answer is appended to (never rewritten). "
             f"Default: {RATINGS_FILE} in the project's output folder.",
         )
-        self.adapter_label = QLabel()
-        self.adapter_label.setWordWrap(True)
-        self.adapter_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.adapter_label = _wrapping_label()
         self.adapter_choice = RunChoiceWidget(
             fixed=[(NEW_ADAPTER_TEXT, NEW_ADAPTER,
                     "Start from the model alone: a new adapter with the Targets page's targets, rank and "
@@ -74,19 +78,17 @@ class AdapterFilesWidget(QGroupBox):
             self.choose_save_adapter,
             "Write the adapter trained on this page as a llama.cpp LoRA GGUF",
         )
+        start = QLabel("Continue:")
+        start.setToolTip(self.adapter_choice.toolTip())
         fl = QVBoxLayout(self)
         fl.setContentsMargins(6, 4, 6, 4)
         fl.setSpacing(3)
-        start = QLabel("Continue:")
-        start.setToolTip(self.adapter_choice.toolTip())
-        fl.addWidget(start)
-        fl.addWidget(self.adapter_choice)
-        fl.addWidget(self.adapter_label)
-        fl.addWidget(self.save_button)
-        fl.addWidget(self.new_adapter_button)
-        fl.addSpacing(4)
-        fl.addWidget(self.ratings_label)
-        fl.addWidget(self.ratings_button)
+        adapter = (start, self.adapter_choice, self.adapter_label, self.save_button, self.new_adapter_button)
+        for w in adapter:
+            fl.addWidget(w)
+        fl.addSpacing(4)  # then the ratings file
+        for w in (self.ratings_label, self.ratings_button):
+            fl.addWidget(w)
 
     # --- the adapter to continue ----------------------------------------------------------------
     def refresh_runs(self) -> None:

@@ -6,25 +6,17 @@ Rate answers tab: the prompt, its system line, From dataset…, Generate / Stop,
 answer cards, the keys and "Score with checks". `ApplyColumnWidget` is the column on the right: the
 diagnostics, Apply step and the history of the rounds.
 
-They lay out and name their widgets; the page (studio.pages.rewards.page) wires them and decides
-with its controller what they show.
+Layout only: each block makes and names its widgets, and takes the page's actions as callables;
+the page (studio.pages.rewards.page) decides with its controller what they show.
 """
 
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence
-from PySide6.QtWidgets import (
-    QCheckBox,
-    QHBoxLayout,
-    QLabel,
-    QPushButton,
-    QSplitter,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QLabel, QPushButton, QSplitter, QVBoxLayout, QWidget
 
-from ...widgets.buttons import action_button
+from ...widgets.buttons import action_button, shortcut_text
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import scroll_area
 from ...widgets.side_panel import SidePanelWidget
@@ -33,11 +25,6 @@ from .cards import CARD_KEYS, AnswerGridWidget
 from .files import AdapterFilesWidget
 from .panels import DiagnosticsWidget, RewardHistoryWidget
 from .settings import RewardSettingsWidget
-
-
-def shortcut_text(seq: str) -> str:
-    """A shortcut as this platform writes it."""
-    return QKeySequence(seq).toString(QKeySequence.NativeText)
 
 
 class RewardsSideWidget(SidePanelWidget):
@@ -148,4 +135,4 @@ class ApplyColumnWidget(QSplitter):
         self.setMinimumWidth(260)
 
 
-__all__ = ["ApplyColumnWidget", "RateTabWidget", "RewardsSideWidget", "shortcut_text"]
+__all__ = ["ApplyColumnWidget", "RateTabWidget", "RewardsSideWidget"]
