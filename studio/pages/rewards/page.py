@@ -482,11 +482,7 @@ class RewardsPage(JobPage):
     def _card_rated(self, index: int, value, advance: bool) -> None:
         if self.busy or self.session is None or not (0 <= index < len(self.cards)):
             return
-        try:
-            self.session.rate(index, value)
-        except EngineError as exc:
-            self.show_error(f"The rating was not saved: {exc}. Choose another file with Ratings file…, then "
-                            "rate again.")  # fmt: skip
+        if not self._record(lambda: self.session.rate(index, value), "The rating", "rate again"):
             return
         self.cards[index].set_rating(value, skipped=value is None)
         if self.banner.level == "error" and "rating" in self.banner_text():
@@ -494,6 +490,18 @@ class RewardsPage(JobPage):
         self.refresh_preview()
         if advance:
             self.grid.next_card(index)
+
+    def _record(self, write, what: str, again: str) -> bool:
+        """write() appends a rating or a better answer to the ratings file; False, and why in the page,
+        when it could not (`what` was not saved: choose another file, then `again`)."""
+        try:
+            write()
+        except EngineError as exc:
+            self.show_error(
+                f"{what} was not saved: {exc}. Choose another file with Ratings file…, then {again}."
+            )
+            return False
+        return True
 
     def _card_unskipped(self, index: int) -> None:
         if 0 <= index < len(self.cards):
@@ -503,11 +511,7 @@ class RewardsPage(JobPage):
     def _card_corrected(self, index: int, text: str) -> None:
         if self.busy or self.session is None:
             return
-        try:
-            self.session.correct(index, text)
-        except EngineError as exc:
-            self.show_error(f"The better answer was not saved: {exc}. Choose another file with Ratings "
-                            "file…, then save it again.")  # fmt: skip
+        if not self._record(lambda: self.session.correct(index, text), "The better answer", "save it again"):
             return
         self.cards[index].set_corrected(text)
         self.refresh_preview()
