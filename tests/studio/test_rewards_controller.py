@@ -153,6 +153,15 @@ def test_the_ratings_file_and_checkpoints(tmp_path):
     ok = tmp_path / "ok.jsonl"
     assert st.ratings_problem(str(ok), {"model": str(model)}) is None and ok.exists()
     assert st.ratings_problem(str(model / "r.jsonl"), {})  # a folder that is a file
+    st.custom_ratings_path = str(model / "r.jsonl")
+    assert "cannot be written" in st.new_session_problem(out) and "Ratings file…" in st.new_session_problem(
+        out
+    )
+    st.custom_ratings_path = None
+    assert st.new_session_problem(out) is None
+    st.adopt(session(), "/m")
+    st.custom_ratings_path = str(model / "r.jsonl")
+    assert st.new_session_problem(out) is None  # the session going on has its file already
 
 
 def test_the_session_job_makes_the_session_once_and_keeps_it_when_the_work_fails():

@@ -269,6 +269,18 @@ class RewardsState:
             return f"The next Generate continues <b>{html.escape(short(self.start_adapter))}</b>"
         return f"A new adapter (rank {rank}, alpha {alpha:g}, targets: {targets})"
 
+    def new_session_problem(self, output_folder: str) -> str | None:
+        """Why a session made now could not write its ratings file (the banner's text); None when it can
+        or a session is going on already."""
+        if self.session is not None:
+            return None
+        path = self.ratings_path(output_folder)
+        why = writable_problem(os.path.dirname(os.path.abspath(path)))
+        if why is None:
+            return None
+        return (f"The ratings file {path} cannot be written ({why}). Choose another with Ratings file…, or "
+                "another output folder on the Train page.")  # fmt: skip
+
     def ratings_problem(self, path: str, inputs: dict[str, str | None]) -> str | None:
         """Why ratings cannot be appended to `path` (never one of the files the page reads: `inputs`,
         the session's, the adapter it continues); None when they can (the file is made if missing)."""

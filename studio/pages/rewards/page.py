@@ -29,7 +29,6 @@ ratings file do), and it takes one step per round.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal
@@ -37,7 +36,6 @@ from PySide6.QtWidgets import QMessageBox, QTabWidget, QWidget
 
 from engine import Answer, EngineError, RewardConfig, RewardSession, RoundResult, Scorer, load_jsonl
 
-from ...paths import writable_problem
 from ...project import ModelInfo
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.page_layout import banner_over, splitter
@@ -311,18 +309,15 @@ class RewardsPage(JobPage):
 
     # --- the session --------------------------------------------------------------------------
     def _check_ready(self) -> bool:
+        """A task can start: a model, an adapter that fits it, a ratings file a new session can write."""
         if self.open_model("press Generate again") is None:
             return False
         if self.session is None and not self.warn_fit(self.start_adapter, "error"):
             return False
-        if self.session is None:
-            path = self.ratings_path()
-            why = writable_problem(os.path.dirname(os.path.abspath(path)))
-            if why:
-                self.show_error(f"The ratings file {path} cannot be written ({why}). Choose another with "
-                                "Ratings file…, or another output folder on the Train page.")  # fmt: skip
-                return False
-        return True
+        problem = self.state.new_session_problem(self.project.output_folder())
+        if problem:
+            self.show_error(problem)
+        return problem is None
 
     def ready_config(self, button: str) -> RewardConfig | None:
         """The form's RewardConfig when a task can start (a model, an adapter that fits it, a ratings
