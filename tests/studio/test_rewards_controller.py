@@ -12,7 +12,7 @@ import pytest
 
 from engine import Answer, RoundResult, RunRecord
 from studio.pages.rewards import controller as rewards
-from studio.pages.rewards.controller import NEW_ADAPTER, RewardsState, StartChange
+from studio.pages.rewards.controller import NEW_ADAPTER, RewardsController, StartChange
 
 
 def session(step=0, **kw) -> NS:
@@ -107,7 +107,7 @@ def test_the_adapter_to_continue_and_what_changing_it_means(tmp_path):
     assert rewards.start_entry(str(ckpt), [trained, rewarded]) == rewarded.adapter  # listed as its run
     assert rewards.start_entry("/x.gguf", [trained]) == "/x.gguf"
 
-    st = RewardsState()
+    st = RewardsController()
     assert st.start_change(None, chosen=True, busy=False) is StartChange.SAME
     assert st.start_change("/a.gguf", chosen=True, busy=False) is StartChange.SET
     st.start_adapter = "/a.gguf"
@@ -124,7 +124,7 @@ def test_the_adapter_to_continue_and_what_changing_it_means(tmp_path):
 
 
 def test_what_the_adapter_box_says():
-    st = RewardsState()
+    st = RewardsController()
     assert st.adapter_text(8, 16.0, "all") == "A new adapter (rank 8, alpha 16, targets: all)"
     st.start_adapter = "/runs/r-checkpoints/ckpt-4/adapter.gguf"
     assert st.adapter_text(8, 16.0, "all") == "The next Generate continues <b>ckpt-4/adapter.gguf</b>"
@@ -140,7 +140,7 @@ def test_what_the_adapter_box_says():
 
 
 def test_the_ratings_file_and_checkpoints(tmp_path):
-    st = RewardsState()
+    st = RewardsController()
     out = str(tmp_path / "out")
     assert st.ratings_path(out) == os.path.join(out, "ratings.jsonl")
     assert st.checkpoint_dir(out) == os.path.join(os.path.abspath(out), "reward-checkpoints")
@@ -165,7 +165,7 @@ def test_the_ratings_file_and_checkpoints(tmp_path):
 
 
 def test_the_session_job_makes_the_session_once_and_keeps_it_when_the_work_fails():
-    st = RewardsState()
+    st = RewardsController()
     made, configured = [], []
 
     def maker(engine_session):
@@ -190,11 +190,11 @@ def test_the_session_job_makes_the_session_once_and_keeps_it_when_the_work_fails
         raise ValueError("no model")
 
     with pytest.raises(ValueError):  # a session that cannot be made fails the job itself
-        RewardsState().session_job(broken, configured.append, lambda s: s)("engine")
+        RewardsController().session_job(broken, configured.append, lambda s: s)("engine")
 
 
 def test_the_session_maker_reads_everything_when_it_is_made(tmp_path):
-    st = RewardsState()
+    st = RewardsController()
     st.start_adapter = "/a.gguf"
     cfg = NS(targets="T", rank=4, alpha=8.0, seed=3)
     maker = st.session_maker(cfg, "reward-config", str(tmp_path), "tmpl")

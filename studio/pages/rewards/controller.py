@@ -1,6 +1,6 @@
 """The Rewards page's decisions and state, in plain Python without Qt.
 
-`RewardsState` holds the rating session the page works with and what it was made from: the model,
+`RewardsController` holds the rating session the page works with and what it was made from: the model,
 the adapter it continued (`session_start`), the adapter the next session continues
 (`start_adapter`) and a ratings file the person chose. It says where ratings and checkpoints go,
 what a change of the adapter to continue means (`start_change`), whether a ratings file can be
@@ -204,7 +204,7 @@ def start_entry(path: str | None, runs: Sequence) -> str:
 
 
 class StartChange(Enum):
-    """What choosing another adapter to continue means (`RewardsState.start_change`)."""
+    """What choosing another adapter to continue means (`RewardsController.start_change`)."""
 
     SAME = "same"  # it is the one already: show the paths again
     KEEP = "keep"  # the session keeps its adapter: show it in the list again
@@ -213,7 +213,7 @@ class StartChange(Enum):
     SET = "set"  # no session: the next one continues the new one
 
 
-class RewardsState:
+class RewardsController:
     """The rating session and what it was made from; see the module docstring."""
 
     def __init__(self) -> None:
@@ -359,7 +359,7 @@ __all__ = [
     "CardState",
     "Controls",
     "Problem",
-    "RewardsState",
+    "RewardsController",
     "StartChange",
     "applied_status",
     "apply_problem",

@@ -6,11 +6,11 @@ default the latest finished run of the open model (`engine.latest_finished`; a s
 never chosen by itself), or any run, file or a new adapter. It follows the model: another model
 resets it to that model's latest finished run. An adapter made for another model is named from its
 header before anything loads. Choosing another one while a session that took steps goes on asks
-first (the controller's `RewardsState.start_change` decides). "Optimizer steps taken on this page
+first (the controller's `RewardsController.start_change` decides). "Optimizer steps taken on this page
 from your ratings" counts the steps of the session going on. Save adapter… writes it as a LoRA
 GGUF (a job of the page's engine worker); Ratings file… chooses where ratings are appended.
 
-`AdapterFilesWidget` is the box and what its controls do, on the page's state (`page.state`); the
+`AdapterFilesWidget` is the box and what its controls do, on the page's controller (`page.ctrl`); the
 page (studio.pages.rewards.page) answers for it to the window.
 """
 
@@ -101,10 +101,10 @@ class AdapterFilesWidget(QGroupBox):
     def set_adapter(self, path: str | None) -> None:
         """Continue this adapter (GGUF or reward checkpoint folder) from the next new session on; it is
         selected in the list (None: a new adapter). A session going on is kept."""
-        state = self.page.state
-        state.start_adapter = path or None
+        ctrl = self.page.ctrl
+        ctrl.start_adapter = path or None
         self._select(path or NEW_ADAPTER)
-        self.page.warn_fit(state.start_adapter)
+        self.page.warn_fit(ctrl.start_adapter)
         self.show_paths()
 
     def _select(self, data: str) -> None:
@@ -118,30 +118,30 @@ class AdapterFilesWidget(QGroupBox):
     def _start_changed(self, data: object, _label: str) -> None:
         if self._syncing:
             return
-        page, state = self.page, self.page.state
+        page, ctrl = self.page, self.page.ctrl
         path = rewards.start_path(data, self.adapter_choice.current_run())
-        change = state.start_change(path, self.adapter_choice.chosen, bool(page.busy))
+        change = ctrl.start_change(path, self.adapter_choice.chosen, bool(page.busy))
         if change is StartChange.SAME:
             self.show_paths()
             return
         if change is StartChange.ASK:
-            question = state.forget_question(rewards.short(path) if path else "a new adapter")
+            question = ctrl.forget_question(rewards.short(path) if path else "a new adapter")
             change = (
                 StartChange.DROP if page.confirm("Continue another adapter", question) else StartChange.KEEP
             )
         if change is StartChange.KEEP:  # show the adapter being continued in the list again
-            keep = state.session_start if state.session is not None else state.start_adapter
+            keep = ctrl.session_start if ctrl.session is not None else ctrl.start_adapter
             self._select(rewards.start_entry(keep, self.adapter_choice.runs))
             return
-        state.start_adapter = path
+        ctrl.start_adapter = path
         if change is StartChange.DROP:
             page._drop_session()
-        page.warn_fit(state.start_adapter)
+        page.warn_fit(ctrl.start_adapter)
         self.show_paths()
 
     def start_from(self, path: str) -> None:
         """Continue `path` now: the session going on is dropped (asked first when it took steps)."""
-        page, s = self.page, self.page.state.session
+        page, s = self.page, self.page.ctrl.session
         if (
             s is not None
             and s.step
@@ -152,11 +152,11 @@ class AdapterFilesWidget(QGroupBox):
         ):
             return
         self.set_adapter(path)
-        if page.state.session is not None:
+        if page.ctrl.session is not None:
             page._drop_session()
 
     def new_adapter(self) -> None:
-        page, s = self.page, self.page.state.session
+        page, s = self.page, self.page.ctrl.session
         if page.busy or s is None:
             return
         if s.step and not page.confirm(
@@ -170,12 +170,12 @@ class AdapterFilesWidget(QGroupBox):
     def show_paths(self) -> None:
         """The ratings file and what the adapter box says (the session's steps, or what comes next)."""
         page = self.page
-        s = page.state.session
+        s = page.ctrl.session
         path = s.ratings_path if s is not None else page.ratings_path()
         self.ratings_label.setText(f"Ratings file:<br><code>{html.escape(path)}</code>")
         self.ratings_label.setToolTip(path)
         c = page.project.config
-        self.adapter_label.setText(page.state.adapter_text(c.rank, c.alpha, c.targets.preset or "custom"))
+        self.adapter_label.setText(page.ctrl.adapter_text(c.rank, c.alpha, c.targets.preset or "custom"))
 
     # --- the ratings file -----------------------------------------------------------------------
     def choose_ratings_file(self) -> None:
@@ -188,25 +188,25 @@ class AdapterFilesWidget(QGroupBox):
 
     def set_ratings_path(self, path: str) -> bool:
         """Append ratings to `path` from now on; False (and why, in the page) if it cannot be written."""
-        page, state = self.page, self.page.state
+        page, ctrl = self.page, self.page.ctrl
         path = os.path.abspath(path)
         p = page.project  # never one of the files the page reads (the model, the adapter it continues, ...)
-        why = state.ratings_problem(path, {"model": p.model_path, "dataset": p.dataset_path,
+        why = ctrl.ratings_problem(path, {"model": p.model_path, "dataset": p.dataset_path,
                                            "chat template": p.template_file})  # fmt: skip
         if why:
             page.show_error(f"The ratings file {path} cannot be written ({why}). Choose another file with "
                             "Ratings file….")  # fmt: skip
             return False
-        state.custom_ratings_path = path
-        if state.session is not None:
-            state.session.ratings_path = path
+        ctrl.custom_ratings_path = path
+        if ctrl.session is not None:
+            ctrl.session.ratings_path = path
         page.banner.hide()
         self.show_paths()
         return True
 
     # --- saving ---------------------------------------------------------------------------------
     def choose_save_adapter(self) -> None:
-        s = self.page.state.session
+        s = self.page.ctrl.session
         if s is None:
             return
         default = os.path.join(self.page.project.output_folder(), f"rewards-step{s.step}.gguf")
@@ -217,7 +217,7 @@ class AdapterFilesWidget(QGroupBox):
     def save_adapter(self, path: str) -> bool:
         """Write the adapter (F32 LoRA GGUF) in the worker; the page's sig_adapter_saved(path) when it is
         written."""
-        page, s = self.page, self.page.state.session
+        page, s = self.page, self.page.ctrl.session
         if page.busy or s is None:
             return False
         if not path.endswith(".gguf"):

@@ -44,7 +44,7 @@ from . import controller as rewards
 from .ab import ABTabWidget
 from .auto import AutoRoundsWidget, prompts_of_samples
 from .cards import AnswerCardWidget
-from .controller import CHECKPOINT_FOLDER, NEW_ADAPTER, RATINGS_FILE, RewardsState
+from .controller import CHECKPOINT_FOLDER, NEW_ADAPTER, RATINGS_FILE, RewardsController
 from .layout import ApplyColumnWidget, RateTabWidget, RewardsSideWidget
 from .panels import PromptPickerDialog, dataset_prompts
 from .side_by_side import SideBySideWidget
@@ -62,8 +62,8 @@ APPLY_WIDGETS = ("diagnostics", "apply_button", "history")
 
 
 def _state_field(name: str) -> property:
-    """The page's attribute `name`, kept in its RewardsState."""
-    return property(lambda self: getattr(self.state, name), lambda self, v: setattr(self.state, name, v))
+    """The page's attribute `name`, kept by its controller."""
+    return property(lambda self: getattr(self.ctrl, name), lambda self, v: setattr(self.ctrl, name, v))
 
 
 class RewardsPage(JobPage):
@@ -75,7 +75,7 @@ class RewardsPage(JobPage):
     sig_compared = Signal(object, object)  # base Answer, adapter Answer
     sig_train_choices = Signal(str)  # the preferences file of the A/B tab: train on it (DPO)
 
-    # the session's bookkeeping, kept by the controller's RewardsState
+    # the session's bookkeeping, kept by the page's RewardsController (self.ctrl)
     session = _state_field("session")
     session_model = _state_field("session_model")
     start_adapter = _state_field("start_adapter")
@@ -85,7 +85,7 @@ class RewardsPage(JobPage):
     def __init__(self, *args, **kwargs):
         """EnginePage's arguments: project, engine, parent, settings."""
         super().__init__(*args, **kwargs)
-        self.state = RewardsState()
+        self.ctrl = RewardsController()
         self.samples: list | None = None  # from set_dataset_samples; None = read the dataset file
         self.cards: list[AnswerCardWidget] = []
         self.confirm = self._ask  # (title, text) -> bool; replaced in tests
@@ -177,10 +177,10 @@ class RewardsPage(JobPage):
         self.auto.show_source()  # the Unattended tab counts the prompts it would take
 
     def ratings_path(self) -> str:
-        return self.state.ratings_path(self.project.output_folder())
+        return self.ctrl.ratings_path(self.project.output_folder())
 
     def checkpoint_dir(self) -> str:
-        return self.state.checkpoint_dir(self.project.output_folder())
+        return self.ctrl.checkpoint_dir(self.project.output_folder())
 
     def reset(self) -> None:
         """A new project: no rating session, no prompt, a new adapter, the default ratings file."""
@@ -249,7 +249,7 @@ class RewardsPage(JobPage):
         self.side_by_side.status.setText("")
 
     def _drop_session(self) -> None:
-        self.state.drop()
+        self.ctrl.drop()
         self._show_cards([])
         self.history.set_rounds([])
         self.diagnostics.set_empty(self.reward_settings.mode())
@@ -314,7 +314,7 @@ class RewardsPage(JobPage):
             return False
         if self.session is None and not self.warn_fit(self.start_adapter, "error"):
             return False
-        problem = self.state.new_session_problem(self.project.output_folder())
+        problem = self.ctrl.new_session_problem(self.project.output_folder())
         if problem:
             self.show_error(problem)
         return problem is None
@@ -348,7 +348,7 @@ class RewardsPage(JobPage):
         template = self.info.template if self.info is not None and self.project.template_file else None
         config = self.reward_settings.reward_config()
         p = self.project
-        return self.model_path(), self.state.session_maker(p.config, config, p.output_folder(), template)
+        return self.model_path(), self.ctrl.session_maker(p.config, config, p.output_folder(), template)
 
     def _configure(self, session: RewardSession, config: RewardConfig) -> None:
         """Give the session the form's settings (in the worker, before it samples or steps)."""
@@ -359,13 +359,13 @@ class RewardsPage(JobPage):
         page's session, or on one it makes first (`model`: the file it is made with, None when the
         page has a session); the job returns (session, result, None) or (session, None, why)."""
         model, maker = self._session_maker() if self.session is None else (None, None)
-        return self.state.session_job(maker, lambda s: self._configure(s, config), work), model
+        return self.ctrl.session_job(maker, lambda s: self._configure(s, config), work), model
 
     def session_opener(self, config: RewardConfig) -> tuple:
         """(open, model): open(engine session) is the page's session, or one it makes first (`model`:
         the file it is made with, None when the page has a session), given the form's `config`."""
         model, maker = self._session_maker() if self.session is None else (None, None)
-        return self.state.opener(maker, lambda s: self._configure(s, config)), model
+        return self.ctrl.opener(maker, lambda s: self._configure(s, config)), model
 
     # --- generate -----------------------------------------------------------------------------
     def generate(self) -> bool:
@@ -422,7 +422,7 @@ class RewardsPage(JobPage):
 
     def _adopt(self, session: RewardSession, model: str | None) -> None:
         """The session a task made (the model loaded in the worker) becomes the page's."""
-        if self.state.adopt(session, model):
+        if self.ctrl.adopt(session, model):
             self.adapter_choice.chosen = True  # a refresh of the runs keeps the adapter of this session
             self._show_paths()
             self._set_busy(self.busy)
