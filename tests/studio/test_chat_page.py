@@ -19,7 +19,7 @@ from engine import RUN, RunRecord, lora_shapes, write_adapter
 from studio.pages.chat.page import BASE, ChatPage
 from studio.project import Project
 from studio.resources import DEMO_MODEL
-from tests.studio.conftest import SMALL, show_active, submit_text
+from tests.studio.conftest import SMALL, open_page, show_active, submit_text
 
 TIMEOUT_MS = 20_000
 
@@ -47,10 +47,7 @@ def page(qtbot, engine, tmp_path, demo_info) -> ChatPage:
     out.mkdir()
     project = Project()
     project.update(model_path=str(DEMO_MODEL), output_dir=str(out))
-    page = ChatPage(project, engine, settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat))
-    qtbot.addWidget(page)
-    page.set_model_info(demo_info)
-    show_active(qtbot, page, (1100, 700))
+    page = open_page(qtbot, ChatPage, project, engine, tmp_path, demo_info, (1100, 700))
     yield page
     qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
 
