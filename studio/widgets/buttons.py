@@ -1,5 +1,6 @@
-"""Buttons: `action_button`, a push button with its action, tooltip and shortcut in one call, and
-`PrimaryButton`, the one main action of a page (Start on the Train page).
+"""Buttons: `action_button`, a push button with its action, tooltip and shortcut in one call,
+`shortcut_text`, a shortcut as tooltips and hints write it, and `PrimaryButton`, the one main action
+of a page (Start on the Train page).
 
 A PrimaryButton is drawn in the palette's highlight colour with bold text and is the default button,
 and it follows the palette when the theme changes. It does nothing else than a QPushButton.
@@ -33,6 +34,11 @@ def action_button(
     return b
 
 
+def shortcut_text(seq: str) -> str:
+    """A shortcut ("Ctrl+Return") as this platform writes it, for tooltips and hints."""
+    return QKeySequence(seq).toString(QKeySequence.NativeText)
+
+
 class PrimaryButton(FollowsPalette, QPushButton):
     """A QPushButton drawn as the page's main action (highlight colour, bold, default)."""
 
@@ -56,4 +62,4 @@ class PrimaryButton(FollowsPalette, QPushButton):
             self.setPalette(pal)
 
 
-__all__ = ["PrimaryButton", "action_button"]
+__all__ = ["PrimaryButton", "action_button", "shortcut_text"]

@@ -62,6 +62,18 @@ def submit_text(qtbot, page, edit, text: str, signal, submit, keyboard: bool, ti
     return fired.args
 
 
+def open_page(qtbot, page_class, project, engine, tmp_path, info, size: tuple[int, int]):
+    """A page of `page_class` (an EnginePage) on `project` and `engine`, its settings in an ini file
+    under tmp_path, the open model `info`, shown active at `size`."""
+    from PySide6.QtCore import QSettings
+
+    page = page_class(project, engine, settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat))
+    qtbot.addWidget(page)
+    page.set_model_info(info)
+    show_active(qtbot, page, size)
+    return page
+
+
 @pytest.fixture
 def engine(qtbot):
     """The app's engine worker (one thread, the open model), shut down after the test."""

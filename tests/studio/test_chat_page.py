@@ -19,7 +19,7 @@ from engine import RUN, RunRecord, lora_shapes, write_adapter
 from studio.pages.chat.page import BASE, ChatPage
 from studio.project import Project
 from studio.resources import DEMO_MODEL
-from tests.studio.conftest import SMALL, show_active, submit_text
+from tests.studio.conftest import SMALL, open_page, show_active, submit_text
 
 TIMEOUT_MS = 20_000
 
@@ -47,10 +47,7 @@ def page(qtbot, engine, tmp_path, demo_info) -> ChatPage:
     out.mkdir()
     project = Project()
     project.update(model_path=str(DEMO_MODEL), output_dir=str(out))
-    page = ChatPage(project, engine, settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat))
-    qtbot.addWidget(page)
-    page.set_model_info(demo_info)
-    show_active(qtbot, page, (1100, 700))
+    page = open_page(qtbot, ChatPage, project, engine, tmp_path, demo_info, (1100, 700))
     yield page
     qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
 
@@ -222,6 +219,15 @@ def test_the_adapter_list_defaults_to_the_latest_finished_run_and_toggles(qtbot,
     # the window hands an adapter over when a run ends
     page.set_adapter(None)
     assert page.adapter() is None and page.adapter_choice.current_data() == BASE
+
+
+def test_adapter_with_no_adapter_to_turn_on_says_to_choose_one(qtbot, page):
+    # no run yet: the list holds only the base model and the live adapter
+    qtbot.mouseClick(page.adapter_toggle, Qt.LeftButton)
+    assert page.adapter() is None and page.base_toggle.isChecked() and not page.adapter_toggle.isChecked()
+    assert page.adapter_note.text() == "Choose an adapter in the list first."
+    qtbot.keyClick(page.input, Qt.Key_B, Qt.ControlModifier)  # Ctrl+B says the same
+    assert page.adapter_note.text() == "Choose an adapter in the list first."
 
 
 def test_an_adapter_of_another_model_is_refused_before_anything_loads(qtbot, page, tmp_path, demo_info):

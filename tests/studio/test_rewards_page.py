@@ -11,17 +11,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QApplication, QHBoxLayout, QListWidget, QMainWindow, QWidget
 
 from engine import Preview, RoundResult, RunRecord, TargetSpec, load_jsonl, lora_shapes, write_adapter
 from studio.pages.rewards.cards import AnswerCardWidget
 from studio.pages.rewards.page import NEW_ADAPTER, RewardsPage
-from studio.pages.rewards.panels import DiagnosticsWidget, PromptPickerDialog, dataset_prompts, word_diff_html
+from studio.pages.rewards.panels import DiagnosticsWidget, PromptPickerDialog, dataset_prompts
+from studio.pages.rewards.side_by_side import word_diff_html
 from studio.project import Project
 from studio.resources import DEMO_DATASET, DEMO_MODEL
-from tests.studio.conftest import SMALL, show_active, submit_text
+from tests.studio.conftest import SMALL, open_page, show_active, submit_text
 
 TIMEOUT_MS = 20_000
 PROMPT = "Tell me a fact."  # the demo model answers it variously (the sky: always "The sky is blue.")
@@ -35,10 +36,7 @@ def page(qtbot, engine, tmp_path, demo_info) -> RewardsPage:
         model_path=str(DEMO_MODEL), dataset_path=str(DEMO_DATASET), output_dir=str(tmp_path / "out")
     )
     project.update_config(targets=TargetSpec(preset="all"), rank=8, alpha=16.0)
-    page = RewardsPage(project, engine, settings=QSettings(str(tmp_path / "s.ini"), QSettings.IniFormat))
-    qtbot.addWidget(page)
-    page.set_model_info(demo_info)
-    show_active(qtbot, page, (1280, 800))
+    page = open_page(qtbot, RewardsPage, project, engine, tmp_path, demo_info, (1280, 800))
     yield page
     qtbot.waitUntil(lambda: not page.is_busy(), timeout=TIMEOUT_MS)
 

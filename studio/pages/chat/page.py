@@ -26,44 +26,34 @@ What this page is not: it trains nothing and keeps no conversation on disk.
 from __future__ import annotations
 
 import html
-import os
 
 import numpy as np
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QKeyEvent, QKeySequence, QShortcut
-from PySide6.QtWidgets import (
-    QButtonGroup,
-    QCheckBox,
-    QGroupBox,
-    QHBoxLayout,
-    QPlainTextEdit,
-    QSizePolicy,
-    QStackedWidget,
-    QTabWidget,
-    QToolButton,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import QHBoxLayout, QPlainTextEdit, QTabWidget, QVBoxLayout, QWidget
 
-from engine import RUN, EngineError, blind_pair
+from engine import EngineError, blind_pair
 
 from ...project import ModelInfo
-from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
-from ...widgets.buttons import action_button
+from ...widgets.blind_choice import PreferenceRecorder
+from ...widgets.buttons import action_button, shortcut_text
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import banner_over, splitter
-from ...widgets.runs import RunChoiceWidget, load_runs
-from ...widgets.side_panel import SidePanelWidget
-from .conversation import AnswerColumnWidget, ConversationWidget, MessageWidget
-from .settings import SamplingSettingsWidget
+from ...widgets.runs import load_runs
+from ..generation import StreamBuffer, chat_messages, invalid_setting
+from . import controller as chat
+from .controller import BASE, ChatController
+from .conversation import ConversationWidget, MessageWidget
+from .panels import AdapterSideWidget, CompareTabWidget, send_keys
 
-BASE = "base"  # the adapter list's "Base model" entry
 STREAM_HZ = 20
-
-
-def _keys(seq: str) -> str:
-    return QKeySequence(seq).toString(QKeySequence.NativeText)
+# the Side by side tab's and the adapter column's widgets, named on the page as on their blocks
+COMPARE_WIDGETS = ("compare_prompt", "compare_button", "compare_stop_button", "compare_status", "blind_check",
+                   "base_column", "adapter_column", "blind", "compare_stack", "preferences_row",
+                   "train_choices_button")  # fmt: skip
+SIDE_WIDGETS = ("adapter_choice", "base_toggle", "adapter_toggle", "toggle_group", "adapter_note",
+                "export_button", "rate_button", "sampling")  # fmt: skip
 
 
 class ChatPage(JobPage):
@@ -79,26 +69,29 @@ class ChatPage(JobPage):
     def __init__(self, *args, **kwargs):
         """EnginePage's arguments: project, engine, parent, settings."""
         super().__init__(*args, **kwargs)
-        self.history: list[dict[str, str]] = []  # the conversation as the model sees it (no system)
-        # busy: "", "chat" or "compare"
-        self.use_adapter = False
-        self._last_adapter: object = None  # the adapter entry to go back to when toggled on
-        self._pieces: list[tuple[int, str]] = []  # (column, text) streamed by the worker
+        self.ctrl = ChatController()  # busy: "", "chat" or "compare"
         self._targets: list[MessageWidget] = []  # where column i's pieces go
         self._cancelled = lambda: None  # the job in flight's "dropped before it started"
         self._flush_timer = QTimer(self)
         self._flush_timer.setInterval(1000 // STREAM_HZ)
         self._flush_timer.timeout.connect(self._flush)
         self.preferences = PreferenceRecorder(self.project.output_folder)
-        self._blind_context: dict | None = None  # the messages and facts of the pair being judged
 
         self.tabs = QTabWidget()
         self.tabs.addTab(self._build_chat_tab(), "Chat")
-        self.tabs.addTab(self._build_compare_tab(), "Side by side")
+        compare = CompareTabWidget(self.compare, self.stop, self.preferences)
+        for name in COMPARE_WIDGETS:
+            setattr(self, name, getattr(compare, name))
+        self.blind.sig_chosen.connect(self._blind_chosen)
+        self.preferences_row.sig_train_choices.connect(self.sig_train_choices)
+        self.tabs.addTab(compare, "Side by side")
         self.tabs.setTabToolTip(0, "A conversation with the model (with the adapter, or the base model)")
         self.tabs.setTabToolTip(1, "One prompt and seed through the base model and through the adapter")
         self.tabs.currentChanged.connect(self._tab_changed)
-        side = self._build_side()
+        side = AdapterSideWidget(self.set_use_adapter, self.request_export, self.request_rate)
+        for name in SIDE_WIDGETS:
+            setattr(self, name, getattr(side, name))
+        self.adapter_choice.sig_changed.connect(self._adapter_changed)
         split = splitter(Qt.Horizontal, (self.tabs, side), stretch=(1, 0), sizes=(900, 320))
         self.splitter = split
         banner_over(self, self.banner, split)
@@ -114,24 +107,35 @@ class ChatPage(JobPage):
         self._update_placeholder()
         self._show_preferences()
 
+    @property
+    def history(self) -> list[dict[str, str]]:
+        """The conversation as the model sees it (no system message)."""
+        return self.ctrl.history
+
+    @property
+    def use_adapter(self) -> bool:
+        return self.ctrl.use_adapter
+
     # --- building -----------------------------------------------------------------------------
     def _build_chat_tab(self) -> QWidget:
         self.conversation = ConversationWidget()
         self.input = QPlainTextEdit()
-        self.input.setPlaceholderText(f"Write a message… ({_keys('Ctrl+Return')} sends, Enter is a new line)")
+        self.input.setPlaceholderText(
+            f"Write a message… ({shortcut_text('Ctrl+Return')} sends, Enter is a new line)"
+        )
         self.input.setTabChangesFocus(True)
         self.input.setMaximumHeight(90)
         self.input.setMinimumHeight(48)
         self.send_button = action_button(
-            "Send", self.send, f"Send the message; the answer streams in ({_keys('Ctrl+Return')})"
+            "Send", self.send, f"Send the message; the answer streams in ({shortcut_text('Ctrl+Return')})"
         )
         self.stop_button = action_button(
-            "Stop", self.stop, f"End the answer where it is ({_keys('Ctrl+.')} or Escape)"
+            "Stop", self.stop, f"End the answer where it is ({shortcut_text('Ctrl+.')} or Escape)"
         )
         self.new_button = action_button(
             "New chat",
             self.new_chat,
-            f"Clear the conversation and start again ({_keys('Ctrl+N')} on this page)",
+            f"Clear the conversation and start again ({shortcut_text('Ctrl+N')} on this page)",
         )
         self.system_edit = QPlainTextEdit()
         self.system_edit.setPlaceholderText("System prompt (optional)")
@@ -158,132 +162,8 @@ class ChatPage(JobPage):
         tl.addWidget(self.conversation, 1)
         tl.addWidget(self.status_label)
         tl.addLayout(bottom)
-        self._send_keys(tab, self.send)
+        send_keys(tab, self.send)
         return tab
-
-    @staticmethod
-    def _send_keys(tab: QWidget, slot) -> None:
-        """Ctrl+Enter anywhere in the tab (the hidden tab's keys are off)."""
-        for key in ("Ctrl+Return", "Ctrl+Enter"):
-            QShortcut(QKeySequence(key), tab, slot, context=Qt.WidgetWithChildrenShortcut)
-
-    def _build_compare_tab(self) -> QWidget:
-        self.compare_prompt = QPlainTextEdit()
-        self.compare_prompt.setPlaceholderText(
-            f"A prompt for both ({_keys('Ctrl+Return')} compares; empty: your last message in the chat)"
-        )
-        self.compare_prompt.setTabChangesFocus(True)
-        self.compare_prompt.setMaximumHeight(70)
-        self.compare_button = action_button(
-            "Compare",
-            self.compare,
-            "Answer the prompt with the base model, then with the adapter: the same sampling and seed, so "
-            f"the adapter is the only difference ({_keys('Ctrl+Return')})",
-        )
-        self.compare_stop_button = action_button(
-            "Stop", self.stop, f"End the answers where they are ({_keys('Ctrl+.')})"
-        )
-        self.compare_status = FaintLabel(wrap=True, squeeze=True)
-        row = QHBoxLayout()
-        row.addWidget(self.compare_button)
-        row.addWidget(self.compare_stop_button)
-        row.addWidget(self.compare_status, 1)
-        self.blind_check = QCheckBox("Blind A/B")
-        self.blind_check.setToolTip(
-            "Show the two answers as A and B in a random order, without saying which is the adapter's, and "
-            "choose the better one: each choice is saved as a preference pair (for DPO or ORPO on the Train "
-            "page). Default: off."
-        )
-        row.insertWidget(2, self.blind_check)
-        self.base_column = AnswerColumnWidget("Base model", "The model file as it is, without an adapter")
-        self.adapter_column = AnswerColumnWidget("With the adapter", "The model with the chosen adapter")
-        columns = splitter(Qt.Horizontal, (self.base_column, self.adapter_column))
-        self.blind = BlindChoiceWidget()
-        self.blind.sig_chosen.connect(self._blind_chosen)
-        self.compare_stack = QStackedWidget()
-        self.compare_stack.addWidget(columns)
-        self.compare_stack.addWidget(self.blind)
-        self.blind_check.toggled.connect(lambda on: self.compare_stack.setCurrentIndex(1 if on else 0))
-        self.preferences_row = PreferencesFileRow(self.preferences)
-        self.preferences_row.sig_train_choices.connect(self.sig_train_choices)
-        self.train_choices_button = self.preferences_row.train_button
-        tab = QWidget()
-        tl = QVBoxLayout(tab)
-        tl.setContentsMargins(4, 4, 4, 4)
-        tl.setSpacing(4)
-        tl.addWidget(self.compare_prompt)
-        tl.addLayout(row)
-        tl.addWidget(self.compare_stack, 1)
-        tl.addWidget(self.preferences_row)
-        self._send_keys(tab, self.compare)
-        return tab
-
-    def _build_side(self) -> QWidget:
-        box = QGroupBox("Adapter")
-        self.adapter_choice = RunChoiceWidget(
-            fixed=[
-                ("Base model (no adapter)", BASE, "The model file as it is"),
-                (
-                    "Live adapter of the training run",
-                    RUN,
-                    "The adapter of the run on the Train page as trained so far (pause the run to chat with "
-                    "it: answers wait while it takes steps)",
-                ),
-            ],  # fmt: skip
-            placeholder="",
-        )
-        self.adapter_choice.sig_changed.connect(self._adapter_changed)
-        self.base_toggle = QToolButton()
-        self.base_toggle.setText("Base")
-        self.adapter_toggle = QToolButton()
-        self.adapter_toggle.setText("Adapter")
-        self.toggle_group = QButtonGroup(self)
-        self.toggle_group.setExclusive(True)
-        for b, tip in (
-            (self.base_toggle, "Answer with the base model, the adapter off"),
-            (self.adapter_toggle, "Answer with the chosen adapter"),
-        ):
-            b.setCheckable(True)
-            b.setToolTip(f"{tip} ({_keys('Ctrl+B')} switches)")
-            b.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
-            self.toggle_group.addButton(b)
-        self.base_toggle.clicked.connect(lambda: self.set_use_adapter(False))
-        self.adapter_toggle.clicked.connect(lambda: self.set_use_adapter(True))
-        toggle = QHBoxLayout()
-        toggle.setSpacing(0)
-        toggle.addWidget(self.base_toggle)
-        toggle.addWidget(self.adapter_toggle)
-        self.adapter_note = FaintLabel(wrap=True, squeeze=True)
-        self.export_button = action_button(
-            "Export…",
-            self.request_export,
-            "Export this adapter for llama.cpp, or merge it into the model (Export page)",
-        )
-        self.rate_button = action_button(
-            "Rate answers",
-            self.request_rate,
-            "Go on with rating rounds on the Rewards page: this adapter (or a new one for the base model) "
-            "and your last prompt",
-        )
-        hand = QHBoxLayout()
-        hand.addWidget(self.export_button)
-        hand.addWidget(self.rate_button)
-        bl = QVBoxLayout(box)
-        bl.setContentsMargins(6, 4, 6, 6)
-        bl.setSpacing(4)
-        bl.addWidget(self.adapter_choice)
-        bl.addLayout(toggle)
-        bl.addWidget(self.adapter_note)
-        bl.addLayout(hand)
-        self.sampling = SamplingSettingsWidget()
-        inner = QWidget()
-        il = QVBoxLayout(inner)
-        il.setContentsMargins(0, 0, 4, 0)
-        il.setSpacing(6)
-        il.addWidget(box)
-        il.addWidget(self.sampling)
-        il.addStretch(1)
-        return SidePanelWidget(inner, minimum=220)  # never narrower than its controls: none is cut
 
     # --- public API ---------------------------------------------------------------------------
     def set_model_info(self, info: ModelInfo | None) -> None:
@@ -310,110 +190,71 @@ class ChatPage(JobPage):
 
     def adapter(self) -> str | None:
         """What answers now: None (base model), engine.RUN, or an adapter file."""
-        data = self.adapter_choice.current_data()
-        if not self.use_adapter or data in (None, BASE):
-            return None
-        return str(data)
+        return self.ctrl.adapter(self.adapter_choice.current_data())
 
     def adapter_label(self) -> str:
-        a = self.adapter()
-        if a is None:
-            return "Base model"
-        if a == RUN:
-            return "Live adapter of the training run"
-        return f"Adapter · {self._adapter_name()}"
+        return chat.adapter_label(self.adapter(), self._adapter_name())
 
     def _adapter_name(self) -> str:
         """The chosen adapter in a few words: its run's name (reward-tuned ones say so), or the file's."""
         run = self.adapter_choice.current_run()
-        if run is not None:
-            return f"{run.name} (reward-tuned)" if run.kind == "rewards" else run.name
-        label = self.adapter_choice.current_label()
-        return label.removeprefix("Latest finished: ").removeprefix("File · ")
+        return chat.adapter_name(run.name if run else None, run.kind if run else None,
+                                 self.adapter_choice.current_label())  # fmt: skip
 
     # --- the adapter ----------------------------------------------------------------------------
     def _adapter_changed(self, data: object, _label: str) -> None:
-        if data in (None, BASE):
-            self.use_adapter = False
-        else:
-            self._last_adapter = data
-            self.use_adapter = True
+        self.ctrl.adapter_changed(data)
         self._show_toggle()
 
     def set_use_adapter(self, on: bool) -> None:
         """The Base / Adapter toggle: on answers with the chosen adapter (or the last one chosen)."""
-        if on and self.adapter_choice.current_data() in (None, BASE):
-            if self._last_adapter is None:
-                default = self.adapter_choice.default_run()
-                self._last_adapter = default.adapter if default is not None else None
-            if self._last_adapter is None:
-                self.adapter_note.setText("Choose an adapter in the list first.")
-                self._show_toggle()
-                return
-            self.adapter_choice.set_path(self._last_adapter)  # calls _adapter_changed
+        default = self.adapter_choice.default_run()
+        entry = self.ctrl.toggle(on, self.adapter_choice.current_data(), default.adapter if default else None)
+        if entry is not None:
+            self.adapter_choice.set_path(entry)  # calls _adapter_changed
             return
-        self.use_adapter = on
         self._show_toggle()
 
     def toggle_adapter(self) -> None:
         self.set_use_adapter(not self.use_adapter)
 
     def _show_toggle(self) -> None:
-        self.base_toggle.setChecked(not self.use_adapter)
-        self.adapter_toggle.setChecked(self.use_adapter)
-        data = self.adapter_choice.current_data()
-        path = self.adapter_choice.current_path()
-        file = path if path not in (None, BASE, RUN) else None
-        self.export_button.setEnabled(file is not None and not self.busy)
-        self.rate_button.setEnabled(data != RUN and not self.busy)
-        if data == RUN:
-            self.adapter_note.setText(
-                "The run's adapter as trained so far: answers wait while it takes steps."
-            )
-        elif file is not None and not self.use_adapter:
-            self.adapter_note.setText("Answering with the base model; Adapter switches the adapter back on.")
-        elif file is not None:
-            self.adapter_note.setText(file)
-        else:
-            self.adapter_note.setText("")
-        self.adapter_note.setToolTip(file or "")
+        view = self.ctrl.adapter_view(
+            self.adapter_choice.current_data(), self.adapter_choice.current_path(), self.busy
+        )
+        self.base_toggle.setChecked(not view.use_adapter)
+        self.adapter_toggle.setChecked(view.use_adapter)
+        self.export_button.setEnabled(view.export)
+        self.rate_button.setEnabled(view.rate)
+        self.adapter_note.setText(view.note)
+        self.adapter_note.setToolTip(view.note_tip)
         self._update_placeholder()
 
     def _check_adapter(self, adapter: str | None) -> bool:
-        if adapter is None or adapter == RUN:
-            return True
-        return self.warn_fit(adapter, "error")
+        return adapter is None or adapter == chat.RUN or self.warn_fit(adapter, "error")
 
     def request_export(self) -> None:
-        path = self.adapter_choice.current_path()
-        if path not in (None, BASE, RUN):
+        path = chat.export_request(self.adapter_choice.current_path())
+        if path is not None:
             self.sig_export_requested.emit(path)
 
     def request_rate(self) -> None:
-        data = self.adapter_choice.current_data()
-        if data == RUN:
-            return
-        path = "" if data in (None, BASE) else str(data)
-        self.sig_rate_requested.emit(path, self.last_prompt())
+        path = chat.rate_request(self.adapter_choice.current_data())
+        if path is not None:
+            self.sig_rate_requested.emit(path, self.last_prompt())
 
     def last_prompt(self) -> str:
         """The prompt to hand on: the last message sent, else what is typed."""
-        for m in reversed(self.history):
-            if m["role"] == "user":
-                return m["content"]
-        return self.input.toPlainText().strip() or self.compare_prompt.toPlainText().strip()
+        return self.ctrl.last_prompt(self.input.toPlainText(), self.compare_prompt.toPlainText())
 
     # --- chatting -------------------------------------------------------------------------------
-    def _check_model(self) -> str | None:
-        return self.open_model("send again")
-
     def _sampling(self, seed: int | None = None):
         try:
             sampling = self.sampling.sampling(seed)
             self.project.chat_sampling = sampling  # what an export's Ollama Modelfile carries
             return sampling
         except EngineError as exc:
-            self.show_error(f"A sampling setting is not valid: {exc}. Fix it on the right, then try again.")
+            self.show_error(invalid_setting(exc, "right", "try again"))
             return None
 
     def system_prompt(self) -> str:
@@ -421,9 +262,7 @@ class ChatPage(JobPage):
 
     def messages_for(self, user: str) -> list[dict[str, str]]:
         """The conversation the model is given for the next answer: system, history, the new turn."""
-        system = self.system_prompt()
-        head = [{"role": "system", "content": system}] if system else []
-        return [*head, *self.history, {"role": "user", "content": user}]
+        return self.ctrl.messages_for(self.system_prompt(), user)
 
     def send(self) -> bool:
         """Send the typed message and stream the answer; False (and why, in the page) if it cannot."""
@@ -434,7 +273,7 @@ class ChatPage(JobPage):
             self.status_label.setText("Type a message first.")
             self.input.setFocus()
             return False
-        model = self._check_model()
+        model = self.open_model("send again")
         adapter = self.adapter()
         sampling = self._sampling()
         if model is None or sampling is None or not self._check_adapter(adapter):
@@ -444,19 +283,19 @@ class ChatPage(JobPage):
         user_msg = self.conversation.add("user", text, "You")
         answer = self.conversation.add("assistant", "", self.adapter_label())
         self.input.clear()
-        self._start_stream([answer])
+        stream = self._start_stream([answer])
 
         def job(session, job):
             return session.generate(messages, sampling, adapter=adapter, n=1,
-                                    on_token=lambda i, piece: self._pieces.append((0, piece)),
+                                    on_token=lambda i, piece: stream.append(0, piece),
                                     should_stop=self._stop.is_set)[0]  # fmt: skip
 
         def done(reply) -> None:
             self._end_stream()
             answer.set_text(reply.text)
             answer.set_meta(len(reply.tokens), reply.stop_reason)
-            self.history += [{"role": "user", "content": text}, {"role": "assistant", "content": reply.text}]
-            self.status_label.setText(self._seed_note(sampling))
+            self.ctrl.answered(text, reply.text)
+            self.status_label.setText(chat.seed_note(self.ctrl.turns(), self.adapter_label(), sampling.seed))
             self.sig_answered.emit(reply)
 
         def take_back() -> None:
@@ -469,7 +308,7 @@ class ChatPage(JobPage):
 
         def failed(message: str) -> None:
             take_back()
-            self._chat_failed(message, adapter)
+            self.show_error(chat.failure_text(message, adapter))
 
         def cancelled() -> None:
             take_back()
@@ -479,24 +318,6 @@ class ChatPage(JobPage):
 
         self._submit("chat", "chatting", job, done, failed, model, cancelled)
         return True
-
-    def _seed_note(self, sampling) -> str:
-        turns = sum(m["role"] == "user" for m in self.history)
-        seed = f"seed {sampling.seed}" if sampling.seed is not None else "a random seed"
-        return (
-            f"{turns} turn{'s' if turns != 1 else ''} · last answer: {self.adapter_label().lower()}, {seed}"
-        )
-
-    def _chat_failed(self, message: str, adapter) -> None:
-        if "context" in message and "fit" in message:
-            hint = "The conversation is longer than the model's context: start a New chat (Ctrl+N)."
-        elif adapter == RUN:
-            hint = "Start (or pause) a training run on the Train page, or choose another adapter."
-        elif adapter:
-            hint = "Choose another adapter, or the base model."
-        else:
-            hint = "Check the model on the Model page and the sampling settings, then send again."
-        self.show_error(f"Could not answer: {message}. {hint} Your message is back in the box.")
 
     def stop(self) -> None:
         """End the answer where it is; one still waiting for the engine is dropped."""
@@ -513,7 +334,7 @@ class ChatPage(JobPage):
     def new_chat(self) -> None:
         """Clear the conversation (an answer in progress is stopped first)."""
         self.stop()
-        self.history = []
+        self.ctrl.history = []
         self.conversation.clear()
         self.status_label.setText("")
         self._update_placeholder()
@@ -528,7 +349,7 @@ class ChatPage(JobPage):
         return ""
 
     def answers(self) -> list[str]:
-        return [m["content"] for m in self.history if m["role"] == "assistant"]
+        return self.ctrl.answers()
 
     # --- side by side -------------------------------------------------------------------------
     def compare(self) -> bool:
@@ -540,12 +361,11 @@ class ChatPage(JobPage):
             self.compare_status.setText("Type a prompt first.")
             self.compare_prompt.setFocus()
             return False
-        data = self.adapter_choice.current_data()
-        adapter = None if data in (None, BASE) else str(data)
+        adapter = chat.compare_adapter(self.adapter_choice.current_data())
         if adapter is None:
             self.show_error("Choose an adapter on the right to compare with the base model.", "info")
             return False
-        model = self._check_model()
+        model = self.open_model("send again")
         seed = self.sampling.seed()
         if seed is None:
             seed = int(np.random.default_rng().integers(0, 2**31 - 1))
@@ -553,19 +373,17 @@ class ChatPage(JobPage):
         if model is None or sampling is None or not self._check_adapter(adapter):
             return False
         self.banner.hide()
-        system = self.system_prompt()
-        messages = [{"role": "system", "content": system}] if system else []
-        messages.append({"role": "user", "content": prompt})
+        messages = chat_messages(self.system_prompt(), prompt)
         self.adapter_column.title.setText(f"<b>With the adapter</b> · {html.escape(self._adapter_name())}")
         for column in (self.base_column, self.adapter_column):
             column.clear()
         blind = self.blind_check.isChecked()
         if blind:  # nothing streams: the order of the answers would say which is which
             self.blind.clear("Answering… A and B are shown together, in a random order.")
-            self._blind_context = {"messages": messages, "seed": seed, "adapter": self._adapter_name()}
-            self._start_stream([])
+            self.ctrl.blind_context = {"messages": messages, "seed": seed, "adapter": self._adapter_name()}
+            stream = self._start_stream([], 2)
         else:
-            self._start_stream([self.base_column.message, self.adapter_column.message])
+            stream = self._start_stream([self.base_column.message, self.adapter_column.message])
         stop = self._stop
 
         def job(session, job):
@@ -575,7 +393,7 @@ class ChatPage(JobPage):
                     break
 
                 def on_token(i: int, piece: str, c: int = col) -> None:
-                    self._pieces.append((c, piece))
+                    stream.append(c, piece)
 
                 reply = session.generate(
                     messages, sampling, adapter=which, n=1, on_token=on_token, should_stop=stop.is_set
@@ -591,17 +409,9 @@ class ChatPage(JobPage):
             for column, reply in zip((self.base_column, self.adapter_column), replies, strict=False):
                 column.message.set_text(reply.text)
                 column.message.set_meta(len(reply.tokens), reply.stop_reason)
+            self.compare_status.setText(chat.compare_status(seed, [r.text for r in replies]))
             if len(replies) == 2:
-                same = replies[0].text == replies[1].text
-                what = (
-                    "The same answer: the adapter does not change this one."
-                    if same
-                    else "The answers differ."
-                )
-                self.compare_status.setText(f"Seed {seed}, the same sampling for both. {what}")
                 self.sig_compared.emit(replies[0], replies[1])
-            else:
-                self.compare_status.setText("Stopped.")
 
         def failed(message: str) -> None:
             self._end_stream()
@@ -620,16 +430,13 @@ class ChatPage(JobPage):
 
     # --- blind A/B choices ----------------------------------------------------------------------
     def _blind_chosen(self, choice: str) -> None:
-        pair, ctx = self.blind.pair, self._blind_context
+        pair, ctx = self.blind.pair, self.ctrl.blind_context
         if pair is None or ctx is None:
             return
-        extra = {
-            "source": "chat side by side",
-            "seed": ctx["seed"],
-            "model": os.path.basename(self.model_path() or ""),
-        }
         try:
-            text = self.preferences.record(pair, choice, ctx["messages"], extra)
+            text = self.preferences.record(
+                pair, choice, ctx["messages"], chat.blind_extra(ctx["seed"], self.model_path())
+            )
         except (EngineError, OSError) as exc:
             self.show_error(f"The choice was not saved: {exc}. Choose another file with Preferences file…, "
                             "then compare again.")  # fmt: skip
@@ -646,29 +453,27 @@ class ChatPage(JobPage):
     def _submit(self, kind: str, name: str, fn, done, failed, model: str, cancelled) -> None:
         """Run fn as an engine job: done(result) or failed(message) on the UI thread; cancelled() when
         Stop drops it before it started (the engine calls neither then)."""
-        ahead = [j for j in self.engine.jobs if j.active]  # queued or running (the worker sets "running")
+        ahead = [(j.name, j.state) for j in self.engine.jobs if j.active]  # the worker sets "running"
         self._cancelled = cancelled
         self._submit_job(kind, name, fn, done, failed, model)
-        if ahead and self.job.state == "queued":
-            running = next((j.name for j in ahead if j.state == "running"), ahead[0].name)
-            text = f"Waiting for the engine ({running}): the answer starts when it is done or paused."
+        text = chat.waiting_text(ahead) if self.job.state == "queued" else None
+        if text:
             (self.status_label if kind == "chat" else self.compare_status).setText(text)
 
-    def _start_stream(self, targets: list[MessageWidget]) -> None:
+    def _start_stream(self, targets: list[MessageWidget], n: int = 0) -> StreamBuffer:
+        """A new stream of max(n, len(targets)) answers, column i shown in targets[i] (if any)."""
         self._stop.clear()
-        self._pieces = []
+        self.ctrl.stream = StreamBuffer(max(n, len(targets)))
         self._targets = targets
         self._flush_timer.start()
+        return self.ctrl.stream
 
     def _flush(self) -> None:
-        pieces, self._pieces = self._pieces, []
-        if not pieces:
+        new = self.ctrl.stream.take()
+        if not new:
             return
-        joined: dict[int, list[str]] = {}
-        for col, piece in pieces:
-            joined.setdefault(col, []).append(piece)
-        for col, parts in joined.items():
-            if 0 <= col < len(self._targets):
+        for col, parts in new.items():
+            if col < len(self._targets):
                 self._targets[col].append("".join(parts))
         if self.busy == "chat":
             self.status_label.setText("Answering…")
@@ -680,27 +485,21 @@ class ChatPage(JobPage):
 
     def _set_busy(self, busy: str) -> None:
         self.busy = busy  # read by what follows
-        idle = not busy
-        self.send_button.setEnabled(idle)
-        self.compare_button.setEnabled(idle)
-        self.stop_button.setEnabled(busy == "chat")
-        self.compare_stop_button.setEnabled(busy == "compare")
-        self.adapter_choice.setEnabled(idle)
-        self.base_toggle.setEnabled(idle)
-        self.adapter_toggle.setEnabled(idle)
+        c = chat.controls(busy)
+        self.send_button.setEnabled(c.send)
+        self.compare_button.setEnabled(c.send)
+        self.stop_button.setEnabled(c.stop)
+        self.compare_stop_button.setEnabled(c.compare_stop)
+        for w in (self.adapter_choice, self.base_toggle, self.adapter_toggle):
+            w.setEnabled(c.adapter)
         self._show_toggle()
         super()._set_busy(busy)
 
     def _update_placeholder(self) -> None:
-        if not self.model_path():
-            text = "No model is open: open one on the Model page, then chat with it here."
-        else:
-            who = self.adapter_label().lower() if self.adapter() is not None else "the base model"
-            text = (
-                f"Chat with {os.path.basename(self.model_path())} ({who}).\n\nType a message below and "
-                f"press {_keys('Ctrl+Return')}. The conversation is kept until New chat ({_keys('Ctrl+N')})."
-            )
-        self.conversation.set_placeholder(text)
+        who = self.adapter_label().lower() if self.adapter() is not None else "the base model"
+        self.conversation.set_placeholder(
+            chat.placeholder(self.model_path(), who, shortcut_text("Ctrl+Return"), shortcut_text("Ctrl+N"))
+        )
 
     def _tab_changed(self, index: int) -> None:
         if index == 1 and not self.compare_prompt.toPlainText().strip():

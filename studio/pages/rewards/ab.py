@@ -28,6 +28,7 @@ from engine import EngineError, blind_pair
 from ...widgets.blind_choice import BlindChoiceWidget, PreferenceRecorder, PreferencesFileRow
 from ...widgets.buttons import action_button
 from ...widgets.faint_label import FaintLabel
+from ..generation import chat_messages
 
 
 def prompt_inputs(placeholder: str) -> tuple[QPlainTextEdit, QLineEdit]:
@@ -98,18 +99,7 @@ class ABTabWidget(QWidget):
         self.prompt_edit.setPlainText(prompt)
         system = self.system_edit.text().strip() or None
         seed = int(page.reward_settings.seed_spin.value())
-        session, model, maker = page.session, None, None
-        if session is None:
-            model, maker = page._session_maker()
-
-        def job(engine_session):
-            s = session if session is not None else maker(engine_session)
-            try:
-                page._configure(s, config)
-                answers = s.sample(prompt, system=system, n=2, seed=seed)
-            except Exception as exc:  # noqa: BLE001 - keep the loaded session; the page shows why
-                return s, None, str(exc) or type(exc).__name__
-            return s, answers, None
+        job, model = page.session_job(config, lambda s: s.sample(prompt, system=system, n=2, seed=seed))
 
         def done(result) -> None:
             s, answers, error = result
@@ -119,16 +109,13 @@ class ABTabWidget(QWidget):
                 self.blind.clear()
                 return
             page.reward_settings.next_seed()
-            messages = ([{"role": "system", "content": system}] if system else []) + [
-                {"role": "user", "content": prompt}
-            ]
-            self._context = {"messages": messages, "seed": seed, "step": s.step}
+            self._context = {"messages": chat_messages(system, prompt), "seed": seed, "step": s.step}
             sources = (f"answer 1 (seed {seed})", "answer 2")
             self.blind.set_pair(blind_pair(answers[0].text, answers[1].text, sources))
             self.status.setText(f"Two answers of the adapter after {s.step} step(s), seed {seed}.")
 
         self.blind.clear("Generating two answers…")
-        page._run("loading" if session is None else "generating", job, done)
+        page._run("loading" if model else "generating", job, done)
         return True
 
     def _chosen(self, choice: str) -> None:

@@ -418,9 +418,7 @@ class AutoRoundsWidget(QWidget):
                 )
                 return False
         page.banner.hide()
-        session, model, maker = page.session, None, None
-        if session is None:
-            model, maker = page._session_maker()
+        open_session, model = page.session_opener(config)
         rounds = self.rounds if resume else None
         settings = RoundsConfig(
             rounds=int(self.rounds_spin.value()),
@@ -430,8 +428,7 @@ class AutoRoundsWidget(QWidget):
         prompts_file = self.prompts_file
 
         def job(engine_session, job):
-            s = session if session is not None else maker(engine_session)
-            page._configure(s, config)
+            s = open_session(engine_session)
             r = rounds
             problems = []
             if r is None:
@@ -458,7 +455,7 @@ class AutoRoundsWidget(QWidget):
             self._plot()
         page._set_busy("rounds")
         self._set_state("running")
-        self.status.setText("Loading the model…" if session is None else "Starting…")
+        self.status.setText("Loading the model…" if model else "Starting…")
         self.job = page.engine.submit(
             "unattended rounds",
             job,

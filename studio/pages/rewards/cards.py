@@ -21,7 +21,7 @@ What this is not: it keeps no data the engine needs and calls nothing in the eng
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QIcon, QKeyEvent, QKeySequence, QPainter, QPainterPath, QPalette, QPixmap
+from PySide6.QtGui import QColor, QIcon, QKeyEvent, QPainter, QPainterPath, QPalette, QPixmap
 from PySide6.QtWidgets import (
     QApplication,
     QFrame,
@@ -39,7 +39,7 @@ from PySide6.QtWidgets import (
 
 from engine import rating_from_stars
 
-from ...widgets.buttons import action_button
+from ...widgets.buttons import action_button, shortcut_text
 from ...widgets.theme import is_dark
 
 CARD_MIN_WIDTH = 260  # a card narrower than this would squeeze its controls: one column then
@@ -612,7 +612,7 @@ class AnswerGridWidget(QScrollArea):
         self.placeholder.setObjectName("cardMeta")
         self.set_placeholder(
             "No answers yet.\n\nType a prompt above (or take one from the dataset) and press Generate "
-            f"({QKeySequence('Ctrl+Return').toString(QKeySequence.NativeText)})."
+            f"({shortcut_text('Ctrl+Return')})."
         )
         self.setWidget(self.inner)
         self._rebuild()

@@ -12,12 +12,9 @@ The A/B tab shows two answers of the adapter blind and saves the person's choice
 (rewards/ab.py); the Unattended tab runs rounds of sample, score with checks, step, with nobody
 rating (rewards/auto.py).
 
-The adapter the rounds continue ("Continue:") comes from the run history (`engine.find_runs`): by
-default the latest finished run of the open model (`engine.latest_finished`; a stopped run is listed,
-never chosen by itself), or any run, file or a new adapter. It follows the model: another model
-resets it to that model's latest finished run. An adapter made for another model is named from its
-header before anything loads. "Optimizer steps taken on this page from your ratings" counts the
-steps of the session going on.
+The adapter the rounds continue, the ratings file and saving the adapter are the "Adapter and
+files" box (rewards/files.py). The decisions (what a control offers while a job runs, what a click
+asks, what a failure says) are the Qt-free controller's (rewards/controller.py).
 
 The engine's `RewardSession` does the work, on the model the app's engine session holds (no second
 copy). It is made on the first Generate with the project's targets, rank and alpha, the ratings
@@ -32,94 +29,41 @@ ratings file do), and it takes one step per round.
 
 from __future__ import annotations
 
-import html
-import math
-import os
 from dataclasses import replace
 
 from PySide6.QtCore import QCoreApplication, Qt, QTimer, Signal
-from PySide6.QtGui import QKeySequence
-from PySide6.QtWidgets import (
-    QCheckBox,
-    QFileDialog,
-    QGroupBox,
-    QHBoxLayout,
-    QLabel,
-    QMessageBox,
-    QPushButton,
-    QSizePolicy,
-    QTabWidget,
-    QVBoxLayout,
-    QWidget,
-)
+from PySide6.QtWidgets import QMessageBox, QTabWidget, QWidget
 
-from engine import (
-    Answer,
-    EngineError,
-    RewardConfig,
-    RewardSession,
-    RoundResult,
-    Scorer,
-    check_outputs,
-    load_jsonl,
-)
+from engine import Answer, EngineError, RewardConfig, RewardSession, RoundResult, Scorer, load_jsonl
 
-from ...paths import writable_problem
 from ...project import ModelInfo
-from ...widgets.buttons import action_button
 from ...widgets.engine_page import RUNS_MOVED, JobPage
-from ...widgets.faint_label import FaintLabel
-from ...widgets.page_layout import banner_over, scroll_area, splitter
-from ...widgets.runs import (
-    RunChoiceWidget,
-    load_runs,
-    same_file,
-)
-from ...widgets.side_panel import SidePanelWidget
-from .ab import ABTabWidget, prompt_inputs
+from ...widgets.page_layout import banner_over, splitter
+from ..generation import StreamBuffer, invalid_setting
+from . import controller as rewards
+from .ab import ABTabWidget
 from .auto import AutoRoundsWidget, prompts_of_samples
-from .cards import CARD_KEYS, AnswerCardWidget, AnswerGridWidget
-from .panels import (
-    DiagnosticsWidget,
-    PromptPickerDialog,
-    RewardHistoryWidget,
-    SideBySideWidget,
-    dataset_prompts,
-)
-from .settings import RewardSettingsWidget
+from .cards import AnswerCardWidget
+from .controller import CHECKPOINT_FOLDER, NEW_ADAPTER, RATINGS_FILE, RewardsController
+from .layout import ApplyColumnWidget, RateTabWidget, RewardsSideWidget
+from .panels import PromptPickerDialog, dataset_prompts
+from .side_by_side import SideBySideWidget
 
-RATINGS_FILE = "ratings.jsonl"
-NEW_ADAPTER = "new"  # the adapter list's "A new adapter" entry
-NEW_ADAPTER_TEXT = "A new adapter"
-CHECKPOINT_FOLDER = "reward-checkpoints"
 STREAM_HZ = 10
-BUSY_TEXT = {
-    "loading": "Loading the model…",
-    "generating": "Generating…",
-    "applying": "Applying the step…",
-    "comparing": "Comparing…",
-    "saving": "Saving the adapter…",
-    "rounds": "Running unattended rounds…",
-    "scoring": "Scoring the answers with checks…",
-}
+# the blocks' widgets, named on the page as on their blocks
+# fmt: off
+SIDE_WIDGETS = ("reward_settings", "files", "settings_box")
+FILES_WIDGETS = ("ratings_label", "ratings_button", "adapter_label", "adapter_choice", "start_from_button",
+                 "new_adapter_button", "save_button")
+RATE_WIDGETS = ("prompt_edit", "system_edit", "dataset_button", "generate_button", "stop_button",
+                "status_label", "grid", "keys_label", "checks_box")
+APPLY_WIDGETS = ("diagnostics", "apply_button", "history")
+# fmt: on
 
 
-def _describe(exc: BaseException) -> str:
-    """An exception as the page shows it."""
-    if isinstance(exc, MemoryError):
-        return "out of memory: close other programs or choose a smaller model or type"
-    return str(exc) or type(exc).__name__
-
-
-def _short(path: str) -> str:
-    """A start adapter as people read it: the file, or "folder/adapter.gguf" for a checkpoint's."""
-    path = os.path.normpath(path)
-    name = os.path.basename(path)
-    return f"{os.path.basename(os.path.dirname(path))}/{name}" if name == "adapter.gguf" else name
-
-
-def _shortcut_text(seq: str) -> str:
-    return QKeySequence(seq).toString(QKeySequence.NativeText)
+def _state_field(name: str) -> property:
+    """The page's attribute `name`, kept by its controller."""
+    return property(lambda self: getattr(self.ctrl, name), lambda self, v: setattr(self.ctrl, name, v))
 
 
 class RewardsPage(JobPage):
@@ -131,27 +75,36 @@ class RewardsPage(JobPage):
     sig_compared = Signal(object, object)  # base Answer, adapter Answer
     sig_train_choices = Signal(str)  # the preferences file of the A/B tab: train on it (DPO)
 
+    # the session's bookkeeping, kept by the page's RewardsController (self.ctrl)
+    session = _state_field("session")
+    session_model = _state_field("session_model")
+    start_adapter = _state_field("start_adapter")
+    session_start = _state_field("session_start")
+    custom_ratings_path = _state_field("custom_ratings_path")
+
     def __init__(self, *args, **kwargs):
         """EnginePage's arguments: project, engine, parent, settings."""
         super().__init__(*args, **kwargs)
-        self.session: RewardSession | None = None
-        self.session_model: str | None = None  # model path the session was made with
-        self.start_adapter: str | None = None  # adapter file or checkpoint folder to continue
-        self.session_start: str | None = None  # the one the current session continued
-        self._syncing = False  # the adapter list is being set to match start_adapter
-        self.custom_ratings_path: str | None = None  # chosen with Ratings file…; None = default
+        self.ctrl = RewardsController()
         self.samples: list | None = None  # from set_dataset_samples; None = read the dataset file
         self.cards: list[AnswerCardWidget] = []
         self.confirm = self._ask  # (title, text) -> bool; replaced in tests
-        self._stream: list[list[int]] = []  # tokens streamed per answer (appended by the worker)
+        self._stream = StreamBuffer()  # tokens streamed per answer (appended by the worker)
         self._stream_timer = QTimer(self)
         self._stream_timer.setInterval(1000 // STREAM_HZ)
         self._stream_timer.timeout.connect(self._show_stream)
 
-        settings = self._build_settings()
-        rate_tab = self._build_rate_tab()
-        self.side_by_side = SideBySideWidget()
-        self.side_by_side.sig_compare.connect(self.compare)
+        side = RewardsSideWidget(self)
+        rate_tab = RateTabWidget(self.choose_dataset_prompt, self.generate, self.stop)
+        right = ApplyColumnWidget(self.apply)
+        blocks = ((side, SIDE_WIDGETS), (side.files, FILES_WIDGETS), (rate_tab, RATE_WIDGETS),
+                  (right, APPLY_WIDGETS))  # fmt: skip
+        for block, names in blocks:
+            for name in names:
+                setattr(self, name, getattr(block, name))
+        self.reward_settings.sig_mode_changed.connect(self._mode_changed)
+        self.checks_box.toggled.connect(lambda on: self._score_round() if on else None)
+        self.side_by_side = SideBySideWidget(self)
         self.tabs = QTabWidget()
         self.tabs.addTab(rate_tab, "Rate answers")
         self.tabs.addTab(self.side_by_side, "Side by side")
@@ -169,11 +122,8 @@ class RewardsPage(JobPage):
             3, "Rounds with nobody rating: sample answers, score them with checks, take a step"
         )
         self.tabs.currentChanged.connect(self._tab_changed)
-        right = self._build_right()
 
-        split = splitter(
-            Qt.Horizontal, (settings, self.tabs, right), stretch=(0, 1, 0), sizes=(215, 700, 290)
-        )
+        split = splitter(Qt.Horizontal, (side, self.tabs, right), stretch=(0, 1, 0), sizes=(215, 700, 290))
         self.splitter = split
         banner_over(self, self.banner, split)
 
@@ -183,154 +133,6 @@ class RewardsPage(JobPage):
         self.refresh_runs()
         self._show_paths()
         self._set_busy("")
-
-    # --- building -----------------------------------------------------------------------------
-    def _build_settings(self) -> QWidget:
-        self.reward_settings = RewardSettingsWidget(self.project)
-        self.reward_settings.sig_mode_changed.connect(self._mode_changed)
-        self.ratings_label = QLabel()
-        self.ratings_label.setWordWrap(True)
-        self.ratings_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.ratings_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.ratings_button = action_button(
-            "Ratings file…",
-            self.choose_ratings_file,
-            "Choose the JSON Lines file every rating and better answer is appended to (never rewritten). "
-            f"Default: {RATINGS_FILE} in the project's output folder.",
-        )
-        self.adapter_label = QLabel()
-        self.adapter_label.setWordWrap(True)
-        self.adapter_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.adapter_choice = RunChoiceWidget(
-            fixed=[(NEW_ADAPTER_TEXT, NEW_ADAPTER,
-                    "Start from the model alone: a new adapter with the Targets page's targets, rank and "
-                    "alpha")],
-        )  # fmt: skip
-        self.adapter_choice.setToolTip(
-            "The adapter the rating rounds continue: a run's adapter (default: the latest finished run of "
-            "the open model; after rating rounds, the reward-tuned one), a file (File…), or a new adapter. A "
-            "stopped or failed run is listed but never chosen by itself."
-        )
-        self.adapter_choice.combo.setToolTip(self.adapter_choice.toolTip())
-        self.adapter_choice.sig_changed.connect(self._start_changed)
-        self.start_from_button = self.adapter_choice.file_button
-        self.start_from_button.setToolTip(
-            "Continue any adapter GGUF (for example one from the Train page) or a reward checkpoint's "
-            "adapter instead of a run from the list."
-        )
-        self.new_adapter_button = action_button(
-            "New adapter", self.new_adapter, "Forget the adapter trained here and start again from the model"
-        )
-        self.save_button = action_button(
-            "Save adapter…",
-            self.choose_save_adapter,
-            "Write the adapter trained on this page as a llama.cpp LoRA GGUF",
-        )
-        files = QGroupBox("Adapter and files")
-        fl = QVBoxLayout(files)
-        fl.setContentsMargins(6, 4, 6, 4)
-        fl.setSpacing(3)
-        start = QLabel("Continue:")
-        start.setToolTip(self.adapter_choice.toolTip())
-        fl.addWidget(start)
-        fl.addWidget(self.adapter_choice)
-        fl.addWidget(self.adapter_label)
-        fl.addWidget(self.save_button)
-        fl.addWidget(self.new_adapter_button)
-        fl.addSpacing(4)
-        fl.addWidget(self.ratings_label)
-        fl.addWidget(self.ratings_button)
-
-        inner = QWidget()
-        il = QVBoxLayout(inner)
-        il.setContentsMargins(0, 0, 4, 0)
-        il.setSpacing(4)
-        il.addWidget(self.reward_settings)
-        il.addWidget(files)
-        il.addStretch(1)
-        self.settings_box = inner
-        return SidePanelWidget(inner, minimum=190)  # never narrower than its controls: none is cut
-
-    def _build_rate_tab(self) -> QWidget:
-        self.prompt_edit, self.system_edit = prompt_inputs(
-            "Ask the model something, e.g. What color is the sky?"
-        )
-        self.prompt_edit.setToolTip(
-            f"The prompt of the round (user message). {_shortcut_text('Ctrl+Return')} generates the answers."
-        )
-        self.system_edit.setToolTip("An optional system message before the prompt. Default: none.")
-        self.dataset_button = action_button(
-            "From dataset…",
-            self.choose_dataset_prompt,
-            "Take a prompt (and its system message) from the project's dataset",
-        )
-        self.generate_button = action_button(
-            "Generate",
-            self.generate,
-            f"Sample new answers with the adapter as it is now ({_shortcut_text('Ctrl+Return')}).",
-            "Ctrl+Return",
-        )
-        self.stop_button = action_button(
-            "Stop", self.stop, f"End the answers where they are ({_shortcut_text('Ctrl+.')}).", "Ctrl+."
-        )
-        self.status_label = FaintLabel(squeeze=True)
-        top = QHBoxLayout()
-        top.addWidget(QLabel("<b>Prompt</b>"))
-        top.addStretch(1)
-        top.addWidget(self.dataset_button)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.system_edit, 1)
-        buttons.addWidget(self.generate_button)
-        buttons.addWidget(self.stop_button)
-        self.grid = AnswerGridWidget(columns=2)
-        self.keys_label = FaintLabel(CARD_KEYS, wrap=True)
-        self.checks_box = QCheckBox("Score with checks")
-        self.checks_box.setToolTip(
-            "Score each round's answers with the checks of the Unattended tab too: an answer's reward is "
-            "then the checks' sum plus your rating times the rating's weight set there (your rating is one "
-            "more source). Default: off."
-        )
-        self.checks_box.toggled.connect(lambda on: self._score_round() if on else None)
-        tab = QWidget()
-        tl = QVBoxLayout(tab)
-        tl.setContentsMargins(4, 4, 4, 4)
-        tl.setSpacing(4)
-        tl.addLayout(top)
-        tl.addWidget(self.prompt_edit)
-        tl.addLayout(buttons)
-        tl.addWidget(self.status_label)
-        tl.addWidget(self.grid, 1)
-        bottom = QHBoxLayout()
-        bottom.addWidget(self.keys_label, 1)
-        bottom.addWidget(self.checks_box)
-        tl.addLayout(bottom)
-        return tab
-
-    def _build_right(self) -> QWidget:
-        self.diagnostics = DiagnosticsWidget()
-        self.apply_button = QPushButton("Apply step")
-        self.apply_button.setShortcut(QKeySequence("Ctrl+Shift+Return"))
-        self.apply_button.setToolTip(
-            "Take one training step on this round's ratings and better answers "
-            f"({_shortcut_text('Ctrl+Shift+Return')})."
-        )
-        self.apply_button.setMinimumHeight(32)
-        font = self.apply_button.font()
-        font.setBold(True)
-        self.apply_button.setFont(font)
-        self.apply_button.clicked.connect(self.apply)
-        self.history = RewardHistoryWidget()
-        # the diagnostics scroll when a long message meets a short window; a splitter shares the height
-        scroll = scroll_area(self.diagnostics)
-        top = QWidget()
-        tl = QVBoxLayout(top)
-        tl.setContentsMargins(0, 0, 0, 0)
-        tl.setSpacing(4)
-        tl.addWidget(scroll, 1)
-        tl.addWidget(self.apply_button)
-        right = splitter(Qt.Vertical, (top, self.history), stretch=(0, 1), sizes=(340, 440))
-        right.setMinimumWidth(260)
-        return right
 
     # --- public API ---------------------------------------------------------------------------
     def set_model_info(self, info: ModelInfo | None) -> None:
@@ -344,94 +146,41 @@ class RewardsPage(JobPage):
         self._show_paths()
 
     def refresh_runs(self) -> None:
-        """Read the run history again: the list of adapters to continue, and its default (the latest
-        finished run of the open model) unless the person chose one or a session is going on."""
-        model = self.model_path()
-        self.adapter_choice.start_folder = self.project.output_folder()
-        self.adapter_choice.set_runs(load_runs(self.project, self.settings), model)
+        """Read the run history again (the adapters to continue); see AdapterFilesWidget.refresh_runs."""
+        self.files.refresh_runs()
+
+    def set_adapter(self, path: str | None) -> None:
+        """Continue this adapter from the next new session on (None: a new one); see the files box."""
+        self.files.set_adapter(path)
+
+    def start_from(self, path: str) -> None:
+        """Continue `path` now (asked first when the session took steps); see the files box."""
+        self.files.start_from(path)
+
+    def new_adapter(self) -> None:
+        self.files.new_adapter()
+
+    def set_ratings_path(self, path: str) -> bool:
+        """Append ratings to `path` from now on; False (and why, in the page) if it cannot be written."""
+        return self.files.set_ratings_path(path)
+
+    def save_adapter(self, path: str) -> bool:
+        """Write the adapter (F32 LoRA GGUF) in the worker; sig_adapter_saved(path) when it is written."""
+        return self.files.save_adapter(path)
+
+    def _show_paths(self) -> None:
+        self.files.show_paths()
 
     def set_dataset_samples(self, samples) -> None:
         """The dataset's samples (engine Sample), for "From dataset…"; None: read the dataset file."""
         self.samples = list(samples) if samples is not None else None
         self.auto.show_source()  # the Unattended tab counts the prompts it would take
 
-    def set_adapter(self, path: str | None) -> None:
-        """Continue this adapter (GGUF or reward checkpoint folder) from the next new session on; it is
-        selected in the list (None: a new adapter). A session going on is kept."""
-        self.start_adapter = path or None
-        self._syncing = True
-        try:
-            self.adapter_choice.set_path(path or NEW_ADAPTER)
-        finally:
-            self._syncing = False
-        self.warn_fit(self.start_adapter)
-        self._show_paths()
-
-    def _start_path(self, data: object) -> str | None:
-        """The adapter a list entry continues: a reward-tuned run goes on from its last checkpoint
-        folder (its exact state), other runs and files from their adapter file."""
-        if data in (None, NEW_ADAPTER):
-            return None
-        run = self.adapter_choice.current_run()
-        if (
-            run is not None
-            and run.kind == "rewards"
-            and run.last_checkpoint
-            and os.path.isdir(run.last_checkpoint)
-        ):
-            return run.last_checkpoint
-        return str(data)
-
-    def _start_changed(self, data: object, _label: str) -> None:
-        if self._syncing:
-            return
-        path = self._start_path(data)
-        if path == self.start_adapter:
-            self._show_paths()
-            return
-        s = self.session
-        if s is not None:
-            if not self.adapter_choice.chosen or self.busy:  # a refresh: the session keeps its adapter
-                self._sync_choice()
-                return
-            other = _short(path) if path else "a new adapter"
-            if s.step and not self.confirm(
-                "Continue another adapter",
-                f"Forget the {s.step} step(s) trained on this page and continue {other} instead? "
-                "(Save adapter… keeps them.)",
-            ):
-                self._sync_choice()
-                return
-            self.start_adapter = path
-            self._drop_session()
-        else:
-            self.start_adapter = path
-        self.warn_fit(self.start_adapter)
-        self._show_paths()
-
-    def _sync_choice(self) -> None:
-        """Show the adapter being continued in the list again (after a refused change)."""
-        self._syncing = True
-        try:
-            data = self._start_data(self.session_start if self.session is not None else self.start_adapter)
-            self.adapter_choice.set_path(data)
-        finally:
-            self._syncing = False
-
-    def _start_data(self, path: str | None) -> str:
-        """The list entry of a start adapter (a reward checkpoint folder is listed as its run)."""
-        if path is None:
-            return NEW_ADAPTER
-        for r in self.adapter_choice.runs:
-            if r.last_checkpoint and same_file(r.last_checkpoint, path):
-                return r.adapter
-        return path
-
     def ratings_path(self) -> str:
-        return self.custom_ratings_path or os.path.join(self.project.output_folder(), RATINGS_FILE)
+        return self.ctrl.ratings_path(self.project.output_folder())
 
     def checkpoint_dir(self) -> str:
-        return os.path.join(os.path.dirname(os.path.abspath(self.ratings_path())), CHECKPOINT_FOLDER)
+        return self.ctrl.checkpoint_dir(self.project.output_folder())
 
     def reset(self) -> None:
         """A new project: no rating session, no prompt, a new adapter, the default ratings file."""
@@ -443,46 +192,47 @@ class RewardsPage(JobPage):
         self.banner.hide()
         self._show_paths()
 
-    # --- banner -------------------------------------------------------------------------------
     # --- state --------------------------------------------------------------------------------
     def _set_busy(self, busy: str) -> None:
         self.busy = busy  # read by what follows
-        idle = not busy
+        c = self._controls()
         for w in (
             self.generate_button,
             self.dataset_button,
             self.settings_box,
             self.side_by_side.compare_button,
         ):
-            w.setEnabled(idle)
-        self.stop_button.setEnabled(busy in ("loading", "generating"))
-        self.save_button.setEnabled(idle and self.session is not None)
-        self.new_adapter_button.setEnabled(idle and self.session is not None)
+            w.setEnabled(c.idle)
+        self.stop_button.setEnabled(c.stop)
+        self.save_button.setEnabled(c.session)
+        self.new_adapter_button.setEnabled(c.session)
         if busy:
             self.grid.hold_focus()  # a disabled card would hand the focus (and the next key) to the window
         for card in self.cards:
-            card.setEnabled(idle)
-        self.adapter_choice.setEnabled(idle)
+            card.setEnabled(c.idle)
+        self.adapter_choice.setEnabled(c.idle)
         if hasattr(self, "auto"):  # (the tabs are built after the first call)
             self.ab.set_busy(bool(busy))
             self.auto.page_busy(busy)
-        self._update_apply_enabled()
+        self.apply_button.setEnabled(c.apply)
         if busy:
-            self.status_label.setText(BUSY_TEXT.get(busy, busy))
-            self.side_by_side.status.setText(BUSY_TEXT.get(busy, busy))
+            self.status_label.setText(rewards.busy_text(busy))
+            self.side_by_side.status.setText(rewards.busy_text(busy))
         super()._set_busy(busy)
 
+    def _controls(self) -> rewards.Controls:
+        pending = rewards.round_pending(len(self.cards), [c.locked for c in self.cards])
+        return rewards.controls(self.busy, self.session is not None, pending)
+
     def _update_apply_enabled(self) -> None:
-        s = self.session
-        pending = s is not None and bool(self.cards) and not any(c.locked for c in self.cards)
-        self.apply_button.setEnabled(not self.busy and pending)
+        self.apply_button.setEnabled(self._controls().apply)
 
     def _run(self, kind: str, fn, on_done, *, needs_model: bool = True) -> None:
         """Run fn(engine session) as a job of the engine worker (the model it needs is opened first);
         on_done(result) or an error in the page, on the UI thread."""
         self._submit_job(
             kind,
-            BUSY_TEXT.get(kind, kind).rstrip("…").lower(),
+            rewards.job_name(kind),
             lambda session, job: fn(session),
             on_done,
             lambda message: self._task_failed(kind, message),
@@ -492,27 +242,14 @@ class RewardsPage(JobPage):
 
     def _task_failed(self, kind: str, message: str) -> None:
         self._stream_timer.stop()
-        what_next = {
-            "loading": "Check the model on the Model page (and the adapter you chose to start from), then "
-            "press Generate again.",
-            "generating": "Check the prompt and the sampling settings, then press Generate again.",
-            "applying": "Rate the answers (or write a better one) and press Apply again; if the loss is "
-            "not finite, lower the learning rate.",
-            "comparing": "Check the prompt, then press Compare again.",
-            "saving": "Choose another file name or folder with Save adapter….",
-        }.get(kind, "")
-        verb = {"loading": "load the model", "generating": "generate answers", "applying": "apply the step",
-                "comparing": "compare the answers", "saving": "save the adapter"}.get(kind, kind)  # fmt: skip
-        self.show_error(f"Could not {verb}: {message}. {what_next}")
-        if kind in ("generating", "loading"):
+        self.show_error(rewards.failure_text(kind, message))
+        if kind in rewards.STREAMING:
             self._show_cards(self.session.answers if self.session is not None else [])
             self.status_label.setText("")
         self.side_by_side.status.setText("")
 
     def _drop_session(self) -> None:
-        self.session = None
-        self.session_model = None
-        self.session_start = None
+        self.ctrl.drop()
         self._show_cards([])
         self.history.set_rounds([])
         self.diagnostics.set_empty(self.reward_settings.mode())
@@ -523,7 +260,7 @@ class RewardsPage(JobPage):
     def _ask(self, title: str, text: str) -> bool:
         return QMessageBox.question(self, title, text) == QMessageBox.Yes
 
-    # --- paths --------------------------------------------------------------------------------
+    # --- the project --------------------------------------------------------------------------
     def _project_changed(self, changed: set[str]) -> None:
         if changed & RUNS_MOVED:
             self.refresh_runs()
@@ -536,96 +273,6 @@ class RewardsPage(JobPage):
         super().showEvent(event)
         if not self.busy:
             self.refresh_runs()
-
-    def _show_paths(self) -> None:
-        path = self.session.ratings_path if self.session is not None else self.ratings_path()
-        self.ratings_label.setText(f"Ratings file:<br><code>{html.escape(path)}</code>")
-        self.ratings_label.setToolTip(path)
-        s = self.session
-        if s is not None:
-            what = f"Optimizer steps taken on this page from your ratings: <b>{s.step}</b>"
-            if self.session_start:
-                what += f" (continuing {html.escape(_short(self.session_start))})"
-            else:
-                what += " (a new adapter)"
-        elif self.start_adapter:
-            what = f"The next Generate continues <b>{html.escape(_short(self.start_adapter))}</b>"
-        else:
-            c = self.project.config
-            what = (
-                f"A new adapter (rank {c.rank}, alpha {c.alpha:g}, targets: {c.targets.preset or 'custom'})"
-            )
-        self.adapter_label.setText(what)
-
-    def choose_ratings_file(self) -> None:
-        path, _ = QFileDialog.getSaveFileName(
-            self, "Ratings file", self.ratings_path(), "JSON Lines (*.jsonl);;All files (*)",
-            options=QFileDialog.DontConfirmOverwrite,
-        )  # fmt: skip
-        if path:
-            self.set_ratings_path(path)
-
-    def set_ratings_path(self, path: str) -> bool:
-        """Append ratings to `path` from now on; False (and why, in the page) if it cannot be written."""
-        path = os.path.abspath(path)
-        try:  # never one of the files the page reads (the model, the adapter it continues, ...)
-            inputs = {
-                "model": self.project.model_path,
-                "dataset": self.project.dataset_path,
-                "chat template": self.project.template_file,
-                "adapter to continue": self.start_adapter,
-            }
-            if self.session is not None:
-                inputs.update(self.session.inputs)
-            check_outputs({"ratings file": path}, inputs)  # fmt: skip
-            why = writable_problem(os.path.dirname(path))
-        except EngineError as exc:
-            why = str(exc)
-        if why is None:
-            try:
-                with open(path, "ab"):
-                    pass
-            except (OSError, ValueError) as exc:
-                why = getattr(exc, "strerror", None) or str(exc)
-        if why:
-            self.show_error(f"The ratings file {path} cannot be written ({why}). Choose another file with "
-                            "Ratings file….")  # fmt: skip
-            return False
-        self.custom_ratings_path = path
-        if self.session is not None:
-            self.session.ratings_path = path
-        self.banner.hide()
-        self._show_paths()
-        return True
-
-    def choose_start_adapter(self) -> None:
-        self.adapter_choice.choose_file()
-
-    def start_from(self, path: str) -> None:
-        """Continue `path` now: the session going on is dropped (asked first when it took steps)."""
-        if (
-            self.session is not None
-            and self.session.step
-            and not self.confirm(
-                "Start from another adapter",
-                f"Forget the {self.session.step} step(s) trained on this page and continue {path} instead?",
-            )
-        ):
-            return
-        self.set_adapter(path)
-        if self.session is not None:
-            self._drop_session()
-
-    def new_adapter(self) -> None:
-        if self.busy or self.session is None:
-            return
-        if self.session.step and not self.confirm(
-            "New adapter", f"Forget the {self.session.step} step(s) trained on this page (save it first with "
-            "Save adapter… to keep it)?"
-        ):  # fmt: skip
-            return
-        self._drop_session()
-        self.set_adapter(None)
 
     # --- prompts ------------------------------------------------------------------------------
     def dataset_prompt_list(self) -> list[tuple[str, str | None]]:
@@ -662,18 +309,15 @@ class RewardsPage(JobPage):
 
     # --- the session --------------------------------------------------------------------------
     def _check_ready(self) -> bool:
+        """A task can start: a model, an adapter that fits it, a ratings file a new session can write."""
         if self.open_model("press Generate again") is None:
             return False
         if self.session is None and not self.warn_fit(self.start_adapter, "error"):
             return False
-        if self.session is None:
-            path = self.ratings_path()
-            why = writable_problem(os.path.dirname(os.path.abspath(path)))
-            if why:
-                self.show_error(f"The ratings file {path} cannot be written ({why}). Choose another with "
-                                "Ratings file…, or another output folder on the Train page.")  # fmt: skip
-                return False
-        return True
+        problem = self.ctrl.new_session_problem(self.project.output_folder())
+        if problem:
+            self.show_error(problem)
+        return problem is None
 
     def ready_config(self, button: str) -> RewardConfig | None:
         """The form's RewardConfig when a task can start (a model, an adapter that fits it, a ratings
@@ -684,9 +328,7 @@ class RewardsPage(JobPage):
         try:
             return self.reward_settings.reward_config()
         except EngineError as exc:
-            self.show_error(
-                f"A sampling setting is not valid: {exc}. Fix it on the left, then press {button}."
-            )
+            self.show_error(invalid_setting(exc, "left", f"press {button}"))
             return None
 
     def ready_to_sample(self, prompt: str, edit: QWidget, missing: str, button: str) -> RewardConfig | None:
@@ -702,25 +344,28 @@ class RewardsPage(JobPage):
         return config
 
     def _session_maker(self):
-        """A function (run in the worker) that makes the session, with everything read here."""
-        model = self.model_path()
-        c = self.project.config
-        kwargs = dict(
-            adapter=self.start_adapter,
-            targets=c.targets,
-            rank=c.rank,
-            alpha=c.alpha,
-            config=self.reward_settings.reward_config(),
-            ratings_path=self.ratings_path(),
-            checkpoint_dir=self.checkpoint_dir(),
-            template=self.info.template if self.info is not None and self.project.template_file else None,
-            seed=c.seed,
-        )
-        return model, lambda engine_session: engine_session.open_rewards(**kwargs)
+        """(model, maker): maker (run in the worker) makes the session, with everything read here."""
+        template = self.info.template if self.info is not None and self.project.template_file else None
+        config = self.reward_settings.reward_config()
+        p = self.project
+        return self.model_path(), self.ctrl.session_maker(p.config, config, p.output_folder(), template)
 
     def _configure(self, session: RewardSession, config: RewardConfig) -> None:
         """Give the session the form's settings (in the worker, before it samples or steps)."""
         session.set_config(config)
+
+    def session_job(self, config: RewardConfig, work) -> tuple:
+        """(job, model): a job for `_run` that does work(session) with the form's `config` on the
+        page's session, or on one it makes first (`model`: the file it is made with, None when the
+        page has a session); the job returns (session, result, None) or (session, None, why)."""
+        model, maker = self._session_maker() if self.session is None else (None, None)
+        return self.ctrl.session_job(maker, lambda s: self._configure(s, config), work), model
+
+    def session_opener(self, config: RewardConfig) -> tuple:
+        """(open, model): open(engine session) is the page's session, or one it makes first (`model`:
+        the file it is made with, None when the page has a session), given the form's `config`."""
+        model, maker = self._session_maker() if self.session is None else (None, None)
+        return self.ctrl.opener(maker, lambda s: self._configure(s, config)), model
 
     # --- generate -----------------------------------------------------------------------------
     def generate(self) -> bool:
@@ -734,40 +379,20 @@ class RewardsPage(JobPage):
             return False
         system = self.system_edit.text().strip() or None
         n, seed = config.n_samples, int(self.reward_settings.seed_spin.value())
-        session, model = self.session, None
-        maker = None
-        if session is None:
-            model, maker = self._session_maker()
-        stream: list[list[int]] = [[] for _ in range(n)]
-        self._stream = stream
+        stream = self._stream = StreamBuffer(n)
         self._stop.clear()
         stop = self._stop
-
-        def on_token(index: int, token: int) -> None:
-            if 0 <= index < len(stream):
-                stream[index].append(token)
-
-        def job(engine_session):
-            s = session if session is not None else maker(engine_session)  # a failure: it could not be made
-            try:
-                self._configure(s, config)
-                answers = s.generate(
-                    prompt, system=system, n=n, seed=seed, on_token=on_token, should_stop=stop.is_set
-                )
-            except Exception as exc:  # noqa: BLE001 - keep the loaded session; the page shows why
-                return s, None, _describe(exc)
-            return s, answers, None
-
+        job, model = self.session_job(config, lambda s: s.generate(prompt, system=system, n=n, seed=seed,
+                                      on_token=stream.append, should_stop=stop.is_set))  # fmt: skip
         self._show_placeholder_cards(n)
         self._stream_timer.start()
-        self._run("loading" if session is None else "generating", job,
-                  lambda result: self._generated(result, model))  # fmt: skip
-        if session is None:
+        self._run("loading" if model else "generating", job, lambda result: self._generated(result, model))
+        if model:
             self.status_label.setText("Loading the model and generating…")
         return True
 
     def stop(self) -> None:
-        if self.busy == "generating" or self.busy == "loading":
+        if self.busy in rewards.STREAMING:
             self._stop.set()
 
     def _show_placeholder_cards(self, n: int) -> None:
@@ -783,7 +408,7 @@ class RewardsPage(JobPage):
 
     def _show_stream(self) -> None:
         total = sum(len(s) for s in self._stream)
-        if self.busy in ("loading", "generating") and total:
+        if self.busy in rewards.STREAMING and total:
             self.status_label.setText(f"Generating… {total} tokens")
         tok = self.info.tokenizer if self.info is not None else None
         if tok is None:
@@ -797,9 +422,7 @@ class RewardsPage(JobPage):
 
     def _adopt(self, session: RewardSession, model: str | None) -> None:
         """The session a task made (the model loaded in the worker) becomes the page's."""
-        if self.session is None:
-            self.session, self.session_model = session, model
-            self.session_start = self.start_adapter
+        if self.ctrl.adopt(session, model):
             self.adapter_choice.chosen = True  # a refresh of the runs keeps the adapter of this session
             self._show_paths()
             self._set_busy(self.busy)
@@ -811,10 +434,8 @@ class RewardsPage(JobPage):
         if error is not None:
             self._task_failed("generating", error)
             return
-        self.status_label.setText(
-            f"Round {session.round}: {len(answers)} answers (seed {self.reward_settings.seed_spin.value()}). "
-            "Rate them, then Apply."
-        )
+        seed = self.reward_settings.seed_spin.value()
+        self.status_label.setText(rewards.generated_status(session.round, len(answers), seed))
         self.reward_settings.next_seed()
         self._show_cards(answers)
         self.history.set_rounds(session.history)
@@ -833,23 +454,17 @@ class RewardsPage(JobPage):
             card.sig_unskip.connect(self._card_unskipped)
             card.sig_corrected.connect(self._card_corrected)
             cards.append(card)
-        s = self.session
-        if s is not None and answers and list(answers) == list(s.answers):
-            # the session's round (shown again after a failed Generate): its ratings and corrections
-            corrections = getattr(s, "corrections", {})
-            applied = bool(s.history) and s.history[-1].round == s.round
-            for card, rating in zip(cards, s.ratings, strict=False):
-                if rating is not None:
-                    card.set_rating(rating)
-                if card.index in corrections:
-                    card.set_corrected(corrections[card.index])
-                card.set_locked(applied)
-        groups: dict[str, list[int]] = {}
+        # the session's round (shown again after a failed Generate): its ratings and corrections
+        for card, shown in zip(cards, rewards.round_cards(answers, self.session) or [], strict=False):
+            if shown.rating is not None:
+                card.set_rating(shown.rating)
+            if shown.corrected is not None:
+                card.set_corrected(shown.corrected)
+            card.set_locked(shown.locked)
+        groups = rewards.same_answers([(card.index, card.text) for card in cards])
         for card in cards:
-            groups.setdefault(card.text.strip(), []).append(card.index)
-        for card in cards:
-            card.set_same_as([i for i in groups[card.text.strip()] if i != card.index])
-        self.diagnostics.set_same_answers(list(groups.values()), len(cards))
+            card.set_same_as([i for g in groups if card.index in g for i in g if i != card.index])
+        self.diagnostics.set_same_answers(groups, len(cards))
         self.cards = cards
         self.grid.set_cards(cards)
         if cards:
@@ -862,11 +477,7 @@ class RewardsPage(JobPage):
     def _card_rated(self, index: int, value, advance: bool) -> None:
         if self.busy or self.session is None or not (0 <= index < len(self.cards)):
             return
-        try:
-            self.session.rate(index, value)
-        except EngineError as exc:
-            self.show_error(f"The rating was not saved: {exc}. Choose another file with Ratings file…, then "
-                            "rate again.")  # fmt: skip
+        if not self._record(lambda: self.session.rate(index, value), "The rating", "rate again"):
             return
         self.cards[index].set_rating(value, skipped=value is None)
         if self.banner.level == "error" and "rating" in self.banner_text():
@@ -874,6 +485,18 @@ class RewardsPage(JobPage):
         self.refresh_preview()
         if advance:
             self.grid.next_card(index)
+
+    def _record(self, write, what: str, again: str) -> bool:
+        """write() appends a rating or a better answer to the ratings file; False, and why in the page,
+        when it could not (`what` was not saved: choose another file, then `again`)."""
+        try:
+            write()
+        except EngineError as exc:
+            self.show_error(
+                f"{what} was not saved: {exc}. Choose another file with Ratings file…, then {again}."
+            )
+            return False
+        return True
 
     def _card_unskipped(self, index: int) -> None:
         if 0 <= index < len(self.cards):
@@ -883,11 +506,7 @@ class RewardsPage(JobPage):
     def _card_corrected(self, index: int, text: str) -> None:
         if self.busy or self.session is None:
             return
-        try:
-            self.session.correct(index, text)
-        except EngineError as exc:
-            self.show_error(f"The better answer was not saved: {exc}. Choose another file with Ratings "
-                            "file…, then save it again.")  # fmt: skip
+        if not self._record(lambda: self.session.correct(index, text), "The better answer", "save it again"):
             return
         self.cards[index].set_corrected(text)
         self.refresh_preview()
@@ -959,26 +578,21 @@ class RewardsPage(JobPage):
         if self.busy:
             return False
         s = self.session
-        if s is None or not self.cards:
-            self.show_error("There are no answers to train on: generate answers to a prompt, rate them, "
-                            "then press Apply.")  # fmt: skip
-            return False
-        if any(c.locked for c in self.cards):
-            self.show_error("This round was applied already: press Generate for new answers.", "info")
-            return False
-        scored = any(sc is not None and sc.total is not None for sc in getattr(s, "check_scores", []))
-        if not scored and not any(c.state == "rated" or c.corrected is not None for c in self.cards):
-            self.show_error(
-                "Nothing is rated yet, so there is nothing to learn from. Rate the answers first: focus a "
-                "card and press 1–5 (or use the thumbs or the slider), or write a better answer with Edit…; "
-                "then press Apply."
-            )
-            self.grid.focus_card(0)
+        scored = s is not None and any(
+            sc is not None and sc.total is not None for sc in getattr(s, "check_scores", [])
+        )
+        problem = rewards.apply_problem(s is not None, [c.state for c in self.cards],
+                                        [c.corrected is not None for c in self.cards],
+                                        [c.locked for c in self.cards], scored)  # fmt: skip
+        if problem is not None:
+            self.show_error(problem.text, problem.level)
+            if problem.focus_cards:
+                self.grid.focus_card(0)
             return False
         try:
             config = self.reward_settings.reward_config()
         except EngineError as exc:
-            self.show_error(f"A setting is not valid: {exc}. Fix it on the left, then press Apply.")
+            self.show_error(invalid_setting(exc, "left", "press Apply", "A setting"))
             return False
         self.banner.hide()
 
@@ -994,16 +608,10 @@ class RewardsPage(JobPage):
         for card in self.cards:
             card.set_locked(True)
         self.history.set_rounds(s.history if s is not None else [result])
-        if result.applied:
-            loss = f"{result.loss:.4f}" if math.isfinite(result.loss) else "–"
-            self.status_label.setText(f"Round {result.round} applied: step {result.step}, loss {loss}. "
-                                      "Generate again for the next round.")  # fmt: skip
-        else:
-            self.status_label.setText(
-                f"Round {result.round}: the ratings carried no signal, no step was taken."
-            )
-            self.show_error("No step was taken: all ratings were equal, so there was nothing to learn. Next "
-                            "time rate better answers higher than worse ones.", "warning")  # fmt: skip
+        status, warning = rewards.applied_status(result)
+        self.status_label.setText(status)
+        if warning:
+            self.show_error(warning, "warning")
         self.refresh_runs()  # the reward-tuned adapter is a run of its own now
         self._show_paths()
         self._update_apply_enabled()
@@ -1014,73 +622,7 @@ class RewardsPage(JobPage):
     # --- side by side -------------------------------------------------------------------------
     def compare(self, prompt: str, seed: int) -> bool:
         """One answer from the base model and one with the adapter, same prompt and seed, in the worker."""
-        if self.busy or not self._check_ready():
-            return False
-        try:
-            config = self.reward_settings.reward_config()
-        except EngineError as exc:
-            self.show_error(f"A sampling setting is not valid: {exc}. Fix it on the left.")
-            return False
-        self.banner.hide()
-        system = self.system_edit.text().strip() or None
-        session, model, maker = self.session, None, None
-        if session is None:
-            model, maker = self._session_maker()
-
-        def job(engine_session):
-            s = session if session is not None else maker(engine_session)  # a failure: it could not be made
-            try:
-                self._configure(s, config)
-                base = s.base_answer(prompt, seed=seed, system=system)
-                adapted = s.adapter_answer(prompt, seed=seed, system=system)
-            except Exception as exc:  # noqa: BLE001 - keep the loaded session; the page shows why
-                return s, None, None, _describe(exc)
-            return s, base, adapted, None
-
-        def done(result) -> None:
-            s, base, adapted, error = result
-            self._adopt(s, model)
-            if error is not None:
-                self._task_failed("comparing", error)
-                return
-            self.side_by_side.set_answers(base, adapted, steps=s.step)
-            status = self.side_by_side.status
-            status.setText(f"Seed {seed}, the same sampling for both. {status.text()}")
-            self.sig_compared.emit(base, adapted)
-
-        self._run("loading" if session is None else "comparing", job, done)
-        return True
-
-    # --- saving -------------------------------------------------------------------------------
-    def choose_save_adapter(self) -> None:
-        if self.session is None:
-            return
-        default = os.path.join(self.project.output_folder(), f"rewards-step{self.session.step}.gguf")
-        path, _ = QFileDialog.getSaveFileName(self, "Save adapter", default, "LoRA adapters (*.gguf)")
-        if path:
-            self.save_adapter(path)
-
-    def save_adapter(self, path: str) -> bool:
-        """Write the adapter (F32 LoRA GGUF) in the worker; sig_adapter_saved(path) when it is written."""
-        if self.busy or self.session is None:
-            return False
-        if not path.endswith(".gguf"):
-            path += ".gguf"
-        why = writable_problem(os.path.dirname(os.path.abspath(path)))
-        if why:
-            self.show_error(f"The adapter cannot be written to {path} ({why}). Choose another folder with "
-                            "Save adapter….")  # fmt: skip
-            return False
-        s = self.session
-
-        def done(written: str) -> None:
-            steps = f"{s.step} step{'s' if s.step != 1 else ''}"
-            self.show_error(f"Adapter saved: {written} ({steps}). Open it on the Export page to merge it, or "
-                            "use it with llama.cpp (--lora).", "info")  # fmt: skip
-            self.sig_adapter_saved.emit(written)
-
-        self._run("saving", lambda engine_session: s.save_adapter(path), done, needs_model=False)
-        return True
+        return self.side_by_side.compare(prompt, seed)
 
 
-__all__ = ["CHECKPOINT_FOLDER", "RATINGS_FILE", "RewardsPage"]
+__all__ = ["CHECKPOINT_FOLDER", "NEW_ADAPTER", "RATINGS_FILE", "RewardsPage"]

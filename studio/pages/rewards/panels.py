@@ -5,7 +5,6 @@
   get, and a warning when the ratings carry no signal (all equal).
 - `RoundsModel` + `RewardHistoryWidget`: the rounds so far (a table) and mean reward and loss per
   round (two pyqtgraph plots sharing the round axis).
-- `SideBySideWidget`: one prompt and seed through the base model and through the adapter.
 - `PromptPickerDialog` and `dataset_prompts`: choose a prompt from the dataset's samples.
 
 These widgets draw what they are given; the page owns the reward session and runs the engine.
@@ -13,35 +12,25 @@ These widgets draw what they are given; the page owns the reward session and run
 
 from __future__ import annotations
 
-import difflib
-import html
 import math
-import re
 from collections.abc import Sequence
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QRectF, QSize, Qt, Signal
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QFontMetrics, QPainter, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QDialog,
     QDialogButtonBox,
-    QFrame,
     QGroupBox,
-    QHBoxLayout,
     QHeaderView,
     QLabel,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
-    QPlainTextEdit,
-    QPushButton,
     QSizePolicy,
-    QSpinBox,
     QTableView,
-    QTextBrowser,
-    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -51,7 +40,7 @@ from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import splitter
 from ...widgets.plot_parts import marker
 from ...widgets.theme import is_dark
-from .cards import STOP_REASONS, format_reward, rating_colour
+from .cards import format_reward, rating_colour
 
 MODE_HELP = {
     "group": "Group mode: each answer gets the advantage (rating − mean) / spread. Answers above the "
@@ -427,141 +416,6 @@ class RewardHistoryWidget(QGroupBox):
         return (0 if xr is None else len(xr), 0 if xl is None else len(xl))
 
 
-# --- side by side -----------------------------------------------------------------------------
-class AnswerPaneWidget(QFrame):
-    """One side of the comparison: a title, the answer text, its length and stop reason."""
-
-    def __init__(self, title: str, tip: str, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setObjectName("answerPane")
-        self.setFrameShape(QFrame.StyledPanel)
-        self.title = QLabel(f"<b>{title}</b>")
-        self.title.setToolTip(tip)
-        self.text = QTextBrowser()
-        self.text.setPlaceholderText("Press Compare.")
-        font = self.text.font()
-        font.setPointSizeF(font.pointSizeF() * 1.1)
-        self.text.setFont(font)
-        self.meta = FaintLabel()
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(8, 6, 8, 6)
-        layout.addWidget(self.title)
-        layout.addWidget(self.text, 1)
-        layout.addWidget(self.meta)
-
-    def set_answer(self, answer, html: str | None = None) -> None:
-        """Show an answer (None: clear); `html` is its text with the differences marked."""
-        if answer is None:
-            self.text.setPlainText("")
-            self.meta.setText("")
-            return
-        if html is None:
-            self.text.setPlainText(answer.text)
-        else:
-            self.text.setHtml(html)
-        n = len(answer.tokens)
-        self.meta.setText(
-            f"{n} token{'s' if n != 1 else ''} · {STOP_REASONS.get(answer.stop_reason, answer.stop_reason)}"
-        )
-
-
-class SideBySideWidget(QWidget):
-    """The same prompt and seed through the base model and through the adapter, answers side by side."""
-
-    sig_compare = Signal(str, int)  # prompt, seed
-
-    def __init__(self, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.prompt = QPlainTextEdit()
-        self.prompt.setPlaceholderText(
-            "A prompt to compare (the Rate tab's prompt is used when this is empty)"
-        )
-        self.prompt.setTabChangesFocus(True)
-        self.prompt.setMaximumHeight(70)
-        self.seed = QSpinBox()
-        self.seed.setRange(0, 2**31 - 1)
-        self.seed.setValue(0)
-        self.seed.setToolTip(
-            "Both answers are sampled with this seed, so the only difference is the adapter. Default: 0."
-        )
-        dice = QToolButton()
-        dice.setText("⚄")
-        dice.setToolTip("A random seed")
-        dice.clicked.connect(lambda: self.seed.setValue(int(np.random.default_rng().integers(0, 2**31 - 1))))
-        self.compare_button = QPushButton("Compare")
-        self.compare_button.setShortcut("Ctrl+Return")
-        self.compare_button.setToolTip(
-            "Sample one answer from the base model (adapter off) and one with the adapter, same prompt and "
-            "seed (Ctrl+Enter)."
-        )
-        self.compare_button.clicked.connect(self._compare)
-        self.status = FaintLabel()
-        row = QHBoxLayout()
-        row.addWidget(QLabel("Seed:"))
-        row.addWidget(self.seed)
-        row.addWidget(dice)
-        row.addSpacing(8)
-        row.addWidget(self.compare_button)
-        row.addStretch(1)
-        self.status.setWordWrap(True)
-        self.base = AnswerPaneWidget("Base model", "The model file as it is, without the adapter")
-        self.adapted = AnswerPaneWidget("With the adapter", "The model with the adapter trained on this page")
-        panes = splitter(Qt.Horizontal, (self.base, self.adapted))
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(4, 4, 4, 4)
-        layout.addWidget(QLabel("<b>Prompt</b>"))
-        layout.addWidget(self.prompt)
-        layout.addLayout(row)
-        layout.addWidget(self.status)
-        layout.addWidget(panes, 1)
-        self.fallback_prompt = ""
-
-    def _compare(self) -> None:
-        text = self.prompt.toPlainText().strip() or self.fallback_prompt.strip()
-        if text:
-            self.sig_compare.emit(text, self.seed.value())
-        else:
-            self.status.setText("Type a prompt first.")
-
-    def set_answers(self, base, adapted, steps: int | None = None) -> None:
-        """Both answers, the words that differ marked (struck out in the base's, marked in the adapter's)."""
-        if base is None or adapted is None:
-            self.base.set_answer(base)
-            self.adapted.set_answer(adapted)
-        else:
-            old, new = word_diff_html(base.text, adapted.text, is_dark(self.palette()))
-            self.base.set_answer(base, old)
-            self.adapted.set_answer(adapted, new)
-            if base.text == adapted.text:
-                self.status.setText("The same answer: the adapter has not changed this one (yet).")
-            else:
-                self.status.setText("The marked words differ.")
-        title = "With the adapter" + (
-            f" (after {steps} step{'s' if steps != 1 else ''})" if steps is not None else ""
-        )
-        self.adapted.title.setText(f"<b>{title}</b>")
-
-
-def word_diff_html(a: str, b: str, dark: bool = False) -> tuple[str, str]:
-    """Both texts as HTML, the words only in `a` struck out on red, those only in `b` on green."""
-    wa, wb = re.split(r"(\s+)", a), re.split(r"(\s+)", b)
-    removed = "#5c2626" if dark else "#f8d0cc"
-    added = "#1f4d2c" if dark else "#cdeed6"
-    out_a, out_b = [], []
-    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(a=wa, b=wb, autojunk=False).get_opcodes():
-        ta, tb = html.escape("".join(wa[i1:i2])), html.escape("".join(wb[j1:j2]))
-        if op == "equal":
-            out_a.append(ta)
-            out_b.append(tb)
-            continue
-        if ta:
-            out_a.append(f'<span style="background:{removed}; text-decoration: line-through;">{ta}</span>')
-        if tb:
-            out_b.append(f'<span style="background:{added};">{tb}</span>')
-    wrap = '<div style="white-space: pre-wrap;">{}</div>'
-    return wrap.format("".join(out_a)), wrap.format("".join(out_b))
-
-
 # --- prompts from the dataset -----------------------------------------------------------------
 def sample_prompt(sample) -> tuple[str, str | None] | None:
     """(first user message or prompt, system message or None) of an engine Sample; None for text."""
@@ -657,7 +511,6 @@ __all__ = [
     "PromptPickerDialog",
     "RewardHistoryWidget",
     "RoundsModel",
-    "SideBySideWidget",
     "WeightBarsWidget",
     "dataset_prompts",
     "sample_prompt",
