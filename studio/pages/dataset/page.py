@@ -33,7 +33,6 @@ from PySide6.QtCore import QEvent, QItemSelection, QItemSelectionModel, QModelIn
 from PySide6.QtGui import QAction, QDragEnterEvent, QDropEvent, QKeySequence
 from PySide6.QtWidgets import (
     QAbstractItemView,
-    QDialog,
     QFileDialog,
     QHBoxLayout,
     QHeaderView,
@@ -41,7 +40,6 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QListView,
     QMenu,
-    QMessageBox,
     QProgressBar,
     QPushButton,
     QSizePolicy,
@@ -60,9 +58,6 @@ from engine import (
     Problem,
     Sample,
     Source,
-    convert_source,
-    guess_map,
-    read_source,
 )
 
 from ...dataset_document import DatasetChange, DatasetDocument
@@ -70,7 +65,9 @@ from ...project import ModelInfo, Project
 from ...weak_listener import listen_while_alive
 from ...widgets.banner import MessageBar
 from ...widgets.page_layout import splitter
+from . import files
 from .editor import SampleEditorWidget
+from .files import FILE_FILTER
 from .import_dialog import ColumnMapDialog
 from .loader import DatasetLoader
 from .problems import ProblemsBuilder, ProblemsModel
@@ -80,8 +77,6 @@ from .table import SamplesModel, new_sample
 from .tokens import TokenViewWidget
 
 DATASET_SUFFIXES = (".jsonl", ".json", ".ndjson")
-FILE_FILTER = "JSON Lines datasets (*.jsonl *.ndjson *.json);;All files (*)"
-IMPORT_FILTER = "Datasets (*.csv *.tsv *.tab *.json *.jsonl *.ndjson);;All files (*)"
 BACKGROUND_BYTES = 256 << 10  # files larger than this are read off the UI thread, with progress
 
 
@@ -110,8 +105,8 @@ class DatasetPage(QWidget):
         self._load_path: str | None = None
         # Questions to the person; replace them in tests or scripts.
         # confirm(title, text) -> bool: go ahead?  ask_unsaved() -> "save" | "discard" | "cancel"
-        self.confirm: Callable[[str, str], bool] = self._confirm_dialog
-        self.ask_unsaved: Callable[[], str] = self._ask_unsaved_dialog
+        self.confirm: Callable[[str, str], bool] = lambda title, text: files.confirm_dialog(self, title, text)
+        self.ask_unsaved: Callable[[], str] = lambda: files.ask_unsaved_dialog(self)
         self.setAcceptDrops(True)
 
         self.model = SamplesModel(self.document, parent=self)
@@ -566,61 +561,11 @@ class DatasetPage(QWidget):
         """Save to the dataset's file (asks for a name when it has none)."""
         if not self.path:
             return self.choose_save_as()
-        return self._write(self.path)
+        return files.write(self, self.path)
 
     def save_as(self, path: str | os.PathLike[str]) -> bool:
         """Save to `path`, which becomes the dataset's file (and the project's dataset)."""
-        return self._write(os.path.abspath(os.fspath(path)))
-
-    def import_path(self, path: str | os.PathLike[str]) -> bool:
-        """Append the samples of another file as one undoable step: CSV or TSV (through the
-        column-mapping dialog), ShareGPT, Alpaca or preference data as a JSON array or JSON Lines,
-        or any accepted shape. The file is only read; problems are reported by line."""
-        path = os.path.abspath(os.fspath(path))
-        try:
-            source = read_source(path)
-            mapping = ColumnMap()
-            if source.format in ("csv", "tsv"):
-                mapping = self.ask_mapping(source, guess_map(source.columns))
-            else:
-                result = convert_source(source, mapping)
-                if not result.samples and not guess_map(source.columns).is_empty():
-                    mapping = self.ask_mapping(source, guess_map(source.columns))
-            if mapping is None:
-                return False
-            result = convert_source(source, mapping)
-            samples, problems = result.samples, result.problems
-        except (DatasetError, OSError) as exc:
-            self.show_error(
-                f"Nothing was imported: {exc}",
-                "Choose a CSV or TSV file with a header line, a JSON array or JSON Lines: ShareGPT "
-                '({"conversations": [{"from", "value"}, …]}), Alpaca ({"instruction", "input", '
-                '"output"}), preference pairs ({"prompt", "chosen", "rejected"}) or one of the '
-                "dataset shapes.",
-            )
-            return False
-        name = Path(path).name
-        errors = [p for p in problems if p.severity == "error"]
-        if not samples:
-            first = f" First problem: line {errors[0].line}: {errors[0].message}" if errors else ""
-            self.show_error(
-                f"Nothing was imported: {name} has no sample that can be read.{first}",
-                "Check the column mapping, or that the file holds one of the accepted shapes.",
-            )
-            return False
-        imported = [replace(s, line=0) for s in samples]
-        self.document.insert(len(self.document), imported, f"Import {len(imported)} samples from {name}")
-        skipped = ""
-        if errors:
-            listed = "; ".join(f"line {p.line}: {p.message}" for p in errors[:3])
-            more = f" and {len(errors) - 3} more" if len(errors) > 3 else ""
-            skipped = f" {len(errors)} line(s) could not be read and were left out ({listed}{more})."
-        self.show_message(
-            "warning" if errors else "info",
-            f"Imported {len(imported)} samples from {name} at the end of the dataset (Undo removes them)."
-            + skipped,
-        )
-        return True
+        return files.write(self, os.path.abspath(os.fspath(path)))
 
     def may_discard_changes(self) -> bool:
         """True when there are no unsaved changes, or the person saved or discarded them."""
@@ -640,94 +585,26 @@ class DatasetPage(QWidget):
     def show_message(self, level: str, text: str) -> None:
         self.message.show_message(level, text)
 
-    # --- dialogs ------------------------------------------------------------------------------
-    def _start_dir(self) -> str:
-        anchor = self.path or self.project.dataset_path or self.project.path
-        return os.path.dirname(anchor) if anchor else ""
+    def import_path(self, path: str | os.PathLike[str]) -> bool:
+        """Append the samples of another file as one undoable step (`files.import_path`): CSV or TSV
+        (through the column-mapping dialog), ShareGPT, Alpaca or preference data as a JSON array or
+        JSON Lines, or any accepted shape. The file is only read; problems are reported by line."""
+        return files.import_path(self, path)
 
-    def choose_file(self) -> bool:
-        path, _ = QFileDialog.getOpenFileName(self, "Open dataset", self._start_dir(), FILE_FILTER)
-        return self.open_path(path) if path else False
+    # --- dialogs ------------------------------------------------------------------------------
+    def choose_import(self) -> bool:
+        return files.choose_import(self)
 
     def choose_save_as(self) -> bool:
-        start = self.path or os.path.join(self._start_dir(), "dataset.jsonl")
-        path, _ = QFileDialog.getSaveFileName(self, "Save dataset as", start, FILE_FILTER)
-        if not path:
-            return False
-        if not Path(path).suffix:
-            path += ".jsonl"
-        return self.save_as(path)
-
-    def choose_import(self) -> bool:
-        path, _ = QFileDialog.getOpenFileName(
-            self, "Import samples (CSV, TSV, ShareGPT, Alpaca, JSON Lines)", self._start_dir(), IMPORT_FILTER
-        )
-        return self.import_path(path) if path else False
+        return files.choose_save_as(self)
 
     def ask_mapping(self, source: Source, guess: ColumnMap) -> ColumnMap | None:
         """The columns the person maps in the dialog (None: cancelled)."""
-        dialog = ColumnMapDialog(source, guess, self)
-        self.mapping_dialog = dialog  # for tests and screenshots
-        accepted = dialog.exec() == QDialog.Accepted
-        self.mapping_dialog = None
-        return dialog.mapping() if accepted else None
+        return files.ask_mapping(self, source, guess)
 
-    def _confirm_dialog(self, title: str, text: str) -> bool:
-        answer = QMessageBox.question(
-            self, title, text, QMessageBox.Yes | QMessageBox.Cancel, QMessageBox.Cancel
-        )
-        return answer == QMessageBox.Yes
-
-    def _ask_unsaved_dialog(self) -> str:
-        name = Path(self.path).name if self.path else "the new dataset"
-        box = QMessageBox(self)
-        box.setIcon(QMessageBox.Warning)
-        box.setWindowTitle("Unsaved dataset changes")
-        box.setText(f"Save the changes to {name}?")
-        box.setInformativeText("If you don't save them, your changes to the dataset are lost.")
-        box.setStandardButtons(QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel)
-        box.setDefaultButton(QMessageBox.Save)
-        answer = box.exec()
-        return {QMessageBox.Save: "save", QMessageBox.Discard: "discard"}.get(answer, "cancel")
-
-    # --- saving -------------------------------------------------------------------------------
-    def _write(self, path: str) -> bool:
-        if os.path.isdir(path):
-            self.show_error(
-                f"The dataset was not saved: {path} is a folder.",
-                "Choose a file name ending in .jsonl with Save As (Ctrl+Shift+S).",
-            )
-            return False
-        same_file = self.path is not None and os.path.abspath(self.path) == path
-        if self.skipped and same_file:
-            if not self.confirm(
-                "Drop unreadable lines?",
-                f"{len(self.skipped)} line(s) of {Path(path).name} could not be read and are not in the "
-                "table. Saving replaces the file without them. Save anyway? (Use Save As to keep the "
-                "original file.)",
-            ):
-                return False
-        try:
-            self.document.save(path)  # the lines are renumbered as in the file; clean
-        except (DatasetError, OSError) as exc:
-            self.show_error(
-                f"The dataset was not saved: {exc}",
-                "The file on disk was not changed. Check that the folder exists and can be written and "
-                "that the disk has room, or save somewhere else with Save As (Ctrl+Shift+S).",
-            )
-            return False
-        self.project.update(dataset_path=path)
-        samples = self.document.samples()
-        errors = self.model.stats().errors
-        note = (
-            f" {errors} sample(s) have errors (see Problems): training skips them until they are fixed."
-            if errors
-            else ""
-        )
-        self.show_message("warning" if errors else "info", f"Saved {len(samples)} samples to {path}.{note}")
-        self.refresh()
-        self.sig_saved.emit(path)
-        return True
+    def choose_file(self) -> bool:
+        path, _ = QFileDialog.getOpenFileName(self, "Open dataset", files.start_dir(self), FILE_FILTER)
+        return self.open_path(path) if path else False
 
     # --- editing ------------------------------------------------------------------------------
     def current_row(self) -> int:
