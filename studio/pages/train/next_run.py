@@ -1,8 +1,8 @@
 """The next run of the Train page, before it starts, without Qt: what is missing (`Blocker`s in plain
 words, with the page that fixes them), which samples it trains (the editor's, or the dataset file),
 where it writes (`RunPaths`), what the plot area says before the first run (`first_look`), what the
-Start button says (`start_hint`), the engine job that checks it (`check_job`, plan.check_run), the
-files of a run on several processes, and, for a resume, whose settings and data go on
+Start button says (`start_hint`), the engine job that checks it (`check_job`, plan.check_run), and,
+for a resume, whose settings and data go on
 (`resume_question`, `run_settings`). studio.pages.train.page shows what these answer.
 """
 
@@ -28,7 +28,6 @@ from ...paths import same_file
 from ...project import ModelInfo, Project
 from .folders import checkpoint_model
 from .plan import Blocker, EncodingCache, RunCheck, check_run, check_selection
-from .processes import RunFiles
 
 
 @dataclass
@@ -244,7 +243,7 @@ def first_look(project: Project, check: RunCheck | None, edited, samples_summary
     )
 
 
-# --- the check of the next run, and the files of a run on several processes --------------------------
+# --- the check of the next run-----------------------
 def check_data(doc: DatasetDocument | None, project: Project):
     """What the check encodes: the editor's samples (edited, or the file as the editor read it), else
     the project's dataset file."""
@@ -271,18 +270,3 @@ def check_job(info: ModelInfo, data, config: TrainConfig, template_file: str | N
         return check_run(data, info.tokenizer, template, info.tensors, info.summary.config, config, cache)
 
     return check
-
-
-def write_run_files(
-    project: Project, paths: RunPaths, data, config: TrainConfig
-) -> tuple[RunFiles, TrainConfig]:
-    """The files of a run on several processes, beside its adapter, written: its settings (`config`
-    with the paths and the Sample answers prompts: returned too) and `data` when they are samples (a
-    path, or None for the project's dataset, is read as it is). OSError, or EngineError when a file
-    of the run would replace an input."""
-    config = replace(config, out=paths.out, checkpoint_dir=paths.checkpoint_dir)
-    config = replace(config, **project.sample_answers.config_changes())
-    dataset = data if isinstance(data, str) else project.dataset_path
-    files = RunFiles.beside(paths.out, paths.checkpoint_dir, dataset)
-    inputs = {"model": project.model_path, "chat template": project.template_file}
-    return files.write(config, None if isinstance(data, str) else data, inputs), config

@@ -676,10 +676,15 @@ class TrainPage(QWidget):
 
     # --- runs on several processes ------------------------------------------------------------
     def _run_files(self, paths: RunPaths, data, config: TrainConfig | None = None) -> RunFiles:
-        """The run's files beside its adapter, written (next_run.write_run_files); its settings become
-        the run's."""
-        files, self.run_config = nr.write_run_files(self.project, paths, data, config or self.project.config)
-        return files
+        """The run's files beside its adapter, written: its settings (`config`, default the page's) and
+        `data` when they are samples (a path, or None for the project's dataset, is read as it is)."""
+        config = replace(config or self.project.config, out=paths.out, checkpoint_dir=paths.checkpoint_dir)
+        config = self._with_sample_prompts(config)
+        self.run_config = config
+        dataset = data if isinstance(data, str) else self.project.dataset_path
+        files = RunFiles.beside(paths.out, paths.checkpoint_dir, dataset)
+        inputs = {"model": self.project.model_path, "chat template": self.project.template_file}
+        return files.write(config, None if isinstance(data, str) else data, inputs)
 
     def _launch_processes(
         self, n: int, data, config: TrainConfig | None = None, resume: str | None = None
