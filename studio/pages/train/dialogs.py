@@ -1,10 +1,13 @@
 """What the Train page asks and tells outside itself: the question before resuming a run with other
 settings or data (`ask_resume`), and the alert when a long run ends (`EndAlert`: the window, the
-system tray when there is one, the window's status line)."""
+system tray when there is one, the window's status line); and `wait_while`, the wait for a run to
+end while the window keeps painting."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QTimer
+from collections.abc import Callable, Iterable
+
+from PySide6.QtCore import QEventLoop, QTimer, SignalInstance
 from PySide6.QtWidgets import QApplication, QMainWindow, QMessageBox, QStyle, QSystemTrayIcon, QWidget
 
 
@@ -51,3 +54,23 @@ class EndAlert:
     def hide(self) -> None:
         if self.tray is not None:
             self.tray.hide()
+
+
+def wait_while(busy: Callable[[], bool], signals: Iterable[SignalInstance], timeout_s: float) -> bool:
+    """Wait until `busy()` is False, looking again at each of `signals`, at most `timeout_s`; the
+    window keeps painting (input waits). True when it is not busy any more."""
+    loop = QEventLoop()
+    signals = tuple(signals)
+    done = lambda *_: loop.quit() if not busy() else None  # noqa: E731
+    for signal in signals:
+        signal.connect(done)
+    timer = QTimer()
+    timer.setSingleShot(True)
+    timer.timeout.connect(loop.quit)
+    timer.start(int(timeout_s * 1000))
+    if busy():
+        loop.exec(QEventLoop.ExcludeUserInputEvents)
+    timer.stop()
+    for signal in signals:
+        signal.disconnect(done)
+    return not busy()

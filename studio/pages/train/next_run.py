@@ -19,14 +19,16 @@ from engine import (
     CheckpointInfo,
     EngineError,
     TrainConfig,
+    find_runs,
+    read_checkpoint_info,
     template_for,
     trajectory_changes,
 )
 
 from ...dataset_document import DatasetDocument
 from ...paths import same_file
-from ...project import ModelInfo, Project
-from .folders import checkpoint_model
+from ...project import DEFAULT_PRESET, ModelInfo, Project, matching_preset
+from .folders import checkpoint_model, folder_problem
 from .plan import Blocker, EncodingCache, RunCheck, check_run, check_selection
 
 
@@ -85,6 +87,31 @@ def processes_blocker(config: TrainConfig, processes: int) -> Blocker | None:
                    "to 1.")  # fmt: skip
 
 
+def paths_problem(paths: RunPaths) -> str:
+    """Why a run cannot write to `paths` (its adapter's folder, its checkpoints folder), or ""."""
+    for folder in dict.fromkeys([os.path.dirname(os.path.abspath(paths.out)), paths.checkpoint_dir]):
+        why = folder_problem(folder)
+        if why:
+            return (f"The output folder {folder} cannot be written ({why}). Choose another output folder "
+                    "(the Output folder… button), or fix its permissions, then press Start.")  # fmt: skip
+    return ""
+
+
+def settings_for_model(project: Project, config_model: str | None, info: ModelInfo, data) -> str:
+    """The settings of a newly opened model `info`, when the settings were made for `config_model`:
+    another model's become the default preset for this one's size and `data` (the dataset's
+    statistics; the targets stay), said in words; the engine's bare defaults of a new project's first
+    model become the default preset too (nothing said: "")."""
+    n_params = info.summary.n_params
+    if config_model and not same_file(config_model, info.path):
+        project.reset_hyperparameters(n_params, data)
+        return (f"the training settings are the {DEFAULT_PRESET} preset for its size and the dataset (the "
+                "targets are kept)")  # fmt: skip
+    if not config_model and not project.path and matching_preset(project.config, n_params) == "defaults":
+        project.reset_hyperparameters(n_params, data)
+    return ""
+
+
 def default_paths(project: Project, stamp: str | None = None) -> RunPaths:
     """Where a run started now writes: output_folder()/<dataset stem>-<time>.gguf and the sibling
     <dataset stem>-<time>-checkpoints folder (the project's config.out / checkpoint_dir win)."""
@@ -106,6 +133,29 @@ def resume_paths(info: CheckpointInfo, config: TrainConfig, default_out: str) ->
         parent[: -len("-checkpoints")] + ".gguf" if parent.endswith("-checkpoints") else None
     )
     return RunPaths(out or default_out, parent)
+
+
+def open_checkpoint(folder: str, project: Project) -> tuple[CheckpointInfo | None, Blocker | None]:
+    """The checkpoint in `folder` (ckpt-NNNNNN, or a folder of them: the newest), or why it cannot go
+    on with the open model (none open, not a checkpoint, trained on another model)."""
+    blocker = model_blocker(project)
+    if blocker is not None:
+        return None, blocker
+    try:
+        info = read_checkpoint_info(folder)
+    except EngineError as exc:
+        return None, Blocker(f"{folder} is not a checkpoint: choose a ckpt-NNNNNN folder (inside a run's "
+                             f"-checkpoints folder), or the -checkpoints folder itself ({exc}).")  # fmt: skip
+    other_model = checkpoint_model_problem(info, project.model_path)
+    return (None, Blocker(other_model, "Model")) if other_model else (info, None)
+
+
+def curves_to(checkpoint_dir: str, step: int) -> tuple[list, list]:
+    """The loss and validation loss points of the run of `checkpoint_dir` up to `step` (its record)."""
+    record = next(iter(find_runs([checkpoint_dir])), None)
+    if record is None:
+        return [], []
+    return [x for x in record.losses if x[0] <= step], [x for x in record.val_losses if x[0] <= step]
 
 
 def checkpoint_model_problem(info: CheckpointInfo, open_model: str) -> str | None:

@@ -22,14 +22,9 @@ preparing the data, the first step); during the run it shows the run's training 
 moving average, `Step.eta_s`). A run longer than `notify_after_s` that ends alerts the window, the
 system tray (when there is one) and the status line.
 
-With "Processes" above 1, Start runs `tune-engine train --ranks N` beside the app (data parallel
-over MPI: every process takes a share of each step's windows; studio.pages.train.processes), and a
-resume from a checkpoint runs it with `--resume` (a checkpoint resumes on any number of processes,
-with the run's settings and data as in the app): the page follows rank 0's events file as it
-follows the worker, the log names each rank's machine, Stop ends every rank after the same step
-with a checkpoint and the adapter; there is no Pause. "Across
-machines…" gives the `mpiexec -hosts ...` line of the same run for several machines, and adds its
-events file to the Runs page.
+With "Processes" above 1, Start (or a resume) runs `tune-engine train --ranks N` beside the app
+(studio.pages.train.processes): the page follows rank 0's events file as it follows the worker, Stop
+ends every rank after the same step; there is no Pause. "Across machines…" gives the `mpiexec` line.
 
 A new model resets what belonged to the old one: Resume is no longer offered (a checkpoint of
 another model neither), and the hyperparameters go back to their defaults (the targets stay).
@@ -37,6 +32,12 @@ another model neither), and the hyperparameters go back to their defaults (the t
 States (`state`, `sig_state_changed`): idle, loading (the model loads in the worker), training,
 pausing, paused, stopping, finished, failed. Problems (no model or dataset, an output folder that
 cannot be written, a failed run) are shown in a banner on the page that says what to do next.
+
+Where things are: this module wires the widgets to the run; what they show is decided without Qt
+in `controller` (the run: its events, results, stats line) and `next_run` (before Start: blockers,
+paths, the first look; before a resume: whose settings go on), with the states in `run_state`. The
+widgets are made in `layout`; the check of the next run is `checker` (its job: `plan.check_run`);
+the resume question and the end-of-run alert are in `dialogs`.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QEventLoop, QTimer, Signal, Slot
+from PySide6.QtCore import QTimer, Signal, Slot
 from PySide6.QtWidgets import (
     QFileDialog,
     QWidget,
@@ -62,15 +63,13 @@ from engine import (
     Step,
     TrainConfig,
     describe_settings,
-    find_runs,
     local_ranks_available,
     plan_warning,
-    read_checkpoint_info,
 )
 
 from ...dataset_document import DatasetDocument
 from ...paths import same_file
-from ...project import DEFAULT_PRESET, DataStats, ModelInfo, Project, matching_preset
+from ...project import DataStats, ModelInfo, Project, matching_preset
 from ...widgets.runs import load_runs, resume_checkpoint, same_model
 from ...worker import Engine, Job
 from . import controller as ctl
@@ -84,8 +83,8 @@ from .controller import (
     RunHandle,
     TrainController,
 )
-from .dialogs import EndAlert, ask_resume
-from .folders import clean_failed_run, folder_problem, missing_folders
+from .dialogs import EndAlert, ask_resume, wait_while
+from .folders import clean_failed_run, missing_folders
 from .layout import setup_ui, show_objective
 from .next_run import RunPaths
 from .plan import Blocker, RunCheck
@@ -267,21 +266,12 @@ class TrainPage(QWidget):
             cfg = info.summary.config
             self.plots.set_model_shape(cfg.L, cfg.E)
             self.settings.set_model_size(info.summary.n_params)
-            n_params = info.summary.n_params
-            if self._config_model and not same_file(self._config_model, info.path):
-                self.project.reset_hyperparameters(n_params, self.settings.data)
-                self._log(f"New model {Path(info.path).name}: the training settings are the {DEFAULT_PRESET} "
-                          "preset for its size and the dataset (the targets are kept).")  # fmt: skip
-                self.show_banner(
-                    f"{Path(info.path).name} is a new model: the training settings are the {DEFAULT_PRESET} "
-                    "preset for its size and the dataset (the targets are kept). Pick another preset or "
-                    "adjust them, then press Start.",
-                    "info",
-                )
-            elif not self._config_model and not self.project.path:
-                # the first model of a new project: the engine's bare defaults become the default preset
-                if matching_preset(self.project.config, n_params) == "defaults":
-                    self.project.reset_hyperparameters(n_params, self.settings.data)
+            reset = nr.settings_for_model(self.project, self._config_model, info, self.settings.data)
+            if reset:
+                name = Path(info.path).name
+                self._log(f"New model {name}: {reset}.")
+                self.show_banner(f"{name} is a new model: {reset}. Pick another preset or adjust them, then "
+                                 "press Start.", "info")  # fmt: skip
             self._config_model = info.path
             if self.run_model and not same_file(self.run_model, info.path) and not self.state.active:
                 self._forget_run()
@@ -436,15 +426,10 @@ class TrainPage(QWidget):
         return True
 
     def _check_writable(self, paths: RunPaths) -> bool:
-        for folder in dict.fromkeys([os.path.dirname(os.path.abspath(paths.out)), paths.checkpoint_dir]):
-            why = folder_problem(folder)
-            if why:
-                self.show_banner(
-                    f"The output folder {folder} cannot be written ({why}). Choose another output folder "
-                    "(the Output folder… button), or fix its permissions, then press Start."
-                )
-                return False
-        return True
+        problem = nr.paths_problem(paths)
+        if problem:
+            self.show_banner(problem)
+        return not problem
 
     def _edited_samples(self):
         """The editor's samples when they are not the dataset file as saved, else None."""
@@ -521,19 +506,9 @@ class TrainPage(QWidget):
         the page's settings or dataset differ from the run's, `ask_resume` asks first."""
         if self.state.active:
             return False
-        blocker = nr.model_blocker(self.project)
+        info, blocker = nr.open_checkpoint(folder, self.project)
         if blocker is not None:
             self.show_banner(blocker.reason, page=blocker.page)
-            return False
-        try:
-            info = read_checkpoint_info(folder)
-        except EngineError as exc:
-            self.show_banner(f"{folder} is not a checkpoint: choose a ckpt-NNNNNN folder (inside a run's "
-                             f"-checkpoints folder), or the -checkpoints folder itself ({exc}).")  # fmt: skip
-            return False
-        other_model = nr.checkpoint_model_problem(info, self.project.model_path)
-        if other_model:
-            self.show_banner(other_model, page="Model")
             return False
         chosen = self._resume_choice(info)
         if chosen is None:
@@ -545,12 +520,7 @@ class TrainPage(QWidget):
         if not (same_run and self.controller.is_same_run(paths.checkpoint_dir)):
             self.plots.clear()
             self.last_result = None
-            record = next(iter(find_runs([paths.checkpoint_dir])), None)  # the run's curve to its checkpoint
-            if record is not None:
-                self.plots.add_history(
-                    [x for x in record.losses if x[0] <= info.step],
-                    [x for x in record.val_losses if x[0] <= info.step],
-                )
+            self.plots.add_history(*nr.curves_to(paths.checkpoint_dir, info.step))
         created = missing_folders(os.path.dirname(os.path.abspath(paths.out)))
         self.controller.begin_resume(info, paths, self.project.model_path, created)
         if info.total_steps:
@@ -675,16 +645,25 @@ class TrainPage(QWidget):
         return replace(config, **self.project.sample_answers.config_changes())
 
     # --- runs on several processes ------------------------------------------------------------
-    def _run_files(self, paths: RunPaths, data, config: TrainConfig | None = None) -> RunFiles:
+    def _run_files(
+        self, paths: RunPaths, data, config: TrainConfig | None = None, hint: str = ""
+    ) -> RunFiles | None:
         """The run's files beside its adapter, written: its settings (`config`, default the page's) and
-        `data` when they are samples (a path, or None for the project's dataset, is read as it is)."""
+        `data` when they are samples (a path, or None for the project's dataset, is read as it is).
+        None, and a banner (ending with `hint`), when they cannot be written."""
         config = replace(config or self.project.config, out=paths.out, checkpoint_dir=paths.checkpoint_dir)
         config = self._with_sample_prompts(config)
         self.run_config = config
         dataset = data if isinstance(data, str) else self.project.dataset_path
         files = RunFiles.beside(paths.out, paths.checkpoint_dir, dataset)
         inputs = {"model": self.project.model_path, "chat template": self.project.template_file}
-        return files.write(config, None if isinstance(data, str) else data, inputs)
+        try:
+            return files.write(config, None if isinstance(data, str) else data, inputs)
+        except OSError as exc:
+            self.show_banner(f"The run's settings cannot be written ({exc.strerror or exc}){hint or '.'}")
+        except EngineError as exc:  # a file of the run beside its adapter would replace an input
+            self.show_banner(f"{exc}")
+        return None
 
     def _launch_processes(
         self, n: int, data, config: TrainConfig | None = None, resume: str | None = None
@@ -696,14 +675,8 @@ class TrainPage(QWidget):
         if not ok:
             self.show_banner(f"Cannot train on {n} processes: {why}. Set Processes to 1 to train in the app.")
             return False
-        try:
-            files = self._run_files(self.paths, data, config)
-        except OSError as exc:
-            self.show_banner(f"The run's settings cannot be written ({exc.strerror or exc}): choose another "
-                             "output folder.")  # fmt: skip
-            return False
-        except EngineError as exc:  # a file of the run beside its adapter would replace an input
-            self.show_banner(f"{exc}")
+        files = self._run_files(self.paths, data, config, ": choose another output folder")
+        if files is None:
             return False
         p = self.project
         command = files.command(p.model_path, ranks=n, template_file=p.template_file, device=p.device,
@@ -735,14 +708,8 @@ class TrainPage(QWidget):
             self.show_banner(f"{objective.upper()} trains in one process, on one machine (its loss compares "
                              "the two answers of each pair): start it here with Processes at 1.")  # fmt: skip
             return None
-        paths = self.default_paths()
-        try:
-            files = self._run_files(paths, self._edited_samples())
-        except OSError as exc:
-            self.show_banner(f"The run's settings cannot be written ({exc.strerror or exc}).")
-            return None
-        except EngineError as exc:
-            self.show_banner(f"{exc}")
+        files = self._run_files(self.default_paths(), self._edited_samples())
+        if files is None:
             return None
         p = self.project
         dialog = MachinesDialog(files, p.model_path, ranks=max(2, self.processes.value()),
@@ -877,20 +844,7 @@ class TrainPage(QWidget):
         if not self.is_running():
             return True
         self._log("Waiting for the current step to end and the checkpoint to be written…")
-        loop = QEventLoop()
-        done = lambda *_: loop.quit() if not self.is_running() else None  # noqa: E731
-        self.sig_state_changed.connect(done)
-        self.sig_run_finished.connect(done)
-        timer = QTimer()
-        timer.setSingleShot(True)
-        timer.timeout.connect(loop.quit)
-        timer.start(int(timeout_s * 1000))
-        if self.is_running():
-            loop.exec(QEventLoop.ExcludeUserInputEvents)
-        timer.stop()
-        self.sig_state_changed.disconnect(done)
-        self.sig_run_finished.disconnect(done)
-        return not self.is_running()
+        return wait_while(self.is_running, (self.sig_state_changed, self.sig_run_finished), timeout_s)
 
     def reset(self) -> None:
         """A new project: no run, no curves, no log, no checkpoint offered (the run's files stay)."""
