@@ -36,9 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
-    QApplication,
     QFileDialog,
     QHBoxLayout,
     QListWidget,
@@ -67,8 +65,9 @@ from .project import ModelInfo, Project, ProjectError
 from .widgets.first_steps import FirstStepsWidget
 from .widgets.help_dialogs import QuickStartDialog, ShortcutsDialog
 from .widgets.runs import remember_folder
-from .widgets.theme import THEMES, apply_theme
+from .widgets.theme import THEMES
 from .window import first_run, menus, recovery
+from .window.look import apply_look
 from .window.page_area import PageAreaWidget, nav_width
 from .window.recent import add_recent, refresh_recent_menus
 from .window.status import build_status_bar
@@ -332,21 +331,7 @@ class MainWindow(QMainWindow):
         """System (the desktop's look), light or dark; remembered for the next start."""
         if theme not in THEMES:
             raise ValueError(f"theme must be one of {', '.join(THEMES)}, got {theme!r}")
-        app = QApplication.instance()
-        look = getattr(app, "platform_look", None)
-        if look is None:  # the desktop's own style and palette, to go back to
-            look = app.platform_look = (app.style().name(), QPalette(app.palette()))
-        if theme == "system":
-            if self.theme != "system":
-                app.setStyle(look[0])
-                app.setPalette(look[1])
-        else:
-            apply_theme(app, theme)
-        # a widget with a style sheet keeps the palette it was polished with: polish it again, so that
-        # it takes the new colours and hears the change (banners and the strip restyle themselves)
-        for widget in self.findChildren(QWidget):
-            if widget.styleSheet():
-                widget.setStyleSheet(widget.styleSheet())
+        apply_look(self, self.theme, theme)  # studio.window.look
         self.theme = theme
         self.settings.setValue(THEME_KEY, theme)
         self.theme_actions[theme].setChecked(True)

@@ -119,11 +119,8 @@ class TrainPage(QWidget):
     run_config = _delegate("config", "the settings of the current (or last) run")
     last_result = _delegate("last_result", "Finished or Failed of the last run segment")
     last_checkpoint = _delegate("last_checkpoint", "the newest checkpoint the run wrote")
-    total_steps = _delegate("total_steps", "the run's planned steps")
     last_step = _delegate("last_step", "the run's latest step")
     tokens_done = _delegate("tokens_done", "tokens the run processed")
-    elapsed_s = _delegate("elapsed_s", "the run's training time")
-    phase = _delegate("phase", "what a starting run is doing, until its first step")
     notify_after_s = _delegate("notify_after_s", "a run segment longer than this alerts the window")
     _segment_t0 = _delegate("segment_t0", "time.monotonic() when the run segment began")
 
