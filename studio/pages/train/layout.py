@@ -74,20 +74,15 @@ def _run_buttons(page) -> QHBoxLayout:
         "Start", page.start, "Start a new training run with these settings (Ctrl+Enter).", "Ctrl+Return",
         button=PrimaryButton("Start"),
     )  # fmt: skip
-    page.pause_button = action_button(
-        "Pause", page.pause,
-        "Stop after the current step and keep the run in memory; Resume continues from it (Ctrl+P).",
-        "Ctrl+P",
-    )  # fmt: skip
-    page.resume_button = action_button(
-        "Resume", page.resume,
-        "Continue this run: in memory after Pause, else from its latest checkpoint (Ctrl+Shift+Enter).",
-        "Ctrl+Shift+Return",
-    )  # fmt: skip
-    page.stop_button = action_button(
-        "Stop", page.stop,
-        "End the run after the current step; the adapter and a checkpoint are written (Ctrl+.).",
-        "Ctrl+.",
+    page.pause_button, page.resume_button, page.stop_button = (
+        action_button(text, slot, tip, keys) for text, slot, tip, keys in (
+            ("Pause", page.pause, "Stop after the current step and keep the run in memory; Resume "
+             "continues from it (Ctrl+P).", "Ctrl+P"),
+            ("Resume", page.resume, "Continue this run: in memory after Pause, else from its latest "
+             "checkpoint (Ctrl+Shift+Enter).", "Ctrl+Shift+Return"),
+            ("Stop", page.stop, "End the run after the current step; the adapter and a checkpoint are "
+             "written (Ctrl+.).", "Ctrl+."),
+        )
     )  # fmt: skip
     page.resume_from_button = action_button(
         "From checkpoint…", page.choose_checkpoint,

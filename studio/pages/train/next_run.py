@@ -53,29 +53,30 @@ def edited_samples(doc: DatasetDocument | None, project: Project):
     return None if (doc_is_dataset_file(doc, project) and not doc.dirty) else doc.samples()
 
 
+def _file_blocker(path: str | None, none: str, gone: str, page: str) -> Blocker | None:
+    """`none` when no file is chosen, `gone` when the chosen one does not exist; None when it does."""
+    if not path:
+        return Blocker(none, page)
+    return None if os.path.isfile(path) else Blocker(gone, page)
+
+
 def model_blocker(project: Project) -> Blocker | None:
-    if not project.model_path:
-        return Blocker("No model is chosen. Open a .gguf model on the Model page.", "Model")
-    if not os.path.isfile(project.model_path):
-        return Blocker(f"The model file {project.model_path} does not exist any more. Open it again on the "
-                       "Model page.", "Model")  # fmt: skip
-    return None
+    path = project.model_path
+    return _file_blocker(path, "No model is chosen. Open a .gguf model on the Model page.",
+                         f"The model file {path} does not exist any more. Open it again on the Model page.",
+                         "Model")  # fmt: skip
 
 
 def input_blocker(project: Project, edited: bool) -> Blocker | None:
     """What is missing before anything can be checked: a model, a dataset (edited: the editor has
     samples to train, saved or not)."""
     model = model_blocker(project)
-    if model is not None:
+    if model is not None or edited:
         return model
-    if edited:
-        return None
-    if not project.dataset_path:
-        return Blocker("No dataset is chosen. Open or create a JSONL dataset on the Dataset page.", "Dataset")
-    if not os.path.isfile(project.dataset_path):
-        return Blocker(f"The dataset file {project.dataset_path} does not exist. Choose it again on the "
-                       "Dataset page.", "Dataset")  # fmt: skip
-    return None
+    path = project.dataset_path
+    return _file_blocker(path, "No dataset is chosen. Open or create a JSONL dataset on the Dataset page.",
+                         f"The dataset file {path} does not exist. Choose it again on the Dataset page.",
+                         "Dataset")  # fmt: skip
 
 
 def processes_blocker(config: TrainConfig, processes: int) -> Blocker | None:

@@ -397,7 +397,7 @@ class TrainPage(QWidget):
 
     # --- paths ------------------------------------------------------------------------------
     def default_paths(self, stamp: str | None = None) -> RunPaths:
-        """Where a run started now writes (controller.default_paths)."""
+        """Where a run started now writes (next_run.default_paths)."""
         return nr.default_paths(self.project, stamp)
 
     def _show_paths(self) -> None:
