@@ -1,6 +1,7 @@
-"""What the Train page decides about its run, without Qt: the run's paths, what is missing before
-Start, which checkpoint Resume continues and with which settings, what each engine event means for
-the run's numbers and its log, and the texts of the progress bar and the stats line.
+"""What the Train page decides about its run, without Qt: which checkpoint Resume continues, what
+each engine event means for the run's numbers and its log, what a result means (state, banner, the
+failed run's folders), and the texts of the progress bar and the stats line. What the page decides
+before a run starts (blockers, paths, whose settings a resume takes) is in `next_run`.
 
 `TrainController` holds the run of the page: its state (`run_state.RunStates`), the engine's run token,
 the model it trains, its paths and settings, its last result and checkpoint, and its numbers
