@@ -37,7 +37,7 @@ Where things are: this module wires the widgets to the run; what they show is de
 in `controller` (the run: its events, results, stats line) and `next_run` (before Start: blockers,
 paths, the first look; before a resume: whose settings go on), with the states in `run_state`. The
 widgets are made in `layout`; the check of the next run is `checker` (its job: `plan.check_run`);
-the resume question and the end-of-run alert are in `dialogs`. At about 870 lines this module is
+the resume question and the end-of-run alert are in `dialogs`. At about 860 lines this module is
 over the ~600 the studio aims at: what is left is the wiring of one page (each method joins widgets,
 the engine worker and the controller), and cutting it further would spread one page's slots over
 modules that each need the whole page.
@@ -51,10 +51,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QTimer, Signal, Slot
-from PySide6.QtWidgets import (
-    QFileDialog,
-    QWidget,
-)
+from PySide6.QtWidgets import QFileDialog, QWidget
 
 from engine import (
     CheckpointInfo,
@@ -78,14 +75,7 @@ from ...worker import Engine, Job
 from . import controller as ctl
 from . import next_run as nr
 from .checker import NextRunCheck
-from .controller import (
-    PHASE_DATA,
-    PHASE_OPENING,
-    Phase,
-    Reaction,
-    RunHandle,
-    TrainController,
-)
+from .controller import PHASE_DATA, PHASE_OPENING, Phase, Reaction, RunHandle, TrainController
 from .dialogs import EndAlert, ask_resume, wait_while
 from .folders import clean_failed_run, missing_folders
 from .layout import setup_ui, show_objective
