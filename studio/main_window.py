@@ -21,39 +21,36 @@ Closing or replacing a project with unsaved changes asks Save / Discard / Cancel
 Unsaved changes to the dataset and the project are copied to a recovery folder a few seconds after
 each change (`studio.autosave`); after a crash, `offer_recovery()` (called by the app at start)
 offers to restore them, through the replaceable `ask_restore` hook.
+
+This module builds the window and holds what it does with the project and the pages; the parts that
+read well alone are in `studio.window`: the page area, the menus and Help, the status bar, the
+first-run strip's ticks, the recent files, the offer of autosaved changes.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from PySide6.QtCore import QEvent, QSettings, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QActionGroup, QFontMetrics, QKeySequence, QPalette, QShortcut
+from PySide6.QtCore import QSettings, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QAbstractButton,
-    QApplication,
     QFileDialog,
-    QFrame,
     QHBoxLayout,
-    QLabel,
     QListWidget,
     QListWidgetItem,
     QMainWindow,
     QMessageBox,
-    QScrollArea,
     QStackedWidget,
     QVBoxLayout,
     QWidget,
 )
 
-from engine import Finished, human_bytes
+from engine import Finished
 
-from .autosave import Autosave, Recovery, default_recovery_root
+from .autosave import Autosave, default_recovery_root
 from .dataset_document import DatasetChange, DatasetDocument
 from .pages.chat.page import ChatPage
 from .pages.dataset.page import DatasetPage
@@ -68,7 +65,12 @@ from .project import ModelInfo, Project, ProjectError
 from .widgets.first_steps import FirstStepsWidget
 from .widgets.help_dialogs import QuickStartDialog, ShortcutsDialog
 from .widgets.runs import remember_folder
-from .widgets.theme import THEMES, apply_theme
+from .widgets.theme import THEMES
+from .window import first_run, menus, recovery
+from .window.look import apply_look
+from .window.page_area import PageAreaWidget, nav_width
+from .window.recent import add_recent, refresh_recent_menus
+from .window.status import build_status_bar
 from .worker import Engine
 
 # The pages in navigation order: (name, window attribute, how to make it from the window). The
@@ -85,80 +87,9 @@ PAGE_TABLE: tuple[tuple[str, str, Callable[[Any], QWidget]], ...] = (
 )
 
 PAGES = tuple(name for name, _, _ in PAGE_TABLE)
-MAX_RECENT = 10
 SETTINGS_ORG, SETTINGS_APP = "TuneStudio", "TuneStudio"
 THEME_KEY = "view/theme"
 FIRST_STEPS_KEY = "view/first_steps"  # false once the person has trained, or closed the strip
-THEME_LABELS = {"system": "&System", "light": "&Light", "dark": "&Dark"}
-NAV_ROOM = 8  # pages the navigation is wide enough for ("8  Rewards")
-
-
-def process_memory_bytes(pid: int | str = "self") -> int | None:
-    """Resident memory of a process (this one by default; Linux /proc), or None where unavailable."""
-    try:
-        with open(f"/proc/{pid}/statm", encoding="ascii") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def plain_text(text: str) -> str:
-    """A menu or button text without its mnemonic marks ("&Save" -> "Save", "R&&D" -> "R&D")."""
-    return text.replace("&&", "\0").replace("&", "").replace("\0", "&").strip()
-
-
-class PageAreaWidget(QScrollArea):
-    """Holds one page: the page fills the area, and a page that needs more room than the window has
-    scrolls instead of being cut off. Unlike `setWidgetResizable`, which makes a page with a
-    word-wrapped label as tall as its size hint, the page gets its minimum height for the width."""
-
-    def __init__(self, page: QWidget, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setFrameShape(QFrame.NoFrame)
-        self.setWidgetResizable(False)
-        self.setWidget(page)
-        self._refit = QTimer(self)  # its minimum changes (a message shown): fit it again, once
-        self._refit.setSingleShot(True)
-        self._refit.setInterval(0)
-        self._refit.timeout.connect(self.fit)
-        page.installEventFilter(self)
-
-    def fit(self) -> None:
-        page = self.widget()
-        if page is None:
-            return
-        view = self.maximumViewportSize()  # the viewport without scroll bars
-        bar_w = self.verticalScrollBar().sizeHint().width()
-        bar_h = self.horizontalScrollBar().sizeHint().height()
-        minimum = page.minimumSizeHint().expandedTo(page.minimumSize())
-        layout = page.layout()
-
-        def min_height(width: int) -> int:
-            if layout is not None and layout.hasHeightForWidth():
-                return max(minimum.height(), layout.totalMinimumHeightForWidth(width))
-            return minimum.height()
-
-        avail_w, avail_h = view.width(), view.height()
-        for _ in range(2):  # a scroll bar one way takes room the other way
-            width = max(avail_w, minimum.width())
-            height = min_height(width)
-            if width > avail_w and avail_h == view.height():
-                avail_h = view.height() - bar_h
-            if height > avail_h and avail_w == view.width():
-                avail_w = view.width() - bar_w
-                continue
-            break
-        width = max(avail_w, minimum.width())
-        page.resize(width, max(avail_h, min_height(width)))
-
-    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt override
-        super().resizeEvent(event)
-        self.fit()
-
-    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt override
-        if watched is self.widget() and event.type() == QEvent.LayoutRequest:
-            self._refit.start()
-        return super().eventFilter(watched, event)
 
 
 class MainWindow(QMainWindow):
@@ -192,7 +123,9 @@ class MainWindow(QMainWindow):
         # ask_unsaved(text) -> "save" | "discard" | "cancel", before closing or replacing unsaved work
         self.ask_unsaved: Callable[[str], str] = self._ask_unsaved
         # ask_restore(title, text) -> True to restore an autosaved copy, False to discard it
-        self.ask_restore: Callable[[str, str], bool] = self._ask_restore
+        self.ask_restore: Callable[[str, str], bool] = lambda title, text: recovery.ask_restore(
+            self, title, text
+        )
         self.setWindowTitle("Tune Studio")
         self.resize(1280, 820)
         self.setAcceptDrops(True)
@@ -214,7 +147,7 @@ class MainWindow(QMainWindow):
             item.setToolTip(f"{name} (Ctrl+{i + 1})" if i < 9 else name)
             self.nav.addItem(item)
             self.stack.addWidget(PageAreaWidget(page))
-        self.nav.setFixedWidth(self._nav_width())
+        self.nav.setFixedWidth(nav_width(self.nav, self.page_names))
         self.nav.currentRowChanged.connect(self.stack.setCurrentIndex)
 
         self.first_steps = FirstStepsWidget(
@@ -284,144 +217,13 @@ class MainWindow(QMainWindow):
             )
         )
 
-        self._build_menus()
-        self._build_status_bar()
+        menus.build_menus(self)
+        build_status_bar(self)
         self._restore_state()
         self._update_title()
         self.update_first_steps()
 
-    def _nav_width(self) -> int:
-        """Wide enough for the longest "N  Name" with its padding, with room for NAV_ROOM pages."""
-        self.nav.ensurePolished()  # the style sheet's font and padding
-        items = self.nav.sizeHintForColumn(0)
-        font = self.nav.font()
-        font.setPixelSize(14)  # the list's style sheet
-        fm = QFontMetrics(font)
-        shown = max(fm.horizontalAdvance(f"{i + 1}  {name}") for i, name in enumerate(self.page_names))
-        room = fm.horizontalAdvance(f"{NAV_ROOM}  Rewards")
-        return max(items, items - shown + room) + 2 * self.nav.frameWidth() + 2 * self.nav.spacing() + 8
-
-    # --- menus and status --------------------------------------------------------------------
-    def _action(self, text: str, slot, shortcut=None, tip: str = "") -> QAction:
-        a = QAction(text, self)
-        if shortcut is not None:
-            a.setShortcut(QKeySequence(shortcut))
-        if tip:
-            a.setStatusTip(tip)
-            a.setToolTip(tip)
-        a.triggered.connect(slot)
-        return a
-
-    def _build_menus(self) -> None:
-        m = self.menuBar().addMenu("&File")
-        m.addAction(
-            self._action("&New project", self.new_project, QKeySequence.New, "Start a new, empty project")
-        )
-        m.addAction(
-            self._action(
-                "&Open project…", self.open_project_dialog, "Ctrl+Shift+P", "Open a saved project (.json)"
-            )
-        )
-        self.recent_projects_menu = m.addMenu("Recent projects")
-        m.addAction(
-            self._action(
-                "&Save", self.save_all, QKeySequence.Save, "Save the project and the dataset if it changed"
-            )
-        )
-        m.addAction(
-            self._action(
-                "Save project &as…", self.save_project_as, "Ctrl+Alt+S", "Save the project under a new name"
-            )
-        )
-        m.addSeparator()
-        self.action_open_model = self._action(
-            "Open &model…", self.model_page.choose_file, QKeySequence.Open, "Open a .gguf model"
-        )
-        m.addAction(self.action_open_model)
-        self.recent_models_menu = m.addMenu("Recent models")
-        dataset_actions = self.dataset_page.actions()
-        self.action_open_dataset = self.dataset_page.action_open
-        self.action_open_dataset.setShortcutContext(Qt.WindowShortcut)  # works from every page
-        m.addAction(self.action_open_dataset)
-        self.recent_datasets_menu = m.addMenu("Recent datasets")
-        m.addSeparator()
-        m.addAction(self._action("&Quit", self.close, QKeySequence.Quit, "Quit Tune Studio"))
-        edit = self.menuBar().addMenu("&Dataset")
-        for action in dataset_actions:
-            if action.shortcut() == QKeySequence(QKeySequence.Save):
-                action.setShortcut(QKeySequence())  # File > Save (Ctrl+S) saves the dataset and the project
-            edit.addAction(action)
-
-        view = self.menuBar().addMenu("&View")
-        self.page_actions: list[QAction] = []
-        for i, name in enumerate(self.page_names):
-            action = self._action(
-                name,
-                lambda _=False, i=i: self.show_page(i),
-                f"Ctrl+{i + 1}" if i < 9 else None,
-                f"Go to the {name} page",
-            )
-            view.addAction(action)
-            self.page_actions.append(action)
-        view.addSeparator()
-        self.action_first_steps = self._action(
-            "&Getting started strip",
-            lambda on: self.set_first_steps_shown(on),
-            tip="Show the strip of first steps (model, dataset, targets, training) above the pages",
-        )
-        self.action_first_steps.setCheckable(True)
-        view.addAction(self.action_first_steps)
-        theme_menu = view.addMenu("&Theme")
-        group = QActionGroup(self)
-        self.theme_actions: dict[str, QAction] = {}
-        for theme in THEMES:
-            tip = {
-                "system": "The desktop's own colours (default)",
-                "light": "Light colours",
-                "dark": "Dark colours",
-            }[theme]
-            action = self._action(THEME_LABELS[theme], lambda _=False, t=theme: self.set_theme(t), tip=tip)
-            action.setCheckable(True)
-            group.addAction(action)
-            theme_menu.addAction(action)
-            self.theme_actions[theme] = action
-
-        help_menu = self.menuBar().addMenu("&Help")
-        help_menu.addAction(
-            self._action(
-                "&Quick start", self.show_quick_start, QKeySequence.HelpContents, "The steps of the work"
-            )
-        )
-        help_menu.addAction(
-            self._action(
-                "&Keyboard shortcuts",
-                self.show_shortcuts,
-                "Ctrl+/",
-                "Every keyboard shortcut of the window and its pages",
-            )
-        )
-        help_menu.addSeparator()
-        help_menu.addAction(self._action("&About Tune Studio", self._about))
-
-    def _build_status_bar(self) -> None:
-        sb = self.statusBar()
-        self.device_label = QLabel("Device: CPU (NumPy)")
-        self.memory_label = QLabel("")
-        self.state_label = QLabel("Training: idle")
-        self.engine_label = QLabel(self.engine.describe())
-        self.engine.sig_jobs_changed.connect(lambda: self.engine_label.setText(self.engine.describe()))
-        for w in (self.device_label, self.memory_label, self.state_label, self.engine_label):
-            w.setContentsMargins(8, 0, 8, 0)
-            sb.addPermanentWidget(w)
-        self._memory_timer = QTimer(self)
-        self._memory_timer.timeout.connect(self._update_memory)
-        self._memory_timer.start(2000)
-        self._update_memory()
-
-    def _update_memory(self) -> None:
-        n = process_memory_bytes()
-        self.memory_label.setText(f"Memory: {human_bytes(n)}" if n is not None else "")
-
+    # --- pages and runs ----------------------------------------------------------------------
     def _run_finished(self, result) -> None:
         if isinstance(result, Finished):  # the person has trained: the first-run strip has done its job
             self.settings.setValue(FIRST_STEPS_KEY, False)
@@ -523,116 +325,20 @@ class MainWindow(QMainWindow):
     def update_first_steps(self) -> None:
         """Tick the strip's steps from the open model, the dataset and the targets."""
         self._steps_timer.stop()
-        steps = self.first_steps
-        info = self.model_info
-        go = {name: self.page_actions[i].shortcut().toString(QKeySequence.NativeText) for i, name in
-              enumerate(self.page_names)}  # fmt: skip
-        if self.model_page.opening:
-            steps.set_step("Model", False, "opening…", f"The model is opening ({go['Model']})")
-        elif info is not None:
-            steps.set_step("Model", True, Path(info.path).name, f"{info.path} ({go['Model']})")
-        else:
-            steps.set_step(
-                "Model", False, "open a .gguf file", f"Open a model on the Model page ({go['Model']})"
-            )
-        n = len(self.dataset)
-        if n:
-            detail = f"{n:,} sample" + ("s" if n != 1 else "")
-            steps.set_step("Dataset", True, detail, f"The samples being edited ({go['Dataset']})")
-        else:
-            steps.set_step(
-                "Dataset",
-                False,
-                "open or write samples",
-                f"Open a .jsonl file or add samples ({go['Dataset']})",
-            )
-        names = self.targets_page.selected_names() if info is not None else []
-        full = self.project.config.full if info is not None else ()
-        if names or full:
-            detail = f"{len(names)} tensor" + ("s" if len(names) != 1 else "") if names else "in full"
-            steps.set_step("Targets", True, detail, f"The tensors that are trained ({go['Targets']})")
-        else:
-            what = "choose tensors" if info is not None else ""
-            steps.set_step("Targets", False, what, f"Choose the tensors to train ({go['Targets']})")
-        steps.set_step("Train", False, "", f"Start training on the Train page ({go['Train']})")
+        first_run.update_first_steps(self)
 
     def set_theme(self, theme: str) -> None:
         """System (the desktop's look), light or dark; remembered for the next start."""
         if theme not in THEMES:
             raise ValueError(f"theme must be one of {', '.join(THEMES)}, got {theme!r}")
-        app = QApplication.instance()
-        look = getattr(app, "platform_look", None)
-        if look is None:  # the desktop's own style and palette, to go back to
-            look = app.platform_look = (app.style().name(), QPalette(app.palette()))
-        if theme == "system":
-            if self.theme != "system":
-                app.setStyle(look[0])
-                app.setPalette(look[1])
-        else:
-            apply_theme(app, theme)
-        # a widget with a style sheet keeps the palette it was polished with: polish it again, so that
-        # it takes the new colours and hears the change (banners and the strip restyle themselves)
-        for widget in self.findChildren(QWidget):
-            if widget.styleSheet():
-                widget.setStyleSheet(widget.styleSheet())
+        apply_look(self, self.theme, theme)  # studio.window.look
         self.theme = theme
         self.settings.setValue(THEME_KEY, theme)
         self.theme_actions[theme].setChecked(True)
 
     def quick_start_steps(self) -> list[tuple[str, str, str]]:
         """(page, title, text) of each page's step, with the window's real shortcuts."""
-
-        def keys(action: QAction | QAbstractButton | None) -> str:
-            seq = action.shortcut() if action is not None else QKeySequence()
-            return f" ({seq.toString(QKeySequence.NativeText)})" if not seq.isEmpty() else ""
-
-        start = getattr(self.train_page, "start_button", None)
-        texts = {
-            "Model": (
-                "Open a model",
-                f"open a .gguf file (File › Open model{keys(self.action_open_model)}) or drop one on the "
-                "window; the page shows what it is and how much memory training needs.",
-            ),
-            "Dataset": (
-                "Write the dataset",
-                f"open a JSON Lines file{keys(self.action_open_dataset)} or add samples (chat turns, "
-                "prompt and response, or text); the token view shows which tokens are trained.",
-            ),
-            "Targets": (
-                "Choose what to train",
-                "pick a preset (attention, MLP, experts, all linear) or tick tensors in the grid; rank "
-                "and alpha set the adapter's size.",
-            ),
-            "Train": (
-                "Train",
-                f"press Start{keys(start)} and watch the loss fall; pause, resume or stop at any step.",
-            ),
-            "Chat": (
-                "Talk to it",
-                "chat with the model, with or without the adapter, or side by side; the live run's "
-                "adapter is there while it trains.",
-            ),
-            "Rewards": (
-                "Rate answers (optional)",
-                "generate several answers to a prompt, rate each (keys 1–5) and apply a step.",
-            ),
-            "Export": (
-                "Export",
-                "write the adapter (or a merged model) that llama.cpp loads with --lora; it is "
-                "reloaded and checked after writing.",
-            ),
-            "Runs": (
-                "Look back",
-                "every run and rating session with its loss curve; compare runs, and chat with, rate or "
-                "export any of their adapters.",
-            ),
-        }
-        out = []
-        for i, name in enumerate(self.page_names):
-            if name in texts:
-                title, text = texts[name]
-                out.append((name, f"{title}{keys(self.page_actions[i])}", text))
-        return out
+        return menus.quick_start_steps(self)
 
     def show_quick_start(self) -> QuickStartDialog:
         dialog = QuickStartDialog(self.quick_start_steps(), self)
@@ -642,37 +348,8 @@ class MainWindow(QMainWindow):
         return dialog
 
     def shortcut_rows(self) -> list[tuple[str, str, str]]:
-        """(where, what, keys) of every keyboard shortcut: the menus' actions, then each page's
-        actions, buttons and shortcuts, read from the widgets as they are now."""
-        rows: list[tuple[str, str, str]] = []
-        seen: set[int] = set()
-
-        def add(where: str, what: str, sequences, obj) -> None:
-            keys = ", ".join(q.toString(QKeySequence.NativeText) for q in sequences if not q.isEmpty())
-            if keys and id(obj) not in seen:
-                seen.add(id(obj))
-                rows.append((where, plain_text(what).rstrip(":"), keys))
-
-        def walk(menu, where: str) -> None:
-            for action in menu.actions():
-                if action.menu() is not None:
-                    walk(action.menu(), f"{where} › {plain_text(action.text())}")
-                elif not action.isSeparator():
-                    add(where, action.text(), action.shortcuts(), action)
-
-        for action in self.menuBar().actions():
-            if action.menu() is not None:
-                walk(action.menu(), f"{plain_text(action.text())} menu")
-        for name, page in zip(self.page_names, self.pages, strict=True):
-            where = f"{name} page"
-            for action in page.findChildren(QAction):
-                add(where, action.text() or action.toolTip(), action.shortcuts(), action)
-            for button in page.findChildren(QAbstractButton):
-                text = button.text() or button.toolTip().split("\n")[0]
-                add(where, text, [button.shortcut()], button)
-            for shortcut in page.findChildren(QShortcut):
-                add(where, shortcut.whatsThis() or "shortcut", shortcut.keys(), shortcut)
-        return rows
+        """(where, what, keys) of every keyboard shortcut: the menus', then each page's."""
+        return menus.shortcut_rows(self)
 
     def show_shortcuts(self) -> ShortcutsDialog:
         dialog = ShortcutsDialog(self.shortcut_rows(), self)
@@ -730,7 +407,7 @@ class MainWindow(QMainWindow):
         if self._clean_start:
             self._clean_start = False
             self.project.dirty = False
-        self._add_recent("recent/models", info.path)
+        add_recent(self, "recent/models", info.path)
         c = info.summary.config
         self.statusBar().showMessage(
             f"Opened {Path(info.path).name}: {c.arch}, {info.summary.n_params:,} parameters", 6000
@@ -749,7 +426,7 @@ class MainWindow(QMainWindow):
         self._steps_timer.start()
 
     def _dataset_opened(self, path: str) -> None:
-        self._add_recent("recent/datasets", path)
+        add_recent(self, "recent/datasets", path)
         if not self._quiet:
             self.show_page(self.page_names.index("Dataset"))
 
@@ -852,7 +529,7 @@ class MainWindow(QMainWindow):
                     self.open_dataset(self.project.dataset_path)
         finally:
             self.dataset_page.ask_unsaved = ask
-        self._add_recent("recent/projects", path)
+        add_recent(self, "recent/projects", path)
         self._update_title()
         return True
 
@@ -876,7 +553,7 @@ class MainWindow(QMainWindow):
         except ProjectError as exc:
             QMessageBox.warning(self, "Cannot save project", f"{exc}\n\nChoose another folder or file name.")
             return False
-        self._add_recent("recent/projects", path)
+        add_recent(self, "recent/projects", path)
         self.statusBar().showMessage(f"Saved {path}", 4000)
         self._update_title()
         return True
@@ -924,35 +601,7 @@ class MainWindow(QMainWindow):
         answer = box.exec()
         return {QMessageBox.Save: "save", QMessageBox.Discard: "discard"}.get(answer, "cancel")
 
-    # --- recent files, settings ----------------------------------------------------------------
-    def _recent(self, key: str) -> list[str]:
-        value = self.settings.value(key, [])
-        if isinstance(value, str):
-            value = [value]
-        return [p for p in (value or []) if isinstance(p, str)]
-
-    def _add_recent(self, key: str, path: str) -> None:
-        path = os.path.realpath(path)  # one entry per file, however it was named (links, "..")
-        paths = [path] + [p for p in self._recent(key) if os.path.realpath(p) != path and p != path]
-        self.settings.setValue(key, paths[:MAX_RECENT])
-        self._refresh_recent_menus()
-
-    def _refresh_recent_menus(self) -> None:
-        for menu, key, opener in (
-            (self.recent_models_menu, "recent/models", self.open_model),
-            (self.recent_datasets_menu, "recent/datasets", self.open_dataset),
-            (self.recent_projects_menu, "recent/projects", self.open_project),
-        ):
-            menu.clear()
-            paths = list(dict.fromkeys(os.path.realpath(p) for p in self._recent(key) if os.path.exists(p)))
-            for p in paths:
-                menu.addAction(
-                    self._action(Path(p).name, lambda _=False, p=p, opener=opener: opener(p), tip=p)
-                )
-            menu.setEnabled(bool(paths))
-        models = [os.path.realpath(p) for p in self._recent("recent/models") if os.path.exists(p)]
-        self.model_page.set_recent(list(dict.fromkeys(models)))
-
+    # --- remembered state ----------------------------------------------------------------------
     def _restore_state(self) -> None:
         geometry = self.settings.value("main/geometry")
         if geometry is not None:
@@ -962,7 +611,7 @@ class MainWindow(QMainWindow):
             self.restoreState(state)
         page = self.settings.value("main/page", 0)
         self.show_page(int(page) if str(page).isdigit() and int(page) < len(self.pages) else 0)
-        self._refresh_recent_menus()
+        refresh_recent_menus(self)
         self._show_first_steps(self._setting_bool(FIRST_STEPS_KEY, True))
         theme = self.settings.value(THEME_KEY, "system")
         if theme in THEMES and theme != "system":
@@ -1035,71 +684,9 @@ class MainWindow(QMainWindow):
     # --- recovery after a crash -----------------------------------------------------------------
     def offer_recovery(self) -> bool:
         """Offer to restore the unsaved changes autosaved by windows that did not close (a crash),
-        newest first, through `ask_restore`: Restore puts them back (unsaved), Discard deletes the
-        copy. At most one copy is restored; the others wait for a later start. Call it once, at
-        start, before opening files. True when a copy was restored."""
-        restored = False
-        for recovery in self.autosave.pending():
-            if restored:
-                self.autosave.release(recovery)
-                continue
-            text = (
-                f"Tune Studio did not close properly last time. {recovery.describe()}\n\n"
-                "Restore them? Discard deletes this copy; the files you saved are not changed either way."
-            )
-            if not self.ask_restore("Restore unsaved changes?", text):
-                self.autosave.discard(recovery)
-                continue
-            try:
-                self._restore(recovery)
-            except ProjectError as exc:
-                self.autosave.release(recovery)  # left for a later start
-                self.statusBar().showMessage(f"The autosaved copy could not be restored: {exc}", 15000)
-                continue
-            self.autosave.adopt(recovery)
-            restored = True
+        newest first, through `ask_restore` (studio.window.recovery); call it once, at start, before
+        opening files. True when a copy was restored."""
+        restored = recovery.offer_recovery(self)
+        if restored:
+            self._update_title()
         return restored
-
-    def _restore(self, recovery: Recovery) -> None:
-        if recovery.project is not None:
-            Project().restore(recovery.project, recovery.project_path)  # ProjectError before any change
-        if recovery.samples is not None:
-            # first, so that the project's dataset_path names the open dataset and it is not read again
-            self.dataset.reset(
-                recovery.samples, recovery.dataset_path, saved=False, problems=recovery.skipped
-            )
-        if recovery.project is not None:
-            self.project.restore(recovery.project, recovery.project_path)
-            if self.project.model_path:
-                self.open_model(self.project.model_path)
-        elif recovery.samples is not None and recovery.dataset_path:
-            self.project.update(dataset_path=recovery.dataset_path)
-        when = time.strftime("%H:%M:%S", time.localtime(recovery.written))
-        if recovery.samples is not None:
-            self.dataset_page.show_message(
-                "info",
-                f"Restored {len(recovery.samples)} samples with the changes autosaved at {when}; they are "
-                "not saved yet: save (Ctrl+S) to keep them.",
-            )
-        self.statusBar().showMessage(f"Restored the unsaved changes autosaved at {when}", 8000)
-        self._update_title()
-
-    def _ask_restore(self, title: str, text: str) -> bool:
-        box = QMessageBox(self)
-        box.setIcon(QMessageBox.Question)
-        box.setWindowTitle(title)
-        box.setText(text)
-        restore = box.addButton("Restore", QMessageBox.AcceptRole)
-        box.addButton("Discard", QMessageBox.DestructiveRole)
-        box.setDefaultButton(restore)
-        box.setEscapeButton(restore)  # only an explicit Discard deletes the copy
-        box.exec()
-        return box.clickedButton() is restore
-
-    def _about(self) -> None:
-        QMessageBox.about(
-            self,
-            "About Tune Studio",
-            "Tune Studio fine-tunes GGUF models (dense and Mixture-of-Experts) with LoRA on your own "
-            "machine, and exports adapters llama.cpp loads as they are.",
-        )

@@ -4,7 +4,8 @@ holds (about 7 KB a line), and 5,000 lines were the app's largest memory growth 
 
 from __future__ import annotations
 
-from studio.pages.train.page import LOG_MAX_LINES, TrainPage
+from studio.pages.train.layout import LOG_MAX_LINES
+from studio.pages.train.page import TrainPage
 from studio.project import Project
 
 

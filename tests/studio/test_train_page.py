@@ -17,7 +17,8 @@ from PySide6.QtWidgets import QCheckBox, QComboBox
 import engine.train.trainer as trainer_module
 from engine import DatasetError, Failed, Finished, MemoryEstimate, Step, TargetSpec, TrainConfig, Trainer
 from studio.dataset_document import DatasetDocument
-from studio.pages.train.page import PHASE_DATA, PHASE_FIRST_STEP, PHASE_OPENING, TrainPage, eta_words
+from studio.pages.train.controller import PHASE_DATA, PHASE_FIRST_STEP, PHASE_OPENING, eta_words
+from studio.pages.train.page import TrainPage
 from studio.pages.train.settings import FIELDS
 from studio.paths import latest_checkpoint
 from studio.project import ModelInfo, Project, model_runs_folder, preset_settings

@@ -1,8 +1,8 @@
 """The Dataset page's file work beside opening: importing another file's samples (CSV and TSV
 through the column-mapping dialog, ShareGPT, Alpaca, preference pairs) and saving, with the
-dialogs they ask through. Functions of the page (studio.pages.dataset.page.DatasetPage), which
-keeps its public methods (import_path, save, save_as, ...) as one-line calls of these; the
-questions go through the page's `confirm`, `ask_unsaved` and `ask_mapping`, which tests replace.
+dialogs they ask through. Functions of the page (`page`: the DatasetPage of page.py), which keeps
+its public methods (import_path, save, save_as, ...) as one-line calls of these; the questions go
+through the page's `confirm`, `ask_unsaved` and `ask_mapping`, which tests replace.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import QDialog, QFileDialog, QMessageBox
 
@@ -18,20 +17,17 @@ from engine import ColumnMap, DatasetError, Source, convert_source, guess_map, r
 
 from .import_dialog import ColumnMapDialog
 
-if TYPE_CHECKING:
-    from .page import DatasetPage
-
 FILE_FILTER = "JSON Lines datasets (*.jsonl *.ndjson *.json);;All files (*)"
 IMPORT_FILTER = "Datasets (*.csv *.tsv *.tab *.json *.jsonl *.ndjson);;All files (*)"
 
 
-def start_dir(page: DatasetPage) -> str:
+def start_dir(page) -> str:
     """Where a file dialog starts: the dataset's folder, else the project's."""
     anchor = page.path or page.project.dataset_path or page.project.path
     return os.path.dirname(anchor) if anchor else ""
 
 
-def import_path(page: DatasetPage, path: str | os.PathLike[str]) -> bool:
+def import_path(page, path: str | os.PathLike[str]) -> bool:
     """Append the samples of another file as one undoable step: CSV or TSV (through the
     column-mapping dialog), ShareGPT, Alpaca or preference data as a JSON array or JSON Lines,
     or any accepted shape. The file is only read; problems are reported by line."""
@@ -82,14 +78,14 @@ def import_path(page: DatasetPage, path: str | os.PathLike[str]) -> bool:
     return True
 
 
-def choose_import(page: DatasetPage) -> bool:
+def choose_import(page) -> bool:
     path, _ = QFileDialog.getOpenFileName(
         page, "Import samples (CSV, TSV, ShareGPT, Alpaca, JSON Lines)", start_dir(page), IMPORT_FILTER
     )
     return page.import_path(path) if path else False
 
 
-def ask_mapping(page: DatasetPage, source: Source, guess: ColumnMap) -> ColumnMap | None:
+def ask_mapping(page, source: Source, guess: ColumnMap) -> ColumnMap | None:
     """The columns the person maps in the dialog (None: cancelled)."""
     dialog = ColumnMapDialog(source, guess, page)
     page.mapping_dialog = dialog  # for tests and screenshots
@@ -98,7 +94,7 @@ def ask_mapping(page: DatasetPage, source: Source, guess: ColumnMap) -> ColumnMa
     return dialog.mapping() if accepted else None
 
 
-def write(page: DatasetPage, path: str) -> bool:
+def write(page, path: str) -> bool:
     if os.path.isdir(path):
         page.show_error(
             f"The dataset was not saved: {path} is a folder.",
@@ -137,7 +133,7 @@ def write(page: DatasetPage, path: str) -> bool:
     return True
 
 
-def choose_save_as(page: DatasetPage) -> bool:
+def choose_save_as(page) -> bool:
     start = page.path or os.path.join(start_dir(page), "dataset.jsonl")
     path, _ = QFileDialog.getSaveFileName(page, "Save dataset as", start, FILE_FILTER)
     if not path:
@@ -147,12 +143,12 @@ def choose_save_as(page: DatasetPage) -> bool:
     return page.save_as(path)
 
 
-def confirm_dialog(page: DatasetPage, title: str, text: str) -> bool:
+def confirm_dialog(page, title: str, text: str) -> bool:
     answer = QMessageBox.question(page, title, text, QMessageBox.Yes | QMessageBox.Cancel, QMessageBox.Cancel)
     return answer == QMessageBox.Yes
 
 
-def ask_unsaved_dialog(page: DatasetPage) -> str:
+def ask_unsaved_dialog(page) -> str:
     name = Path(page.path).name if page.path else "the new dataset"
     box = QMessageBox(page)
     box.setIcon(QMessageBox.Warning)
