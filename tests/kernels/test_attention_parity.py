@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from engine.kernels import attention, attention_gemm
+from tests.kernels import twin
 from tests.kernels.twin import BF16_TOL, FP32_TOL, Backend, Check, _leaves, compare, f32, f64
 
 
@@ -145,8 +146,7 @@ def _dsinks_check(case: str, dsinks, dsr, cr, dy, tol: float) -> Check:
 
 
 def test_attention_parity(backend, fresh_rng):
-    for c in checks(backend, fresh_rng):
-        assert c.ok, c.message
+    twin.assert_checks(checks(backend, fresh_rng))
 
 
 def test_tile_classes(backend, fresh_rng):
