@@ -55,6 +55,12 @@ def files(cli_files, tmp_path_factory) -> dict[str, str]:
     return {what: paths[name] for what, name in INPUTS.items()}
 
 
+def _argv(command: str, **paths: str) -> list[str]:
+    """`command` split into words as a shell splits it, then each word's {names} filled from `paths`
+    (a path holding a space stays one word)."""
+    return [word.format(**paths) for word in shlex.split(command)]
+
+
 def _refused(argv: list[str], protected: list[str], words: str) -> str:
     """`tune-engine argv` exits 2 with one error line holding `words`; every protected path unchanged."""
     before = {p: _digest(p) for p in protected}
@@ -138,8 +144,7 @@ def test_an_output_aimed_at_an_input_of_the_command_is_refused_and_the_input_kep
     files, tmp_path, command, words
 ):
     paths = {**files, "tmp": str(tmp_path)}
-    argv = [a.format(**paths) for a in shlex.split(command)]
-    _refused(argv, list(files.values()), words.format(**paths))
+    _refused(_argv(command, **paths), list(files.values()), words.format(**paths))
     assert sorted(os.listdir(tmp_path)) == []  # nothing was written: refused before any work
 
 
@@ -159,23 +164,10 @@ def test_a_checkpoint_folder_holding_an_input_is_refused(files, tmp_path):
     held.mkdir(parents=True)
     adapter = held / "adapter.gguf"
     adapter.write_bytes(Path(files["adapter"]).read_bytes())
-    _refused(
-        [
-            "train",
-            files["model"],
-            files["data"],
-            "--init-adapter",
-            str(adapter),
-            "--out",
-            str(tmp_path / "a.gguf"),
-            "--checkpoint-every",
-            "1",
-            "--checkpoint-dir",
-            str(tmp_path / "ck"),
-        ],
-        [str(adapter)],
-        "which the run replaces or deletes",
-    )
+    command = "train {model} {data} --init-adapter {held} --out {tmp}/a.gguf"
+    command += " --checkpoint-every 1 --checkpoint-dir {tmp}/ck"  # the folder holding the adapter
+    argv = _argv(command, **files, held=str(adapter), tmp=str(tmp_path))
+    _refused(argv, [str(adapter)], "which the run replaces or deletes")
 
 
 def test_the_rule_resolves_paths_and_compares_outputs_with_each_other(tmp_path):
@@ -223,21 +215,8 @@ def test_an_output_replaces_only_a_file_of_its_own_kind(cli_files, files, tmp_pa
 
 def test_events_are_appended_never_truncated_and_a_bad_path_is_refused_before_the_run(files, tmp_path):
     events = tmp_path / "events.jsonl"
-    argv = [
-        "train",
-        files["model"],
-        files["data"],
-        "--out",
-        str(tmp_path / "a.gguf"),
-        "--steps",
-        "2",
-        "--ctx",
-        "32",
-        "--rank",
-        "2",
-        "--events",
-        str(events),
-    ]
+    command = "train {model} {data} --out {tmp}/a.gguf --steps 2 --ctx 32 --rank 2 --events {events}"
+    argv = _argv(command, **files, tmp=str(tmp_path), events=str(events))
     assert run_cli(argv)[0] == 0
     first = events.read_text().splitlines()
     assert json.loads(first[0])["event"] == "Started" and json.loads(first[-1])["event"] == "Finished"
