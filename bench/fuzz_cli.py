@@ -140,6 +140,22 @@ class Command:
         return out
 
 
+def expect(desc: str, cmd: Command, refusal: str | None, must_name: str | None = None):
+    """A case as the fuzzer takes it, (description, action, the exception that is a refusal): the
+    action runs `cmd`, which must be refused (`refusal` says why, `must_name` what the message must
+    name) or, with no refusal due, finish with finite outputs."""
+    argv = cmd.argv()
+
+    def action() -> None:
+        if refusal is None:
+            settle(argv)
+            finite_outputs([Path(p) for p in cmd.options.values() if p])
+        else:
+            refused(argv, refusal, must_name)
+
+    return desc, action, CliRefused
+
+
 class CliFiles:
     """The files the cases start from, written once: a tiny model, its adapter, a dataset, a chat
     template, prompts, a conversation, a training checkpoint and its events log."""
@@ -442,17 +458,8 @@ class CliCases:
             aim = "control"
         else:
             cmd.options[option] = target
-        argv = cmd.argv()
-        desc = f"{cmd.name} {option} -> {aim}"
-
-        def action() -> None:
-            if aim == "control":
-                settle(argv)
-                finite_outputs([Path(p) for p in cmd.options.values() if p])
-            else:
-                refused(argv, f"{option} was aimed at {aim}")
-
-        return desc, action, CliRefused
+        refusal = None if aim == "control" else f"{option} was aimed at {aim}"
+        return expect(f"{cmd.name} {option} -> {aim}", cmd, refusal)
 
     # -- values -----------------------------------------------------------------------------------
     def case_values(self, rng: random.Random, folder: Path, out: Path):
@@ -477,17 +484,8 @@ class CliCases:
         bad = rng.random() < 0.65
         value = rng.choice(_bad_values(rng, table)) if bad else _good_value(rng, table)
         cmd.options[option] = value
-        argv = cmd.argv()
-        desc = f"{name} {option} {value}"
-
-        def action() -> None:
-            if bad:
-                refused(argv, f"{option} {value} is out of range", must_name=option)
-            else:
-                settle(argv)
-                finite_outputs([Path(p) for p in cmd.options.values() if p])
-
-        return desc, action, CliRefused
+        refusal = f"{option} {value} is out of range" if bad else None
+        return expect(f"{name} {option} {value}", cmd, refusal, must_name=option)
 
     # -- types ------------------------------------------------------------------------------------
     def case_types(self, rng: random.Random, folder: Path, out: Path):
@@ -510,17 +508,10 @@ class CliCases:
             cmd.options.pop("--init-adapter", None)
             cmd.options.pop("--resume", None)
         same = old in KNOWN_TYPES and code in KNOWN_TYPES and KNOWN_TYPES[old][1:] == KNOWN_TYPES[code][1:]
-        argv = cmd.argv()
-        desc = f"{name}: {tensor} type {old} -> {code}, {which}"
-
-        def action() -> None:
-            if code == old or same:  # the bytes still mean a tensor of that size: reading them is fine
-                settle(argv)
-                finite_outputs([Path(p) for p in cmd.options.values() if p])
-            else:
-                refused(argv, f"tensor {tensor} has type code {code} (was {old})")
-
-        return desc, action, CliRefused
+        # the same code, or one of the same block size: the bytes still mean a tensor of that size,
+        # and reading them is fine
+        refusal = None if code == old or same else f"tensor {tensor} has type code {code} (was {old})"
+        return expect(f"{name}: {tensor} type {old} -> {code}, {which}", cmd, refusal)
 
     # -- adapters ---------------------------------------------------------------------------------
     def case_adapters(self, rng: random.Random, folder: Path, out: Path):
@@ -549,12 +540,7 @@ class CliCases:
                 },
             )
             desc = f"checkpoint: {key} poisoned, train --resume"
-            argv = cmd.argv()
-
-            def action() -> None:
-                refused(argv, f"the checkpoint's {key} holds a non-finite value")
-
-            return desc, action, CliRefused
+            return expect(desc, cmd, f"the checkpoint's {key} holds a non-finite value")
         pairs = {n: (a.copy(), b.copy()) for n, (a, b) in files.pairs.items()}
         victim = rng.choice(sorted(pairs))
         which = rng.randrange(2)
@@ -610,14 +596,8 @@ class CliCases:
                 },
             ),
         }[use]
-        argv = cmd.argv()
         desc = f"{storage} adapter, {kind} in {victim}{'.lora_b' if which else '.lora_a'}, {use}"
-
-        def action() -> None:
-            if kind == "huge":  # finite: may load; nothing non-finite may come out with exit 0
-                settle(argv)
-                finite_outputs([Path(p) for p in cmd.options.values() if p])
-            else:
-                refused(argv, f"the adapter holds {kind if kind != 'alpha' else 'a non-finite alpha'}")
-
-        return desc, action, CliRefused
+        # huge factors are finite: the adapter may load, but nothing non-finite may come out with exit 0
+        if kind == "huge":
+            return expect(desc, cmd, None)
+        return expect(desc, cmd, f"the adapter holds {'a non-finite alpha' if kind == 'alpha' else kind}")

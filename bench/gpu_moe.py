@@ -40,6 +40,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bench.gpu import timed  # noqa: E402
 from engine.kernels import moe  # noqa: E402
 from engine.kernels.linear import LoraTerm  # noqa: E402
 from engine.kernels.moe_gemm import ROUTES  # noqa: E402
@@ -56,18 +57,8 @@ def log(*a) -> None:
 
 
 def time_events(cp, fn, repeats: int, warmup: int = 2) -> float:
-    """Median seconds of fn() between CUDA events (fn only enqueues work)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
-    return float(np.median(times))
+    """Median seconds of fn() between CUDA events (fn only enqueues work): bench/gpu.py's `timed`."""
+    return timed(cp, fn, repeats, warmup) * 1e-3
 
 
 def ceilings(cp, torch) -> dict:

@@ -309,29 +309,13 @@ def adamw_step_on(
     return AdamWResult(grad_norm, clipped, False, out[0], out[1])
 
 
-def adamw_step(
-    params,
-    grads,
-    m,
-    v,
-    steps,
-    decay,
-    *,
-    lr: float,
-    betas: tuple[float, float],
-    eps: float,
-    weight_decay: float,
-    gclip: float,
-    max_grad_norm: float,
-) -> AdamWResult:
-    """CUDA twin of `adamw_step_ref`, in place on CuPy arrays; one device read (the gradient norms).
+def adamw_step(params, grads, m, v, steps, decay, **hyper: Any) -> AdamWResult:
+    """CUDA twin of `adamw_step_ref` (hyper: its keyword arguments), in place on CuPy arrays; one
+    device read (the gradient norms).
 
     Returns grad_norm and clipped as host values, update_sumsq and param_sumsq as 0-d float64
     device arrays. A non-finite gradient norm changes nothing.
     """
-    hyper = dict(
-        lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, gclip=gclip, max_grad_norm=max_grad_norm
-    )
     if not params:
         return adamw_step_ref([], [], [], [], [], [], **hyper)
     return adamw_step_on(runtime_for(params[0], "adamw_step"), params, grads, m, v, steps, decay, **hyper)

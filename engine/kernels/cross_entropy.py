@@ -615,39 +615,8 @@ def project(h: Any, w: Any) -> Any:
     return project_on(runtime_for(h, "project"), h, w)
 
 
-def lm_head_loss(
-    h: Any,
-    w: Any,
-    targets: Any,
-    weights: Any,
-    *,
-    lora: LoraTerm | None = None,
-    tied_lora: LoraTerm | None = None,
-    need_dw: bool = False,
-    max_logits_bytes: int = 16 << 20,
-    min_rows: int = 128,
-    h_ref: Any = None,
-    w_ref: Any = None,
-    kl_coef: float = 0.0,
-    backward: bool = True,
-    cap: float = 0.0,
-):
-    """CUDA twin of `lm_head_loss_ref`: (loss, (ce_sum, n_tokens), dh, grads), loss and ce_sum as 0-d
-    float64 device arrays (read them when needed: a read waits for the GPU)."""
-    return lm_head_loss_on(
-        runtime_for(h, "lm_head_loss"),
-        h,
-        w,
-        targets,
-        weights,
-        lora=lora,
-        tied_lora=tied_lora,
-        need_dw=need_dw,
-        max_logits_bytes=max_logits_bytes,
-        min_rows=min_rows,
-        h_ref=h_ref,
-        w_ref=w_ref,
-        kl_coef=kl_coef,
-        backward=backward,
-        cap=cap,
-    )
+def lm_head_loss(h: Any, w: Any, targets: Any, weights: Any, **options: Any):
+    """CUDA twin of `lm_head_loss_ref` (options: its keyword arguments): (loss, (ce_sum, n_tokens), dh,
+    grads), loss and ce_sum as 0-d float64 device arrays (read them when needed: a read waits for the
+    GPU)."""
+    return lm_head_loss_on(runtime_for(h, "lm_head_loss"), h, w, targets, weights, **options)

@@ -93,25 +93,31 @@ def test_the_time_limit_is_checked():
 
 # -- size -------------------------------------------------------------------------------------------
 
-DOUBLING = "{% set ns = namespace(s=SEED) %}{% for i in range(80) %}{% set ns.s = STEP %}{% endfor %}"
+
+def doubling(seed: str, step: str) -> str:
+    """A template that sets ns.s = `step` 80 times, from `seed`: each step at least doubles it."""
+    loop = f"{{% for i in range(80) %}}{{% set ns.s = {step} %}}{{% endfor %}}"
+    return f"{{% set ns = namespace(s={seed}) %}}{loop}"
+
+
 HUGE = [
     # (source, what the message names)
     ("{{ 'x' * 10 ** 12 }}", "the * operator"),
     ("{{ ([0] * 10 ** 6) * 10 ** 6 }}", "the * operator"),
     ("{{ 9 ** 999999 }}", "the ** operator"),
-    (DOUBLING.replace("SEED", "3").replace("STEP", "ns.s * ns.s"), "the * operator would make a number"),
-    (DOUBLING.replace("SEED", "'ab'").replace("STEP", "ns.s + ns.s"), "the + operator"),
-    (DOUBLING.replace("SEED", "[1]").replace("STEP", "ns.s + ns.s"), "the + operator"),
-    (DOUBLING.replace("SEED", "'ab'").replace("STEP", "ns.s ~ ns.s"), "the ~ operator"),
-    (DOUBLING.replace("SEED", "'ab'").replace("STEP", "[ns.s, ns.s]|join"), "join"),
-    (DOUBLING.replace("SEED", "'ab'").replace("STEP", "ns.s.join(['x', 'y', 'z'])"), "join"),
-    (DOUBLING.replace("SEED", "'ab'").replace("STEP", "ns.s|replace('a', ns.s)"), "replace"),
-    (DOUBLING.replace("SEED", "'ab'").replace("STEP", "ns.s.replace('a', ns.s)"), "replace"),
-    (DOUBLING.replace("SEED", "'ab'").replace("STEP", "'%s%s'|format(ns.s, ns.s)"), "format"),
-    (DOUBLING.replace("SEED", "'ab'").replace("STEP", "'{0}{0}'.format(ns.s)"), "format"),
-    (DOUBLING.replace("SEED", "'ab'").replace("STEP", "'%s%s' % (ns.s, ns.s)"), "the % operator"),
-    (DOUBLING.replace("SEED", "'{0}{0}'").replace("STEP", "ns.s.format(ns.s)"), "format"),
-    (DOUBLING.replace("SEED", "'ab'").replace("STEP", "ns.s|center(ns.s|length * 2)"), "center"),
+    (doubling("3", "ns.s * ns.s"), "the * operator would make a number"),
+    (doubling("'ab'", "ns.s + ns.s"), "the + operator"),
+    (doubling("[1]", "ns.s + ns.s"), "the + operator"),
+    (doubling("'ab'", "ns.s ~ ns.s"), "the ~ operator"),
+    (doubling("'ab'", "[ns.s, ns.s]|join"), "join"),
+    (doubling("'ab'", "ns.s.join(['x', 'y', 'z'])"), "join"),
+    (doubling("'ab'", "ns.s|replace('a', ns.s)"), "replace"),
+    (doubling("'ab'", "ns.s.replace('a', ns.s)"), "replace"),
+    (doubling("'ab'", "'%s%s'|format(ns.s, ns.s)"), "format"),
+    (doubling("'ab'", "'{0}{0}'.format(ns.s)"), "format"),
+    (doubling("'ab'", "'%s%s' % (ns.s, ns.s)"), "the % operator"),
+    (doubling("'{0}{0}'", "ns.s.format(ns.s)"), "format"),
+    (doubling("'ab'", "ns.s|center(ns.s|length * 2)"), "center"),
     ("{{ '%0999999999d' % 1 }}", "the % operator"),
     ("{{ '%*d' % (10 ** 10, 1) }}", "the % operator"),
     ("{{ '%*d'|format(10 ** 10, 1) }}", "format"),

@@ -36,23 +36,33 @@ def _copy(d):
     return {k: v.copy() for k, v in d.items()}
 
 
-def _textbook_adamw(params, grad_seq, cfg):
-    """The formulas as written in Loshchilov & Hutter, in float64, with decay on ndim >= 2 params."""
-    b1, b2 = cfg.betas
+def _adamw_float64(params, grad_seq, cfg, step):
+    """AdamW's loop in float64: moments from zero, the learning rate of the schedule, decay on
+    ndim >= 2 params; `step(p, m, v, g, t, lr, wd) -> (p, m, v)` updates one tensor at step t."""
     p = {k: v.astype(np.float64) for k, v in params.items()}
     m = {k: np.zeros_like(v) for k, v in p.items()}
     v = {k: np.zeros_like(x) for k, x in p.items()}
     for t, grads in enumerate(grad_seq, start=1):
         lr = lr_at(cfg, t - 1)
         for k, g in grads.items():
-            g = g.astype(np.float64)
             wd = cfg.weight_decay if p[k].ndim >= 2 else 0.0
-            m[k] = b1 * m[k] + (1 - b1) * g
-            v[k] = b2 * v[k] + (1 - b2) * g**2
-            m_hat = m[k] / (1 - b1**t)
-            v_hat = v[k] / (1 - b2**t)
-            p[k] = p[k] - lr * (m_hat / (np.sqrt(v_hat) + cfg.eps) + wd * p[k])
+            p[k], m[k], v[k] = step(p[k], m[k], v[k], g, t, lr, wd)
     return p
+
+
+def _textbook_adamw(params, grad_seq, cfg):
+    """The formulas as written in Loshchilov & Hutter."""
+    b1, b2 = cfg.betas
+
+    def step(p, m, v, g, t, lr, wd):
+        g = g.astype(np.float64)
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g**2
+        m_hat = m / (1 - b1**t)
+        v_hat = v / (1 - b2**t)
+        return p - lr * (m_hat / (np.sqrt(v_hat) + cfg.eps) + wd * p), m, v
+
+    return _adamw_float64(params, grad_seq, cfg, step)
 
 
 def _torch_form_adamw(params, grad_seq, cfg):
@@ -62,19 +72,15 @@ def _torch_form_adamw(params, grad_seq, cfg):
     computed there as step_size = lr / bc1 and denom = sqrt(v) / sqrt(bc2) + eps.
     """
     b1, b2 = cfg.betas
-    p = {k: v.astype(np.float64) for k, v in params.items()}
-    m = {k: np.zeros_like(v) for k, v in p.items()}
-    v = {k: np.zeros_like(x) for k, x in p.items()}
-    for t, grads in enumerate(grad_seq, start=1):
-        lr = lr_at(cfg, t - 1)
-        for k, g in grads.items():
-            if p[k].ndim >= 2:
-                p[k] = p[k] * (1 - lr * cfg.weight_decay)
-            m[k] = m[k] + (1 - b1) * (g - m[k])  # torch: exp_avg.lerp_(grad, 1 - beta1)
-            v[k] = b2 * v[k] + (1 - b2) * g * g
-            denom = np.sqrt(v[k]) / math.sqrt(1 - b2**t) + cfg.eps
-            p[k] = p[k] - (lr / (1 - b1**t)) * m[k] / denom
-    return p
+
+    def step(p, m, v, g, t, lr, wd):
+        p = p * (1 - lr * wd)
+        m = m + (1 - b1) * (g - m)  # torch: exp_avg.lerp_(grad, 1 - beta1)
+        v = b2 * v + (1 - b2) * g * g
+        denom = np.sqrt(v) / math.sqrt(1 - b2**t) + cfg.eps
+        return p - (lr / (1 - b1**t)) * m / denom, m, v
+
+    return _adamw_float64(params, grad_seq, cfg, step)
 
 
 # --- AdamW against references -------------------------------------------------------------------

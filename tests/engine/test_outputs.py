@@ -8,22 +8,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bench.fuzz_cli import run_cli
+from bench.fuzz_cli import CliFiles, run_cli
 from engine.errors import ConfigError
 from engine.io.files import AppendLog, check_outputs, replace_problem
-from engine.model.model import Model
-from engine.testing import SynthSpec, random_adapter, write_adapter, write_model
-from engine.text.chat_template import CHATML_TEMPLATE
-from engine.train.trainer import TrainConfig
 
 pytestmark = pytest.mark.timeout(60)
-
-SPEC = SynthSpec.for_arch("llama", V=300, C=32, NH=2, NKV=1, HS=16, F=64, n_ctx=64)
 
 
 def _digest(path: str | os.PathLike[str]) -> str:
@@ -33,50 +28,37 @@ def _digest(path: str | os.PathLike[str]) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
+# what the fixture hands a test -> the name bench.fuzz_cli.CliFiles writes it under
+INPUTS = {
+    "model": "model.gguf",
+    "adapter": "adapter.gguf",
+    "data": "data.jsonl",
+    "template": "template.jinja",
+    "prompts": "prompts.txt",
+    "checkpoints": "run.checkpoints",
+    "settings": "settings.json",
+}
+
+
+@pytest.fixture(scope="module")
+def cli_files(tmp_path_factory) -> CliFiles:
+    """A model, its adapter, a dataset, a chat template, prompts, a run's settings and a training
+    checkpoint, written once (the fuzzer's own inputs)."""
+    return CliFiles(tmp_path_factory.mktemp("inputs"))
+
+
 @pytest.fixture
-def files(tmp_path_factory) -> dict[str, str]:
-    """A model, its adapter, a dataset, a chat template, prompts and a training checkpoint (fresh for
-    each test: on code without the rule, one test's destroyed input must not fail the next)."""
-    folder = tmp_path_factory.mktemp("inputs")
-    model = write_model(folder / "model.gguf", SPEC)
-    pairs = random_adapter(Model.load(model), ["blk.0.attn_q.weight"], rank=2, seed=1)
-    write_adapter(folder / "adapter.gguf", "llama", pairs, alpha=4.0)
-    rows = [
-        {"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]}
-        for i in range(4)
-    ]
-    (folder / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    (folder / "template.jinja").write_text(CHATML_TEMPLATE, encoding="utf-8")
-    (folder / "prompts.txt").write_text("hello\n", encoding="utf-8")
-    settings = TrainConfig(steps=1, n_ctx=32, rank=2, alpha=4.0).to_json()  # a run's, as the studio writes
-    (folder / "settings.json").write_text(json.dumps(settings), encoding="utf-8")
-    rc, _, err = run_cli(
-        [
-            "train",
-            model,
-            str(folder / "data.jsonl"),
-            "--out",
-            str(folder / "run.gguf"),
-            "--steps",
-            "2",
-            "--ctx",
-            "32",
-            "--rank",
-            "2",
-            "--checkpoint-every",
-            "1",
-        ]
-    )
-    assert rc == 0, err
-    return {
-        "model": model,
-        "adapter": str(folder / "adapter.gguf"),
-        "data": str(folder / "data.jsonl"),
-        "template": str(folder / "template.jinja"),
-        "prompts": str(folder / "prompts.txt"),
-        "checkpoints": str(folder / "run.checkpoints"),
-        "settings": str(folder / "settings.json"),
-    }
+def files(cli_files, tmp_path_factory) -> dict[str, str]:
+    """A fresh copy of the inputs for each test (on code without the rule, one test's destroyed
+    input must not fail the next): what -> path."""
+    paths = cli_files.copy_to(tmp_path_factory.mktemp("case"))
+    return {what: paths[name] for what, name in INPUTS.items()}
+
+
+def _argv(command: str, **paths: str) -> list[str]:
+    """`command` split into words as a shell splits it, then each word's {names} filled from `paths`
+    (a path holding a space stays one word)."""
+    return [word.format(**paths) for word in shlex.split(command)]
 
 
 def _refused(argv: list[str], protected: list[str], words: str) -> str:
@@ -93,126 +75,76 @@ def _refused(argv: list[str], protected: list[str], words: str) -> str:
 # The six destroyed inputs the issue's fuzz found, and their kin: an output option of each command
 # aimed at each input of the same command.
 AIMED = [
-    ("logits --out MODEL", ["logits", "{model}", "--tokens", "1 2", "--out", "{model}"], "is the model"),
-    (
-        "logits --out ADAPTER",
-        ["logits", "{model}", "--tokens", "1", "--lora", "{adapter}", "--out", "{adapter}"],
-        "is the adapter",
-    ),
-    (
-        "logits --out DATASET",
-        ["logits", "{model}", "--tokens", "1", "--out", "{data}"],
-        "is not a NumPy .npy file",
-    ),
+    ("logits --out MODEL", "logits {model} --tokens '1 2' --out {model}", "is the model"),
+    ("logits --out ADAPTER", "logits {model} --tokens 1 --lora {adapter} --out {adapter}", "is the adapter"),
+    ("logits --out DATASET", "logits {model} --tokens 1 --out {data}", "is not a NumPy .npy file"),
     (
         "train --events MODEL",
-        ["train", "{model}", "{data}", "--out", "{tmp}/a.gguf", "--events", "{model}"],
+        "train {model} {data} --out {tmp}/a.gguf --events {model}",
         "the events file {model} is the model",
     ),
-    (
-        "train --events DATASET",
-        ["train", "{model}", "{data}", "--out", "{tmp}/a.gguf", "--events", "{data}"],
-        "is the dataset",
-    ),
+    ("train --events DATASET", "train {model} {data} --out {tmp}/a.gguf --events {data}", "is the dataset"),
     (
         "train --template-file T --out T",
-        ["train", "{model}", "{data}", "--template-file", "{template}", "--out", "{template}"],
+        "train {model} {data} --template-file {template} --out {template}",
         "is the chat template",
     ),
-    ("train --out DATASET", ["train", "{model}", "{data}", "--out", "{data}"], "is the dataset"),
+    ("train --out DATASET", "train {model} {data} --out {data}", "is the dataset"),
     (
         "train --init-adapter A --out A",
-        ["train", "{model}", "{data}", "--init-adapter", "{adapter}", "--out", "{adapter}"],
+        "train {model} {data} --init-adapter {adapter} --out {adapter}",
         "is the adapter to continue",
     ),
     (
         "train --out inside the checkpoint resumed",
-        [
-            "train",
-            "{model}",
-            "{data}",
-            "--resume",
-            "{checkpoints}",
-            "--out",
-            "{checkpoints}/ckpt-000002/adapter.gguf",
-        ],
+        "train {model} {data} --resume {checkpoints} --out {checkpoints}/ckpt-000002/adapter.gguf",
         "is inside the checkpoint to resume",
     ),
     (
         "train --events = --out",
-        ["train", "{model}", "{data}", "--out", "{tmp}/a.gguf", "--events", "{tmp}/a.gguf"],
+        "train {model} {data} --out {tmp}/a.gguf --events {tmp}/a.gguf",
         "are the same path",
     ),
     (
         "train --settings S --out S",
-        ["train", "{model}", "{data}", "--settings", "{settings}", "--out", "{settings}"],
+        "train {model} {data} --settings {settings} --out {settings}",
         "is the settings file",
     ),
     (
         "export --prompts P --out P",
-        [
-            "export",
-            "{adapter}",
-            "--model",
-            "{model}",
-            "--merge",
-            "--prompts",
-            "{prompts}",
-            "--out",
-            "{prompts}",
-        ],
+        "export {adapter} --model {model} --merge --prompts {prompts} --out {prompts}",
         "is the verification prompts",
     ),
     (
         "export --merge --out ADAPTER",
-        ["export", "{adapter}", "--model", "{model}", "--merge", "--out", "{adapter}"],
+        "export {adapter} --model {model} --merge --out {adapter}",
         "is the adapter",
     ),
-    (
-        "export --out MODEL",
-        ["export", "{adapter}", "--model", "{model}", "--out", "{model}"],
-        "is the base model",
-    ),
+    ("export --out MODEL", "export {adapter} --model {model} --out {model}", "is the base model"),
     (
         "reward --ratings PROMPTS",
-        ["reward", "{model}", "--prompts", "{prompts}", "--ratings", "{prompts}", "--out", "{tmp}/r.gguf"],
+        "reward {model} --prompts {prompts} --ratings {prompts} --out {tmp}/r.gguf",
         "is the prompts file",
     ),
     (
         "reward --ratings MODEL",
-        ["reward", "{model}", "--prompts", "{prompts}", "--ratings", "{model}", "--out", "{tmp}/r.gguf"],
+        "reward {model} --prompts {prompts} --ratings {model} --out {tmp}/r.gguf",
         "is the model",
     ),
     (
         "reward --adapter A --out A",
-        [
-            "reward",
-            "{model}",
-            "--adapter",
-            "{adapter}",
-            "--prompts",
-            "{prompts}",
-            "--ratings",
-            "{tmp}/r.jsonl",
-            "--out",
-            "{adapter}",
-        ],
+        "reward {model} --adapter {adapter} --prompts {prompts} --ratings {tmp}/r.jsonl --out {adapter}",
         "is the adapter to continue",
     ),
 ]
 
 
-@pytest.mark.parametrize(("argv", "words"), [a[1:] for a in AIMED], ids=[a[0] for a in AIMED])
+@pytest.mark.parametrize(("command", "words"), [a[1:] for a in AIMED], ids=[a[0] for a in AIMED])
 def test_an_output_aimed_at_an_input_of_the_command_is_refused_and_the_input_kept(
-    files, tmp_path, argv, words
+    files, tmp_path, command, words
 ):
     paths = {**files, "tmp": str(tmp_path)}
-    argv = [a.format(**paths) for a in argv]
-    _refused(
-        argv,
-        [files[k] for k in ("model", "adapter", "data", "template", "prompts", "checkpoints", "settings")],
-        words.format(**paths),
-    )
+    _refused(_argv(command, **paths), list(files.values()), words.format(**paths))
     assert sorted(os.listdir(tmp_path)) == []  # nothing was written: refused before any work
 
 
@@ -232,23 +164,10 @@ def test_a_checkpoint_folder_holding_an_input_is_refused(files, tmp_path):
     held.mkdir(parents=True)
     adapter = held / "adapter.gguf"
     adapter.write_bytes(Path(files["adapter"]).read_bytes())
-    _refused(
-        [
-            "train",
-            files["model"],
-            files["data"],
-            "--init-adapter",
-            str(adapter),
-            "--out",
-            str(tmp_path / "a.gguf"),
-            "--checkpoint-every",
-            "1",
-            "--checkpoint-dir",
-            str(tmp_path / "ck"),
-        ],
-        [str(adapter)],
-        "which the run replaces or deletes",
-    )
+    command = "train {model} {data} --init-adapter {held} --out {tmp}/a.gguf"
+    command += " --checkpoint-every 1 --checkpoint-dir {tmp}/ck"  # the folder holding the adapter
+    argv = _argv(command, **files, held=str(adapter), tmp=str(tmp_path))
+    _refused(argv, [str(adapter)], "which the run replaces or deletes")
 
 
 def test_the_rule_resolves_paths_and_compares_outputs_with_each_other(tmp_path):
@@ -279,7 +198,7 @@ def test_the_rule_resolves_paths_and_compares_outputs_with_each_other(tmp_path):
     )
 
 
-def test_an_output_replaces_only_a_file_of_its_own_kind(files, tmp_path):
+def test_an_output_replaces_only_a_file_of_its_own_kind(cli_files, files, tmp_path):
     npy = tmp_path / "old.npy"
     np.save(npy, np.zeros(2))
     assert replace_problem(npy, "npy") is None and replace_problem(files["data"], "npy")
@@ -290,26 +209,14 @@ def test_an_output_replaces_only_a_file_of_its_own_kind(files, tmp_path):
     assert replace_problem(tmp_path / "none", "npy") is None
     # a second run replaces the first one's results
     rc, _, err = run_cli(["logits", files["model"], "--tokens", "1", "--out", str(npy)])
-    assert rc == 0, err and np.load(npy).shape == (1, SPEC.V)
+    assert rc == 0, err
+    assert np.load(npy).shape == (1, cli_files.spec.V)
 
 
 def test_events_are_appended_never_truncated_and_a_bad_path_is_refused_before_the_run(files, tmp_path):
     events = tmp_path / "events.jsonl"
-    argv = [
-        "train",
-        files["model"],
-        files["data"],
-        "--out",
-        str(tmp_path / "a.gguf"),
-        "--steps",
-        "2",
-        "--ctx",
-        "32",
-        "--rank",
-        "2",
-        "--events",
-        str(events),
-    ]
+    command = "train {model} {data} --out {tmp}/a.gguf --steps 2 --ctx 32 --rank 2 --events {events}"
+    argv = _argv(command, **files, tmp=str(tmp_path), events=str(events))
     assert run_cli(argv)[0] == 0
     first = events.read_text().splitlines()
     assert json.loads(first[0])["event"] == "Started" and json.loads(first[-1])["event"] == "Finished"

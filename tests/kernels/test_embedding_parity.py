@@ -8,6 +8,7 @@ import numpy as np
 
 from engine.kernels import embedding
 from engine.kernels.linear import LoraTerm
+from tests.kernels import twin
 from tests.kernels.twin import FP32_TOL, Backend, Check, bf16_bits, bf16_values, compare, f32, f64
 
 
@@ -44,8 +45,7 @@ def checks(be: Backend, rng: np.random.Generator) -> list[Check]:
 
 
 def test_embedding_parity(backend, fresh_rng):
-    for c in checks(backend, fresh_rng):
-        assert c.ok, c.message
+    twin.assert_checks(checks(backend, fresh_rng))
 
 
 def test_bad_token_id_gives_nan_row(backend, fresh_rng):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.kernels import glu
+from tests.kernels import twin
 from tests.kernels.twin import FP32_TOL, Backend, Check, compare, f32, f64
 
 
@@ -66,8 +67,7 @@ def checks(be: Backend, rng: np.random.Generator) -> list[Check]:
 
 
 def test_glu_parity(backend, fresh_rng):
-    for c in checks(backend, fresh_rng):
-        assert c.ok, c.message
+    twin.assert_checks(checks(backend, fresh_rng))
 
 
 def test_gelu_table_is_ggmls():

@@ -8,6 +8,7 @@ import numpy as np
 
 from engine.kernels import linear
 from engine.kernels.linear import LoraTerm
+from tests.kernels import twin
 from tests.kernels.twin import BF16_TOL, FP32_TOL, Backend, Check, bf16_bits, bf16_values, compare, f32, f64
 
 
@@ -47,8 +48,7 @@ def checks(be: Backend, rng: np.random.Generator) -> list[Check]:
 
 
 def test_linear_parity(backend, fresh_rng):
-    for c in checks(backend, fresh_rng):
-        assert c.ok, c.message
+    twin.assert_checks(checks(backend, fresh_rng))
 
 
 def test_bf16_cast_is_round_to_nearest_even(backend, fresh_rng):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.kernels import mla
+from tests.kernels import twin
 from tests.kernels.twin import BF16_TOL, FP32_TOL, Backend, Check, bf16_bits, bf16_values, compare, f32, f64
 
 
@@ -47,5 +48,4 @@ def checks(be: Backend, rng: np.random.Generator) -> list[Check]:
 
 
 def test_mla_kv_parity(backend, fresh_rng):
-    for c in checks(backend, fresh_rng):
-        assert c.ok, c.message
+    twin.assert_checks(checks(backend, fresh_rng))

@@ -11,6 +11,7 @@ import pytest
 
 from engine.kernels import moe, moe_cpu
 from engine.kernels.linear import LoraTerm
+from tests.kernels import twin
 from tests.kernels.twin import FP32_TOL, Backend, Check, _leaves, compare, f32, f64
 
 
@@ -72,5 +73,4 @@ def cpu_twin() -> Backend:
 
 
 def test_moe_cpu_twin_parity(cpu_twin, fresh_rng):
-    for c in checks(cpu_twin, fresh_rng):
-        assert c.ok, c.message
+    twin.assert_checks(checks(cpu_twin, fresh_rng))

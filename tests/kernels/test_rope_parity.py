@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.kernels import rope
+from tests.kernels import twin
 from tests.kernels.twin import FP32_TOL, Backend, Check, compare, f32, f64
 
 # (B, T, H, HS, n_rot): 16-byte paths; partial rotation; scalar paths (n_rot/2 odd, HS % 4 != 0)
@@ -37,5 +38,4 @@ def checks(be: Backend, rng: np.random.Generator) -> list[Check]:
 
 
 def test_rope_parity(backend, fresh_rng):
-    for c in checks(backend, fresh_rng):
-        assert c.ok, c.message
+    twin.assert_checks(checks(backend, fresh_rng))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,6 +71,12 @@ def compare(op: str, case: str, out: Any, ref: Any, tol: float) -> Check:
     same_inf = bool(np.array_equal(np.isinf(o), np.isinf(r)))
     ok = nan == 0 and same_inf and rel <= tol
     return Check(op, case, max_abs, max_abs / scale if scale else max_abs, rel, tol, nan, ok)
+
+
+def assert_checks(checks: Iterable[Check]) -> None:
+    """Every check passes; a failure lists all the checks that failed, not only the first."""
+    failed = [c.message for c in checks if not c.ok]
+    assert not failed, "\n".join(failed)
 
 
 def _walk(x: Any, f: Callable[[Any], Any]) -> Any:
