@@ -151,6 +151,42 @@ def test_a_large_check_encodes_in_a_child_process_the_same(synth_model, mixed, m
     assert calls == [] if child == "counts" else len(calls) == here.plan.n_samples
 
 
+def test_stopping_the_cache_kills_the_encoding_child_and_fails_the_check(synth_model, tmp_path, monkeypatch):
+    """Quitting while a large dataset is checked: the child is killed, the check fails at once (no
+    encoding here instead), and later checks fail at once too."""
+    import multiprocessing as mp
+    import threading
+
+    import studio.pages.train.plan as plan_module
+    from engine import EngineError
+
+    info = ModelInfo.read(synth_model("llama"))
+    args = (info.tokenizer, info.template, info.tensors, info.summary.config)
+    samples = [Sample(0, "text", (), None, None, f"sample number {i} " * 20, None, "") for i in range(60_000)]
+    monkeypatch.setattr(plan_module, "CHILD_MIN", 4)
+    cache = EncodingCache()
+    failed: list[BaseException] = []
+
+    def check():
+        try:
+            check_run(samples, *args, TrainConfig(n_ctx=64), cache)
+        except EngineError as exc:
+            failed.append(exc)
+
+    worker = threading.Thread(target=check)
+    worker.start()
+    for _ in range(600):
+        if cache._job is not None and cache._job.pid is not None:
+            break
+        threading.Event().wait(0.05)
+    cache.stop()
+    worker.join(30)
+    assert not worker.is_alive() and "stopped" in str(failed[0])
+    assert not mp.active_children()
+    with pytest.raises(EngineError, match="stopped"):
+        check_run(samples[:10], *args, TrainConfig(n_ctx=64), cache)
+
+
 def test_blockers_name_the_cause_in_plain_words_and_the_page(synth_model, tmp_path, monkeypatch):
     info = ModelInfo.read(synth_model("llama"))
     args = (info.tokenizer, info.template, info.tensors, info.summary.config)

@@ -151,6 +151,16 @@ class EncodingCache:
         self.file_data: tuple[list[Sample], list[str]] = ([], [])
         self.template_key: tuple | None = None
         self.template_value: ChatTemplate | None = None
+        self._job: CountJob | None = None  # the child process encoding, while one does
+        self._stopped = False
+
+    def stop(self) -> None:
+        """Encode nothing more (the app is quitting): a child under way is killed and reaped, and the
+        check that waited for it fails at once (EngineError) instead of encoding here."""
+        self._stopped = True
+        job = self._job
+        if job is not None:
+            job.cancel()
 
     def template(self, key: tuple, make) -> ChatTemplate:
         """The chat template for `key` (made by `make()` the first time; its errors propagate)."""
@@ -205,7 +215,15 @@ class EncodingCache:
                     dropped = n_tokens < 0
                     done[id(sample)] = SampleTokens(0 if dropped else n_tokens, n_targets, dropped, notes)
 
-            error = CountJob().count(samples, tokenizer, template, options, take)
+            if self._stopped:
+                raise EngineError("the check was stopped: the window is closing")
+            job = self._job = CountJob()
+            try:
+                error = job.count(samples, tokenizer, template, options, take)
+            finally:
+                self._job = None
+            if job.cancelled or self._stopped:
+                raise EngineError("the check was stopped: the window is closing")
             if error is not None:
                 log.warning("checking the run's data in a child process failed (%s); encoding it here", error)
             yield from done.items()
