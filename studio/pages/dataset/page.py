@@ -78,6 +78,7 @@ from .tokens import TokenViewWidget
 
 DATASET_SUFFIXES = (".jsonl", ".json", ".ndjson")
 BACKGROUND_BYTES = 256 << 10  # files larger than this are read off the UI thread, with progress
+LARGE = 20_000  # samples: a document this large is shown first, then its problems and first sample
 
 
 class DatasetPage(QWidget):
@@ -845,11 +846,17 @@ class DatasetPage(QWidget):
         """The document changed (the table model has followed already): keep the page in step."""
         if change.kind == "reset":  # opened, or replaced (a recovered autosave)
             self.proxy.set_pinned(None)
-            self.refresh()
-            if len(self.document) > 20_000:  # a large file: show it first, select the first sample next
-                QTimer.singleShot(0, self._select_first)
-            elif len(self.document):
-                self.select_rows([0])
+            if len(self.document) > LARGE:
+                # a large file: the rows first; its problems, stats and first sample a moment later, on
+                # timers (not queued calls, which Qt delivers before the timers and input waiting: the
+                # reset, the problems, the first selection and the paint of the table were one 75 ms
+                # piece of work on the UI thread for 100,000 samples)
+                self._refresh_timer.start()
+                QTimer.singleShot(1, self._select_first)
+            else:
+                self.refresh()
+                if len(self.document):
+                    self.select_rows([0])
         elif change.kind == "history":
             self._update_history_actions()
             if change.rows:

@@ -21,6 +21,7 @@ from PySide6.QtWidgets import QApplication, QStyle
 
 from engine import Problem
 
+from ...widgets import roles
 from .table import SampleRow, SamplesModel
 
 SLICE_S = 0.008  # the longest one slice of a rebuild holds the UI thread
@@ -90,15 +91,15 @@ class ProblemsModel(QAbstractListModel):
         if not index.isValid():
             return None
         if not self._entries:
-            return self._placeholder if role == Qt.DisplayRole and index.row() == 0 else None
+            return self._placeholder if role == roles.DISPLAY and index.row() == 0 else None
         e = self._entries[index.row()] if index.row() < len(self._entries) else None
         if e is None:
             return None
-        if role == Qt.DisplayRole:
+        if role == roles.DISPLAY:
             return e.text()
-        if role == Qt.ToolTipRole:
+        if role == roles.TOOLTIP:
             return f"{e.where()}: {e.problem.severity}: {e.problem.message}"
-        if role == Qt.DecorationRole and QApplication.instance() is not None:
+        if role == roles.DECORATION and QApplication.instance() is not None:
             error = e.problem.severity == "error"
             return QApplication.style().standardIcon(
                 QStyle.SP_MessageBoxCritical if error else QStyle.SP_MessageBoxWarning

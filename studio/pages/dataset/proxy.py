@@ -31,6 +31,7 @@ from PySide6.QtCore import (
     Signal,
 )
 
+from ...widgets import roles
 from .table import SampleRow, SamplesModel
 
 Index = QModelIndex | QPersistentModelIndex
@@ -348,7 +349,7 @@ class SamplesFilterModel(QAbstractProxyModel):
         if model is None:
             return None
         if orientation == Qt.Vertical:
-            if role == Qt.DisplayRole and 0 <= section < len(self._order):
+            if role == roles.DISPLAY and 0 <= section < len(self._order):
                 return section + 1
             return None
         return model.headerData(section, orientation, role)

@@ -51,10 +51,11 @@ from engine import (
 
 from ...dataset_document import DatasetChange, DatasetDocument
 from ...weak_listener import listen_while_alive
+from ...widgets import roles
 from ...widgets.theme import is_dark
 from .rows import PreparedRows, SampleRow, dense_ranks, first_words, make_rows, sample_text
 
-SortRole = Qt.UserRole + 1  # a value that sorts (numbers as numbers, None first)
+SortRole = roles.USER + 1  # a value that sorts (numbers as numbers, None first)
 NO_VALUE = "–"
 ROLES = ("system", "user", "assistant", "tool")
 # (light, dark) text colours of the table, each readable on its palette's base
@@ -72,8 +73,7 @@ SHAPE_HELP = {
 
 
 _ROLES = frozenset(
-    {Qt.DisplayRole, SortRole, Qt.ToolTipRole, Qt.TextAlignmentRole, Qt.ForegroundRole, Qt.DecorationRole,
-     Qt.FontRole}
+    {roles.DISPLAY, SortRole, roles.TOOLTIP, roles.ALIGNMENT, roles.FOREGROUND, roles.DECORATION, roles.FONT}
 )  # fmt: skip
 _RIGHT = Qt.AlignRight | Qt.AlignVCenter
 _LEFT = Qt.AlignLeft | Qt.AlignVCenter
@@ -602,11 +602,11 @@ class SamplesModel(QAbstractTableModel):
 
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.DisplayRole) -> Any:  # noqa: N802
         if orientation == Qt.Horizontal and 0 <= section < len(self.COLUMNS):
-            if role == Qt.DisplayRole:
+            if role == roles.DISPLAY:
                 return self.COLUMNS[section]
-            if role == Qt.ToolTipRole:
+            if role == roles.TOOLTIP:
                 return self.HEADER_TIPS[section]
-        elif orientation == Qt.Vertical and role == Qt.DisplayRole and 0 <= section < len(self._rows):
+        elif orientation == Qt.Vertical and role == roles.DISPLAY and 0 <= section < len(self._rows):
             return section + 1
         return None
 
@@ -627,25 +627,25 @@ class SamplesModel(QAbstractTableModel):
         if role not in _ROLES or not 0 <= row < len(self._rows):
             return None
         r = self._rows[row]
-        if role == Qt.DisplayRole or role == SortRole:
+        if role == roles.DISPLAY or role == SortRole:
             return self._value(row, col, r, sort=role == SortRole)
-        if role == Qt.TextAlignmentRole:
+        if role == roles.ALIGNMENT:
             return _RIGHT if col in self._RIGHT_COLUMNS else _LEFT
-        if role == Qt.ToolTipRole:
+        if role == roles.TOOLTIP:
             return self._tooltip(col, r)
-        if role == Qt.ForegroundRole:
+        if role == roles.FOREGROUND:
             if col == self.COL_PROBLEMS:
                 severity = self._severity(r)
                 return self._look("brush", severity) if severity else None
             if col == self.COL_LINE and not r.sample.line:
                 return self._look("brush", "new")
             return None
-        if role == Qt.DecorationRole:
+        if role == roles.DECORATION:
             if col == self.COL_PROBLEMS:
                 severity = self._severity(r)
                 return self._look("icon", severity) if severity else None
             return None
-        if role == Qt.FontRole and col == self.COL_SHAPE:
+        if role == roles.FONT and col == self.COL_SHAPE:
             return self._look("font", "italic")
         return None
 

@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ...widgets import roles
 from ...widgets.banner import MessageBar
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import splitter
@@ -276,9 +277,9 @@ class RoundsModel(QAbstractTableModel):
         return 0 if parent.isValid() else len(self.HEADERS)
 
     def headerData(self, section, orientation, role=Qt.DisplayRole):  # noqa: N802 - Qt override
-        if orientation == Qt.Horizontal and role == Qt.DisplayRole:
+        if orientation == Qt.Horizontal and role == roles.DISPLAY:
             return self.HEADERS[section]
-        if orientation == Qt.Horizontal and role == Qt.ToolTipRole:
+        if orientation == Qt.Horizontal and role == roles.TOOLTIP:
             return self.TIPS[section]
         return None
 
@@ -287,7 +288,7 @@ class RoundsModel(QAbstractTableModel):
             return None
         r = self.rounds[index.row()]
         col = index.column()
-        if role == Qt.DisplayRole:
+        if role == roles.DISPLAY:
             if col == 0:
                 return str(r.round)
             if col == 1:
@@ -298,13 +299,13 @@ class RoundsModel(QAbstractTableModel):
                 return _num(r.loss)
             if col == 4:
                 return f"step {r.step}" if r.applied else "no"
-        if role == Qt.ToolTipRole and col == 1:
+        if role == roles.TOOLTIP and col == 1:
             return str(r.prompt)
-        if role == Qt.ToolTipRole and col == 2:
+        if role == roles.TOOLTIP and col == 2:
             return f"{r.n_rated} answer{'s' if r.n_rated != 1 else ''} rated"
-        if role == Qt.TextAlignmentRole and col in (0, 2, 3):
+        if role == roles.ALIGNMENT and col in (0, 2, 3):
             return int(Qt.AlignRight | Qt.AlignVCenter)
-        if role == Qt.ForegroundRole and col == 2 and _finite(r.mean_reward):
+        if role == roles.FOREGROUND and col == 2 and _finite(r.mean_reward):
             return rating_colour(float(r.mean_reward)).darker(115)
         return None
 

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import QApplication
 
 from engine import RunRecord
 
+from ...widgets import roles
 from ...widgets.runs import has_adapter, model_name, same_model, status_text
 from ...widgets.theme import is_dark
 
@@ -75,9 +76,9 @@ class RunsModel(QAbstractTableModel):
 
     def headerData(self, section, orientation, role=Qt.DisplayRole):  # noqa: N802 - Qt override
         if orientation == Qt.Horizontal and 0 <= section < len(COLUMNS):
-            if role == Qt.DisplayRole:
+            if role == roles.DISPLAY:
                 return COLUMNS[section]
-            if role == Qt.ToolTipRole:
+            if role == roles.TOOLTIP:
                 return TIPS[section]
         return None
 
@@ -86,21 +87,21 @@ class RunsModel(QAbstractTableModel):
             return None
         r = self.runs[index.row()]
         col = index.column()
-        if role == Qt.DisplayRole:
+        if role == roles.DISPLAY:
             return self._text(r, col)
-        if role == Qt.ToolTipRole:
+        if role == roles.TOOLTIP:
             return self._tip(r, col)
-        if role == Qt.UserRole:
+        if role == roles.USER:
             return r
-        if role == Qt.TextAlignmentRole and col in (STEPS, FINAL, BEST):
+        if role == roles.ALIGNMENT and col in (STEPS, FINAL, BEST):
             return int(Qt.AlignRight | Qt.AlignVCenter)
-        if role == Qt.ForegroundRole:
+        if role == roles.FOREGROUND:
             dark = is_dark(QApplication.palette())
             if col == STATUS and r.status in STATUS_COLOURS:
                 return QColor(STATUS_COLOURS[r.status][1 if dark else 0])
             if (col == MODEL and self.other_model(r)) or (col == ADAPTER and not has_adapter(r)):
                 return QApplication.palette().color(QPalette.PlaceholderText)
-        if role == Qt.FontRole and col == MODEL and self.other_model(r):
+        if role == roles.FONT and col == MODEL and self.other_model(r):
             font = QFont()
             font.setItalic(True)
             return font
