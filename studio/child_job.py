@@ -26,10 +26,13 @@ the line it came from).
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
+import multiprocessing.util  # noqa: F401 - registers its exit function now, so that ours runs before it
 import os
 import threading
 import traceback
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -60,6 +63,18 @@ def serve(conn: Any, work: Callable[[Any], None]) -> None:
             pass
 
 
+_LIVE: weakref.WeakSet[ChildJob] = weakref.WeakSet()  # jobs whose child may run
+
+
+@atexit.register
+def _cancel_all() -> None:
+    """The interpreter is exiting: every job is cancelled first (registered after multiprocessing's
+    own exit function, this one runs before it), so that a thread waiting for a child takes its end
+    for a cancel, not for a failure to work around (the Train check encoded 100,000 samples here)."""
+    for job in list(_LIVE):
+        job.cancel()
+
+
 class ChildJob:
     """One piece of work in a child process; see the module docstring."""
 
@@ -74,6 +89,7 @@ class ChildJob:
         self._lock = threading.Lock()
         self._stop_lock = threading.Lock()  # one thread at a time kills, reaps and closes
         self._feed_error: str | None = None
+        _LIVE.add(self)
 
     @property
     def pid(self) -> int | None:
