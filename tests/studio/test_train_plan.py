@@ -94,12 +94,11 @@ def test_packing_follows_the_engine():
     assert count_windows([], 8) == 0
 
 
-def test_the_encoding_cache_encodes_each_sample_once(synth_model, monkeypatch):
+def encoded_here(monkeypatch) -> list:
+    """The samples the check encodes in this process from now on (one entry each), as a list."""
     import studio.pages.train.plan as plan_module
 
-    info = ModelInfo.read(synth_model("llama"))
-    samples = [Sample(0, "text", (), None, None, f"sample number {i}", None, "") for i in range(6)]
-    calls = []  # one entry per sample encoded
+    calls: list = []
     real = plan_module.encode_iter
 
     def counting(samples, *args, **kwargs):
@@ -108,6 +107,14 @@ def test_the_encoding_cache_encodes_each_sample_once(synth_model, monkeypatch):
             yield sample, encoded, problems
 
     monkeypatch.setattr(plan_module, "encode_iter", counting)
+    return calls
+
+
+def test_the_encoding_cache_encodes_each_sample_once(synth_model, monkeypatch):
+
+    info = ModelInfo.read(synth_model("llama"))
+    samples = [Sample(0, "text", (), None, None, f"sample number {i}", None, "") for i in range(6)]
+    calls = encoded_here(monkeypatch)
     cache = EncodingCache()
     args = (info.tokenizer, info.template, info.tensors, info.summary.config)
     first = check_run(samples, *args, TrainConfig(n_ctx=64), cache)
@@ -134,15 +141,7 @@ def test_a_large_check_encodes_in_a_child_process_the_same(synth_model, mixed, m
     args = (info.tokenizer, info.template, info.tensors, info.summary.config)
     config = TrainConfig(n_ctx=32, batch_size=3, val_split=0.1, seed=11, train_on_prompt=True)
     here = check_run(mixed, *args, config)  # fewer samples than CHILD_MIN: encoded here
-    calls = []
-    real = plan_module.encode_iter
-
-    def counting(samples, *a, **k):
-        for sample, encoded, problems in real(samples, *a, **k):
-            calls.append(sample)
-            yield sample, encoded, problems
-
-    monkeypatch.setattr(plan_module, "encode_iter", counting)
+    calls = encoded_here(monkeypatch)
     monkeypatch.setattr(plan_module, "CHILD_MIN", 4)
     if child == "dies":
         monkeypatch.setattr(plan_module, "CountJob", lambda: CountJob(target=os.abort))
