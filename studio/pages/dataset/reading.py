@@ -115,9 +115,13 @@ def _read_rows(conn: Any) -> None:
     index = index_of(samples, problems)
     prepared = make_rows(samples, index.problems_for)
     assert prepared is not None
-    for i in range(0, len(prepared.rows), ROWS_CHUNK):
-        conn.send(("rows", prepared.rows[i : i + ROWS_CHUNK]))
-    conn.send(("done", problems, index.skipped, prepared.read, prepared.word_ranks))
+    skipped, read, ranks, rows = index.skipped, prepared.read, prepared.word_ranks, prepared.rows
+    del samples, index, prepared  # the rows hold what is left: each batch sent is freed here
+    for i in range(0, len(rows), ROWS_CHUNK):
+        chunk = rows[i : i + ROWS_CHUNK]
+        conn.send(("rows", chunk))
+        rows[i : i + len(chunk)] = [None] * len(chunk)
+    conn.send(("done", problems, skipped, read, ranks))
 
 
 class ReadJob(ChildJob):
