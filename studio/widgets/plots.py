@@ -22,6 +22,10 @@ changes while the app runs.
 Made of: studio.widgets.plot_parts (series buffers, styled plots and legends, axes and ranges),
 studio.widgets.heatmap (the two heatmaps) and studio.widgets.redraws (which panels a tick draws).
 It draws; it does not run training or keep anything the engine needs.
+
+The rest stays one widget (about 780 lines) on purpose: every panel draws from the same event
+buffers on the same timer tick, so a class per panel would reach back into the widget for its series
+and its redraw state.
 """
 
 from __future__ import annotations

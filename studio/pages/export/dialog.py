@@ -10,6 +10,10 @@ other runs of the model (`set_runs`), the run's checkpoints and files chosen by 
 export it offers "Open folder", "Copy path" and a llama-cli command (`ExportResultWidget`). Its
 body scrolls on a short screen, the buttons stay in view. The dialog keeps only widgets: it does
 not train or generate.
+
+One module (about 710 lines) on purpose: check, export and verify are phases of one job that enable
+and disable the same buttons, status line and progress bar, so split they would hand those widgets
+between modules; the part that stands alone, the result box, is studio.pages.export.result already.
 """
 
 from __future__ import annotations

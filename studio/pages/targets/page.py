@@ -15,6 +15,11 @@ the new model are kept, the others dropped, and a message on the page says which
 
 Colours follow the palette (light or dark): hints use the placeholder-text role, errors and warnings
 a red and an amber readable on either.
+
+One module (about 800 lines) on purpose: the views are studio.pages.targets.views and the
+selection's rules studio.pages.targets.selection; what stays are the page's own controls (presets,
+layers, rank and alpha, train in full, the summary), each both editing the project and showing it,
+and they read best beside the handlers they call.
 """
 
 from __future__ import annotations
