@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.gpu import timed  # noqa: E402
-from engine.kernels import moe  # noqa: E402
+from engine.kernels import moe_cuda  # noqa: E402
 from engine.kernels.linear import LoraTerm  # noqa: E402
 from engine.kernels.moe_gemm import ROUTES  # noqa: E402
 from engine.kernels.runtime import CudaRuntime, Runtime  # noqa: E402
@@ -216,9 +216,9 @@ def kernel_times(rt: Runtime, clock, L: dict, route: str, repeats: int, lora: bo
     lo = loras(L) if lora else (None, None, None)
     per: dict[str, float] = defaultdict(float)
     for _ in range(repeats):
-        r2, _ = moe.route_forward_on(timer, L["logits"], K, True)
-        _, ec = moe.experts_forward_on(timer, L["x"], r2, *W(L), *lo)
-        moe.experts_backward_on(timer, L["dy"], ec, *W(L), need_dw=False)
+        r2, _ = moe_cuda.route_forward_on(timer, L["logits"], K, True)
+        _, ec = moe_cuda.experts_forward_on(timer, L["x"], r2, *W(L), *lo)
+        moe_cuda.experts_backward_on(timer, L["dy"], ec, *W(L), need_dw=False)
         for k, v in timer.collect().items():
             per[k] += v / repeats
     return dict(per)
@@ -368,10 +368,10 @@ class SyncCounter:
 
 def host_sync_check(cp, L, layers: int = 4) -> dict:
     def layer():
-        routing, rcache = moe.route_forward(L["logits"], K, True)
-        _, cache = moe.experts_forward(L["x"], routing, *W(L), *loras(L))
-        _, dweights, _, _, _ = moe.experts_backward(L["dy"], cache, *W(L), need_dw=False)
-        moe.route_backward(dweights, rcache)
+        routing, rcache = moe_cuda.route_forward(L["logits"], K, True)
+        _, cache = moe_cuda.experts_forward(L["x"], routing, *W(L), *loras(L))
+        _, dweights, _, _, _ = moe_cuda.experts_backward(L["dy"], cache, *W(L), need_dw=False)
+        moe_cuda.route_backward(dweights, rcache)
 
     spin = cp.RawKernel(_SPIN, "spin")
     spin((1,), (1,), (np.int64(1000),))
@@ -411,7 +411,7 @@ def bench_size(cp, torch, T: int, repeats: int, ceil: dict, routes: list[str]) -
     with and without LoRA, the four grouped products against torch._grouped_mm and the floors."""
     L = make_layer(cp, T, lora=True)
     os.environ["TUNE_MOE_GEMM"] = routes[0]
-    routing, rcache = moe.route_forward(L["logits"], K, True)
+    routing, rcache = moe_cuda.route_forward(L["logits"], K, True)
     row = {"tokens": T, "pairs": T * K, "routes": {}}
     P = T * K
     flops = role_flops(P)
@@ -430,17 +430,17 @@ def bench_size(cp, torch, T: int, repeats: int, ceil: dict, routes: list[str]) -
         os.environ["TUNE_MOE_GEMM"] = route
         rec: dict = {}
         try:
-            _, cache = moe.experts_forward(L["x"], routing, *W(L), *loras(L))
-            y0, _ = moe.experts_forward(L["x"], routing, *W(L))
+            _, cache = moe_cuda.experts_forward(L["x"], routing, *W(L), *loras(L))
+            y0, _ = moe_cuda.experts_forward(L["x"], routing, *W(L))
             rec["rel_err_vs_f32_loop"] = check_against_loop(cp, L, routing, y0)
             rec["experts_forward_s"] = time_events(
-                cp, lambda: moe.experts_forward(L["x"], routing, *W(L)), repeats
+                cp, lambda: moe_cuda.experts_forward(L["x"], routing, *W(L)), repeats
             )
             rec["experts_forward_lora_s"] = time_events(
-                cp, lambda: moe.experts_forward(L["x"], routing, *W(L), *loras(L)), repeats
+                cp, lambda: moe_cuda.experts_forward(L["x"], routing, *W(L), *loras(L)), repeats
             )
             rec["experts_backward_lora_s"] = time_events(
-                cp, lambda c=cache: moe.experts_backward(L["dy"], c, *W(L), need_dw=False), repeats
+                cp, lambda c=cache: moe_cuda.experts_backward(L["dy"], c, *W(L), need_dw=False), repeats
             )
             for lora in (False, True):
                 per = kernel_times(rt, clock, L, route, repeats, lora)
@@ -451,8 +451,8 @@ def bench_size(cp, torch, T: int, repeats: int, ceil: dict, routes: list[str]) -
         row["routes"][route] = rec
         cp.get_default_memory_pool().free_all_blocks()
     dweights = cp.random.standard_normal((T, K), dtype=cp.float32)
-    row["route_forward_s"] = time_events(cp, lambda: moe.route_forward(L["logits"], K, True), repeats)
-    row["route_backward_s"] = time_events(cp, lambda: moe.route_backward(dweights, rcache), repeats)
+    row["route_forward_s"] = time_events(cp, lambda: moe_cuda.route_forward(L["logits"], K, True), repeats)
+    row["route_backward_s"] = time_events(cp, lambda: moe_cuda.route_backward(dweights, rcache), repeats)
     return row
 
 
@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         torch = None
     log(f"device: {cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)['name'].decode()}")
     t0 = time.perf_counter()
-    moe.route_forward(cp.zeros((1, E), cp.float32), K, True)  # compile and load the kernels
+    moe_cuda.route_forward(cp.zeros((1, E), cp.float32), K, True)  # compile and load the kernels
     log(f"routing kernels compiled and loaded in {time.perf_counter() - t0:.1f} s")
     ceil = ceilings(cp, torch)
     log(f"ceilings: {ceil}")

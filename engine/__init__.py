@@ -93,7 +93,6 @@ from .train.data import (
     parse_sample,
     sample_to_json,
     save_jsonl,
-    validation_indices,
 )
 from .train.encode import Encoded, EncodeOptions, encode_iter, encode_samples
 from .train.events import (
@@ -145,6 +144,7 @@ from .train.rounds import (
 )
 from .train.runs import RunRecord, find_runs, latest_finished, read_run, run_from_events
 from .train.trainer import TrainConfig, Trainer
+from .train.val_split import validation_indices
 
 __all__ = [
     "adapter_tensor_types", "ADAPTER_TYPES", "Answer", "append_jsonl", "append_preference", "AppendLog",

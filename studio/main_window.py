@@ -25,6 +25,10 @@ offers to restore them, through the replaceable `ask_restore` hook.
 This module builds the window and holds what it does with the project and the pages; the parts that
 read well alone are in `studio.window`: the page area, the menus and Help, the status bar, the
 first-run strip's ticks, the recent files, the offer of autosaved changes.
+
+What is left here (about 690 lines) stays whole on purpose: opening, saving and replacing the
+project, the dataset and the model each touch the window's state, the pages and the worker together,
+so split they would pass the whole window from module to module.
 """
 
 from __future__ import annotations

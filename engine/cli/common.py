@@ -1,7 +1,8 @@
 """What the tune-engine commands that compute with a model share: their runtime options and the session.
 
-Used by `engine.cli.main` and `engine.cli.reward` alike (apart from main, so that no command module
-imports another).
+Also the error a command raises for its own inputs (`CliError`) and how it reads a text file. Used
+by `engine.cli.main`, `engine.cli.train` and `engine.cli.reward` alike (apart from main, so that no
+command module imports another).
 """
 
 from __future__ import annotations
@@ -9,6 +10,19 @@ from __future__ import annotations
 import argparse
 
 from ..session import EngineSession
+
+
+class CliError(Exception):
+    """A problem with the command's own inputs (a file that cannot be read, a bad value)."""
+
+
+def read_text(path: str) -> str:
+    """The text of a file the command reads, or CliError naming it."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"{path}: cannot be read ({exc})") from exc
 
 
 def add_runtime_options(s: argparse.ArgumentParser) -> None:

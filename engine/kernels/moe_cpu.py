@@ -14,7 +14,7 @@ Two things make it faster than the reference's plain loop (bench/CPU_NOTES.md ha
 
 The parity test (tests/kernels/test_moe_cpu_parity.py) holds it to the reference with the helper
 the CUDA twins use (tests/kernels/twin.py), in line and on two workers. Routing has no CPU twin: the
-reference is the CPU's. Not here: the GPU twins (engine.kernels.moe).
+reference is the CPU's. Not here: the GPU twins (engine.kernels.moe_cuda).
 """
 
 from __future__ import annotations

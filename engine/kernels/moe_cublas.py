@@ -23,7 +23,7 @@ activation and the biases are the gather/scatter kernels' epilogues, the LoRA te
 product accumulated into the first, beta = 1).
 
 `experts_forward_cublas` / `experts_backward_cublas` have the signatures and results of
-engine.kernels.moe_gemm's `experts_forward_tc` / `experts_backward_tc` (engine.kernels.moe picks one by
+engine.kernels.moe_gemm's `experts_forward_tc` / `experts_backward_tc` (engine.kernels.moe_cuda picks one by
 `moe_gemm.route()`); they share its LoRA intermediates (the skinny tensor-core products) and its
 OUT_PROD_ID kernels (weight, LoRA factor and bias gradients), which are not grouped GEMMs over tiles
 (they sum over each expert's rows).

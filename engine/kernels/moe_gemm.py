@@ -18,7 +18,7 @@ Two ops, each a NumPy reference (the specification) and its CUDA twin on a `Runt
 activation in the gate/up epilogue, the scatter to pair order with the down bias in down and dx, the
 activation's backward in the down backward; the activations of engine/kernels/cuda/glu.cuh: SwiGLU and
 gpt-oss's clamped SwiGLU), the LoRA folded into K everywhere, and the bias gradients as OUT_PROD_ID
-against a column of ones. engine.kernels.moe calls them for bf16 stacks (`route`), and keeps the layer's
+against a column of ones. engine.kernels.moe_cuda calls them for bf16 stacks (`route`), and keeps the layer's
 routing, cache, combine and token reductions; their results are checked by the same parity cases as
 the v1 kernels (tests/kernels/moe_cases.py).
 
@@ -35,7 +35,7 @@ operands summed in fp32, like the v1 bf16 path; the LoRA intermediates s x A^T e
 bf16 where they enter a product, and OUT_PROD_ID rounds its operands (times the routing weight where
 one applies) to bf16.
 
-Not here: routing, the combine and the per-token reductions (engine.kernels.moe).
+Not here: routing, the combine and the per-token reductions (engine.kernels.moe_cuda).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ SOURCE = KernelSource.from_file(
 )
 SOURCES = (SOURCE,)
 
-# Which implementation the bf16 MoE experts use (engine.kernels.moe): "tc" these kernels, "cublas" the
+# Which implementation the bf16 MoE experts use (engine.kernels.moe_cuda): "tc" these kernels, "cublas" the
 # cuBLAS route (engine.kernels.moe_cublas), "v1" the first kernels (moe.cu). The environment variable
 # TUNE_MOE_GEMM picks one for benchmarks; DEFAULT_ROUTE otherwise.
 ROUTES = ("tc", "cublas", "v1")
@@ -100,7 +100,8 @@ def smem_bytes(bn: int, nt: bool) -> int:
 
 
 def row_tiles(P: int, E: int, bm: int = MG_BM) -> int:
-    """Row tiles a grouped launch covers (every split of P pairs over E experts fits; see moe.row_tiles)."""
+    """Row tiles a grouped launch covers (every split of P pairs over E experts fits; see
+    moe_cuda.row_tiles)."""
     return -(-P // bm) + min(E, P)
 
 
@@ -350,7 +351,7 @@ def outer_into(rt, out, l_buf, I, ldl, lop: OuterOperand, r_buf, J, ldr, rop: Ou
 
 
 class LoraF(NamedTuple):
-    """An expert LoRA as the kernels take it (engine.kernels.moe validates it): float32 factors."""
+    """An expert LoRA as the kernels take it (engine.kernels.moe_cuda validates it): float32 factors."""
 
     A: Any  # (E, r, n_in)
     B: Any  # (E, n_out, r)
@@ -393,7 +394,7 @@ def _skinny(rt, a0, lda0, gather, K0, w, r, order, offsets, K, E, P, out_f, out_
 
 
 class Epilogue(NamedTuple):
-    """What the expert epilogues add (engine.kernels.moe validates it): the biases b_gate, b_up (E, F)
+    """What the expert epilogues add (engine.kernels.moe_cuda validates it): the biases b_gate, b_up (E, F)
     and b_down (E, C) float32 or None, and the gated activation as a cuda/glu.cuh ACT_* code."""
 
     b_gate: Any = None
@@ -408,7 +409,7 @@ NO_EPILOGUE = Epilogue()  # SwiGLU, no biases
 def experts_forward_tc(rt: Runtime, x, order, offsets, K: int, wg, wu, wd, lg: LoraF | None,
                        lu: LoraF | None, ld: LoraF | None, epi: Epilogue = NO_EPILOGUE):  # fmt: skip
     """The expert part of a MoE layer's forward on the tensor cores (bf16 stacks as uint16 bits):
-    (g, u, h, xa_g, xa_u, ha_d, pair_out), the arrays of engine.kernels.moe's PackedActs (rows sorted;
+    (g, u, h, xa_g, xa_u, ha_d, pair_out), the arrays of engine.kernels.moe_cuda's PackedActs (rows sorted;
     g and u with their biases) and the (P, C) expert outputs in pair order (down bias included). No
     host synchronisation."""
     xp = rt.xp

@@ -51,6 +51,7 @@ from ..kernels import linear_cpu as _linear_cpu
 from ..kernels import mla as _mla
 from ..kernels import moe as _moe
 from ..kernels import moe_cpu as _moe_cpu
+from ..kernels import moe_cuda as _moe_cuda
 from ..kernels import norm as _norm
 from ..kernels import norm_cpu as _norm_cpu
 from ..kernels import rope as _rope
@@ -120,10 +121,12 @@ mla_kv_forward = _op(_mla.mla_kv_forward_ref, _mla.mla_kv_forward_on)
 mla_kv_backward = _op(_mla.mla_kv_backward_ref, _mla.mla_kv_backward_on)
 glu_forward = _op(_glu.glu_forward_ref, _glu.glu_forward_on, _glu_cpu.glu_forward_cpu)
 glu_backward = _op(_glu.glu_backward_ref, _glu.glu_backward_on, _glu_cpu.glu_backward_cpu)
-route_forward = _op(_moe.route_forward_ref, _moe.route_forward_on)
-route_backward = _op(_moe.route_backward_ref, _moe.route_backward_on)
-experts_forward = _op(_moe.experts_forward_ref, _moe.experts_forward_on, _moe_cpu.experts_forward_cpu)
-experts_backward = _op(_moe.experts_backward_ref, _moe.experts_backward_on, _moe_cpu.experts_backward_cpu)
+route_forward = _op(_moe.route_forward_ref, _moe_cuda.route_forward_on)
+route_backward = _op(_moe.route_backward_ref, _moe_cuda.route_backward_on)
+experts_forward = _op(_moe.experts_forward_ref, _moe_cuda.experts_forward_on, _moe_cpu.experts_forward_cpu)
+experts_backward = _op(
+    _moe.experts_backward_ref, _moe_cuda.experts_backward_on, _moe_cpu.experts_backward_cpu
+)
 lm_head_loss = _op(
     _cross_entropy.lm_head_loss_ref, _cross_entropy.lm_head_loss_on, _cross_entropy_cpu.lm_head_loss_cpu
 )

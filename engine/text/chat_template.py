@@ -23,6 +23,11 @@ What it is not: a tokenizer (the text goes to `engine.text.tokenizer`), a datase
 loader, or a complete copy of `apply_chat_template`: tools must already be JSON
 schemas (no conversion of Python functions), and `continue_final_message` and
 control-token sanitising are not offered.
+
+One module (about 820 lines) on purpose: locating replies (`render_with_spans`) and measuring a
+render against the size limit both re-render through the template's own sandboxed environment,
+limits and cache of skeletons, so split off they would reach into its private state; the sandbox
+itself is engine.text.template_sandbox already.
 """
 
 from __future__ import annotations

@@ -119,11 +119,11 @@ def census_folder() -> str:
 
 def _code_fingerprint() -> str:
     """SHA-256 of the code that routes tokens: a changed routing never reuses an older census."""
-    from ..kernels import moe
+    from ..kernels import moe, moe_cuda
     from ..model import forward, layers
 
     h = hashlib.sha256(FORMAT.encode())
-    for module in (moe, forward, layers):
+    for module in (moe, moe_cuda, forward, layers):
         try:
             h.update(Path(module.__file__ or "").read_bytes())
         except OSError:

@@ -19,15 +19,15 @@ or has doubts about (a "warning": the sample is kept). `DatasetError` only when 
 be read at all. Duplicates are found by a 16-byte digest of each sample, never by keeping it.
 
 Encoding them into tokens and trained-token masks is `engine.train.encode`; packing the encoded
-samples into windows and batches is `engine.train.batches`. `split_validation` holds whole prompt
-groups out for validation.
+samples into windows and batches is `engine.train.batches`; holding whole prompt groups out for
+validation is `engine.train.val_split`.
 
 Files are read a line at a time, after checking that they are regular files (a FIFO is refused,
 not waited on) of at most `MAX_FILE_BYTES`; a line longer than `MAX_LINE_BYTES`, one that is not
 UTF-8, and any value nested deeper than `MAX_NESTING`, holding an unpaired surrogate or a NaN,
 is a problem on its line.
 
-Reading and parsing are one module on purpose (about 950 lines): a line is checked as it is read
+Reading and parsing are one module on purpose (about 870 lines): a line is checked as it is read
 (its length, its encoding, the nesting, surrogates and NaNs of its values) and parsed in the same
 pass, so the file reader and the sample parser share their limits and their problem texts.
 
@@ -50,8 +50,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
-
-import numpy as np
 
 from ..errors import DatasetError
 from ..io.file_kind import file_kind
@@ -864,103 +862,3 @@ def append_jsonl(path: str | os.PathLike[str], samples: Sequence[Sample]) -> Non
         durable_append(path, content.encode("utf-8"))
     except OSError as exc:
         raise DatasetError(f"{path} cannot be appended to: {exc.strerror or exc}") from exc
-
-
-# -- validation split ---------------------------------------------------------------------------
-
-
-def validation_indices(samples: Sequence[Sample], fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Indices of `split_validation`'s (train, validation) lists, in order (what a plan counts
-    without copying samples)."""
-    ids: dict[str, int] = {}
-    groups = np.fromiter(
-        (ids.setdefault(s.group, len(ids)) if s.group else -1 for s in samples),
-        dtype=np.int64,
-        count=len(samples),
-    )
-    train, val = split_groups(groups, fraction, seed)
-    return train.tolist(), val.tolist()
-
-
-def split_groups(groups: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """`validation_indices` of samples by group number (equal numbers: one group; -1: a group of
-    its own), as int64 index arrays."""
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"fraction must be in [0, 1), got {fraction!r}")
-    groups = np.asarray(groups, dtype=np.int64)
-    n = len(groups)
-    if fraction == 0.0 or n < 2:
-        return np.arange(n), np.arange(0)
-    own = groups < 0
-    keys = np.where(own, (groups.max(initial=0) + 1) + np.arange(n), groups)
-    _, first, which = np.unique(keys, return_index=True, return_inverse=True)
-    rank = np.argsort(np.argsort(first, kind="stable"), kind="stable")[which.ravel()]  # by first sample
-    n_groups = len(first)
-    by_group = np.argsort(rank, kind="stable")  # sample indices, grouped, in order within each group
-    sizes = np.bincount(rank, minlength=n_groups)
-    starts = np.concatenate(([0], np.cumsum(sizes)))
-    target = min(max(1, round(fraction * n)), n - 1)
-    shuffled = np.random.default_rng(seed).permutation(n_groups)
-    held: list[int] = []  # groups held out
-    count = 0
-    for g, size in zip(shuffled.tolist(), sizes[shuffled].tolist(), strict=True):
-        if count + size <= target:
-            held.append(g)
-            count += size
-            if count == target:
-                break
-    if not held:  # every group is larger than the target: hold out the smallest that leaves some training
-        smaller = sizes[shuffled] < n
-        if smaller.any():
-            s = sizes[shuffled]
-            held = [int(shuffled[np.flatnonzero(smaller & (s == s[smaller].min()))[0]])]
-        else:
-            log.warning("all %d samples answer the same prompt: no validation split", n)
-    is_val = np.zeros(n, dtype=bool)
-    for g in held:
-        is_val[by_group[starts[g] : starts[g + 1]]] = True
-    return np.flatnonzero(~is_val), np.flatnonzero(is_val)
-
-
-def validation_indices_ref(
-    samples: Sequence[Sample], fraction: float, seed: int
-) -> tuple[list[int], list[int]]:
-    """`validation_indices` group by group in Python: the specification it is tested against."""
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"fraction must be in [0, 1), got {fraction!r}")
-    n = len(samples)
-    if fraction == 0.0 or n < 2:
-        return list(range(n)), []
-    groups: dict[Any, list[int]] = {}
-    for i, s in enumerate(samples):
-        groups.setdefault(s.group if s.group else ("#", i), []).append(i)
-    members = list(groups.values())
-    target = min(max(1, round(fraction * n)), n - 1)
-    shuffled = [members[g] for g in np.random.default_rng(seed).permutation(len(members))]
-    held: list[int] = []
-    for group in shuffled:
-        if len(held) + len(group) <= target:
-            held.extend(group)
-    if not held:  # every group is larger than the target: hold out the smallest that leaves some training
-        smaller = [group for group in shuffled if len(group) < n]
-        if smaller:
-            held = min(smaller, key=len)
-        else:
-            log.warning("all %d samples answer the same prompt: no validation split", n)
-    chosen = set(held)
-    return [i for i in range(n) if i not in chosen], [i for i in range(n) if i in chosen]
-
-
-def split_validation(
-    samples: Sequence[Sample], fraction: float, seed: int
-) -> tuple[list[Sample], list[Sample]]:
-    """(train, validation): about `fraction` of the samples held out, whole groups at a time.
-
-    Deterministic for a seed; both lists keep the original order. Samples sharing a `group`
-    (answers to one prompt) land on the same side; text samples are groups of their own.
-    fraction 0 holds out nothing; otherwise at least one sample is held out when there are two
-    or more, and at least one stays for training. When every sample is in one group nothing
-    can be held out without splitting it, and the validation list is empty.
-    """
-    train, val = validation_indices(samples, fraction, seed)
-    return [samples[i] for i in train], [samples[i] for i in val]

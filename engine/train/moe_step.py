@@ -4,7 +4,7 @@ that a MoE model's step is captured as one CUDA graph like a dense one.
 
 What a MoE layer's FFN computes is `engine.model.layers._moe_forward` / `_moe_backward` (the generic
 path, the reference): h = rmsnorm(x_mid); logits = h W_r^T (+ s (h A_r^T) B_r^T, + b_r); top-k
-routing (`engine.kernels.moe.route_forward_on`: the architecture's gating, renormalisation, scale,
+routing (`engine.kernels.moe_cuda.route_forward_on`: the architecture's gating, renormalisation, scale,
 selection bias); the routed experts with their LoRA on gate, up and down (`experts_forward_on`, the
 default route of engine.kernels.moe_gemm, whose launch shapes depend on N*K and E only); and for
 qwen2moe the shared expert, a dense SwiGLU FFN times sigmoid(h . w_gs). Per layer:
@@ -40,7 +40,7 @@ import numpy as np
 from ..kernels.dequant import dequant_on
 from ..kernels.glu import glu_bwd_bf16_on, glu_fwd_bf16_on
 from ..kernels.linear import LoraTerm
-from ..kernels.moe import (
+from ..kernels.moe_cuda import (
     MAX_E,
     experts_backward_on,
     experts_forward_on,

@@ -58,7 +58,7 @@ from .config import (
     replace_config,
     resolve_checkpoint,
 )
-from .data import Problem, Sample, save_jsonl, split_groups
+from .data import Problem, Sample, save_jsonl
 from .encode import Encoded, EncodeOptions
 from .heap import keep_step_buffers
 from .memory import MemoryEstimate, estimate_memory
@@ -69,6 +69,7 @@ from .rewards import group_advantages, reward_weights
 from .runs import RunRecord, read_run, record_path, tensor_kinds
 from .threads import adjust_blas_threads
 from .train_model import Trainable, loss_and_grads
+from .val_split import split_groups
 
 log = logging.getLogger(__name__)
 

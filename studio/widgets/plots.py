@@ -19,7 +19,8 @@ with the raw points kept as a faint line, and can be shown on a log scale. Befor
 placeholder says what to do (`show_placeholder`). Colours follow the palette, also when the theme
 changes while the app runs.
 
-Made of: studio.widgets.plot_parts (series buffers, styled plots and legends, axes and ranges),
+Made of: studio.widgets.plot_layout (the panels, tabs and controls, and where they sit),
+studio.widgets.plot_parts (series buffers, styled plots and legends, axes and ranges),
 studio.widgets.heatmap (the two heatmaps) and studio.widgets.redraws (which panels a tick draws).
 It draws; it does not run training or keep anything the engine needs.
 """
@@ -30,35 +31,22 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QColor
+from PySide6.QtCore import QEvent, QTimer, Signal
 from PySide6.QtWidgets import (
-    QCheckBox,
-    QComboBox,
-    QGridLayout,
-    QHBoxLayout,
-    QLabel,
-    QStackedWidget,
-    QTabWidget,
-    QVBoxLayout,
     QWidget,
 )
 
 from engine import Eval, ExpertUsage, LoraNorms, Started, Step, split_name
 
-from .heatmap import HeatmapWidget
+from .plot_layout import DEFAULT_SMOOTHING, SMOOTHING, setup_ui
 from .plot_parts import (
     COLORS,
-    RangeKeeper,
     Series,
     legend_names,
-    make_legend,
     mark_sparse,
     marker,
     paint_legend,
     paint_plot,
-    plot_widget,
-    style_plot,
 )
 from .redraws import PanelRedraws
 
@@ -67,9 +55,6 @@ REDRAW_HZ = 20
 # with the engine running, and a run adapting 7-14 tensor kinds made them all in one tick (35-75 ms);
 # two per tick still made the longest timer tick of a run (17-30 ms), one makes 10-12 ms
 NEW_CURVES_PER_TICK = 1
-# EMA weights of the training-loss smoothing (the weight of the previous smoothed value)
-SMOOTHING = {"off": 0.0, "light": 0.6, "medium": 0.85, "strong": 0.95}
-DEFAULT_SMOOTHING = "light"
 NORMS_LEGEND_UNDER_MIN_HEIGHT = 300  # a shorter LoRA-norm plot has its legend over the plot, not under it
 # tensor kinds in the order people read a block: attention, then the feed-forward parts
 KIND_ORDER = (
@@ -149,182 +134,7 @@ class TrainPlotsWidget(QWidget):
         self._unrevealed: list[QWidget] = []  # curve panels to show again, one per tick
         self.curves_tab: QWidget | None = None
 
-        self.loss_pw = plot_widget()
-        self.loss_plot = style_plot(self.loss_pw, "Loss (mean cross-entropy)", "loss")
-        self.loss_legend = make_legend(self.loss_pw, offset=(-10, 10))
-        # the raw training loss, faint under its smoothed curve (not in the legend)
-        faint = QColor(COLORS[0])
-        faint.setAlpha(70)
-        self.train_raw_curve = self.loss_plot.plot(pen=pg.mkPen(faint, width=1))
-        self.loss_plot.legend.removeItem(self.train_raw_curve)
-        self.train_curve = self.loss_plot.plot(name="training", pen=pg.mkPen(COLORS[0], width=2))
-        self.val_curve = self.loss_plot.plot(
-            name="validation", pen=pg.mkPen(COLORS[1], width=1.5), **marker(COLORS[1], size=6)
-        )
-        self.loss_legend.removeItem(self.val_curve)  # shown once the run has a validation split
-        self.aux_curve = self.loss_plot.plot(pen=pg.mkPen(COLORS[6], width=1.5, style=Qt.DashLine))
-        self.loss_legend.removeItem(self.aux_curve)  # shown once a step reports it
-        self.lr_pw = plot_widget()
-        self.lr_plot = style_plot(self.lr_pw, "Learning rate", "lr")
-        self.lr_curve = self.lr_plot.plot(pen=pg.mkPen(COLORS[2], width=1.5))
-        self.gn_pw = plot_widget()
-        self.gn_plot = style_plot(self.gn_pw, "Gradient norm", "‖g‖")
-        self.gn_curve = self.gn_plot.plot(pen=pg.mkPen(COLORS[3], width=1.5))
-        self.tps_pw = plot_widget()
-        self.tps_plot = style_plot(self.tps_pw, "Throughput", "tokens/s")
-        self.tps_curve = self.tps_plot.plot(pen=pg.mkPen(COLORS[4], width=1.5))
-        self.norms_pw = plot_widget()
-        self.norms_plot = style_plot(self.norms_pw, "LoRA ‖ΔW‖ per tensor kind", "‖ΔW‖_F")
-        # one curve per tensor kind: up to 14 entries, so the legend goes under the plot, not over it
-        self.norms_legend = pg.LegendItem(labelTextSize="8pt", colCount=3, horSpacing=10)
-        paint_legend(self.norms_legend, self.norms_pw.palette(), background=False)
-        self.norms_plot.layout.addItem(self.norms_legend, 5, 1)
-        self.norms_pw.installEventFilter(self)  # its legend's columns follow its width
-        self.norms_plot.legend = self.norms_legend  # plot(name=...) adds its curve here
-        self.norms_legend_over = False  # the legend is over the plot (a short plot), not under it
-        for pw, tip in (
-            (self.loss_pw, "Mean cross-entropy of each step's trained tokens (smoothed; raw values faint) "
-                           "and, with a validation split, of the held-out samples at each evaluation."),
-            (self.lr_pw, "Learning rate of each step (warm-up, then the schedule's decay)."),
-            (self.gn_pw, "Global norm of the gradient of each step, before clipping (Max gradient norm)."),
-            (self.tps_pw, "Sample tokens processed per second in each step."),
-            (self.norms_pw, "Frobenius norm of each tensor kind's LoRA update ΔW = B·A·alpha/r, "
-                            "over the layers."),
-        ):  # fmt: skip
-            pw.setToolTip(tip)
-        self.step_curves = {
-            "loss": self.train_raw_curve,
-            "lr": self.lr_curve,
-            "grad_norm": self.gn_curve,
-            "tokens_per_s": self.tps_curve,
-        }
-        # the curve that shows a series' points as markers while it has fewer than two, and its colour
-        self.marked_curves = {
-            "loss": (self.train_curve, COLORS[0]),
-            "lr": (self.lr_curve, COLORS[2]),
-            "grad_norm": (self.gn_curve, COLORS[3]),
-            "tokens_per_s": (self.tps_curve, COLORS[4]),
-        }
-        self.kind_colors: dict[str, str] = {}
-        self.ranges = {
-            "loss": RangeKeeper(self.loss_plot),
-            "lr": RangeKeeper(self.lr_plot),
-            "grad_norm": RangeKeeper(self.gn_plot),
-            "tokens_per_s": RangeKeeper(self.tps_plot),
-            "norms": RangeKeeper(self.norms_plot),
-        }
-
-        curves = self.curves_tab = QWidget()
-        curves.installEventFilter(self)  # shown while a run draws: its panels appear one per tick
-        grid = QGridLayout(curves)
-        grid.setContentsMargins(2, 2, 2, 2)
-        grid.setSpacing(4)
-        grid.addWidget(self.loss_pw, 0, 0, 1, 6)  # a 12-column grid: halves above, thirds below
-        grid.addWidget(self.norms_pw, 0, 6, 1, 6)
-        grid.addWidget(self.lr_pw, 1, 0, 1, 4)
-        grid.addWidget(self.gn_pw, 1, 4, 1, 4)
-        grid.addWidget(self.tps_pw, 1, 8, 1, 4)
-        grid.setRowStretch(0, 3)
-        grid.setRowStretch(1, 2)
-        for c in range(12):
-            grid.setColumnStretch(c, 1)
-
-        self.norm_map = HeatmapWidget("LoRA ‖ΔW‖ per tensor", "layer", "tensor kind", "‖ΔW‖_F")
-        self.expert_map = HeatmapWidget("Tokens routed to each expert", "layer", "expert", "tokens")
-        self.expert_latest_box = QCheckBox("Latest step only")
-        self.expert_latest_box.setToolTip(
-            "Show the tokens routed to each expert during the latest step instead of the sum since "
-            "the run started. Default: off (sum)."
-        )
-        self.expert_latest_box.toggled.connect(self._expert_mode_changed)
-        self.expert_census_box = QCheckBox("Compare with the base model's census")
-        self.expert_census_box.setToolTip(
-            "Show each expert's share of its layer's tokens in this run minus its share in the base model's\n"
-            "routing census of the dataset (Targets page), in percentage points: where the routing moved."
-        )
-        self.expert_census_box.setEnabled(False)
-        self.expert_census_box.toggled.connect(self._expert_mode_changed)
-        expert_panel = QWidget()
-        ev = QVBoxLayout(expert_panel)
-        ev.setContentsMargins(0, 0, 0, 0)
-        ev.addWidget(self.expert_map, 1)
-        ev.addWidget(self.expert_latest_box)
-        ev.addWidget(self.expert_census_box)
-        self.expert_panel = expert_panel
-        layers = QWidget()
-        lg = QGridLayout(layers)
-        lg.setContentsMargins(2, 2, 2, 2)
-        lg.addWidget(self.norm_map, 0, 0)
-        lg.addWidget(expert_panel, 0, 1)
-
-        # loss display: smoothing and log scale, in the tab bar's corner (no height taken)
-        self.smoothing_combo = QComboBox()
-        for name in SMOOTHING:
-            self.smoothing_combo.addItem(name, name)
-        self.smoothing_combo.setCurrentIndex(self.smoothing_combo.findData(DEFAULT_SMOOTHING))
-        self.smoothing_combo.setToolTip(
-            "Smoothing of the training-loss curve: an exponential moving average (weights "
-            + ", ".join(f"{k} {v:g}" for k, v in SMOOTHING.items())
-            + "); the raw losses stay as a faint line. Default: light."
-        )
-        self.smoothing_combo.currentIndexChanged.connect(
-            lambda i: self.set_smoothing(self.smoothing_combo.itemData(i))
-        )
-        self.log_box = QCheckBox("Log scale")
-        self.log_box.setToolTip(
-            "Show the loss on a logarithmic axis (small late changes stay visible). Default: off."
-        )
-        self.log_box.toggled.connect(self.set_log_loss)
-        corner = QWidget()
-        cl = QHBoxLayout(corner)
-        cl.setContentsMargins(0, 0, 4, 0)
-        cl.setSpacing(4)
-        smoothing_label = QLabel("Loss smoothing:")
-        smoothing_label.setToolTip(self.smoothing_combo.toolTip())
-        cl.addWidget(smoothing_label)
-        cl.addWidget(self.smoothing_combo)
-        cl.addWidget(self.log_box)
-        self.loss_options = corner
-
-        self.tabs = QTabWidget()
-        self.tabs.setDocumentMode(True)
-        self.tabs.addTab(curves, "Curves")
-        self.tabs.addTab(layers, "Layers && experts")
-        self.tabs.setCornerWidget(corner, Qt.TopRightCorner)
-        self.tabs.currentChanged.connect(self._tab_changed)
-
-        # before the first run: what to do, in place of empty plots
-        self.placeholder = QLabel()
-        self.placeholder.setObjectName("plotsPlaceholder")
-        self.placeholder.setWordWrap(True)
-        self.placeholder.setAlignment(Qt.AlignCenter)
-        self.placeholder.setTextFormat(Qt.RichText)
-        self.placeholder.setTextInteractionFlags(Qt.TextBrowserInteraction)
-        self.placeholder.setOpenExternalLinks(False)
-        self.placeholder.linkActivated.connect(self.sig_link_activated)
-        self.placeholder.setMargin(16)
-        self.placeholder.setMinimumSize(120, 90)
-        self.stack = QStackedWidget()
-        self.stack.addWidget(self.placeholder)
-        self.stack.addWidget(self.tabs)
-        self.stack.setCurrentWidget(self.tabs)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.stack)
-
-        self.panel_widgets = {
-            "loss": self.loss_pw,
-            "norms": self.norms_pw,
-            "lr": self.lr_pw,
-            "grad_norm": self.gn_pw,
-            "tokens_per_s": self.tps_pw,
-            "norm_map": self.norm_map,
-            "experts": self.expert_map,
-        }
-        for panel in self.CURVE_PANELS:  # hidden while waiting to be revealed, they keep their place
-            policy = self.panel_widgets[panel].sizePolicy()
-            policy.setRetainSizeWhenHidden(True)
-            self.panel_widgets[panel].setSizePolicy(policy)
+        setup_ui(self)
         self.timer = QTimer(self)
         self.timer.setInterval(int(1000 / REDRAW_HZ))
         self.timer.timeout.connect(self.redraw)

@@ -23,10 +23,9 @@ from engine.train.data import (
     load_jsonl,
     parse_sample,
     save_jsonl,
-    split_validation,
-    validation_indices,
 )
 from engine.train.encode import Encoded, EncodeOptions, encode_samples
+from engine.train.val_split import split_validation, validation_indices
 from tests.conftest import DATA
 
 DATASETS = DATA / "datasets"

@@ -31,14 +31,12 @@ from engine.train.data import (
     Sample,
     load_jsonl,
     parse_sample,
-    split_validation,
-    validation_indices,
-    validation_indices_ref,
 )
 from engine.train.encode import Encoded, EncodeOptions, encode_samples, encode_samples_ref
 from engine.train.prepared import KEPT, PackedBatches, prepare_data
 from engine.train.rewards import group_advantages, reward_weights
 from engine.train.trainer import TrainConfig, Trainer
+from engine.train.val_split import split_validation, validation_indices, validation_indices_ref
 from tests.conftest import DATA
 
 TEMPLATE_FILES = sorted([*(DATA / "templates").glob("*.jinja"), *(DATA / "templates-extra").glob("*.jinja")])

@@ -91,7 +91,7 @@ def _mixed_rows(path):
 def test_prompts_from_the_validation_split_first_in_file_order(models, tmp_path):  # noqa: F811
     import numpy as np
 
-    from engine.train.data import split_groups
+    from engine.train.val_split import split_groups
 
     cfg = TrainConfig(
         targets=TargetSpec(preset="all"), steps=2, n_ctx=64, batch_size=2, val_split=0.5, seed=0,

@@ -9,7 +9,7 @@ drawn too (training starts them at zero, which would hide a wrong dB or a droppe
 routing logits are spread so that near-ties never decide the top-k (exact ties are their own case).
 
 `run_case` runs the whole MoE path (route forward, experts forward, experts backward with dW and
-the LoRA factor gradients, route backward) through the `*_on` bodies of `engine.kernels.moe` on
+the LoRA factor gradients, route backward) through the `*_on` bodies of `engine.kernels.moe_cuda` on
 any runtime: NumPy with the g++ emulation, or CuPy on a GPU. `check_case`
 compares every output with the NumPy reference evaluated in float64 on the kernels' own routing
 (bf16 stacks: on the bf16 values), and returns the relative errors it measured.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from engine.kernels import moe
+from engine.kernels import moe, moe_cuda
 from engine.kernels.glu import OAI_LIMIT
 from engine.kernels.linear import LoraTerm
 from engine.kernels.runtime import Runtime
@@ -195,16 +195,16 @@ def run_case(case: MoeCase, inp: dict, rt: Runtime, poison: bool = True) -> dict
     ]
     run_rt = OnArrays(rt, run_xp)
     bias = dev(inp["sel_bias"]) if case.sel_bias else None
-    routing, rcache = moe.route_forward_on(
+    routing, rcache = moe_cuda.route_forward_on(
         run_rt, dev(inp["logits"]), case.K, case.renorm, case.gating, case.scale, bias, case.n_group,
         case.group_used,
     )  # fmt: skip
     b = {f"b_{n}": dev(inp[f"b_{n}"]) for n in case.biases}
-    y, cache = moe.experts_forward_on(run_rt, dev(inp["x"]), routing, *W, *loras, act=case.act, **b)
-    dx, dweights, dW, dlora, db = moe.experts_backward_on(
+    y, cache = moe_cuda.experts_forward_on(run_rt, dev(inp["x"]), routing, *W, *loras, act=case.act, **b)
+    dx, dweights, dW, dlora, db = moe_cuda.experts_backward_on(
         run_rt, dev(inp["dy"]), cache, *W, need_dw=case.need_dw, need_db=bool(case.biases)
     )
-    dlogits = moe.route_backward_on(run_rt, dev(inp["dweights"]), rcache)
+    dlogits = moe_cuda.route_backward_on(run_rt, dev(inp["dweights"]), rcache)
     if poison:
         run_xp.check_guards()
     out = {

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.kernels import moe
+from engine.kernels import moe, moe_cuda
 from engine.kernels.runtime import Runtime
 from tests.kernels import moe_cases as mc
 from tests.kernels.emulate import compiler
@@ -34,8 +34,8 @@ def host() -> FiberKernels:
     """moe.cu built by g++ once per session: the same build the engine's MoE step tests run on."""
     from tests.kernels.emu_runtime import built
 
-    kernels = built(moe.SOURCE).kernels
-    assert isinstance(kernels, FiberKernels) and kernels.kernels == tuple(moe.KERNELS)
+    kernels = built(moe_cuda.SOURCE).kernels
+    assert isinstance(kernels, FiberKernels) and kernels.kernels == tuple(moe_cuda.KERNELS)
     return kernels
 
 
@@ -61,7 +61,7 @@ def test_emulated_moe_matches_reference(host, case, fresh_rng):
     if case.starve:
         assert (counts[-case.starve :] == 0).all(), "the case meant some experts to get no tokens"
     if case.skew:
-        assert counts.max() > moe.GEMM_BM, "the case meant one expert to span several row tiles"
+        assert counts.max() > moe_cuda.GEMM_BM, "the case meant one expert to span several row tiles"
 
 
 def test_launch_plan_depends_on_shapes_only(host, fresh_rng):
@@ -97,20 +97,20 @@ def test_wrong_inputs_are_refused(host):
     rt = HostRuntime(host)
     logits = np.zeros((4, 6), np.float32) + np.arange(6, dtype=np.float32)
     with pytest.raises(ValueError, match="K <= E"):
-        moe.route_forward_on(rt, logits, 7, True)
+        moe_cuda.route_forward_on(rt, logits, 7, True)
     with pytest.raises(TypeError, match="float32"):
-        moe.route_forward_on(rt, logits.astype(np.float64), 2, True)
-    routing, _ = moe.route_forward_on(rt, logits, 2, True)
+        moe_cuda.route_forward_on(rt, logits.astype(np.float64), 2, True)
+    routing, _ = moe_cuda.route_forward_on(rt, logits, 2, True)
     x = np.ones((4, 12), np.float32)
     w = np.ones((6, 8, 12), np.float32)
     with pytest.raises(ValueError, match="multiples of 8"):
-        moe.experts_forward_on(rt, x, routing, w, w, np.ones((6, 12, 8), np.float32))
+        moe_cuda.experts_forward_on(rt, x, routing, w, w, np.ones((6, 12, 8), np.float32))
     x = np.ones((4, 16), np.float32)
     wg = np.ones((6, 8, 16), np.float32)
     with pytest.raises(TypeError, match="all be float32 or all bf16"):
-        moe.experts_forward_on(rt, x, routing, wg, wg, np.ones((6, 16, 8), np.uint16))
+        moe_cuda.experts_forward_on(rt, x, routing, wg, wg, np.ones((6, 16, 8), np.uint16))
     with pytest.raises(TypeError, match="on the device"):
-        moe.experts_forward_on(rt, x, routing, [wg[0]] * 6, wg, wg)
+        moe_cuda.experts_forward_on(rt, x, routing, [wg[0]] * 6, wg, wg)
 
 
 # ---- the emulator itself ----------------------------------------------------------------------------
@@ -187,15 +187,15 @@ def test_packed_cache_unpacks_to_the_reference_layout(host, fresh_rng):
     case = mc.MoeCase("packed", N=24, C=16, F=16, E=6, K=2, lora=("up", "down"), starve=2)
     inp = mc.make_inputs(case, fresh_rng)
     rt = HostRuntime(host)
-    routing, _ = moe.route_forward_on(rt, inp["logits"], case.K, case.renorm)
+    routing, _ = moe_cuda.route_forward_on(rt, inp["logits"], case.K, case.renorm)
     loras = [
         moe.LoraTerm(inp[f"A_{n}"], inp[f"B_{n}"], inp[f"s_{n}"]) if n in case.lora else None
         for n in mc.NAMES
     ]
     W = [inp[f"w_{n}"] for n in mc.NAMES]
-    _, cache = moe.experts_forward_on(rt, inp["x"], routing, *W, *loras)
-    assert isinstance(cache.per_expert, moe.PackedActs) and cache.per_expert.xa_gate is None
-    got = moe.unpack_acts(cache.per_expert, routing)
+    _, cache = moe_cuda.experts_forward_on(rt, inp["x"], routing, *W, *loras)
+    assert isinstance(cache.per_expert, moe_cuda.PackedActs) and cache.per_expert.xa_gate is None
+    got = moe_cuda.unpack_acts(cache.per_expert, routing)
     _, ref_cache = moe.experts_forward_ref(inp["x"], routing, *W, *loras)
     assert [a.e for a in got] == [a.e for a in ref_cache.per_expert] and len(got) == case.E - case.starve
     for a, b in zip(got, ref_cache.per_expert, strict=True):

@@ -243,7 +243,7 @@ def test_v2_layer_replays_as_a_captured_graph(route, fresh_rng, monkeypatch):
     backward) captured once on the emulator's RecordingRuntime, which refuses a host read or an upload
     inside a capture as CUDA does, then replayed on new logits, x and dy uploaded into the same
     buffers: the replay's outputs are the eager run's on those inputs, bit for bit."""
-    from engine.kernels import moe
+    from engine.kernels import moe_cuda
     from engine.kernels.linear import LoraTerm
     from tests.kernels.emu_runtime import RecordingRuntime
 
@@ -257,10 +257,10 @@ def test_v2_layer_replays_as_a_captured_graph(route, fresh_rng, monkeypatch):
     bufs = {k: xp.asarray(inp[k]) for k in ("logits", "x", "dy")}
 
     def layer():
-        routing, rcache = moe.route_forward_on(rt, bufs["logits"], case.K, case.renorm)
-        y, cache = moe.experts_forward_on(rt, bufs["x"], routing, *W, *loras)
-        dx, dweights, dW, dlora, _ = moe.experts_backward_on(rt, bufs["dy"], cache, *W, need_dw=True)
-        dlogits = moe.route_backward_on(rt, dweights, rcache)
+        routing, rcache = moe_cuda.route_forward_on(rt, bufs["logits"], case.K, case.renorm)
+        y, cache = moe_cuda.experts_forward_on(rt, bufs["x"], routing, *W, *loras)
+        dx, dweights, dW, dlora, _ = moe_cuda.experts_backward_on(rt, bufs["dy"], cache, *W, need_dw=True)
+        dlogits = moe_cuda.route_backward_on(rt, dweights, rcache)
         return [y, dx, dweights, dlogits, *dlora["up"], *dlora["down"], dW["gate"], dW["down"]]
 
     layer()

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from engine.kernels import moe
+from engine.kernels import moe_cuda
 from engine.kernels.runtime import cuda_runtime
 from engine.model import ops
 from tests.kernels import moe_cases as mc
@@ -62,14 +62,14 @@ def test_twins_dispatch_through_ops(gpu, fresh_rng):
     routing, rcache = ops.route_forward(cp.asarray(inp["logits"]), case.K, case.renorm)
     assert isinstance(routing.order, cp.ndarray) and routing.order.dtype == cp.int32
     y, cache = ops.experts_forward(cp.asarray(inp["x"]), routing, *W, *loras)
-    assert isinstance(cache.per_expert, moe.PackedActs)
+    assert isinstance(cache.per_expert, moe_cuda.PackedActs)
     dx, dweights, dW, dlora, _ = ops.experts_backward(cp.asarray(inp["dy"]), cache, *W, need_dw=False)
     assert dW is None and set(dlora) == {"gate", "down"}
     dlogits = ops.route_backward(dweights, rcache)
     got = mc.run_case(case, inp, cuda_runtime())
     assert np.array_equal(cp.asnumpy(y), got["y"]) and np.array_equal(cp.asnumpy(dx), got["dx"])
     assert dlogits.shape == (case.N, case.E) and bool(cp.isfinite(dlogits).all())
-    acts = moe.unpack_acts(cache.per_expert, routing)
+    acts = moe_cuda.unpack_acts(cache.per_expert, routing)
     assert sum(len(a.pairs) for a in acts) == case.N * case.K
 
 
@@ -87,18 +87,18 @@ def test_lazy_stack_through_cuda_array_interface(gpu, fresh_rng):
         def __cuda_array_interface__(self):
             return self._a.__cuda_array_interface__
 
-    routing, _ = moe.route_forward(cp.asarray(inp["logits"]), case.K, case.renorm)
+    routing, _ = moe_cuda.route_forward(cp.asarray(inp["logits"]), case.K, case.renorm)
     x = cp.asarray(inp["x"])
-    y_lazy, _ = moe.experts_forward(x, routing, *(DeviceStack(inp[f"w_{n}"]) for n in mc.NAMES))
-    y, _ = moe.experts_forward(x, routing, *(cp.asarray(inp[f"w_{n}"]) for n in mc.NAMES))
+    y_lazy, _ = moe_cuda.experts_forward(x, routing, *(DeviceStack(inp[f"w_{n}"]) for n in mc.NAMES))
+    y, _ = moe_cuda.experts_forward(x, routing, *(cp.asarray(inp[f"w_{n}"]) for n in mc.NAMES))
     assert np.array_equal(cp.asnumpy(y_lazy), cp.asnumpy(y))
     with pytest.raises(TypeError, match="never copies a stack from the host"):
-        moe.experts_forward(x, routing, inp["w_gate"], inp["w_up"], inp["w_down"])
+        moe_cuda.experts_forward(x, routing, inp["w_gate"], inp["w_up"], inp["w_down"])
 
 
 def test_numpy_arrays_are_refused(gpu):
     with pytest.raises(TypeError, match="route_forward_ref"):
-        moe.route_forward(np.zeros((2, 4), np.float32), 2, True)
+        moe_cuda.route_forward(np.zeros((2, 4), np.float32), 2, True)
 
 
 _SPIN = r"""
@@ -143,10 +143,10 @@ def test_layer_replays_as_a_cuda_graph(gpu, route, fresh_rng, monkeypatch):
     bufs = {k: dev[k].copy() for k in ("logits", "x", "dy")}
 
     def layer():
-        routing, rcache = moe.route_forward_on(rt, bufs["logits"], case.K, case.renorm)
-        y, cache = moe.experts_forward_on(rt, bufs["x"], routing, *W, *loras)
-        dx, dweights, _, dlora, _ = moe.experts_backward_on(rt, bufs["dy"], cache, *W, need_dw=False)
-        return [y, dx, dweights, moe.route_backward_on(rt, dweights, rcache), *dlora["up"]]
+        routing, rcache = moe_cuda.route_forward_on(rt, bufs["logits"], case.K, case.renorm)
+        y, cache = moe_cuda.experts_forward_on(rt, bufs["x"], routing, *W, *loras)
+        dx, dweights, _, dlora, _ = moe_cuda.experts_backward_on(rt, bufs["dy"], cache, *W, need_dw=False)
+        return [y, dx, dweights, moe_cuda.route_backward_on(rt, dweights, rcache), *dlora["up"]]
 
     layer()  # compile and load every kernel outside the capture
     with rt.capture() as graph:
@@ -173,10 +173,10 @@ def test_no_host_synchronisation(gpu, fresh_rng):
     loras = [ops.LoraTerm(dev[f"A_{n}"], dev[f"B_{n}"], dev[f"s_{n}"]) for n in mc.NAMES]
 
     def layer():
-        routing, rcache = moe.route_forward(dev["logits"], case.K, case.renorm)
-        y, cache = moe.experts_forward(dev["x"], routing, *W, *loras)
-        dx, dweights, _, dlora, _ = moe.experts_backward(dev["dy"], cache, *W, need_dw=True)
-        return moe.route_backward(dweights, rcache), dx, y
+        routing, rcache = moe_cuda.route_forward(dev["logits"], case.K, case.renorm)
+        y, cache = moe_cuda.experts_forward(dev["x"], routing, *W, *loras)
+        dx, dweights, _, dlora, _ = moe_cuda.experts_backward(dev["dy"], cache, *W, need_dw=True)
+        return moe_cuda.route_backward(dweights, rcache), dx, y
 
     spin = spin_kernel(cp)
     cycles = spin_cycles(cp, spin, 0.5)

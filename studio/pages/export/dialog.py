@@ -10,6 +10,9 @@ other runs of the model (`set_runs`), the run's checkpoints and files chosen by 
 export it offers "Open folder", "Copy path" and a llama-cli command (`ExportResultWidget`). Its
 body scrolls on a short screen, the buttons stay in view. The dialog keeps only widgets: it does
 not train or generate.
+
+Its widgets are made by studio.pages.export.layout; this module decides what they show and runs the
+check, export and verify jobs.
 """
 
 from __future__ import annotations
@@ -20,33 +23,16 @@ import threading
 from PySide6.QtCore import Qt, Signal, Slot
 from PySide6.QtGui import QColor, QGuiApplication
 from PySide6.QtWidgets import (
-    QAbstractItemView,
-    QButtonGroup,
-    QComboBox,
     QDialog,
-    QDoubleSpinBox,
     QFileDialog,
-    QFormLayout,
-    QGroupBox,
-    QHBoxLayout,
-    QHeaderView,
-    QLabel,
-    QLineEdit,
-    QProgressBar,
-    QPushButton,
-    QRadioButton,
-    QTableWidget,
     QTableWidgetItem,
-    QTreeWidget,
     QTreeWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
 from engine import (
     BAD_MARK,
     OK_MARK,
-    VERIFY_PROMPTS,
     CheckReport,
     ExportRequest,
     LoraAdapter,
@@ -63,14 +49,11 @@ from engine import (
 )
 
 from ...project import ModelInfo, Project
-from ...widgets.buttons import action_button
-from ...widgets.faint_label import FaintLabel
 from ...widgets.runs import has_adapter, run_label, same_file, same_model
-from ...widgets.side_panel import SidePanelWidget
 from ...widgets.theme import is_dark
 from ...worker import Engine
-from .result import ExportResultWidget
-from .types import ExportTypeCombo, modelfile_check, modelfile_outcome
+from .layout import setup_ui
+from .types import modelfile_outcome
 
 GREEN, RED = "#1e7a34", "#b03a2e"  # on the light palette
 DARK_GREEN, DARK_RED = "#7dcea0", "#ff8a80"  # on the dark one
@@ -122,7 +105,7 @@ class ExportDialog(QDialog):
         screen = self.screen() or QGuiApplication.primaryScreen()
         room = screen.availableGeometry().height() - 60 if screen is not None else 760
         self.resize(800, max(420, min(760, room)))  # a small screen: the dialog's body scrolls
-        self._build()
+        setup_ui(self)
         self.refresh_sources()
         self._suggest()
         self._set_status("Press Check (Ctrl+K) to run the checks; Export is enabled when they pass.")
@@ -131,167 +114,6 @@ class ExportDialog(QDialog):
     def _colour(self, ok: bool) -> str:
         dark = is_dark(self.palette())
         return (DARK_GREEN if dark else GREEN) if ok else (DARK_RED if dark else RED)
-
-    def _build(self) -> None:
-        self.body = QWidget()  # everything but the buttons, which stay in view: it scrolls when short
-        layout = QVBoxLayout(self.body)
-        layout.setContentsMargins(0, 0, 4, 0)
-
-        src_box = QGroupBox("Source")
-        self.source_combo = QComboBox()
-        self.source_combo.setToolTip(
-            "The adapter to export: the last training run's, one of its checkpoints, or any adapter file"
-        )
-        self.source_combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
-        browse = action_button("Choose file…", self._choose_source, "Export any LoRA adapter (.gguf)")
-        row = QHBoxLayout()
-        row.addWidget(self.source_combo, 1)
-        row.addWidget(browse)
-        self.source_label = FaintLabel()
-        self.source_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.base_label = FaintLabel()
-        self.base_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        src_form = QFormLayout(src_box)
-        src_form.addRow("Adapter:", row)
-        src_form.addRow("", self.source_label)
-        src_form.addRow("Base model:", self.base_label)
-        layout.addWidget(src_box)
-
-        kind_box = QGroupBox("What to write")
-        self.adapter_radio = QRadioButton("&Adapter GGUF — for llama-cli --lora and llama-export-lora")
-        self.merged_radio = QRadioButton("&Merged model GGUF — the base model with the adapter folded in")
-        self.adapter_radio.setChecked(True)
-        self.kind_group = QButtonGroup(self)
-        self.kind_group.addButton(self.adapter_radio)
-        self.kind_group.addButton(self.merged_radio)
-        self.type_combo = ExportTypeCombo()  # one control: the adapter's type, or the merge's
-        self.scale_spin = QDoubleSpinBox()
-        self.scale_spin.setRange(-10.0, 10.0)
-        self.scale_spin.setSingleStep(0.1)
-        self.scale_spin.setDecimals(3)
-        self.scale_spin.setValue(1.0)
-        self.scale_spin.setToolTip("How strongly the adapter is merged: W + scale·alpha/r·B·A. Default 1.")
-        type_row, merged_opts = QWidget(), QWidget()
-        f1 = QFormLayout(type_row)
-        f1.setContentsMargins(0, 0, 0, 0)
-        f1.addRow("Type:", self.type_combo)
-        f2 = QFormLayout(merged_opts)
-        f2.setContentsMargins(0, 0, 0, 0)
-        f2.addRow("Scale:", self.scale_spin)
-        self.type_row, self.merged_options = type_row, merged_opts
-        merged_opts.hide()
-        self.note_label = FaintLabel(wrap=True)
-        kind_layout = QVBoxLayout(kind_box)
-        kind_layout.addWidget(self.adapter_radio)
-        kind_layout.addWidget(self.merged_radio)
-        kind_layout.addWidget(type_row)
-        kind_layout.addWidget(merged_opts)
-        kind_layout.addWidget(self.note_label)
-        layout.addWidget(kind_box)
-
-        out_box = QGroupBox("Write to")
-        self.out_edit = QLineEdit()
-        self.out_edit.setToolTip(
-            "The file to write (.gguf). It is written to a temporary name and renamed into place, so a "
-            "failed or cancelled export leaves an existing file as it was."
-        )
-        out_browse = QPushButton("Choose…")
-        out_browse.clicked.connect(self._choose_out)
-        self.modelfile_check = modelfile_check()
-        self.modelfile_check.toggled.connect(self._settings_changed)
-        out_layout = QVBoxLayout(out_box)
-        out_row = QHBoxLayout()
-        out_row.addWidget(self.out_edit, 1)
-        out_row.addWidget(out_browse)
-        out_layout.addLayout(out_row)
-        out_layout.addWidget(self.modelfile_check)
-        layout.addWidget(out_box)
-
-        check_box = QGroupBox("Checks")
-        self.check_tree = QTreeWidget()
-        self.check_tree.setColumnCount(2)
-        self.check_tree.setHeaderLabels(["Check", "Result"])
-        self.check_tree.setRootIsDecorated(False)
-        self.check_tree.setWordWrap(True)
-        self.check_tree.setSelectionMode(QAbstractItemView.NoSelection)
-        self.check_tree.header().setSectionResizeMode(0, QHeaderView.ResizeToContents)
-        self.check_tree.header().setStretchLastSection(True)
-        self.check_tree.setMinimumHeight(150)
-        cl = QVBoxLayout(check_box)
-        cl.addWidget(self.check_tree)
-        layout.addWidget(check_box, 1)
-
-        self.progress = QProgressBar()
-        self._bar("idle")
-        self.status_label = QLabel()
-        self.status_label.setWordWrap(True)
-        self.status_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        layout.addWidget(self.progress)
-        layout.addWidget(self.status_label)
-        self.result = ExportResultWidget()  # after an export: open its folder, copy its path, run it
-        layout.addWidget(self.result)
-
-        verify_box = QGroupBox("Verification: the written file reloaded, logits compared")
-        self.verify_table = QTableWidget(0, 5)
-        self.verify_table.setHorizontalHeaderLabels(
-            ["Prompt", "Tokens", "max |Δ|", "of largest logit", "Beyond tolerance"]
-        )
-        self.verify_table.horizontalHeaderItem(4).setToolTip(
-            "Positions whose logits moved more than the written type allows"
-        )
-        self.verify_table.verticalHeader().hide()
-        self.verify_table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.verify_table.setSelectionMode(QAbstractItemView.NoSelection)
-        self.verify_table.horizontalHeader().setSectionResizeMode(0, QHeaderView.Stretch)
-        for c in (1, 2, 3, 4):
-            self.verify_table.horizontalHeader().setSectionResizeMode(c, QHeaderView.ResizeToContents)
-        self.verify_table.verticalHeader().setDefaultSectionSize(24)
-        rows = len(VERIFY_PROMPTS)
-        self.verify_table.setFixedHeight(
-            self.verify_table.horizontalHeader().sizeHint().height() + 24 * rows + 4
-        )
-        self.verdict_label = QLabel("Not verified yet: export first.")
-        self.verdict_label.setWordWrap(True)
-        self.verdict_label.setAlignment(Qt.AlignLeft | Qt.AlignTop)
-        self.verdict_label.setMinimumHeight(self.verdict_label.fontMetrics().lineSpacing() * 4 + 4)
-        self.verdict_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        vl = QVBoxLayout(verify_box)
-        vl.addWidget(self.verify_table)
-        vl.addWidget(self.verdict_label)
-        layout.addWidget(verify_box)
-
-        self.check_button = action_button(
-            "&Check", self.check, "Run the checks before writing (Ctrl+K)", "Ctrl+K"
-        )
-        self.export_button = action_button(
-            "&Export", self.export, "Write the file, then reload it and compare logits (Ctrl+E)", "Ctrl+E"
-        )
-        self.verify_button = action_button(
-            "&Verify", self.verify, "Reload the written file and compare its logits again"
-        )
-        self.cancel_button = action_button(
-            "Ca&ncel", self.cancel, "Stop a merge between tensors; the target is left as it was"
-        )
-        self.close_button = QPushButton("Close")
-        self.close_button.clicked.connect(self.reject)
-        buttons = QHBoxLayout()
-        for b in (self.check_button, self.export_button, self.verify_button, self.cancel_button):
-            b.setAutoDefault(False)
-            buttons.addWidget(b)
-        buttons.addStretch(1)
-        self.close_button.setAutoDefault(False)
-        buttons.addWidget(self.close_button)
-        scroll = SidePanelWidget(self.body)  # scrolls up and down; never narrower than its controls
-        outer = QVBoxLayout(self)
-        outer.addWidget(scroll, 1)
-        outer.addLayout(buttons)
-
-        self.source_combo.currentIndexChanged.connect(self._source_changed)
-        self.adapter_radio.toggled.connect(self._kind_changed)
-        self.type_combo.currentIndexChanged.connect(self._settings_changed)
-        self.scale_spin.valueChanged.connect(self._settings_changed)
-        self.out_edit.textEdited.connect(self._out_edited)
-        self.out_edit.textChanged.connect(lambda _: self._invalidate())
 
     # --- sources ---------------------------------------------------------------------------------
     def refresh_sources(self) -> None:

@@ -14,6 +14,10 @@ one; Stop ends the rounds (a round cut short while sampling takes no step). Ever
 appended to the ratings file, as ratings are.
 
 What it is not: it decides nothing about answers itself (the checks do) and adds no steps of its own.
+
+A little over 600 lines on purpose: the prompts, the checks, the rounds' start, pause and stop and
+the report rows all act on one run of `AutoRounds`; the checks box (`ChecksWidget`) is the one part
+that stands alone, and it is too short to be worth a module of its own.
 """
 
 from __future__ import annotations

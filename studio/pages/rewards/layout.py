@@ -21,8 +21,9 @@ from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import scroll_area
 from ...widgets.side_panel import SidePanelWidget
 from .ab import prompt_inputs
-from .cards import CARD_KEYS, AnswerGridWidget
+from .cards import CARD_KEYS
 from .files import AdapterFilesWidget
+from .grid import AnswerGridWidget
 from .panels import DiagnosticsWidget, RewardHistoryWidget
 from .settings import RewardSettingsWidget
 

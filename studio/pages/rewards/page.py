@@ -25,6 +25,10 @@ Ratings and corrections are quick appends to a file and are recorded on the UI t
 
 What this page is not: it does not judge answers or keep ratings itself (the session and the
 ratings file do), and it takes one step per round.
+
+A little over 600 lines on purpose: its widgets are rewards/layout.py's and its decisions the
+controller's, and what remains is the wiring of the page's jobs to its one reward session, which
+reads best in one place.
 """
 
 from __future__ import annotations

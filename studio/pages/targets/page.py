@@ -15,6 +15,9 @@ the new model are kept, the others dropped, and a message on the page says which
 
 Colours follow the palette (light or dark): hints use the placeholder-text role, errors and warnings
 a red and an amber readable on either.
+
+Made of: studio.pages.targets.layout (the widgets and where they sit), .views (the grid and the
+tree) and .selection (the selection's rules); this module decides what they show.
 """
 
 from __future__ import annotations
@@ -22,22 +25,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QItemSelectionModel, QModelIndex, Qt, Signal
-from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
-    QAbstractItemView,
-    QDoubleSpinBox,
-    QFormLayout,
-    QGroupBox,
-    QHBoxLayout,
     QHeaderView,
-    QLabel,
-    QLineEdit,
-    QListWidget,
     QListWidgetItem,
-    QPushButton,
-    QSpinBox,
-    QStackedWidget,
-    QTreeView,
     QVBoxLayout,
     QWidget,
 )
@@ -55,29 +45,16 @@ from engine import (
 )
 
 from ...project import ModelInfo, Project
-from ...widgets.banner import MessageBar
-from ...widgets.page_layout import splitter
-from ...widgets.spinbox import spin_box
 from ...widgets.theme import is_dark
-from .census import CensusPanel
+from .layout import PRESET_BUTTONS, setup_ui
 from .selection import SelectionStats, TargetSelection, kind_help
 from .views import (
     GROUP_COLORS,
     GROUP_NAMES,
     TargetGridModel,
-    TargetGridView,
     TargetTreeModel,
 )
 
-PRESET_BUTTONS: tuple[tuple[str, str, str], ...] = (
-    ("attention", "&Attention", "attn_q, attn_k, attn_v, attn_output in every layer"),
-    ("mlp", "&MLP", "ffn_gate, ffn_up, ffn_down and the shared expert's, in every layer"),
-    ("experts", "&Experts", "the routed expert stacks ffn_{gate,up,down}_exps: one A/B pair per expert"),
-    ("router", "&Router", "the router ffn_gate_inp (expert gating logits)"),
-    ("all", "All &linear", "every 2-D/3-D weight inside the layers (attention, MLP, experts, router); "
-     "not token_embd or output"),
-    ("none", "&None", "nothing: clears the LoRA selection"),
-)  # fmt: skip
 PRESET_LABELS = {key: text.replace("&", "") for key, text, _ in PRESET_BUTTONS}
 
 # (light, dark) palettes: each readable on its background (contrast 4.5:1 or more)
@@ -156,27 +133,8 @@ class TargetsPage(QWidget):
 
         self._dark = is_dark(self.palette())
         self._project_opened = False  # a project was just opened: its model's targets are its own
-        self.placeholder = QLabel("Open a model to choose targets")
-        self.placeholder.setAlignment(Qt.AlignCenter)
-        self.placeholder.setStyleSheet("QLabel { font-size: 14pt; }")
-        self.placeholder.setForegroundRole(QPalette.PlaceholderText)
-
-        hint = QLabel("Open a .gguf file on the Model page (Ctrl+O); its tensors appear here.")
-        hint.setAlignment(Qt.AlignCenter)
-        hint.setWordWrap(True)
-        hint.setForegroundRole(QPalette.PlaceholderText)
-        self.hint_label = hint
-        empty = QWidget()
-        el = QVBoxLayout(empty)
-        el.addStretch(1)
-        el.addWidget(self.placeholder)
-        el.addWidget(hint)
-        el.addStretch(1)
-
-        self.stack = QStackedWidget()
-        self.stack.addWidget(empty)
-        self.empty_panel = empty
-        self.stack.addWidget(self._build_content())
+        setup_ui(self)
+        self.error_label.setStyleSheet(error_style(self._dark))
         self._style_indicators()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
@@ -188,164 +146,6 @@ class TargetsPage(QWidget):
         self.destroyed.connect(lambda *_: project.unsubscribe(listener))
 
     # --- building ---------------------------------------------------------------------------
-    def _build_content(self) -> QWidget:
-        content = QWidget()
-        outer = QVBoxLayout(content)
-        outer.setContentsMargins(8, 8, 8, 8)
-        outer.setSpacing(6)
-
-        # two rows, so that the page fits a 1024-pixel window: presets, then layers, rank and alpha
-        bar = QHBoxLayout()
-        bar.setSpacing(4)
-        bar.addWidget(QLabel("Presets:"))
-        self.preset_buttons: dict[str, QPushButton] = {}
-        for key, text, what in PRESET_BUTTONS:
-            button = QPushButton(text)
-            button.setCheckable(True)
-            button.setAutoDefault(False)
-            button.setToolTip(
-                f"Select {what}, within the layer range (Alt+{text[text.index('&') + 1]}). "
-                "The default target is Attention."
-            )
-            button.setProperty("tip", button.toolTip())
-            button.clicked.connect(lambda _=False, k=key: self.apply_preset(k))
-            bar.addWidget(button)
-            self.preset_buttons[key] = button
-        bar.addStretch(1)
-        outer.addLayout(bar)
-        bar = QHBoxLayout()
-        bar.setSpacing(4)
-        layers_label = QLabel("La&yers:")
-        self.layer_edit = QLineEdit()
-        self.layer_edit.setPlaceholderText("all layers")
-        self.layer_edit.setMaximumWidth(110)
-        self.layer_edit.setToolTip(
-            "Which layers the presets apply to, e.g. 0-11 or 0-3,8 (default: empty = every layer).\n"
-            "Enter applies it: a preset is re-applied on these layers; a custom selection drops the\n"
-            "tensors outside them. Global tensors (token_embd, output) are not affected."
-        )
-        layers_label.setBuddy(self.layer_edit)
-        self.layer_edit.textChanged.connect(lambda text: self._check_layer_text(text, quiet=True))
-        self.layer_edit.editingFinished.connect(lambda: self.set_layer_range(self.layer_edit.text()))
-        bar.addWidget(layers_label)
-        bar.addWidget(self.layer_edit)
-        bar.addSpacing(12)
-
-        rank_label = QLabel("Ran&k:")
-        self.rank_spin = spin_box(QSpinBox, 1, 256, 16)
-        self.rank_spin.setToolTip(
-            "LoRA rank r: the inner width of each adapter (A is r × n_in, B is n_out × r). Higher ranks\n"
-            "learn more and cost more parameters; the adapter's output is scaled by alpha / r. Default 16."
-        )
-        rank_label.setBuddy(self.rank_spin)
-        self.rank_spin.valueChanged.connect(lambda v: self.project.update_config(rank=int(v)))
-        alpha_label = QLabel("Al&pha:")
-        self.alpha_spin = spin_box(QDoubleSpinBox, 0.0, 4096.0, 32.0, decimals=1)
-        self.alpha_spin.setToolTip(
-            "LoRA alpha: the adapter's output is multiplied by alpha / r, so with alpha fixed, changing\n"
-            "the rank keeps the update's size comparable. 0 means a scale of 1 (as llama.cpp). Default 32."
-        )
-        alpha_label.setBuddy(self.alpha_spin)
-        self.alpha_spin.valueChanged.connect(lambda v: self.project.update_config(alpha=float(v)))
-        self.scale_label = QLabel()
-        self.scale_label.setToolTip("The adapter's scale alpha / r, applied to (x Aᵀ) Bᵀ.")
-        for w in (rank_label, self.rank_spin, alpha_label, self.alpha_spin, self.scale_label):
-            bar.addWidget(w)
-        bar.addStretch(1)
-        outer.addLayout(bar)
-
-        self.message = MessageBar()  # what a change of model kept and dropped
-        outer.addWidget(self.message)
-        self.error_label = QLabel()
-        self.error_label.setWordWrap(True)
-        self.error_label.setStyleSheet(error_style(self._dark))
-        self.error_label.hide()
-        outer.addWidget(self.error_label)
-        self.selection_label = QLabel()
-        self.selection_label.setToolTip("How the selection is saved in the project (targets).")
-        outer.addWidget(self.selection_label)
-
-        self.grid_view = TargetGridView()
-        self.grid_view.setToolTip("")
-        self.grid_view.horizontalHeader().sectionClicked.connect(self._column_clicked)
-        self.grid_view.verticalHeader().sectionClicked.connect(self._row_clicked)
-        self.grid_view.sig_cell_pressed.connect(self._grid_cell_pressed)
-        legend = QLabel()
-        legend.setWordWrap(True)
-        legend.setForegroundRole(QPalette.PlaceholderText)  # readable grey on light and dark
-        self.legend_label = legend
-        self.tree_view = QTreeView()
-        self.tree_view.setUniformRowHeights(True)
-        self.tree_view.setIndentation(14)
-        self.tree_view.header().setDefaultSectionSize(40)  # the last (Note) column takes what is left
-        self.tree_view.setAlternatingRowColors(True)
-        self.tree_view.setSelectionMode(QAbstractItemView.SingleSelection)
-        self.tree_view.setToolTip("")
-        self.tree_view.setEditTriggers(QAbstractItemView.NoEditTriggers)
-
-        summary_box = QGroupBox("Summary")
-        summary_box.setToolTip("What the selection costs, from tensor shapes alone (no weights loaded).")
-        form = QFormLayout(summary_box)
-        form.setContentsMargins(8, 6, 8, 6)
-        form.setVerticalSpacing(3)
-        self.summary_labels: dict[str, QLabel] = {}
-        self._summary_rows: dict[str, QLabel] = {}
-        for key, tip in (
-            ("Adapted tensors", "Tensors that get a LoRA pair (A, B)."),
-            ("Trainable parameters", "Elements of all A and B factors at this rank (plus full tensors)."),
-            ("Expert parameters", "The part of the LoRA parameters on routed expert stacks."),
-            ("Share of model", "Trainable parameters as a share of the model's parameters."),
-            ("Adapter file (F32)", "Approximate size of the adapter GGUF in F32: 4 bytes per parameter "
-             "plus a small header."),
-            ("Train in full", "Tensors trained as a whole (listed on the right), not as LoRA."),
-            ("Memory (estimate)", "Peak training memory: the model file (weights stay quantized), the "
-             "cache of dequantized weights, trainable state (parameters, gradients, two Adam moments), "
-             "activations for the batch size and context on the Train page, and the output head. An "
-             "estimate, not a measurement."),
-        ):  # fmt: skip
-            value = QLabel("–")
-            value.setTextInteractionFlags(Qt.TextSelectableByMouse)
-            value.setToolTip(tip)
-            name = QLabel(key + ":")
-            name.setToolTip(tip)
-            form.addRow(name, value)
-            self.summary_labels[key] = value
-            self._summary_rows[key] = name
-
-        full_box = QGroupBox("Train in full (not LoRA)")
-        full_box.setToolTip(
-            "Small tensors that cannot take LoRA (norms, biases, gates) or the router can be trained as a\n"
-            "whole instead. They are saved into a full model on export, not into the LoRA adapter.\n"
-            "Default: none."
-        )
-        fl = QVBoxLayout(full_box)
-        fl.setContentsMargins(6, 6, 6, 6)
-        self.full_list = QListWidget()
-        self.full_list.setToolTip(full_box.toolTip())
-        self.full_list.itemChanged.connect(self._full_changed)
-        fl.addWidget(self.full_list)
-
-        # left: grid, legend, summary; right: tree over "train in full"
-        grid_panel = QWidget()
-        grid_panel.setMinimumWidth(430)
-        gl = QVBoxLayout(grid_panel)
-        gl.setContentsMargins(0, 0, 0, 0)
-        gl.setSpacing(4)
-        gl.addWidget(self.grid_view, 1)
-        gl.addWidget(legend)
-        gl.addWidget(summary_box)
-        gl.addStretch(0)
-
-        self.census_panel = CensusPanel(self.project, self.engine)  # MoE models only
-        self.census_panel.hide()
-        self.census_panel.sig_census.connect(lambda _c: self._update_summary())
-        right = splitter(Qt.Vertical, (self.tree_view, full_box, self.census_panel), stretch=(4, 1, 4))
-        self.right_splitter = right
-
-        self.splitter = splitter(Qt.Horizontal, (grid_panel, right), stretch=(0, 1))
-        outer.addWidget(self.splitter, 1)
-        return content
-
     # --- public API -------------------------------------------------------------------------
     def set_model_info(self, info: ModelInfo | None) -> None:
         """Show the targets of a newly opened model (None: no model, the page says so). When it

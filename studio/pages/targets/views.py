@@ -2,6 +2,10 @@
 real tensor names. Both models read and write the one selection, so they never disagree.
 
 Not the page: presets, layer ranges, rank/alpha and the project live in `targets_page`.
+
+One module (about 600 lines) on purpose: the grid's model, delegate, rotated header and view and the
+tree's model are two views of one selection that share its item roles, check values and tooltips;
+apart, each would import the other's helpers.
 """
 
 from __future__ import annotations
