@@ -21,7 +21,7 @@ from engine import Problem, Sample, load_jsonl
 from studio.autosave import Autosave, RecoveryError, Snapshot, read_recovery, write_snapshot
 from studio.dataset_document import DatasetDocument
 from studio.main_window import MainWindow
-from studio.pages.dataset.table import new_sample, rebuild_sample
+from studio.pages.dataset.samples import new_sample, rebuild_sample
 from studio.project import Project
 
 ROOT = Path(__file__).resolve().parents[2]

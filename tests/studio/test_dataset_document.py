@@ -12,7 +12,7 @@ import pytest
 
 from engine import DatasetError, load_jsonl, sample_to_json
 from studio.dataset_document import DatasetChange, DatasetDocument
-from studio.pages.dataset.table import new_sample, rebuild_sample
+from studio.pages.dataset.samples import new_sample, rebuild_sample
 from tests.conftest import modules_loaded_by
 
 ROOT = Path(__file__).resolve().parents[2]

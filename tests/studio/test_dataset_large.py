@@ -18,7 +18,8 @@ from engine import EncodeOptions, encode_samples, load_jsonl
 from studio.main_window import MainWindow
 from studio.pages.dataset.page import DatasetPage
 from studio.pages.dataset.proxy import SamplesFilterModel
-from studio.pages.dataset.table import SamplesModel, sample_text
+from studio.pages.dataset.rows import sample_text
+from studio.pages.dataset.table import SamplesModel
 from studio.project import ModelInfo, Project
 from studio.resources import DEMO_MODEL
 

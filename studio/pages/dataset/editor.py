@@ -40,7 +40,8 @@ from engine import Sample, chosen_text
 
 from ...dataset_document import DatasetDocument
 from ...widgets.page_layout import scroll_area
-from .table import ROLES, rebuild_sample
+from .samples import rebuild_sample
+from .table import ROLES
 
 ROLE_TIPS = {
     "system": "system: instructions for the whole conversation (not trained)",

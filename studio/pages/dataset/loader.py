@@ -37,7 +37,7 @@ from ...count_process import CountJob
 from ...ui_gate import UiGate
 from ...ui_gc import collections_held
 from .reading import LoadResult, ReadFailed, ReadJob, read_dataset
-from .table import RowCounts
+from .rows import RowCounts
 
 log = logging.getLogger(__name__)
 

@@ -20,6 +20,11 @@ only the rows in sight (`problems.ProblemsModel`), so a hundred thousand samples
 
 What this page is not: it holds no samples itself (the document does) and does not train, split
 or pack; the dataset is kept in memory (files of a few hundred thousand samples are fine).
+
+Its widgets are made in layout.py, importing and saving are files.py's, reading reading.py's and
+the rows rows.py's; what is left here (about 700 lines) stays whole on purpose: opening a file,
+the selection, the editor, the problems and the token view all act on the one document, table and
+set of widgets, so apart they would pass the whole page from module to module.
 """
 
 from __future__ import annotations
@@ -29,24 +34,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import QEvent, QItemSelection, QItemSelectionModel, QModelIndex, QSize, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QDragEnterEvent, QDropEvent, QKeySequence
+from PySide6.QtCore import QEvent, QItemSelection, QItemSelectionModel, QModelIndex, QTimer, Signal
+from PySide6.QtGui import QAction, QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QFileDialog,
-    QHBoxLayout,
-    QHeaderView,
-    QLabel,
-    QLineEdit,
-    QListView,
-    QMenu,
-    QProgressBar,
-    QPushButton,
-    QSizePolicy,
-    QTableView,
-    QToolBar,
-    QToolButton,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -63,18 +54,15 @@ from engine import (
 from ...dataset_document import DatasetChange, DatasetDocument
 from ...project import ModelInfo, Project
 from ...weak_listener import listen_while_alive
-from ...widgets.banner import MessageBar
-from ...widgets.page_layout import splitter
-from . import files
-from .editor import SampleEditorWidget
+from . import files, layout
 from .files import FILE_FILTER
 from .import_dialog import ColumnMapDialog
 from .loader import DatasetLoader
-from .problems import ProblemsBuilder, ProblemsModel
+from .problems import ProblemsModel
 from .proxy import SamplesFilterModel
 from .reading import LoadResult, read_dataset
-from .table import SamplesModel, new_sample
-from .tokens import TokenViewWidget
+from .samples import new_sample
+from .table import SamplesModel
 
 DATASET_SUFFIXES = (".jsonl", ".json", ".ndjson")
 BACKGROUND_BYTES = 256 << 10  # files larger than this are read off the UI thread, with progress
@@ -128,8 +116,8 @@ class DatasetPage(QWidget):
         self._refresh_timer.setInterval(120)
         self._refresh_timer.timeout.connect(self.refresh)
 
-        self._build_actions()
-        self._build_widgets()
+        layout.setup_actions(self)
+        layout.setup_ui(self)
         self.model.sig_changed.connect(self._model_changed)
         listen_while_alive(self, project, DatasetPage._project_changed)
         listen_while_alive(self, self.document, DatasetPage._document_changed)
@@ -138,242 +126,6 @@ class DatasetPage(QWidget):
         self.refresh()
 
     # --- building -----------------------------------------------------------------------------
-    def _action(
-        self, text: str, short: str, tip: str, slot: Callable[[], object], *keys: QKeySequence | str
-    ) -> QAction:
-        action = QAction(text, self)
-        action.setIconText(short)  # the toolbar's label
-        if keys:
-            action.setShortcuts([QKeySequence(k) for k in keys])
-            shortcut = action.shortcut().toString(QKeySequence.NativeText)
-            tip = f"{tip} ({shortcut})"
-        action.setToolTip(tip)
-        action.setStatusTip(tip)
-        action.setShortcutContext(Qt.WidgetWithChildrenShortcut)
-        action.triggered.connect(lambda _checked=False: slot())
-        self.addAction(action)
-        return action
-
-    def _build_actions(self) -> None:
-        a = self._action
-        self.action_open = a(
-            "Open dataset…", "Open…", "Open a JSON Lines dataset", self.choose_file, "Ctrl+Shift+O"
-        )
-        self.action_save = a("Save dataset", "Save", "Save the dataset to its file", self.save, "Ctrl+S")
-        self.action_save_as = a(
-            "Save dataset as…",
-            "Save as…",
-            "Save the dataset under a new name",
-            self.choose_save_as,
-            "Ctrl+Shift+S",
-        )
-        self.action_import = a(
-            "Import CSV/ShareGPT/Alpaca…",
-            "Import…",
-            "Append the samples of another file (CSV or TSV with a column mapping, ShareGPT "
-            "conversations, Alpaca instructions, preference pairs or any accepted shape) to this dataset",
-            self.choose_import,
-        )
-        self.action_add = a(
-            "Add sample",
-            "Add",
-            "Add an empty conversation after the selected sample (the arrow: other shapes)",
-            self.add_sample,
-            "Ctrl+Shift+N",
-        )
-        self.action_duplicate = a(
-            "Duplicate", "Duplicate", "Duplicate the selected samples", self.duplicate_selected, "Ctrl+D"
-        )
-        self.action_delete = a(
-            "Delete", "Delete", "Delete the selected samples", self.delete_selected, "Delete"
-        )
-        self.action_up = a(
-            "Move up", "Up", "Move the selected sample up", lambda: self.move_current(-1), "Alt+Up"
-        )
-        self.action_down = a(
-            "Move down", "Down", "Move the selected sample down", lambda: self.move_current(1), "Alt+Down"
-        )
-        self.action_undo = a("Undo", "Undo", "Undo the last change to the dataset", self.undo, "Ctrl+Z")
-        self.action_redo = a(
-            "Redo", "Redo", "Redo the change just undone", self.redo, "Ctrl+Shift+Z", "Ctrl+Y"
-        )
-        self.action_find = a("Find", "Find", "Search the samples' text", self.focus_search, "Ctrl+F")
-        self._actions = [
-            self.action_open,
-            self.action_save,
-            self.action_save_as,
-            self.action_import,
-            self.action_add,
-            self.action_duplicate,
-            self.action_delete,
-            self.action_up,
-            self.action_down,
-            self.action_undo,
-            self.action_redo,
-            self.action_find,
-        ]
-
-    def _build_widgets(self) -> None:
-        toolbar = QToolBar()
-        toolbar.setToolButtonStyle(Qt.ToolButtonTextOnly)
-        for action in (self.action_open, self.action_save, self.action_save_as, self.action_import):
-            toolbar.addAction(action)
-        toolbar.addSeparator()
-        toolbar.addAction(self.action_add)
-        add_button = toolbar.widgetForAction(self.action_add)
-        if isinstance(add_button, QToolButton):
-            menu = QMenu(add_button)
-            for kind, label in (
-                ("messages", "Conversation (messages)"),
-                ("prompt", "Prompt and response"),
-                ("text", "Plain text"),
-                ("preference", "Preference pair (chosen / rejected)"),
-            ):
-                menu.addAction(label).triggered.connect(lambda _=False, kind=kind: self.add_sample(kind))
-            add_button.setMenu(menu)
-            add_button.setPopupMode(QToolButton.MenuButtonPopup)
-        for action in (self.action_duplicate, self.action_delete, self.action_up, self.action_down):
-            toolbar.addAction(action)
-        toolbar.addSeparator()
-        toolbar.addAction(self.action_undo)
-        toolbar.addAction(self.action_redo)
-
-        self.search = QLineEdit()
-        self.search.setPlaceholderText("Search samples (Ctrl+F)")
-        self.search.setClearButtonEnabled(True)
-        self.search.setToolTip(
-            "Show only the samples whose text (any turn, prompt, response or text) contains this, "
-            "ignoring case. Esc clears it"
-        )
-        self.search.setMinimumWidth(220)
-        self.search.textChanged.connect(self._search_changed)
-        self.search.returnPressed.connect(self._select_first_visible)
-
-        top = QHBoxLayout()
-        top.addWidget(toolbar, 1)
-        top.addWidget(self.search)
-
-        self.path_label = QLabel()
-        self.path_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.path_label.setToolTip("The dataset file being edited")
-        self.path_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)  # long paths give way
-        self.stats_label = QLabel()
-        self.stats_label.setToolTip(
-            "Samples in the dataset, how many have a reward, problems found, and tokens with the open "
-            "model (trained tokens are the ones the loss is computed on)"
-        )
-        info = QHBoxLayout()
-        info.addWidget(self.path_label, 1)
-        info.addWidget(self.stats_label)
-
-        self.message = MessageBar()
-
-        # table
-        self.table = QTableView()
-        self.table.setModel(self.proxy)
-        self.table.setSortingEnabled(True)
-        self.table.sortByColumn(SamplesModel.COL_INDEX, Qt.AscendingOrder)
-        self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
-        self.table.setSelectionMode(QAbstractItemView.ExtendedSelection)
-        self.table.setAlternatingRowColors(True)
-        self.table.setWordWrap(False)
-        self.table.setTextElideMode(Qt.ElideRight)
-        self.table.verticalHeader().hide()
-        self.table.verticalHeader().setDefaultSectionSize(self.fontMetrics().height() + 8)
-        self.table.setToolTip("")
-        self.table.setContextMenuPolicy(Qt.ActionsContextMenu)
-        for action in (
-            self.action_add,
-            self.action_duplicate,
-            self.action_delete,
-            self.action_up,
-            self.action_down,
-        ):
-            self.table.addAction(action)
-        header = self.table.horizontalHeader()
-        header.setHighlightSections(False)
-        fm = self.fontMetrics()
-        widths = {
-            SamplesModel.COL_INDEX: fm.horizontalAdvance("0000"),
-            SamplesModel.COL_LINE: fm.horizontalAdvance("Line0"),
-            SamplesModel.COL_SHAPE: fm.horizontalAdvance("messages0"),
-            SamplesModel.COL_REWARD: fm.horizontalAdvance("Reward0"),
-            SamplesModel.COL_TOKENS: fm.horizontalAdvance("Tokens0"),
-            SamplesModel.COL_TRAINED: fm.horizontalAdvance("Trained0"),
-            SamplesModel.COL_PROBLEMS: fm.horizontalAdvance("Problems0"),
-        }
-        for col, width in widths.items():
-            header.setSectionResizeMode(col, QHeaderView.Interactive)
-            self.table.setColumnWidth(col, width + 12)
-        header.setSectionResizeMode(SamplesModel.COL_WORDS, QHeaderView.Stretch)
-        self.table.selectionModel().currentRowChanged.connect(lambda *_: self._current_changed())
-        self.table.selectionModel().selectionChanged.connect(lambda *_: self._update_actions())
-        self.table.doubleClicked.connect(lambda _index: self.editor.focus_first_field())
-
-        # problems
-        self.problems_title = QLabel("<b>Problems</b>")
-        self.problems = QListView()
-        self.problems.setModel(self.problems_model)
-        self.problems.setToolTip(
-            "Problems found when reading the file or encoding the samples. Click one to select its "
-            "sample. Errors: the sample is skipped by training; warnings: it is kept"
-        )
-        self.problems.setUniformItemSizes(True)  # a hundred thousand rows: no per-row layout
-        self.problems.setTextElideMode(Qt.ElideRight)
-        self.problems.setIconSize(QSize(16, 16))
-        self.problems.clicked.connect(self.select_problem)
-        self.problems.activated.connect(self.select_problem)
-        self._problems_builder = ProblemsBuilder(
-            self.problems_model,
-            self.model,
-            lambda: self.skipped,
-            self._no_problems_text,
-            self._problems_built,
-            self,
-        )
-        problems_box = QWidget()
-        pl = QVBoxLayout(problems_box)
-        pl.setContentsMargins(0, 4, 0, 0)
-        pl.addWidget(self.problems_title)
-        pl.addWidget(self.problems, 1)
-
-        left = splitter(
-            Qt.Vertical, (self.table, problems_box), stretch=(3, 1), sizes=(380, 130), collapsible=True
-        )
-
-        # editor
-        self.editor = SampleEditorWidget(self.document)
-        self.editor.sig_edit.connect(self._edited)
-
-        upper = splitter(
-            Qt.Horizontal, (left, self.editor), stretch=(3, 2), sizes=(740, 420), collapsible=True
-        )
-
-        self.token_view = TokenViewWidget()
-        self.splitter = splitter(Qt.Vertical, (upper, self.token_view), stretch=(3, 1), sizes=(520, 200))
-
-        self.load_label = QLabel()
-        self.load_bar = QProgressBar()
-        self.load_bar.setRange(0, 1000)
-        self.load_bar.setTextVisible(True)
-        self.load_cancel = QPushButton("Cancel")
-        self.load_cancel.setToolTip("Stop reading the file; the dataset shown stays as it is")
-        self.load_cancel.clicked.connect(self.cancel_loading)
-        self.load_strip = QWidget()
-        strip = QHBoxLayout(self.load_strip)
-        strip.setContentsMargins(0, 0, 0, 0)
-        strip.addWidget(self.load_label)
-        strip.addWidget(self.load_bar, 1)
-        strip.addWidget(self.load_cancel)
-        self.load_strip.hide()
-
-        layout = QVBoxLayout(self)
-        layout.addLayout(top)
-        layout.addWidget(self.message)
-        layout.addWidget(self.load_strip)
-        layout.addLayout(info)
-        layout.addWidget(self.splitter, 1)
-
     # --- public API ---------------------------------------------------------------------------
     def actions(self) -> list[QAction]:  # type: ignore[override]
         """The page's actions, for menus: open, save, save as, import, add, duplicate, delete,

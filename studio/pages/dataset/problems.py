@@ -22,7 +22,8 @@ from PySide6.QtWidgets import QApplication, QStyle
 from engine import Problem
 
 from ...widgets import roles
-from .table import SampleRow, SamplesModel
+from .rows import SampleRow
+from .table import SamplesModel
 
 SLICE_S = 0.008  # the longest one slice of a rebuild holds the UI thread
 NEW = 10**12  # sorts new samples (no line) after every line

@@ -32,7 +32,8 @@ from PySide6.QtCore import (
 )
 
 from ...widgets import roles
-from .table import SampleRow, SamplesModel
+from .rows import SampleRow
+from .table import SamplesModel
 
 Index = QModelIndex | QPersistentModelIndex
 _FLAGS = Qt.ItemIsSelectable | Qt.ItemIsEnabled

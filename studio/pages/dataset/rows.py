@@ -3,19 +3,20 @@ process that reads a large file (`studio.pages.dataset.read_process`), so the UI
 
 `SampleRow` is one row (a sample, what reading it found, its counts with the open model, and its
 search text and first words, made once); `make_rows` makes them for samples as read, with what the
-table sorts the first words by (`dense_ranks`), as `PreparedRows`.
+table sorts the first words by (`dense_ranks`), as `PreparedRows`. `RowCounts` are one sample's
+counts with a model as a counter reports them (`count_row`), `DatasetStats` the table's totals.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from engine import Problem, Sample
+from engine import Encoded, Problem, Sample
 
 
 def first_words(sample: Sample, limit: int = 90) -> str:
@@ -138,4 +139,48 @@ def dense_ranks(keys: list[Any], run: int = 8192) -> np.ndarray:
     return ranks
 
 
-__all__ = ["PreparedRows", "SampleRow", "dense_ranks", "first_words", "make_rows", "sample_text"]
+@dataclass(frozen=True)
+class DatasetStats:
+    samples: int
+    with_reward: int
+    problems: int  # on samples in the table (skipped lines are counted by the page)
+    errors: int
+    tokens: int | None  # None without a model or while counting
+    trained: int | None
+    counted: int  # rows whose tokens are known
+
+
+@dataclass(frozen=True)
+class RowCounts:
+    """One sample's counts with a model, as a background counter reports them."""
+
+    sample: Sample
+    n_tokens: int  # -1: dropped
+    n_trained: int
+    truncated: bool
+    problems: tuple[Problem, ...]
+
+
+def count_row(sample: Sample, encoded: Encoded | None, problems: Sequence[Problem], index: int) -> RowCounts:
+    """RowCounts from `encode_samples`' result for a sample (its "sample N: " prefix removed)."""
+    prefix = f"sample {index}: "
+    cleaned = tuple(
+        replace(p, message=p.message[len(prefix) :]) if p.message.startswith(prefix) else p for p in problems
+    )
+    if encoded is None:
+        return RowCounts(sample, -1, 0, False, cleaned)
+    trained = int(np.count_nonzero(encoded.trained))
+    return RowCounts(sample, len(encoded.tokens), trained, encoded.truncated, cleaned)
+
+
+__all__ = [
+    "DatasetStats",
+    "PreparedRows",
+    "RowCounts",
+    "SampleRow",
+    "count_row",
+    "dense_ranks",
+    "first_words",
+    "make_rows",
+    "sample_text",
+]

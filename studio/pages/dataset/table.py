@@ -7,12 +7,14 @@ model. Token counts come from `engine.encode_samples` with the open model's toke
 template: made by a background counter (the page's loader thread) when there is one, a slice at
 a time on the UI thread otherwise, and for a row on show at once; only the counts are kept per row
 (the token view's tokens are encoded when asked). Totals are kept as rows change, so a
-hundred-thousand-row table answers `stats()` at once. `rebuild_sample` makes an edited copy of a
+hundred-thousand-row table answers `stats()` at once. `rebuild_sample` (samples.py) makes an edited copy of a
 frozen `Sample` and validates it.
 
 What this module is not: it holds no samples of its own, reads and writes no files and keeps no
 undo history (`studio.dataset_document.DatasetDocument` does all three); sorting and searching
-are `studio.pages.dataset.proxy.SamplesFilterModel`'s.
+are `studio.pages.dataset.proxy.SamplesFilterModel`'s. The rows themselves are rows.py's, the
+samples' helpers samples.py's; the module is one Qt model class (about 540 lines) on purpose: its
+counting, its running totals and its notifications change the same rows together.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -43,17 +45,22 @@ from engine import (
     Problem,
     Sample,
     Tokenizer,
-    chosen_text,
     encode_samples,
-    parse_sample,
-    sample_to_json,
 )
 
 from ...dataset_document import DatasetChange, DatasetDocument
 from ...weak_listener import listen_while_alive
 from ...widgets import roles
 from ...widgets.theme import is_dark
-from .rows import PreparedRows, SampleRow, dense_ranks, first_words, make_rows, sample_text
+from .rows import (
+    DatasetStats,
+    PreparedRows,
+    RowCounts,
+    SampleRow,
+    count_row,
+    dense_ranks,
+)
+from .samples import sample_preview
 
 SortRole = roles.USER + 1  # a value that sorts (numbers as numbers, None first)
 NO_VALUE = "–"
@@ -84,100 +91,7 @@ def _dark() -> bool:
     return app is not None and is_dark(QApplication.palette())
 
 
-# -- samples -----------------------------------------------------------------------------------
-
-
-def rebuild_sample(sample: Sample, **changes: Any) -> tuple[Sample, list[Problem]]:
-    """A copy of `sample` with `changes` (messages=, prompt=, response=, text=, reward=, rejected=) and
-    what is wrong with it.
-
-    The copy goes through `sample_to_json` and `parse_sample`, which validates it and recomputes
-    its `group`. When it is not valid (an error problem, e.g. no assistant turn left) the
-    unvalidated copy comes back with the problems, so that an edit in progress is never lost.
-    """
-    new = replace(sample, **changes)
-    if new.kind == "prompt" and ("prompt" in changes or "response" in changes):
-        new = replace(
-            new,
-            messages=(
-                {"role": "user", "content": new.prompt},
-                {"role": "assistant", "content": new.response},
-            ),
-        )
-    parsed, problems = parse_sample(sample_to_json(new), new.line)
-    return (parsed if parsed is not None else new), problems
-
-
-def new_sample(kind: str = "messages") -> Sample:
-    """An empty sample of one shape, ready to be filled in the editor."""
-    if kind == "messages":
-        obj: dict[str, Any] = {
-            "messages": [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
-        }
-    elif kind == "prompt":
-        obj = {"prompt": "", "response": ""}
-    elif kind == "text":
-        obj = {"text": "-"}
-    elif kind == "preference":
-        obj = {"prompt": "", "chosen": "", "rejected": "-"}
-    else:
-        raise ValueError(f"sample kind {kind!r} is not one of messages, prompt, text, preference")
-    sample, problems = parse_sample(obj, 0)
-    assert sample is not None, problems
-    if kind == "text":
-        sample = replace(sample, text="")
-    elif kind == "preference":
-        sample = replace(sample, rejected="")
-    return sample
-
-
-def sample_preview(sample: Sample, limit: int = 600) -> str:
-    """A few lines showing the sample, for tooltips."""
-    if sample.kind == "text":
-        text = sample.text or ""
-    else:
-        text = "\n".join(f"{m.get('role')}: {m.get('content') or ''}" for m in sample.messages)
-        if sample.rejected is not None:  # a preference pair: its last turn is the chosen answer
-            text = text.rsplit("\nassistant: ", 1)[0]
-            text += f"\nchosen: {chosen_text(sample)}\nrejected: {sample.rejected}"
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 # -- the table model ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DatasetStats:
-    samples: int
-    with_reward: int
-    problems: int  # on samples in the table (skipped lines are counted by the page)
-    errors: int
-    tokens: int | None  # None without a model or while counting
-    trained: int | None
-    counted: int  # rows whose tokens are known
-
-
-@dataclass(frozen=True)
-class RowCounts:
-    """One sample's counts with a model, as a background counter reports them."""
-
-    sample: Sample
-    n_tokens: int  # -1: dropped
-    n_trained: int
-    truncated: bool
-    problems: tuple[Problem, ...]
-
-
-def count_row(sample: Sample, encoded: Encoded | None, problems: Sequence[Problem], index: int) -> RowCounts:
-    """RowCounts from `encode_samples`' result for a sample (its "sample N: " prefix removed)."""
-    prefix = f"sample {index}: "
-    cleaned = tuple(
-        replace(p, message=p.message[len(prefix) :]) if p.message.startswith(prefix) else p for p in problems
-    )
-    if encoded is None:
-        return RowCounts(sample, -1, 0, False, cleaned)
-    trained = int(np.count_nonzero(encoded.trained))
-    return RowCounts(sample, len(encoded.tokens), trained, encoded.truncated, cleaned)
 
 
 # A background counter: counter(generation, samples) starts counting them off the UI thread, handing
@@ -749,18 +663,8 @@ def _same_objects(samples: list[Sample], doc: DatasetDocument) -> bool:
 
 __all__ = [
     "Counter",
-    "DatasetStats",
     "NO_VALUE",
-    "PreparedRows",
     "ROLES",
-    "RowCounts",
-    "SampleRow",
     "SamplesModel",
     "SortRole",
-    "count_row",
-    "first_words",
-    "make_rows",
-    "new_sample",
-    "rebuild_sample",
-    "sample_text",
 ]
