@@ -46,10 +46,12 @@ def serve(conn: Any, work: Callable[[Any], None]) -> None:
     """A child's whole life: at a lower priority than the window (on 2 cores it competes with the
     UI thread for a core), `work(conn)`; an unexpected exception is sent as ("error", what and
     where), the app going away or cancelling ends it quietly."""
-    try:
-        os.nice(NICE)
-    except OSError:
-        pass
+    nice = getattr(os, "nice", None)  # POSIX only: elsewhere the child runs at the window's priority
+    if nice is not None:
+        try:
+            nice(NICE)
+        except OSError:
+            pass
     try:
         work(conn)
     except (EOFError, BrokenPipeError, KeyboardInterrupt):
