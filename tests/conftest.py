@@ -6,6 +6,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # Tests run tiny models, where a second BLAS thread costs more than it gives, and far more when the
@@ -34,6 +37,24 @@ def write_chats(path, pairs, rewards=None) -> str:
                 row["reward"] = rewards[i]
             f.write(json.dumps(row) + "\n")
     return str(path)
+
+
+@contextmanager
+def parsing_threads() -> Iterator[list[str]]:
+    """The names of this process's threads, started inside the block, that call the dataset parser
+    (`iter_jsonl`, `parse_sample`): one entry a call. A large file must be parsed in a child process,
+    never by a thread that holds the interpreter from the UI thread."""
+    names: list[str] = []
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code.co_name in ("iter_jsonl", "parse_sample"):
+            names.append(threading.current_thread().name)
+
+    threading.setprofile(watch)  # every thread started from here on
+    try:
+        yield names
+    finally:
+        threading.setprofile(None)
 
 
 def question_ids(model, question: str, add_special: bool = False):

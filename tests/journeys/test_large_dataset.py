@@ -8,12 +8,11 @@ opening the project reads the file in the background again and shows the edit.""
 from __future__ import annotations
 
 import os
-import threading
 
 from PySide6.QtCore import QTimer
 
 from studio.pages.dataset.page import BACKGROUND_BYTES
-from tests.conftest import write_chats
+from tests.conftest import parsing_threads, write_chats
 
 from .conftest import ANSWER, QUESTIONS, TIMEOUT_MS, checked, open_model
 
@@ -25,22 +24,15 @@ def read_in_the_background(qtbot, window, open_it) -> list[str]:
     timer as the window's event loop would; the threads of this process that parsed the file (none
     expected)."""
     page = window.dataset_page
-    parsed_here: list[str] = []
-
-    def watch(frame, event, arg):
-        if event == "call" and frame.f_code.co_name in ("iter_jsonl", "parse_sample"):
-            parsed_here.append(threading.current_thread().name)
-
     ticks: list[bool] = []
     timer = QTimer()
     timer.timeout.connect(lambda: ticks.append(page.loading))
     timer.start(5)
-    threading.setprofile(watch)  # every thread started from here on
     try:
-        assert open_it()
-        qtbot.waitUntil(lambda: not page.loading and page.model.rowCount() == N, timeout=TIMEOUT_MS)
+        with parsing_threads() as parsed_here:
+            assert open_it()
+            qtbot.waitUntil(lambda: not page.loading and page.model.rowCount() == N, timeout=TIMEOUT_MS)
     finally:
-        threading.setprofile(None)
         timer.stop()
     assert ticks.count(True) >= 5  # the window answered while the file was read
     return parsed_here

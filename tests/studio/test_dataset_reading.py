@@ -17,6 +17,7 @@ from engine import DatasetError
 from studio.pages.dataset import loader as loader_module
 from studio.pages.dataset.loader import DatasetLoader
 from studio.pages.dataset.reading import ReadFailed, ReadJob, read_dataset
+from tests.conftest import parsing_threads
 from tests.studio.test_dataset_large import write_big
 
 
@@ -115,21 +116,12 @@ def test_the_window_process_does_not_parse_a_file_the_loader_reads(qtbot, tmp_pa
     """The parsing (seconds of Python for a large file) happens in the child: no thread of this
     process calls the reader, so none holds the interpreter from the UI thread for it."""
     path = str(write_big(tmp_path / "big.jsonl", 2000))
-    parsed_here: list[str] = []
-
-    def watch(frame, event, arg):
-        if event == "call" and frame.f_code.co_name in ("iter_jsonl", "parse_sample"):
-            parsed_here.append(threading.current_thread().name)
-
     loader = DatasetLoader()
     loaded: list = []
     loader.sig_loaded.connect(lambda job, result: loaded.append(result))
-    threading.setprofile(watch)  # every thread started from here on
-    try:
+    with parsing_threads() as parsed_here:
         loader.load(path)
         qtbot.waitUntil(lambda: bool(loaded), timeout=60_000)
-    finally:
-        threading.setprofile(None)
     assert len(loaded[0].samples) == 2000
     assert parsed_here == []
 
