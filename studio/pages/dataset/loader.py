@@ -114,6 +114,10 @@ class DatasetLoader(QObject):
             return read.read(path, progress)
         except ReadFailed as exc:
             log.warning("reading %s in a child process failed (%s); reading it here instead", path, exc)
+        finally:
+            with self._read_lock:  # done with it: a later cancel has nothing of this read to stop
+                if self._read_job is read:
+                    self._read_job = None
 
         def go_on() -> bool:
             self.gate.pause()
