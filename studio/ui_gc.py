@@ -7,8 +7,9 @@ objects there, which crashes Qt; and a collection walks every object of its gene
 interpreter, so the window froze that long. `UiCollector` turns automatic collection off and
 collects from a timer on the UI thread (pyqtgraph's recipe: the young generations when enough was
 allocated, the old one when they were collected often enough), and collects nothing while some
-thread holds `held()`. The dataset reader holds it from the first line until it has moved the
-samples out of the collector's reach (`gc.freeze`: they hold no cycles, refcounting frees them).
+thread holds `held()`. The Dataset page's loader holds it from the first batch of rows it takes in
+until it has moved the samples out of the collector's reach (`gc.freeze`: they hold no cycles,
+refcounting frees them).
 Holding off only the full collection would not do: everything allocated between two looks of the
 timer is young, so a young collection in the middle of a read walks what was read since (40 ms).
 The price: a reference cycle that became garbage during the read is frozen with the samples and
@@ -32,7 +33,7 @@ _ATTRIBUTE = "_tune_studio_ui_gc"
 
 
 class UiCollector(QObject):
-    """See the module docstring. Made on the UI thread; `young_only()` from any thread."""
+    """See the module docstring. Made on the UI thread; `held()` from any thread."""
 
     def __init__(self, interval_s: float = INTERVAL_S, parent: QObject | None = None):
         super().__init__(parent)
