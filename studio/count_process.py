@@ -29,6 +29,7 @@ from engine import ChatTemplate, EncodeOptions, Problem, Sample, Tokenizer, enco
 
 from .child_job import ChildJob, OnDone, serve
 
+MANY = 2000  # samples worth a child process: fewer are counted where they are (starting one takes ~1 s)
 CHUNK = 512  # samples sent to the child, and counts sent back, at once
 BATCH = 64  # samples the child tokenizes at once
 
@@ -178,4 +179,4 @@ class CountJob(ChildJob):
         return feed(), message
 
 
-__all__ = ["CHUNK", "CountJob", "count_chunks"]
+__all__ = ["CHUNK", "MANY", "CountJob", "count_chunks"]

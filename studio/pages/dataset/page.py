@@ -51,6 +51,7 @@ from engine import (
     Source,
 )
 
+from ...count_process import MANY
 from ...dataset_document import DatasetChange, DatasetDocument
 from ...project import ModelInfo, Project
 from ...weak_listener import listen_while_alive
@@ -305,7 +306,7 @@ class DatasetPage(QWidget):
         """The table's counter: count tokens in the loader's child process (many rows; few are
         counted here)."""
         model = self.model
-        if len(samples) < 2000 or model.tokenizer is None or model.options is None:
+        if len(samples) < MANY or model.tokenizer is None or model.options is None:
             return False
         self.loader.count(generation, samples, model.tokenizer, model.template, model.options)
         return True

@@ -50,11 +50,11 @@ from engine import (
     validation_indices,
 )
 
-from ...count_process import CountJob
+from ...count_process import MANY, CountJob
 
 log = logging.getLogger(__name__)
 
-CHILD_MIN = 2000  # samples encoded at once in a child process (starting one takes about a second)
+CHILD_MIN = MANY  # samples encoded in a child process, as the Dataset page's counts are
 
 
 @dataclass(frozen=True)
