@@ -7,7 +7,9 @@ opening the project reads the file in the background again and shows the edit.""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+import time
 
 from PySide6.QtCore import QTimer
 
@@ -87,3 +89,29 @@ def test_a_large_dataset_reads_in_the_background_edits_saves_and_comes_back(qtbo
     assert page.samples[0].messages[1]["content"] == ANSWER and not page.is_modified
     checked(qtbot, again)
     assert again.train_page.check.plan.n_samples == N
+
+
+def test_closing_the_window_while_a_large_dataset_is_checked_closes_at_once(qtbot, app, tiny_q4, tmp_path):
+    """The person opens the large file and closes the window while its tokens are still counted and
+    the Train page still checks the run (each in a child process): the window goes at once, and no
+    process of the app is left behind."""
+    data = tmp_path / "big.jsonl"
+    write_chats(data, ((f"{QUESTIONS[i % len(QUESTIONS)]} {i}", ANSWER * 8) for i in range(8 * N)))
+    window = app.launch()
+    open_model(qtbot, window, tiny_q4)
+    assert window.open_dataset(str(data))
+    qtbot.waitUntil(lambda: not window.dataset_page.loading, timeout=TIMEOUT_MS)
+    checker = window.train_page.checker
+
+    def encoding() -> bool:  # the check's child has started
+        job = checker.encodings._job
+        return job is not None and job.pid is not None
+
+    qtbot.waitUntil(encoding, timeout=TIMEOUT_MS)
+    t0 = time.monotonic()
+    assert checker.encodings._job is not None  # the check's child still encodes
+    assert window.close()
+    window.engine.shutdown(60_000)
+    closed_s = time.monotonic() - t0
+    assert closed_s < 1.5, closed_s  # it waited for the child to encode everything (2.6 s here)
+    qtbot.waitUntil(lambda: not mp.active_children(), timeout=5_000)

@@ -9,7 +9,7 @@ settings it was made with; `sig_failed(message)` a check that could not be made.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QCoreApplication, QObject, QTimer, Signal
+from PySide6.QtCore import QObject, QTimer, Signal
 
 from ...ui_gate import UiGate
 from ...worker import Engine, Job
@@ -35,9 +35,12 @@ class NextRunCheck(QObject):
         self._again = False
         # used by the check jobs only, in the worker, which give the UI thread its turn as they go
         self.encodings = EncodingCache(pause=UiGate.for_app().pause)
-        app = QCoreApplication.instance()
-        if app is not None:  # quitting while a large dataset is checked: its encoding child is killed
-            app.aboutToQuit.connect(self.encodings.stop)
+
+    def stop(self) -> None:
+        """The page is closing: no check is due, and one under way stops at once (a large dataset's
+        encoding child is killed; the check fails instead of keeping the engine worker)."""
+        self.timer.stop()
+        self.encodings.stop()
 
     def schedule(self) -> None:
         """Check soon: `delay_ms` after the last call."""

@@ -858,7 +858,7 @@ class TrainPage(QWidget):
             self.job.request_stop()
         if self.proc_run is not None:
             self.proc_run.stop()
-        self.check_timer.stop()
+        self.checker.stop()
         self.plots.timer.stop()
         self._alert.hide()
 
