@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import re
 import threading
 
 import numpy as np
@@ -83,7 +84,7 @@ def test_a_file_that_cannot_be_read_is_a_dataset_error(tmp_path):
     path.write_bytes(b'{"text": "caf\xe9"}\n')
     with pytest.raises(DatasetError) as caught:
         read_dataset(str(path))
-    with pytest.raises(DatasetError, match=str(caught.value)[:40]):
+    with pytest.raises(DatasetError, match=re.escape(str(caught.value))):
         ReadJob().read(str(path))
     with pytest.raises(DatasetError):
         ReadJob().read(str(tmp_path / "missing.jsonl"))
