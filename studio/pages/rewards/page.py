@@ -411,7 +411,7 @@ class RewardsPage(JobPage):
         self.grid.set_cards(cards)
 
     def _show_stream(self) -> None:
-        total = sum(len(s) for s in self._stream)
+        total = self._stream.total()
         if self.busy in rewards.STREAMING and total:
             self.status_label.setText(f"Generating… {total} tokens")
         tok = self.info.tokenizer if self.info is not None else None
