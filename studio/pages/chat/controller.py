@@ -114,7 +114,7 @@ class ChatController:
 
     def adapter_view(self, data: object, path: str | None, busy: str) -> AdapterView:
         """The adapter box for the list at entry `data` (`path`: its file, when it has one)."""
-        file = path if path not in (None, BASE, RUN) else None
+        file = export_request(path)
         if data == RUN:
             note = "The run's adapter as trained so far: answers wait while it takes steps."
         elif file is not None and not self.use_adapter:
