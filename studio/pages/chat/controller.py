@@ -71,9 +71,6 @@ class ChatController:
     def turns(self) -> int:
         return sum(m["role"] == "user" for m in self.history)
 
-    def answers(self) -> list[str]:
-        return [m["content"] for m in self.history if m["role"] == "assistant"]
-
     def last_prompt(self, typed: str = "", compare_typed: str = "") -> str:
         """The prompt to hand on: the last message sent, else what is typed (message box, then the
         side by side prompt)."""

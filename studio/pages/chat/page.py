@@ -348,9 +348,6 @@ class ChatPage(JobPage):
                 return msg.text
         return ""
 
-    def answers(self) -> list[str]:
-        return self.ctrl.answers()
-
     # --- side by side -------------------------------------------------------------------------
     def compare(self) -> bool:
         """The same prompt and seed through the base model and through the adapter, in two columns."""
