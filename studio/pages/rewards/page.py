@@ -161,9 +161,6 @@ class RewardsPage(JobPage):
         """Continue `path` now (asked first when the session took steps); see the files box."""
         self.files.start_from(path)
 
-    def new_adapter(self) -> None:
-        self.files.new_adapter()
-
     def set_ratings_path(self, path: str) -> bool:
         """Append ratings to `path` from now on; False (and why, in the page) if it cannot be written."""
         return self.files.set_ratings_path(path)
