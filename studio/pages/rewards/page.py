@@ -180,9 +180,6 @@ class RewardsPage(JobPage):
     def ratings_path(self) -> str:
         return self.ctrl.ratings_path(self.project.output_folder())
 
-    def checkpoint_dir(self) -> str:
-        return self.ctrl.checkpoint_dir(self.project.output_folder())
-
     def reset(self) -> None:
         """A new project: no rating session, no prompt, a new adapter, the default ratings file."""
         self.shutdown()
@@ -619,11 +616,6 @@ class RewardsPage(JobPage):
         self.side_by_side.set_answers(None, None)
         self.prompt_edit.setFocus()
         self.sig_round_applied.emit(result)
-
-    # --- side by side -------------------------------------------------------------------------
-    def compare(self, prompt: str, seed: int) -> bool:
-        """One answer from the base model and one with the adapter, same prompt and seed, in the worker."""
-        return self.side_by_side.compare(prompt, seed)
 
 
 __all__ = ["CHECKPOINT_FOLDER", "NEW_ADAPTER", "RATINGS_FILE", "RewardsPage"]
