@@ -52,8 +52,8 @@ STREAM_HZ = 20
 COMPARE_WIDGETS = ("compare_prompt", "compare_button", "compare_stop_button", "compare_status", "blind_check",
                    "base_column", "adapter_column", "blind", "compare_stack", "preferences_row",
                    "train_choices_button")  # fmt: skip
-SIDE_WIDGETS = ("adapter_choice", "base_toggle", "adapter_toggle", "toggle_group", "adapter_note",
-                "export_button", "rate_button", "sampling")  # fmt: skip
+SIDE_WIDGETS = ("adapter_choice", "base_toggle", "adapter_toggle", "adapter_note", "export_button",
+                "rate_button", "sampling")  # fmt: skip
 
 
 class ChatPage(JobPage):

@@ -57,8 +57,7 @@ STREAM_HZ = 10
 # the blocks' widgets, named on the page as on their blocks
 # fmt: off
 SIDE_WIDGETS = ("reward_settings", "files", "settings_box")
-FILES_WIDGETS = ("ratings_label", "ratings_button", "adapter_label", "adapter_choice", "start_from_button",
-                 "new_adapter_button", "save_button")
+FILES_WIDGETS = ("ratings_label", "adapter_label", "adapter_choice", "new_adapter_button", "save_button")
 RATE_WIDGETS = ("prompt_edit", "system_edit", "dataset_button", "generate_button", "stop_button",
                 "status_label", "grid", "keys_label", "checks_box")
 APPLY_WIDGETS = ("diagnostics", "apply_button", "history")
