@@ -208,9 +208,8 @@ class RewardsPage(JobPage):
         for card in self.cards:
             card.setEnabled(c.idle)
         self.adapter_choice.setEnabled(c.idle)
-        if hasattr(self, "auto"):  # (the tabs are built after the first call)
-            self.ab.set_busy(bool(busy))
-            self.auto.page_busy(busy)
+        self.ab.set_busy(bool(busy))
+        self.auto.page_busy(busy)
         self.apply_button.setEnabled(c.apply)
         if busy:
             self.status_label.setText(rewards.busy_text(busy))
