@@ -421,7 +421,7 @@ class TrainPlotsWidget(QWidget):
             self._unrevealed.pop(0).show()
             return
         if not self.redraws.dirty:
-            if getattr(self, "_draining", False):
+            if self._draining:
                 self.timer.stop()
             return
         visible = lambda panel: self.panel_widgets[panel].isVisible()  # noqa: E731

@@ -27,7 +27,7 @@ def test_the_conversation_is_system_history_then_the_new_turn():
     c = ChatController()
     assert c.messages_for("", "Hi") == [{"role": "user", "content": "Hi"}]
     c.answered("Hi", "Hello!")
-    assert c.turns() == 1 and c.answers() == ["Hello!"]
+    assert c.turns() == 1
     assert c.messages_for("Be brief.", "And?") == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hi"},

@@ -16,6 +16,7 @@ from PySide6.QtGui import QAction
 from PySide6.QtWidgets import QApplication, QHBoxLayout, QListWidget, QMainWindow, QWidget
 
 from engine import Preview, RoundResult, RunRecord, TargetSpec, load_jsonl, lora_shapes, write_adapter
+from studio.pages.generation import StreamBuffer
 from studio.pages.rewards.cards import AnswerCardWidget
 from studio.pages.rewards.page import NEW_ADAPTER, RewardsPage
 from studio.pages.rewards.panels import DiagnosticsWidget, PromptPickerDialog, dataset_prompts
@@ -271,7 +272,9 @@ def test_generation_failure_is_shown_and_the_round_kept(qtbot, page):
 def test_tokens_stream_into_the_cards_while_generating(qtbot, page, demo_info):
     page._show_placeholder_cards(2)
     ids = demo_info.tokenizer.encode("The sky is", add_special=False)
-    page._stream = [list(ids), []]
+    page._stream = StreamBuffer(2)  # what the worker fills while a round generates
+    for i in ids:
+        page._stream.append(0, i)
     page.busy = "generating"
     page._show_stream()
     assert page.cards[0].text == "The sky is" and page.cards[1].text == "…"

@@ -71,9 +71,6 @@ class ChatController:
     def turns(self) -> int:
         return sum(m["role"] == "user" for m in self.history)
 
-    def answers(self) -> list[str]:
-        return [m["content"] for m in self.history if m["role"] == "assistant"]
-
     def last_prompt(self, typed: str = "", compare_typed: str = "") -> str:
         """The prompt to hand on: the last message sent, else what is typed (message box, then the
         side by side prompt)."""
@@ -114,7 +111,7 @@ class ChatController:
 
     def adapter_view(self, data: object, path: str | None, busy: str) -> AdapterView:
         """The adapter box for the list at entry `data` (`path`: its file, when it has one)."""
-        file = path if path not in (None, BASE, RUN) else None
+        file = export_request(path)
         if data == RUN:
             note = "The run's adapter as trained so far: answers wait while it takes steps."
         elif file is not None and not self.use_adapter:

@@ -52,8 +52,8 @@ STREAM_HZ = 20
 COMPARE_WIDGETS = ("compare_prompt", "compare_button", "compare_stop_button", "compare_status", "blind_check",
                    "base_column", "adapter_column", "blind", "compare_stack", "preferences_row",
                    "train_choices_button")  # fmt: skip
-SIDE_WIDGETS = ("adapter_choice", "base_toggle", "adapter_toggle", "toggle_group", "adapter_note",
-                "export_button", "rate_button", "sampling")  # fmt: skip
+SIDE_WIDGETS = ("adapter_choice", "base_toggle", "adapter_toggle", "adapter_note", "export_button",
+                "rate_button", "sampling")  # fmt: skip
 
 
 class ChatPage(JobPage):
@@ -347,9 +347,6 @@ class ChatPage(JobPage):
                 self.status_label.setText("The last answer is on the clipboard.")
                 return msg.text
         return ""
-
-    def answers(self) -> list[str]:
-        return self.ctrl.answers()
 
     # --- side by side -------------------------------------------------------------------------
     def compare(self) -> bool:

@@ -48,7 +48,7 @@ from engine import (
 )
 
 from ...project import ModelInfo
-from ...widgets.buttons import action_button
+from ...widgets.buttons import action_button, shortcut_text
 from ...widgets.engine_page import RUNS_MOVED, EnginePage
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
@@ -77,10 +77,6 @@ def run_prompts(dataset: str | None) -> tuple[str, ...]:
             if len(own) == RUN_PROMPTS:
                 break
     return (*own, *VERIFY_PROMPTS)
-
-
-def _keys(seq: str) -> str:
-    return QKeySequence(seq).toString(QKeySequence.NativeText)
 
 
 class ExportPage(EnginePage):
@@ -123,7 +119,7 @@ class ExportPage(EnginePage):
         self.export_button.setShortcut(QKeySequence("Ctrl+E"))
         self.export_button.setToolTip(
             f"Check, write the file, then reload it and compare its logits with the model in memory "
-            f"({_keys('Ctrl+E')})"
+            f"({shortcut_text('Ctrl+E')})"
         )
         self.export_button.setDefault(True)
         self.export_button.setMinimumHeight(32)
@@ -137,7 +133,8 @@ class ExportPage(EnginePage):
         self.dialog_button.setShortcut(QKeySequence("Ctrl+Shift+E"))
         self.dialog_button.setToolTip(
             "The export dialog, for what this page does not show: a run's checkpoints, the merge scale, "
-            f"every check listed, merge progress with Cancel, logits per prompt ({_keys('Ctrl+Shift+E')})"
+            "every check listed, merge progress with Cancel, logits per prompt "
+            f"({shortcut_text('Ctrl+Shift+E')})"
         )
         self.dialog_button.clicked.connect(self.open_dialog)
         buttons = QHBoxLayout()

@@ -156,9 +156,3 @@ class AnswerGridWidget(QScrollArea):
         target = next((c for c in later if c.state == "unrated"), later[0] if later else None)
         if target is not None:
             self.focus_card(target.index)
-
-    def focused_index(self) -> int | None:
-        for card in self.cards:
-            if card.hasFocus() or card.isAncestorOf(self.focusWidget() if self.focusWidget() else card):
-                return card.index
-        return None

@@ -57,8 +57,7 @@ STREAM_HZ = 10
 # the blocks' widgets, named on the page as on their blocks
 # fmt: off
 SIDE_WIDGETS = ("reward_settings", "files", "settings_box")
-FILES_WIDGETS = ("ratings_label", "ratings_button", "adapter_label", "adapter_choice", "start_from_button",
-                 "new_adapter_button", "save_button")
+FILES_WIDGETS = ("ratings_label", "adapter_label", "adapter_choice", "new_adapter_button", "save_button")
 RATE_WIDGETS = ("prompt_edit", "system_edit", "dataset_button", "generate_button", "stop_button",
                 "status_label", "grid", "keys_label", "checks_box")
 APPLY_WIDGETS = ("diagnostics", "apply_button", "history")
@@ -161,9 +160,6 @@ class RewardsPage(JobPage):
         """Continue `path` now (asked first when the session took steps); see the files box."""
         self.files.start_from(path)
 
-    def new_adapter(self) -> None:
-        self.files.new_adapter()
-
     def set_ratings_path(self, path: str) -> bool:
         """Append ratings to `path` from now on; False (and why, in the page) if it cannot be written."""
         return self.files.set_ratings_path(path)
@@ -182,9 +178,6 @@ class RewardsPage(JobPage):
 
     def ratings_path(self) -> str:
         return self.ctrl.ratings_path(self.project.output_folder())
-
-    def checkpoint_dir(self) -> str:
-        return self.ctrl.checkpoint_dir(self.project.output_folder())
 
     def reset(self) -> None:
         """A new project: no rating session, no prompt, a new adapter, the default ratings file."""
@@ -215,9 +208,8 @@ class RewardsPage(JobPage):
         for card in self.cards:
             card.setEnabled(c.idle)
         self.adapter_choice.setEnabled(c.idle)
-        if hasattr(self, "auto"):  # (the tabs are built after the first call)
-            self.ab.set_busy(bool(busy))
-            self.auto.page_busy(busy)
+        self.ab.set_busy(bool(busy))
+        self.auto.page_busy(busy)
         self.apply_button.setEnabled(c.apply)
         if busy:
             self.status_label.setText(rewards.busy_text(busy))
@@ -411,7 +403,7 @@ class RewardsPage(JobPage):
         self.grid.set_cards(cards)
 
     def _show_stream(self) -> None:
-        total = sum(len(s) for s in self._stream)
+        total = self._stream.total()
         if self.busy in rewards.STREAMING and total:
             self.status_label.setText(f"Generating… {total} tokens")
         tok = self.info.tokenizer if self.info is not None else None
@@ -622,11 +614,6 @@ class RewardsPage(JobPage):
         self.side_by_side.set_answers(None, None)
         self.prompt_edit.setFocus()
         self.sig_round_applied.emit(result)
-
-    # --- side by side -------------------------------------------------------------------------
-    def compare(self, prompt: str, seed: int) -> bool:
-        """One answer from the base model and one with the adapter, same prompt and seed, in the worker."""
-        return self.side_by_side.compare(prompt, seed)
 
 
 __all__ = ["CHECKPOINT_FOLDER", "NEW_ADAPTER", "RATINGS_FILE", "RewardsPage"]
