@@ -368,6 +368,12 @@ class RunChoiceWidget(QWidget):
         self._rebuild(None)
 
     # --- content -----------------------------------------------------------------------------
+    def refresh(self, project, settings: QSettings | None, model_path: str | None) -> None:
+        """Read `project`'s run history again (`load_runs`; its output folder is where the file
+        dialog starts) for the open model; the chosen entry is kept."""
+        self.start_folder = project.output_folder()
+        self.set_runs(load_runs(project, settings), model_path)
+
     def set_runs(self, runs: Iterable[RunRecord], model_path: str | None) -> None:
         """The runs (newest first) and the open model; keeps a chosen entry, else picks the default."""
         model_changed = (

@@ -40,7 +40,6 @@ from ...widgets.buttons import action_button, shortcut_text
 from ...widgets.engine_page import RUNS_MOVED, JobPage
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import banner_over, splitter
-from ...widgets.runs import load_runs
 from ..generation import StreamBuffer, chat_messages, invalid_setting
 from . import controller as chat
 from .controller import BASE, ChatController
@@ -185,8 +184,7 @@ class ChatPage(JobPage):
 
     def refresh_adapters(self) -> None:
         """Read the run history again (the chosen entry is kept)."""
-        self.adapter_choice.start_folder = self.project.output_folder()
-        self.adapter_choice.set_runs(load_runs(self.project, self.settings), self.model_path())
+        self.adapter_choice.refresh(self.project, self.settings, self.model_path())
 
     def adapter(self) -> str | None:
         """What answers now: None (base model), engine.RUN, or an adapter file."""

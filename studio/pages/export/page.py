@@ -52,7 +52,7 @@ from ...widgets.buttons import action_button, shortcut_text
 from ...widgets.engine_page import RUNS_MOVED, EnginePage
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
-from ...widgets.runs import RunChoiceWidget, fit_message, load_runs
+from ...widgets.runs import RunChoiceWidget, fit_message
 from ...widgets.theme import is_dark
 from .dialog import ExportDialog
 from .result import ExportResultWidget
@@ -184,8 +184,7 @@ class ExportPage(EnginePage):
     def refresh_runs(self) -> None:
         """Read the run history again; the default is the latest finished run of the open model (after
         rating rounds: the reward-tuned adapter), unless the person chose one."""
-        self.adapter_choice.start_folder = self.project.output_folder()
-        self.adapter_choice.set_runs(load_runs(self.project, self.settings), self.model_path())
+        self.adapter_choice.refresh(self.project, self.settings, self.model_path())
 
     def set_adapter(self, path: str | None) -> None:
         """Export this adapter (a run's, or any file); None goes back to the default."""

@@ -24,7 +24,7 @@ from PySide6.QtWidgets import QFileDialog, QGroupBox, QLabel, QSizePolicy, QVBox
 
 from ...paths import writable_problem
 from ...widgets.buttons import action_button
-from ...widgets.runs import RunChoiceWidget, load_runs
+from ...widgets.runs import RunChoiceWidget
 from . import controller as rewards
 from .controller import NEW_ADAPTER, NEW_ADAPTER_TEXT, RATINGS_FILE, StartChange
 
@@ -95,8 +95,7 @@ class AdapterFilesWidget(QGroupBox):
         """Read the run history again: the list of adapters to continue, and its default (the latest
         finished run of the open model) unless the person chose one or a session is going on."""
         page = self.page
-        self.adapter_choice.start_folder = page.project.output_folder()
-        self.adapter_choice.set_runs(load_runs(page.project, page.settings), page.model_path())
+        self.adapter_choice.refresh(page.project, page.settings, page.model_path())
 
     def set_adapter(self, path: str | None) -> None:
         """Continue this adapter (GGUF or reward checkpoint folder) from the next new session on; it is
