@@ -168,10 +168,9 @@ GPU_TOK_S_12L = 11000.0  # bench/GPU_NOTES.md: the 12-layer Qwen3-30B-A3B shape 
 
 def estimate(rows: list[dict], shape: str, args) -> None:
     """A Qwen3-30B-A3B-shaped LoRA run across 4 machines, from the measured figures."""
+    from bench.common import QWEN3_30B_A3B as big
     from bench.common import SHAPES, matmul_params_per_token
-    from engine.testing import SynthSpec
 
-    big = SynthSpec.for_arch("qwen3moe", V=151936, C=2048, L=48, NH=32, NKV=4, HS=128, E=128, K=8, F_exp=768)
     one = next(r for r in rows if r["ranks"] == 1)
     # the 1-rank run's training rate in matmul FLOPs: forward 2, backward to the inputs 2 per weight
     rate = one["tok_s"] * 4 * matmul_params_per_token(_config(SHAPES[shape]))

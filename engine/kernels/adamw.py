@@ -78,7 +78,8 @@ def _check_lists(params, grads, m, v, steps, decay) -> None:
 
 
 def clip_scale(norm: float, max_grad_norm: float) -> float:
-    """The global-norm clip factor (engine.train.optim._clip_scale)."""
+    """The global-norm clip factor: what brings a gradient of L2 norm `norm` down to exactly
+    `max_grad_norm` (1.0 when within, or when max_grad_norm is 0)."""
     if max_grad_norm > 0.0 and norm > max_grad_norm:
         return max_grad_norm / norm
     return 1.0

@@ -163,12 +163,6 @@ def unpack_acts(acts: PackedActs, routing: Routing) -> list[ExpertActs]:
     return out
 
 
-def row_tiles(P: int, E: int, bm: int) -> int:
-    """Row tiles a grouped launch covers: at least sum_e ceil(n_e / bm) for any split of P pairs over E
-    experts (each expert adds at most one partial tile), known without reading the offsets."""
-    return -(-P // bm) + min(E, P)
-
-
 def _i32(v: int) -> np.int32:
     return np.int32(v)
 
@@ -270,7 +264,7 @@ def _routing_arrays(routing: Routing, xp: Any) -> tuple[Any, Any, Any]:
 def _rows(rt, a, a_mode, lda, rw, order, offsets, K, E, Kdim, w, w_nt, J, P):
     """moe_rows_f32: (P, J) = grouped A W_e (or A W_e^T when w_nt)."""
     out = rt.xp.empty((P, J), dtype=np.float32)
-    grid = (-(-J // ROWS_BN), row_tiles(P, E, ROWS_BM))
+    grid = (-(-J // ROWS_BN), moe_gemm.row_tiles(P, E, ROWS_BM))
     args = (
         a,
         _i32(a_mode),
@@ -449,7 +443,7 @@ def _experts_forward_v1(rt, x, order, offsets, K, wg, wu, wd, bf, lg, lu, ld, bg
     xp = rt.xp
     C, F, E, P = x.shape[1], wg.shape[1], offsets.shape[0] - 1, order.shape[0]
     t = "bf16" if bf else "f32"
-    tiles = row_tiles(P, E, GEMM_BM)
+    tiles = moe_gemm.row_tiles(P, E, GEMM_BM)
     xa_g = _rows(rt, x, _TOKEN, C, None, order, offsets, K, E, C, lg.A, 1, lg.r, P) if lg else None
     xa_u = _rows(rt, x, _TOKEN, C, None, order, offsets, K, E, C, lu.A, 1, lu.r, P) if lu else None
     g, u, h = (xp.empty((P, F), dtype=np.float32) for _ in range(3))
@@ -512,7 +506,7 @@ def experts_backward_on(
         dweights = xp.empty((N, K), dtype=np.float32)
         _launch(rt, "moe_token_backward", (N, 1), (dx_pairs, pair_out, dy, _i32(K), _i32(C), dx, dweights))
         return dx, dweights, dW, dlora, db if need_db else None
-    tiles = row_tiles(P, E, GEMM_BM)
+    tiles = moe_gemm.row_tiles(P, E, GEMM_BM)
     rows = (order, offsets, K, E)
     # forward was: y_n = sum_k w_nk * down_e(h), h = silu(g) * u; do = dy w (never stored: the kernels
     # read dy[token] * w as they load it)

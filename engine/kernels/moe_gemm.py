@@ -100,8 +100,9 @@ def smem_bytes(bn: int, nt: bool) -> int:
 
 
 def row_tiles(P: int, E: int, bm: int = MG_BM) -> int:
-    """Row tiles a grouped launch covers (every split of P pairs over E experts fits; see
-    moe_cuda.row_tiles)."""
+    """Row tiles a grouped launch covers: at least sum_e ceil(n_e / bm) for any split of P pairs over E
+    experts (each expert adds at most one partial tile), known without reading the offsets. The v1
+    kernels (engine.kernels.moe_cuda) use it too, with their own tile height."""
     return -(-P // bm) + min(E, P)
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from ..backend import array_module, to_host
-from ..kernels.adamw import sumsq, sumsq_fast
+from ..kernels.adamw import clip_scale, sumsq, sumsq_fast
 from ..model import ops
 
 logger = logging.getLogger(__name__)
@@ -118,21 +118,9 @@ def lr_at(cfg: OptimConfig, step: int) -> float:
     return cfg.lr * (r + (1.0 - r) * decay)
 
 
-def _sumsq(a: np.ndarray) -> float:
-    """sum(a^2) accumulated in float64, chunk by chunk (engine.kernels.adamw.sumsq)."""
-    return sumsq(a)
-
-
 def _exceeds(g: np.ndarray, bound: float) -> bool:
     """Whether any element of g lies outside [-bound, bound] (two reductions, no temporary)."""
     return g.size > 0 and (float(g.max()) > bound or float(g.min()) < -bound)
-
-
-def _clip_scale(norm: float, max_norm: float) -> float:
-    """Factor that brings a gradient of L2 norm `norm` down to exactly `max_norm` (1.0 when within)."""
-    if max_norm > 0.0 and norm > max_norm:
-        return max_norm / norm
-    return 1.0
 
 
 def clip_grads(
@@ -145,7 +133,7 @@ def clip_grads(
     change is returned as is, others as new arrays. A non-finite norm returns the
     grads unchanged with clipped False, so the caller can skip the step.
     """
-    grad_norm = math.sqrt(sum(_sumsq(g) for g in grads.values()))
+    grad_norm = math.sqrt(sum(sumsq(g) for g in grads.values()))
     out = dict(grads)
     if not math.isfinite(grad_norm):
         return out, grad_norm, False
@@ -155,8 +143,8 @@ def clip_grads(
             if _exceeds(g, gclip):
                 out[name] = np.clip(g, -gclip, gclip)
                 clipped = True
-    norm = math.sqrt(sum(_sumsq(g) for g in out.values())) if clipped else grad_norm
-    scale = _clip_scale(norm, max_norm)
+    norm = math.sqrt(sum(sumsq(g) for g in out.values())) if clipped else grad_norm
+    scale = clip_scale(norm, max_norm)
     if scale != 1.0:
         out = {name: g * np.asarray(scale, dtype=g.dtype) for name, g in out.items()}
         clipped = True
@@ -214,7 +202,7 @@ class AdamW:
                 return 0.0
             sums = xp.stack([xp.sum(xp.square(p.astype(xp.float64))) for p in self.params.values()])
             return math.sqrt(float(to_host(sums.sum())))
-        return math.sqrt(sum(_sumsq(p) for p in self.params.values()))
+        return math.sqrt(sum(sumsq(p) for p in self.params.values()))
 
     def _adamw(self, grads: Mapping[str, np.ndarray], names: list[str], lr: float):
         """One AdamW step over `names` through the twin for where the params live (the CUDA twin on
