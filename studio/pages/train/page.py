@@ -122,10 +122,6 @@ class TrainPage(QWidget):
         """Checks the next run when it times out (after changes: checker.NextRunCheck)."""
         return self.checker.timer
 
-    @property
-    def _check_job(self) -> Job | None:
-        return self.checker.job
-
     def __init__(
         self,
         project: Project,
