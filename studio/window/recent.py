@@ -43,5 +43,5 @@ def refresh_recent_menus(w) -> None:
         for p in paths:
             menu.addAction(make_action(w, Path(p).name, lambda _=False, p=p, opener=opener: opener(p), tip=p))
         menu.setEnabled(bool(paths))
-    models = [os.path.realpath(p) for p in recent_paths(w.settings, "recent/models") if os.path.exists(p)]
-    w.model_page.set_recent(list(dict.fromkeys(models)))
+        if key == "recent/models":
+            w.model_page.set_recent(paths)

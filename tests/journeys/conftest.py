@@ -120,9 +120,9 @@ def checked(qtbot, window: MainWindow) -> None:
     def settled() -> bool:
         return (
             page.check is not None
-            and getattr(page, "check_config", window.project.config) == window.project.config
+            and page.check_config == window.project.config
             and not page.check_timer.isActive()
-            and (page._check_job is None or not page._check_job.active)
+            and (page.checker.job is None or not page.checker.job.active)
         )
 
     qtbot.waitUntil(settled, timeout=TIMEOUT_MS)

@@ -385,7 +385,7 @@ def test_missing_model_dataset_or_output_folder_shows_a_banner(qtbot, engine, tm
 # --- before Start: the planned steps, and what stops a run from starting ----------------------------
 def checked(qtbot, page: TrainPage) -> None:
     """The check of the next run (an engine job, debounced) is done and shown."""
-    qtbot.waitUntil(lambda: not page.check_timer.isActive() and page._check_job is None, timeout=TIMEOUT_MS)
+    qtbot.waitUntil(lambda: not page.check_timer.isActive() and page.checker.job is None, timeout=TIMEOUT_MS)
 
 
 def test_the_progress_bar_shows_the_planned_steps_before_start_and_they_are_the_runs(

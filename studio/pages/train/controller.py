@@ -212,13 +212,7 @@ class TrainController:
         in the history."""
         if self.run_model and open_model and not same_file(self.run_model, open_model):
             return False
-        if self.state is RunState.PAUSED:
-            return True
-        if self.paths is None or latest_checkpoint(self.paths.checkpoint_dir) is None:
-            return resumable is not None
-        if self._finished_whole():
-            return resumable is not None
-        return True
+        return self.state is RunState.PAUSED or self.resume_checkpoint(resumable) is not None
 
     def resume_checkpoint(self, resumable: tuple[str, str] | None) -> tuple[str, bool] | None:
         """The checkpoint Resume continues when the run is not paused in memory, and whether it is

@@ -122,10 +122,6 @@ class TrainPage(QWidget):
         """Checks the next run when it times out (after changes: checker.NextRunCheck)."""
         return self.checker.timer
 
-    @property
-    def _check_job(self) -> Job | None:
-        return self.checker.job
-
     def __init__(
         self,
         project: Project,
@@ -305,7 +301,7 @@ class TrainPage(QWidget):
     def schedule_check(self) -> None:
         """Check the next run soon (after CHECK_DELAY_MS without another change)."""
         self._update_start()
-        self.check_timer.start()
+        self.checker.schedule()
 
     def check_now(self) -> Job | None:
         """Submit the check of the next run to the engine worker (plan.check_run); its result
