@@ -96,8 +96,7 @@ def main() -> None:
     ap.add_argument("--emulate", action="store_true")
     a = ap.parse_args()
     if a.arch == "moe":
-        os.environ["TUNE_MOE_STEP"] = "1"  # what this bench checks (engine.train.moe_step.unsupported)
-        spec = TINY["moe"] if a.emulate else replace(SHAPES["moe"], L=a.layers)
+        spec = replace(TINY["moe"], L=a.layers) if a.emulate else replace(SHAPES["moe"], L=a.layers)
         if a.emulate:
             a.batch, a.ctx = 2, 32
     elif a.emulate:

@@ -587,7 +587,43 @@ def _engine_phase(a, spec, model, backend, cp, samples, budget, phase, free0, st
         phase["reserved"] = int(cp.get_default_memory_pool().total_bytes())
         phase["device"] = int(free0 - cp.cuda.runtime.memGetInfo()[0])
     phase["cache_peak"] = int(getattr(model.weights, "peak_cache_bytes", 0))
+    trainer.release_step()  # as a run's end does: the step's buffers and its graph's pool go back
     del trainer
+    if cp is not None:  # what the next phase finds: the device's free memory once this run is gone
+        gc.collect()
+        pool = cp.get_default_memory_pool()
+        pool.free_all_blocks()
+        phase["device_free_after"] = int(cp.cuda.runtime.memGetInfo()[0])
+        phase["held_after"] = _held_arrays(cp, model)
+
+
+def _held_arrays(cp, model, top: int = 8) -> dict:
+    """What still holds device memory once a run is gone: the default pool's bytes in use and in
+    total, and the largest live CuPy allocations besides the model's stored weights, each with its
+    shape, dtype and the types of what refers to it (a memory that outlives its run shows here)."""
+    pool = cp.get_default_memory_pool()
+    out: dict = {"pool_used": int(pool.used_bytes()), "pool_total": int(pool.total_bytes())}
+    try:
+        stored = {id(a.data.mem) for a in getattr(model.weights, "_raw", {}).values()}
+        by_mem: dict = {}
+        for obj in gc.get_objects():
+            if isinstance(obj, cp.ndarray) and obj.data.mem is not None and id(obj.data.mem) not in stored:
+                key = id(obj.data.mem)
+                if key not in by_mem or obj.nbytes > by_mem[key].nbytes:
+                    by_mem[key] = obj
+        arrays = sorted(by_mem.values(), key=lambda x: -x.data.mem.size)
+        out["live_besides_weights"] = int(sum(x.data.mem.size for x in arrays))
+        del by_mem
+        rows = []
+        largest = arrays[:top]
+        for arr in largest:
+            refs = [r for r in gc.get_referrers(arr) if r is not arrays and r is not largest]
+            owners = ", ".join(type(r).__name__ for r in refs[:4])
+            rows.append(f"{arr.data.mem.size / GIB:.2f} GiB {tuple(arr.shape)} {arr.dtype} <- {owners}")
+        out["largest"] = rows
+    except Exception as exc:  # noqa: BLE001 - a diagnostic that fails says why
+        out["error"] = _error(exc)
+    return out
 
 
 # --- the peer's run (a child process) ------------------------------------------------------------------
@@ -856,6 +892,8 @@ def _records(
             "checkpoint_layers",
             "cache_budget_bytes",
             "cache_peak",
+            "device_free_after",
+            "held_after",
             "profile",
         ):
             if key in ph:

@@ -183,9 +183,13 @@ class CaptureError(RuntimeError):
 
 
 class Graph:
-    """Captured device work (`Runtime.capture`): `replay()` runs it on the runtime's stream."""
+    """Captured device work (`Runtime.capture`): `replay()` runs it on the runtime's stream;
+    `release()` gives back what it holds (nothing replays it after)."""
 
     def replay(self) -> None:
+        raise NotImplementedError
+
+    def release(self) -> None:
         raise NotImplementedError
 
 
@@ -458,6 +462,14 @@ class CudaGraph(Graph):
     def __init__(self, graph: Any, stream: Any, pool: Any) -> None:
         self.graph, self.stream, self.pool = graph, stream, pool
 
+    def release(self) -> None:
+        """Drop the graph and give its pool's free memory back to the device: the temporaries of the
+        captured work (tens of GB on a large MoE step), which the pool would otherwise keep for as
+        long as anything holds this object."""
+        pool, self.graph, self.pool = self.pool, None, None
+        if pool is not None:
+            pool.free_all_blocks()
+
     def replay(self) -> None:
         import cupy
 
@@ -474,9 +486,9 @@ def _cuda_capture(rt: CudaRuntime) -> Iterator[CudaGraph]:
     import cupy
 
     lib, handle = rt.cublas()
-    if rt._workspace is None:
-        rt._workspace = cupy.empty(CUBLAS_WORKSPACE_BYTES, dtype=cupy.uint8)
-        lib.set_workspace(handle, rt._workspace.data.ptr, CUBLAS_WORKSPACE_BYTES)
+    if rt._workspace is None:  # its own allocation: one carved from a pool block would pin the block
+        rt._workspace = cupy.cuda.Memory(CUBLAS_WORKSPACE_BYTES)
+        lib.set_workspace(handle, rt._workspace.ptr, CUBLAS_WORKSPACE_BYTES)
     pool = cupy.cuda.MemoryPool()
     stream = cupy.cuda.Stream(non_blocking=True)
     current = cupy.cuda.get_current_stream()

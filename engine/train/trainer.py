@@ -1005,7 +1005,18 @@ class Trainer:
             except RankTimeout as exc:
                 return self._lost(on_event, exc)
         self.ended = True
-        return self._finish(on_event, stopped=stopped, last_ckpt=self.last_ckpt)
+        try:
+            return self._finish(on_event, stopped=stopped, last_ckpt=self.last_ckpt)
+        finally:
+            self.release_step()
+
+    def release_step(self) -> None:
+        """Give back the fused step's device buffers and its captured graph's memory (what a run holds
+        on the device besides the model, the adapter and the optimizer's moments), as the run ends. A
+        later step builds the fused step again and runs it eagerly (a run captures its step once)."""
+        graph, self._graph, self._fused = self._graph, None, None
+        if graph is not None:
+            graph.release()
 
     def agree_stop(self, requested: bool) -> bool:
         """Whether the run stops before its next step: `requested` in one process; with several

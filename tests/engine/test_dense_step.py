@@ -100,6 +100,10 @@ def test_graph_replay_equals_the_eager_step_bit_for_bit(tmp_path, caplog):
     sa, sb = eager.optimizer.state_dict(), graph.optimizer.state_dict()
     assert sa["step_count"] == sb["step_count"] == 4
     assert all(np.array_equal(np.asarray(sa[k]), np.asarray(sb[k])) for k in sa if k.startswith(("m.", "v.")))
+    # the run's end gives back the step's buffers and the graph's pool (not held while the trainer lives)
+    captured = graph._graph
+    assert isinstance(graph.finish(), ev.Finished)
+    assert graph._graph is None and graph._fused is None and captured.ops is None
 
 
 def test_a_step_reads_the_host_once_and_uploads_only_its_inputs(tmp_path):

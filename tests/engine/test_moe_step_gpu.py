@@ -24,13 +24,6 @@ from tests.engine.test_moe_step import _run, _targets
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def moe_step_taken(monkeypatch):
-    """The MoE layers of the captured step are taken with TUNE_MOE_STEP=1 until this test has passed
-    on a GPU (engine.train.moe_step.unsupported)."""
-    monkeypatch.setenv("TUNE_MOE_STEP", "1")
-
-
 def _train(path, backend, arch: str, mode: str, steps: int):
     """(Step events, expert counts of each step, host copies of the factors and moments at the end)."""
     model = Model.load(path, backend=backend)

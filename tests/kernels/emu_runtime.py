@@ -178,6 +178,9 @@ _VIEW_FUNCS = {
 }
 # functions whose CuPy version reads the device (the size of its result depends on the data)
 _SYNC_FUNCS = {"nonzero", "flatnonzero", "argwhere", "unique", "array_equal", "allclose", "isclose"}
+# functions CuPy builds on its concatenate, which joins more than 8 arrays of one dtype that average
+# under 2 MiB in one kernel whose table of their addresses it uploads (_concatenate_single_kernel)
+_JOIN_FUNCS = {"concatenate", "stack", "vstack", "hstack", "column_stack", "dstack"}
 
 
 class DeviceArray(np.ndarray):
@@ -216,6 +219,8 @@ class DeviceArray(np.ndarray):
     def __array_function__(self, func, types, args, kwargs):
         rt = DeviceArray._rt
         name = func.__name__
+        if rt is not None and not rt._depth and name in _JOIN_FUNCS and _joins_with_a_table(args[0]):
+            rt._op("upload", f"{name} of {len(args[0])} arrays (CuPy uploads their addresses)")
         counted = rt is not None and not rt._depth and name not in _VIEW_FUNCS
         if rt is not None:
             rt._depth += 1
@@ -235,12 +240,14 @@ class DeviceArray(np.ndarray):
         return out
 
     def __getitem__(self, key):
+        _uploads("getitem with a host index", key)
         out = np.ndarray.__getitem__(self, key)
         if not isinstance(out, np.ndarray):  # one element: a 0-d device array, as CuPy gives it
             return np.asarray(out).view(DeviceArray)
         return out
 
     def __setitem__(self, key, value) -> None:
+        _uploads("setitem from the host", key, value)
         base, val = self.view(np.ndarray), _base(value)
         base[key] = val
         rt = DeviceArray._rt
@@ -300,6 +307,28 @@ class DeviceArray(np.ndarray):
 
 def _base(x):
     return x.view(np.ndarray) if isinstance(x, DeviceArray) else x
+
+
+def _joins_with_a_table(arrays) -> bool:
+    """Whether CuPy's concatenate joins `arrays` in one kernel with an uploaded table of addresses."""
+    arrays = list(arrays)
+    if len(arrays) <= 8 or len({np.dtype(a.dtype) for a in arrays}) != 1:
+        return False
+    return sum(a.nbytes for a in arrays) < (2 << 20) * len(arrays)
+
+
+def _host_array(x) -> bool:
+    """Whether x (or an element of a tuple or list of them) is host data CuPy would upload to combine
+    it with a device array (an index array, an assigned value); host scalars are kernel arguments."""
+    if isinstance(x, (list, tuple)):
+        return any(_host_array(v) for v in x)
+    return isinstance(x, np.ndarray) and not isinstance(x, DeviceArray)
+
+
+def _uploads(name: str, *xs) -> None:
+    rt = DeviceArray._rt
+    if rt is not None and any(_host_array(x) for x in xs):
+        rt._op("upload", name)
 
 
 def _bases(x):
@@ -386,9 +415,12 @@ class EmuGraph:
         self.pool: list[Any] = []  # arrays allocated inside: the graph's private pool, kept alive
         self.replays = 0
 
+    def release(self) -> None:
+        self.ops, self.pool = None, []
+
     def replay(self) -> None:
         if self.ops is None:
-            raise EmuCaptureError("the capture failed; nothing to replay")
+            raise EmuCaptureError("the capture failed or was released; nothing to replay")
         self.replays += 1
         for name, thunk in self.ops:
             self.rt._count("replayed", name)
