@@ -197,7 +197,7 @@ for r in json.load(open(sys.argv[1]))['e2e']:
 fi
 if has archs && fits 115 archs; then
     OUT=$W/archs timeout "$(left 115)" python3 bench/gpu.py --sections e2e --e2e gptoss deepseek2 --moe-layers "${LAYERS:-4}" \
-        --batch 2 --ctx 1024 --warmup 1 --measure 2 --budgets off --child-cap-s 45 --budget-s $(($(left 115) - 5)) \
+        --batch 2 --ctx 1024 --warmup 2 --measure 4 --budgets off --child-cap-s 50 --budget-s $(($(left 115) - 5)) \
         >"$W/archs.txt" 2>&1
     cp "$W/archs/gpu.txt" "$OUT/gpu_archs.txt" 2>/dev/null
     stamp archs

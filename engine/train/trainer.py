@@ -12,7 +12,7 @@ position in the data, so a resumed run continues the same trajectory bit for bit
 loss or gradient stops the run with `Failed`, leaving the last good checkpoint untouched.
 
 The run's settings and the files it writes and reads are `engine.train.config`. Trainer stays one
-class (about 1,000 lines) on purpose: it is one run's state (data, parameters, optimizer, position,
+class (about 1,200 lines) on purpose: it is one run's state (data, parameters, optimizer, position,
 record) that preparing, stepping, evaluating, checkpointing and finishing all read and change.
 """
 
