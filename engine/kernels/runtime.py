@@ -489,19 +489,22 @@ def _cuda_capture(rt: CudaRuntime) -> Iterator[CudaGraph]:
     if rt._workspace is None:  # its own allocation: one carved from a pool block would pin the block
         rt._workspace = cupy.cuda.Memory(CUBLAS_WORKSPACE_BYTES)
         lib.set_workspace(handle, rt._workspace.ptr, CUBLAS_WORKSPACE_BYTES)
-    pool = cupy.cuda.MemoryPool()
     stream = cupy.cuda.Stream(non_blocking=True)
     current = cupy.cuda.get_current_stream()
     stream.wait_event(current.record())  # what was queued before (weights, inputs) comes first
-    holder = CudaGraph(None, stream, pool)
-    with stream, cupy.cuda.using_allocator(pool.malloc):
-        # relaxed: a first use inside the capture (a module load, the pool growing) is not an error
-        mode = getattr(cupy.cuda.runtime, "streamCaptureModeRelaxed", None)
-        stream.begin_capture() if mode is None else stream.begin_capture(mode=mode)
-        try:
-            yield holder
-        finally:
-            graph = stream.end_capture()  # raises when something inside broke the capture
+    holder = CudaGraph(None, stream, cupy.cuda.MemoryPool())  # the one owner of the graph's pool
+    try:
+        with stream, cupy.cuda.using_allocator(holder.pool.malloc):
+            # relaxed: a first use inside the capture (a module load, the pool growing) is not an error
+            mode = getattr(cupy.cuda.runtime, "streamCaptureModeRelaxed", None)
+            stream.begin_capture() if mode is None else stream.begin_capture(mode=mode)
+            try:
+                yield holder
+            finally:
+                graph = stream.end_capture()  # raises when something inside broke the capture
+    except BaseException:
+        holder.release()  # a failed capture's temporaries go back to the device as their arrays go
+        raise
     holder.graph = graph
     current.wait_event(stream.record())
 
