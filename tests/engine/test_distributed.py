@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -271,7 +272,9 @@ def test_a_rank_that_dies_or_stops_ends_every_rank_and_keeps_the_last_checkpoint
     assert took < 30
     assert not [p for p in descendants(proc.pid)]  # no rank left behind
     if how == "stopped":  # rank 0 waited out the timeout and said so in its events and on stderr
-        assert "waited 3 s for the other ranks" in err
+        # the 3 s asked for, or 4x the slowest step where steps are that slow (a loaded machine)
+        waited = re.search(r"waited (\d+) s for the other ranks", err)
+        assert waited and int(waited.group(1)) >= 3, err
         assert json.loads(events.read_text().splitlines()[-1])["event"] == "Failed"
     last = resolve_checkpoint(str(ckpts))  # the newest complete checkpoint
     meta, params, optimizer, other = read_checkpoint(last, CONFIG_FILE)
