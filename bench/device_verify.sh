@@ -39,8 +39,14 @@
 #   moe48     the whole 48-layer Qwen3-30B-A3B shape (a 16 GB Q4_K file, written beside the checks), cache
 #             off, the captured step (where moestep's replay did not fail) and the generic one, beside
 #             transformers + PEFT (whose bf16 weights alone are 61 GB: an H200 part; M48_S, 250 s)
+#   ncu       Nsight Compute on the tc route's grouped expert kernels at 4096 tokens (bench/gpu_moe.py,
+#             --clock-control none: the card's clocks are left alone): speed of light, occupancy, warp
+#             states, pipes and memory of mg_gate_up, mg_scatter_nn, mg_down_back, mg_scatter_nt,
+#             mg_outer_skinny and mg_skinny_nt, 14 launches after 10 skipped (issue 30: why they run at
+#             15-21% of the bf16 peak);
+#             capped at NCU_S (150 s); the full report in the archive
 # Order: the check parts and moe48's file side by side first, then the timings alone on the GPU:
-# dense, curve, moe, moestep, moe48, archs. BUDGET_S=N ends the script N seconds after it starts: each
+# dense, curve, moe, moestep, moe48, archs, ncu. BUDGET_S=N ends the script N seconds after it starts: each
 # timing is cut to what is left, and one that would get under 30 s is skipped (times.txt says so).
 # Output: $OUT/summary.txt (printed last), $OUT/gpu_*.txt (the timed tables), $OUT/verify.tgz (all logs).
 # Needs the gguf wheel in .whl/, carried (carry [".whl"]):
@@ -202,6 +208,19 @@ if has archs && fits 115 archs; then
     cp "$W/archs/gpu.txt" "$OUT/gpu_archs.txt" 2>/dev/null
     stamp archs
 fi
+if has ncu && fits 60 ncu; then
+    NS=$(left "${NCU_S:-150}")
+    {
+        timeout "$NS" ncu --clock-control none --target-processes all \
+            --kernel-name regex:"^mg_(gate_up|scatter_nn|down_back|scatter_nt|outer_skinny|skinny_nt)$" \
+            --launch-skip 10 --launch-count 14 --section SpeedOfLight --section Occupancy \
+            --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \
+            --section MemoryWorkloadAnalysis python3 bench/gpu_moe.py --routes tc --tokens 4096 --repeats 2 \
+            --no-sync-check
+        echo "exit status $?"
+    } >"$W/ncu.txt" 2>&1
+    stamp ncu
+fi
 {
     echo "== environment"
     grep -E "H100|H200|Driver Version|release|cupy|cuBLAS|torch|nccl:" "$W/env.txt"
@@ -245,6 +264,11 @@ fi
         cat "$W/moe48_file.txt"
         grep -E "^moe 48L|^errors|^  moe|held after|the 48-layer" "$W/moe48.txt" | cut -c1-1500
         grep -E "Traceback" -A3 "$W/moe48.txt" | head -n 8
+    fi
+    if has ncu; then
+        echo "== ncu: the tc route's grouped kernels (4096 tokens)"
+        grep -E "^  mg_|Duration|Compute \(SM\) Throughput|^    Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Issue Slots Busy|Executed Ipc Active|Stall|exit status|==ERROR|==WARNING" \
+            "$W/ncu.txt" | head -n 90
     fi
     if has sanitize; then
         echo "== compute-sanitizer memcheck"
