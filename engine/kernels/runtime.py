@@ -179,7 +179,13 @@ class Runtime:
 
 
 class CaptureError(RuntimeError):
-    """Device work cannot be captured as a graph (or did something a graph cannot hold)."""
+    """Device work cannot be captured as a graph (or did something a graph cannot hold). `graph`: the
+    failed capture's graph, whose `release()` gives its memory back once the work's arrays are gone
+    (after the handler: the exception's frames hold them), or None."""
+
+    def __init__(self, message: str, graph: Graph | None = None) -> None:
+        super().__init__(message)
+        self.graph = graph
 
 
 class Graph:
@@ -464,8 +470,10 @@ class CudaGraph(Graph):
 
     def release(self) -> None:
         """Drop the graph and give its pool's free memory back to the device: the temporaries of the
-        captured work (tens of GB on a large MoE step), which the pool would otherwise keep for as
-        long as anything holds this object."""
+        captured work (tens of GB on a large MoE step). Dropping the pool is not enough: CuPy 14's
+        pool frees its free blocks only in `free_all_blocks` (its arenas and their free chunks hold
+        each other, `cupy/cuda/memory.pyx`), so a pool let go keeps them; seen as ~34 GiB still
+        used after a captured 48-layer run on an H200."""
         pool, self.graph, self.pool = self.pool, None, None
         if pool is not None:
             pool.free_all_blocks()
@@ -502,8 +510,10 @@ def _cuda_capture(rt: CudaRuntime) -> Iterator[CudaGraph]:
                 yield holder
             finally:
                 graph = stream.end_capture()  # raises when something inside broke the capture
+    except Exception as exc:  # the caller releases the graph's pool once these frames are gone
+        raise CaptureError(f"{type(exc).__name__}: {exc}", holder) from exc
     except BaseException:
-        holder.release()  # a failed capture's temporaries go back to the device as their arrays go
+        holder.release()
         raise
     holder.graph = graph
     current.wait_event(stream.record())

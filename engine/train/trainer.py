@@ -872,6 +872,7 @@ class Trainer:
         n_label = fused.load(batch, lr)
         with self.backend.active():
             if self._graph is None and cfg.gpu_step == "graph" and self._fused_runs == 1:
+                failed = None
                 try:
                     with self.backend.runtime.capture() as graph:
                         fused.run()
@@ -880,6 +881,9 @@ class Trainer:
                     log.warning("training step: runs eagerly, the capture as a CUDA graph failed (%s: %s)",
                                 type(exc).__name__, exc)  # fmt: skip
                     self.config = cfg = replace_config(cfg, gpu_step="eager")
+                    failed = getattr(exc, "graph", None)
+                if failed is not None:  # the failed capture's temporaries are free now: give them back
+                    failed.release()
             if self._graph is not None:
                 self._graph.replay()
             else:

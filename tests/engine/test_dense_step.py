@@ -106,6 +106,30 @@ def test_graph_replay_equals_the_eager_step_bit_for_bit(tmp_path, caplog):
     assert graph._graph is None and graph._fused is None and captured.ops is None
 
 
+def test_a_failed_capture_trains_eagerly_and_gives_its_graph_back(tmp_path, caplog, monkeypatch):
+    """A capture that fails (here: a host read inside the step) leaves the run training eagerly, and
+    its graph's memory is released once the exception has let the step's arrays go (on a GPU: the
+    private pool's temporaries, which CuPy keeps until `free_all_blocks`)."""
+    from engine.train.dense_step import DenseStep
+    from tests.kernels.emu_runtime import EmuGraph
+
+    released = []
+    monkeypatch.setattr(EmuGraph, "release", lambda g: released.append(g.ops))
+    run = DenseStep.run
+
+    def run_reading_the_host(self):
+        run(self)
+        float(self.dres.sum())  # a host read: a capture refuses it
+
+    graph, _ = _trainer(_model(tmp_path, "qwen3"), "graph", steps=3)
+    monkeypatch.setattr(DenseStep, "run", run_reading_the_host)
+    with caplog.at_level(logging.WARNING, logger="engine.train.trainer"):
+        steps = _steps(graph, 3)
+    assert "runs eagerly, the capture as a CUDA graph failed (EmuCaptureError" in caplog.text
+    assert graph._graph is None and graph.config.gpu_step == "eager" and len(steps) == 3
+    assert released == [None]  # the failed graph, released once
+
+
 def test_a_step_reads_the_host_once_and_uploads_only_its_inputs(tmp_path):
     trainer, rt = _trainer(_model(tmp_path, "llama"), "eager")
     _steps(trainer, 1)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from engine.kernels.nvrtc import KernelSource
-from engine.kernels.runtime import Runtime, check_gemm, check_gemm_indexed
+from engine.kernels.runtime import CaptureError, Runtime, check_gemm, check_gemm_indexed
 from tests.kernels.emulate import FiberKernels
 
 _BUILT: dict[tuple[str, str], FiberKernels] = {}
@@ -147,9 +147,9 @@ class EmuRuntime(Runtime):
 # Counting every device operation, and capturing a step as a graph, on the emulator
 
 
-class EmuCaptureError(RuntimeError):
+class EmuCaptureError(CaptureError):
     """What a CUDA stream capture refuses (a host read, an upload, an operation it cannot hold),
-    seen on the emulator; the same type as the engine's CaptureError where it matters."""
+    seen on the emulator: a CaptureError carrying the failed graph, as the CUDA runtime's."""
 
 
 # NumPy functions that only make views or ask about shapes: no kernel on a GPU
@@ -551,8 +551,10 @@ class RecordingRuntime(EmuRuntime):
         _patch_to_host()
         try:
             yield graph
-        except BaseException:
+        except BaseException as exc:
             graph.ops = None
+            if isinstance(exc, CaptureError) and exc.graph is None:
+                exc.graph = graph  # released by the caller once the failed work's arrays are gone
             raise
         finally:
             self._graph = None
