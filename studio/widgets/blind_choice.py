@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QPlainTextEdit,
     QPushButton,
-    QSizePolicy,
     QVBoxLayout,
     QWidget,
 )
@@ -31,6 +30,7 @@ from engine import BlindPair, append_preference
 
 from .faint_label import FaintLabel
 from .page_layout import splitter
+from .wrapping_label import wrapping_label
 
 KEYS = {"A": ("1", "A"), "B": ("2", "B"), "tie": ("T",), "skip": ("S",)}
 
@@ -85,9 +85,7 @@ class BlindChoiceWidget(QWidget):
                     context=Qt.WidgetWithChildrenShortcut,
                 )
         row.addStretch(1)
-        self.status = QLabel()
-        self.status.setWordWrap(True)
-        self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.status = wrapping_label()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(4)

@@ -33,6 +33,7 @@ from ...widgets.page_layout import scroll_area, splitter
 from ...widgets.plots import TrainPlotsWidget
 from ...widgets.preference_plots import PreferencePlotsWidget
 from ...widgets.sample_answers import SampleAnswersWidget
+from ...widgets.wrapping_label import wrapping_label
 from .settings import TrainSettingsWidget
 
 # The log keeps its last lines only: a QPlainTextEdit lays out every line it holds, about 7 KB each
@@ -137,12 +138,9 @@ def _paths_row(page) -> QHBoxLayout:
 
 def _progress(page) -> None:
     """Why Start is unavailable, the progress bar and the two-line stats."""
-    page.reason_label = QLabel()  # why Start is disabled, with a link to the page that fixes it
-    page.reason_label.setWordWrap(True)
-    page.reason_label.setTextFormat(Qt.RichText)
-    page.reason_label.setTextInteractionFlags(Qt.TextBrowserInteraction)
+    # why Start is disabled, with a link to the page that fixes it
+    page.reason_label = wrapping_label(text_format=Qt.RichText, interaction=Qt.TextBrowserInteraction)
     page.reason_label.linkActivated.connect(page._link)
-    page.reason_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
     page.reason_label.hide()
     page.progress = QProgressBar()
     page.progress.setRange(0, 1)
