@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from engine import BlindPair, append_preference
 
+from .buttons import action_button
 from .faint_label import FaintLabel
 from .page_layout import splitter
 from .wrapping_label import wrapping_label
@@ -192,17 +193,17 @@ class PreferencesFileRow(QWidget):
         super().__init__(parent)
         self.recorder = recorder
         self.label = FaintLabel(squeeze=True)
-        self.file_button = QPushButton("Preferences file…")
-        self.file_button.setToolTip(
+        self.file_button = action_button(
+            "Preferences file…",
+            self.choose_file,
             "Choose the JSON Lines file the A/B choices are appended to (never rewritten). Default: "
-            f"{PREFERENCES_FILE} in the project's output folder (the Chat and Rewards pages share it)."
+            f"{PREFERENCES_FILE} in the project's output folder (the Chat and Rewards pages share it).",
         )
-        self.file_button.clicked.connect(self.choose_file)
-        self.train_button = QPushButton("Train on choices")
-        self.train_button.setToolTip(
-            "Open the preferences file on the Dataset page and set the Train page's objective to DPO"
+        self.train_button = action_button(
+            "Train on choices",
+            self.train_on_choices,
+            "Open the preferences file on the Dataset page and set the Train page's objective to DPO",
         )
-        self.train_button.clicked.connect(self.train_on_choices)
         row = QHBoxLayout(self)
         row.setContentsMargins(0, 0, 0, 0)
         row.addWidget(self.label, 1)

@@ -18,7 +18,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QPlainTextEdit,
     QProgressBar,
-    QPushButton,
     QSizePolicy,
     QSpinBox,
     QVBoxLayout,
@@ -82,7 +81,7 @@ def _run_buttons(page) -> QHBoxLayout:
             ("Resume", page.resume, "Continue this run: in memory after Pause, else from its latest "
              "checkpoint (Ctrl+Shift+Enter).", "Ctrl+Shift+Return"),
             ("Stop", page.stop, "End the run after the current step; the adapter and a checkpoint are "
-             "written (Ctrl+.).", "Ctrl+."),
+             "written (Ctrl+.).", "Ctrl+.")
         )
     )  # fmt: skip
     page.resume_from_button = action_button(
@@ -121,13 +120,13 @@ def _paths_row(page) -> QHBoxLayout:
     )  # fmt: skip
     page.paths_label = ElidedLabel()
     page.paths_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-    page.output_button = QPushButton("Output folder…")
-    page.output_button.setToolTip(
+    page.output_button = action_button(
+        "Output folder…",
+        page.choose_output_folder,
         "Choose where adapters and checkpoints are written. Default: a tune-studio-out folder "
         "beside the project file (or the dataset), or your data folder when that one is inside "
-        "the program or cannot be written."
+        "the program or cannot be written.",
     )
-    page.output_button.clicked.connect(page.choose_output_folder)
     row = QHBoxLayout()
     row.addWidget(page.paths_label, 1)
     row.addWidget(page.output_button, 0, Qt.AlignTop)
