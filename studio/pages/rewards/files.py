@@ -37,8 +37,7 @@ class AdapterFilesWidget(QGroupBox):
         super().__init__("Adapter and files", parent)
         self.page = page
         self._syncing = False  # the adapter list is being set to match the adapter to continue
-        self.ratings_label = wrapping_label()
-        self.ratings_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.ratings_label = wrapping_label(interaction=Qt.TextSelectableByMouse)
         self.ratings_button = action_button(
             "Ratings file…",
             self.choose_ratings_file,
