@@ -27,8 +27,8 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.common import fmt_rate, matmul_rate  # noqa: E402
-from engine.kernels import cpu_workers, moe, moe_cpu  # noqa: E402
-from engine.kernels.linear import LoraTerm  # noqa: E402
+from engine.kernels import cpu_workers, moe_cpu  # noqa: E402
+from engine.testing import random_experts  # noqa: E402
 from engine.train.heap import keep_step_buffers  # noqa: E402
 
 
@@ -54,17 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     N, C, F, E, K, r = a.tokens, a.width, a.ffn, a.experts, a.top_k, a.rank
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((N, C), dtype=np.float32)
-    routing, _ = moe.route_forward_ref(rng.standard_normal((N, E)).astype(np.float32), K, False)
-    w_gate, w_up = (rng.standard_normal((E, F, C), dtype=np.float32) * 0.03 for _ in range(2))
-    w_down = rng.standard_normal((E, C, F), dtype=np.float32) * 0.03
-
-    def lora(n_out: int, n_in: int) -> LoraTerm:
-        A = rng.standard_normal((E, r, n_in), dtype=np.float32) * 0.01
-        return LoraTerm(A, rng.standard_normal((E, n_out, r), dtype=np.float32) * 0.01, 2.0)
-
-    loras = (lora(F, C), lora(F, C), lora(C, F))
-    dy = rng.standard_normal((N, C), dtype=np.float32)
+    x, routing, (w_gate, w_up, w_down), loras, dy = random_experts(
+        rng, N, C, F, E, K, r, w_scale=0.03, lora_scale=0.01, s=2.0, renorm=False
+    )
     cache = None
 
     def forward():

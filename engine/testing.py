@@ -446,3 +446,39 @@ def write_adapter(
         tensors[base + ".lora_a"] = (A, qtype)
         tensors[base + ".lora_b"] = (B, qtype)
     return write_gguf(path, arch, md, tensors)
+
+
+def random_experts(
+    rng: np.random.Generator,
+    N: int,
+    C: int,
+    F: int,
+    E: int,
+    K: int,
+    r: int,
+    *,
+    w_scale: float,
+    lora_scale: float,
+    s: float,
+    renorm: bool,
+):
+    """A random routed-expert layer with LoRA on gate, up and down, for the expert ops' tests and
+    benchmarks: (x (N, C), routing (K of E experts per token, their weights renormalized when
+    `renorm`), (w_gate, w_up (E, F, C), w_down (E, C, F)) of scale `w_scale`, the three LoraTerm
+    (rank r, factors of scale `lora_scale`, effective scale `s`), dy (N, C)), drawn from `rng` in that
+    order."""
+    from .kernels.linear import LoraTerm  # local: keep this module light to import
+    from .kernels.moe import route_forward_ref
+
+    x = rng.standard_normal((N, C), dtype=np.float32)
+    routing, _ = route_forward_ref(rng.standard_normal((N, E)).astype(np.float32), K, renorm)
+    w_gate, w_up = (rng.standard_normal((E, F, C), dtype=np.float32) * w_scale for _ in range(2))
+    w_down = rng.standard_normal((E, C, F), dtype=np.float32) * w_scale
+
+    def lora(n_out: int, n_in: int) -> LoraTerm:
+        A = rng.standard_normal((E, r, n_in), dtype=np.float32) * lora_scale
+        return LoraTerm(A, rng.standard_normal((E, n_out, r), dtype=np.float32) * lora_scale, s)
+
+    loras = (lora(F, C), lora(F, C), lora(C, F))
+    dy = rng.standard_normal((N, C), dtype=np.float32)
+    return x, routing, (w_gate, w_up, w_down), loras, dy

@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QListWidget,
     QListWidgetItem,
-    QPushButton,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
@@ -43,6 +42,7 @@ from engine import (
 
 from ..project import ModelInfo, Project, ProjectError
 from ..widgets.banner import MessageBar
+from ..widgets.buttons import action_button
 from ..widgets.page_layout import splitter
 from ..worker import Engine
 
@@ -61,11 +61,11 @@ class ModelPage(QWidget):
         self.opening: str | None = None  # a model being opened in the worker
         self.setAcceptDrops(True)
 
-        self.open_button = QPushButton("Open model…")
-        self.open_button.setToolTip(
-            "Open a .gguf model file (Ctrl+O). You can also drop a file on the window."
+        self.open_button = action_button(
+            "Open model…",
+            self.choose_file,
+            "Open a .gguf model file (Ctrl+O). You can also drop a file on the window.",
         )
-        self.open_button.clicked.connect(self.choose_file)
         self.path_label = QLabel("No model open. Open a .gguf file or drop one here.")
         self.path_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.error_label = MessageBar()  # readable on light and dark palettes; hidden until an error

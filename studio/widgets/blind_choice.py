@@ -22,15 +22,16 @@ from PySide6.QtWidgets import (
     QLabel,
     QPlainTextEdit,
     QPushButton,
-    QSizePolicy,
     QVBoxLayout,
     QWidget,
 )
 
 from engine import BlindPair, append_preference
 
+from .buttons import action_button
 from .faint_label import FaintLabel
 from .page_layout import splitter
+from .wrapping_label import wrapping_label
 
 KEYS = {"A": ("1", "A"), "B": ("2", "B"), "tie": ("T",), "skip": ("S",)}
 
@@ -85,9 +86,7 @@ class BlindChoiceWidget(QWidget):
                     context=Qt.WidgetWithChildrenShortcut,
                 )
         row.addStretch(1)
-        self.status = QLabel()
-        self.status.setWordWrap(True)
-        self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.status = wrapping_label()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(4)
@@ -194,17 +193,17 @@ class PreferencesFileRow(QWidget):
         super().__init__(parent)
         self.recorder = recorder
         self.label = FaintLabel(squeeze=True)
-        self.file_button = QPushButton("Preferences file…")
-        self.file_button.setToolTip(
+        self.file_button = action_button(
+            "Preferences file…",
+            self.choose_file,
             "Choose the JSON Lines file the A/B choices are appended to (never rewritten). Default: "
-            f"{PREFERENCES_FILE} in the project's output folder (the Chat and Rewards pages share it)."
+            f"{PREFERENCES_FILE} in the project's output folder (the Chat and Rewards pages share it).",
         )
-        self.file_button.clicked.connect(self.choose_file)
-        self.train_button = QPushButton("Train on choices")
-        self.train_button.setToolTip(
-            "Open the preferences file on the Dataset page and set the Train page's objective to DPO"
+        self.train_button = action_button(
+            "Train on choices",
+            self.train_on_choices,
+            "Open the preferences file on the Dataset page and set the Train page's objective to DPO",
         )
-        self.train_button.clicked.connect(self.train_on_choices)
         row = QHBoxLayout(self)
         row.setContentsMargins(0, 0, 0, 0)
         row.addWidget(self.label, 1)

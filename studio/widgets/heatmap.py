@@ -10,13 +10,12 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtGui import QFontMetrics, QPalette
 from PySide6.QtWidgets import (
-    QLabel,
-    QSizePolicy,
     QVBoxLayout,
     QWidget,
 )
 
 from .plot_parts import axis_ticks, nice_ceil, paint_plot, plot_widget, short_number, style_plot
+from .wrapping_label import wrapping_label
 
 
 class HeatmapWidget(QWidget):
@@ -47,9 +46,7 @@ class HeatmapWidget(QWidget):
         self.bar.axis.setPen(pg.mkPen(text))
         self.bar.axis.setLabel(unit, color=text.name())
         self.bar.axis.enableAutoSIPrefix(False)
-        self.caption = QLabel(" ")
-        self.caption.setWordWrap(True)
-        self.caption.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.caption = wrapping_label(" ")
         self._caption = " "
         self.placeholder = pg.TextItem("", color=text, anchor=(0.5, 0.5))
         self.plot.addItem(self.placeholder)

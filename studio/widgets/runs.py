@@ -28,7 +28,7 @@ from datetime import datetime
 
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtGui import QStandardItem, QStandardItemModel
-from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QPushButton, QSizePolicy, QWidget
+from PySide6.QtWidgets import QComboBox, QFileDialog, QHBoxLayout, QSizePolicy, QWidget
 
 from engine import (
     EngineError,
@@ -43,6 +43,7 @@ from engine import (
 
 from ..paths import same_file
 from ..project import model_runs_folder
+from .buttons import action_button
 
 FOLDERS_KEY = "runs/folders"
 FOLLOWED_KEY = "runs/followed"  # events files of runs started outside the app
@@ -359,9 +360,9 @@ class RunChoiceWidget(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(4)
         layout.addWidget(self.combo, 1)
-        self.file_button = QPushButton("File…")
-        self.file_button.setToolTip("Choose any LoRA adapter file (.gguf) or checkpoint folder's adapter")
-        self.file_button.clicked.connect(self.choose_file)
+        self.file_button = action_button(
+            "File…", self.choose_file, "Choose any LoRA adapter file (.gguf) or checkpoint folder's adapter"
+        )
         layout.addWidget(self.file_button)
         self.file_button.setHidden(not file_button)
         self.start_folder = ""

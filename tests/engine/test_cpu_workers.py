@@ -11,7 +11,7 @@ import pytest
 
 from engine.kernels import adamw_cpu, cpu_workers, moe, moe_cpu
 from engine.kernels.cpu_workers import CpuWorkers, spin_is_short
-from engine.kernels.linear import LoraTerm
+from engine.testing import random_experts
 from engine.train import threads
 from engine.train.optim import AdamW, OptimConfig
 
@@ -123,21 +123,13 @@ def test_the_process_blas_controller_publishes_its_count(tmp_path, monkeypatch):
 
 def moe_case(seed: int, E: int = 8, K: int = 2, N: int = 24, C: int = 32, F: int = 48, r: int = 4):
     rng = np.random.default_rng(seed)
-    x = rng.standard_normal((N, C), dtype=np.float32)
-    routing, _ = moe.route_forward_ref(rng.standard_normal((N, E)).astype(np.float32), K, True)
-    w_gate, w_up = (rng.standard_normal((E, F, C), dtype=np.float32) * 0.2 for _ in range(2))
-    w_down = rng.standard_normal((E, C, F), dtype=np.float32) * 0.2
-
-    def lora(n_out: int, n_in: int) -> LoraTerm:
-        A = rng.standard_normal((E, r, n_in), dtype=np.float32) * 0.1
-        return LoraTerm(A, rng.standard_normal((E, n_out, r), dtype=np.float32) * 0.1, 1.5)
-
-    loras = (lora(F, C), lora(F, C), lora(C, F))
-    dy = rng.standard_normal((N, C), dtype=np.float32)
+    x, routing, ws, loras, dy = random_experts(
+        rng, N, C, F, E, K, r, w_scale=0.2, lora_scale=0.1, s=1.5, renorm=True
+    )
     b_gate = rng.standard_normal((E, F), dtype=np.float32)
     b_down = rng.standard_normal((E, C), dtype=np.float32)
     biases = (b_gate, None, b_down)
-    return x, routing, (w_gate, w_up, w_down), loras, dy, biases
+    return x, routing, ws, loras, dy, biases
 
 
 def flat_arrays(obj) -> list[np.ndarray]:

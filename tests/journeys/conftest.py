@@ -17,7 +17,7 @@ import pytest
 from PySide6.QtCore import QEvent, QSettings
 from PySide6.QtWidgets import QApplication
 
-from engine import GREEDY, LoraAdapter, Model, SynthSpec, generate, write_model
+from engine import GREEDY, Finished, LoraAdapter, Model, SynthSpec, generate, write_model
 from studio.main_window import MainWindow
 from tests.conftest import question_ids, write_chats
 from tests.studio.conftest import (  # noqa: F401 - autouse fixtures: the GC discipline
@@ -136,6 +136,16 @@ def train(qtbot, window: MainWindow, action=None):
         assert (action or page.start)()
     qtbot.waitUntil(lambda: not window.engine.jobs, timeout=TIMEOUT_MS)
     return done.args[0]
+
+
+def train_with(qtbot, window: MainWindow, **config) -> Finished:
+    """Change the run's settings (`config`, as the Train page's fields do), wait for the page's check
+    of the next run, press Start and wait for the end; the run must finish (stopped or not)."""
+    window.project.update_config(**config)
+    checked(qtbot, window)
+    result = train(qtbot, window)
+    assert isinstance(result, Finished), result
+    return result
 
 
 def chat(qtbot, window: MainWindow, text: str, adapter: bool) -> str:

@@ -6,18 +6,13 @@ from __future__ import annotations
 
 from PySide6.QtGui import QKeySequence
 
-from engine import Finished
-
-from .conftest import chat, checked, open_model, open_model_and_dataset, train
+from .conftest import chat, open_model, open_model_and_dataset, train_with
 
 
 def test_new_project_resets_every_page(qtbot, app, tiny_q4, facts):
     window = app.launch()
     open_model_and_dataset(qtbot, window, tiny_q4, facts)
-    window.project.update_config(steps=4)
-    checked(qtbot, window)
-    result = train(qtbot, window)
-    assert isinstance(result, Finished)
+    train_with(qtbot, window, steps=4)
     chat(qtbot, window, "what is the answer", adapter=True)
     window.export_page.export()
     qtbot.waitUntil(lambda: not window.export_page.result.isHidden(), timeout=60_000)

@@ -19,7 +19,7 @@ import pytest
 from engine import Finished, LoraAdapter, Model, Step, Trainer
 from engine.train import trainer as trainer_module
 
-from .conftest import TIMEOUT_MS, checked, open_model, open_model_and_dataset, train
+from .conftest import TIMEOUT_MS, checked, open_model, open_model_and_dataset, train_with
 
 
 @pytest.fixture
@@ -127,10 +127,8 @@ def test_close_mid_run_relaunch_and_resume_from_runs_finishes_the_same_run(
 def test_a_finished_run_is_offered_everywhere_after_a_relaunch(qtbot, app, tiny_q4, facts):
     window = app.launch()
     open_model_and_dataset(qtbot, window, tiny_q4, facts)
-    window.project.update_config(steps=8)
-    checked(qtbot, window)
-    result = train(qtbot, window)
-    assert isinstance(result, Finished) and result.adapter_path
+    result = train_with(qtbot, window, steps=8)
+    assert result.adapter_path
     assert window.close()
 
     again = app.launch()  # the same model, opened again (its dataset is not opened this time)

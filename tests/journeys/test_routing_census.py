@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 from PySide6.QtCore import Qt
 
-from engine import Finished, LoraAdapter, Model, left_out
+from engine import LoraAdapter, Model, left_out
 from studio.widgets.plot_parts import legend_names
 from tests.engine.test_census import _model_with_unreached
 
-from .conftest import TIMEOUT_MS, checked, open_model_and_dataset, train
+from .conftest import TIMEOUT_MS, open_model_and_dataset, train_with
 
 
 def test_count_routing_leave_out_unreached_and_balance(qtbot, app, facts, tmp_path):
@@ -51,10 +51,8 @@ def test_count_routing_leave_out_unreached_and_balance(qtbot, app, facts, tmp_pa
     assert window.project.config.skip_unreached_experts
     assert f"({out.params:,} left out" in page.summary_labels["Trainable parameters"].text()
 
-    window.project.update_config(steps=3, router_aux_coef=0.05, out_type="F32")
-    checked(qtbot, window)
-    result = train(qtbot, window)
-    assert isinstance(result, Finished) and result.step == 3
+    result = train_with(qtbot, window, steps=3, router_aux_coef=0.05, out_type="F32")
+    assert result.step == 3
     plots = window.train_page.plots
     plots.flush()  # what the timer draws next
     x, y = plots.curve_data()["router_aux"]

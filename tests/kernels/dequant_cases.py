@@ -7,6 +7,7 @@ block is zero and no reference value is NaN: a NaN in a kernel's output means it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,19 +103,28 @@ def _rel_error(out: np.ndarray, ref: np.ndarray) -> str:
     return f"relative error {num / den:.3e} over {int(fin.sum())} finite values, {int(np.isnan(o).sum())} NaN"
 
 
+def _check_bits(
+    what: str, o: np.ndarray, r: np.ndarray, values: str, error: Callable[[], str], show: Callable[[int], str]
+) -> None:
+    """o equals r (flat bit patterns); else the message says how many `values` differ, the relative
+    error (`error()`) and the first five differences (`show(i)`)."""
+    bad = np.flatnonzero(o != r)
+    if bad.size:
+        first = ", ".join(show(i) for i in bad[:5])
+        raise AssertionError(f"{what}: {bad.size} of {o.size} {values} ({error()}); first: {first}")
+
+
 def check_f32(out: np.ndarray, ref: np.ndarray, what: str) -> None:
     """out equals ref bit for bit (float32); the message says where and by how much not."""
     assert out.shape == ref.shape, f"{what}: shape {out.shape}, expected {ref.shape}"
     assert out.dtype == np.float32, f"{what}: dtype {out.dtype}, expected float32"
     o = np.ascontiguousarray(out).view(np.uint32).ravel()
     r = np.ascontiguousarray(ref, dtype=np.float32).view(np.uint32).ravel()
-    bad = np.flatnonzero(o != r)
-    if bad.size:
-        first = ", ".join(f"[{i}] {o[i].view(np.float32)!r} vs {r[i].view(np.float32)!r}" for i in bad[:5])
-        raise AssertionError(
-            f"{what}: {bad.size} of {o.size} float32 values differ from the reference "
-            f"({_rel_error(out, ref)}); first: {first}"
-        )
+    _check_bits(
+        what, o, r, "float32 values differ from the reference",
+        lambda: _rel_error(out, ref),
+        lambda i: f"[{i}] {o[i].view(np.float32)!r} vs {r[i].view(np.float32)!r}",
+    )  # fmt: skip
 
 
 def check_bf16(out_bits: np.ndarray, ref: np.ndarray, what: str) -> None:
@@ -122,10 +132,8 @@ def check_bf16(out_bits: np.ndarray, ref: np.ndarray, what: str) -> None:
     assert out_bits.shape == ref.shape, f"{what}: shape {out_bits.shape}, expected {ref.shape}"
     o = np.ascontiguousarray(out_bits).view(np.uint16).ravel()
     r = bf16_rne(ref).ravel()
-    bad = np.flatnonzero(o != r)
-    if bad.size:
-        first = ", ".join(f"[{i}] 0x{o[i]:04x} vs 0x{r[i]:04x} (f32 {ref.ravel()[i]!r})" for i in bad[:5])
-        raise AssertionError(
-            f"{what}: {bad.size} of {o.size} bfloat16 values are not the reference rounded to "
-            f"nearest-even ({_rel_error(bf16_to_f32(o), ref)} against float32); first: {first}"
-        )
+    _check_bits(
+        what, o, r, "bfloat16 values are not the reference rounded to nearest-even",
+        lambda: f"{_rel_error(bf16_to_f32(o), ref)} against float32",
+        lambda i: f"[{i}] 0x{o[i]:04x} vs 0x{r[i]:04x} (f32 {ref.ravel()[i]!r})",
+    )  # fmt: skip

@@ -17,7 +17,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QScrollArea,
-    QSizePolicy,
     QToolButton,
     QVBoxLayout,
     QWidget,
@@ -26,6 +25,7 @@ from PySide6.QtWidgets import (
 from ...widgets.elided_label import ElidedLabel
 from ...widgets.page_layout import scroll_area
 from ...widgets.theme import is_dark
+from ...widgets.wrapping_label import wrapping_label
 
 STOP_REASONS = {
     "eos": "ended its turn",
@@ -71,12 +71,11 @@ class MessageWidget(QFrame):
         head.addWidget(self.who, 1)
         head.addWidget(self.meta)
         head.addWidget(self.copy_button)
-        self.body = QLabel()
-        self.body.setObjectName("body")
-        self.body.setWordWrap(True)
-        self.body.setTextFormat(Qt.PlainText)
-        self.body.setTextInteractionFlags(Qt.TextSelectableByMouse | Qt.TextSelectableByKeyboard)
-        self.body.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.body = wrapping_label(
+            name="body",
+            text_format=Qt.PlainText,
+            interaction=Qt.TextSelectableByMouse | Qt.TextSelectableByKeyboard,
+        )
         self.body.setAlignment(Qt.AlignLeft | Qt.AlignTop)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(10, 6, 10, 8)

@@ -28,7 +28,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
-    QPushButton,
     QSizePolicy,
     QStackedWidget,
     QToolButton,
@@ -39,6 +38,7 @@ from PySide6.QtWidgets import (
 from engine import Sample, chosen_text
 
 from ...dataset_document import DatasetDocument
+from ...widgets.buttons import action_button
 from ...widgets.page_layout import scroll_area
 from .samples import rebuild_sample
 from .table import ROLES
@@ -273,11 +273,11 @@ class SampleEditorWidget(QWidget):
         self.turns_layout = QVBoxLayout(self.turns_box)
         self.turns_layout.setContentsMargins(0, 0, 0, 0)
         self.turns_layout.setSpacing(6)
-        self.add_turn_button = QPushButton("Add turn")
-        self.add_turn_button.setToolTip(
-            "Add a turn at the end (user after an assistant turn, assistant after any other)"
+        self.add_turn_button = action_button(
+            "Add turn",
+            self.add_turn,
+            "Add a turn at the end (user after an assistant turn, assistant after any other)",
         )
-        self.add_turn_button.clicked.connect(self.add_turn)
         turns_page = QWidget()
         turns_page_layout = QVBoxLayout(turns_page)
         turns_page_layout.setContentsMargins(0, 0, 4, 0)
@@ -321,9 +321,11 @@ class SampleEditorWidget(QWidget):
         self.pref_rejected = field(
             pc, "rejected", "The worse answer: DPO and ORPO lower its probability against the chosen one"
         )
-        self.swap_button = QPushButton("Swap chosen and rejected")
-        self.swap_button.setToolTip("Make the rejected answer the chosen one and the other way round")
-        self.swap_button.clicked.connect(self.swap_answers)
+        self.swap_button = action_button(
+            "Swap chosen and rejected",
+            self.swap_answers,
+            "Make the rejected answer the chosen one and the other way round",
+        )
         pref_page = _fields_page(
             ("Prompt:", self.pref_prompt, 1),
             ("Chosen (better) answer:", self.pref_chosen, 2),

@@ -24,7 +24,6 @@ from PySide6.QtWidgets import (
     QListView,
     QMenu,
     QProgressBar,
-    QPushButton,
     QSizePolicy,
     QTableView,
     QToolBar,
@@ -34,6 +33,7 @@ from PySide6.QtWidgets import (
 )
 
 from ...widgets.banner import MessageBar
+from ...widgets.buttons import action_button
 from ...widgets.page_layout import splitter
 from .editor import SampleEditorWidget
 from .problems import ProblemsBuilder
@@ -255,9 +255,9 @@ def setup_ui(page) -> None:
     page.load_bar = QProgressBar()
     page.load_bar.setRange(0, 1000)
     page.load_bar.setTextVisible(True)
-    page.load_cancel = QPushButton("Cancel")
-    page.load_cancel.setToolTip("Stop reading the file; the dataset shown stays as it is")
-    page.load_cancel.clicked.connect(page.cancel_loading)
+    page.load_cancel = action_button(
+        "Cancel", page.cancel_loading, "Stop reading the file; the dataset shown stays as it is"
+    )
     page.load_strip = QWidget()
     strip = QHBoxLayout(page.load_strip)
     strip.setContentsMargins(0, 0, 0, 0)

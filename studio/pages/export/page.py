@@ -26,10 +26,8 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QFormLayout,
     QHBoxLayout,
-    QLabel,
     QLineEdit,
     QPushButton,
-    QSizePolicy,
 )
 
 from engine import (
@@ -54,6 +52,7 @@ from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import PageLayout
 from ...widgets.runs import RunChoiceWidget, fit_message
 from ...widgets.theme import is_dark
+from ...widgets.wrapping_label import wrapping_label
 from .dialog import ExportDialog
 from .result import ExportResultWidget
 from .types import ExportTypeCombo, modelfile_check, modelfile_outcome
@@ -141,10 +140,7 @@ class ExportPage(EnginePage):
         buttons.addWidget(self.export_button)
         buttons.addWidget(self.dialog_button)
         buttons.addStretch(1)
-        self.result_label = QLabel()
-        self.result_label.setWordWrap(True)
-        self.result_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.result_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.result_label = wrapping_label(interaction=Qt.TextSelectableByMouse)
         self.result = ExportResultWidget()
 
         form = QFormLayout()
@@ -154,12 +150,10 @@ class ExportPage(EnginePage):
         form.addRow("Type:", self.type_combo)
         form.addRow("Write to:", out_row)
         form.addRow("", self.modelfile_check)
-        intro = QLabel(
+        intro = wrapping_label(
             "<h3>Export</h3>Write an adapter llama.cpp loads with <code>--lora</code>, or a merged model. "
             "Every export is checked before writing and reloaded afterwards to compare its logits."
         )
-        intro.setWordWrap(True)
-        intro.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
         layout = PageLayout(self)  # fills the height it is given: the buttons stay in view
         layout.addWidget(intro)
         layout.addWidget(self.banner)

@@ -18,12 +18,12 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QLineEdit,
-    QSizePolicy,
     QVBoxLayout,
     QWidget,
 )
 
 from ...widgets.buttons import action_button
+from ...widgets.wrapping_label import wrapping_label
 
 
 def llama_cli_command(path: str, base: str | None, merged: bool) -> str:
@@ -42,10 +42,7 @@ class ExportResultWidget(QGroupBox):
         super().__init__("Written", parent)
         self.path = ""
         self.open_url = QDesktopServices.openUrl  # replaced in tests
-        self.file_label = QLabel()
-        self.file_label.setWordWrap(True)
-        self.file_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.file_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.file_label = wrapping_label(interaction=Qt.TextSelectableByMouse)
         self.open_button = action_button(
             "Open folder", self.open_folder, "Show the file's folder in the file browser"
         )

@@ -42,7 +42,6 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
-    QSizePolicy,
     QSpinBox,
     QTableWidget,
     QTableWidgetItem,
@@ -68,6 +67,7 @@ from ...widgets.buttons import action_button
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import scroll_area, splitter
 from ...widgets.plot_parts import COLORS, make_legend, marker, plot_widget, style_plot
+from ...widgets.wrapping_label import wrapping_label
 
 # (check, option placeholder, default option, what it does)
 BUILTIN_ROWS = (
@@ -246,9 +246,7 @@ class AutoRoundsWidget(QWidget):
         self.stop_button = action_button(
             "Stop", self.stop, "End the rounds now (a round being sampled takes no step)"
         )
-        self.status = QLabel()
-        self.status.setWordWrap(True)
-        self.status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.status = wrapping_label()
 
         form = QFormLayout()
         form.setContentsMargins(0, 0, 0, 0)

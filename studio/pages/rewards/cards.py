@@ -36,6 +36,7 @@ from engine import rating_from_stars
 
 from ...widgets.buttons import action_button
 from ...widgets.theme import is_dark
+from ...widgets.wrapping_label import wrapping_label
 
 CARD_MIN_WIDTH = 260  # a card narrower than this would squeeze its controls: one column then
 SLIDER_STEPS = 20  # slider positions per unit: values in steps of 0.05
@@ -211,21 +212,15 @@ class AnswerCardWidget(QFrame):
         info.addWidget(self.weight_label)
 
         # --- the answer ---
-        self.body = QLabel()
-        self.body.setObjectName("answerText")
-        self.body.setWordWrap(True)
-        self.body.setTextFormat(Qt.PlainText)
-        self.body.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.body.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.body = wrapping_label(
+            name="answerText", text_format=Qt.PlainText, interaction=Qt.TextSelectableByMouse
+        )
         self.body.setMinimumHeight(36)
         self.body.setAlignment(Qt.AlignTop | Qt.AlignLeft)
         self.set_text(text)
-        self.correction_label = QLabel()
-        self.correction_label.setObjectName("correction")
-        self.correction_label.setWordWrap(True)
-        self.correction_label.setTextFormat(Qt.RichText)
-        self.correction_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.correction_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.correction_label = wrapping_label(
+            name="correction", text_format=Qt.RichText, interaction=Qt.TextSelectableByMouse
+        )
         self.correction_label.hide()
 
         # --- rating controls ---

@@ -20,21 +20,14 @@ import html
 import os
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFileDialog, QGroupBox, QLabel, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFileDialog, QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from ...paths import writable_problem
 from ...widgets.buttons import action_button
 from ...widgets.runs import RunChoiceWidget
+from ...widgets.wrapping_label import wrapping_label
 from . import controller as rewards
 from .controller import NEW_ADAPTER, NEW_ADAPTER_TEXT, RATINGS_FILE, StartChange
-
-
-def _wrapping_label() -> QLabel:
-    """A label that wraps its text to the column's width (a long path never widens the column)."""
-    label = QLabel()
-    label.setWordWrap(True)
-    label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-    return label
 
 
 class AdapterFilesWidget(QGroupBox):
@@ -44,15 +37,14 @@ class AdapterFilesWidget(QGroupBox):
         super().__init__("Adapter and files", parent)
         self.page = page
         self._syncing = False  # the adapter list is being set to match the adapter to continue
-        self.ratings_label = _wrapping_label()
-        self.ratings_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.ratings_label = wrapping_label(interaction=Qt.TextSelectableByMouse)
         self.ratings_button = action_button(
             "Ratings file…",
             self.choose_ratings_file,
             "Choose the JSON Lines file every rating and better answer is appended to (never rewritten). "
             f"Default: {RATINGS_FILE} in the project's output folder.",
         )
-        self.adapter_label = _wrapping_label()
+        self.adapter_label = wrapping_label()
         self.adapter_choice = RunChoiceWidget(
             fixed=[(NEW_ADAPTER_TEXT, NEW_ADAPTER,
                     "Start from the model alone: a new adapter with the Targets page's targets, rank and "

@@ -20,7 +20,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
-    QPushButton,
     QSpinBox,
     QTextBrowser,
     QToolButton,
@@ -30,6 +29,7 @@ from PySide6.QtWidgets import (
 
 from engine import EngineError
 
+from ...widgets.buttons import action_button
 from ...widgets.faint_label import FaintLabel
 from ...widgets.page_layout import splitter
 from ...widgets.theme import is_dark
@@ -96,13 +96,13 @@ class SideBySideWidget(QWidget):
         dice.setText("⚄")
         dice.setToolTip("A random seed")
         dice.clicked.connect(lambda: self.seed.setValue(int(np.random.default_rng().integers(0, 2**31 - 1))))
-        self.compare_button = QPushButton("Compare")
-        self.compare_button.setShortcut("Ctrl+Return")
-        self.compare_button.setToolTip(
+        self.compare_button = action_button(
+            "Compare",
+            self._compare,
             "Sample one answer from the base model (adapter off) and one with the adapter, same prompt and "
-            "seed (Ctrl+Enter)."
+            "seed (Ctrl+Enter).",
+            "Ctrl+Return",
         )
-        self.compare_button.clicked.connect(self._compare)
         self.status = FaintLabel()
         row = QHBoxLayout()
         row.addWidget(QLabel("Seed:"))

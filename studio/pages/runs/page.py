@@ -32,7 +32,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QMenu,
     QPushButton,
-    QSizePolicy,
     QTableView,
     QToolButton,
     QVBoxLayout,
@@ -63,6 +62,7 @@ from ...widgets.runs import (
     status_text,
 )
 from ...widgets.sample_answers import SampleAnswersTable
+from ...widgets.wrapping_label import wrapping_label
 from .model import RunsModel
 
 POLL_MS = 3000  # re-read the records this often while the page is visible
@@ -91,10 +91,7 @@ class RunsPage(EnginePage):
         self._signature: tuple = ()
 
         title = QLabel("<b>Runs</b>")
-        self.folders_label = QLabel()
-        self.folders_label.setWordWrap(True)
-        self.folders_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.folders_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.folders_label = wrapping_label(interaction=Qt.TextSelectableByMouse)
         self.add_button = action_button(
             "Add folder…",
             self.choose_folder,
@@ -211,18 +208,11 @@ class RunsPage(EnginePage):
 
     def _build_details(self) -> QWidget:
         box = QGroupBox("Selected run")
-        self.detail_title = QLabel("Select a run.")
-        self.detail_title.setWordWrap(True)
-        self.detail_title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.detail_status = QLabel()
-        self.detail_status.setWordWrap(True)
-        self.detail_status.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
-        self.detail_status.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.detail_title = wrapping_label("Select a run.")
+        self.detail_status = wrapping_label(interaction=Qt.TextSelectableByMouse)
         self.adapter_label = ElidedLabel("–")  # a path: one line, elided in the middle, whole in the tooltip
         self.checkpoints_label = ElidedLabel("–")
-        self.settings_label = QLabel("–")
-        self.settings_label.setWordWrap(True)
-        self.settings_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.settings_label = wrapping_label("–")
         self.open_adapter_button = action_button(
             "Open folder",
             lambda: self._open(self._adapter_folder()),

@@ -18,7 +18,6 @@ from PySide6.QtWidgets import (
     QLabel,
     QPlainTextEdit,
     QProgressBar,
-    QPushButton,
     QSizePolicy,
     QSpinBox,
     QVBoxLayout,
@@ -33,6 +32,7 @@ from ...widgets.page_layout import scroll_area, splitter
 from ...widgets.plots import TrainPlotsWidget
 from ...widgets.preference_plots import PreferencePlotsWidget
 from ...widgets.sample_answers import SampleAnswersWidget
+from ...widgets.wrapping_label import wrapping_label
 from .settings import TrainSettingsWidget
 
 # The log keeps its last lines only: a QPlainTextEdit lays out every line it holds, about 7 KB each
@@ -81,7 +81,7 @@ def _run_buttons(page) -> QHBoxLayout:
             ("Resume", page.resume, "Continue this run: in memory after Pause, else from its latest "
              "checkpoint (Ctrl+Shift+Enter).", "Ctrl+Shift+Return"),
             ("Stop", page.stop, "End the run after the current step; the adapter and a checkpoint are "
-             "written (Ctrl+.).", "Ctrl+."),
+             "written (Ctrl+.).", "Ctrl+.")
         )
     )  # fmt: skip
     page.resume_from_button = action_button(
@@ -120,13 +120,13 @@ def _paths_row(page) -> QHBoxLayout:
     )  # fmt: skip
     page.paths_label = ElidedLabel()
     page.paths_label.setTextInteractionFlags(Qt.TextSelectableByMouse)
-    page.output_button = QPushButton("Output folder…")
-    page.output_button.setToolTip(
+    page.output_button = action_button(
+        "Output folder…",
+        page.choose_output_folder,
         "Choose where adapters and checkpoints are written. Default: a tune-studio-out folder "
         "beside the project file (or the dataset), or your data folder when that one is inside "
-        "the program or cannot be written."
+        "the program or cannot be written.",
     )
-    page.output_button.clicked.connect(page.choose_output_folder)
     row = QHBoxLayout()
     row.addWidget(page.paths_label, 1)
     row.addWidget(page.output_button, 0, Qt.AlignTop)
@@ -137,12 +137,9 @@ def _paths_row(page) -> QHBoxLayout:
 
 def _progress(page) -> None:
     """Why Start is unavailable, the progress bar and the two-line stats."""
-    page.reason_label = QLabel()  # why Start is disabled, with a link to the page that fixes it
-    page.reason_label.setWordWrap(True)
-    page.reason_label.setTextFormat(Qt.RichText)
-    page.reason_label.setTextInteractionFlags(Qt.TextBrowserInteraction)
+    # why Start is disabled, with a link to the page that fixes it
+    page.reason_label = wrapping_label(text_format=Qt.RichText, interaction=Qt.TextBrowserInteraction)
     page.reason_label.linkActivated.connect(page._link)
-    page.reason_label.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
     page.reason_label.hide()
     page.progress = QProgressBar()
     page.progress.setRange(0, 1)

@@ -50,6 +50,7 @@ from engine import (
     train_command,
 )
 
+from ...widgets.buttons import action_button
 from ...widgets.runs import add_followed
 
 POLL_MS = 250  # how often the events file and the processes are looked at
@@ -211,11 +212,11 @@ class MachinesDialog(QDialog):
         self.command_text.setMinimumHeight(90)
         copy = QPushButton("Copy command")
         copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.command_line()))
-        self.follow_button = QPushButton("Follow on the Runs page")
-        self.follow_button.setToolTip(
-            "List this run on the Runs page and draw its loss as the events file grows"
+        self.follow_button = action_button(
+            "Follow on the Runs page",
+            self.follow,
+            "List this run on the Runs page and draw its loss as the events file grows",
         )
-        self.follow_button.clicked.connect(self.follow)
         note = QLabel(
             "Run this line in a terminal on this machine. Every machine needs Tune Studio with the mpi extra "
             "(pip install 'tune-studio[mpi]'), the same model file, dataset and settings file at these paths "
