@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +18,15 @@ from pathlib import Path
 # machine's other core is busy (CI): one thread, set before NumPy loads OpenBLAS.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+# The child processes the tests start (dataset readers, token counters, ranks, CLI runs) import the
+# engine and the studio afresh; where the environment forbids bytecode files (PYTHONDONTWRITEBYTECODE,
+# as on a clean CI checkout) each compiled every module again, about 0.5 s a process. Their bytecode
+# goes to one temporary folder of the session instead (never into the source tree).
+_PYCACHE = tempfile.mkdtemp(prefix="tune-tests-pycache-")
+atexit.register(shutil.rmtree, _PYCACHE, ignore_errors=True)
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+os.environ["PYTHONPYCACHEPREFIX"] = _PYCACHE
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
