@@ -7,10 +7,7 @@ process that needs one corner of the engine (a file reader, a token counter, a r
 corner only. `_MODULES` says where each name is defined.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
+import importlib as _importlib
 
 from . import _blas_env  # noqa: F401 - first: OpenBLAS's spin, before anything loads NumPy
 from .errors import (  # noqa: F401 - exported
@@ -107,11 +104,11 @@ __all__ = sorted(
 )
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(where[0], __name__), where[1])
+    value = getattr(_importlib.import_module(where[0], __name__), where[1])
     globals()[name] = value  # the next use is a plain lookup
     return value
 

@@ -142,6 +142,7 @@ class EngineSession:
                 f"the run asks for device {config.device}, but the model is open on {self.device}; "
                 "open it on that device"
             )
+        self.forget_run()
         self.run = Trainer(
             self.model,
             list(data) if not isinstance(data, (str, os.PathLike)) else os.fspath(data),
@@ -154,6 +155,13 @@ class EngineSession:
             collective=collective,
         )
         return self.run
+
+    def forget_run(self) -> None:
+        """Drop the current run, giving back the device memory its training step held (a run that
+        ended did already; one that was replaced or forgotten mid-way had not)."""
+        run, self.run = self.run, None
+        if run is not None:
+            run.release_step()
 
     @property
     def paused(self) -> bool:

@@ -494,7 +494,7 @@ class MainWindow(QMainWindow):
 
         def forget_run(session, job) -> None:  # the engine session keeps no run of the old project
             if session is not None:
-                session.run = None
+                session.forget_run()
                 session.set_template_file(None)
 
         self.engine.submit("starting a new project", forget_run, needs_session=False)

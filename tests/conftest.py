@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,15 +15,6 @@ from pathlib import Path
 # machine's other core is busy (CI): one thread, set before NumPy loads OpenBLAS.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-
-# The child processes the tests start (dataset readers, token counters, ranks, CLI runs) import the
-# engine and the studio afresh; where the environment forbids bytecode files (PYTHONDONTWRITEBYTECODE,
-# as on a clean CI checkout) each compiled every module again, about 0.5 s a process. Their bytecode
-# goes to one temporary folder of the session instead (never into the source tree).
-_PYCACHE = tempfile.mkdtemp(prefix="tune-tests-pycache-")
-atexit.register(shutil.rmtree, _PYCACHE, ignore_errors=True)
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-os.environ["PYTHONPYCACHEPREFIX"] = _PYCACHE
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -85,11 +73,11 @@ def question_ids(model, question: str, add_special: bool = False):
     return tok, ids
 
 
-def modules_loaded_by(module: str, packages: tuple[str, ...]) -> list[str]:
-    """The modules of `packages` that importing `module` loads, in a fresh interpreter run from the
-    repository root."""
+def modules_loaded_by(module: str, packages: tuple[str, ...], then: str = "pass") -> list[str]:
+    """The modules of `packages` that importing `module` (and running `then`) loads, in a fresh
+    interpreter run from the repository root."""
     code = (
-        f"import json, sys, {module}; "
+        f"import json, sys, {module}; {then}; "
         f"print(json.dumps([m for m in sys.modules if m.split('.')[0] in {packages!r}]))"
     )
     out = subprocess.run(
@@ -100,6 +88,24 @@ def modules_loaded_by(module: str, packages: tuple[str, ...]) -> list[str]:
 
 def golden_cases() -> list[dict]:
     return json.loads((GOLDEN_MODELS / "manifest.json").read_text())["cases"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def child_bytecode(tmp_path_factory) -> Iterator[None]:
+    """The child processes the tests start (dataset readers, token counters, ranks, CLI runs) import
+    the engine and the studio afresh; where the environment forbids bytecode files
+    (PYTHONDONTWRITEBYTECODE, as on a clean CI checkout) each compiled every module again, about 0.5 s
+    a process. There, their bytecode goes to one folder under the session's temporary root."""
+    saved = os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    if not saved:
+        yield
+        return
+    os.environ["PYTHONPYCACHEPREFIX"] = str(tmp_path_factory.mktemp("pycache"))
+    try:
+        yield
+    finally:
+        os.environ["PYTHONDONTWRITEBYTECODE"] = saved
+        os.environ.pop("PYTHONPYCACHEPREFIX", None)
 
 
 @pytest.fixture(autouse=True)

@@ -512,9 +512,6 @@ def _cuda_capture(rt: CudaRuntime) -> Iterator[CudaGraph]:
                 graph = stream.end_capture()  # raises when something inside broke the capture
     except Exception as exc:  # the caller releases the graph's pool once these frames are gone
         raise CaptureError(f"{type(exc).__name__}: {exc}", holder) from exc
-    except BaseException:
-        holder.release()
-        raise
     holder.graph = graph
     current.wait_event(stream.record())
 

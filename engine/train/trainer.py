@@ -1140,6 +1140,7 @@ class Trainer:
 
     def _fail(self, on_event, message: str, last_ckpt: str | None = None) -> ev.Failed:
         self.ended = True
+        self.release_step()
         failed = ev.Failed(self.step + 1, message, last_ckpt or self.last_ckpt)
         self._note("failed", message)
         on_event(failed)

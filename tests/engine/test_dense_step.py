@@ -106,6 +106,26 @@ def test_graph_replay_equals_the_eager_step_bit_for_bit(tmp_path, caplog):
     assert graph._graph is None and graph._fused is None and captured.ops is None
 
 
+def test_a_run_that_fails_gives_its_step_and_graph_back(tmp_path, monkeypatch):
+    """A run that ends in Failed (here the loss became NaN) releases its fused step and its captured
+    graph as a finished run does: a session keeps the failed run (its adapter, its events), not the
+    device memory of its step."""
+    from engine.train.dense_step import DenseStep
+
+    graph, _ = _trainer(_model(tmp_path, "qwen3"), "graph", steps=4)
+    _steps(graph, 2)  # the second step is captured
+    captured = graph._graph
+    read = DenseStep.read
+
+    def read_a_nan_loss(self):
+        st, counts = read(self)
+        return {**st, "loss": float("nan")}, counts
+
+    monkeypatch.setattr(DenseStep, "read", read_a_nan_loss)
+    assert isinstance(graph.train_step(), ev.Failed)
+    assert graph._graph is None and graph._fused is None and captured.ops is None
+
+
 def test_a_failed_capture_trains_eagerly_and_gives_its_graph_back(tmp_path, caplog, monkeypatch):
     """A capture that fails (here: a host read inside the step) leaves the run training eagerly, and
     its graph's memory is released once the exception has let the step's arrays go (on a GPU: the

@@ -326,8 +326,8 @@ def _host_array(x) -> bool:
 
 
 def _uploads(name: str, *xs) -> None:
-    rt = DeviceArray._rt
-    if rt is not None and any(_host_array(x) for x in xs):
+    rt = DeviceArray._rt  # NumPy's own calls inside a device function (depth > 0) are not the caller's
+    if rt is not None and not rt._depth and any(_host_array(x) for x in xs):
         rt._op("upload", name)
 
 
@@ -551,10 +551,16 @@ class RecordingRuntime(EmuRuntime):
         _patch_to_host()
         try:
             yield graph
-        except BaseException as exc:
+        except CaptureError as exc:
             graph.ops = None
-            if isinstance(exc, CaptureError) and exc.graph is None:
+            if exc.graph is None:
                 exc.graph = graph  # released by the caller once the failed work's arrays are gone
+            raise
+        except Exception as exc:  # as the CUDA runtime: any failure inside is a CaptureError
+            graph.ops = None
+            raise EmuCaptureError(f"{type(exc).__name__}: {exc}", graph) from exc
+        except BaseException:
+            graph.ops = None
             raise
         finally:
             self._graph = None
