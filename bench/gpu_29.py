@@ -13,7 +13,8 @@ smaller than the 1.5B of bench/gpu.py so both runs fit the device call; with --a
 Qwen3-30B-A3B shape of bench/gpu.py (128 experts, top-8) cut to --layers layers, LoRA on attention
 and every expert stack (issue 30: the MoE layers inside the captured step), and the replay compares
 each step's expert counts too. --emulate runs both on the g++ kernel emulator at a tiny size (a dry
-run of the code, not a measurement).
+run of the code, not a measurement); with --arch moe the tiny MoE model takes --layers layers, so
+more than 8 exercises the join of every layer's expert choices that a capture once refused.
 """
 
 from __future__ import annotations
