@@ -696,3 +696,34 @@ def _dequantize_fallback(raw: np.ndarray, qtype: str, out: np.ndarray | None) ->
     dst = _check_out(out, values.shape)
     np.copyto(dst, values)
     return dst
+
+
+def int_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The integer stage alone, for types whose values are scale * code (+/- offset) in groups of 32
+    along a row with codes that fit int8 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, MXFP4): (q, s, m)
+    with value = q s - m per group, q int8 (..., n), s and m float32 (..., n // 32), the layout of
+    engine.kernels.blockq's BlockQ. Each value q s - m, rounded as two float32 operations, is the one
+    `dequantize` gives (a negated offset is exact). None for any other type (16-value groups: Q2_K,
+    Q3_K, Q6_K; codebooks: IQ4_NL, IQ4_XS; float types). raw: uint8 (..., row_bytes) of whole blocks.
+    """
+    codec = _CODECS.get(qtype)
+    if codec is None or codec.codes is None or qtype in ("IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q6_K"):
+        return None
+    src = np.ascontiguousarray(raw)
+    if src.dtype != np.uint8 or src.ndim == 0 or src.shape[-1] % codec.type_size:
+        raise ModelError(
+            f"{qtype} data of shape {src.shape} does not hold whole blocks of {codec.type_size} bytes a row"
+        )
+    lead = src.shape[:-1]
+    n = src.shape[-1] // codec.type_size * codec.block_size
+    codes = codec.codes(_workspace(), src.reshape(-1))
+    assert codes.group == 32 and codes.table is None, qtype
+    q = codes.q.view(np.int8).reshape(*lead, n).copy()  # unsigned codes are < 64: the same as int8
+    s = codes.scale.reshape(*lead, n // 32).copy()
+    if codes.offset is None:
+        m = np.zeros_like(s)
+    elif codes.subtract:
+        m = codes.offset.reshape(*lead, n // 32).copy()
+    else:
+        m = np.negative(codes.offset.reshape(*lead, n // 32))
+    return q, s, m

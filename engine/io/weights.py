@@ -39,8 +39,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import EngineError, ModelError
+from ..kernels.blockq import BlockQ
 from .gguf_file import GGUFFile, TensorInfo
-from .quants import dequantize
+from .quants import dequantize, int_codes
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +223,8 @@ class WeightStore(TensorMapping):
         self.infos: dict[str, TensorInfo] = {n: gguf.tensors[n] for n in self._names}
         self.row_wise = frozenset(n for n in row_wise if n in self.infos)
         self._lock = threading.RLock()
-        self._cache: OrderedDict[tuple[str, int | None], np.ndarray] = OrderedDict()
+        # (name, expert or None): float arrays; ("codes", name, expert): an expert's BlockQ pair
+        self._cache: OrderedDict[tuple, np.ndarray | tuple[BlockQ, BlockQ]] = OrderedDict()
         self._cache_bytes = 0
         self.stats = StoreStats()
         self._pinned: dict[str, np.ndarray] = {}
@@ -261,6 +263,11 @@ class WeightStore(TensorMapping):
     @property
     def cache_bytes(self) -> int:
         return self._cache_bytes
+
+    @property
+    def codes_bytes(self) -> int:
+        """Bytes of every expert stack as int8 codes in both layouts (`expert_codes`): 2.5 a value."""
+        return sum(5 * i.n_elements // 2 for i in self.infos.values() if len(i.shape) == 3)
 
     def set_budget(self, budget: str | int | float | None, reserve: int = 0) -> int:
         """Change the cache budget ('auto' is computed now, keeping `reserve` bytes for the run)."""
@@ -324,6 +331,49 @@ class WeightStore(TensorMapping):
         if not 0 <= e < info.shape[0]:
             raise IndexError(f"{name}: expert {e} out of range 0..{info.shape[0] - 1}")
         return self._get(name, int(e))
+
+    def expert_codes(self, name: str, e: int) -> tuple[BlockQ, BlockQ] | None:
+        """Expert e of a stack (E, n_out, n_in) as int8 codes with a scale and offset per group of 32
+        (engine.kernels.blockq): (w, its transpose), what the CPU's expert products multiply by
+        without a float copy (engine.kernels.moe_cpu); 2.5 bytes a value for both, cached as one
+        entry. None where the stored type has no such codes (engine.io.quants.int_codes), the
+        store dequantizes to float64, n_out is not a multiple of 4 (the kernel's row blocks), or the
+        cache budget cannot hold every expert's codes: the codes are worth making once and keeping;
+        made again on every use they cost more than the compiled dequantization (the integer stage
+        runs in NumPy), so a model larger than its cache multiplies by float experts as before."""
+        info = self.infos[name]
+        if not 0 <= e < info.shape[0]:
+            raise IndexError(f"{name}: expert {e} out of range 0..{info.shape[0] - 1}")
+        if self.dtype != np.float32 or info.shape[1] % 4 or info.shape[2] % 32:
+            return None
+        if self.budget < self.codes_bytes:
+            return None
+        key = ("codes", name, int(e))
+        with self._lock:
+            pair = self._cache.get(key)
+            if pair is not None:
+                self._cache.move_to_end(key)
+                self.stats.hits += 1
+                return pair
+            t = time.perf_counter()
+            raw = self.file.raw(name)[e]
+            codes = int_codes(raw, info.qtype)
+            if codes is None:
+                return None
+            self.stats.misses += 1
+            w = BlockQ(*codes, "in")
+            part = ("expert", int(e))
+            if (name, part) not in self._finite:  # once per expert, as for its float values
+                self._check_finite(w.dense(), name, part)
+            pair = (w, w.transposed())
+            if isinstance(raw, np.memmap) or getattr(raw, "base", None) is not None:
+                self.file.release(raw)
+            self.stats.dequant_seconds += time.perf_counter() - t
+            self._cache[key] = pair
+            self._cache_bytes += pair[0].nbytes + pair[1].nbytes
+            self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, self._cache_bytes)
+            self._evict(keep=1)
+            return pair
 
     def rows_of(self, names: Iterable[str]) -> list[np.ndarray]:
         """2-D tensors with the same number of columns (a layer's q, k, v; gate and up), dequantized as
@@ -442,6 +492,8 @@ class WeightStore(TensorMapping):
             return None
         for key in list(self._cache):  # oldest first
             arr = self._cache[key]
+            if not isinstance(arr, np.ndarray):  # an expert's codes: no float buffer to reuse
+                continue
             # references when nobody else holds it: the dict's slot, `arr`, getrefcount's argument
             if arr.shape == shape and sys.getrefcount(arr) <= 3:
                 del self._cache[key]
@@ -458,7 +510,7 @@ class WeightStore(TensorMapping):
             if self._cache_bytes <= limit:
                 break
             arr = self._cache.pop(key)
-            self._cache_bytes -= arr.nbytes
+            self._cache_bytes -= arr.nbytes if isinstance(arr, np.ndarray) else sum(w.nbytes for w in arr)
 
     def _dequantize(
         self, raw, qtype: str, shape, out: np.ndarray | None = None, *, name: str = "", part: object = None
@@ -542,6 +594,10 @@ class ExpertStack(_StoredTensor):
 
     def __len__(self) -> int:
         return self.shape[0]
+
+    def codes(self, e: int) -> tuple[BlockQ, BlockQ] | None:
+        """Expert e as int8 codes and its transpose (`WeightStore.expert_codes`), or None."""
+        return self.store.expert_codes(self.name, int(e))
 
     def __array__(self, dtype=None, copy=None):
         out = self.store.dense(self.name)

@@ -22,6 +22,14 @@ from .linear import LoraTerm, to_bf16, weight_operand
 from .nvrtc import KernelSource
 from .runtime import Runtime, aligned16, array_module, f32_input, runtime_for
 
+# A head in memory as one array is multiplied by blocks of label rows: LOGITS_BYTES of logits, but at
+# least MIN_ROWS rows. Fewer rows per product read the whole head once per block and run slower:
+# on a 50k vocabulary (C 1024, 2-core AMD EPYC, OpenBLAS SkylakeX) 64 rows ran at 227-238 GFLOP/s,
+# 128 at 300-312, 256 at 363-364 (bench/CPU_NOTES.md); the block of 256 rows of a 152k vocabulary
+# is 155 MB.
+LOGITS_BYTES = 16 << 20
+MIN_ROWS = 256
+
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     z = x - x.max(axis=axis, keepdims=True)
@@ -89,8 +97,8 @@ def lm_head_loss_ref(
     lora: LoraTerm | None = None,
     tied_lora: LoraTerm | None = None,
     need_dw: bool = False,
-    max_logits_bytes: int = 16 << 20,
-    min_rows: int = 128,
+    max_logits_bytes: int = LOGITS_BYTES,
+    min_rows: int = MIN_ROWS,
     h_ref: np.ndarray | None = None,
     w_ref=None,
     kl_coef: float = 0.0,
@@ -105,9 +113,8 @@ def lm_head_loss_ref(
     Only rows with targets >= 0 are computed. For the KL term, q = softmax(h_ref W_ref^T) is the
     reference model's distribution (its own hidden states and output weight, without adapters).
     W (V, C) is an array or a lazy view: when it is in memory as one array, logits are computed
-    for blocks of label rows (`max_logits_bytes` of logits, but at least `min_rows` rows: fewer
-    rows per matmul read the whole head once per block and run at half speed, measured on a
-    152k vocabulary); when it is read in blocks of
+    for blocks of label rows (`max_logits_bytes` of logits, but at least `min_rows` rows: see
+    MIN_ROWS); when it is read in blocks of
     vocabulary rows (`row_chunks`, a large quantized head), the loss streams over the vocabulary
     twice (online log-sum-exp, then the gradients), so the head is never dequantized whole.
     With backward=False only the loss is computed. Returns (loss, stats, dh, grads) where grads
@@ -417,8 +424,8 @@ def lm_head_loss_on(
     lora: LoraTerm | None = None,
     tied_lora: LoraTerm | None = None,
     need_dw: bool = False,
-    max_logits_bytes: int = 16 << 20,
-    min_rows: int = 128,
+    max_logits_bytes: int = LOGITS_BYTES,
+    min_rows: int = MIN_ROWS,
     h_ref: Any = None,
     w_ref: Any = None,
     kl_coef: float = 0.0,

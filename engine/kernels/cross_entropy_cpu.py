@@ -16,7 +16,14 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit
-from .cross_entropy import _is_one_block, ce_rows_ref, lm_head_loss_blocks, lm_head_loss_ref
+from .cross_entropy import (
+    LOGITS_BYTES,
+    MIN_ROWS,
+    _is_one_block,
+    ce_rows_ref,
+    lm_head_loss_blocks,
+    lm_head_loss_ref,
+)
 
 
 @jit.kernel
@@ -49,7 +56,7 @@ def ce_rows_cpu(z: np.ndarray, tgt: np.ndarray, wt: np.ndarray, backward: bool =
 
 
 def lm_head_loss_cpu(h, w, targets, weights, *, lora=None, tied_lora=None, need_dw=False,
-                     max_logits_bytes=16 << 20, min_rows=128, h_ref=None, w_ref=None, kl_coef=0.0,
+                     max_logits_bytes=LOGITS_BYTES, min_rows=MIN_ROWS, h_ref=None, w_ref=None, kl_coef=0.0,
                      backward=True, cap=0.0):  # fmt: skip
     """CPU twin of `lm_head_loss_ref` (same arguments and results)."""
     kl = bool(kl_coef) and h_ref is not None

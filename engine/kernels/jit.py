@@ -15,7 +15,10 @@ load them in milliseconds. `nogil=True`: kernels let go of the interpreter lock,
 (engine.kernels.cpu_workers) run them side by side. No `fastmath`: every float32 operation rounds as
 NumPy's does, in the order the kernel writes it (no contraction into FMAs, no reassociation), which
 is what lets a twin equal its reference bit for bit where it keeps the reference's order (AdamW,
-dequantization).
+dequantization). The one exception is asked for by name: `kernel(fn, reassociate=True)` lets LLVM
+reorder a kernel's sums and contract its multiply-adds (numba's "reassoc" and "contract" flags, no
+others), which a product's reduction needs to vectorise; such a kernel's sums, like a BLAS product's,
+have no order of their own to keep (engine.kernels.blockq_cpu).
 
 Not here: the kernels themselves (each `*_cpu` module), or which twin runs (engine.model.ops).
 """
@@ -95,8 +98,9 @@ def reset() -> None:
 class Kernel:
     """A Python function compiled by numba on its first call (see the module docstring)."""
 
-    def __init__(self, fn: Callable) -> None:
+    def __init__(self, fn: Callable, reassociate: bool = False) -> None:
         self.py = fn  # the plain Python function (what a test may call without numba)
+        self.reassociate = reassociate
         self._compiled: Callable | None = None
         functools.update_wrapper(self, fn)
 
@@ -109,7 +113,8 @@ class Kernel:
                 raise RuntimeError(f"{self.py.__name__}: numba is not available ({status()})")
             with _lock:
                 if self._compiled is None:
-                    self._compiled = nb.njit(cache=True, nogil=True, error_model="numpy")(self.py)
+                    flags = {"fastmath": {"reassoc", "contract"}} if self.reassociate else {}
+                    self._compiled = nb.njit(cache=True, nogil=True, error_model="numpy", **flags)(self.py)
                 fn = self._compiled
         return fn
 
@@ -124,9 +129,12 @@ class Kernel:
         return self.dispatcher()(*args)
 
 
-def kernel(fn: Callable) -> Kernel:
-    """`fn` as a compiled kernel (numba.njit(cache=True, nogil=True) on its first call)."""
-    return Kernel(fn)
+def kernel(fn: Callable | None = None, *, reassociate: bool = False):
+    """`fn` as a compiled kernel (numba.njit(cache=True, nogil=True) on its first call); as
+    `@kernel(reassociate=True)`, one whose sums LLVM may reorder (see the module docstring)."""
+    if fn is None:
+        return lambda f: Kernel(f, reassociate)
+    return Kernel(fn, reassociate)
 
 
 def f32_rows(*arrays: Any) -> bool:

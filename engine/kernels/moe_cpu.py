@@ -7,7 +7,11 @@ Two things make it faster than the reference's plain loop (bench/CPU_NOTES.md ha
   run side by side, each writing only its own rows and its own slices of the gradients, so the
   results are the same bits in line or on workers; pieces too small to pay for the hand-off
   (`experts_in_line`) run in line;
-- each expert's base product is taken as (W_e xe^T)^T: with the few rows an expert gets (~32),
+- an expert the weight store can give as int8 codes (`ExpertStack.codes`: most quantized types,
+  engine.kernels.blockq) is multiplied straight from them, forward by W_e and backward by its
+  transpose (engine.kernels.blockq_cpu): with the few rows an expert gets (~32), reading and packing
+  a float32 copy cost OpenBLAS as much as the products;
+- else each expert's base product is taken as (W_e xe^T)^T: with the few rows an expert gets (~32),
   OpenBLAS runs the (n_out, n_in) x (n_in, n_e) form 35-45% faster than (n_e, n_in) x (n_in, n_out);
   y is then a column-major view, which every later use takes as it is, and the LoRA term is formed
   in the same transposed layout, so adding it is a contiguous pass.
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .blockq import BlockQ
+from .blockq_cpu import compiled_for, xwt_cpu
 from .cpu_workers import PIECE_MIN_FLOPS, run_each
 from .glu import GluCache
 from .glu_cpu import glu_backward_cpu, glu_forward_cpu
@@ -40,9 +46,26 @@ def experts_in_line(routing: Routing, C: int, F: int) -> bool:
     return 6.0 * len(routing.order) * C * F / routed < PIECE_MIN_FLOPS
 
 
+def expert_codes(w, e: int) -> tuple[BlockQ, BlockQ] | None:
+    """Expert e of stack w as int8 codes and their transpose, where the weight store gives them and
+    the compiled kernel multiplies by them (see the module docstring); else None."""
+    codes = getattr(w, "codes", None)
+    pair = codes(e) if codes is not None else None
+    return pair if pair is not None and compiled_for(pair[0]) and compiled_for(pair[1]) else None
+
+
 def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int):
-    """Expert e's projection of its rows: (xe W_e^T (+ s (xe A_e^T) B_e^T), xa = xe A_e^T or None), both
-    column-major views of products taken in the transposed layout (see the module docstring)."""
+    """Expert e's projection of its rows: (xe W_e^T (+ s (xe A_e^T) B_e^T), xa = xe A_e^T or None):
+    from the expert's codes where it has them, else column-major views of products taken in the
+    transposed layout (see the module docstring)."""
+    pair = expert_codes(w, e)
+    if pair is not None:
+        y = xwt_cpu(xe, pair[0])  # (n_e, n_out)
+        if lora is None:
+            return y, None
+        xa = xe @ lora.A[e].T  # (n_e, r)
+        y += (lora.s * xa) @ lora.B[e].T
+        return y, xa
     yT = w[e] @ xe.T  # (n_out, n_e)
     if lora is None:
         return yT.T, None
@@ -54,7 +77,8 @@ def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int):
 def expert_linear_backward(dy: np.ndarray, xe: np.ndarray, xa, w, lora: LoraTerm | None, e: int, dlora):
     """Backward of `expert_linear`: returns dxe; writes expert e's (dA, dB) into `dlora` (a pair of
     (E, ...) arrays, or None without LoRA) as the outer products of its rows (OUT_PROD_ID)."""
-    dx = dy @ w[e]
+    pair = expert_codes(w, e)
+    dx = xwt_cpu(dy, pair[1]) if pair is not None else dy @ w[e]
     if lora is not None:
         dyB = lora.s * (dy @ lora.B[e])  # (n_e, r), scaled: the products below need no scaling pass
         dx += dyB @ lora.A[e]

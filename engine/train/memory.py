@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 
 from ..io.gguf_file import TensorInfo
 from ..io.weights import AUTO, ROW_CHUNK_BYTES, auto_headroom, memory_available, parse_budget
+from ..kernels.cross_entropy import LOGITS_BYTES, MIN_ROWS
 from ..model.archs import ModelConfig
 from ..model.summary import human_bytes
 
@@ -38,8 +39,8 @@ RUNTIME_BASE = 64 << 20  # interpreter, NumPy, the engine's modules (measured: a
 RUNTIME_PER_TOKEN = 640  # tokenizer bytes per vocabulary entry (measured: 49k entries, 30 MiB)
 TRAINABLE_COPIES = 3  # parameter and two Adam moments (the gradient is counted on its own)
 ACCUMULATION_COPIES = 2  # with gradient accumulation: the running sum and its mean
-HEAD_LOGITS_BYTES = 16 << 20  # lm_head_loss's logits block (max_logits_bytes) ...
-HEAD_MIN_ROWS = 128  # ... of at least this many rows (min_rows)
+HEAD_LOGITS_BYTES = LOGITS_BYTES  # lm_head_loss's logits block (max_logits_bytes) ...
+HEAD_MIN_ROWS = MIN_ROWS  # ... of at least this many rows (min_rows)
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 ROW_WISE = ("token_embd.weight", "output.weight")
 

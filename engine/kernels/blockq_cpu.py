@@ -1,0 +1,144 @@
+"""The CPU twin of `engine.kernels.blockq.xwt_ref`: x @ w^T straight from a BlockQ's int8 codes, each
+weight formed as scale * code - offset in registers as it is used, never stored as float32.
+
+Why: an MoE expert's product has few rows (~32 per expert in a batch of 256 tokens with top-8 of 64
+experts). OpenBLAS then spends as long reading and packing the expert's float32 weights (a fresh
+2-4 MiB per expert, from memory) as multiplying; reading 1.25 bytes a weight instead of 4 and no
+packing made the products of one OLMoE-shaped layer's 64 experts 1.2-1.5x faster on two workers
+(bench/CPU_NOTES.md), and the weight store keeps the experts at 2.5 bytes a value (both layouts)
+instead of 4.
+
+How: 4 rows of w (codes and their group's scale and offset) against 4 rows of x, 16 sums that LLVM
+keeps in vector registers along the shared axis (the kernel is compiled with reassociation,
+engine.kernels.jit: a product's sums have no order of their own, as in BLAS); left-over rows of x
+one at a time. Within float32 rounding of the reference (tests/kernels/test_blockq.py). Runs the
+reference while compiled kernels are off, for a float type other than float32, and for a w whose
+row count is not a multiple of 4.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import jit
+from .blockq import BlockQ, xwt_ref
+
+ROWS = 64  # rows of x per kernel call: 64 x 4096 float32 is 1 MiB, what an L2 cache holds
+
+
+@jit.kernel(reassociate=True)
+def _xwt_in(x, q, s, m, y):  # groups along w's rows: w[i, k] = q[i, k] s[i, k >> 5] - m[i, k >> 5]
+    n, K = x.shape
+    N = q.shape[0]
+    n4 = n - n % 4
+    for i in range(0, N, 4):
+        for j in range(0, n4, 4):
+            a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
+            a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
+            for k in range(K):
+                g = k >> 5
+                w0 = np.float32(q[i, k]) * s[i, g] - m[i, g]
+                w1 = np.float32(q[i + 1, k]) * s[i + 1, g] - m[i + 1, g]
+                w2 = np.float32(q[i + 2, k]) * s[i + 2, g] - m[i + 2, g]
+                w3 = np.float32(q[i + 3, k]) * s[i + 3, g] - m[i + 3, g]
+                x0, x1, x2, x3 = x[j, k], x[j + 1, k], x[j + 2, k], x[j + 3, k]
+                a00 += w0 * x0
+                a01 += w0 * x1
+                a02 += w0 * x2
+                a03 += w0 * x3
+                a10 += w1 * x0
+                a11 += w1 * x1
+                a12 += w1 * x2
+                a13 += w1 * x3
+                a20 += w2 * x0
+                a21 += w2 * x1
+                a22 += w2 * x2
+                a23 += w2 * x3
+                a30 += w3 * x0
+                a31 += w3 * x1
+                a32 += w3 * x2
+                a33 += w3 * x3
+            y[j, i], y[j + 1, i], y[j + 2, i], y[j + 3, i] = a00, a01, a02, a03
+            y[j, i + 1], y[j + 1, i + 1], y[j + 2, i + 1], y[j + 3, i + 1] = a10, a11, a12, a13
+            y[j, i + 2], y[j + 1, i + 2], y[j + 2, i + 2], y[j + 3, i + 2] = a20, a21, a22, a23
+            y[j, i + 3], y[j + 1, i + 3], y[j + 2, i + 3], y[j + 3, i + 3] = a30, a31, a32, a33
+        for j in range(n4, n):
+            a0 = a1 = a2 = a3 = np.float32(0.0)
+            for k in range(K):
+                g = k >> 5
+                xv = x[j, k]
+                a0 += (np.float32(q[i, k]) * s[i, g] - m[i, g]) * xv
+                a1 += (np.float32(q[i + 1, k]) * s[i + 1, g] - m[i + 1, g]) * xv
+                a2 += (np.float32(q[i + 2, k]) * s[i + 2, g] - m[i + 2, g]) * xv
+                a3 += (np.float32(q[i + 3, k]) * s[i + 3, g] - m[i + 3, g]) * xv
+            y[j, i], y[j, i + 1], y[j, i + 2], y[j, i + 3] = a0, a1, a2, a3
+
+
+@jit.kernel(reassociate=True)
+def _xwt_out(x, q, s, m, y):  # groups down w's columns: w[i, k] = q[i, k] s[i >> 5, k] - m[i >> 5, k]
+    n, K = x.shape
+    N = q.shape[0]
+    n4 = n - n % 4
+    for i in range(0, N, 4):
+        g = i >> 5  # the 4 rows share their group (4 divides 32)
+        for j in range(0, n4, 4):
+            a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
+            a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
+            for k in range(K):
+                sk, mk = s[g, k], m[g, k]
+                w0 = np.float32(q[i, k]) * sk - mk
+                w1 = np.float32(q[i + 1, k]) * sk - mk
+                w2 = np.float32(q[i + 2, k]) * sk - mk
+                w3 = np.float32(q[i + 3, k]) * sk - mk
+                x0, x1, x2, x3 = x[j, k], x[j + 1, k], x[j + 2, k], x[j + 3, k]
+                a00 += w0 * x0
+                a01 += w0 * x1
+                a02 += w0 * x2
+                a03 += w0 * x3
+                a10 += w1 * x0
+                a11 += w1 * x1
+                a12 += w1 * x2
+                a13 += w1 * x3
+                a20 += w2 * x0
+                a21 += w2 * x1
+                a22 += w2 * x2
+                a23 += w2 * x3
+                a30 += w3 * x0
+                a31 += w3 * x1
+                a32 += w3 * x2
+                a33 += w3 * x3
+            y[j, i], y[j + 1, i], y[j + 2, i], y[j + 3, i] = a00, a01, a02, a03
+            y[j, i + 1], y[j + 1, i + 1], y[j + 2, i + 1], y[j + 3, i + 1] = a10, a11, a12, a13
+            y[j, i + 2], y[j + 1, i + 2], y[j + 2, i + 2], y[j + 3, i + 2] = a20, a21, a22, a23
+            y[j, i + 3], y[j + 1, i + 3], y[j + 2, i + 3], y[j + 3, i + 3] = a30, a31, a32, a33
+        for j in range(n4, n):
+            a0 = a1 = a2 = a3 = np.float32(0.0)
+            for k in range(K):
+                sk, mk, xv = s[g, k], m[g, k], x[j, k]
+                a0 += (np.float32(q[i, k]) * sk - mk) * xv
+                a1 += (np.float32(q[i + 1, k]) * sk - mk) * xv
+                a2 += (np.float32(q[i + 2, k]) * sk - mk) * xv
+                a3 += (np.float32(q[i + 3, k]) * sk - mk) * xv
+            y[j, i], y[j, i + 1], y[j, i + 2], y[j, i + 3] = a0, a1, a2, a3
+
+
+def compiled_for(w: BlockQ) -> bool:
+    """Whether `xwt_cpu` multiplies by w compiled (not through the reference)."""
+    return w.q.shape[0] % 4 == 0 and jit.enabled()
+
+
+def xwt_cpu(x: np.ndarray, w: BlockQ) -> np.ndarray:
+    """CPU twin of `xwt_ref` (same arguments and result)."""
+    if x.dtype != np.float32 or x.ndim != 2 or type(x) is not np.ndarray or not compiled_for(w):
+        return xwt_ref(x, w)
+    if x.shape[1] != w.q.shape[1]:
+        raise ValueError(f"x {x.shape} cannot be multiplied by w^T of w {w.q.shape}")
+    x = np.ascontiguousarray(x)
+    y = np.empty((x.shape[0], w.q.shape[0]), np.float32)
+    kernel = _xwt_in if w.along == "in" else _xwt_out
+    for j in range(0, x.shape[0], ROWS):  # x's rows a block at a time: each stays in L2 over w's rows
+        kernel(x[j : j + ROWS], w.q, w.s, w.m, y[j : j + ROWS])
+    return y
+
+
+__all__ = ["compiled_for", "xwt_cpu"]

@@ -1,0 +1,188 @@
+"""Weights as int8 codes with a scale and offset per group of 32 (engine.kernels.blockq) and the product
+straight from them (engine.kernels.blockq_cpu): the codes of every type that has them give the
+dequantized values bit for bit (engine.io.quants.int_codes against `dequantize`), both layouts; the
+compiled product against its reference (float64) in line and on two workers, row counts that leave a
+tail and cross the kernel's row blocks; the reference when compiled kernels are off; and the real
+path: a GGUF file with quantized experts, its weight store handing out the codes (accounted in its
+cache, evicted like float arrays), the MoE experts' CPU twin multiplying by them against the
+reference on the dequantized experts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.io.quants import dequantize, int_codes
+from engine.kernels import blockq_cpu, jit, moe, moe_cpu
+from engine.kernels.blockq import BlockQ, make_blockq, xwt_ref
+from engine.kernels.linear import LoraTerm
+from tests.kernels.dequant_cases import random_raw
+from tests.kernels.twin import FP32_TOL, Backend, _leaves, compare, f32, f64
+
+WITH_CODES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "MXFP4"]
+WITHOUT_CODES = ["Q2_K", "Q3_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
+
+
+def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("qtype", WITH_CODES)
+def test_codes_give_the_dequantized_values_bit_for_bit(fresh_rng, qtype):
+    raw = random_raw(qtype, (8, 512), fresh_rng)
+    q, s, m = int_codes(raw, qtype)
+    assert q.dtype == np.int8 and q.shape == (8, 512) and s.shape == m.shape == (8, 16)
+    w = make_blockq(q, s, m)
+    dense = dequantize(raw, qtype)
+    assert _bits_equal(w.dense(), dense), qtype
+    t = w.transposed()
+    assert t.along == "out" and t.q.shape == (512, 8)
+    assert _bits_equal(t.dense(), np.ascontiguousarray(dense.T)), qtype
+    assert _bits_equal(t.transposed().dense(), dense)
+    assert w.nbytes == 8 * 512 + 2 * 8 * 16 * 4  # 1.25 bytes a value
+
+
+@pytest.mark.parametrize("qtype", [*WITHOUT_CODES, "F16", "F32", "BF16"])
+def test_types_without_codes_say_so(fresh_rng, qtype):
+    assert int_codes(random_raw(qtype, (2, 256), fresh_rng), qtype) is None
+
+
+def test_make_blockq_checks_what_it_is_given():
+    q = np.zeros((4, 64), np.int8)
+    s = np.zeros((4, 2), np.float32)
+    assert make_blockq(q, s, s).shape == (4, 64)
+    with pytest.raises(ValueError, match="int8"):
+        make_blockq(q.astype(np.int16), s, s)
+    with pytest.raises(ValueError, match="scales must be float32"):
+        make_blockq(q, s[:, :1], s)
+    with pytest.raises(ValueError, match="groups of 32"):
+        make_blockq(np.zeros((4, 48), np.int8), s, s)
+    with pytest.raises(ValueError, match="along"):
+        make_blockq(q, s, s, "rows")
+
+
+def _random_blockq(rng, n_out: int, n_in: int) -> BlockQ:
+    q = rng.integers(-128, 128, (n_out, n_in)).astype(np.int8)
+    s = (rng.random((n_out, n_in // 32)) * 0.02).astype(np.float32)
+    m = (rng.standard_normal((n_out, n_in // 32)) * 0.1).astype(np.float32)
+    return make_blockq(q, s, m)
+
+
+@pytest.fixture
+def cpu() -> Backend:
+    pytest.importorskip("numba", reason="compiled CPU kernels need numba (pip install -e '.[cpu]')")
+    jit.reset()
+    assert jit.enabled(), jit.status()
+    return Backend("cpu")
+
+
+@pytest.mark.parametrize("n", [1, 6, 32, 70, 131])  # a tail of rows; past one and two row blocks (64)
+@pytest.mark.parametrize("along", ["in", "out"])
+def test_product_from_codes_follows_the_reference(cpu, fresh_rng, monkeypatch, n, along):
+    w = _random_blockq(fresh_rng, 96, 64)  # "out": its transpose (64, 96), groups down its columns
+    w = w if along == "in" else w.transposed()
+    x = f32(fresh_rng, n, w.q.shape[1])
+
+    def no_fallback(*args):
+        raise AssertionError("the reference ran instead of the compiled kernel")
+
+    monkeypatch.setattr(blockq_cpu, "xwt_ref", no_fallback)
+    assert blockq_cpu.compiled_for(w)
+    got = cpu.twice(lambda _rt: blockq_cpu.xwt_cpu(x, w), f"xwt {along} n {n}")
+    ref = f64(x) @ f64(w.dense()).T
+    c = compare("xwt", f"{along} n {n}", got, ref, FP32_TOL)
+    assert c.ok, c.message
+    xs = np.asfortranarray(x)  # any layout of x
+    assert np.array_equal(blockq_cpu.xwt_cpu(xs, w), got)
+    with pytest.raises(ValueError, match="cannot be multiplied"):
+        blockq_cpu.xwt_cpu(x[:, :32], w)
+
+
+def test_product_from_codes_runs_the_reference_when_compiled_kernels_are_off(fresh_rng, monkeypatch):
+    w = _random_blockq(fresh_rng, 8, 64)
+    x = f32(fresh_rng, 5, 64)
+    monkeypatch.setenv(jit.OFF_VARIABLE, "1")
+    jit.reset()
+    try:
+        assert not blockq_cpu.compiled_for(w)
+        assert np.array_equal(blockq_cpu.xwt_cpu(x, w), xwt_ref(x, w))
+    finally:
+        monkeypatch.delenv(jit.OFF_VARIABLE)
+        jit.reset()
+    odd = _random_blockq(fresh_rng, 6, 64)  # rows not a multiple of the kernel's 4: the reference
+    assert np.array_equal(blockq_cpu.xwt_cpu(x, odd), xwt_ref(x, odd))
+
+
+def _experts_model(tmp_path, qtype: str):
+    from engine.model.model import Model
+    from engine.testing import SynthSpec, write_model
+
+    spec = SynthSpec.for_arch("qwen3moe", seed=3, C=256, F_exp=256, E=4, K=2, L=1, expert_qtype=qtype)
+    return Model.load(write_model(tmp_path / f"moe-{qtype}.gguf", spec))
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q4_K"])
+def test_experts_twin_multiplies_by_the_stores_codes(cpu, fresh_rng, tmp_path, qtype):
+    """The weight store of a real file gives each expert as codes (accounted at 2.5 bytes a value for
+    both layouts); the experts' CPU twin multiplies by them and follows the reference (float64, on the
+    dequantized experts) in every output and gradient, in line and on two workers."""
+    model = _experts_model(tmp_path, qtype)
+    store = model.weights
+    names = [f"blk.0.ffn_{k}_exps.weight" for k in ("gate", "up", "down")]
+    stacks = [store[n] for n in names]
+    assert all(moe_cpu.expert_codes(s, 0) is not None for s in stacks)
+    before = store.cache_bytes
+    pair = store.expert_codes(names[0], 1)
+    assert store.cache_bytes - before == pair[0].nbytes + pair[1].nbytes == int(2.5 * 256 * 256)
+    assert store.expert_codes(names[0], 1) is pair  # cached
+    with pytest.raises(IndexError):
+        store.expert_codes(names[0], 4)
+
+    N, C, E, K = 24, 256, 4, 2
+    routing, _ = moe.route_forward_ref(f32(fresh_rng, N, E), K, True)
+    rank = 3
+    loras = [LoraTerm(f32(fresh_rng, E, rank, C, scale=0.1), f32(fresh_rng, E, C, rank, scale=0.1), 0.5)] * 3
+    x, dy = f32(fresh_rng, N, C), f32(fresh_rng, N, C)
+
+    def run(_rt):
+        y, cache = moe_cpu.experts_forward_cpu(x, routing, *stacks, *loras)
+        return y, moe_cpu.experts_backward_cpu(dy, cache, *stacks)
+
+    got = cpu.twice(run, f"experts from {qtype} codes")
+    dense = [f64(np.asarray(s)) for s in stacks]
+    l64 = [LoraTerm(f64(lo.A), f64(lo.B), lo.s) for lo in loras]
+    r64 = moe.Routing(*(f64(a) if a.dtype == np.float32 else a for a in routing))
+    y_r, c_r = moe.experts_forward_ref(f64(x), r64, *dense, *l64)
+    ref = (y_r, moe.experts_backward_ref(f64(dy), c_r, *dense))
+    for (path, a), (_, r) in zip(_leaves(got), _leaves(ref), strict=True):
+        if isinstance(r, np.ndarray):
+            c = compare(f"experts{path}", qtype, a, r, FP32_TOL)
+            assert c.ok, c.message
+
+
+def test_store_evicts_codes_like_float_arrays(tmp_path):
+    """A cache budget that holds every expert's codes but not the float experts beside them: codes and
+    float arrays come and go together; the store never hands an expert's codes out as a reusable float
+    buffer, and its byte count stays true. Under that budget there are no codes (float experts)."""
+    model = _experts_model(tmp_path, "Q8_0")
+    store = model.weights
+    store.set_budget(store.codes_bytes)
+    names = [f"blk.0.ffn_{k}_exps.weight" for k in ("gate", "up", "down")]
+    for _ in range(2):
+        for name in names:
+            for e in range(4):
+                assert store.expert_codes(name, e) is not None
+                store.expert(name, e)  # a float expert of the same shape: may reuse only float buffers
+    held = sum(
+        (v.nbytes if isinstance(v, np.ndarray) else v[0].nbytes + v[1].nbytes) for v in store._cache.values()
+    )
+    assert store.cache_bytes == held <= store.budget + store.working_set
+    assert store.stats.misses > 24  # entries were evicted and made again
+    store.set_budget(store.codes_bytes - 1)
+    assert store.expert_codes(names[0], 0) is None and moe_cpu.expert_codes(store[names[0]], 0) is None
+
+
+def test_types_without_codes_multiply_through_float_experts(tmp_path):
+    model = _experts_model(tmp_path, "Q6_K")
+    stack = model.weights["blk.0.ffn_gate_exps.weight"]
+    assert stack.codes(0) is None and moe_cpu.expert_codes(stack, 0) is None
