@@ -137,7 +137,11 @@ def test_budget_decides_what_stays_cached(moe_q8):
     on = Model.load(moe_q8, cache_budget="1G")
     tokens = np.array([1, 17, 200, 5, 9, 33])
     a1, b1 = off.forward(tokens), on.forward(tokens)
-    np.testing.assert_array_equal(a1, b1)  # the cache changes speed, never results
+    # the cache changes speed, and results only within float32 rounding: a budget that holds every
+    # expert's int8 codes multiplies by them (WeightStore.expert_codes), a smaller one by float experts
+    assert on.weights.expert_codes("blk.0.ffn_gate_exps.weight", 0) is not None
+    assert off.weights.expert_codes("blk.0.ffn_gate_exps.weight", 0) is None
+    np.testing.assert_allclose(a1, b1, rtol=1e-5, atol=1e-5 * float(np.abs(a1).max()))
     misses_off, misses_on = off.weights.stats.misses, on.weights.stats.misses
     a2, b2 = off.forward(tokens), on.forward(tokens)
     np.testing.assert_array_equal(a2, a1)
@@ -164,7 +168,7 @@ def test_evicted_buffers_are_reused_but_never_while_held(moe_q8):
     assert _addr(q1) == addr  # same shape, nobody holds it: the buffer is reused
 
 
-def test_training_is_identical_with_the_cache_off_on_and_with_checkpointing(moe_q8):
+def test_training_follows_the_cache_budget_within_rounding_and_checkpointing_bit_for_bit(moe_q8):
     batch = packed_batch(300)
     results = []
     for budget, ckpt in (("off", False), ("1G", False), ("off", True)):
@@ -174,10 +178,16 @@ def test_training_is_identical_with_the_cache_off_on_and_with_checkpointing(moe_
         for _, B in tr.pairs.values():
             B[...] = 0.05
         results.append(loss_and_grads(model, tr, batch, checkpoint=ckpt))
-    for r in results[1:]:
-        assert r.loss == results[0].loss
-        for n, g in results[0].grads.items():
-            np.testing.assert_array_equal(r.grads[n], g, err_msg=n)
+    off, on, off_ckpt = results
+    assert off_ckpt.loss == off.loss  # checkpointing recomputes the same bits
+    for n, g in off.grads.items():
+        np.testing.assert_array_equal(off_ckpt.grads[n], g, err_msg=n)
+    # a budget that holds the experts' codes multiplies by them: the same within float32 rounding (of
+    # the largest gradient: the router's are sums that cancel to ~1e-8, all rounding)
+    assert on.loss == pytest.approx(off.loss, rel=1e-6)
+    scale = max(float(np.abs(g).max()) for g in off.grads.values())
+    for n, g in off.grads.items():
+        np.testing.assert_allclose(on.grads[n], g, rtol=1e-4, atol=1e-5 * scale, err_msg=n)
 
 
 @pytest.mark.parametrize(
