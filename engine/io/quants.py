@@ -698,6 +698,14 @@ def _dequantize_fallback(raw: np.ndarray, qtype: str, out: np.ndarray | None) ->
     return dst
 
 
+_INT_CODE_TYPES = frozenset({"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "MXFP4"})
+
+
+def has_int_codes(qtype: str) -> bool:
+    """Whether `int_codes` gives codes for this type."""
+    return qtype in _INT_CODE_TYPES
+
+
 def int_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The integer stage alone, for types whose values are scale * code (+/- offset) in groups of 32
     along a row with codes that fit int8 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, MXFP4): (q, s, m)
@@ -706,9 +714,9 @@ def int_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.n
     `dequantize` gives (a negated offset is exact). None for any other type (16-value groups: Q2_K,
     Q3_K, Q6_K; codebooks: IQ4_NL, IQ4_XS; float types). raw: uint8 (..., row_bytes) of whole blocks.
     """
-    codec = _CODECS.get(qtype)
-    if codec is None or codec.codes is None or qtype in ("IQ4_NL", "IQ4_XS", "Q2_K", "Q3_K", "Q6_K"):
+    if not has_int_codes(qtype):
         return None
+    codec = _CODECS[qtype]
     src = np.ascontiguousarray(raw)
     if src.dtype != np.uint8 or src.ndim == 0 or src.shape[-1] % codec.type_size:
         raise ModelError(

@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import EngineError, ModelError
 from ..kernels.blockq import BlockQ
 from .gguf_file import GGUFFile, TensorInfo
-from .quants import dequantize, int_codes
+from .quants import dequantize, has_int_codes, int_codes
 
 log = logging.getLogger(__name__)
 
@@ -234,6 +234,7 @@ class WeightStore(TensorMapping):
             if len(info.shape) <= 1:
                 self._pinned[n] = self._dequantize(gguf.raw(n), info.qtype, info.shape, name=n)
         self.working_set = self._working_set_bytes()
+        self._codes_bytes = sum(5 * i.n_elements // 2 for i in self.infos.values() if len(i.shape) == 3)
         self.budget = resolve_budget(budget)
 
     # --- Mapping -----------------------------------------------------------------------------
@@ -267,7 +268,7 @@ class WeightStore(TensorMapping):
     @property
     def codes_bytes(self) -> int:
         """Bytes of every expert stack as int8 codes in both layouts (`expert_codes`): 2.5 a value."""
-        return sum(5 * i.n_elements // 2 for i in self.infos.values() if len(i.shape) == 3)
+        return self._codes_bytes
 
     def set_budget(self, budget: str | int | float | None, reserve: int = 0) -> int:
         """Change the cache budget ('auto' is computed now, keeping `reserve` bytes for the run)."""
@@ -344,9 +345,9 @@ class WeightStore(TensorMapping):
         info = self.infos[name]
         if not 0 <= e < info.shape[0]:
             raise IndexError(f"{name}: expert {e} out of range 0..{info.shape[0] - 1}")
-        if self.dtype != np.float32 or info.shape[1] % 4 or info.shape[2] % 32:
+        if self.dtype != np.float32 or not has_int_codes(info.qtype) or self.budget < self._codes_bytes:
             return None
-        if self.budget < self.codes_bytes:
+        if info.shape[1] % 4 or info.shape[2] % 32:
             return None
         key = ("codes", name, int(e))
         with self._lock:
@@ -358,8 +359,7 @@ class WeightStore(TensorMapping):
             t = time.perf_counter()
             raw = self.file.raw(name)[e]
             codes = int_codes(raw, info.qtype)
-            if codes is None:
-                return None
+            assert codes is not None, info.qtype
             self.stats.misses += 1
             w = BlockQ(*codes, "in")
             part = ("expert", int(e))

@@ -20,7 +20,9 @@ Ops: `dequant` (raw GGUF blocks to float32/bfloat16), `embedding`, `norm` (RMSNo
 `attention_gemm`, its tensor-core path), `mla` (multi-head latent attention's keys and values),
 `glu` (SwiGLU, GEGLU, clamped SwiGLU), `moe` (routing, experts, their backward; `moe_cpu`, the CPU
 twin of the experts), `cross_entropy` (the output head fused with the loss, soft-cap included),
-`adamw` (the multi-tensor optimizer step). One reference per op: an architecture's variant is an
-argument of it. `cpu_workers` runs pieces of the CPU path side by side. `engine.model.ops` gives
+`adamw` (the multi-tensor optimizer step), `blockq` (a product by weights kept as int8 codes with a
+scale and offset per group of 32: the CPU's MoE experts). One reference per op: an architecture's
+variant is an argument of it. Compiled CPU twins (numba, `jit`) sit beside their references as
+`<op>_cpu` modules. `cpu_workers` runs pieces of the CPU path side by side. `engine.model.ops` gives
 model code one name per op.
 """

@@ -169,9 +169,22 @@ def workers() -> int:
     return _PROCESS.count
 
 
+def blas_threads() -> int:
+    """The most threads any loaded BLAS runs a product on now (1 where none can be listed)."""
+    return max((lib.num_threads for lib in _PROCESS._libs()), default=1)
+
+
 def run_each(fn: Callable[[T], R], items: Sequence[T], *, in_line: bool = False) -> list[R]:
     """`CpuWorkers.run_each` on the process's workers."""
     return _PROCESS.run_each(fn, items, in_line=in_line)
 
 
-__all__ = ["PIECE_MIN_FLOPS", "CpuWorkers", "run_each", "set_workers", "spin_is_short", "workers"]
+__all__ = [
+    "PIECE_MIN_FLOPS",
+    "CpuWorkers",
+    "blas_threads",
+    "run_each",
+    "set_workers",
+    "spin_is_short",
+    "workers",
+]

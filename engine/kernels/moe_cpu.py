@@ -10,7 +10,10 @@ Two things make it faster than the reference's plain loop (bench/CPU_NOTES.md ha
 - an expert the weight store can give as int8 codes (`ExpertStack.codes`: most quantized types,
   engine.kernels.blockq) is multiplied straight from them, forward by W_e and backward by its
   transpose (engine.kernels.blockq_cpu): with the few rows an expert gets (~32), reading and packing
-  a float32 copy cost OpenBLAS as much as the products;
+  a float32 copy cost OpenBLAS as much as the products. The codes' kernel runs on one thread, so
+  codes are used where each expert gets one thread anyway (`codes_pay`: on CPU workers, or BLAS on
+  one thread); in line beside a multi-threaded BLAS the float experts' products use every thread.
+  The engine sets both counts together each step (engine.train.threads), so a run keeps one path;
 - else each expert's base product is taken as (W_e xe^T)^T: with the few rows an expert gets (~32),
   OpenBLAS runs the (n_out, n_in) x (n_in, n_e) form 35-45% faster than (n_e, n_in) x (n_in, n_out);
   y is then a column-major view, which every later use takes as it is, and the LoRA term is formed
@@ -27,7 +30,7 @@ import numpy as np
 
 from .blockq import BlockQ
 from .blockq_cpu import compiled_for, xwt_cpu
-from .cpu_workers import PIECE_MIN_FLOPS, run_each
+from .cpu_workers import PIECE_MIN_FLOPS, blas_threads, run_each, workers
 from .glu import GluCache
 from .glu_cpu import glu_backward_cpu, glu_forward_cpu
 from .linear import LoraTerm
@@ -46,19 +49,25 @@ def experts_in_line(routing: Routing, C: int, F: int) -> bool:
     return 6.0 * len(routing.order) * C * F / routed < PIECE_MIN_FLOPS
 
 
-def expert_codes(w, e: int) -> tuple[BlockQ, BlockQ] | None:
-    """Expert e of stack w as int8 codes and their transpose, where the weight store gives them and
-    the compiled kernel multiplies by them (see the module docstring); else None."""
-    codes = getattr(w, "codes", None)
+def codes_pay() -> bool:
+    """Whether experts are multiplied from their codes now: on CPU workers, or with BLAS on one thread
+    (see the module docstring)."""
+    return workers() > 1 or blas_threads() <= 1
+
+
+def expert_codes(w, e: int, use: bool = True) -> tuple[BlockQ, BlockQ] | None:
+    """Expert e of stack w as int8 codes and their transpose, where `use`, the weight store gives them
+    and the compiled kernel multiplies by them (see the module docstring); else None."""
+    codes = getattr(w, "codes", None) if use else None
     pair = codes(e) if codes is not None else None
     return pair if pair is not None and compiled_for(pair[0]) and compiled_for(pair[1]) else None
 
 
-def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int):
+def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int, codes: bool = True):
     """Expert e's projection of its rows: (xe W_e^T (+ s (xe A_e^T) B_e^T), xa = xe A_e^T or None):
     from the expert's codes where it has them, else column-major views of products taken in the
-    transposed layout (see the module docstring)."""
-    pair = expert_codes(w, e)
+    transposed layout (see the module docstring). `codes`: whether codes may be used."""
+    pair = expert_codes(w, e, codes)
     if pair is not None:
         y = xwt_cpu(xe, pair[0])  # (n_e, n_out)
         if lora is None:
@@ -74,10 +83,11 @@ def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int):
     return yT.T, xaT.T
 
 
-def expert_linear_backward(dy: np.ndarray, xe: np.ndarray, xa, w, lora: LoraTerm | None, e: int, dlora):
+def expert_linear_backward(dy: np.ndarray, xe: np.ndarray, xa, w, lora: LoraTerm | None, e: int, dlora,
+                           codes: bool = True):  # fmt: skip
     """Backward of `expert_linear`: returns dxe; writes expert e's (dA, dB) into `dlora` (a pair of
     (E, ...) arrays, or None without LoRA) as the outer products of its rows (OUT_PROD_ID)."""
-    pair = expert_codes(w, e)
+    pair = expert_codes(w, e, codes)
     dx = xwt_cpu(dy, pair[1]) if pair is not None else dy @ w[e]
     if lora is not None:
         dyB = lora.s * (dy @ lora.B[e])  # (n_e, r), scaled: the products below need no scaling pass
@@ -107,18 +117,19 @@ def experts_forward_cpu(
     N, C = x.shape
     K = routing.topk.shape[1]
     pair_out = np.zeros((N * K, C), dtype=x.dtype)
+    codes = codes_pay()
 
     def expert(e: int) -> ExpertActs:  # writes expert e's rows of pair_out
         pairs = routing.order[routing.offsets[e] : routing.offsets[e + 1]]
         xe = x[pairs // K]  # (n_e, C)
-        g, xa_g = expert_linear(xe, w_gate, lora_gate, e)  # (n_e, F)
-        u, xa_u = expert_linear(xe, w_up, lora_up, e)
+        g, xa_g = expert_linear(xe, w_gate, lora_gate, e, codes)  # (n_e, F)
+        u, xa_u = expert_linear(xe, w_up, lora_up, e, codes)
         if b_gate is not None:
             g = g + b_gate[e]
         if b_up is not None:
             u = u + b_up[e]
         h, c_act = glu_forward_cpu(g, u, act)
-        ye, ha_d = expert_linear(h, w_down, lora_down, e)  # (n_e, C)
+        ye, ha_d = expert_linear(h, w_down, lora_down, e, codes)  # (n_e, C)
         if b_down is not None:
             ye = ye + b_down[e]
         pair_out[pairs] = ye
@@ -142,15 +153,16 @@ def experts_backward_cpu(dy: np.ndarray, cache: ExpertsCache, w_gate, w_up, w_do
     do = (dy[:, None, :] * routing.weights[:, :, None].astype(dy.dtype)).reshape(N * K, C)
     dx_pairs = np.zeros((N * K, C), dtype=dy.dtype)
     dW, dlora, db = zero_grads((w_gate, w_up, w_down), loras, biases, need_dw, need_db, dy.dtype)
+    codes = codes_pay()
 
     def expert(acts: ExpertActs) -> None:  # writes expert e's rows of dx_pairs and slices of dW, db, dlora
         e, pairs, g, u, a, h, xa_g, xa_u, ha_d = acts
         xe = x[pairs // K]  # (n_e, C)
         do_e = do[pairs]  # (n_e, C)
-        dh = expert_linear_backward(do_e, h, ha_d, w_down, lora_down, e, dlora.get("down"))  # (n_e, F)
+        dh = expert_linear_backward(do_e, h, ha_d, w_down, lora_down, e, dlora.get("down"), codes)  # (n_e, F)
         dg, du = glu_backward_cpu(dh, GluCache(g, u, a, act))
-        dxe = expert_linear_backward(dg, xe, xa_g, w_gate, lora_gate, e, dlora.get("gate"))
-        dxe += expert_linear_backward(du, xe, xa_u, w_up, lora_up, e, dlora.get("up"))
+        dxe = expert_linear_backward(dg, xe, xa_g, w_gate, lora_gate, e, dlora.get("gate"), codes)
+        dxe += expert_linear_backward(du, xe, xa_u, w_up, lora_up, e, dlora.get("up"), codes)
         if need_dw:
             dW["down"][e] = do_e.T @ h
             dW["gate"][e] = dg.T @ xe

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 from engine.io.quants import dequantize, int_codes
 from engine.kernels import blockq_cpu, jit, moe, moe_cpu
@@ -122,7 +123,7 @@ def _experts_model(tmp_path, qtype: str):
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q4_K"])
-def test_experts_twin_multiplies_by_the_stores_codes(cpu, fresh_rng, tmp_path, qtype):
+def test_experts_twin_multiplies_by_the_stores_codes(cpu, fresh_rng, tmp_path, monkeypatch, qtype):
     """The weight store of a real file gives each expert as codes (accounted at 2.5 bytes a value for
     both layouts); the experts' CPU twin multiplies by them and follows the reference (float64, on the
     dequantized experts) in every output and gradient, in line and on two workers."""
@@ -148,7 +149,11 @@ def test_experts_twin_multiplies_by_the_stores_codes(cpu, fresh_rng, tmp_path, q
         y, cache = moe_cpu.experts_forward_cpu(x, routing, *stacks, *loras)
         return y, moe_cpu.experts_backward_cpu(dy, cache, *stacks)
 
-    got = cpu.twice(run, f"experts from {qtype} codes")
+    used = []
+    monkeypatch.setattr(moe_cpu, "xwt_cpu", lambda x, w: used.append(w.along) or blockq_cpu.xwt_cpu(x, w))
+    with threadpool_limits(1):  # in line with BLAS on one thread, as engine.train.threads sets it
+        got = cpu.twice(run, f"experts from {qtype} codes")
+    assert used.count("in") == used.count("out") > 0  # forward by the codes, backward by their transpose
     dense = [f64(np.asarray(s)) for s in stacks]
     l64 = [LoraTerm(f64(lo.A), f64(lo.B), lo.s) for lo in loras]
     r64 = moe.Routing(*(f64(a) if a.dtype == np.float32 else a for a in routing))
@@ -158,6 +163,30 @@ def test_experts_twin_multiplies_by_the_stores_codes(cpu, fresh_rng, tmp_path, q
         if isinstance(r, np.ndarray):
             c = compare(f"experts{path}", qtype, a, r, FP32_TOL)
             assert c.ok, c.message
+
+
+def test_in_line_beside_a_threaded_blas_experts_are_float(cpu, fresh_rng, tmp_path, monkeypatch):
+    """The codes' kernel runs on one thread: in line, with BLAS on two threads (a BLAS the engine does
+    not manage), the float experts' products use both; on workers, or with one BLAS thread, codes."""
+    from engine.kernels import cpu_workers
+
+    model = _experts_model(tmp_path, "Q8_0")
+    stacks = [model.weights[f"blk.0.ffn_{k}_exps.weight"] for k in ("gate", "up", "down")]
+    routing, _ = moe.route_forward_ref(f32(fresh_rng, 8, 4), 2, True)
+    x = f32(fresh_rng, 8, 256)
+    used = []
+    monkeypatch.setattr(moe_cpu, "xwt_cpu", lambda x, w: used.append(w) or blockq_cpu.xwt_cpu(x, w))
+    monkeypatch.setattr(cpu_workers, "workers", lambda: 1)
+    monkeypatch.setattr(moe_cpu, "workers", lambda: 1)
+    with threadpool_limits(2):
+        assert cpu_workers.blas_threads() == 2 and not moe_cpu.codes_pay()
+        floats, _ = moe_cpu.experts_forward_cpu(x, routing, *stacks)
+    assert not used
+    with threadpool_limits(1):
+        assert moe_cpu.codes_pay()
+        coded, _ = moe_cpu.experts_forward_cpu(x, routing, *stacks)
+    assert used
+    np.testing.assert_allclose(coded, floats, rtol=1e-5, atol=1e-5 * float(np.abs(floats).max()))
 
 
 def test_store_evicts_codes_like_float_arrays(tmp_path):
@@ -186,3 +215,40 @@ def test_types_without_codes_multiply_through_float_experts(tmp_path):
     model = _experts_model(tmp_path, "Q6_K")
     stack = model.weights["blk.0.ffn_gate_exps.weight"]
     assert stack.codes(0) is None and moe_cpu.expert_codes(stack, 0) is None
+
+
+def test_a_training_step_from_codes_follows_the_numpy_reference(tmp_path, monkeypatch):
+    """A user's step on a Q4_K MoE model (LoRA on attention and every expert) with BLAS on one thread,
+    as the engine sets it beside a busy core: experts multiplied from codes; the same loss and
+    gradients as the NumPy reference kernels (TUNE_NO_JIT: float experts) within float32 rounding."""
+    pytest.importorskip("numba", reason="compiled CPU kernels need numba (pip install -e '.[cpu]')")
+    from engine.model.targets import TargetSpec, select_targets
+    from engine.train.train_model import Trainable, loss_and_grads
+    from tests.engine.test_grad_model import packed_batch
+
+    used = []
+    monkeypatch.setattr(moe_cpu, "xwt_cpu", lambda x, w: used.append(w) or blockq_cpu.xwt_cpu(x, w))
+
+    def step(no_jit: bool):
+        if no_jit:
+            monkeypatch.setenv(jit.OFF_VARIABLE, "1")
+        jit.reset()
+        try:
+            model = _experts_model(tmp_path, "Q4_K")
+            names = select_targets(model.tensors, TargetSpec(preset="all"), model.config.L)
+            tr = Trainable.init(model, names, rank=4, alpha=8.0, seed=1)
+            for _, B in tr.pairs.values():
+                B[...] = 0.05
+            with threadpool_limits(1):
+                return loss_and_grads(model, tr, packed_batch(model.config.V))
+        finally:
+            monkeypatch.delenv(jit.OFF_VARIABLE, raising=False)
+            jit.reset()
+
+    coded = step(False)
+    assert used
+    reference = step(True)
+    assert coded.loss == pytest.approx(reference.loss, rel=1e-6)
+    scale = max(float(np.abs(g).max()) for g in reference.grads.values())
+    for n, g in reference.grads.items():
+        np.testing.assert_allclose(coded.grads[n], g, rtol=1e-4, atol=1e-5 * scale, err_msg=n)
