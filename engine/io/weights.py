@@ -40,6 +40,7 @@ import numpy as np
 
 from ..errors import EngineError, ModelError
 from ..kernels.blockq import BlockQ
+from ..kernels.cpu_workers import on_worker
 from .gguf_file import GGUFFile, TensorInfo
 from .quants import dequantize, has_int_codes, int_codes
 
@@ -475,8 +476,15 @@ class WeightStore(TensorMapping):
                 return arr
             self.stats.misses += 1
             nbytes = math.prod(shape) * self.dtype.itemsize
-            buf = self._reusable(shape, nbytes)
-            arr = self._dequantize(raw, info.qtype, shape, out=buf, name=name, part=part)
+            buf = self._reusable(shape, nbytes)  # out of the cache: this call's own
+        # outside the lock: CPU workers dequantize their experts side by side, and one waiting on the
+        # disk (a page fault of the mapping) holds up nobody else
+        arr = self._dequantize(raw, info.qtype, shape, out=buf, name=name, part=part)
+        with self._lock:
+            made = self._cache.get(key)
+            if made is not None:  # another thread made it meanwhile: one copy cached
+                self._cache.move_to_end(key)
+                return made
             self._cache[key] = arr
             self._cache_bytes += arr.nbytes
             self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, self._cache_bytes)
@@ -522,8 +530,11 @@ class WeightStore(TensorMapping):
         first time they are dequantized (see `_check_finite`).
         """
         t = time.perf_counter()
+        threads = 1 if on_worker() else None  # CPU workers dequantize side by side, one thread each
         if self.dtype == np.float32:
-            y = dequantize(raw, qtype, out=out if out is not None and out.dtype == np.float32 else None)
+            y = dequantize(
+                raw, qtype, out=out if out is not None and out.dtype == np.float32 else None, threads=threads
+            )
         else:
             y = dequantize(raw, qtype).astype(self.dtype)
             if out is not None:
@@ -534,8 +545,9 @@ class WeightStore(TensorMapping):
             self._check_finite(y, name, part)
         if isinstance(raw, np.memmap) or getattr(raw, "base", None) is not None:
             self.file.release(raw)
-        self.stats.dequant_seconds += time.perf_counter() - t
-        self.stats.dequant_values += y.size
+        with self._lock:
+            self.stats.dequant_seconds += time.perf_counter() - t
+            self.stats.dequant_values += y.size
         return y
 
     def _check_finite(self, values: np.ndarray, name: str, part: object) -> None:

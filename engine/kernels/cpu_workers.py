@@ -169,6 +169,12 @@ def workers() -> int:
     return _PROCESS.count
 
 
+def on_worker() -> bool:
+    """Whether the calling thread runs a piece of a `run_each` shared out to CPU workers (each piece
+    has one BLAS thread, and so should anything else it runs: the weight store's dequantization)."""
+    return bool(getattr(_PROCESS._inside, "active", False))
+
+
 def blas_threads() -> int:
     """The most threads any loaded BLAS runs a product on now (1 where none can be listed)."""
     return max((lib.num_threads for lib in _PROCESS._libs()), default=1)
@@ -183,6 +189,7 @@ __all__ = [
     "PIECE_MIN_FLOPS",
     "CpuWorkers",
     "blas_threads",
+    "on_worker",
     "run_each",
     "set_workers",
     "spin_is_short",
