@@ -213,3 +213,28 @@ def test_auto_budget_keeps_the_reserve_and_a_headroom():
 def test_store_refuses_other_dtypes(moe_q8):
     with pytest.raises(Exception, match="float32 or float64"):
         WeightStore(GGUFFile(moe_q8), ["blk.0.attn_q.weight"], np.float16)
+
+
+def test_threads_reading_experts_side_by_side_get_exact_values_and_a_true_count(moe_q8):
+    """The store dequantizes outside its lock (CPU workers read their experts side by side): threads
+    asking for the same and for different experts of a small cache get the exact values, one copy of
+    each is cached, and the cache's byte count is what it holds."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = Model.load(moe_q8, cache_budget=64 * 64 * 4 * 5).weights
+    f = GGUFFile(moe_q8)
+    names = [n for n, i in store.infos.items() if len(i.shape) == 3]
+    exact = {n: _exact(f, n) for n in names}
+    E = store.infos[names[0]].shape[0]
+    asks = [(names[k % len(names)], (k * 7) % E) for k in range(400)]
+
+    def read(ask):
+        name, e = ask
+        return np.array_equal(store.expert(name, e), exact[name][e])
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(read, asks))
+    held = list(store._cache.items())
+    assert len({k for k, _ in held}) == len(held)
+    assert store.cache_bytes == sum(v.nbytes for _, v in held)
+    assert store.stats.dequant_values >= store.stats.misses * 64 * 64 > 0
