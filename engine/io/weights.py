@@ -235,7 +235,11 @@ class WeightStore(TensorMapping):
             if len(info.shape) <= 1:
                 self._pinned[n] = self._dequantize(gguf.raw(n), info.qtype, info.shape, name=n)
         self.working_set = self._working_set_bytes()
-        self._codes_bytes = sum(5 * i.n_elements // 2 for i in self.infos.values() if len(i.shape) == 3)
+        experts = [i for i in self.infos.values() if len(i.shape) == 3]
+        # the cache with every expert as codes and every other matrix dequantized (`expert_codes`)
+        self._codes_bytes = self.dequantized_bytes + sum(
+            5 * i.n_elements // 2 - i.n_elements * self.dtype.itemsize for i in experts
+        )
         self.budget = resolve_budget(budget)
 
     # --- Mapping -----------------------------------------------------------------------------
@@ -268,7 +272,8 @@ class WeightStore(TensorMapping):
 
     @property
     def codes_bytes(self) -> int:
-        """Bytes of every expert stack as int8 codes in both layouts (`expert_codes`): 2.5 a value."""
+        """Bytes of the cache holding every expert stack as int8 codes in both layouts (2.5 bytes a
+        value) and every other tensor dequantized: the budget under which `expert_codes` gives none."""
         return self._codes_bytes
 
     def set_budget(self, budget: str | int | float | None, reserve: int = 0) -> int:
@@ -340,9 +345,10 @@ class WeightStore(TensorMapping):
         without a float copy (engine.kernels.moe_cpu); 2.5 bytes a value for both, cached as one
         entry. None where the stored type has no such codes (engine.io.quants.int_codes), the
         store dequantizes to float64, n_out is not a multiple of 4 (the kernel's row blocks), or the
-        cache budget cannot hold every expert's codes: the codes are worth making once and keeping;
-        made again on every use they cost more than the compiled dequantization (the integer stage
-        runs in NumPy), so a model larger than its cache multiplies by float experts as before."""
+        cache budget cannot hold every expert's codes beside the other tensors dequantized
+        (`codes_bytes`): codes are worth making once and keeping; made again on every use, their
+        transpose alone costs more than the compiled dequantization, so a model larger than its cache
+        multiplies by float experts as before."""
         info = self.infos[name]
         if not 0 <= e < info.shape[0]:
             raise IndexError(f"{name}: expert {e} out of range 0..{info.shape[0] - 1}")
