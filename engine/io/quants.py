@@ -698,23 +698,27 @@ def _dequantize_fallback(raw: np.ndarray, qtype: str, out: np.ndarray | None) ->
     return dst
 
 
-_INT_CODE_TYPES = frozenset({"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "MXFP4"})
+# values per scale and offset of the types `int_codes` gives codes for
+_INT_CODE_GROUPS = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q4_K": 32, "Q5_K": 32,
+                    "MXFP4": 32, "Q2_K": 16, "Q3_K": 16, "Q6_K": 16}  # fmt: skip
 
 
-def has_int_codes(qtype: str) -> bool:
-    """Whether `int_codes` gives codes for this type."""
-    return qtype in _INT_CODE_TYPES
+def int_code_group(qtype: str) -> int | None:
+    """Values per scale and offset of the codes `int_codes` gives for this type (16 or 32), or None."""
+    return _INT_CODE_GROUPS.get(qtype)
 
 
-def int_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The integer stage alone, for types whose values are scale * code (+/- offset) in groups of 32
-    along a row with codes that fit int8 (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, MXFP4): (q, s, m)
-    with value = q s - m per group, q int8 (..., n), s and m float32 (..., n // 32), the layout of
-    engine.kernels.blockq's BlockQ. Each value q s - m, rounded as two float32 operations, is the one
-    `dequantize` gives (a negated offset is exact). None for any other type (16-value groups: Q2_K,
-    Q3_K, Q6_K; codebooks: IQ4_NL, IQ4_XS; float types). raw: uint8 (..., row_bytes) of whole blocks.
+def int_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
+    """The integer stage alone, for types whose values are scale * code (+/- offset) in groups along
+    a row, with codes that fit int8 (`int_code_group`: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, MXFP4
+    in groups of 32; Q2_K, Q3_K, Q6_K in groups of 16): (q, s, m, g) with value = q s - m per group,
+    q int8 (..., n), s and m float32 (..., n // g), the layout of engine.kernels.blockq's BlockQ. Each
+    value q s - m, rounded as two float32 operations, is the one `dequantize` gives (a negated offset
+    is exact). None for any other type (codebooks: IQ4_NL, IQ4_XS; float types). raw: uint8
+    (..., row_bytes) of whole blocks.
     """
-    if not has_int_codes(qtype):
+    group = int_code_group(qtype)
+    if group is None:
         return None
     codec = _CODECS[qtype]
     src = np.ascontiguousarray(raw)
@@ -725,13 +729,13 @@ def int_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.n
     lead = src.shape[:-1]
     n = src.shape[-1] // codec.type_size * codec.block_size
     codes = codec.codes(_workspace(), src.reshape(-1))
-    assert codes.group == 32 and codes.table is None, qtype
+    assert codes.group == group and codes.table is None, qtype
     q = codes.q.view(np.int8).reshape(*lead, n).copy()  # unsigned codes are < 64: the same as int8
-    s = codes.scale.reshape(*lead, n // 32).copy()
+    s = codes.scale.reshape(*lead, n // group).copy()
     if codes.offset is None:
         m = np.zeros_like(s)
     elif codes.subtract:
-        m = codes.offset.reshape(*lead, n // 32).copy()
+        m = codes.offset.reshape(*lead, n // group).copy()
     else:
-        m = np.negative(codes.offset.reshape(*lead, n // 32))
-    return q, s, m
+        m = np.negative(codes.offset.reshape(*lead, n // group))
+    return q, s, m, group

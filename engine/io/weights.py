@@ -42,7 +42,7 @@ from ..errors import EngineError, ModelError
 from ..kernels.blockq import BlockQ
 from ..kernels.cpu_workers import on_worker
 from .gguf_file import GGUFFile, TensorInfo
-from .quants import dequantize, has_int_codes, int_codes
+from .quants import dequantize, int_code_group, int_codes
 
 log = logging.getLogger(__name__)
 
@@ -235,10 +235,13 @@ class WeightStore(TensorMapping):
             if len(info.shape) <= 1:
                 self._pinned[n] = self._dequantize(gguf.raw(n), info.qtype, info.shape, name=n)
         self.working_set = self._working_set_bytes()
-        experts = [i for i in self.infos.values() if len(i.shape) == 3]
-        # the cache with every expert as codes and every other matrix dequantized (`expert_codes`)
+        # the cache with every expert as codes in both layouts (1 byte a value and two float32 per
+        # group, twice) and every other matrix dequantized (`expert_codes`)
+        groups = [(i, int_code_group(i.qtype)) for i in self.infos.values() if len(i.shape) == 3]
         self._codes_bytes = self.dequantized_bytes + sum(
-            5 * i.n_elements // 2 - i.n_elements * self.dtype.itemsize for i in experts
+            2 * (i.n_elements + 8 * i.n_elements // g) - i.n_elements * self.dtype.itemsize
+            for i, g in groups
+            if g
         )
         self.budget = resolve_budget(budget)
 
@@ -272,8 +275,9 @@ class WeightStore(TensorMapping):
 
     @property
     def codes_bytes(self) -> int:
-        """Bytes of the cache holding every expert stack as int8 codes in both layouts (2.5 bytes a
-        value) and every other tensor dequantized: the budget under which `expert_codes` gives none."""
+        """Bytes of the cache holding every expert stack that has codes as int8 codes in both layouts
+        (2.5 or 3 bytes a value) and every other tensor dequantized: the budget under which
+        `expert_codes` gives none."""
         return self._codes_bytes
 
     def set_budget(self, budget: str | int | float | None, reserve: int = 0) -> int:
@@ -340,9 +344,9 @@ class WeightStore(TensorMapping):
         return self._get(name, int(e))
 
     def expert_codes(self, name: str, e: int) -> tuple[BlockQ, BlockQ] | None:
-        """Expert e of a stack (E, n_out, n_in) as int8 codes with a scale and offset per group of 32
+        """Expert e of a stack (E, n_out, n_in) as int8 codes with a scale and offset per group of 32 or 16
         (engine.kernels.blockq): (w, its transpose), what the CPU's expert products multiply by
-        without a float copy (engine.kernels.moe_cpu); 2.5 bytes a value for both, cached as one
+        without a float copy (engine.kernels.moe_cpu); 2.5 (or 3) bytes a value for both, cached as one
         entry. None where the stored type has no such codes (engine.io.quants.int_codes), the
         store dequantizes to float64, n_out is not a multiple of 4 (the kernel's row blocks), or the
         cache budget cannot hold every expert's codes beside the other tensors dequantized
@@ -352,9 +356,10 @@ class WeightStore(TensorMapping):
         info = self.infos[name]
         if not 0 <= e < info.shape[0]:
             raise IndexError(f"{name}: expert {e} out of range 0..{info.shape[0] - 1}")
-        if self.dtype != np.float32 or not has_int_codes(info.qtype) or self.budget < self._codes_bytes:
+        group = int_code_group(info.qtype)
+        if self.dtype != np.float32 or group is None or self.budget < self._codes_bytes:
             return None
-        if info.shape[1] % 4 or info.shape[2] % 32:
+        if info.shape[1] % 4 or info.shape[2] % group:
             return None
         key = ("codes", name, int(e))
         with self._lock:
@@ -368,7 +373,8 @@ class WeightStore(TensorMapping):
             codes = int_codes(raw, info.qtype)
             assert codes is not None, info.qtype
             self.stats.misses += 1
-            w = BlockQ(*codes, "in")
+            q, s, m, group = codes
+            w = BlockQ(q, s, m, "in", group)
             part = ("expert", int(e))
             if (name, part) not in self._finite:  # once per expert, as for its float values
                 self._check_finite(w.dense(), name, part)

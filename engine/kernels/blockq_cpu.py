@@ -27,7 +27,7 @@ ROWS = 64  # rows of x per kernel call: 64 x 4096 float32 is 1 MiB, what an L2 c
 
 
 @jit.kernel(reassociate=True)
-def _xwt_in(x, q, s, m, y):  # groups along w's rows: w[i, k] = q[i, k] s[i, k >> 5] - m[i, k >> 5]
+def _xwt_in(x, q, s, m, y, shift):  # groups along w's rows: w[i, k] = q[i, k] s[i, k >> shift] - m[...]
     n, K = x.shape
     N = q.shape[0]
     n4 = n - n % 4
@@ -36,7 +36,7 @@ def _xwt_in(x, q, s, m, y):  # groups along w's rows: w[i, k] = q[i, k] s[i, k >
             a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
             a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
             for k in range(K):
-                g = k >> 5
+                g = k >> shift
                 w0 = np.float32(q[i, k]) * s[i, g] - m[i, g]
                 w1 = np.float32(q[i + 1, k]) * s[i + 1, g] - m[i + 1, g]
                 w2 = np.float32(q[i + 2, k]) * s[i + 2, g] - m[i + 2, g]
@@ -65,7 +65,7 @@ def _xwt_in(x, q, s, m, y):  # groups along w's rows: w[i, k] = q[i, k] s[i, k >
         for j in range(n4, n):
             a0 = a1 = a2 = a3 = np.float32(0.0)
             for k in range(K):
-                g = k >> 5
+                g = k >> shift
                 xv = x[j, k]
                 a0 += (np.float32(q[i, k]) * s[i, g] - m[i, g]) * xv
                 a1 += (np.float32(q[i + 1, k]) * s[i + 1, g] - m[i + 1, g]) * xv
@@ -74,13 +74,28 @@ def _xwt_in(x, q, s, m, y):  # groups along w's rows: w[i, k] = q[i, k] s[i, k >
             y[j, i], y[j, i + 1], y[j, i + 2], y[j, i + 3] = a0, a1, a2, a3
 
 
+# The group's shift must be a constant where the kernel reads its scales along k: LLVM vectorised
+# `k >> shift` with a constant shift and not with one given at run time (9x slower). Each wrapper
+# calls the body with its constant, and LLVM inlines it.
+
+
 @jit.kernel(reassociate=True)
-def _xwt_out(x, q, s, m, y):  # groups down w's columns: w[i, k] = q[i, k] s[i >> 5, k] - m[i >> 5, k]
+def _xwt_in32(x, q, s, m, y):
+    _xwt_in(x, q, s, m, y, 5)
+
+
+@jit.kernel(reassociate=True)
+def _xwt_in16(x, q, s, m, y):
+    _xwt_in(x, q, s, m, y, 4)
+
+
+@jit.kernel(reassociate=True)
+def _xwt_out(x, q, s, m, y, shift):  # groups down w's columns: w[i, k] = q[i, k] s[i >> shift, k] - m[...]
     n, K = x.shape
     N = q.shape[0]
     n4 = n - n % 4
     for i in range(0, N, 4):
-        g = i >> 5  # the 4 rows share their group (4 divides 32)
+        g = i >> shift  # the 4 rows share their group (4 divides 16 and 32)
         for j in range(0, n4, 4):
             a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
             a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
@@ -122,9 +137,12 @@ def _xwt_out(x, q, s, m, y):  # groups down w's columns: w[i, k] = q[i, k] s[i >
             y[j, i], y[j, i + 1], y[j, i + 2], y[j, i + 3] = a0, a1, a2, a3
 
 
+_SHIFT = {16: 4, 32: 5}
+
+
 def compiled_for(w: BlockQ) -> bool:
     """Whether `xwt_cpu` multiplies by w compiled (not through the reference)."""
-    return w.q.shape[0] % 4 == 0 and jit.enabled()
+    return w.q.shape[0] % 4 == 0 and w.group in _SHIFT and jit.enabled()
 
 
 def xwt_cpu(x: np.ndarray, w: BlockQ) -> np.ndarray:
@@ -135,9 +153,12 @@ def xwt_cpu(x: np.ndarray, w: BlockQ) -> np.ndarray:
         raise ValueError(f"x {x.shape} cannot be multiplied by w^T of w {w.q.shape}")
     x = np.ascontiguousarray(x)
     y = np.empty((x.shape[0], w.q.shape[0]), np.float32)
-    kernel = _xwt_in if w.along == "in" else _xwt_out
     for j in range(0, x.shape[0], ROWS):  # x's rows a block at a time: each stays in L2 over w's rows
-        kernel(x[j : j + ROWS], w.q, w.s, w.m, y[j : j + ROWS])
+        xb, yb = x[j : j + ROWS], y[j : j + ROWS]
+        if w.along == "out":
+            _xwt_out(xb, w.q, w.s, w.m, yb, _SHIFT[w.group])
+        else:
+            (_xwt_in32 if w.group == 32 else _xwt_in16)(xb, w.q, w.s, w.m, yb)
     return y
 
 

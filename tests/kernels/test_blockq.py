@@ -20,8 +20,9 @@ from engine.kernels.linear import LoraTerm
 from tests.kernels.dequant_cases import random_raw
 from tests.kernels.twin import FP32_TOL, Backend, _leaves, compare, f32, f64
 
-WITH_CODES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "MXFP4"]
-WITHOUT_CODES = ["Q2_K", "Q3_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
+WITH_CODES = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q4_K": 32, "Q5_K": 32, "MXFP4": 32,
+              "Q2_K": 16, "Q3_K": 16, "Q6_K": 16}  # fmt: skip
+WITHOUT_CODES = ["IQ4_NL", "IQ4_XS"]
 
 
 def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
@@ -31,16 +32,17 @@ def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
 @pytest.mark.parametrize("qtype", WITH_CODES)
 def test_codes_give_the_dequantized_values_bit_for_bit(fresh_rng, qtype):
     raw = random_raw(qtype, (8, 512), fresh_rng)
-    q, s, m = int_codes(raw, qtype)
-    assert q.dtype == np.int8 and q.shape == (8, 512) and s.shape == m.shape == (8, 16)
-    w = make_blockq(q, s, m)
+    q, s, m, g = int_codes(raw, qtype)
+    assert g == WITH_CODES[qtype]
+    assert q.dtype == np.int8 and q.shape == (8, 512) and s.shape == m.shape == (8, 512 // g)
+    w = make_blockq(q, s, m, "in", g)
     dense = dequantize(raw, qtype)
     assert _bits_equal(w.dense(), dense), qtype
     t = w.transposed()
     assert t.along == "out" and t.q.shape == (512, 8)
     assert _bits_equal(t.dense(), np.ascontiguousarray(dense.T)), qtype
     assert _bits_equal(t.transposed().dense(), dense)
-    assert w.nbytes == 8 * 512 + 2 * 8 * 16 * 4  # 1.25 bytes a value
+    assert w.nbytes == 8 * 512 + 2 * 8 * (512 // g) * 4  # 1.25 bytes a value (1.5 for groups of 16)
 
 
 @pytest.mark.parametrize("qtype", [*WITHOUT_CODES, "F16", "F32", "BF16"])
@@ -60,13 +62,15 @@ def test_make_blockq_checks_what_it_is_given():
         make_blockq(np.zeros((4, 48), np.int8), s, s)
     with pytest.raises(ValueError, match="along"):
         make_blockq(q, s, s, "rows")
+    with pytest.raises(ValueError, match="groups of 8"):
+        make_blockq(q, s, s, "in", 8)
 
 
-def _random_blockq(rng, n_out: int, n_in: int) -> BlockQ:
+def _random_blockq(rng, n_out: int, n_in: int, group: int = 32) -> BlockQ:
     q = rng.integers(-128, 128, (n_out, n_in)).astype(np.int8)
-    s = (rng.random((n_out, n_in // 32)) * 0.02).astype(np.float32)
-    m = (rng.standard_normal((n_out, n_in // 32)) * 0.1).astype(np.float32)
-    return make_blockq(q, s, m)
+    s = (rng.random((n_out, n_in // group)) * 0.02).astype(np.float32)
+    m = (rng.standard_normal((n_out, n_in // group)) * 0.1).astype(np.float32)
+    return make_blockq(q, s, m, "in", group)
 
 
 @pytest.fixture
@@ -79,8 +83,9 @@ def cpu() -> Backend:
 
 @pytest.mark.parametrize("n", [1, 6, 32, 70, 131])  # a tail of rows; past one and two row blocks (64)
 @pytest.mark.parametrize("along", ["in", "out"])
-def test_product_from_codes_follows_the_reference(cpu, fresh_rng, monkeypatch, n, along):
-    w = _random_blockq(fresh_rng, 96, 64)  # "out": its transpose (64, 96), groups down its columns
+@pytest.mark.parametrize("group", [32, 16])
+def test_product_from_codes_follows_the_reference(cpu, fresh_rng, monkeypatch, n, along, group):
+    w = _random_blockq(fresh_rng, 96, 64, group)  # "out": its transpose (64, 96), groups down its columns
     w = w if along == "in" else w.transposed()
     x = f32(fresh_rng, n, w.q.shape[1])
 
@@ -89,7 +94,7 @@ def test_product_from_codes_follows_the_reference(cpu, fresh_rng, monkeypatch, n
 
     monkeypatch.setattr(blockq_cpu, "xwt_ref", no_fallback)
     assert blockq_cpu.compiled_for(w)
-    got = cpu.twice(lambda _rt: blockq_cpu.xwt_cpu(x, w), f"xwt {along} n {n}")
+    got = cpu.twice(lambda _rt: blockq_cpu.xwt_cpu(x, w), f"xwt {along} n {n} group {group}")
     ref = f64(x) @ f64(w.dense()).T
     c = compare("xwt", f"{along} n {n}", got, ref, FP32_TOL)
     assert c.ok, c.message
@@ -122,7 +127,7 @@ def _experts_model(tmp_path, qtype: str):
     return Model.load(write_model(tmp_path / f"moe-{qtype}.gguf", spec))
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q4_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
 def test_experts_twin_multiplies_by_the_stores_codes(cpu, fresh_rng, tmp_path, monkeypatch, qtype):
     """The weight store of a real file gives each expert as codes (accounted at 2.5 bytes a value for
     both layouts); the experts' CPU twin multiplies by them and follows the reference (float64, on the
@@ -134,7 +139,8 @@ def test_experts_twin_multiplies_by_the_stores_codes(cpu, fresh_rng, tmp_path, m
     assert all(moe_cpu.expert_codes(s, 0) is not None for s in stacks)
     before = store.cache_bytes
     pair = store.expert_codes(names[0], 1)
-    assert store.cache_bytes - before == pair[0].nbytes + pair[1].nbytes == int(2.5 * 256 * 256)
+    per_value = 2.5 if pair[0].group == 32 else 3.0  # codes and two float32 per group, both layouts
+    assert store.cache_bytes - before == pair[0].nbytes + pair[1].nbytes == int(per_value * 256 * 256)
     assert store.expert_codes(names[0], 1) is pair  # cached
     with pytest.raises(IndexError):
         store.expert_codes(names[0], 4)
@@ -212,7 +218,7 @@ def test_store_evicts_codes_like_float_arrays(tmp_path):
 
 
 def test_types_without_codes_multiply_through_float_experts(tmp_path):
-    model = _experts_model(tmp_path, "Q6_K")
+    model = _experts_model(tmp_path, "F16")
     stack = model.weights["blk.0.ffn_gate_exps.weight"]
     assert stack.codes(0) is None and moe_cpu.expert_codes(stack, 0) is None
 
