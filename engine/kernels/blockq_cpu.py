@@ -4,9 +4,9 @@ weight formed as scale * code - offset in registers as it is used, never stored 
 Why: an MoE expert's product has few rows (~32 per expert in a batch of 256 tokens with top-8 of 64
 experts). OpenBLAS then spends as long reading and packing the expert's float32 weights (a fresh
 2-4 MiB per expert, from memory) as multiplying; reading 1.25 bytes a weight instead of 4 and no
-packing made the products of one OLMoE-shaped layer's 64 experts 1.2-1.5x faster on two workers
-(bench/CPU_NOTES.md), and the weight store keeps the experts at 2.5 bytes a value (both layouts)
-instead of 4.
+packing made one OLMoE-shaped layer's experts 1.36-1.52x faster on two workers beside OpenBLAS's
+AVX2 kernel, 1.07-1.10x beside its AVX-512 one (bench/expert_codes.py, bench/CPU_NOTES.md), and the
+weight store keeps the experts at 2.5 bytes a value (3 for groups of 16; both layouts) instead of 4.
 
 How: 4 rows of w (codes and their group's scale and offset) against 4 rows of x, 16 sums that LLVM
 keeps in vector registers along the shared axis (the kernel is compiled with reassociation,
