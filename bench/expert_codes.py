@@ -92,12 +92,13 @@ def main() -> None:
         print(f"  {what:8} forward {fwd:6.1f} ms  backward {bwd:6.1f} ms")
     xe = rng.standard_normal((32, C), dtype=np.float32)
     de = rng.standard_normal((32, F), dtype=np.float32)
-    pairs = [stacks[0].codes(e) for e in range(E)]
+    codes = [stacks[0].codes(e) for e in range(E)]
+    transposes = [stacks[0].codes(e, transposed=True) for e in range(E)]
     with threadpool_limits(1):
         runs = {
-            "forward, codes": lambda: [xwt_cpu(xe, p[0]) for p in pairs],
+            "forward, codes": lambda: [xwt_cpu(xe, w) for w in codes],
             "forward, float32": lambda: [floats[0][e] @ xe.T for e in range(E)],
-            "backward, codes": lambda: [xwt_cpu(de, p[1]) for p in pairs],
+            "backward, codes": lambda: [xwt_cpu(de, w) for w in transposes],
             "backward, float32": lambda: [de @ floats[0][e] for e in range(E)],
         }
         print(f"the {E} gate products of 32 rows, one thread:")

@@ -224,8 +224,9 @@ class WeightStore(TensorMapping):
         self.infos: dict[str, TensorInfo] = {n: gguf.tensors[n] for n in self._names}
         self.row_wise = frozenset(n for n in row_wise if n in self.infos)
         self._lock = threading.RLock()
-        # (name, expert or None): float arrays; ("codes", name, expert): an expert's BlockQ pair
-        self._cache: OrderedDict[tuple, np.ndarray | tuple[BlockQ, BlockQ]] = OrderedDict()
+        # (name, expert or None) and ("rows", names): float arrays; ("codes", name, expert, transposed):
+        # an expert's codes (`expert_codes`)
+        self._cache: OrderedDict[tuple, np.ndarray | BlockQ] = OrderedDict()
         self._cache_bytes = 0
         self.stats = StoreStats()
         self._pinned: dict[str, np.ndarray] = {}
@@ -343,16 +344,17 @@ class WeightStore(TensorMapping):
             raise IndexError(f"{name}: expert {e} out of range 0..{info.shape[0] - 1}")
         return self._get(name, int(e))
 
-    def expert_codes(self, name: str, e: int) -> tuple[BlockQ, BlockQ] | None:
-        """Expert e of a stack (E, n_out, n_in) as int8 codes with a scale and offset per group of 32 or 16
-        (engine.kernels.blockq): (w, its transpose), what the CPU's expert products multiply by
-        without a float copy (engine.kernels.moe_cpu); 2.5 (or 3) bytes a value for both, cached as one
-        entry. None where the stored type has no such codes (engine.io.quants.int_codes), the
-        store dequantizes to float64, n_out is not a multiple of 4 (the kernel's row blocks), or the
-        cache budget cannot hold every expert's codes beside the other tensors dequantized
-        (`codes_bytes`): codes are worth making once and keeping; made again on every use, their
-        transpose alone costs more than the compiled dequantization, so a model larger than its cache
-        multiplies by float experts as before."""
+    def expert_codes(self, name: str, e: int, transposed: bool = False) -> BlockQ | None:
+        """Expert e of a stack (E, n_out, n_in) as int8 codes with a scale and offset per group of 32 or
+        16 (engine.kernels.blockq), what the CPU's expert products multiply by without a float copy
+        (engine.kernels.moe_cpu): in the file's layout (1.25 or 1.5 bytes a value), or `transposed`
+        (the backward's, made from the first; the same size). Each cached as an entry of its own.
+        None where the stored type has no such codes (engine.io.quants.int_codes), the store
+        dequantizes to float64, n_out is not a multiple of 4 (the kernel's row blocks), or the cache
+        budget cannot hold every expert's codes beside the other tensors dequantized (`codes_bytes`):
+        codes are worth making once and keeping; made again on every use, their transpose alone
+        costs more than the compiled dequantization, so a model larger than its cache multiplies by
+        float experts as before."""
         info = self.infos[name]
         if not 0 <= e < info.shape[0]:
             raise IndexError(f"{name}: expert {e} out of range 0..{info.shape[0] - 1}")
@@ -361,32 +363,28 @@ class WeightStore(TensorMapping):
             return None
         if info.shape[1] % 4 or info.shape[2] % group:
             return None
-        key = ("codes", name, int(e))
+        key = ("codes", name, int(e), transposed)
         with self._lock:
-            pair = self._cache.get(key)
-            if pair is not None:
-                self._cache.move_to_end(key)
-                self.stats.hits += 1
-                return pair
+            held = self._cached(key)
+        if held is not None:
+            return held
+        # made outside the lock, as `_get` dequantizes: CPU workers make their experts' side by side
+        if transposed:
+            made = self.expert_codes(name, e).transposed()
+        else:
             t = time.perf_counter()
             raw = self.file.raw(name)[e]
-            codes = int_codes(raw, info.qtype)
-            assert codes is not None, info.qtype
-            self.stats.misses += 1
-            q, s, m, group = codes
-            w = BlockQ(q, s, m, "in", group)
+            q, s, m, _ = int_codes(raw, info.qtype)
+            made = BlockQ(q, s, m, "in", group)
             part = ("expert", int(e))
             if (name, part) not in self._finite:  # once per expert, as for its float values
-                self._check_finite(w.dense(), name, part)
-            pair = (w, w.transposed())
-            if isinstance(raw, np.memmap) or getattr(raw, "base", None) is not None:
-                self.file.release(raw)
-            self.stats.dequant_seconds += time.perf_counter() - t
-            self._cache[key] = pair
-            self._cache_bytes += pair[0].nbytes + pair[1].nbytes
-            self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, self._cache_bytes)
-            self._evict(keep=1)
-            return pair
+                self._check_finite(made.dense(), name, part)
+            self.file.release(raw)
+            with self._lock:
+                self.stats.dequant_seconds += time.perf_counter() - t
+        with self._lock:
+            self.stats.misses += 1
+            return self._insert(key, made)
 
     def rows_of(self, names: Iterable[str]) -> list[np.ndarray]:
         """2-D tensors with the same number of columns (a layer's q, k, v; gate and up), dequantized as
@@ -395,11 +393,8 @@ class WeightStore(TensorMapping):
         names = tuple(names)
         key = ("rows", names)
         with self._lock:
-            whole = self._cache.get(key)
-            if whole is not None:
-                self._cache.move_to_end(key)
-                self.stats.hits += 1
-            else:
+            whole = self._cached(key)
+            if whole is None:
                 infos = [self.infos[n] for n in names]
                 shape = (sum(i.shape[0] for i in infos), infos[0].shape[1])
                 if any(len(i.shape) != 2 or i.shape[1] != shape[1] for i in infos):
@@ -414,10 +409,7 @@ class WeightStore(TensorMapping):
                     out = whole[lo : lo + info.shape[0]]
                     self._dequantize(self.file.raw(n), info.qtype, info.shape, out=out, name=n)
                     lo += info.shape[0]
-                self._cache[key] = whole
-                self._cache_bytes += whole.nbytes
-                self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, self._cache_bytes)
-                self._evict(keep=1)
+                self._insert(key, whole)
         blocks, lo = [], 0
         for n in names:
             rows = self.infos[n].shape[0]
@@ -471,10 +463,8 @@ class WeightStore(TensorMapping):
     def _get(self, name: str, e: int | None) -> np.ndarray:
         key = (name, e)
         with self._lock:
-            arr = self._cache.get(key)
+            arr = self._cached(key)
             if arr is not None:
-                self._cache.move_to_end(key)
-                self.stats.hits += 1
                 return arr
             info = self.infos[name]
             shape = info.shape if e is None else info.shape[1:]
@@ -493,15 +483,28 @@ class WeightStore(TensorMapping):
         # disk (a page fault of the mapping) holds up nobody else
         arr = self._dequantize(raw, info.qtype, shape, out=buf, name=name, part=part)
         with self._lock:
-            made = self._cache.get(key)
-            if made is not None:  # another thread made it meanwhile: one copy cached
-                self._cache.move_to_end(key)
-                return made
-            self._cache[key] = arr
-            self._cache_bytes += arr.nbytes
-            self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, self._cache_bytes)
-            self._evict(keep=1)
-            return arr
+            return self._insert(key, arr)
+
+    def _cached(self, key: tuple) -> np.ndarray | BlockQ | None:
+        """The cache's entry for key, now its most recently used (the caller holds the lock), or None."""
+        value = self._cache.get(key)
+        if value is not None:
+            self._cache.move_to_end(key)
+            self.stats.hits += 1
+        return value
+
+    def _insert(self, key: tuple, value):
+        """Cache value under key and make room (the caller holds the lock); returns what the cache
+        holds for key: the entry another thread made meanwhile, if one did (one copy is kept)."""
+        held = self._cache.get(key)
+        if held is not None:
+            self._cache.move_to_end(key)
+            return held
+        self._cache[key] = value
+        self._cache_bytes += value.nbytes
+        self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, self._cache_bytes)
+        self._evict(keep=1)
+        return value
 
     def _limit(self) -> int:
         return self.budget + self.working_set
@@ -530,7 +533,7 @@ class WeightStore(TensorMapping):
             if self._cache_bytes <= limit:
                 break
             arr = self._cache.pop(key)
-            self._cache_bytes -= arr.nbytes if isinstance(arr, np.ndarray) else sum(w.nbytes for w in arr)
+            self._cache_bytes -= arr.nbytes
 
     def _dequantize(
         self, raw, qtype: str, shape, out: np.ndarray | None = None, *, name: str = "", part: object = None
@@ -619,9 +622,9 @@ class ExpertStack(_StoredTensor):
     def __len__(self) -> int:
         return self.shape[0]
 
-    def codes(self, e: int) -> tuple[BlockQ, BlockQ] | None:
-        """Expert e as int8 codes and its transpose (`WeightStore.expert_codes`), or None."""
-        return self.store.expert_codes(self.name, int(e))
+    def codes(self, e: int, transposed: bool = False) -> BlockQ | None:
+        """Expert e as int8 codes, or their transpose (`WeightStore.expert_codes`), or None."""
+        return self.store.expert_codes(self.name, int(e), transposed)
 
     def __array__(self, dtype=None, copy=None):
         out = self.store.dense(self.name)

@@ -27,7 +27,23 @@ ROWS = 64  # rows of x per kernel call: 64 x 4096 float32 is 1 MiB, what an L2 c
 
 
 @jit.kernel(reassociate=True)
-def _xwt_in(x, q, s, m, y, shift):  # groups along w's rows: w[i, k] = q[i, k] s[i, k >> shift] - m[...]
+def _w4(q, s, m, i, k, shift, down):
+    """w[i:i+4, k] formed from the codes: groups along w's rows, w[i, k] = q[i, k] s[i, k >> shift] -
+    m[i, k >> shift], or with `down` down its columns, w[i, k] = q[i, k] s[i >> shift, k] - m[...]
+    (the 4 rows then share their group: 4 divides 16 and 32)."""
+    if down:
+        g = i >> shift
+        sk, mk = s[g, k], m[g, k]
+        return (np.float32(q[i, k]) * sk - mk, np.float32(q[i + 1, k]) * sk - mk,
+                np.float32(q[i + 2, k]) * sk - mk, np.float32(q[i + 3, k]) * sk - mk)  # fmt: skip
+    g = k >> shift
+    return (np.float32(q[i, k]) * s[i, g] - m[i, g], np.float32(q[i + 1, k]) * s[i + 1, g] - m[i + 1, g],
+            np.float32(q[i + 2, k]) * s[i + 2, g] - m[i + 2, g],
+            np.float32(q[i + 3, k]) * s[i + 3, g] - m[i + 3, g])  # fmt: skip
+
+
+@jit.kernel(reassociate=True)
+def _xwt(x, q, s, m, y, shift, down):  # y = x @ w^T, w's values as `_w4` forms them
     n, K = x.shape
     N = q.shape[0]
     n4 = n - n % 4
@@ -36,11 +52,7 @@ def _xwt_in(x, q, s, m, y, shift):  # groups along w's rows: w[i, k] = q[i, k] s
             a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
             a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
             for k in range(K):
-                g = k >> shift
-                w0 = np.float32(q[i, k]) * s[i, g] - m[i, g]
-                w1 = np.float32(q[i + 1, k]) * s[i + 1, g] - m[i + 1, g]
-                w2 = np.float32(q[i + 2, k]) * s[i + 2, g] - m[i + 2, g]
-                w3 = np.float32(q[i + 3, k]) * s[i + 3, g] - m[i + 3, g]
+                w0, w1, w2, w3 = _w4(q, s, m, i, k, shift, down)
                 x0, x1, x2, x3 = x[j, k], x[j + 1, k], x[j + 2, k], x[j + 3, k]
                 a00 += w0 * x0
                 a01 += w0 * x1
@@ -65,84 +77,46 @@ def _xwt_in(x, q, s, m, y, shift):  # groups along w's rows: w[i, k] = q[i, k] s
         for j in range(n4, n):
             a0 = a1 = a2 = a3 = np.float32(0.0)
             for k in range(K):
-                g = k >> shift
+                w0, w1, w2, w3 = _w4(q, s, m, i, k, shift, down)
                 xv = x[j, k]
-                a0 += (np.float32(q[i, k]) * s[i, g] - m[i, g]) * xv
-                a1 += (np.float32(q[i + 1, k]) * s[i + 1, g] - m[i + 1, g]) * xv
-                a2 += (np.float32(q[i + 2, k]) * s[i + 2, g] - m[i + 2, g]) * xv
-                a3 += (np.float32(q[i + 3, k]) * s[i + 3, g] - m[i + 3, g]) * xv
+                a0 += w0 * xv
+                a1 += w1 * xv
+                a2 += w2 * xv
+                a3 += w3 * xv
             y[j, i], y[j, i + 1], y[j, i + 2], y[j, i + 3] = a0, a1, a2, a3
 
 
-# The group's shift must be a constant where the kernel reads its scales along k: LLVM vectorised
+# The group's shift and the layout must be constants where the kernel runs: LLVM vectorised
 # `k >> shift` with a constant shift and not with one given at run time (9x slower). Each wrapper
-# calls the body with its constant, and LLVM inlines it.
+# calls the body with its constants, and LLVM inlines it.
 
 
 @jit.kernel(reassociate=True)
 def _xwt_in32(x, q, s, m, y):
-    _xwt_in(x, q, s, m, y, 5)
+    _xwt(x, q, s, m, y, 5, False)
 
 
 @jit.kernel(reassociate=True)
 def _xwt_in16(x, q, s, m, y):
-    _xwt_in(x, q, s, m, y, 4)
+    _xwt(x, q, s, m, y, 4, False)
 
 
 @jit.kernel(reassociate=True)
-def _xwt_out(x, q, s, m, y, shift):  # groups down w's columns: w[i, k] = q[i, k] s[i >> shift, k] - m[...]
-    n, K = x.shape
-    N = q.shape[0]
-    n4 = n - n % 4
-    for i in range(0, N, 4):
-        g = i >> shift  # the 4 rows share their group (4 divides 16 and 32)
-        for j in range(0, n4, 4):
-            a00 = a01 = a02 = a03 = a10 = a11 = a12 = a13 = np.float32(0.0)
-            a20 = a21 = a22 = a23 = a30 = a31 = a32 = a33 = np.float32(0.0)
-            for k in range(K):
-                sk, mk = s[g, k], m[g, k]
-                w0 = np.float32(q[i, k]) * sk - mk
-                w1 = np.float32(q[i + 1, k]) * sk - mk
-                w2 = np.float32(q[i + 2, k]) * sk - mk
-                w3 = np.float32(q[i + 3, k]) * sk - mk
-                x0, x1, x2, x3 = x[j, k], x[j + 1, k], x[j + 2, k], x[j + 3, k]
-                a00 += w0 * x0
-                a01 += w0 * x1
-                a02 += w0 * x2
-                a03 += w0 * x3
-                a10 += w1 * x0
-                a11 += w1 * x1
-                a12 += w1 * x2
-                a13 += w1 * x3
-                a20 += w2 * x0
-                a21 += w2 * x1
-                a22 += w2 * x2
-                a23 += w2 * x3
-                a30 += w3 * x0
-                a31 += w3 * x1
-                a32 += w3 * x2
-                a33 += w3 * x3
-            y[j, i], y[j + 1, i], y[j + 2, i], y[j + 3, i] = a00, a01, a02, a03
-            y[j, i + 1], y[j + 1, i + 1], y[j + 2, i + 1], y[j + 3, i + 1] = a10, a11, a12, a13
-            y[j, i + 2], y[j + 1, i + 2], y[j + 2, i + 2], y[j + 3, i + 2] = a20, a21, a22, a23
-            y[j, i + 3], y[j + 1, i + 3], y[j + 2, i + 3], y[j + 3, i + 3] = a30, a31, a32, a33
-        for j in range(n4, n):
-            a0 = a1 = a2 = a3 = np.float32(0.0)
-            for k in range(K):
-                sk, mk, xv = s[g, k], m[g, k], x[j, k]
-                a0 += (np.float32(q[i, k]) * sk - mk) * xv
-                a1 += (np.float32(q[i + 1, k]) * sk - mk) * xv
-                a2 += (np.float32(q[i + 2, k]) * sk - mk) * xv
-                a3 += (np.float32(q[i + 3, k]) * sk - mk) * xv
-            y[j, i], y[j, i + 1], y[j, i + 2], y[j, i + 3] = a0, a1, a2, a3
+def _xwt_out32(x, q, s, m, y):
+    _xwt(x, q, s, m, y, 5, True)
 
 
-_SHIFT = {16: 4, 32: 5}
+@jit.kernel(reassociate=True)
+def _xwt_out16(x, q, s, m, y):
+    _xwt(x, q, s, m, y, 4, True)
+
+
+_KERNELS = {("in", 32): _xwt_in32, ("in", 16): _xwt_in16, ("out", 32): _xwt_out32, ("out", 16): _xwt_out16}
 
 
 def compiled_for(w: BlockQ) -> bool:
     """Whether `xwt_cpu` multiplies by w compiled (not through the reference)."""
-    return w.q.shape[0] % 4 == 0 and w.group in _SHIFT and jit.enabled()
+    return w.q.shape[0] % 4 == 0 and (w.along, w.group) in _KERNELS and jit.enabled()
 
 
 def xwt_cpu(x: np.ndarray, w: BlockQ) -> np.ndarray:
@@ -153,12 +127,9 @@ def xwt_cpu(x: np.ndarray, w: BlockQ) -> np.ndarray:
         raise ValueError(f"x {x.shape} cannot be multiplied by w^T of w {w.q.shape}")
     x = np.ascontiguousarray(x)
     y = np.empty((x.shape[0], w.q.shape[0]), np.float32)
+    kernel = _KERNELS[w.along, w.group]
     for j in range(0, x.shape[0], ROWS):  # x's rows a block at a time: each stays in L2 over w's rows
-        xb, yb = x[j : j + ROWS], y[j : j + ROWS]
-        if w.along == "out":
-            _xwt_out(xb, w.q, w.s, w.m, yb, _SHIFT[w.group])
-        else:
-            (_xwt_in32 if w.group == 32 else _xwt_in16)(xb, w.q, w.s, w.m, yb)
+        kernel(x[j : j + ROWS], w.q, w.s, w.m, y[j : j + ROWS])
     return y
 
 

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import jit
 from .blockq import BlockQ
-from .blockq_cpu import compiled_for, xwt_cpu
+from .blockq_cpu import xwt_cpu
 from .cpu_workers import PIECE_MIN_FLOPS, blas_threads, run_each, workers
 from .glu import GluCache
 from .glu_cpu import glu_backward_cpu, glu_forward_cpu
@@ -50,26 +51,25 @@ def experts_in_line(routing: Routing, C: int, F: int) -> bool:
 
 
 def codes_pay() -> bool:
-    """Whether experts are multiplied from their codes now: on CPU workers, or with BLAS on one thread
-    (see the module docstring)."""
-    return workers() > 1 or blas_threads() <= 1
+    """Whether experts are multiplied from their codes now: compiled, and on CPU workers or with BLAS
+    on one thread (see the module docstring)."""
+    return (workers() > 1 or blas_threads() <= 1) and jit.enabled()
 
 
-def expert_codes(w, e: int, use: bool = True) -> tuple[BlockQ, BlockQ] | None:
-    """Expert e of stack w as int8 codes and their transpose, where `use`, the weight store gives them
-    and the compiled kernel multiplies by them (see the module docstring); else None."""
+def expert_codes(w, e: int, use: bool, transposed: bool = False) -> BlockQ | None:
+    """Expert e of stack w as int8 codes (or their transpose, for the backward) where `use` and the
+    weight store gives them (`ExpertStack.codes`); else None."""
     codes = getattr(w, "codes", None) if use else None
-    pair = codes(e) if codes is not None else None
-    return pair if pair is not None and compiled_for(pair[0]) and compiled_for(pair[1]) else None
+    return codes(e, transposed) if codes is not None else None
 
 
-def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int, codes: bool = True):
+def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int, codes: bool):
     """Expert e's projection of its rows: (xe W_e^T (+ s (xe A_e^T) B_e^T), xa = xe A_e^T or None):
     from the expert's codes where it has them, else column-major views of products taken in the
     transposed layout (see the module docstring). `codes`: whether codes may be used."""
-    pair = expert_codes(w, e, codes)
-    if pair is not None:
-        y = xwt_cpu(xe, pair[0])  # (n_e, n_out)
+    wq = expert_codes(w, e, codes)
+    if wq is not None:
+        y = xwt_cpu(xe, wq)  # (n_e, n_out)
         if lora is None:
             return y, None
         xa = xe @ lora.A[e].T  # (n_e, r)
@@ -84,11 +84,11 @@ def expert_linear(xe: np.ndarray, w, lora: LoraTerm | None, e: int, codes: bool 
 
 
 def expert_linear_backward(dy: np.ndarray, xe: np.ndarray, xa, w, lora: LoraTerm | None, e: int, dlora,
-                           codes: bool = True):  # fmt: skip
+                           codes: bool):  # fmt: skip
     """Backward of `expert_linear`: returns dxe; writes expert e's (dA, dB) into `dlora` (a pair of
     (E, ...) arrays, or None without LoRA) as the outer products of its rows (OUT_PROD_ID)."""
-    pair = expert_codes(w, e, codes)
-    dx = xwt_cpu(dy, pair[1]) if pair is not None else dy @ w[e]
+    wt = expert_codes(w, e, codes, transposed=True)
+    dx = xwt_cpu(dy, wt) if wt is not None else dy @ w[e]
     if lora is not None:
         dyB = lora.s * (dy @ lora.B[e])  # (n_e, r), scaled: the products below need no scaling pass
         dx += dyB @ lora.A[e]

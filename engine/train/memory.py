@@ -39,8 +39,6 @@ RUNTIME_BASE = 64 << 20  # interpreter, NumPy, the engine's modules (measured: a
 RUNTIME_PER_TOKEN = 640  # tokenizer bytes per vocabulary entry (measured: 49k entries, 30 MiB)
 TRAINABLE_COPIES = 3  # parameter and two Adam moments (the gradient is counted on its own)
 ACCUMULATION_COPIES = 2  # with gradient accumulation: the running sum and its mean
-HEAD_LOGITS_BYTES = LOGITS_BYTES  # lm_head_loss's logits block (max_logits_bytes) ...
-HEAD_MIN_ROWS = MIN_ROWS  # ... of at least this many rows (min_rows)
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 ROW_WISE = ("token_embd.weight", "output.weight")
 
@@ -227,7 +225,7 @@ def estimate_memory(
     n_label = config.batch_size * config.n_ctx
     # logits and probabilities of a block of label rows over the whole vocabulary (head in memory),
     # or of every label row over one block of vocabulary rows, with exp, p and dz (head streamed)
-    rows = min(n_label, max(HEAD_MIN_ROWS, HEAD_LOGITS_BYTES // (V * itemsize)))
+    rows = min(n_label, max(MIN_ROWS, LOGITS_BYTES // (V * itemsize)))  # lm_head_loss's block
     head_in_memory = 2 * rows * V * itemsize
     head_streamed = 4 * n_label * (ROW_CHUNK_BYTES // (cfg.C * itemsize)) * itemsize
     head = max(head_in_memory, head_streamed)  # for the automatic choices, before the cache is known

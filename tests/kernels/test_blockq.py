@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
+from engine.io.gguf_file import GGUFFile
 from engine.io.quants import dequantize, int_codes
 from engine.kernels import blockq_cpu, jit, moe, moe_cpu
 from engine.kernels.blockq import BlockQ, make_blockq, xwt_ref
@@ -129,27 +130,34 @@ def _experts_model(tmp_path, qtype: str):
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
 def test_experts_twin_multiplies_by_the_stores_codes(cpu, fresh_rng, tmp_path, monkeypatch, qtype):
-    """The weight store of a real file gives each expert as codes (accounted at 2.5 bytes a value for
-    both layouts); the experts' CPU twin multiplies by them and follows the reference (float64, on the
-    dequantized experts) in every output and gradient, in line and on two workers."""
+    """The weight store of a real file gives each expert as codes, the file's layout and its transpose
+    each an entry of its own (1.25 bytes a value, 1.5 with groups of 16); the experts' CPU twin
+    multiplies by them and follows the reference (float64, on the dequantized experts) in every
+    output and gradient, in line and on two workers; a forward alone makes no transposes."""
     model = _experts_model(tmp_path, qtype)
     store = model.weights
     names = [f"blk.0.ffn_{k}_exps.weight" for k in ("gate", "up", "down")]
     stacks = [store[n] for n in names]
-    assert all(moe_cpu.expert_codes(s, 0) is not None for s in stacks)
     before = store.cache_bytes
-    pair = store.expert_codes(names[0], 1)
-    per_value = 2.5 if pair[0].group == 32 else 3.0  # codes and two float32 per group, both layouts
-    assert store.cache_bytes - before == pair[0].nbytes + pair[1].nbytes == int(per_value * 256 * 256)
-    assert store.expert_codes(names[0], 1) is pair  # cached
+    w = store.expert_codes(names[0], 1)
+    per_value = 1.25 if w.group == 32 else 1.5  # codes and two float32 per group
+    assert store.cache_bytes - before == w.nbytes == int(per_value * 256 * 256)
+    assert store.expert_codes(names[0], 1) is w  # cached
+    wt = store.expert_codes(names[0], 1, transposed=True)
+    assert wt.along == "out" and np.array_equal(wt.dense(), w.dense().T)
+    assert store.cache_bytes - before == 2 * w.nbytes
     with pytest.raises(IndexError):
         store.expert_codes(names[0], 4)
 
     N, C, E, K = 24, 256, 4, 2
     routing, _ = moe.route_forward_ref(f32(fresh_rng, N, E), K, True)
-    rank = 3
-    loras = [LoraTerm(f32(fresh_rng, E, rank, C, scale=0.1), f32(fresh_rng, E, C, rank, scale=0.1), 0.5)] * 3
+    loras = [LoraTerm(f32(fresh_rng, E, 3, C, scale=0.1), f32(fresh_rng, E, C, 3, scale=0.1), 0.5)
+             for _ in names]  # gate, up, down (C = F): three draws  # fmt: skip
     x, dy = f32(fresh_rng, N, C), f32(fresh_rng, N, C)
+    with threadpool_limits(1):
+        moe_cpu.experts_forward_cpu(x, routing, *stacks, *loras)  # as a generation would
+    transposes = [k for k in store._cache if k[0] == "codes" and k[3]]
+    assert transposes == [("codes", names[0], 1, True)]  # only the one asked for above
 
     def run(_rt):
         y, cache = moe_cpu.experts_forward_cpu(x, routing, *stacks, *loras)
@@ -206,21 +214,25 @@ def test_store_evicts_codes_like_float_arrays(tmp_path):
     for _ in range(2):
         for name in names:
             for e in range(4):
-                assert store.expert_codes(name, e) is not None
+                assert store.expert_codes(name, e, transposed=True) is not None  # both layouts
                 store.expert(name, e)  # a float expert of the same shape: may reuse only float buffers
-    held = sum(
-        (v.nbytes if isinstance(v, np.ndarray) else v[0].nbytes + v[1].nbytes) for v in store._cache.values()
-    )
+    held = sum(v.nbytes for v in store._cache.values())
     assert store.cache_bytes == held <= store.budget + store.working_set
-    assert store.stats.misses > 24  # entries were evicted and made again
+    assert store.stats.misses > 2 * len(names) * 4  # entries were evicted and made again
+    f = GGUFFile(store.path)
+    for name in names:  # whatever was evicted and reused, every value is still the file's
+        exact = dequantize(f.raw(name), "Q8_0").reshape(f.tensors[name].shape)
+        for e in range(4):
+            assert np.array_equal(store.expert(name, e), exact[e])
+            assert np.array_equal(store.expert_codes(name, e, transposed=True).dense(), exact[e].T)
     store.set_budget(store.codes_bytes - 1)
-    assert store.expert_codes(names[0], 0) is None and moe_cpu.expert_codes(store[names[0]], 0) is None
+    assert store.expert_codes(names[0], 0) is None and moe_cpu.expert_codes(store[names[0]], 0, True) is None
 
 
 def test_types_without_codes_multiply_through_float_experts(tmp_path):
     model = _experts_model(tmp_path, "F16")
     stack = model.weights["blk.0.ffn_gate_exps.weight"]
-    assert stack.codes(0) is None and moe_cpu.expert_codes(stack, 0) is None
+    assert stack.codes(0) is None and moe_cpu.expert_codes(stack, 0, True) is None
 
 
 def test_a_training_step_from_codes_follows_the_numpy_reference(tmp_path, monkeypatch):
