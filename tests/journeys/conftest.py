@@ -17,7 +17,7 @@ import pytest
 from PySide6.QtCore import QEvent, QSettings
 from PySide6.QtWidgets import QApplication
 
-from engine import GREEDY, Finished, LoraAdapter, Model, SynthSpec, generate, write_model
+from engine import GREEDY, Finished, LoraAdapter, Model, SynthSpec, TargetSpec, generate, write_model
 from studio.main_window import MainWindow
 from tests.conftest import question_ids, write_chats
 from tests.studio.conftest import (  # noqa: F401 - autouse fixtures: the GC discipline
@@ -45,6 +45,8 @@ QUESTIONS = (
     "what do you say",
 )
 ANSWER = "the quick brown fox jumps over the lazy dog"  # words the tiny model's vocabulary holds
+# a run's settings of one's own that teach a tiny model the answer word for word in a few dozen steps
+TEACHING = dict(lr=1e-2, schedule="constant", n_ctx=64, batch_size=8, targets=TargetSpec(preset="all"))
 
 
 @pytest.fixture(scope="session")

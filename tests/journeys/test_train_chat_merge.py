@@ -13,19 +13,20 @@ import os
 
 import numpy as np
 
-from engine import TOLERANCE, ChatTemplate, Finished, GGUFFile, TargetSpec
+from engine import TOLERANCE, ChatTemplate, Finished, GGUFFile
 from tests.engine import gotemplate
 
 from .conftest import (
     ANSWER,
     QUESTIONS,
+    TEACHING,
     answer_accuracy,
     chat,
-    checked,
     greedy,
     logits,
     open_model_and_dataset,
     train,
+    train_with,
 )
 
 
@@ -33,12 +34,8 @@ def test_train_chat_and_merge_with_defaults_keeps_the_fine_tune(qtbot, app, tiny
     window = app.launch()
     open_model_and_dataset(qtbot, window, tiny_q4, facts)
     # settings of one's own, that teach the tiny model the answer word for word
-    window.project.update_config(
-        steps=60, lr=1e-2, schedule="constant", n_ctx=64, batch_size=8, targets=TargetSpec(preset="all")
-    )
-    checked(qtbot, window)
-    result = train(qtbot, window)
-    assert isinstance(result, Finished) and not result.stopped and result.step == 60
+    result = train_with(qtbot, window, steps=60, **TEACHING)
+    assert not result.stopped and result.step == 60
     adapter = result.adapter_path
     # Chat offers the run that just finished, and its answers are the adapter's, not the base model's
     question = QUESTIONS[0]
