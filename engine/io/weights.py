@@ -302,9 +302,7 @@ class WeightStore(TensorMapping):
             names = self._layer_matrices[i] = [
                 n for n, info in self.infos.items() if n.startswith(prefix) and len(info.shape) >= 2
             ]
-        for n in names:
-            if (n, None) not in self._cache:
-                self.file.prefetch(self.file.raw(n))
+        self.file.prefetch([self.file.raw(n) for n in names if (n, None) not in self._cache])
 
     def clear(self) -> None:
         """Drop every cached dequantized tensor (pinned vectors stay)."""

@@ -83,33 +83,91 @@ def test_rows_of_gives_a_layers_projections_as_blocks_of_one_cached_array(moe_q8
         model.weights.rows_of(("blk.1.attn_q.weight", "blk.1.attn_output.weight"))
 
 
-def test_prefetch_reads_the_next_layers_bytes_only_when_the_cache_cannot_hold_the_model(moe_q8, monkeypatch):
+def _layer_ranges(model, i):
+    f = model.weights.file
+    base = f._map.ctypes.data
+    return sorted(
+        (f.raw(n).ctypes.data - base, f.raw(n).nbytes)
+        for n, info in model.weights.infos.items()
+        if n.startswith(f"blk.{i}.") and len(info.shape) >= 2
+    )
+
+
+def _covered(spans):
+    return set().union(*(range(s, s + n) for s, n in spans))
+
+
+def test_prefetch_asks_for_the_next_layers_bytes_as_one_job_only_when_the_cache_cannot_hold_the_model(
+    moe_q8, monkeypatch
+):
     from engine.io import gguf_file
 
-    asked = []
-    monkeypatch.setattr(gguf_file.Prefetcher, "read", lambda self, start, n: asked.append((start, n)))
+    jobs = []
+    monkeypatch.setattr(gguf_file.Prefetcher, "read", lambda self, ranges: jobs.append(list(ranges)))
+    model = Model.load(moe_q8, cache_budget=0)
+    model.weights.prefetch_layer(1)
+    want = _layer_ranges(model, 1)
+    assert len(jobs) == 1 and len(want) > 2
+    # the layer's matrices lie side by side in the file: fewer, longer reads that cover every byte of
+    # them, and no more than the gaps between them
+    spans = jobs[0]
+    assert len(spans) < len(want) and spans == sorted(spans)
+    assert _covered(want) <= _covered(spans)
+    assert len(_covered(spans)) - len(_covered(want)) <= len(want) * gguf_file.Prefetcher.GAP
+    jobs.clear()
+    roomy = Model.load(moe_q8, cache_budget="1G")
+    roomy.weights.prefetch_layer(1)
+    assert not jobs
+
+
+@pytest.mark.parametrize("fadvise", [True, False], ids=["posix_fadvise", "preadv"])
+def test_prefetcher_loads_every_range_of_a_layer_while_the_disk_is_slow(moe_q8, monkeypatch, fadvise):
+    """A layer's ranges are one job: the thread loads all of them, however long the first takes (it
+    used to keep only the last two ranges waiting, so most of a layer's experts were never read)."""
+    import threading
+
+    from engine.io import gguf_file
+
+    loaded, first = [], threading.Event()
+    real = gguf_file.Prefetcher._load
+
+    def slow_load(self, start, n):
+        first.wait(5)  # the disk is busy until the engine has asked for everything
+        loaded.append((start, n))
+        real(self, start, n)
+
+    monkeypatch.setattr(gguf_file.Prefetcher, "_load", slow_load)
+    monkeypatch.setattr(gguf_file.Prefetcher, "CHUNK", 4096)
+    if not fadvise:
+        monkeypatch.delattr(gguf_file.os, "posix_fadvise", raising=False)
     model = Model.load(moe_q8, cache_budget=0)
     f = model.weights.file
     model.weights.prefetch_layer(1)
-    base = f._map.ctypes.data
-    want = sorted(
-        (f.raw(n).ctypes.data - base, f.raw(n).nbytes)
-        for n, info in model.weights.infos.items()
-        if n.startswith("blk.1.") and len(info.shape) >= 2
-    )
-    assert sorted(asked) == want and want
-    asked.clear()
-    roomy = Model.load(moe_q8, cache_budget="1G")
-    roomy.weights.prefetch_layer(1)
-    assert not asked
+    first.set()
+    assert f._prefetcher.wait(timeout=10)
+    assert (f._prefetcher._buf is None) == fadvise
+    assert _covered(_layer_ranges(model, 1)) <= _covered(loaded)
+    assert all(n <= 4096 for _, n in loaded)
+    # newer layers push out older ones that have not started: at most PENDING wait
+    loaded.clear()
+    first.clear()
+    for i in range(model.config.L):
+        model.weights.prefetch_layer(i)
+    assert len(f._prefetcher._jobs) <= gguf_file.Prefetcher.PENDING
+    first.set()
+    assert f._prefetcher.wait(timeout=10)
+    last = model.config.L - 1
+    assert _covered(_layer_ranges(model, last)) <= _covered(loaded)
+    model.weights.file.close()
+    assert f._prefetcher is None
 
 
 def test_prefetcher_reads_ranges_in_the_background_and_closes(moe_q8):
     from engine.io.gguf_file import Prefetcher
 
     p = Prefetcher(moe_q8)
-    p.read(0, 4096)
-    p.read(4096, 10_000)
+    p.read([(0, 4096), (4096, 10_000)])
+    assert p.wait(timeout=10)
     p.close()
     assert not p._thread.is_alive()
 
