@@ -397,13 +397,20 @@ def write_model(
     spec: SynthSpec,
     weights: dict[str, np.ndarray] | None = None,
     metadata: dict | None = None,
+    stored: dict[str, tuple[np.ndarray, str]] | None = None,
 ) -> str:
-    """Write a synthetic model file; returns its path. `weights`/`metadata` override the random ones."""
+    """Write a synthetic model file; returns its path. `weights`/`metadata` override the random ones;
+    `stored` gives tensors as the bytes of a block type and that type ((rows, row bytes) uint8,
+    `GGUFFile.raw`'s layout), written as they are: the types nothing here quantizes to (IQ4_NL,
+    IQ4_XS)."""
     weights = weights if weights is not None else random_weights(spec)
     md = model_metadata(spec)
     md.update(metadata or {})
     tensors = {}
     for n, a in weights.items():
+        if stored and n in stored:
+            tensors[n] = stored[n]
+            continue
         qt = _storage_type(n, a, spec)
         tensors[n] = (_stored(a, qt), qt)
     return write_gguf(path, spec.arch, md, tensors)

@@ -65,6 +65,7 @@ _F16_TO_F32 = _readonly(
 _IQ4_KVALUES = _readonly(
     np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32)
 )
+_IQ4_KVALUES_I8 = _readonly(_IQ4_KVALUES.astype(np.int8))  # the same codebook as int8 (`int_codes`)
 
 
 class _Workspace:
@@ -700,7 +701,9 @@ def _dequantize_fallback(raw: np.ndarray, qtype: str, out: np.ndarray | None) ->
 
 # values per scale and offset of the types `int_codes` gives codes for
 _INT_CODE_GROUPS = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q4_K": 32, "Q5_K": 32,
-                    "MXFP4": 32, "Q2_K": 16, "Q3_K": 16, "Q6_K": 16}  # fmt: skip
+                    "MXFP4": 32, "IQ4_NL": 32, "IQ4_XS": 32, "Q2_K": 16, "Q3_K": 16, "Q6_K": 16}  # fmt: skip
+# codebooks of small integers: a code is the codebook's value itself (scale * value, no offset)
+_INT8_CODEBOOKS = {"IQ4_NL": _IQ4_KVALUES_I8, "IQ4_XS": _IQ4_KVALUES_I8}
 
 
 def int_code_group(qtype: str) -> int | None:
@@ -711,11 +714,12 @@ def int_code_group(qtype: str) -> int | None:
 def int_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int] | None:
     """The integer stage alone, for types whose values are scale * code (+/- offset) in groups along
     a row, with codes that fit int8 (`int_code_group`: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, MXFP4
-    in groups of 32; Q2_K, Q3_K, Q6_K in groups of 16): (q, s, m, g) with value = q s - m per group,
-    q int8 (..., n), s and m float32 (..., n // g), the layout of engine.kernels.blockq's BlockQ. Each
-    value q s - m, rounded as two float32 operations, is the one `dequantize` gives (a negated offset
-    is exact). None for any other type (codebooks: IQ4_NL, IQ4_XS; float types). raw: uint8
-    (..., row_bytes) of whole blocks.
+    in groups of 32; Q2_K, Q3_K, Q6_K in groups of 16), and for the codebook types whose codebook is
+    small integers (IQ4_NL, IQ4_XS: value = scale * kvalues[index], the code being kvalues[index]):
+    (q, s, m, g) with value = q s - m per group, q int8 (..., n), s and m float32 (..., n // g), the
+    layout of engine.kernels.blockq's BlockQ. Each value q s - m, rounded as two float32 operations,
+    is the one `dequantize` gives (a negated offset, or a zero one, is exact). None for any other
+    type (float types). raw: uint8 (..., row_bytes) of whole blocks.
     """
     group = int_code_group(qtype)
     if group is None:
@@ -729,8 +733,11 @@ def int_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.n
     lead = src.shape[:-1]
     n = src.shape[-1] // codec.type_size * codec.block_size
     codes = codec.codes(_workspace(), src.reshape(-1))
-    assert codes.group == group and codes.table is None, qtype
-    q = codes.q.view(np.int8).reshape(*lead, n).copy()  # unsigned codes are < 64: the same as int8
+    assert codes.group == group and (codes.table is None) == (qtype not in _INT8_CODEBOOKS), qtype
+    if codes.table is not None:  # the codebook's values are the codes (a fresh array: no copy to make)
+        q = np.take(_INT8_CODEBOOKS[qtype], codes.q).reshape(*lead, n)
+    else:
+        q = codes.q.view(np.int8).reshape(*lead, n).copy()  # unsigned codes are < 64: the same as int8
     s = codes.scale.reshape(*lead, n // group).copy()
     if codes.offset is None:
         m = np.zeros_like(s)

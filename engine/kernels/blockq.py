@@ -4,9 +4,10 @@ engine.kernels.blockq_cpu.
 
 Most GGUF types store a weight as w = scale * code - offset, one scale and offset per group of g
 values of a row: g = 32 for Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, MXFP4, g = 16 for Q2_K, Q3_K,
-Q6_K (engine.io.quants.int_codes gives them). A `BlockQ` holds such a matrix (n_out, n_in) as int8
-codes and its float32 scales and offsets, 1.25 (g 32) or 1.5 (g 16) bytes a value against float32's
-4, in one of two layouts:
+Q6_K; and the 4-bit codebook types, whose codebook is small integers, as w = scale * kvalues[index],
+the code being the codebook's value (IQ4_NL, IQ4_XS, g = 32); engine.io.quants.int_codes gives
+them. A `BlockQ` holds such a matrix (n_out, n_in) as int8 codes and its float32 scales and
+offsets, 1.25 (g 32) or 1.5 (g 16) bytes a value against float32's 4, in one of two layouts:
 
 - "in": groups run along a row (the file's own layout): w[i, k] = q[i, k] s[i, k // g] - m[i, k // g],
   s and m (n_out, n_in // g);

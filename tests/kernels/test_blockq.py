@@ -22,8 +22,7 @@ from tests.kernels.dequant_cases import random_raw
 from tests.kernels.twin import FP32_TOL, Backend, _leaves, compare, f32, f64
 
 WITH_CODES = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q4_K": 32, "Q5_K": 32, "MXFP4": 32,
-              "Q2_K": 16, "Q3_K": 16, "Q6_K": 16}  # fmt: skip
-WITHOUT_CODES = ["IQ4_NL", "IQ4_XS"]
+              "IQ4_NL": 32, "IQ4_XS": 32, "Q2_K": 16, "Q3_K": 16, "Q6_K": 16}  # fmt: skip
 
 
 def _bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
@@ -46,7 +45,7 @@ def test_codes_give_the_dequantized_values_bit_for_bit(fresh_rng, qtype):
     assert w.nbytes == 8 * 512 + 2 * 8 * (512 // g) * 4  # 1.25 bytes a value (1.5 for groups of 16)
 
 
-@pytest.mark.parametrize("qtype", [*WITHOUT_CODES, "F16", "F32", "BF16"])
+@pytest.mark.parametrize("qtype", ["F16", "F32", "BF16"])
 def test_types_without_codes_say_so(fresh_rng, qtype):
     assert int_codes(random_raw(qtype, (2, 256), fresh_rng), qtype) is None
 
@@ -121,14 +120,29 @@ def test_product_from_codes_runs_the_reference_when_compiled_kernels_are_off(fre
 
 
 def _experts_model(tmp_path, qtype: str):
+    """A one-layer MoE model (C = F = 256, 4 experts) whose expert stacks are stored as `qtype`. The
+    codebook types, which nothing here quantizes to, get random blocks with a small scale (each value
+    0.0002 times a sub-block scale up to 32 times a codebook value up to 127)."""
     from engine.model.model import Model
-    from engine.testing import SynthSpec, write_model
+    from engine.testing import SynthSpec, random_weights, write_model
 
-    spec = SynthSpec.for_arch("qwen3moe", seed=3, C=256, F_exp=256, E=4, K=2, L=1, expert_qtype=qtype)
-    return Model.load(write_model(tmp_path / f"moe-{qtype}.gguf", spec))
+    if qtype not in ("IQ4_NL", "IQ4_XS"):
+        spec = SynthSpec.for_arch("qwen3moe", seed=3, C=256, F_exp=256, E=4, K=2, L=1, expert_qtype=qtype)
+        return Model.load(write_model(tmp_path / f"moe-{qtype}.gguf", spec))
+    spec = SynthSpec.for_arch("qwen3moe", seed=3, C=256, F_exp=256, E=4, K=2, L=1, expert_qtype="Q8_0")
+    weights = random_weights(spec)
+    rng = np.random.default_rng(4)
+    stored = {}
+    for name, w in weights.items():
+        if name.endswith("_exps.weight"):
+            raw = random_raw(qtype, w.shape, rng)
+            blocks = raw.reshape(-1, raw.shape[-1] // (w.shape[-1] // (32 if qtype == "IQ4_NL" else 256)))
+            blocks[:, 0:2] = np.array([0.0002], "<f2").view(np.uint8)  # d, the block's float16 scale
+            stored[name] = (raw, qtype)
+    return Model.load(write_model(tmp_path / f"moe-{qtype}.gguf", spec, weights, stored=stored))
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q4_K", "Q6_K", "IQ4_XS", "IQ4_NL"])
 def test_experts_twin_multiplies_by_the_stores_codes(cpu, fresh_rng, tmp_path, monkeypatch, qtype):
     """The weight store of a real file gives each expert as codes, the file's layout and its transpose
     each an entry of its own (1.25 bytes a value, 1.5 with groups of 16); the experts' CPU twin
