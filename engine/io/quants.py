@@ -39,7 +39,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 from ..errors import ModelError
-from ..kernels.dequant_cpu import blocks_kernel
+from ..kernels.dequant_cpu import blocks_kernel, codes_kernel
 
 QK_K = 256
 
@@ -719,7 +719,8 @@ def int_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.n
     (q, s, m, g) with value = q s - m per group, q int8 (..., n), s and m float32 (..., n // g), the
     layout of engine.kernels.blockq's BlockQ. Each value q s - m, rounded as two float32 operations,
     is the one `dequantize` gives (a negated offset, or a zero one, is exact). None for any other
-    type (float types). raw: uint8 (..., row_bytes) of whole blocks.
+    type (float types). raw: uint8 (..., row_bytes) of whole blocks. Compiled where
+    engine.kernels.dequant_cpu has the type's codes kernel (`codes_kernel`), else NumPy.
     """
     group = int_code_group(qtype)
     if group is None:
@@ -732,6 +733,12 @@ def int_codes(raw: np.ndarray, qtype: str) -> tuple[np.ndarray, np.ndarray, np.n
         )
     lead = src.shape[:-1]
     n = src.shape[-1] // codec.type_size * codec.block_size
+    run = codes_kernel(qtype)
+    if run is not None:  # one compiled pass over the blocks, the same values
+        q, s = np.empty((*lead, n), np.int8), np.empty((*lead, n // group), np.float32)
+        m = np.empty_like(s)
+        run(src.reshape(-1), q.reshape(-1), s.reshape(-1), m.reshape(-1))
+        return q, s, m, group
     codes = codec.codes(_workspace(), src.reshape(-1))
     assert codes.group == group and (codes.table is None) == (qtype not in _INT8_CODEBOOKS), qtype
     if codes.table is not None:  # the codebook's values are the codes (a fresh array: no copy to make)

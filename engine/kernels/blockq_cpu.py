@@ -114,6 +114,68 @@ def _xwt_out16(x, q, s, m, y):
 _KERNELS = {("in", 32): _xwt_in32, ("in", 16): _xwt_in16, ("out", 32): _xwt_out32, ("out", 16): _xwt_out16}
 
 
+@jit.kernel
+def _swap(a, b, mask, shift):
+    """Swap the pieces of two 64-bit rows that a transpose exchanges: b's pieces under `mask` with a's
+    `shift` bits above them."""
+    t = ((a >> shift) ^ b) & mask
+    return a ^ (t << shift), b ^ t
+
+
+@jit.kernel
+def _t8(x0, x1, x2, x3, x4, x5, x6, x7):
+    """The transpose of an 8 x 8 block of bytes given as eight little-endian 64-bit rows: three rounds
+    that swap 1-, 2- and 4-byte pieces between rows 1, 2 and 4 apart."""
+    m, s = np.uint64(0x00FF00FF00FF00FF), np.uint64(8)
+    x0, x1 = _swap(x0, x1, m, s)
+    x2, x3 = _swap(x2, x3, m, s)
+    x4, x5 = _swap(x4, x5, m, s)
+    x6, x7 = _swap(x6, x7, m, s)
+    m, s = np.uint64(0x0000FFFF0000FFFF), np.uint64(16)
+    x0, x2 = _swap(x0, x2, m, s)
+    x1, x3 = _swap(x1, x3, m, s)
+    x4, x6 = _swap(x4, x6, m, s)
+    x5, x7 = _swap(x5, x7, m, s)
+    m, s = np.uint64(0x00000000FFFFFFFF), np.uint64(32)
+    x0, x4 = _swap(x0, x4, m, s)
+    x1, x5 = _swap(x1, x5, m, s)
+    x2, x6 = _swap(x2, x6, m, s)
+    x3, x7 = _swap(x3, x7, m, s)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@jit.kernel
+def _transpose_bytes(a, out, tile):
+    """out = a^T for int8 matrices seen as 64-bit words: a (n, k / 8), out (k, n / 8), n and k
+    multiples of 8; 8 x 8 blocks, `tile` words of a's rows at a time (the output rows they write stay
+    in cache)."""
+    n, k8 = a.shape
+    for j0 in range(0, k8, tile):
+        for i in range(0, n, 8):
+            w = i >> 3
+            for j in range(j0, min(j0 + tile, k8)):
+                y = _t8(a[i, j], a[i + 1, j], a[i + 2, j], a[i + 3, j], a[i + 4, j], a[i + 5, j], a[i + 6, j],
+                        a[i + 7, j])  # fmt: skip
+                c = 8 * j
+                out[c, w], out[c + 1, w], out[c + 2, w], out[c + 3, w] = y[0], y[1], y[2], y[3]
+                out[c + 4, w], out[c + 5, w], out[c + 6, w], out[c + 7, w] = y[4], y[5], y[6], y[7]
+
+
+def transposed_cpu(w: BlockQ) -> BlockQ:
+    """CPU twin of `BlockQ.transposed` (the same values, groups running the other way): the codes
+    moved as 8 x 8 blocks of bytes in 64-bit words, 0.24-0.27 ms for a 768 x 2048 expert either way
+    against NumPy's 0.8-2.3 ms (a strided byte copy). The reference where compiled kernels are off
+    or a side is not a multiple of 8."""
+    n, k = w.q.shape
+    if n % 8 or k % 8 or not jit.enabled() or not w.q.flags.c_contiguous:
+        return w.transposed()
+    q = np.empty((k, n), np.int8)
+    _transpose_bytes(w.q.view(np.uint64), q.view(np.uint64), 2)
+    flip = {"in": "out", "out": "in"}[w.along]
+    t = np.ascontiguousarray
+    return BlockQ(q, t(w.s.T), t(w.m.T), flip, w.group)
+
+
 def compiled_for(w: BlockQ) -> bool:
     """Whether `xwt_cpu` multiplies by w compiled (not through the reference)."""
     return w.q.shape[0] % 4 == 0 and (w.along, w.group) in _KERNELS and jit.enabled()
@@ -133,4 +195,4 @@ def xwt_cpu(x: np.ndarray, w: BlockQ) -> np.ndarray:
     return y
 
 
-__all__ = ["compiled_for", "xwt_cpu"]
+__all__ = ["compiled_for", "transposed_cpu", "xwt_cpu"]

@@ -10,6 +10,7 @@ from gguf import quants as gguf_quants
 from engine import EngineError
 from engine.io.gguf_file import GGUFFile
 from engine.io.weights import ExpertStack, RowTensor, WeightStore, parse_budget, resolve_budget
+from engine.kernels import jit
 from engine.model.model import Model
 from engine.model.targets import TargetSpec, select_targets
 from engine.testing import SynthSpec, write_model
@@ -196,9 +197,12 @@ def test_budget_decides_what_stays_cached(moe_q8):
     tokens = np.array([1, 17, 200, 5, 9, 33])
     a1, b1 = off.forward(tokens), on.forward(tokens)
     # the cache changes speed, and results only within float32 rounding: a budget that holds every
-    # expert's int8 codes multiplies by them (WeightStore.expert_codes), a smaller one by float experts
-    assert on.weights.expert_codes("blk.0.ffn_gate_exps.weight", 0) is not None
-    assert off.weights.expert_codes("blk.0.ffn_gate_exps.weight", 0) is None
+    # expert's int8 codes multiplies by them both ways (WeightStore.expert_codes), a smaller one makes
+    # the file's layout on each use (compiled) and multiplies the backward by float experts
+    name = "blk.0.ffn_gate_exps.weight"
+    assert on.weights.expert_codes(name, 0, transposed=True) is not None
+    assert off.weights.expert_codes(name, 0, transposed=True) is None
+    assert (off.weights.expert_codes(name, 0) is not None) == jit.enabled()
     np.testing.assert_allclose(a1, b1, rtol=1e-5, atol=1e-5 * float(np.abs(a1).max()))
     misses_off, misses_on = off.weights.stats.misses, on.weights.stats.misses
     a2, b2 = off.forward(tokens), on.forward(tokens)

@@ -217,10 +217,33 @@ def test_in_line_beside_a_threaded_blas_experts_are_float(cpu, fresh_rng, tmp_pa
     np.testing.assert_allclose(coded, floats, rtol=1e-5, atol=1e-5 * float(np.abs(floats).max()))
 
 
-def test_store_evicts_codes_like_float_arrays(tmp_path):
+@pytest.mark.parametrize("shape", [(768, 256), (256, 768), (64, 96), (12, 64), (64, 36)])
+@pytest.mark.parametrize("along", ["in", "out"])
+@pytest.mark.parametrize("group", [32, 16])
+def test_transpose_twin_equals_the_reference(fresh_rng, shape, along, group):
+    """blockq_cpu.transposed_cpu (8 x 8 blocks of bytes in 64-bit words) against BlockQ.transposed,
+    bit for bit; sides not a multiple of 8 go through the reference."""
+    n, k = shape
+    if (k if along == "in" else n) % group:
+        pytest.skip("groups do not divide that side")
+    groups = (n, k // group) if along == "in" else (n // group, k)
+    q = fresh_rng.integers(-128, 128, shape).astype(np.int8)
+    w = make_blockq(q, f32(fresh_rng, *groups), f32(fresh_rng, *groups), along, group)
+    got, want = blockq_cpu.transposed_cpu(w), w.transposed()
+    assert (got.along, got.group) == (want.along, want.group)
+    for a, b in zip(got[:3], want[:3], strict=True):
+        assert a.flags.c_contiguous and a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def _q8_expert(f, name, e):
+    return dequantize(f.raw(name), "Q8_0").reshape(f.tensors[name].shape)[e]
+
+
+def test_store_evicts_codes_like_float_arrays(tmp_path, monkeypatch):
     """A cache budget that holds every expert's codes but not the float experts beside them: codes and
     float arrays come and go together; the store never hands an expert's codes out as a reusable float
-    buffer, and its byte count stays true. Under that budget there are no codes (float experts)."""
+    buffer, and its byte count stays true. Under that budget codes are made on each use, in the file's
+    layout only, where a compiled kernel makes them."""
     model = _experts_model(tmp_path, "Q8_0")
     store = model.weights
     store.set_budget(store.codes_bytes)
@@ -239,8 +262,20 @@ def test_store_evicts_codes_like_float_arrays(tmp_path):
         for e in range(4):
             assert np.array_equal(store.expert(name, e), exact[e])
             assert np.array_equal(store.expert_codes(name, e, transposed=True).dense(), exact[e].T)
+    # a budget under the codes' size: the file's layout is made on each use by the compiled kernel
+    # (cheaper than dequantizing), never its transpose (the backward then multiplies by floats)
     store.set_budget(store.codes_bytes - 1)
-    assert store.expert_codes(names[0], 0) is None and moe_cpu.expert_codes(store[names[0]], 0, True) is None
+    assert moe_cpu.expert_codes(store[names[0]], 0, True, transposed=True) is None
+    made = store.stats.misses
+    assert np.array_equal(store.expert_codes(names[0], 0).dense(), _q8_expert(f, names[0], 0))
+    assert store.stats.misses == made + 1
+    monkeypatch.setenv(jit.OFF_VARIABLE, "1")  # no compiled kernel: float experts
+    jit.reset()
+    try:
+        assert store.expert_codes(names[0], 1) is None
+    finally:
+        monkeypatch.delenv(jit.OFF_VARIABLE)
+        jit.reset()
 
 
 def test_types_without_codes_multiply_through_float_experts(tmp_path):

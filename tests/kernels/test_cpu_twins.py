@@ -296,6 +296,23 @@ def test_dequant_twin_equals_reference_bit_for_bit(cpu, fresh_rng, qtype):
     assert_bits(got, (dequant.dequant_ref(raw, qtype), dequant.dequant_ref(raw, qtype, rows=[2, 0])), qtype)
 
 
+@pytest.mark.parametrize("qtype", tuple(dequant_cpu.CODES_KERNELS))
+def test_codes_twin_equals_the_numpy_codes_bit_for_bit(cpu, fresh_rng, monkeypatch, qtype):
+    """engine.io.quants.int_codes through the compiled codes kernel and through NumPy (the reference:
+    what it runs where the kernel is missing): the same codes, scales and offsets, bit for bit."""
+    from engine.io import quants
+
+    raw = random_raw(qtype, (3, 4, 512), fresh_rng)
+    got = cpu.twice(lambda _rt: quants.int_codes(raw, qtype)[:3], f"codes {qtype}")
+    monkeypatch.setattr(quants, "codes_kernel", lambda q: None)
+    want = quants.int_codes(raw, qtype)
+    assert want[3] == quants.int_code_group(qtype)
+    for a, b in zip(got, want[:3], strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+    assert_bits(got[0].view(np.uint8), want[0].view(np.uint8), f"{qtype} codes")
+    assert_bits(got[1:], want[1:3], f"{qtype} scales and offsets")
+
+
 def test_store_dequantizes_through_the_compiled_kernels(cpu, fresh_rng, monkeypatch):
     """engine.io.quants (the weight store's path, split over threads) runs the same kernels."""
     from engine.io import quants
