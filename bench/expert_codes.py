@@ -12,6 +12,10 @@ Two figures, each the median of `--reps` runs after a warm-up:
     python bench/expert_codes.py
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/expert_codes.py   # NumPy's AVX-512 kernels
 
+With `--model FILE.gguf [--budget off] [--layer N]`: that file's layer N experts alone, with the cache
+budget given, as the store gives them (codes where it makes them: with the cache off, the forward's
+made on each use) against the same experts dequantized on each use (no codes), forward and backward.
+
 Prints figures; never passes or fails.
 """
 
@@ -44,9 +48,23 @@ def median_ms(fn, reps: int) -> float:
     return float(np.median(times)) * 1e3
 
 
+class _Uncoded:
+    """An expert stack without its codes: moe_cpu multiplies by its experts as float32."""
+
+    def __init__(self, stack) -> None:
+        self._stack = stack
+        self.shape = stack.shape
+
+    def __getitem__(self, e: int) -> np.ndarray:
+        return self._stack[e]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--model", help="a GGUF file with routed experts (default: the MoE workload's)")
+    ap.add_argument("--budget", default="auto", help="cache budget with --model (auto, off, 4G)")
+    ap.add_argument("--layer", type=int, default=0, help="the layer whose experts run")
     a = ap.parse_args()
     from threadpoolctl import threadpool_limits
 
@@ -58,19 +76,21 @@ def main() -> None:
     from engine.train.threads import adjust_blas_threads
 
     spec = WORKLOADS["moe"]["spec"]
-    path = model_path(spec)
-    if not os.path.exists(path):
+    path = a.model or model_path(spec)
+    if not a.model and not os.path.exists(path):
         write_model(path, spec)
     for line in machine_lines():
         print(line)
-    model = Model.load(path)
-    stacks = [model.weights[f"blk.0.ffn_{k}_exps.weight"] for k in ("gate", "up", "down")]
-    floats = [np.asarray(s) for s in stacks]
-    E, F, C = floats[0].shape
+    model = Model.load(path, cache_budget=a.budget if a.model else "auto")
+    stacks = [model.weights[f"blk.{a.layer}.ffn_{k}_exps.weight"] for k in ("gate", "up", "down")]
+    # --model: the experts dequantized on each use (a stack without codes) rather than all at once
+    floats = [_Uncoded(s) for s in stacks] if a.model else [np.asarray(s) for s in stacks]
+    E, F, C = stacks[0].shape
+    K = model.config.K
     if stacks[0].codes(0) is None:
         sys.exit("the store gives no codes for these experts (type, or a cache budget under their size)")
     rng = np.random.default_rng(0)
-    x, routing, _, loras, dy = random_experts(rng, 256, C, F, E, spec.K, 16, w_scale=0.03, lora_scale=0.03,
+    x, routing, _, loras, dy = random_experts(rng, 256, C, F, E, K, 16, w_scale=0.03, lora_scale=0.03,
                                               s=2.0, renorm=False)  # fmt: skip
     adjust_blas_threads()  # the BLAS threads and CPU workers a training step gets
 
@@ -85,11 +105,13 @@ def main() -> None:
         fwd = median_ms(forward, a.reps)
         return fwd, median_ms(both, a.reps) - fwd
 
-    print(f"one layer's experts (E {E}, top {spec.K}, C {C}, F {F}, 256 tokens, LoRA r16), "
+    print(f"one layer's experts (E {E}, top {K}, C {C}, F {F}, 256 tokens, LoRA r16), "
           f"{cpu_workers.workers()} CPU worker(s):")  # fmt: skip
     for what, weights in (("codes", stacks), ("float32", floats)):
         fwd, bwd = layer(weights)
         print(f"  {what:8} forward {fwd:6.1f} ms  backward {bwd:6.1f} ms")
+    if a.model:
+        return
     xe = rng.standard_normal((32, C), dtype=np.float32)
     de = rng.standard_normal((32, F), dtype=np.float32)
     codes = [stacks[0].codes(e) for e in range(E)]
