@@ -77,6 +77,19 @@ def _k_scale_min(src, sc, g):
 
 
 @jit.kernel
+def _k45_codes(src, o, qo, i, j, q5):
+    """Values i and i + 32 of run j of the Q4_K / Q5_K block at o, its nibbles at qo: the low and the
+    high nibble, with their fifth bits for Q5_K."""
+    byte = np.int32(src[qo + i])
+    lo, hi = byte & 15, byte >> 4
+    if q5:
+        h = np.int32(src[o + 16 + i])
+        lo |= ((h >> (2 * j)) & 1) << 4
+        hi |= ((h >> (2 * j + 1)) & 1) << 4
+    return lo, hi
+
+
+@jit.kernel
 def _k45(src, table, dst, q5, run):
     """Q4_K (144 bytes: d, dmin, 12 scale bytes, 4 runs of 32 bytes of nibbles) or, with q5, Q5_K
     (176 bytes: the same with 32 bytes of fifth bits before the nibbles); run = 32."""
@@ -93,12 +106,7 @@ def _k45(src, table, dst, q5, run):
             q = o + (48 if q5 else 16) + 32 * j
             out = b * 256 + 64 * j
             for i in range(run):
-                byte = np.int32(src[q + i])
-                lo, hi = byte & 15, byte >> 4
-                if q5:
-                    h = np.int32(src[o + 16 + i])
-                    lo |= ((h >> (2 * j)) & 1) << 4
-                    hi |= ((h >> (2 * j + 1)) & 1) << 4
+                lo, hi = _k45_codes(src, o, q, i, j, q5)
                 dst[out + i] = dl0 * np.float32(lo) - ml0
                 dst[out + 32 + i] = dl1 * np.float32(hi) - ml1
 
@@ -201,12 +209,7 @@ def _codes_k45(src, table, q, s, m, q5, run):  # s = d sc, m = dmin min, per gro
             qo = o + (48 if q5 else 16) + 32 * j
             out = b * 256 + 64 * j
             for i in range(run):
-                byte = np.int32(src[qo + i])
-                lo, hi = byte & 15, byte >> 4
-                if q5:
-                    h = np.int32(src[o + 16 + i])
-                    lo |= ((h >> (2 * j)) & 1) << 4
-                    hi |= ((h >> (2 * j + 1)) & 1) << 4
+                lo, hi = _k45_codes(src, o, qo, i, j, q5)
                 q[out + i] = lo
                 q[out + 32 + i] = hi
 
