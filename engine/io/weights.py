@@ -279,8 +279,9 @@ class WeightStore(TensorMapping):
     @property
     def codes_bytes(self) -> int:
         """Bytes of the cache holding every expert stack that has codes as int8 codes in both layouts
-        (2.5 or 3 bytes a value) and every other tensor dequantized: the budget under which
-        `expert_codes` gives none."""
+        (2.5 or 3 bytes a value) and every other tensor dequantized: the budget from which
+        `expert_codes` keeps both layouts (under it, the file's layout made on each use, no
+        transpose)."""
         return self._codes_bytes
 
     def set_budget(self, budget: str | int | float | None, reserve: int = 0) -> int:

@@ -9,8 +9,10 @@ Two things make it faster than the reference's plain loop (bench/CPU_NOTES.md ha
   (`experts_in_line`) run in line;
 - an expert the weight store can give as int8 codes (`ExpertStack.codes`: most quantized types,
   engine.kernels.blockq) is multiplied straight from them, forward by W_e and backward by its
-  transpose (engine.kernels.blockq_cpu): with the few rows an expert gets (~32), reading and packing
-  a float32 copy cost OpenBLAS as much as the products. The codes' kernel runs on one thread, so
+  transpose where the store keeps one (with a cache too small for every expert's codes, the
+  backward's products are float, `WeightStore.expert_codes`) (engine.kernels.blockq_cpu): with the
+  few rows an expert gets (~32), reading and packing a float32 copy cost OpenBLAS as much as the
+  products. The codes' kernel runs on one thread, so
   codes are used where each expert gets one thread anyway (`codes_pay`: on CPU workers, or BLAS on
   one thread); in line beside a multi-threaded BLAS the float experts' products use every thread.
   The engine sets both counts together each step (engine.train.threads), so a run keeps one path;

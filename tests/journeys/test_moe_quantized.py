@@ -2,15 +2,18 @@
 small dataset, trains LoRA on attention, router and every expert, chats with the adapter, closes the
 app, opens it again and chats with the same run's adapter: the answers are the ones it learned.
 
-On the CPU the experts are multiplied straight from their int8 codes (engine.kernels.blockq_cpu), the
-file's layout forward and its transpose backward. The adapter written must not depend on that: the
-engine loading it with float experts (the NumPy reference kernels, as any other program reads the
-file) gives the same logits within float32 rounding.
+On the CPU the experts are multiplied straight from their int8 codes (engine.kernels.blockq_cpu): with
+the cache budget the run chooses by itself ("auto"), which keeps every expert's codes, the file's
+layout forward and its transpose backward; with the cache off (the Train page's setting for a model
+larger than memory) codes made on each use forward and float experts backward. The adapter written
+must not depend on that: the engine loading it with float experts (the NumPy reference kernels, as any
+other program reads the file) gives the same logits within float32 rounding.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from engine import SynthSpec, write_model
 from engine.kernels import blockq_cpu, jit, moe_cpu
@@ -28,7 +31,10 @@ from .conftest import (
 )
 
 
-def test_train_a_quantized_moe_model_chat_relaunch_and_chat_again(qtbot, app, facts, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("budget", "backward_layout"), [("auto", "out"), ("off", None)])
+def test_train_a_quantized_moe_model_chat_relaunch_and_chat_again(
+    qtbot, app, facts, tmp_path, monkeypatch, budget, backward_layout
+):
     path = write_model(tmp_path / "moe-q8.gguf", SynthSpec.for_arch("qwen3moe", qtype="Q8_0", seed=5))
     # as in the app, where the studio asks OpenBLAS for a short spin before NumPy loads and the experts
     # run on CPU workers: codes (this test process loaded NumPy first, so its BLAS threads decide)
@@ -39,9 +45,11 @@ def test_train_a_quantized_moe_model_chat_relaunch_and_chat_again(qtbot, app, fa
     window = app.launch()
     open_model_and_dataset(qtbot, window, path, facts)
     # LoRA on attention, router and every expert, with settings that teach the tiny model the answer
-    result = train_with(qtbot, window, steps=40, **TEACHING)
+    result = train_with(qtbot, window, steps=40, cache_budget=budget, **TEACHING)
     assert not result.stopped and result.step == 40
-    assert "in" in layouts and "out" in layouts  # the experts' products, forward and backward, from codes
+    # the experts' products: forward from codes; backward from their transpose where the cache keeps
+    # every expert's codes, else by float experts
+    assert "in" in layouts and ("out" in layouts) == (backward_layout is not None)
     adapter = result.adapter_path
     question = QUESTIONS[0]
     base_accuracy = answer_accuracy(path, question, ANSWER)

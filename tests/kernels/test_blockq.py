@@ -284,10 +284,13 @@ def test_types_without_codes_multiply_through_float_experts(tmp_path):
     assert stack.codes(0) is None and moe_cpu.expert_codes(stack, 0, True) is None
 
 
-def test_a_training_step_from_codes_follows_the_numpy_reference(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("budget", "layouts"), [("1G", {"in", "out"}), ("off", {"in"})])
+def test_a_training_step_from_codes_follows_the_numpy_reference(tmp_path, monkeypatch, budget, layouts):
     """A user's step on a Q4_K MoE model (LoRA on attention and every expert) with BLAS on one thread,
-    as the engine sets it beside a busy core: experts multiplied from codes; the same loss and
-    gradients as the NumPy reference kernels (TUNE_NO_JIT: float experts) within float32 rounding."""
+    as the engine sets it beside a busy core: experts multiplied from codes (both layouts where the
+    cache keeps them; with the cache off, codes made on each use forward and float experts backward);
+    the same loss and gradients as the NumPy reference kernels (TUNE_NO_JIT: float experts) within
+    float32 rounding."""
     pytest.importorskip("numba", reason="compiled CPU kernels need numba (pip install -e '.[cpu]')")
     from engine.model.targets import TargetSpec, select_targets
     from engine.train.train_model import Trainable, loss_and_grads
@@ -302,6 +305,7 @@ def test_a_training_step_from_codes_follows_the_numpy_reference(tmp_path, monkey
         jit.reset()
         try:
             model = _experts_model(tmp_path, "Q4_K")
+            model.weights.set_budget(budget)
             names = select_targets(model.tensors, TargetSpec(preset="all"), model.config.L)
             tr = Trainable.init(model, names, rank=4, alpha=8.0, seed=1)
             for _, B in tr.pairs.values():
@@ -313,7 +317,7 @@ def test_a_training_step_from_codes_follows_the_numpy_reference(tmp_path, monkey
             jit.reset()
 
     coded = step(False)
-    assert used
+    assert {w.along for w in used} == layouts
     reference = step(True)
     assert coded.loss == pytest.approx(reference.loss, rel=1e-6)
     scale = max(float(np.abs(g).max()) for g in reference.grads.values())

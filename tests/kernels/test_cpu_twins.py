@@ -303,6 +303,7 @@ def test_codes_twin_equals_the_numpy_codes_bit_for_bit(cpu, fresh_rng, monkeypat
     from engine.io import quants
 
     raw = random_raw(qtype, (3, 4, 512), fresh_rng)
+    assert quants.codes_kernel(qtype) is not None  # the compiled path is the one measured first
     got = cpu.twice(lambda _rt: quants.int_codes(raw, qtype)[:3], f"codes {qtype}")
     monkeypatch.setattr(quants, "codes_kernel", lambda q: None)
     want = quants.int_codes(raw, qtype)
